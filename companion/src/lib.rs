@@ -1,0 +1,1 @@
+//! MaaS companion (skeleton).

@@ -1,0 +1,5 @@
+//! MaaS Gateway filter.
+
+pub mod request_body;
+pub mod sse;
+pub mod usage;

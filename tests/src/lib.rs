@@ -1,0 +1,1 @@
+//! Local stack and e2e harness (skeleton).

@@ -1,0 +1,50 @@
+//! The filter ↔ companion contract on the internal port.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `POST /internal/v1/authenticate` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthenticateRequest {
+    /// An API key (`sk-oai-…`) or a cluster token. Never logged by either side.
+    pub credential: String,
+}
+
+/// `POST /internal/v1/authenticate` 200 body. Refusals are 401 (unknown, revoked, expired, bad
+/// format) or 403 (`no tier`) with an [`crate::ErrorBody`]; 503 when the companion cannot decide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthenticateResponse {
+    /// Username (API key: its owner; token: the TokenReview user).
+    pub subject: String,
+    /// Groups: the snapshot stored with the key, or the token's groups.
+    pub groups: Vec<String>,
+    /// Tier resolved by the companion with its current policy.
+    pub tier: String,
+    /// True when the key was minted for an explicit tier: the filter then keeps that tier (while the
+    /// groups still qualify) instead of taking the highest one.
+    #[serde(default)]
+    pub tier_pinned: bool,
+    /// For API keys: the key id (public half), used for the cache and the revocation list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Unix seconds after which the credential is no longer valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// How long the filter may cache this answer (it also never caches past `expires_at`).
+    pub cache_ttl_seconds: u64,
+}
+
+/// `GET /internal/v1/credentials` body: provider credentials by `credentialRef`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialsDocument {
+    pub credentials: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for CredentialsDocumentRedacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.credentials.keys()).finish()
+    }
+}
+
+/// Debug view of a credentials document that shows only the names.
+pub struct CredentialsDocumentRedacted<'a>(pub &'a CredentialsDocument);

@@ -1,0 +1,18 @@
+//! Types and rules shared by `maas-filter` (wasm) and `maas-companion` (native).
+//!
+//! Everything that crosses the filter/companion boundary is defined here once: the policy
+//! document and its validation, tier resolution, the authenticate contract, the credentials
+//! document, the API key format and its hash, and the OpenAI-style error body.
+//! The crate is `no I/O`, no clock: callers pass the time in.
+
+pub mod apikey;
+pub mod auth;
+pub mod error_body;
+pub mod policy;
+pub mod window;
+
+pub use apikey::{ApiKeyParts, KeyFormatError};
+pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
+pub use error_body::{ErrorBody, ErrorDetail};
+pub use policy::{Limit, Limits, Model, PolicyDocument, PolicyError, Provider, ProviderKind, Tier};
+pub use window::Window;

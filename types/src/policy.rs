@@ -1,0 +1,477 @@
+//! The policy document: tiers, models and the recent revocations.
+//!
+//! The companion loads it from YAML (the ConfigMap) and serves it as JSON on
+//! `GET /internal/v1/policy`; the filter polls it and also accepts one in its pluginConfig as a
+//! bootstrap. Both sides parse with [`PolicyDocument::from_json`] / [`PolicyDocument::from_value`]
+//! and [`PolicyDocument::validate`], so they accept and refuse the same documents, and errors
+//! name the field (`tiers[1].limits.tokens[0].window: ...`).
+
+use crate::window::Window;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyDocument {
+    pub tiers: Vec<Tier>,
+    #[serde(default)]
+    pub models: Vec<Model>,
+    /// Key ids (the `key_id` half of `sk-oai-{key_id}_{secret}`) revoked recently, kept longer
+    /// than any cache TTL, so every cache evicts them within one poll interval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked_key_ids: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tier {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Higher wins when a user's groups match several tiers.
+    pub level: i64,
+    /// Members of any of these groups qualify for the tier.
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Tokens reserved for a request that names no `max_tokens` (settled to the real usage later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_max_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// Requests per window; several windows may apply at once (e.g. per minute and per day).
+    #[serde(default)]
+    pub requests: Vec<Limit>,
+    /// Tokens (prompt + completion) per window.
+    #[serde(default)]
+    pub tokens: Vec<Limit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limit {
+    pub limit: u64,
+    pub window: Window,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Model {
+    /// The model id clients send in the body's `model` field and see in `/v1/models`.
+    pub name: String,
+    /// Path prefix the model is served under, e.g. `/llm/sim-model` (KServe: `/<namespace>/<name>`).
+    pub path: String,
+    /// Tiers allowed to call the model.
+    pub tiers: Vec<String>,
+    /// Where the model runs. Used by the local stack to generate Envoy clusters
+    /// (`simulator` = the built-in model simulator, or an `http://host:port` URL) and shown as
+    /// `url` in `/v1/models`; the filter does not route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_by: Option<String>,
+    /// Set for external providers: the filter injects the provider's credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Provider {
+    #[serde(rename = "type")]
+    pub kind: ProviderKind,
+    /// Name of the Secret (key `api-key`) holding the provider credential.
+    pub credential_ref: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    AzureOpenai,
+    Vertex,
+}
+
+impl ProviderKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::AzureOpenai => "azure-openai",
+            ProviderKind::Vertex => "vertex",
+        }
+    }
+}
+
+/// A refused document: where (`path`, e.g. `tiers[0].limits.tokens[1].window`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() || self.path == "." {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// Deserializes with the failing field's path in the error.
+pub fn from_deserializer<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<PolicyDocument, PolicyError>
+where
+    D::Error: std::fmt::Display,
+{
+    let doc: PolicyDocument = serde_path_to_error::deserialize(d).map_err(|e| {
+        let path = e.path().to_string();
+        err(path, e.inner().to_string())
+    })?;
+    doc.validate()?;
+    Ok(doc)
+}
+
+const MAX_NAME_LEN: usize = 253;
+
+fn check_name(path: String, name: &str) -> Result<(), PolicyError> {
+    if name.trim().is_empty() {
+        return Err(err(path, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(err(
+            path,
+            format!("must be at most {MAX_NAME_LEN} characters"),
+        ));
+    }
+    if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(err(
+            path,
+            "must not contain whitespace or control characters",
+        ));
+    }
+    Ok(())
+}
+
+fn check_limits(path: &str, limits: &[Limit]) -> Result<(), PolicyError> {
+    let mut windows = BTreeSet::new();
+    for (i, l) in limits.iter().enumerate() {
+        if l.limit == 0 {
+            return Err(err(format!("{path}[{i}].limit"), "must be at least 1"));
+        }
+        if !windows.insert(l.window) {
+            return Err(err(
+                format!("{path}[{i}].window"),
+                format!("window {} is listed twice", l.window),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a model path prefix: absolute, normalized, no trailing slash, no encoded or dot segments.
+fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
+    if !p.starts_with('/') || p.len() < 2 {
+        return Err(err(
+            path,
+            "must start with '/' and name at least one segment, e.g. /llm/my-model",
+        ));
+    }
+    if p.ends_with('/') {
+        return Err(err(path, "must not end with '/'"));
+    }
+    for seg in p[1..].split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Err(err(path, "must not contain empty, '.' or '..' segments"));
+        }
+        if !seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return Err(err(
+                path,
+                "segments may use only letters, digits, '-', '_' and '.'",
+            ));
+        }
+    }
+    let lower = p.to_ascii_lowercase();
+    if lower == "/maas-api"
+        || lower.starts_with("/maas-api/")
+        || lower == "/internal"
+        || lower.starts_with("/internal/")
+    {
+        return Err(err(path, "must not be under /maas-api or /internal"));
+    }
+    Ok(())
+}
+
+impl PolicyDocument {
+    /// Parses JSON and validates; the error names the field.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let doc = from_deserializer(&mut de)?;
+        de.end().map_err(|e| err("", e.to_string()))?;
+        Ok(doc)
+    }
+
+    /// Parses an already-decoded JSON value (e.g. pluginConfig's `bootstrapPolicy`) and validates.
+    pub fn from_value(value: serde_json::Value) -> Result<Self, PolicyError> {
+        from_deserializer(value)
+    }
+
+    /// Checks what serde cannot: references, uniqueness, non-empty names, sane paths and limits.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.tiers.is_empty() {
+            return Err(err("tiers", "at least one tier is required"));
+        }
+        let mut tier_names = BTreeSet::new();
+        for (i, t) in self.tiers.iter().enumerate() {
+            check_name(format!("tiers[{i}].name"), &t.name)?;
+            if !tier_names.insert(t.name.as_str()) {
+                return Err(err(
+                    format!("tiers[{i}].name"),
+                    format!("tier {:?} is defined twice", t.name),
+                ));
+            }
+            if let Some(d) = &t.display_name
+                && d.trim().is_empty() {
+                    return Err(err(
+                        format!("tiers[{i}].displayName"),
+                        "must not be blank when given",
+                    ));
+                }
+            if t.groups.is_empty() {
+                return Err(err(
+                    format!("tiers[{i}].groups"),
+                    "at least one group is required",
+                ));
+            }
+            for (g, group) in t.groups.iter().enumerate() {
+                check_name(format!("tiers[{i}].groups[{g}]"), group)?;
+            }
+            check_limits(&format!("tiers[{i}].limits.requests"), &t.limits.requests)?;
+            check_limits(&format!("tiers[{i}].limits.tokens"), &t.limits.tokens)?;
+            if t.default_max_tokens == Some(0) {
+                return Err(err(
+                    format!("tiers[{i}].defaultMaxTokens"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        let mut model_names = BTreeSet::new();
+        let mut model_paths = BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            if m.name.trim().is_empty() || m.name.chars().any(|c| c.is_control()) {
+                return Err(err(
+                    format!("models[{i}].name"),
+                    "must not be empty or hold control characters",
+                ));
+            }
+            if !model_names.insert(m.name.as_str()) {
+                return Err(err(
+                    format!("models[{i}].name"),
+                    format!("model {:?} is defined twice", m.name),
+                ));
+            }
+            check_model_path(format!("models[{i}].path"), &m.path)?;
+            if !model_paths.insert(m.path.to_ascii_lowercase()) {
+                return Err(err(
+                    format!("models[{i}].path"),
+                    format!("path {:?} is used twice", m.path),
+                ));
+            }
+            if m.tiers.is_empty() {
+                return Err(err(
+                    format!("models[{i}].tiers"),
+                    "at least one tier is required",
+                ));
+            }
+            for (j, t) in m.tiers.iter().enumerate() {
+                if !tier_names.contains(t.as_str()) {
+                    return Err(err(
+                        format!("models[{i}].tiers[{j}]"),
+                        format!("unknown tier {t:?}"),
+                    ));
+                }
+            }
+            if let Some(p) = &m.provider {
+                check_name(
+                    format!("models[{i}].provider.credentialRef"),
+                    &p.credential_ref,
+                )?;
+            }
+        }
+        for (i, id) in self.revoked_key_ids.iter().enumerate() {
+            if !crate::apikey::is_key_id(id) {
+                return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tier(&self, name: &str) -> Option<&Tier> {
+        self.tiers.iter().find(|t| t.name == name)
+    }
+
+    pub fn model(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The tier a subject gets: the pinned tier when it still qualifies, else the highest-level
+    /// tier whose groups intersect the subject's. `None`: no tier (the caller refuses).
+    pub fn resolve_tier(&self, groups: &[String], pinned: Option<&str>) -> Option<&Tier> {
+        let qualifies = |t: &Tier| t.groups.iter().any(|g| groups.iter().any(|ug| ug == g));
+        match pinned {
+            Some(name) => self.tier(name).filter(|t| qualifies(t)),
+            None => self
+                .tiers
+                .iter()
+                .filter(|t| qualifies(t))
+                .max_by(|a, b| a.level.cmp(&b.level).then_with(|| b.name.cmp(&a.name))),
+        }
+    }
+
+    /// Tiers a subject qualifies for (what it may pin a key to).
+    pub fn qualifying_tiers<'a>(
+        &'a self,
+        groups: &'a [String],
+    ) -> impl Iterator<Item = &'a Tier> + 'a {
+        self.tiers
+            .iter()
+            .filter(move |t| t.groups.iter().any(|g| groups.iter().any(|ug| ug == g)))
+    }
+
+    /// The model whose path prefix holds `path` (at a segment boundary), longest prefix first.
+    /// `path` is compared as sent, case-sensitively; the query string must be stripped already.
+    pub fn model_for_path(&self, path: &str) -> Option<&Model> {
+        self.models
+            .iter()
+            .filter(|m| {
+                path.strip_prefix(m.path.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            })
+            .max_by_key(|m| m.path.len())
+    }
+
+    /// Models a tier may call.
+    pub fn models_for_tier<'a>(&'a self, tier: &'a str) -> impl Iterator<Item = &'a Model> + 'a {
+        self.models
+            .iter()
+            .filter(move |m| m.tiers.iter().any(|t| t == tier))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> serde_json::Value {
+        json!({
+            "tiers": [
+                {"name": "free", "level": 0, "groups": ["system:authenticated"],
+                 "limits": {"requests": [{"limit": 5, "window": "1m"}], "tokens": [{"limit": 100, "window": "1m"}, {"limit": 1000, "window": "1d"}]}},
+                {"name": "premium", "level": 1, "groups": ["premium-users"], "defaultMaxTokens": 64}
+            ],
+            "models": [
+                {"name": "sim", "path": "/llm/sim", "tiers": ["free", "premium"]},
+                {"name": "gpt", "path": "/ext/gpt", "tiers": ["premium"], "provider": {"type": "azure-openai", "credentialRef": "azure-key"}}
+            ]
+        })
+    }
+
+    fn fails_at(v: serde_json::Value, path: &str) {
+        match PolicyDocument::from_value(v) {
+            Ok(_) => panic!("expected an error at {path}"),
+            Err(e) => assert_eq!(e.path, path, "{e}"),
+        }
+    }
+
+    #[test]
+    fn accepts_sample_and_roundtrips() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        let json = serde_json::to_vec(&doc).unwrap();
+        assert_eq!(PolicyDocument::from_json(&json).unwrap(), doc);
+        assert_eq!(
+            doc.models[1].provider.as_ref().unwrap().kind,
+            ProviderKind::AzureOpenai
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut v = sample();
+        v["tiers"][0]["limits"]["tokens"][1]["window"] = json!("0m");
+        fails_at(v, "tiers[0].limits.tokens[1].window");
+        let mut v = sample();
+        v["tiers"][0]["limits"]["requests"][0]["limit"] = json!(-5);
+        fails_at(v, "tiers[0].limits.requests[0].limit");
+        let mut v = sample();
+        v["models"][0]["tiers"][1] = json!("gold");
+        fails_at(v, "models[0].tiers[1]");
+        let mut v = sample();
+        v["models"][1]["provider"]["type"] = json!("bedrock");
+        fails_at(v, "models[1].provider.type");
+        let mut v = sample();
+        v["tiers"][1]["name"] = json!("free");
+        fails_at(v, "tiers[1].name");
+        let mut v = sample();
+        v["models"][0]["path"] = json!("/llm/../x");
+        fails_at(v, "models[0].path");
+        let mut v = sample();
+        v["models"][0]["path"] = json!("/maas-api/x");
+        fails_at(v, "models[0].path");
+        let mut v = sample();
+        v["tiers"][0]["colour"] = json!("red");
+        fails_at(v, "tiers[0].colour");
+    }
+
+    #[test]
+    fn tier_resolution() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        let both = vec![
+            "system:authenticated".to_string(),
+            "premium-users".to_string(),
+        ];
+        let free_only = vec!["system:authenticated".to_string()];
+        assert_eq!(doc.resolve_tier(&both, None).unwrap().name, "premium");
+        assert_eq!(doc.resolve_tier(&both, Some("free")).unwrap().name, "free");
+        assert_eq!(doc.resolve_tier(&free_only, None).unwrap().name, "free");
+        assert!(doc.resolve_tier(&free_only, Some("premium")).is_none());
+        assert!(doc.resolve_tier(&[], None).is_none());
+        assert!(doc.resolve_tier(&both, Some("gold")).is_none());
+    }
+
+    #[test]
+    fn path_matching_is_by_segment() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert_eq!(
+            doc.model_for_path("/llm/sim/v1/chat/completions")
+                .unwrap()
+                .name,
+            "sim"
+        );
+        assert_eq!(doc.model_for_path("/llm/sim").unwrap().name, "sim");
+        assert!(doc.model_for_path("/llm/simulator/v1/models").is_none());
+        assert!(doc.model_for_path("/LLM/sim/v1/models").is_none());
+        assert!(doc.model_for_path("/other").is_none());
+    }
+}
