@@ -1,18 +1,34 @@
-//! Request body inspection (placeholder API; the real parser replaces this).
+//! Request body inspection: the few top-level fields of an OpenAI-style request the gateway needs.
+//!
+//! [`inspect`] reads `model`, `stream`, `max_tokens` / `max_completion_tokens` and
+//! `stream_options.include_usage` and skips everything else without building it (messages, tools…).
+//! A duplicated field is refused: the backend might read the other copy (one model billed as another).
+//! [`with_include_usage`] sets `stream_options.include_usage = true` by splicing bytes, so every
+//! other byte of the body is preserved exactly.
 
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
+use std::fmt;
+
+/// What the gateway reads from a request body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestInfo {
     pub model: Option<String>,
     pub stream: bool,
+    /// `max_completion_tokens` if given, else `max_tokens`.
     pub max_tokens: Option<u64>,
     pub include_usage: bool,
 }
 
+/// Why a request body was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyError {
     NotJson(String),
     NotAnObject,
-    BadField { field: &'static str, message: String },
+    BadField {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl std::fmt::Display for BodyError {
@@ -20,15 +36,564 @@ impl std::fmt::Display for BodyError {
         match self {
             BodyError::NotJson(e) => write!(f, "request body is not valid JSON: {e}"),
             BodyError::NotAnObject => f.write_str("request body must be a JSON object"),
-            BodyError::BadField { field, message } => write!(f, "{field}: {message}"),
+            BodyError::BadField { field, message } => write!(f, "'{field}' {message}"),
         }
     }
 }
 
-pub fn inspect(_body: &[u8]) -> Result<RequestInfo, BodyError> {
-    Err(BodyError::NotAnObject)
+impl std::error::Error for BodyError {}
+
+/// The raw values of the fields read (small: only these are built, the rest is skipped).
+#[derive(Default)]
+struct Fields {
+    model: Option<Value>,
+    stream: Option<Value>,
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+    stream_options: Option<Value>,
+    duplicate: Option<&'static str>,
 }
 
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Key {
+    Model,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    StreamOptions,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(FieldsVisitor)
+    }
+}
+
+struct FieldsVisitor;
+
+impl<'de> Visitor<'de> for FieldsVisitor {
+    type Value = Fields;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+        let mut fields = Fields::default();
+        while let Some(key) = map.next_key::<Key>()? {
+            let (slot, name) = match key {
+                Key::Model => (&mut fields.model, "model"),
+                Key::Stream => (&mut fields.stream, "stream"),
+                Key::MaxTokens => (&mut fields.max_tokens, "max_tokens"),
+                Key::MaxCompletionTokens => {
+                    (&mut fields.max_completion_tokens, "max_completion_tokens")
+                }
+                Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
+                Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            let value = map.next_value::<Value>()?;
+            if slot.is_some() {
+                fields.duplicate.get_or_insert(name);
+            } else {
+                *slot = Some(value);
+            }
+        }
+        Ok(fields)
+    }
+}
+
+fn first_non_ws(body: &[u8]) -> Option<u8> {
+    body.iter()
+        .copied()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+}
+
+fn read_fields(body: &[u8]) -> Result<Fields, BodyError> {
+    match first_non_ws(body) {
+        Some(b'{') => {}
+        None => return Err(BodyError::NotJson("empty body".to_string())),
+        Some(_) => {
+            return match serde_json::from_slice::<IgnoredAny>(body) {
+                Ok(_) => Err(BodyError::NotAnObject),
+                Err(e) => Err(BodyError::NotJson(e.to_string())),
+            };
+        }
+    }
+    let fields: Fields =
+        serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
+    if let Some(field) = fields.duplicate {
+        return Err(BodyError::BadField {
+            field,
+            message: "appears more than once".to_string(),
+        });
+    }
+    Ok(fields)
+}
+
+fn bad(field: &'static str, message: &str) -> BodyError {
+    BodyError::BadField {
+        field,
+        message: message.to_string(),
+    }
+}
+
+fn token_limit(field: &'static str, v: Option<&Value>) -> Result<Option<u64>, BodyError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(field, "must be a non-negative integer")),
+        Some(_) => Err(bad(field, "must be a non-negative integer")),
+    }
+}
+
+/// Reads only the top-level fields needed (model, stream, max_tokens or max_completion_tokens,
+/// stream_options.include_usage). Wrong types → [`BodyError::BadField`] naming the field.
+pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
+    let f = read_fields(body)?;
+    let model = match f.model {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(bad("model", "must be a string")),
+    };
+    let stream = match f.stream {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(_) => return Err(bad("stream", "must be a boolean")),
+    };
+    let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
+    let max_completion_tokens =
+        token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+    let include_usage = match f.stream_options {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(bad("stream_options.include_usage", "must be a boolean"));
+            }
+        },
+        Some(_) => return Err(bad("stream_options", "must be an object")),
+    };
+    Ok(RequestInfo {
+        model,
+        stream,
+        max_tokens: max_completion_tokens.or(max_tokens),
+        include_usage,
+    })
+}
+
+/// Returns the body with `stream_options.include_usage = true`, everything else preserved byte for
+/// byte (other `stream_options` fields too).
 pub fn with_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
-    Ok(body.to_vec())
+    // Validates the body (JSON object, no duplicates, right types) before splicing.
+    inspect(body)?;
+    let malformed = || BodyError::NotJson("malformed object".to_string());
+    let open = skip_ws(body, 0);
+    let members = object_members(body, open).ok_or_else(malformed)?;
+    let stream_options = members
+        .iter()
+        .rev()
+        .find(|m| key_is(body, m.key, "stream_options"));
+    let (at, remove_to, insert): (usize, usize, Vec<u8>) = match stream_options {
+        None => {
+            // Insert as the first member.
+            let mut ins = br#""stream_options":{"include_usage":true}"#.to_vec();
+            if !members.is_empty() {
+                ins.push(b',');
+            }
+            let at = open.checked_add(1).ok_or_else(malformed)?;
+            (at, at, ins)
+        }
+        Some(m) if body.get(m.value.0) == Some(&b'{') => {
+            let inner = object_members(body, m.value.0).ok_or_else(malformed)?;
+            match inner
+                .iter()
+                .rev()
+                .find(|i| key_is(body, i.key, "include_usage"))
+            {
+                Some(i) => (i.value.0, i.value.1, b"true".to_vec()),
+                None => {
+                    let mut ins = br#""include_usage":true"#.to_vec();
+                    if !inner.is_empty() {
+                        ins.push(b',');
+                    }
+                    let at = m.value.0.checked_add(1).ok_or_else(malformed)?;
+                    (at, at, ins)
+                }
+            }
+        }
+        // null (inspect refused every other type)
+        Some(m) => (m.value.0, m.value.1, br#"{"include_usage":true}"#.to_vec()),
+    };
+    let head = body.get(..at).ok_or_else(malformed)?;
+    let tail = body.get(remove_to..).ok_or_else(malformed)?;
+    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len()));
+    out.extend_from_slice(head);
+    out.extend_from_slice(&insert);
+    out.extend_from_slice(tail);
+    Ok(out)
+}
+
+/// A member of an object: byte ranges (start, end) of its key (with quotes) and of its value.
+struct Member {
+    key: (usize, usize),
+    value: (usize, usize),
+}
+
+fn key_is(body: &[u8], key: (usize, usize), name: &str) -> bool {
+    let Some(raw) = body.get(key.0..key.1) else {
+        return false;
+    };
+    let Some(inner) = raw.get(1..raw.len().saturating_sub(1)) else {
+        return false;
+    };
+    if !inner.contains(&b'\\') {
+        return inner == name.as_bytes();
+    }
+    matches!(serde_json::from_slice::<String>(raw), Ok(k) if k == name)
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i = i.saturating_add(1);
+    }
+    i
+}
+
+/// `i` at an opening quote: the index after the closing quote.
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i.checked_add(1)?;
+    loop {
+        match b.get(j)? {
+            b'"' => return j.checked_add(1),
+            b'\\' => j = j.checked_add(2)?,
+            _ => j = j.checked_add(1)?,
+        }
+    }
+}
+
+/// `i` at the start of a value: the index after it.
+fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = skip_string(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth = depth.checked_add(1)?,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return j.checked_add(1);
+                        }
+                    }
+                    _ => {}
+                }
+                j = j.checked_add(1)?;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while let Some(c) = b.get(j) {
+                if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
+                    break;
+                }
+                j = j.checked_add(1)?;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// `open` at a `{`: the members of that object (the body is already known to be valid JSON).
+fn object_members(b: &[u8], open: usize) -> Option<Vec<Member>> {
+    if b.get(open) != Some(&b'{') {
+        return None;
+    }
+    let mut members = Vec::new();
+    let mut i = skip_ws(b, open.checked_add(1)?);
+    if b.get(i) == Some(&b'}') {
+        return Some(members);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let colon = skip_ws(b, key_end);
+        if b.get(colon) != Some(&b':') {
+            return None;
+        }
+        let v = skip_ws(b, colon.checked_add(1)?);
+        let v_end = skip_value(b, v)?;
+        members.push(Member {
+            key: (i, key_end),
+            value: (v, v_end),
+        });
+        let next = skip_ws(b, v_end);
+        match b.get(next)? {
+            b',' => i = skip_ws(b, next.checked_add(1)?),
+            b'}' => return Some(members),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const CHAT: &str = r#"{
+  "model": "sim-model",
+  "messages": [{"role": "system", "content": "You are \"model\": x"}, {"role": "user", "content": "Hi"}],
+  "temperature": 0.7,
+  "max_tokens": 64,
+  "stream": true,
+  "tools": [{"type": "function", "function": {"name": "f", "parameters": {"model": 1, "stream": "x"}}}]
+}"#;
+
+    fn info(model: Option<&str>, stream: bool, max: Option<u64>, usage: bool) -> RequestInfo {
+        RequestInfo {
+            model: model.map(str::to_string),
+            stream,
+            max_tokens: max,
+            include_usage: usage,
+        }
+    }
+
+    #[test]
+    fn reads_fields() {
+        assert_eq!(
+            inspect(CHAT.as_bytes()),
+            Ok(info(Some("sim-model"), true, Some(64), false))
+        );
+        assert_eq!(inspect(b"{}"), Ok(info(None, false, None, false)));
+        assert_eq!(
+            inspect(br#"{"model":null,"stream":null,"max_tokens":null,"stream_options":null}"#),
+            Ok(info(None, false, None, false))
+        );
+        assert_eq!(
+            inspect(br#"{"max_tokens":5,"max_completion_tokens":9,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}"#),
+            Ok(info(None, false, Some(9), true))
+        );
+        assert_eq!(
+            inspect(br#"{"max_completion_tokens":0}"#),
+            Ok(info(None, false, Some(0), false))
+        );
+        assert_eq!(
+            inspect(br#"{"m\u006fdel":"a"}"#),
+            Ok(info(Some("a"), false, None, false))
+        );
+    }
+
+    #[test]
+    fn bad_fields_named() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"model":5}"#, "model"),
+            (r#"{"model":["a"]}"#, "model"),
+            (r#"{"stream":"true"}"#, "stream"),
+            (r#"{"stream":1}"#, "stream"),
+            (r#"{"max_tokens":-1}"#, "max_tokens"),
+            (r#"{"max_tokens":1.5}"#, "max_tokens"),
+            (r#"{"max_tokens":"10"}"#, "max_tokens"),
+            (r#"{"max_completion_tokens":-3}"#, "max_completion_tokens"),
+            (r#"{"stream_options":true}"#, "stream_options"),
+            (
+                r#"{"stream_options":{"include_usage":"yes"}}"#,
+                "stream_options.include_usage",
+            ),
+            (r#"{"model":"a","model":"b"}"#, "model"),
+            (r#"{"stream":true,"stream":false}"#, "stream"),
+        ];
+        for (body, field) in cases {
+            match inspect(body.as_bytes()) {
+                Err(e @ BodyError::BadField { .. }) => {
+                    let BodyError::BadField { field: f, .. } = &e else {
+                        unreachable!()
+                    };
+                    assert_eq!(f, field, "{body}");
+                    assert!(e.to_string().starts_with(&format!("'{field}' ")), "{e}");
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn not_json_or_not_object() {
+        for body in [
+            &b""[..],
+            b"  ",
+            b"{",
+            b"{\"model\":\"a\"",
+            b"{\"a\":1} x",
+            b"nope",
+            b"\xff\xfe",
+            b"{'a':1}",
+        ] {
+            assert!(
+                matches!(inspect(body), Err(BodyError::NotJson(_))),
+                "{body:?}"
+            );
+        }
+        for body in [
+            &b"[]"[..],
+            b"[{\"model\":\"a\"}]",
+            b"\"s\"",
+            b"1",
+            b"null",
+            b" true ",
+        ] {
+            assert_eq!(inspect(body), Err(BodyError::NotAnObject), "{body:?}");
+        }
+        assert!(
+            BodyError::NotJson("x".into())
+                .to_string()
+                .contains("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn include_usage_inserted_or_replaced() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{}"#, r#"{"stream_options":{"include_usage":true}}"#),
+            (
+                r#" { "model" : "m" } "#,
+                r#" {"stream_options":{"include_usage":true}, "model" : "m" } "#,
+            ),
+            (
+                r#"{"stream_options":null,"a":1}"#,
+                r#"{"stream_options":{"include_usage":true},"a":1}"#,
+            ),
+            (
+                r#"{"stream_options":{}}"#,
+                r#"{"stream_options":{"include_usage":true}}"#,
+            ),
+            (
+                r#"{"stream_options":{"continuous_usage_stats":true}}"#,
+                r#"{"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            ),
+            (
+                r#"{"stream_options":{"include_usage":false, "x":[1,{"include_usage":false}]},"b":"}"}"#,
+                r#"{"stream_options":{"include_usage":true, "x":[1,{"include_usage":false}]},"b":"}"}"#,
+            ),
+            (
+                r#"{"stream_options":{"include_usage" : null}}"#,
+                r#"{"stream_options":{"include_usage" : true}}"#,
+            ),
+            (
+                r#"{"x":{"stream_options":null},"stream\u005foptions":{"include_usage":false}}"#,
+                r#"{"x":{"stream_options":null},"stream\u005foptions":{"include_usage":true}}"#,
+            ),
+        ];
+        for (body, expected) in cases {
+            let out = with_include_usage(body.as_bytes()).unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), *expected, "{body}");
+        }
+        let out = with_include_usage(CHAT.as_bytes()).unwrap();
+        assert_eq!(
+            inspect(&out),
+            Ok(info(Some("sim-model"), true, Some(64), true))
+        );
+        assert!(with_include_usage(b"[1]").is_err());
+        assert!(with_include_usage(br#"{"stream_options":1}"#).is_err());
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 20, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    "(model|stream|include_usage|stream_options|[a-z]{1,4})",
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = inspect(&data);
+            let _ = with_include_usage(&data);
+        }
+
+        #[test]
+        fn json_garbage_never_panics(v in json_value()) {
+            let body = serde_json::to_vec(&v).unwrap();
+            let r = inspect(&body);
+            if !v.is_object() {
+                prop_assert_eq!(r, Err(BodyError::NotAnObject));
+            }
+            let _ = with_include_usage(&body);
+        }
+
+        #[test]
+        fn with_include_usage_preserves_the_rest(
+            extra in proptest::collection::btree_map("[a-z]{1,6}", json_value(), 0..5),
+            model in proptest::option::of("[a-zA-Z0-9/_.\"\\\\-]{0,12}"),
+            stream in proptest::option::of(any::<bool>()),
+            max in proptest::option::of(any::<u64>()),
+            so in prop_oneof![
+                Just(None),
+                Just(Some(serde_json::Value::Null)),
+                proptest::collection::btree_map("(include_usage|[a-z]{1,6})", prop_oneof![
+                    any::<bool>().prop_map(serde_json::Value::Bool),
+                    Just(serde_json::Value::Null),
+                ], 0..3).prop_map(|m| Some(serde_json::Value::Object(m.into_iter().collect()))),
+            ],
+            pretty in any::<bool>(),
+        ) {
+            let mut obj: serde_json::Map<String, serde_json::Value> = extra.into_iter().collect();
+            if let Some(m) = &model { obj.insert("model".into(), m.clone().into()); }
+            if let Some(s) = stream { obj.insert("stream".into(), s.into()); }
+            if let Some(m) = max { obj.insert("max_tokens".into(), m.into()); }
+            if let Some(s) = &so { obj.insert("stream_options".into(), s.clone()); }
+            let v = serde_json::Value::Object(obj);
+            let body = if pretty { serde_json::to_vec_pretty(&v).unwrap() } else { serde_json::to_vec(&v).unwrap() };
+            let before = inspect(&body).unwrap();
+            prop_assert_eq!(&before.model, &model);
+            let out = with_include_usage(&body).unwrap();
+            let after = inspect(&out).unwrap();
+            prop_assert_eq!(after, RequestInfo { include_usage: true, ..before });
+            // Everything else is unchanged, other stream_options fields included.
+            let mut v2: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            // Compared with the body as parsed (serde_json float parsing is not exact round-trip).
+            let mut v1: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let so1 = v1.as_object_mut().unwrap().remove("stream_options");
+            let so2 = v2.as_object_mut().unwrap().remove("stream_options").unwrap();
+            prop_assert_eq!(v1, v2);
+            let mut so2 = so2.as_object().unwrap().clone();
+            prop_assert_eq!(so2.remove("include_usage"), Some(serde_json::Value::Bool(true)));
+            let mut rest1 = so1.and_then(|s| s.as_object().cloned()).unwrap_or_default();
+            rest1.remove("include_usage");
+            prop_assert_eq!(rest1, so2);
+        }
+    }
 }

@@ -1,1 +1,17 @@
-//! Local stack and e2e harness (skeleton).
+//! MaaS Gateway local stack and end-to-end harness.
+//!
+//! - [`sim`]: the OpenAI-compatible model simulator (also the `model-sim` binary);
+//! - [`stack`]: PostgreSQL + companion + simulator + Envoy with the filter, used by the
+//!   `maas-local` binary and by every e2e test ([`stack::Stack::shared`]);
+//! - [`envoy_config`]: the Envoy bootstrap generated from the policy;
+//! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
+
+pub mod envoy_config;
+pub mod postgres;
+pub mod process;
+pub mod sim;
+pub mod stack;
+pub mod tools;
+
+pub use sim::RecordedRequest;
+pub use stack::{ConfigSource, Stack, StackOptions};

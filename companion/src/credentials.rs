@@ -1,0 +1,147 @@
+//! Provider credentials for external models, served to the filter only
+//! (`GET /internal/v1/credentials`, ETag).
+//!
+//! Sources: a YAML file `credentials: {ref: key}` (local stack, re-read at each request so edits
+//! apply at once), or Kubernetes Secrets named by the policy's `credentialRef`, data key
+//! `api-key`, in one namespace (cluster; cached briefly). Values are never logged.
+
+use crate::policy::{PolicyServeError, json_with_etag};
+use crate::startup::AppState;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use maas_types::{CredentialsDocument, PolicyDocument};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// How long Secrets read from Kubernetes are reused.
+const SECRET_CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// The Secret data key holding a provider's API key.
+pub const SECRET_KEY: &str = "api-key";
+
+pub enum CredentialsSource {
+    File(PathBuf),
+    Kubernetes {
+        client: kube::Client,
+        namespace: String,
+        cache: Mutex<Option<(Instant, BTreeSet<String>, CredentialsDocument)>>,
+    },
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CredentialsFile {
+    #[serde(default)]
+    credentials: BTreeMap<String, String>,
+}
+
+impl CredentialsSource {
+    pub fn kubernetes(client: kube::Client, namespace: String) -> CredentialsSource {
+        CredentialsSource::Kubernetes {
+            client,
+            namespace,
+            cache: Mutex::new(None),
+        }
+    }
+
+    /// Checks the source can be read at start (file parses).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            CredentialsSource::File(path) => read_file(path).map(|_| ()),
+            CredentialsSource::Kubernetes { .. } => Ok(()),
+        }
+    }
+
+    pub async fn load(&self, policy: &PolicyDocument) -> Result<CredentialsDocument, String> {
+        let refs: BTreeSet<String> = policy
+            .models
+            .iter()
+            .filter_map(|m| m.provider.as_ref().map(|p| p.credential_ref.clone()))
+            .collect();
+        match self {
+            CredentialsSource::File(path) => read_file(path),
+            CredentialsSource::Kubernetes {
+                client,
+                namespace,
+                cache,
+            } => {
+                let mut cache = cache.lock().await;
+                if let Some((at, cached_refs, doc)) = cache.as_ref()
+                    && at.elapsed() < SECRET_CACHE_TTL
+                    && *cached_refs == refs
+                {
+                    return Ok(doc.clone());
+                }
+                let doc = read_secrets(client, namespace, &refs).await?;
+                *cache = Some((Instant::now(), refs, doc.clone()));
+                Ok(doc)
+            }
+        }
+    }
+}
+
+fn read_file(path: &PathBuf) -> Result<CredentialsDocument, String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("credentials file {}: {e}", path.display()))?;
+    let file: CredentialsFile = serde_yaml::from_slice(&bytes)
+        .map_err(|e| format!("credentials file {}: {e}", path.display()))?;
+    Ok(CredentialsDocument {
+        credentials: file.credentials,
+    })
+}
+
+async fn read_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    refs: &BTreeSet<String>,
+) -> Result<CredentialsDocument, String> {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let mut credentials = BTreeMap::new();
+    for name in refs {
+        match api.get_opt(name).await {
+            Ok(Some(secret)) => {
+                let value = secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(SECRET_KEY))
+                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                    .or_else(|| {
+                        secret
+                            .string_data
+                            .as_ref()
+                            .and_then(|d| d.get(SECRET_KEY).cloned())
+                    });
+                match value {
+                    Some(v) => {
+                        credentials.insert(name.clone(), v.trim().to_string());
+                    }
+                    None => {
+                        tracing::warn!(secret = %name, %namespace, "Secret has no `api-key` entry")
+                    }
+                }
+            }
+            Ok(None) => tracing::warn!(secret = %name, %namespace, "credential Secret not found"),
+            Err(e) => return Err(format!("reading Secret {namespace}/{name}: {e}")),
+        }
+    }
+    Ok(CredentialsDocument { credentials })
+}
+
+/// `GET /internal/v1/credentials`.
+pub async fn serve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, PolicyServeError> {
+    let policy = state.policy.document();
+    let doc = state
+        .credentials
+        .load(&policy)
+        .await
+        .map_err(PolicyServeError::Credentials)?;
+    let body = serde_json::to_vec(&doc).unwrap_or_default();
+    Ok(json_with_etag(&headers, body))
+}

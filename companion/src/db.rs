@@ -1,0 +1,67 @@
+//! PostgreSQL pool and migrations.
+//!
+//! The pool connects lazily with a short acquire timeout, so that while the database is down
+//! requests answer 503 quickly instead of hanging, and the service starts anyway: migrations
+//! are retried with backoff in the background until they succeed.
+
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+pub fn pool(
+    url: &SecretString,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<PgPool, String> {
+    // The error of a bad URL could echo the password: say only that it does not parse.
+    let options = PgConnectOptions::from_str(url.expose_secret())
+        .map_err(|_| "--database-url: not a valid PostgreSQL URL".to_string())?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(options))
+}
+
+/// Set once migrations have been applied; until then the database is "not ready".
+#[derive(Clone, Default)]
+pub struct MigrationState(Arc<AtomicBool>);
+
+impl MigrationState {
+    pub fn is_done(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    pub(crate) fn set_done(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Applies migrations, retrying with exponential backoff (capped at 5 s) for as long as it
+/// takes; logs each failure.
+pub async fn migrate_with_retry(pool: PgPool, state: MigrationState) {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match MIGRATOR.run(&pool).await {
+            Ok(()) => {
+                state.set_done();
+                tracing::info!("database migrations applied");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "migrations failed, retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// True when the database answers a trivial query.
+pub async fn ping(pool: &PgPool) -> bool {
+    sqlx::query("SELECT 1").execute(pool).await.is_ok()
+}

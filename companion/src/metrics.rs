@@ -1,0 +1,176 @@
+//! Prometheus metrics, served as text on `GET /metrics`.
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub listener: &'static str,
+    pub route: String,
+    pub method: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub listener: &'static str,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms … ~8 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 15))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: HistogramFamily<RouteLabels>,
+    pub keys_minted: Counter,
+    pub validations: Family<ResultLabels, Counter>,
+    pub validation_duration: HistogramFamily<ResultLabels>,
+    pub policy_reloads: Family<ResultLabels, Counter>,
+    pub last_used_rows_written: Counter,
+    pub token_cache_hits: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "maas_http_requests",
+            "HTTP requests by listener, route, method and status",
+            http_requests.clone(),
+        );
+        let http_duration: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "maas_http_request_duration_seconds",
+            "HTTP request latency by listener and route",
+            http_duration.clone(),
+        );
+        let keys_minted = Counter::default();
+        registry.register(
+            "maas_api_keys_minted",
+            "API keys minted",
+            keys_minted.clone(),
+        );
+        let validations = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "maas_authenticate",
+            "Credential validations for the filter by result",
+            validations.clone(),
+        );
+        let validation_duration: HistogramFamily<ResultLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "maas_authenticate_duration_seconds",
+            "Credential validation latency by result",
+            validation_duration.clone(),
+        );
+        let policy_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "maas_policy_reload",
+            "Policy file reloads by result (accepted, rejected, unreadable)",
+            policy_reloads.clone(),
+        );
+        let last_used_rows_written = Counter::default();
+        registry.register(
+            "maas_last_used_rows_written",
+            "Rows written by the debounced last_used_at flush",
+            last_used_rows_written.clone(),
+        );
+        let token_cache_hits = Counter::default();
+        registry.register(
+            "maas_token_cache_hits",
+            "Token checks answered from the cache",
+            token_cache_hits.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            http_requests,
+            http_duration,
+            keys_minted,
+            validations,
+            validation_duration,
+            policy_reloads,
+            last_used_rows_written,
+            token_cache_hits,
+        })
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn record_validation(&self, result: &'static str, started: Instant) {
+        let labels = ResultLabels { result };
+        self.validations.get_or_create(&labels).inc();
+        self.validation_duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// `GET /metrics`.
+pub async fn serve(State(metrics): State<Arc<Metrics>>) -> Response {
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Middleware counting requests and latency by matched route.
+pub async fn track(
+    State((metrics, listener)): State<(Arc<Metrics>, &'static str)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    metrics
+        .http_requests
+        .get_or_create(&HttpLabels {
+            listener,
+            route: route.clone(),
+            method,
+            status: resp.status().as_u16(),
+        })
+        .inc();
+    metrics
+        .http_duration
+        .get_or_create(&RouteLabels { listener, route })
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}

@@ -1,0 +1,226 @@
+//! The policy: loaded from a YAML file (the ConfigMap), reloaded when its content changes,
+//! served to the filter as JSON with an ETag and the list of recently revoked key ids.
+//!
+//! A new version that does not validate is rejected (log line + `maas_policy_reload_total
+//! {result="rejected"}`) and the old one stays in force.
+
+use crate::metrics::{Metrics, ResultLabels};
+use crate::startup::AppState;
+use axum::extract::State;
+use axum::http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use maas_types::{PolicyDocument, PolicyError};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// How long a revoked key stays in the served revocation list (longer than any cache TTL).
+pub const REVOCATION_LIST_WINDOW_HOURS: i64 = 24;
+
+/// Parses and validates a YAML policy; errors name the field.
+pub fn parse_yaml(bytes: &[u8]) -> Result<PolicyDocument, PolicyError> {
+    let de = serde_yaml::Deserializer::from_slice(bytes);
+    maas_types::policy::from_deserializer(de)
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadedPolicy {
+    pub document: Arc<PolicyDocument>,
+    /// Unix seconds when this version was loaded (the `created` of listed models).
+    pub loaded_at: i64,
+}
+
+#[derive(Clone)]
+pub struct PolicyStore {
+    current: Arc<RwLock<LoadedPolicy>>,
+    path: PathBuf,
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+impl PolicyStore {
+    /// Loads the file; an invalid policy at start is an error (the service must not start).
+    pub fn load(path: &Path) -> Result<(PolicyStore, [u8; 32]), String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("policy file {}: {e}", path.display()))?;
+        let document =
+            parse_yaml(&bytes).map_err(|e| format!("policy file {}: {e}", path.display()))?;
+        let store = PolicyStore {
+            current: Arc::new(RwLock::new(LoadedPolicy {
+                document: Arc::new(document),
+                loaded_at: chrono::Utc::now().timestamp(),
+            })),
+            path: path.to_path_buf(),
+        };
+        Ok((store, digest(&bytes)))
+    }
+
+    pub fn current(&self) -> LoadedPolicy {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn document(&self) -> Arc<PolicyDocument> {
+        self.current().document
+    }
+
+    fn replace(&self, document: PolicyDocument) {
+        let loaded = LoadedPolicy {
+            document: Arc::new(document),
+            loaded_at: chrono::Utc::now().timestamp(),
+        };
+        match self.current.write() {
+            Ok(mut g) => *g = loaded,
+            Err(poisoned) => *poisoned.into_inner() = loaded,
+        }
+    }
+
+    /// Polls the file's content every `interval`; a changed, valid version replaces the current
+    /// one. A rejected version is remembered so it is reported once, not at every poll.
+    pub fn spawn_reloader(
+        &self,
+        interval: Duration,
+        initial_digest: [u8; 32],
+        metrics: Arc<Metrics>,
+    ) -> tokio::task::JoinHandle<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut last_seen = initial_digest;
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let bytes = match tokio::fs::read(&store.path).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // A ConfigMap update swaps a symlink: a missing file for a moment is normal.
+                        tracing::debug!(path = %store.path.display(), error = %e, "policy file unreadable");
+                        continue;
+                    }
+                };
+                let d = digest(&bytes);
+                if d == last_seen {
+                    continue;
+                }
+                last_seen = d;
+                match parse_yaml(&bytes) {
+                    Ok(doc) => {
+                        store.replace(doc);
+                        metrics
+                            .policy_reloads
+                            .get_or_create(&ResultLabels { result: "accepted" })
+                            .inc();
+                        tracing::info!(path = %store.path.display(), "policy reloaded");
+                    }
+                    Err(e) => {
+                        metrics
+                            .policy_reloads
+                            .get_or_create(&ResultLabels { result: "rejected" })
+                            .inc();
+                        tracing::warn!(path = %store.path.display(), error = %e, "new policy rejected, keeping the previous one");
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyServeError {
+    #[error("revocation list unavailable: database not ready")]
+    DatabaseNotReady,
+    #[error("revocation list unavailable: database unavailable")]
+    Database(#[from] sqlx::Error),
+    #[error("credentials unavailable: {0}")]
+    Credentials(String),
+}
+
+/// Key ids revoked in the last 24 hours.
+pub async fn recently_revoked(pool: &sqlx::PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT key_id FROM api_keys WHERE revoked_at > now() - make_interval(hours => $1) ORDER BY key_id",
+    )
+    .bind(REVOCATION_LIST_WINDOW_HOURS as i32)
+    .fetch_all(pool)
+    .await
+}
+
+/// A JSON body with a strong ETag (hex SHA-256 prefix of the body), answering 304 when the
+/// client already holds it.
+pub fn json_with_etag(headers: &HeaderMap, body: Vec<u8>) -> Response {
+    let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
+    let matches = headers
+        .get(IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        });
+    if matches {
+        return (StatusCode::NOT_MODIFIED, [(ETAG, etag)]).into_response();
+    }
+    (
+        [(CONTENT_TYPE, "application/json".to_string()), (ETAG, etag)],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /internal/v1/policy`.
+pub async fn serve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, PolicyServeError> {
+    if !state.migrations.is_done() {
+        return Err(PolicyServeError::DatabaseNotReady);
+    }
+    let mut doc = (*state.policy.document()).clone();
+    let revoked = recently_revoked(&state.pool).await?;
+    doc.revoked_key_ids.extend(revoked);
+    doc.revoked_key_ids.sort();
+    doc.revoked_key_ids.dedup();
+    let body = serde_json::to_vec(&doc).unwrap_or_default();
+    Ok(json_with_etag(&headers, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_policy_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy.yaml");
+        let doc = parse_yaml(&std::fs::read(path).unwrap()).unwrap();
+        assert!(doc.tier("free").is_some());
+    }
+
+    #[test]
+    fn yaml_errors_name_the_field() {
+        let e = parse_yaml(b"tiers:\n  - name: free\n    level: 0\n    groups: [a]\n    limits: {requests: [{limit: 1, window: 0m}]}\n")
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("tiers[0].limits.requests[0].window"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn etag_roundtrip() {
+        let r = json_with_etag(&HeaderMap::new(), b"{}".to_vec());
+        assert_eq!(r.status(), StatusCode::OK);
+        let etag = r.headers().get(ETAG).unwrap().clone();
+        let mut h = HeaderMap::new();
+        h.insert(IF_NONE_MATCH, etag);
+        assert_eq!(
+            json_with_etag(&h, b"{}".to_vec()).status(),
+            StatusCode::NOT_MODIFIED
+        );
+        assert_eq!(json_with_etag(&h, b"{ }".to_vec()).status(), StatusCode::OK);
+    }
+}

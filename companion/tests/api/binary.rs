@@ -1,0 +1,120 @@
+//! The `maas-companion` binary: command line validation, the start log line, SIGTERM.
+
+use crate::helpers::{IDENTITIES, create_database, local_policy};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_maas-companion");
+
+#[test]
+fn invalid_configuration_exits_with_a_message_naming_the_flag() {
+    let out = Command::new(BIN)
+        .env_clear()
+        .args(["--database-url", "postgres://x@127.0.0.1:1/db"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--policy-file"), "{stderr}");
+
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("DATABASE_URL", "postgres://user:hunter2@127.0.0.1:1/db")
+        .env("MAAS_POLICY_FILE", "/nonexistent/policy.yaml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--policy-file /nonexistent/policy.yaml"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
+}
+
+#[tokio::test]
+async fn starts_logs_its_addresses_and_stops_on_sigterm() {
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let ids = dir.path().join("ids.yaml");
+    let creds = dir.path().join("creds.yaml");
+    std::fs::write(&policy, local_policy()).unwrap();
+    std::fs::write(&ids, IDENTITIES).unwrap();
+    std::fs::write(&creds, "credentials: {}\n").unwrap();
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("RUST_LOG", "info")
+        .env("DATABASE_URL", &database_url)
+        .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
+        .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
+        .args(["--policy-file", policy.to_str().unwrap()])
+        .args([
+            "--identity-provider",
+            "static",
+            "--identities-file",
+            ids.to_str().unwrap(),
+        ])
+        .args([
+            "--credentials-source",
+            "file",
+            "--credentials-file",
+            creds.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (public, internal) = loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("no 'listening' line");
+        if let Some(rest) = line.split("listening public=").nth(1) {
+            let mut parts = rest.split(" internal=");
+            let public = parts.next().unwrap().trim().to_string();
+            let internal = parts.next().unwrap().trim().to_string();
+            break (public, internal);
+        }
+    };
+    let health = reqwest::get(format!("http://{public}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let auth = reqwest::Client::new()
+        .post(format!("http://{internal}/internal/v1/authenticate"))
+        .json(&serde_json::json!({"credential": "alice-token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(auth.status(), 200);
+
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    // Nothing in the log carries a credential.
+    let rest: Vec<String> = rx.try_iter().collect();
+    assert!(!rest.iter().any(|l| l.contains("alice-token")));
+}

@@ -1,0 +1,265 @@
+//! Test harness: a fresh PostgreSQL database per test and the companion in-process on port 0.
+//!
+//! Needs `MAAS_TEST_DATABASE_URL` (an admin URL to a running server); `./scripts/test.sh`
+//! starts one and exports it.
+
+use maas_companion::{Application, Config};
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection, PgPool};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use tempfile::TempDir;
+
+pub const IDENTITIES: &str = "\
+identities:
+  - token: alice-token
+    username: alice
+    groups: [system:authenticated, tier-free-users]
+  - token: bob-token
+    username: bob
+    groups: [system:authenticated, tier-premium-users]
+  - token: carol-token
+    username: carol
+    groups: [system:authenticated, tier-enterprise-users, maas-admins]
+  - token: dave-token
+    username: dave
+    groups: [no-tier-group]
+";
+
+pub fn local_policy() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy.yaml");
+    std::fs::read_to_string(path).expect("config/local/policy.yaml")
+}
+
+pub fn admin_url() -> String {
+    match std::env::var("MAAS_TEST_DATABASE_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "MAAS_TEST_DATABASE_URL is not set. These tests need a running PostgreSQL: run them with \
+             ./scripts/test.sh (it starts a throwaway server and exports the variable), or export \
+             MAAS_TEST_DATABASE_URL=postgres://USER@HOST:PORT/postgres yourself."
+        ),
+    }
+}
+
+/// The admin URL with its database name replaced.
+pub fn url_for_db(admin: &str, db: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin, String::new()),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let authority_end = base[scheme_end..]
+        .find('/')
+        .map(|i| scheme_end + i)
+        .unwrap_or(base.len());
+    format!("{}/{db}{query}", &base[..authority_end])
+}
+
+pub async fn create_database() -> String {
+    let name = format!("maas_test_{}", uuid::Uuid::new_v4().simple());
+    create_named_database(&name).await
+}
+
+pub async fn create_named_database(name: &str) -> String {
+    let admin = admin_url();
+    let mut conn = PgConnection::connect(&admin)
+        .await
+        .expect("connect to MAAS_TEST_DATABASE_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    url_for_db(&admin, name)
+}
+
+fn init_tracing() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if std::env::var("TEST_LOG").is_ok() {
+            tracing_subscriber::fmt()
+                .with_env_filter("info,sqlx=warn")
+                .with_test_writer()
+                .init();
+        }
+    });
+}
+
+pub struct TestApp {
+    pub app: Application,
+    pub public: String,
+    pub internal: String,
+    pub http: reqwest::Client,
+    pub pool: PgPool,
+    /// Holds the policy, identities and credentials files for the app's lifetime.
+    pub _dir: TempDir,
+    pub policy_path: PathBuf,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
+    init_tracing();
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy_path = dir.path().join("policy.yaml");
+    let identities = dir.path().join("identities.yaml");
+    let credentials = dir.path().join("credentials.yaml");
+    std::fs::write(&policy_path, local_policy()).unwrap();
+    std::fs::write(&identities, IDENTITIES).unwrap();
+    std::fs::write(&credentials, "credentials: {openai-key: sk-local-openai}\n").unwrap();
+    let mut config = Config::for_local(&database_url, policy_path.clone(), identities, credentials);
+    adjust(&mut config);
+    spawn_with_config(config, dir, policy_path, database_url, Default::default()).await
+}
+
+pub async fn spawn_with_config(
+    config: Config,
+    dir: TempDir,
+    policy_path: PathBuf,
+    database_url: String,
+    overrides: maas_companion::startup::Overrides,
+) -> TestApp {
+    let app = Application::build_with(config, overrides)
+        .await
+        .expect("companion starts");
+    let public = format!("http://{}", app.public_addr());
+    let internal = format!("http://{}", app.internal_addr());
+    let pool = PgPool::connect(&database_url).await.unwrap();
+    TestApp {
+        app,
+        public,
+        internal,
+        http: reqwest::Client::new(),
+        pool,
+        _dir: dir,
+        policy_path,
+    }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    async fn from(r: reqwest::Response) -> Reply {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let text = r.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The error message of an OpenAI-style error body.
+    pub fn message(&self) -> &str {
+        self.body["error"]["message"].as_str().unwrap_or_default()
+    }
+
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_default()
+    }
+}
+
+impl TestApp {
+    pub async fn public_get(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut r = self.http.get(format!("{}{path}", self.public));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        Reply::from(r.send().await.unwrap()).await
+    }
+
+    pub async fn public_post(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        let mut r = self.http.post(format!("{}{path}", self.public)).json(body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        Reply::from(r.send().await.unwrap()).await
+    }
+
+    pub async fn public_delete(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut r = self.http.delete(format!("{}{path}", self.public));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        Reply::from(r.send().await.unwrap()).await
+    }
+
+    pub async fn internal_get(&self, path: &str) -> Reply {
+        Reply::from(
+            self.http
+                .get(format!("{}{path}", self.internal))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn internal_post(&self, path: &str, body: &Value) -> Reply {
+        Reply::from(
+            self.http
+                .post(format!("{}{path}", self.internal))
+                .json(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn authenticate(&self, credential: &str) -> Reply {
+        self.internal_post(
+            "/internal/v1/authenticate",
+            &json!({"credential": credential}),
+        )
+        .await
+    }
+
+    /// Mints a key and returns the 201 body (panics otherwise).
+    pub async fn mint(&self, token: &str, body: Value) -> Value {
+        let r = self.public_post("/v1/api-keys", Some(token), &body).await;
+        assert_eq!(r.status, 201, "mint failed: {}", r.body);
+        r.body
+    }
+
+    pub async fn mint_named(&self, token: &str, name: &str) -> Value {
+        self.mint(token, json!({"name": name})).await
+    }
+
+    /// A counter's value from `GET /metrics` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.internal))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0.0)
+    }
+}
+
+/// Replaces a file the way a ConfigMap update does: write aside, then rename (so the reloader
+/// never reads a half-written file).
+pub fn write_atomic(path: &std::path::Path, content: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}

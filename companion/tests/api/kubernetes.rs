@@ -1,0 +1,247 @@
+//! The Kubernetes paths (TokenReview identity, Secret credentials) through the real `kube`
+//! client, against a small local HTTPS stand-in for the API server that speaks the real
+//! `authentication.k8s.io/v1` TokenReview and `v1` Secret JSON.
+
+use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_config};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use maas_companion::config::{CredentialsSourceKind, IdentityProviderKind};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Default)]
+struct Calls {
+    token_reviews: AtomicUsize,
+    secret_gets: AtomicUsize,
+}
+
+async fn token_review(
+    State(calls): State<Arc<Calls>>,
+    Json(review): Json<Value>,
+) -> impl IntoResponse {
+    calls.token_reviews.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(review["apiVersion"], "authentication.k8s.io/v1");
+    assert_eq!(review["kind"], "TokenReview");
+    let token = review["spec"]["token"].as_str().unwrap_or_default();
+    let status = match token {
+        t if t.starts_with("eyJ") || t == "kube-good" => json!({
+            "authenticated": true,
+            "user": {
+                "username": "system:serviceaccount:team-a:builder",
+                "uid": "8c0a6f5e-0000-4000-8000-000000000001",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:team-a", "system:authenticated", "tier-premium-users"]
+            },
+            "audiences": ["https://kubernetes.default.svc"]
+        }),
+        "kube-admin" => json!({
+            "authenticated": true,
+            "user": {"username": "kube:admin", "groups": ["system:authenticated", "maas-admins"]}
+        }),
+        "kube-boom" => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": "etcd unavailable", "reason": "InternalError", "code": 500}),
+                ),
+            );
+        }
+        _ => {
+            json!({"authenticated": false, "user": {}, "error": "[invalid bearer token, token lookup failed]"})
+        }
+    };
+    let mut answer = review.clone();
+    answer["metadata"] = json!({"creationTimestamp": null});
+    answer["status"] = status;
+    (StatusCode::CREATED, Json(answer))
+}
+
+async fn get_secret(
+    State(calls): State<Arc<Calls>>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> impl IntoResponse {
+    calls.secret_gets.fetch_add(1, Ordering::SeqCst);
+    if namespace == "maas" && name == "openai-key" {
+        return (
+            StatusCode::OK,
+            Json(json!({
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "namespace": namespace},
+                // base64("sk-from-secret")
+                "data": {"api-key": "c2stZnJvbS1zZWNyZXQ="}
+            })),
+        );
+    }
+    (
+        StatusCode::NOT_FOUND,
+        Json(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("secrets \"{name}\" not found"), "reason": "NotFound",
+                    "details": {"name": name, "kind": "secrets"}, "code": 404}),
+        ),
+    )
+}
+
+/// Starts the stand-in on 127.0.0.1 with a certificate from a throwaway CA; returns a kube
+/// client that trusts that CA only.
+async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+
+    let router = Router::new()
+        .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(token_review),
+        )
+        .route(
+            "/api/v1/namespaces/{namespace}/secrets/{name}",
+            get(get_secret),
+        )
+        .with_state(calls);
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(
+        leaf.pem().into_bytes(),
+        leaf_key.serialize_pem().into_bytes(),
+    )
+    .await
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
+    tokio::spawn(server.serve(router.into_make_service()));
+
+    let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse().unwrap());
+    config.root_cert = Some(vec![ca_cert.der().to_vec()]);
+    config.default_namespace = "maas".into();
+    kube::Client::try_from(config).unwrap()
+}
+
+async fn spawn_kube_app(calls: Arc<Calls>) -> crate::helpers::TestApp {
+    let client = start_api_server(calls).await;
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy_path = dir.path().join("policy.yaml");
+    let ids = dir.path().join("ids.yaml");
+    let policy = format!(
+        "{}  - name: gpt-4o\n    path: /ext/gpt-4o\n    tiers: [premium]\n    provider:\n      type: openai\n      credentialRef: openai-key\n  - name: claude\n    path: /ext/claude\n    tiers: [premium]\n    provider:\n      type: anthropic\n      credentialRef: missing-secret\n",
+        local_policy()
+    );
+    std::fs::write(&policy_path, policy).unwrap();
+    std::fs::write(&ids, IDENTITIES).unwrap();
+    let mut config =
+        maas_companion::Config::for_local(&database_url, policy_path.clone(), ids.clone(), ids);
+    config.identity_provider = IdentityProviderKind::Kubernetes;
+    config.identities_file = None;
+    config.credentials_source = CredentialsSourceKind::Kubernetes;
+    config.credentials_file = None;
+    config.token_negative_cache_ttl_seconds = 1;
+    spawn_with_config(
+        config,
+        dir,
+        policy_path,
+        database_url,
+        maas_companion::startup::Overrides {
+            kube_client: Some(client),
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn token_review_identities_mint_and_authenticate_with_caching() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone()).await;
+
+    let r = app.authenticate("kube-good").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["subject"], "system:serviceaccount:team-a:builder");
+    assert_eq!(r.body["tier"], "premium");
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 1);
+    // Cached: no second TokenReview.
+    let r = app.authenticate("kube-good").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 1);
+
+    // Refused token: 401, cached for the (shorter) negative TTL.
+    let r = app.authenticate("kube-bad").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.message(), "invalid token");
+    app.authenticate("kube-bad").await;
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 2);
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    app.authenticate("kube-bad").await;
+    assert_eq!(
+        calls.token_reviews.load(Ordering::SeqCst),
+        3,
+        "negative entry expired"
+    );
+
+    // API server failing: 503 (fail closed) and not cached.
+    let r = app.authenticate("kube-boom").await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    let r = app.authenticate("kube-boom").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 5);
+
+    // A JWT-shaped token (as service account tokens are) is never cached past its `exp`.
+    use base64::Engine;
+    let exp = chrono::Utc::now().timestamp() + 5;
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let jwt = format!(
+        "{}.{}.c2ln",
+        b64(json!({"alg": "RS256"})),
+        b64(json!({"exp": exp, "sub": "builder"}))
+    );
+    let r = app.authenticate(&jwt).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["expires_at"], exp);
+    assert!(r.body["cache_ttl_seconds"].as_u64().unwrap() <= 5);
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 6);
+
+    // The public API takes the same identities: mint with a token, admin from its groups.
+    let minted = app.mint("kube-good", json!({"name": "ci"})).await;
+    assert_eq!(minted["tier"], "premium");
+    let r = app
+        .public_post("/v1/api-keys", Some("alice-token"), &json!({"name": "k"}))
+        .await;
+    assert_eq!(r.status, 401, "static tokens are not accepted here");
+    let r = app
+        .public_get(
+            &format!("/v1/api-keys/{}", minted["id"].as_str().unwrap()),
+            Some("kube-admin"),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn provider_credentials_come_from_secrets() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone()).await;
+    let r = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The missing Secret is left out (and logged), the present one is served.
+    assert_eq!(
+        r.body,
+        json!({"credentials": {"openai-key": "sk-from-secret"}})
+    );
+    assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
+    // Cached briefly: no new reads.
+    let again = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(again.headers["etag"], r.headers["etag"]);
+    assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
+}

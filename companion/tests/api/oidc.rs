@@ -1,0 +1,114 @@
+//! OIDC identities: JWTs verified against a JWKS served by a local HTTP stand-in.
+
+use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_config};
+use axum::routing::get;
+use axum::{Json, Router};
+use jwt_simple::prelude::*;
+use maas_companion::config::IdentityProviderKind;
+use serde_json::json;
+
+const ISSUER: &str = "https://issuer.example.test";
+const AUDIENCE: &str = "maas";
+
+#[derive(Serialize, Deserialize)]
+struct UserClaims {
+    preferred_username: String,
+    groups: Vec<String>,
+}
+
+fn token(key: &ES256KeyPair, issuer: &str, audience: &str, valid_for: Duration) -> String {
+    let claims = Claims::with_custom_claims(
+        UserClaims {
+            preferred_username: "olivia".into(),
+            groups: vec!["tier-premium-users".into()],
+        },
+        valid_for,
+    )
+    .with_issuer(issuer)
+    .with_audience(audience)
+    .with_subject("0b7c-olivia");
+    key.sign(claims).unwrap()
+}
+
+#[tokio::test]
+async fn oidc_tokens_are_verified_against_the_jwks() {
+    let key = ES256KeyPair::generate().with_key_id("k1");
+    let jwk: serde_json::Value = serde_json::from_str(&key.public_key().to_jwk()).unwrap();
+    let jwks = json!({"keys": [jwk]});
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let jwks_url = format!("http://{}/jwks", listener.local_addr().unwrap());
+    let router = Router::new().route("/jwks", get(move || async move { Json(jwks) }));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy_path = dir.path().join("policy.yaml");
+    let ids = dir.path().join("ids.yaml");
+    std::fs::write(&policy_path, local_policy()).unwrap();
+    std::fs::write(&ids, IDENTITIES).unwrap();
+    std::fs::write(dir.path().join("creds.yaml"), "credentials: {}\n").unwrap();
+    let mut config = maas_companion::Config::for_local(
+        &database_url,
+        policy_path.clone(),
+        ids,
+        dir.path().join("creds.yaml"),
+    );
+    config.identity_provider = IdentityProviderKind::Oidc;
+    config.oidc_issuer = Some(ISSUER.into());
+    config.oidc_audience = Some(AUDIENCE.into());
+    config.oidc_jwks_url = Some(jwks_url);
+    let app = spawn_with_config(config, dir, policy_path, database_url, Default::default()).await;
+
+    let good = token(&key, ISSUER, AUDIENCE, Duration::from_hours(1));
+    let r = app.authenticate(&good).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["subject"], "olivia");
+    assert_eq!(r.body["tier"], "premium");
+    assert_eq!(
+        r.body["groups"],
+        json!(["system:authenticated", "tier-premium-users"])
+    );
+    assert!(r.body["expires_at"].as_i64().unwrap() > chrono::Utc::now().timestamp());
+    let minted = app.mint(&good, json!({"name": "from-oidc"})).await;
+    assert_eq!(minted["tier"], "premium");
+
+    for (what, bad) in [
+        (
+            "wrong issuer",
+            token(&key, "https://evil.test", AUDIENCE, Duration::from_hours(1)),
+        ),
+        (
+            "wrong audience",
+            token(&key, ISSUER, "other", Duration::from_hours(1)),
+        ),
+        (
+            "other key, same kid",
+            token(
+                &ES256KeyPair::generate().with_key_id("k1"),
+                ISSUER,
+                AUDIENCE,
+                Duration::from_hours(1),
+            ),
+        ),
+        ("not a JWT", "a.b.c".to_string()),
+    ] {
+        let r = app.authenticate(&bad).await;
+        assert_eq!(r.status, 401, "{what}: {}", r.body);
+        assert_eq!(r.message(), "invalid token", "{what}");
+    }
+    // Expired (beyond the clock tolerance).
+    let mut claims = Claims::with_custom_claims(
+        UserClaims {
+            preferred_username: "olivia".into(),
+            groups: vec![],
+        },
+        Duration::from_hours(1),
+    )
+    .with_issuer(ISSUER)
+    .with_audience(AUDIENCE);
+    claims.expires_at = Some(Clock::now_since_epoch() - Duration::from_mins(10));
+    let expired = key.sign(claims).unwrap();
+    assert_eq!(app.authenticate(&expired).await.status, 401);
+    // The static identities are not accepted when OIDC is configured.
+    assert_eq!(app.authenticate("alice-token").await.status, 401);
+}

@@ -1,0 +1,223 @@
+use crate::helpers::{spawn_app, spawn_app_with};
+use maas_companion::startup::PUBLIC_ROUTES;
+use serde_json::json;
+
+#[tokio::test]
+async fn health_ready_metrics() {
+    let app = spawn_app().await;
+    let r = app.public_get("/health", None).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["status"], "healthy");
+    let r = app.public_get("/ready", None).await;
+    assert_eq!(r.status, 200);
+    let r = app.internal_get("/ready").await;
+    assert_eq!(r.status, 200);
+    app.mint_named("alice-token", "k").await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.public))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("maas_api_keys_minted_total 1"), "{text}");
+    assert!(text.contains(
+        "maas_http_requests_total{listener=\"public\",route=\"/v1/api-keys\",method=\"POST\",status=\"201\"} 1"
+    ));
+    assert!(text.contains("maas_http_request_duration_seconds_bucket"));
+}
+
+#[tokio::test]
+async fn every_public_route_is_routed_and_in_openapi() {
+    let app = spawn_app().await;
+    let doc = app.public_get("/openapi.json", None).await;
+    assert_eq!(doc.status, 200);
+    let paths = doc.body["paths"].as_object().unwrap();
+    let mut documented: Vec<(String, String)> = paths
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (p.clone(), m.clone()))
+        })
+        .collect();
+    let mut routed: Vec<(String, String)> = PUBLIC_ROUTES
+        .iter()
+        .flat_map(|r| {
+            r.methods
+                .iter()
+                .map(|m| (r.path.to_string(), m.to_string()))
+        })
+        .collect();
+    documented.sort();
+    routed.sort();
+    assert_eq!(documented, routed, "openapi.json and PUBLIC_ROUTES differ");
+
+    // Each listed route exists on the public listener (not the fallback, not 405).
+    for (path, method) in routed {
+        let url = format!(
+            "{}{}",
+            app.public,
+            path.replace("{id}", &uuid::Uuid::new_v4().to_string())
+        );
+        let req = match method.as_str() {
+            "get" => app.http.get(url),
+            "post" => app.http.post(url).json(&json!({})),
+            "delete" => app.http.delete(url),
+            other => panic!("unexpected method {other}"),
+        };
+        let r = req.bearer_auth("carol-token").send().await.unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_ne!(status, 405, "{method} {path}");
+        assert!(
+            !body.contains("no such endpoint"),
+            "{method} {path} is not routed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn listeners_are_separate_and_errors_are_json() {
+    let app = spawn_app().await;
+    // Public routes are not on the internal listener.
+    let r = app
+        .internal_post("/v1/api-keys", &json!({"name": "k"}))
+        .await;
+    assert_eq!(r.status, 404);
+    let r = app.public_get("/internal/v1/authenticate", None).await;
+    assert_eq!(r.status, 404);
+    let r = app.public_get("/nope", None).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.body["error"]["type"], "not_found_error");
+    let r = app
+        .public_get("/v1/api-keys/search", Some("alice-token"))
+        .await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.body["error"]["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn models_follow_the_callers_tier() {
+    let app = spawn_app().await;
+    let ids = |r: &crate::helpers::Reply| -> Vec<String> {
+        r.body["data"]
+            .as_array()
+            .expect("data is an array")
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let r = app.public_get("/v1/models", Some("alice-token")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["cache-control"], "no-store");
+    assert_eq!(r.body["object"], "list");
+    assert_eq!(ids(&r), ["sim-model"]);
+    let m = &r.body["data"][0];
+    assert_eq!(m["object"], "model");
+    assert_eq!(m["owned_by"], "llm");
+    assert_eq!(m["ready"], true);
+    assert!(m["created"].as_i64().unwrap() > 0);
+    assert!(m["url"].as_str().unwrap().ends_with("/llm/sim-model"));
+
+    let r = app.public_get("/v1/models", Some("bob-token")).await;
+    assert_eq!(ids(&r), ["sim-model", "sim-premium"]);
+    // A key pinned to free lists free's models even for bob.
+    let pinned = app
+        .mint("bob-token", json!({"name": "k", "tier": "free"}))
+        .await;
+    let r = app
+        .public_get("/v1/models", Some(pinned["key"].as_str().unwrap()))
+        .await;
+    assert_eq!(ids(&r), ["sim-model"]);
+    // No tier: an empty list, never null.
+    let r = app.public_get("/v1/models", Some("dave-token")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["data"], json!([]));
+    let r = app.public_get("/v1/models", None).await;
+    assert_eq!(r.status, 401);
+
+    let r = app.public_get("/v1/tiers", Some("bob-token")).await;
+    assert_eq!(r.status, 200);
+    let tiers = r.body["data"].as_array().unwrap();
+    assert_eq!(tiers.len(), 3);
+    let premium = tiers.iter().find(|t| t["name"] == "premium").unwrap();
+    assert_eq!(premium["current"], true);
+    assert_eq!(premium["qualified"], true);
+    assert_eq!(premium["limits"]["requests"][0]["window"], "1m");
+    let enterprise = tiers.iter().find(|t| t["name"] == "enterprise").unwrap();
+    assert_eq!(enterprise["qualified"], false);
+}
+
+#[tokio::test]
+async fn tls_on_both_listeners() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_path = dir.path().join("tls.crt");
+    let key_path = dir.path().join("tls.key");
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let app = spawn_app_with(|c| {
+        c.tls_cert = Some(cert_path.clone());
+        c.tls_key = Some(key_path.clone());
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    for addr in [app.app.public_addr(), app.app.internal_addr()] {
+        let r = http
+            .get(format!("https://localhost:{}/health", addr.port()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        // Plain HTTP is not served.
+        assert!(
+            reqwest::get(format!("http://127.0.0.1:{}/health", addr.port()))
+                .await
+                .map(|r| !r.status().is_success())
+                .unwrap_or(true)
+        );
+    }
+}
+
+#[tokio::test]
+async fn graceful_shutdown_flushes_last_used() {
+    let test_app = spawn_app_with(|c| c.last_used_flush_interval_ms = 3_600_000).await;
+    let minted = test_app.mint_named("alice-token", "k").await;
+    assert_eq!(
+        test_app
+            .authenticate(minted["key"].as_str().unwrap())
+            .await
+            .status,
+        200
+    );
+    let crate::helpers::TestApp {
+        app, pool, public, ..
+    } = test_app;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(15), running)
+        .await
+        .expect("shut down in time")
+        .unwrap()
+        .unwrap();
+    let last_used: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT last_used_at FROM api_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        last_used.is_some(),
+        "pending last_used_at not flushed at shutdown"
+    );
+    assert!(reqwest::get(format!("{public}/health")).await.is_err());
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Benchmark: the filter against bare Envoy (and optionally LiteLLM), side by side (issue 6).
+#
+#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~10 min
+#   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~2 min
+#   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
+#   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
+#
+# Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
+# (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write).
+# Installs what it needs (wrk, taskset, Envoy, PostgreSQL, the wasm target), builds the filter
+# (release wasm) and the companion and benchmark harness (release, without LTO), then runs
+# target/release/maas-bench, which starts its own stack on loopback, prints the table and writes
+# docs/benchmarks.md. Needs at least 2 CPUs (Envoy pinned to CPU 0, wrk to CPU 1).
+set -euo pipefail
+
+# shellcheck source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+cd "$ROOT"
+
+want_litellm=""
+for a in "$@"; do
+  case "$a" in
+    --litellm) want_litellm=1 ;;
+    -h | --help)
+      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+  esac
+done
+
+[ "$(nproc)" -ge 2 ] || die "the benchmark pins Envoy and wrk to different CPUs: needs ≥ 2 cores (nproc = $(nproc))"
+command -v wrk >/dev/null 2>&1 || apt_install wrk
+command -v taskset >/dev/null 2>&1 || apt_install util-linux
+ensure_all
+
+if [ -n "$want_litellm" ] && [ ! -x "$ROOT/.local/bench-venv/bin/litellm" ]; then
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  mkdir -p "$ROOT/.local"
+  if [ ! -x "$ROOT/.local/bench-venv/bin/pip" ]; then
+    rm -rf "$ROOT/.local/bench-venv"
+    python3 -m venv "$ROOT/.local/bench-venv" 2>/dev/null || {
+      apt_install python3-venv
+      rm -rf "$ROOT/.local/bench-venv"
+      python3 -m venv "$ROOT/.local/bench-venv"
+    }
+  fi
+  log "installing LiteLLM proxy (PyPI) into .local/bench-venv …"
+  "$ROOT/.local/bench-venv/bin/pip" install -q --disable-pip-version-check 'litellm[proxy]'
+fi
+
+log "building (release: filter wasm, companion, maas-bench) …"
+cargo build -q -p maas-filter --release --target wasm32-wasip1
+# The simulator runs inside maas-bench and must not be the bottleneck, nor the companion for
+# filter-miss: both in release. LTO off keeps the build short; it barely changes these figures.
+CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+  cargo build -q --release -p maas-companion -p maas-e2e --bin maas-companion --bin maas-bench
+
+TARGET="$(target_dir)"
+export MAAS_COMPANION_BIN="$TARGET/release/maas-companion"
+export MAAS_WASM="$TARGET/wasm32-wasip1/release/maas_filter.wasm"
+export BENCH_COMMAND="${BENCH_COMMAND:-./scripts/bench.sh${*:+ $*}}"
+exec "$TARGET/release/maas-bench" "$@"

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Builds the MaaS filter (release .wasm) into an OCI image that Istio accepts for
+# WasmPlugin.spec.url — the equivalent of `FROM scratch` + `COPY plugin.wasm /` — and pushes it
+# with skopeo. The image is assembled byte for byte by this script (a tar with fixed mtime,
+# owner and mode, gzip without name or time, canonical JSON), so the same .wasm always gives the
+# same digest, on any machine. Prints the digest to pin: IMAGE@sha256:...
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+usage() {
+  cat <<'EOF'
+Usage: scripts/build-wasm-image.sh [options] REGISTRY/REPOSITORY[:TAG]
+
+Builds target/wasm32-wasip1/release/maas_filter.wasm (cargo), packs it as plugin.wasm in a
+one-layer OCI image and pushes it with skopeo. The last line printed is the pinned reference
+REGISTRY/REPOSITORY@sha256:<digest>; put it in MAAS_WASM_IMAGE for scripts/deploy.sh.
+
+Options:
+  --wasm FILE          pack FILE instead of building the filter
+  --no-build           pack the existing release build without running cargo
+  --oci-dir DIR        also keep the OCI image layout in DIR
+  --no-push            build the image (and print its digest) without pushing it
+  --tls-verify=false   talk plain HTTP / skip certificate checks (a local test registry)
+  --authfile FILE      registry credentials (default: skopeo's, e.g. ${XDG_RUNTIME_DIR}/containers/auth.json)
+  -h, --help           this help
+EOF
+}
+
+die() {
+  echo "build-wasm-image: $*" >&2
+  exit 1
+}
+info() { echo "build-wasm-image: $*" >&2; }
+# need_value FLAG WHAT "$@": the flag at $1 of the remaining arguments must have a value.
+need_value() {
+  local flag=$1 what=$2
+  shift 2
+  if [ $# -lt 2 ] || [[ $2 == --* ]]; then die "$flag needs $what"; fi
+}
+
+WASM=""
+BUILD=true
+OCI_DIR=""
+PUSH=true
+TLS_VERIFY=true
+AUTHFILE=""
+IMAGE=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --wasm)
+      need_value "--wasm" "a file" "$@"
+      WASM=$2
+      BUILD=false
+      shift 2
+      ;;
+    --no-build) BUILD=false; shift ;;
+    --oci-dir)
+      need_value "--oci-dir" "a directory" "$@"
+      OCI_DIR=$2
+      shift 2
+      ;;
+    --no-push) PUSH=false; shift ;;
+    --tls-verify=false) TLS_VERIFY=false; shift ;;
+    --tls-verify=true) TLS_VERIFY=true; shift ;;
+    --authfile)
+      need_value "--authfile" "a file" "$@"
+      AUTHFILE=$2
+      shift 2
+      ;;
+    -h | --help) usage; exit 0 ;;
+    -*) die "unknown option: $1 (see --help)" ;;
+    *)
+      [ -z "$IMAGE" ] || die "one image reference only (got '$IMAGE' and '$1')"
+      IMAGE=$1
+      shift
+      ;;
+  esac
+done
+
+IMAGE=${IMAGE#oci://}
+IMAGE=${IMAGE#docker://}
+if [ "$PUSH" = true ] && [ -z "$IMAGE" ]; then die "give the image to push, e.g. quay.io/me/maas-filter:v0.1.0 (see --help)"; fi
+if [ -n "$IMAGE" ]; then
+  [[ $IMAGE =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$ ]] ||
+    die "'$IMAGE' is not REGISTRY/REPOSITORY[:TAG] (no digest: the digest is what this script computes)"
+  [[ ${IMAGE##*/} == *:* ]] || IMAGE=$IMAGE:latest
+fi
+
+for tool in tar gzip sha256sum; do command -v "$tool" >/dev/null 2>&1 || die "$tool is required"; done
+if [ "$PUSH" = true ]; then command -v skopeo >/dev/null 2>&1 || die "skopeo is required to push (apt-get install skopeo)"; fi
+
+if [ "$BUILD" = true ]; then
+  info "building the filter: cargo build -p maas-filter --release --target wasm32-wasip1"
+  (cd "$ROOT" && cargo build -q -p maas-filter --release --target wasm32-wasip1) || die "cargo build failed"
+fi
+if [ -z "$WASM" ]; then
+  WASM=${CARGO_TARGET_DIR:-$ROOT/target}/wasm32-wasip1/release/maas_filter.wasm
+fi
+[ -s "$WASM" ] || die "no wasm module at $WASM"
+[ "$(head -c 4 "$WASM" | od -An -tx1 | tr -d ' \n')" = 0061736d ] || die "$WASM is not a WebAssembly module"
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+LAYOUT=$WORK/layout
+mkdir -p "$WORK/rootfs" "$LAYOUT/blobs/sha256"
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+size() { wc -c <"$1" | tr -d ' '; }
+# add_blob FILE: stores FILE in the layout under its digest and prints the digest.
+add_blob() {
+  local digest
+  digest=$(sha256 "$1")
+  cp "$1" "$LAYOUT/blobs/sha256/$digest"
+  echo "$digest"
+}
+
+# The layer: one file, plugin.wasm, at the root; nothing in it depends on when or by whom it was
+# built (ustar: no pax atime/ctime records).
+cp "$WASM" "$WORK/rootfs/plugin.wasm"
+tar --format=ustar --sort=name --owner=0 --group=0 --numeric-owner --mode=0644 \
+  --mtime='1970-01-01 00:00:00Z' -C "$WORK/rootfs" -cf "$WORK/layer.tar" plugin.wasm
+diff_id=$(sha256 "$WORK/layer.tar")
+gzip -9 -n -c "$WORK/layer.tar" >"$WORK/layer.tar.gz"
+layer_digest=$(add_blob "$WORK/layer.tar.gz")
+layer_size=$(size "$WORK/layer.tar.gz")
+
+printf '{"architecture":"wasm","os":"wasip1","config":{},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+  "$diff_id" >"$WORK/config.json"
+config_digest=$(add_blob "$WORK/config.json")
+config_size=$(size "$WORK/config.json")
+
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.title":"plugin.wasm"}}]}' \
+  "$config_digest" "$config_size" "$layer_digest" "$layer_size" >"$WORK/manifest.json"
+manifest_digest=$(add_blob "$WORK/manifest.json")
+manifest_size=$(size "$WORK/manifest.json")
+
+printf '{"imageLayoutVersion":"1.0.0"}' >"$LAYOUT/oci-layout"
+printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.ref.name":"maas-filter"}}]}' \
+  "$manifest_digest" "$manifest_size" >"$LAYOUT/index.json"
+
+info "plugin.wasm $(size "$WASM") bytes, sha256 $(sha256 "$WASM")"
+info "image manifest sha256:$manifest_digest"
+if [ -n "$OCI_DIR" ]; then
+  rm -rf "$OCI_DIR"
+  mkdir -p "$(dirname "$OCI_DIR")"
+  cp -r "$LAYOUT" "$OCI_DIR"
+  info "OCI layout in $OCI_DIR (reference oci:$OCI_DIR:maas-filter)"
+fi
+
+if [ "$PUSH" = true ]; then
+  copy_args=(--quiet --preserve-digests --digestfile "$WORK/pushed-digest" "--dest-tls-verify=$TLS_VERIFY")
+  if [ -n "$AUTHFILE" ]; then copy_args+=(--dest-authfile "$AUTHFILE"); fi
+  info "pushing docker://$IMAGE"
+  skopeo copy "${copy_args[@]}" "oci:$LAYOUT:maas-filter" "docker://$IMAGE" >&2 || die "pushing to $IMAGE failed"
+  pushed=$(cat "$WORK/pushed-digest")
+  [ "$pushed" = "sha256:$manifest_digest" ] ||
+    die "the registry stored $pushed, not the built sha256:$manifest_digest"
+  info "pushed; pin it in the WasmPlugin: url: oci://${IMAGE%:*}@sha256:$manifest_digest"
+  echo "${IMAGE%:*}@sha256:$manifest_digest"
+else
+  echo "sha256:$manifest_digest"
+fi

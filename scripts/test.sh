@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests, the companion's tests against a real (throwaway) PostgreSQL, the
+# end-to-end tests through real Envoy with the real filter (each e2e test binary starts its own
+# local stack), then every executable suite in tests/scripts/. Installs what is missing.
+# Extra arguments go to `cargo test` (e.g. ./scripts/test.sh -p maas-e2e).
+set -euo pipefail
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+ensure_all
+build_all
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Throwaway PostgreSQL for the companion's tests (trust auth, 127.0.0.1, a free port).
+PG_DIR="$(mktemp -d /tmp/maas-test-pg.XXXXXX)"
+PG_PORT="$(free_port)"
+chmod 755 "$PG_DIR"
+run_pg() {
+  if [ "$(id -u)" -eq 0 ]; then
+    # initdb and postgres refuse to run as root.
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+stop_pg() {
+  run_pg "$MAAS_PG_BIN_DIR/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$PG_DIR"
+}
+trap stop_pg EXIT
+trap 'exit 130' INT TERM
+if [ "$(id -u)" -eq 0 ]; then
+  chown postgres: "$PG_DIR"
+fi
+run_pg "$MAAS_PG_BIN_DIR/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 --no-sync --locale=C >"$PG_DIR/initdb.log" 2>&1 ||
+  { cat "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
+run_pg "$MAAS_PG_BIN_DIR/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w \
+  -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+  start >/dev/null || { cat "$PG_DIR/postgres.log" >&2; die "PostgreSQL did not start"; }
+export MAAS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+
+status=0
+log "cargo test --workspace …"
+(cd "$ROOT" && cargo test --workspace "$@") || status=1
+
+passed=0
+failed=0
+for suite in "$ROOT"/tests/scripts/*.sh; do
+  [ -x "$suite" ] || continue
+  log "suite ${suite#"$ROOT"/} …"
+  if "$suite"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    log "FAILED: ${suite#"$ROOT"/}"
+  fi
+done
+echo "script suites: $passed passed, $failed failed"
+if [ "$status" -ne 0 ]; then
+  log "cargo test failed"
+fi
+if [ "$status" -ne 0 ] || [ "$failed" -ne 0 ]; then
+  exit 1
+fi

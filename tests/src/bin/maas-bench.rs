@@ -1,0 +1,1656 @@
+//! `maas-bench`: the benchmark of issue 6 (run it with `./scripts/bench.sh`).
+//!
+//! Starts its own local stack (PostgreSQL, companion, in-process model simulator), then its own
+//! Envoys from the same rendered config — one without the wasm filter ("envoy"), one with it —
+//! each with `--concurrency 1` pinned to CPU 0, and drives them with wrk pinned to CPU 1,
+//! alternating the variants within every round (A B C … A B C …) so machine drift cancels.
+//! Prints a table of medians (with the spread over rounds) and ratios against bare Envoy, the
+//! stream time to first byte, Envoy's memory after N cached credentials, and writes
+//! docs/benchmarks.md.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use maas_e2e::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
+use maas_e2e::process::ManagedProcess;
+use maas_e2e::{Stack, StackOptions, tools};
+use maas_types::PolicyDocument;
+use maas_types::apikey;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Benchmark the MaaS filter against bare Envoy (and optionally LiteLLM)")]
+struct Args {
+    /// Seconds per wrk run.
+    #[arg(long, env = "BENCH_SECONDS", default_value_t = 10)]
+    seconds: u64,
+    /// Rounds (every variant once per round, alternating).
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 3)]
+    rounds: usize,
+    /// Concurrencies (wrk connections), comma separated.
+    #[arg(
+        long,
+        env = "BENCH_CONCURRENCY",
+        value_delimiter = ',',
+        default_value = "1,32"
+    )]
+    concurrency: Vec<u32>,
+    /// Distinct cached credentials at which Envoy's memory is measured, comma separated.
+    #[arg(
+        long,
+        env = "BENCH_CACHED_KEYS",
+        value_delimiter = ',',
+        default_value = "10000,100000"
+    )]
+    cached_keys: Vec<usize>,
+    /// Streams sampled (per Envoy) for time to first byte.
+    #[arg(long, env = "BENCH_TTFB_SAMPLES", default_value_t = 300)]
+    ttfb_samples: usize,
+    /// Quick check: 2 s runs, 3 rounds, small key counts (overrides the above).
+    #[arg(long, env = "BENCH_QUICK")]
+    quick: bool,
+    /// Also benchmark LiteLLM proxy (installed from PyPI into .local/bench-venv).
+    #[arg(long, env = "BENCH_LITELLM")]
+    litellm: bool,
+    /// Only these variants (comma separated); default all.
+    #[arg(long, env = "BENCH_ONLY", value_delimiter = ',')]
+    only: Vec<String>,
+    /// Also profile Envoy (perf record, cpu-clock) during one envoy and one filter-cached run at
+    /// the highest concurrency: CPU time per request and where it goes (Envoy, wasm JIT code, kernel).
+    #[arg(long, env = "BENCH_PROFILE")]
+    profile: bool,
+    /// Where the results go (markdown). Empty = do not write.
+    #[arg(long, env = "BENCH_OUT", default_value = "docs/benchmarks.md")]
+    out: String,
+    /// The command line to record in the results file.
+    #[arg(long, env = "BENCH_COMMAND", default_value = "./scripts/bench.sh")]
+    command: String,
+}
+
+const MODEL: &str = "sim-model";
+const CHAT_PATH: &str = "/llm/sim-model/v1/chat/completions";
+const SIM_CHAT_PATH: &str = "/v1/chat/completions";
+const LITELLM_MASTER_KEY: &str = "sk-bench-master";
+
+/// The benchmark's policy: one tier whose limits are on but can never trip during a run.
+const POLICY: &str = r#"
+tiers:
+  - name: bench
+    displayName: Benchmark
+    level: 0
+    groups: [tier-bench-users]
+    limits:
+      requests: [{limit: 1000000000000, window: 1m}]
+      tokens: [{limit: 1000000000000000, window: 1m}, {limit: 1000000000000000, window: 1d}]
+    defaultMaxTokens: 16
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [bench]
+    backend: simulator
+"#;
+
+const IDENTITIES: &str = r#"
+identities:
+  - token: bench-token
+    username: bench
+    groups: [system:authenticated, tier-bench-users]
+"#;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("maas-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("[{}] {}", chrono_like_now(), msg.as_ref());
+}
+
+fn chrono_like_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    format!("{h:02}:{m:02}:{s:02}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// small HTTP/1.1 client (keep-alive, Content-Length or chunked), for checks and memory fills
+
+struct HttpConn {
+    reader: BufReader<TcpStream>,
+    addr: SocketAddr,
+}
+
+impl HttpConn {
+    fn connect(addr: SocketAddr) -> Result<HttpConn> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_nodelay(true)?;
+        Ok(HttpConn {
+            reader: BufReader::new(s),
+            addr,
+        })
+    }
+
+    fn post(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>)> {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        for (k, v) in headers {
+            let _ = write!(req, "{k}: {v}\r\n");
+        }
+        req.push_str("\r\n");
+        let s = self.reader.get_mut();
+        s.write_all(req.as_bytes())?;
+        s.write_all(body)?;
+        self.read_response()
+    }
+
+    fn get(&mut self, path: &str) -> Result<(u16, Vec<u8>)> {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.addr);
+        self.reader.get_mut().write_all(req.as_bytes())?;
+        self.read_response()
+    }
+
+    fn read_response(&mut self) -> Result<(u16, Vec<u8>)> {
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("bad status line {line:?}"))?;
+        let mut length: Option<usize> = None;
+        let mut chunked = false;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                if k == "content-length" {
+                    length = v.parse().ok();
+                } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                    chunked = true;
+                }
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.reader.read_line(&mut line)?;
+                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                    .with_context(|| format!("bad chunk size {line:?}"))?;
+                if size == 0 {
+                    line.clear();
+                    self.reader.read_line(&mut line)?;
+                    break;
+                }
+                let start = body.len();
+                body.resize(start + size, 0);
+                self.reader.read_exact(&mut body[start..])?;
+                let mut crlf = [0u8; 2];
+                self.reader.read_exact(&mut crlf)?;
+            }
+        } else if let Some(n) = length {
+            body.resize(n, 0);
+            self.reader.read_exact(&mut body)?;
+        } else {
+            self.reader.read_to_end(&mut body)?;
+        }
+        Ok((status, body))
+    }
+}
+
+fn post_once(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String)> {
+    let (status, body) = HttpConn::connect(addr)?.post(path, headers, body)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn get_text(addr: SocketAddr, path: &str) -> Result<String> {
+    let (status, body) = HttpConn::connect(addr)?.get(path)?;
+    let body = String::from_utf8_lossy(&body).into_owned();
+    if status != 200 {
+        bail!("GET {path} → {status}: {body}");
+    }
+    Ok(body)
+}
+
+// ---------------------------------------------------------------------------------------------
+// processes
+
+/// Distinct free ports (all held until all are picked).
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only touch it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!(
+                "sched_setaffinity(CPU {cpu}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let mut ports = [0u16; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn url_addr(url: &str) -> Result<SocketAddr> {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .with_context(|| format!("not host:port: {url}"))
+}
+
+struct BenchEnvoy {
+    process: ManagedProcess,
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl BenchEnvoy {
+    fn pid(&self) -> u32 {
+        self.process.pid().unwrap_or(0)
+    }
+}
+
+struct EnvoyInputs<'a> {
+    policy: &'a PolicyDocument,
+    companion_public: SocketAddr,
+    companion_internal: SocketAddr,
+    simulator: SocketAddr,
+    wasm: PathBuf,
+    envoy_bin: PathBuf,
+    dir: PathBuf,
+}
+
+/// Renders the stack's Envoy config (with or without the filter) on fresh ports and starts it
+/// with one worker, pinned to CPU 0.
+fn start_envoy(
+    inp: &EnvoyInputs<'_>,
+    name: &str,
+    filter: bool,
+    cache_entries: u64,
+) -> Result<BenchEnvoy> {
+    let [listen, admin] = free_ports::<2>()?.map(local);
+    let input = EnvoyConfigInput {
+        policy: inp.policy,
+        listen,
+        admin,
+        companion_public: inp.companion_public,
+        companion_internal: inp.companion_internal,
+        simulator: inp.simulator,
+        filter: filter.then(|| WasmFilterOptions {
+            wasm_path: inp.wasm.clone(),
+            poll_interval_ms: 2000,
+        }),
+    };
+    let mut config: Value = serde_json::from_str(&envoy_config::render(&input)?)?;
+    if filter {
+        // The stack's pluginConfig, with a cache big enough for the memory measurement and TTLs
+        // longer than the benchmark.
+        let mut plugin = envoy_config::plugin_config(&input, 2000);
+        plugin["cache"] = json!({
+            "maxEntries": cache_entries,
+            "maxTtlSeconds": 3600,
+            "negativeTtlSeconds": 5
+        });
+        let value = config
+            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config/configuration/value")
+            .context("rendered Envoy config has no wasm configuration where expected")?;
+        *value = Value::String(plugin.to_string());
+    }
+    let path = inp.dir.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&config)?)?;
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "0"])
+        .arg(&inp.envoy_bin)
+        .arg("-c")
+        .arg(&path)
+        .args([
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ]);
+    let log_path = inp.dir.join(format!("{name}.log"));
+    let mut process = ManagedProcess::spawn(name, cmd, &log_path, libc::SIGTERM, libc::SIGKILL)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, _)) =
+            maas_e2e::stack::http_request(admin, "GET", "/ready", Duration::from_secs(1))
+        {
+            break;
+        }
+        if let Some(status) = process.exited() {
+            bail!("{name} exited ({status}):\n{}", process.log_tail(3000));
+        }
+        if Instant::now() > deadline {
+            bail!("{name} not ready after 60 s:\n{}", process.log_tail(3000));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(BenchEnvoy {
+        process,
+        listen,
+        admin,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// keys straight into PostgreSQL
+
+/// xorshift64*: benchmark keys need to be distinct, not secret.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+fn psql(pg_bin: &Path, db_url: &str, sql: &str, stdin: Option<&[u8]>) -> Result<String> {
+    let mut child = Command::new(pg_bin.join("psql"))
+        .args([db_url, "-v", "ON_ERROR_STOP=1", "-Atq", "-c", sql])
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run psql")?;
+    if let Some(data) = stdin {
+        let mut pipe = child.stdin.take().context("psql stdin")?;
+        pipe.write_all(data)?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Inserts `n` active keys for user `bench` with the stored hash (`maas_types::apikey`), and
+/// writes their plaintexts, one per fixed-width line, to `keys_file`.
+fn insert_keys(pg_bin: &Path, db_url: &str, n: usize, keys_file: &Path) -> Result<()> {
+    // The companion creates the table at start (it may still be migrating).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while psql(pg_bin, db_url, "SELECT 1 FROM api_keys LIMIT 1", None).is_err() {
+        if Instant::now() > deadline {
+            bail!("table api_keys never appeared");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let expires = psql(
+        pg_bin,
+        db_url,
+        "SELECT to_char((now() + interval '30 days') AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00'",
+        None,
+    )?;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64
+        ^ (u64::from(std::process::id()) << 32)
+        | 1;
+    let mut rng = Rng(seed);
+    let mut rows = String::with_capacity(n * 200);
+    let mut plain = String::with_capacity(n * (apikey::KEY_LEN + 1));
+    for i in 0..n {
+        let mut id = [0u8; apikey::KEY_ID_BYTES];
+        let mut secret = [0u8; apikey::SECRET_BYTES];
+        rng.fill(&mut id);
+        rng.fill(&mut secret);
+        let (key_id, key) = apikey::format_key(&id, &secret);
+        let parts = apikey::parse(&key).map_err(|e| anyhow::anyhow!("generated key: {e}"))?;
+        let hash = apikey::hash(parts);
+        let mut u = [0u8; 16];
+        rng.fill(&mut u);
+        let h = hex(&u);
+        let uuid = format!(
+            "{}-{}-4{}-a{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[13..16],
+            &h[17..20],
+            &h[20..32]
+        );
+        let _ = writeln!(
+            rows,
+            "{uuid}\t{key_id}\t{hash}\tbench\tbench-{i}\t\\N\t{{system:authenticated,tier-bench-users}}\t{expires}"
+        );
+        plain.push_str(&key);
+        plain.push('\n');
+    }
+    psql(
+        pg_bin,
+        db_url,
+        "COPY api_keys (id, key_id, key_hash, username, name, tier, user_groups, expires_at) FROM STDIN",
+        Some(rows.as_bytes()),
+    )?;
+    std::fs::write(keys_file, plain)?;
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// wrk
+
+#[derive(Debug, Clone, Default)]
+struct WrkResult {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+#[derive(Clone)]
+enum Load {
+    /// post.lua: the same request every time.
+    Fixed {
+        auth: Option<String>,
+        extra_headers: String,
+    },
+    /// miss.lua: a new key every request.
+    Miss,
+}
+
+#[derive(Clone)]
+struct Variant {
+    name: &'static str,
+    /// What its ratios are against.
+    baseline: &'static str,
+    addr: SocketAddr,
+    path: String,
+    body_file: PathBuf,
+    load: Load,
+    /// Concurrencies it runs at (None = all).
+    only_c: Option<Vec<u32>>,
+}
+
+struct Wrk<'a> {
+    lua_dir: &'a Path,
+    keys_file: &'a Path,
+    keys_total: usize,
+    key_offset: usize,
+}
+
+impl Wrk<'_> {
+    fn run(&mut self, v: &Variant, c: u32, seconds: u64) -> Result<WrkResult> {
+        let script = match v.load {
+            Load::Fixed { .. } => "post.lua",
+            Load::Miss => "miss.lua",
+        };
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "1", "wrk", "-t1"])
+            .arg(format!("-c{c}"))
+            .arg(format!("-d{seconds}s"))
+            .args(["--timeout", "10s", "-s"])
+            .arg(self.lua_dir.join(script))
+            .arg(format!("http://{}{}", v.addr, v.path))
+            .env("BENCH_LUA_DIR", self.lua_dir)
+            .env("BENCH_BODY_FILE", &v.body_file)
+            .stdin(Stdio::null());
+        match &v.load {
+            Load::Fixed {
+                auth,
+                extra_headers,
+            } => {
+                cmd.env("BENCH_AUTH", auth.as_deref().unwrap_or(""));
+                cmd.env("BENCH_HEADERS", extra_headers);
+            }
+            Load::Miss => {
+                cmd.env("BENCH_KEYS_FILE", self.keys_file);
+                cmd.env("BENCH_KEY_OFFSET", self.key_offset.to_string());
+            }
+        }
+        let out = cmd
+            .output()
+            .context("cannot run wrk (taskset -c 1 wrk …)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("BENCH "))
+            .with_context(|| {
+                format!(
+                    "wrk printed no result: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })?;
+        let j: Value = serde_json::from_str(line)?;
+        let n = |k: &str| j[k].as_f64().unwrap_or(0.0);
+        let requests = n("requests") as u64;
+        if let Load::Miss = v.load {
+            // Every key this run may have sent (completed + in flight at the end).
+            self.key_offset += requests as usize + 2 * c as usize + 8;
+            if self.key_offset > self.keys_total {
+                log(format!(
+                    "warning: filter-miss ran out of fresh keys ({} > {}): raise the pool",
+                    self.key_offset, self.keys_total
+                ));
+            }
+        }
+        let errors = (n("connect") + n("read") + n("write") + n("status") + n("timeout")) as u64;
+        Ok(WrkResult {
+            rps: requests as f64 / (n("duration_us") / 1e6).max(1e-9),
+            p50_ms: n("p50_us") / 1000.0,
+            p99_ms: n("p99_us") / 1000.0,
+            errors,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// memory
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Mem {
+    rss_kib: u64,
+    /// Resident part of the huge reservations V8 makes for wasm linear memory.
+    wasm_linear_kib: u64,
+    /// tcmalloc's allocated bytes (Envoy's heap, which holds proxy-wasm shared data).
+    heap_allocated_kib: u64,
+}
+
+fn mem_of(pid: u32, admin: SocketAddr) -> Mem {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    // V8 reserves 8 GiB (PROT_NONE) per wasm memory and makes the used part readable just below
+    // it: count the resident pages of a rw mapping that ends where such a reservation starts.
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut maps: Vec<(u64, u64, bool, u64)> = Vec::new(); // start, end, rw, rss KiB
+    for l in smaps.lines() {
+        let mut fields = l.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            let rw = fields.next().is_some_and(|p| p.starts_with("rw"));
+            maps.push((a, b, rw, 0));
+            continue;
+        }
+        if let Some(v) = l.strip_prefix("Rss:")
+            && let Some(last) = maps.last_mut()
+        {
+            last.3 = v
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+        }
+    }
+    let wasm_linear_kib = maps
+        .windows(2)
+        .filter(|w| w[0].2 && w[0].1 == w[1].0 && w[1].1 - w[1].0 >= 4 << 30)
+        .map(|w| w[0].3 + w[1].3)
+        .sum();
+    let heap_allocated_kib = get_text(admin, "/memory")
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["allocated"].as_str()?.parse::<u64>().ok())
+        .map(|b| b / 1024)
+        .unwrap_or(0);
+    Mem {
+        rss_kib,
+        wasm_linear_kib,
+        heap_allocated_kib,
+    }
+}
+
+fn mib(kib: i64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+/// Sends `keys[from..to]` through the filter, `threads` keep-alive connections in parallel.
+fn fill_keys(addr: SocketAddr, keys: &[String], body: &[u8], threads: usize) -> Result<usize> {
+    let chunk = keys.len().div_ceil(threads.max(1)).max(1);
+    let failures = std::thread::scope(|s| {
+        let handles: Vec<_> = keys
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || -> Result<usize> {
+                    let mut conn = HttpConn::connect(addr)?;
+                    let mut bad = 0;
+                    for k in part {
+                        let auth = format!("Bearer {k}");
+                        let (status, _) =
+                            match conn.post(CHAT_PATH, &[("Authorization", &auth)], body) {
+                                Ok(r) => r,
+                                Err(_) => {
+                                    conn = HttpConn::connect(addr)?;
+                                    conn.post(CHAT_PATH, &[("Authorization", &auth)], body)?
+                                }
+                            };
+                        if status != 200 {
+                            bad += 1;
+                        }
+                    }
+                    Ok(bad)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("fill thread panicked"))?
+            })
+            .sum::<Result<usize>>()
+    })?;
+    Ok(failures)
+}
+
+// ---------------------------------------------------------------------------------------------
+// streams: time to first byte and memory per stream
+
+/// Sends one streamed request on a fresh connection; returns (time to the response headers'
+/// first byte, time to the first SSE event), both from the end of the write.
+fn ttfb_once(addr: SocketAddr, auth: &str, body: &[u8], delay_ms: u32) -> Result<(f64, f64)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let req = format!(
+        "POST {CHAT_PATH} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAuthorization: {auth}\r\nx-sim-chunk-delay-ms: {delay_ms}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut full = req.into_bytes();
+    full.extend_from_slice(body);
+    s.write_all(&full)?;
+    let t0 = Instant::now();
+    let mut buf = Vec::with_capacity(16384);
+    let mut tmp = [0u8; 16384];
+    let mut first_byte = None;
+    let mut first_event = None;
+    loop {
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            break;
+        }
+        if first_byte.is_none() {
+            first_byte = Some(t0.elapsed());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if first_event.is_none()
+            && let Some(h) = find(&buf, b"\r\n\r\n")
+            && find(&buf[h..], b"data:").is_some()
+        {
+            first_event = Some(t0.elapsed());
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    if !text.starts_with("HTTP/1.1 200") || !text.contains("[DONE]") {
+        bail!(
+            "stream failed: {}",
+            text.chars().take(400).collect::<String>()
+        );
+    }
+    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(f64::NAN);
+    Ok((ms(first_byte), ms(first_event)))
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Peak memory of `envoy` while `n` streams of `tokens` chunks, `delay_ms` apart, are in flight.
+fn stream_memory(
+    envoy: &BenchEnvoy,
+    auth: &str,
+    n: usize,
+    tokens: u32,
+    delay_ms: u32,
+) -> Result<Mem> {
+    let body = stream_body(tokens);
+    let addr = envoy.listen;
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let mut peak = Mem::default();
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let body = body.as_bytes();
+                let done = &done;
+                s.spawn(move || {
+                    let r = ttfb_once(addr, auth, body, delay_ms);
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    r
+                })
+            })
+            .collect();
+        while done.load(std::sync::atomic::Ordering::SeqCst) < n {
+            let m = mem_of(envoy.pid(), envoy.admin);
+            peak.rss_kib = peak.rss_kib.max(m.rss_kib);
+            peak.wasm_linear_kib = peak.wasm_linear_kib.max(m.wasm_linear_kib);
+            peak.heap_allocated_kib = peak.heap_allocated_kib.max(m.heap_allocated_kib);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("stream thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(peak)
+}
+
+fn json_body(max_tokens: u32) -> String {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say something short about benchmarks please"}],
+        "max_tokens": max_tokens
+    })
+    .to_string()
+}
+
+fn stream_body(max_tokens: u32) -> String {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say something short about benchmarks please"}],
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true}
+    })
+    .to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// LiteLLM
+
+fn start_litellm(root: &Path, dir: &Path, sim: SocketAddr) -> Result<(ManagedProcess, SocketAddr)> {
+    let bin = root.join(".local/bench-venv/bin/litellm");
+    if !bin.is_file() {
+        bail!(
+            "{} missing: ./scripts/bench.sh --litellm installs it",
+            bin.display()
+        );
+    }
+    let [port] = free_ports::<1>()?;
+    let config = dir.join("litellm.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list:\n  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n      api_base: http://{sim}/v1\n      api_key: sk-sim\ngeneral_settings:\n  master_key: {LITELLM_MASTER_KEY}\nlitellm_settings:\n  telemetry: false\n"
+        ),
+    )?;
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "0"])
+        .arg(&bin)
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--num_workers",
+            "1",
+        ])
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_LOG", "ERROR")
+        .env("LITELLM_TELEMETRY", "False")
+        .env("DISABLE_SCHEMA_UPDATE", "True");
+    let mut p = ManagedProcess::spawn(
+        "litellm",
+        cmd,
+        &dir.join("litellm.log"),
+        libc::SIGTERM,
+        libc::SIGKILL,
+    )?;
+    let addr = local(port);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let body = json_body(16);
+    loop {
+        let auth = format!("Bearer {LITELLM_MASTER_KEY}");
+        if let Ok((200, _)) = post_once(
+            addr,
+            "/v1/chat/completions",
+            &[("Authorization", &auth)],
+            body.as_bytes(),
+        ) {
+            break;
+        }
+        if let Some(status) = p.exited() {
+            bail!("litellm exited ({status}):\n{}", p.log_tail(3000));
+        }
+        if Instant::now() > deadline {
+            bail!("litellm not answering after 180 s:\n{}", p.log_tail(3000));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok((p, addr))
+}
+
+// ---------------------------------------------------------------------------------------------
+// statistics and report
+
+fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        })
+}
+
+struct Target {
+    what: String,
+    measured: String,
+    met: Option<bool>,
+}
+
+fn run() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.seconds = 2;
+        args.rounds = args.rounds.max(3).min(3);
+        args.cached_keys = vec![1000, 5000];
+        args.ttfb_samples = 60;
+    }
+    if args.rounds == 0 || args.seconds == 0 {
+        bail!("BENCH_ROUNDS and BENCH_SECONDS must be at least 1");
+    }
+    // Envoy gets CPU 0 to itself; this process (the simulator, the measuring threads) and what it
+    // starts (companion, PostgreSQL) share CPU 1 with wrk. Threads inherit the mask.
+    pin_to_cpu(1)?;
+    let root = tools::workspace_root();
+    let lua_dir = root.join("tests/bench");
+    let started_at = std::time::SystemTime::now();
+
+    // ---- the stack ----
+    log("starting the stack (PostgreSQL, companion, simulator) …");
+    let stack = Stack::start(StackOptions {
+        envoy_concurrency: 1,
+        companion_env: vec![
+            ("MAAS_KEY_CACHE_TTL_SECONDS".into(), "3600".into()),
+            ("RUST_LOG".into(), "warn".into()),
+        ],
+        ..StackOptions::default()
+            .with_policy_yaml(POLICY)
+            .with_identities_yaml(IDENTITIES)
+    })?;
+    let dir = stack.dir().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let policy = PolicyDocument::from_value(serde_yaml::from_str::<Value>(POLICY)?)
+        .map_err(|e| anyhow::anyhow!("bench policy: {e}"))?;
+    let inputs = EnvoyInputs {
+        policy: &policy,
+        companion_public: url_addr(&stack.companion_public_url())?,
+        companion_internal: url_addr(&stack.companion_internal_url())?,
+        simulator: stack.sim().addr(),
+        wasm: tools::wasm_file()?,
+        envoy_bin: tools::envoy_bin()?,
+        dir: dir.clone(),
+    };
+    let pg_bin = tools::pg_bin_dir()?;
+
+    // ---- keys ----
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let cached_key = runtime.block_on(stack.mint_key_plain("bench-token", "bench-cached"))?;
+    let cached_auth = format!("Bearer {cached_key}");
+    let max_cached = args.cached_keys.iter().copied().max().unwrap_or(0);
+    // filter-miss uses each key once: enough for the fastest plausible miss rate.
+    let miss_runs: usize = args.rounds * args.seconds as usize;
+    let pool = (miss_runs * 12_000).max(max_cached).max(1000);
+    let keys_file = dir.join("keys.txt");
+    log(format!("inserting {pool} API keys into PostgreSQL …"));
+    let t = Instant::now();
+    insert_keys(&pg_bin, &stack.database_url(), pool, &keys_file)?;
+    log(format!("… done in {:.1} s", t.elapsed().as_secs_f64()));
+
+    // ---- bodies ----
+    let body_json = dir.join("chat.json");
+    std::fs::write(&body_json, json_body(16))?;
+    let body_stream = dir.join("chat-stream.json");
+    let stream_tokens = 64;
+    std::fs::write(&body_stream, stream_body(stream_tokens))?;
+    let body_auth = dir.join("authenticate.json");
+    std::fs::write(&body_auth, json!({"credential": cached_key}).to_string())?;
+
+    // ---- Envoys ----
+    log("starting bare Envoy and Envoy with the filter (--concurrency 1, CPU 0) …");
+    let bare = start_envoy(&inputs, "envoy-bare", false, 1000)?;
+    let filtered = start_envoy(
+        &inputs,
+        "envoy-filter",
+        true,
+        (pool as u64 + 1000).max(100_000),
+    )?;
+
+    let fixed = |auth: Option<&str>| Load::Fixed {
+        auth: auth.map(str::to_string),
+        extra_headers: String::new(),
+    };
+    let mut variants = vec![
+        Variant {
+            name: "direct",
+            baseline: "envoy",
+            addr: stack.sim().addr(),
+            path: SIM_CHAT_PATH.into(),
+            body_file: body_json.clone(),
+            load: fixed(Some(&cached_auth)),
+            only_c: None,
+        },
+        Variant {
+            name: "envoy",
+            baseline: "envoy",
+            addr: bare.listen,
+            path: CHAT_PATH.into(),
+            body_file: body_json.clone(),
+            load: fixed(Some(&cached_auth)),
+            only_c: None,
+        },
+        Variant {
+            name: "filter-cached",
+            baseline: "envoy",
+            addr: filtered.listen,
+            path: CHAT_PATH.into(),
+            body_file: body_json.clone(),
+            load: fixed(Some(&cached_auth)),
+            only_c: None,
+        },
+        Variant {
+            name: "envoy-stream",
+            baseline: "envoy-stream",
+            addr: bare.listen,
+            path: CHAT_PATH.into(),
+            body_file: body_stream.clone(),
+            load: fixed(Some(&cached_auth)),
+            only_c: None,
+        },
+        Variant {
+            name: "filter-stream",
+            baseline: "envoy-stream",
+            addr: filtered.listen,
+            path: CHAT_PATH.into(),
+            body_file: body_stream.clone(),
+            load: fixed(Some(&cached_auth)),
+            only_c: None,
+        },
+        Variant {
+            name: "filter-miss",
+            baseline: "envoy",
+            addr: filtered.listen,
+            path: CHAT_PATH.into(),
+            body_file: body_json.clone(),
+            load: Load::Miss,
+            only_c: None,
+        },
+        Variant {
+            name: "companion-auth",
+            baseline: "-",
+            addr: inputs.companion_internal,
+            path: "/internal/v1/authenticate".into(),
+            body_file: body_auth.clone(),
+            load: fixed(None),
+            only_c: Some(vec![32]),
+        },
+    ];
+    let mut _litellm = None;
+    if args.litellm {
+        log("starting LiteLLM proxy (CPU 0) …");
+        let (p, addr) = start_litellm(&root, &dir, stack.sim().addr())?;
+        _litellm = Some(p);
+        variants.push(Variant {
+            name: "litellm",
+            baseline: "envoy",
+            addr,
+            path: "/v1/chat/completions".into(),
+            body_file: body_json.clone(),
+            load: fixed(Some(&format!("Bearer {LITELLM_MASTER_KEY}"))),
+            only_c: None,
+        });
+    }
+    if !args.only.is_empty() {
+        variants.retain(|v| args.only.iter().any(|o| o == v.name));
+    }
+
+    // ---- sanity: each variant answers 200 with usage ----
+    for v in &variants {
+        let body = std::fs::read(&v.body_file)?;
+        let auth = match &v.load {
+            Load::Fixed { auth, .. } => auth.clone(),
+            Load::Miss => Some(cached_auth.clone()),
+        };
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("Authorization", a)])
+            .unwrap_or_default();
+        let (status, text) = post_once(v.addr, &v.path, &headers, &body)
+            .with_context(|| format!("{}: POST http://{}{}", v.name, v.addr, v.path))?;
+        let ok = status == 200 && (v.name == "companion-auth" || text.contains("usage"));
+        if !ok {
+            bail!(
+                "{}: POST {} → {status}: {}",
+                v.name,
+                v.path,
+                text.chars().take(300).collect::<String>()
+            );
+        }
+    }
+    // Warm-up: connections, JIT, caches.
+    let mut wrk = Wrk {
+        lua_dir: &lua_dir,
+        keys_file: &keys_file,
+        keys_total: pool,
+        key_offset: max_cached, // keys below this are kept for the memory measurement
+    };
+    log("warming up …");
+    for v in variants.iter().filter(|v| !matches!(v.load, Load::Miss)) {
+        wrk.run(v, 8, 1)?;
+    }
+
+    // ---- rounds ----
+    let mut results: BTreeMap<(String, u32), Vec<WrkResult>> = BTreeMap::new();
+    for round in 1..=args.rounds {
+        for &c in &args.concurrency {
+            for v in &variants {
+                if v.only_c.as_ref().is_some_and(|cs| !cs.contains(&c)) {
+                    continue;
+                }
+                stack.check_alive()?;
+                let r = wrk.run(v, c, args.seconds)?;
+                log(format!(
+                    "round {round}/{} c={c:<3} {:<15} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms{}",
+                    args.rounds,
+                    v.name,
+                    r.rps,
+                    r.p50_ms,
+                    r.p99_ms,
+                    if r.errors > 0 {
+                        format!("  ERRORS {}", r.errors)
+                    } else {
+                        String::new()
+                    }
+                ));
+                results.entry((v.name.to_string(), c)).or_default().push(r);
+            }
+        }
+    }
+
+    // ---- profile ----
+    let mut profiles = Vec::new();
+    if args.profile {
+        let c = args.concurrency.iter().copied().max().unwrap_or(32);
+        for (vname, envoy) in [
+            ("envoy", &bare),
+            ("filter-cached", &filtered),
+            ("filter-stream", &filtered),
+            ("envoy-stream", &bare),
+        ] {
+            let Some(v) = variants.iter().find(|v| v.name == vname) else {
+                continue;
+            };
+            log(format!(
+                "profiling {vname} at c={c} (perf record -e cpu-clock) …"
+            ));
+            match profile_run(&mut wrk, v, c, args.seconds, envoy.pid(), &dir) {
+                Ok(p) => profiles.push((vname, p)),
+                Err(e) => log(format!("profile of {vname} failed: {e:#}")),
+            }
+        }
+    }
+
+    // ---- time to first byte (alternating bare / filter) ----
+    let mut ttfb = BTreeMap::new();
+    if variants.iter().any(|v| v.name == "filter-stream") {
+        log(format!(
+            "time to first byte: {} streams per Envoy, alternating …",
+            args.ttfb_samples
+        ));
+        let body = stream_body(32);
+        let (mut hb, mut eb, mut hf, mut ef) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..args.ttfb_samples {
+            let (h, e) = ttfb_once(bare.listen, &cached_auth, body.as_bytes(), 1)?;
+            hb.push(h);
+            eb.push(e);
+            let (h, e) = ttfb_once(filtered.listen, &cached_auth, body.as_bytes(), 1)?;
+            hf.push(h);
+            ef.push(e);
+        }
+        ttfb.insert("envoy", (median(&hb), median(&eb), min_max(&eb)));
+        ttfb.insert("filter", (median(&hf), median(&ef), min_max(&ef)));
+    }
+
+    // ---- memory per stream: short vs long streams in flight ----
+    let mut stream_mem = None;
+    if variants.iter().any(|v| v.name == "filter-stream") {
+        log("memory per stream: 32 short streams, then 32 long ones …");
+        let base = mem_of(filtered.pid(), filtered.admin);
+        let short = stream_memory(&filtered, &cached_auth, 32, 50, 60)?;
+        let long = stream_memory(&filtered, &cached_auth, 32, 3000, 1)?;
+        stream_mem = Some((base, short, long));
+    }
+
+    // ---- memory after N distinct cached credentials, on a fresh Envoy with the filter ----
+    drop(filtered);
+    drop(bare);
+    let mut mem_rows = Vec::new();
+    if max_cached > 0 && (args.only.is_empty() || args.only.iter().any(|o| o == "filter-miss")) {
+        log("memory: fresh Envoy with the filter, filling its cache …");
+        let keys: Vec<String> = std::fs::read_to_string(&keys_file)?
+            .lines()
+            .take(max_cached)
+            .map(str::to_string)
+            .collect();
+        let envoy = start_envoy(&inputs, "envoy-mem", true, max_cached as u64 + 1000)?;
+        let body = json_body(16);
+        // One cached request first, so the baseline has the VM warm and the policy loaded.
+        let (s, t) = post_once(
+            envoy.listen,
+            CHAT_PATH,
+            &[("Authorization", &cached_auth)],
+            body.as_bytes(),
+        )?;
+        if s != 200 {
+            bail!("envoy-mem: {s} {t}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let base = mem_of(envoy.pid(), envoy.admin);
+        mem_rows.push((1usize, base, 0usize));
+        let mut sorted = args.cached_keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut done = 0usize;
+        for n in sorted {
+            let t = Instant::now();
+            let failed = fill_keys(envoy.listen, &keys[done..n], body.as_bytes(), 16)?;
+            done = n;
+            std::thread::sleep(Duration::from_millis(500));
+            let m = mem_of(envoy.pid(), envoy.admin);
+            log(format!(
+                "{n} keys cached in {:.1} s ({failed} failed): RSS {} MiB, wasm linear {} MiB, heap {} MiB",
+                t.elapsed().as_secs_f64(),
+                mib(m.rss_kib as i64),
+                mib(m.wasm_linear_kib as i64),
+                mib(m.heap_allocated_kib as i64)
+            ));
+            mem_rows.push((n, m, failed));
+        }
+        let stats = get_text(envoy.admin, "/stats?filter=wasm").unwrap_or_default();
+        std::fs::write(dir.join("envoy-mem-wasm-stats.txt"), stats)?;
+    }
+
+    // ---- report ----
+    let mut report = render_report(
+        &args,
+        started_at,
+        &results,
+        &variants,
+        &ttfb,
+        stream_mem,
+        &mem_rows,
+        stream_tokens,
+    )?;
+    if !profiles.is_empty() {
+        let _ = writeln!(
+            report,
+            "\n## Profile: Envoy's CPU per request (perf record -e cpu-clock -F {PERF_HZ}, one {} s run each)\n",
+            args.seconds
+        );
+        let _ = writeln!(
+            report,
+            "| variant | req/s | Envoy CPU µs / request | where (share of Envoy's samples) |"
+        );
+        let _ = writeln!(report, "|---|---:|---:|---|");
+        for (name, p) in &profiles {
+            let wh = p
+                .dsos
+                .iter()
+                .map(|(d, s)| format!("{d} {s:.1}%"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                report,
+                "| {name} | {:.0} | {:.1} | {wh} |",
+                p.requests_per_s, p.cpu_us_per_request
+            );
+        }
+        let _ = writeln!(
+            report,
+            "\n`[unknown]` / `[JIT] tid …` is code V8 generated (the compiled filter); `envoy` includes V8's runtime and the proxy-wasm host calls (the binary is stripped, so no finer symbols)."
+        );
+    }
+    println!("{report}");
+    if !args.out.is_empty() {
+        let out = root.join(&args.out);
+        let notes = std::fs::read_to_string(lua_dir.join("notes.md")).unwrap_or_default();
+        std::fs::write(&out, format!("{report}\n{notes}"))?;
+        log(format!("wrote {}", out.display()));
+    }
+    stack.shutdown();
+    Ok(())
+}
+
+struct Profile {
+    requests_per_s: f64,
+    /// Envoy CPU time per request, µs.
+    cpu_us_per_request: f64,
+    /// (dso, share %) sorted by share.
+    dsos: Vec<(String, f64)>,
+}
+
+const PERF_HZ: u64 = 2000;
+
+/// Runs `v` under wrk while `perf record` samples Envoy's CPU clock.
+fn profile_run(
+    wrk: &mut Wrk<'_>,
+    v: &Variant,
+    c: u32,
+    seconds: u64,
+    pid: u32,
+    dir: &Path,
+) -> Result<Profile> {
+    let data = dir.join(format!("perf-{}.data", v.name));
+    let mut perf = Command::new("perf")
+        .args([
+            "record",
+            "-e",
+            "cpu-clock",
+            "-F",
+            &PERF_HZ.to_string(),
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&data)
+        .args(["--", "sleep", &seconds.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot run perf (apt-get install linux-perf)")?;
+    let r = wrk.run(v, c, seconds)?;
+    let status = perf.wait()?;
+    if !status.success() {
+        bail!("perf record failed ({status})");
+    }
+    let out = Command::new("perf")
+        .args(["report", "--stdio", "-q", "--sort", "dso", "-i"])
+        .arg(&data)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut dsos: Vec<(String, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let pct = it.next()?.trim_end_matches('%').parse::<f64>().ok()?;
+            Some((it.collect::<Vec<_>>().join(" "), pct))
+        })
+        .collect();
+    dsos.truncate(6);
+    let count = Command::new("perf")
+        .args([
+            "report", "--stdio", "-q", "--sort", "pid", "-F", "sample", "-i",
+        ])
+        .arg(&data)
+        .output()?;
+    let samples: f64 = String::from_utf8_lossy(&count.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .sum();
+    let requests = r.rps * seconds as f64;
+    Ok(Profile {
+        requests_per_s: r.rps,
+        cpu_us_per_request: samples / PERF_HZ as f64 * 1e6 / requests.max(1.0),
+        dsos,
+    })
+}
+
+type Ttfb<'a> = BTreeMap<&'a str, (f64, f64, (f64, f64))>;
+
+#[allow(clippy::too_many_arguments)]
+fn render_report(
+    args: &Args,
+    started_at: std::time::SystemTime,
+    results: &BTreeMap<(String, u32), Vec<WrkResult>>,
+    variants: &[Variant],
+    ttfb: &Ttfb<'_>,
+    stream_mem: Option<(Mem, Mem, Mem)>,
+    mem_rows: &[(usize, Mem, usize)],
+    stream_tokens: u32,
+) -> Result<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    // SAFETY: sysconf has no preconditions. (Not available_parallelism: this process is pinned.)
+    let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let envoy_version = tools::envoy_bin()
+        .ok()
+        .and_then(|b| Command::new(b).arg("--version").output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .and_then(|s| {
+            s.split_whitespace()
+                .find(|w| w.contains("/1."))
+                .map(|w| w.split('/').nth(1).unwrap_or(w).to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let wall = started_at.elapsed().map(|d| d.as_secs()).unwrap_or(0);
+
+    let med = |name: &str, c: u32| -> Option<(f64, f64, f64, (f64, f64), u64)> {
+        let rs = results.get(&(name.to_string(), c))?;
+        let rps: Vec<f64> = rs.iter().map(|r| r.rps).collect();
+        Some((
+            median(&rps),
+            median(&rs.iter().map(|r| r.p50_ms).collect::<Vec<_>>()),
+            median(&rs.iter().map(|r| r.p99_ms).collect::<Vec<_>>()),
+            min_max(&rps),
+            rs.iter().map(|r| r.errors).sum(),
+        ))
+    };
+
+    let mut o = String::new();
+    let _ = writeln!(o, "# Benchmarks\n");
+    let _ = writeln!(
+        o,
+        "Generated by `maas-bench` (`./scripts/bench.sh`); do not edit by hand — rerun it when performance changes.\n"
+    );
+    let _ = writeln!(
+        o,
+        "- date: {date} (run took {} min {} s)",
+        wall / 60,
+        wall % 60
+    );
+    let _ = writeln!(
+        o,
+        "- machine: {cores} cores, {model}; Envoy {envoy_version}, one worker (`--concurrency 1`) pinned to CPU 0 (`taskset -c 0`); wrk `-t1`, the simulator (in the harness process), the companion and PostgreSQL share CPU 1"
+    );
+    let _ = writeln!(
+        o,
+        "- command: `{}` ({} rounds × {} s per run, concurrency {:?}, variants alternating within each round)",
+        args.command, args.rounds, args.seconds, args.concurrency
+    );
+    let _ = writeln!(
+        o,
+        "- request: `POST {CHAT_PATH}` chat completion, JSON response with `usage` (16 completion tokens); streams: `stream: true` with usage, {stream_tokens} chunks\n"
+    );
+
+    let _ = writeln!(
+        o,
+        "## Throughput and latency (medians over rounds; spread = min–max req/s)\n"
+    );
+    let _ = writeln!(
+        o,
+        "| variant | conc. | req/s | spread | p50 ms | p99 ms | req/s vs base | p50 vs base | errors |"
+    );
+    let _ = writeln!(o, "|---|---:|---:|---|---:|---:|---:|---:|---:|");
+    for &c in &args.concurrency {
+        for v in variants {
+            let Some((rps, p50, p99, (lo, hi), errors)) = med(v.name, c) else {
+                continue;
+            };
+            let (ratio_rps, ratio_p50) = match med(v.baseline, c) {
+                Some((brps, bp50, ..)) if v.baseline != "-" && v.baseline != v.name => (
+                    format!("{:.2}× {}", rps / brps, v.baseline),
+                    format!("{:.2}×", p50 / bp50),
+                ),
+                _ => ("—".into(), "—".into()),
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {c} | {rps:.0} | {lo:.0}–{hi:.0} | {p50:.3} | {p99:.3} | {ratio_rps} | {ratio_p50} | {errors} |",
+                v.name
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
+    );
+
+    let mut targets: Vec<Target> = Vec::new();
+    if let (Some(f), Some(e)) = (med("filter-cached", 32), med("envoy", 32)) {
+        let r = f.0 / e.0;
+        targets.push(Target {
+            what: "filter-cached ≥ 0.90× envoy req/s at concurrency 32".into(),
+            measured: format!("{r:.2}× ({:.0} vs {:.0})", f.0, e.0),
+            met: Some(r >= 0.90),
+        });
+    }
+    if let (Some(f), Some(e)) = (med("filter-cached", 1), med("envoy", 1)) {
+        let r = f.1 / e.1;
+        targets.push(Target {
+            what: "filter-cached p50 ≤ 1.15× envoy p50 at concurrency 1".into(),
+            measured: format!("{r:.2}× ({:.3} vs {:.3} ms)", f.1, e.1),
+            met: Some(r <= 1.15),
+        });
+    }
+
+    if let (Some(b), Some(f)) = (ttfb.get("envoy"), ttfb.get("filter")) {
+        let _ = writeln!(
+            o,
+            "## Streams: time to first byte (medians of {} streams per Envoy, alternating)\n",
+            args.ttfb_samples
+        );
+        let _ = writeln!(
+            o,
+            "| Envoy | response headers ms | first SSE event ms | first event min–max ms |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---|");
+        for (name, (h, e, (lo, hi))) in [("bare", b), ("with filter", f)] {
+            let _ = writeln!(o, "| {name} | {h:.3} | {e:.3} | {lo:.3}–{hi:.3} |");
+        }
+        let d = f.1 - b.1;
+        let _ = writeln!(
+            o,
+            "\nThe filter adds {d:.3} ms to the first SSE event (32-chunk stream, 1 ms between chunks).\n"
+        );
+        targets.push(Target {
+            what: "filter-stream adds ≤ 0.2 ms to time to first byte".into(),
+            measured: format!("{d:+.3} ms (first SSE event)"),
+            met: Some(d <= 0.2),
+        });
+    }
+    if let Some((base, short, long)) = stream_mem {
+        let _ = writeln!(
+            o,
+            "## Streams: memory while 32 streams are in flight (peaks, Envoy with the filter)\n"
+        );
+        let _ = writeln!(
+            o,
+            "| streams | RSS MiB | wasm linear memory MiB | Envoy heap MiB |"
+        );
+        let _ = writeln!(o, "|---|---:|---:|---:|");
+        for (name, m) in [
+            ("none (before)", base),
+            ("32 × 50 chunks (60 ms apart)", short),
+            ("32 × 3000 chunks (1 ms apart)", long),
+        ] {
+            let _ = writeln!(
+                o,
+                "| {name} | {} | {} | {} |",
+                mib(m.rss_kib as i64),
+                mib(m.wasm_linear_kib as i64),
+                mib(m.heap_allocated_kib as i64)
+            );
+        }
+        let grow_kib = long.wasm_linear_kib as i64 - short.wasm_linear_kib as i64;
+        let heap_grow_kib = long.heap_allocated_kib as i64 - short.heap_allocated_kib as i64;
+        let per_stream = (grow_kib.max(0) + heap_grow_kib.max(0)) as f64 / 32.0;
+        let _ = writeln!(
+            o,
+            "\nLong streams (60× the chunks) vs short: wasm memory {grow_kib:+} KiB, Envoy heap {heap_grow_kib:+} KiB, i.e. {per_stream:.1} KiB more per stream.\n"
+        );
+        targets.push(Target {
+            what: "memory per stream does not grow with the stream's length".into(),
+            measured: format!("{per_stream:.1} KiB more per stream for 60× longer streams"),
+            met: Some(per_stream < 64.0),
+        });
+    }
+    if let (Some(m), Some(f)) = (med("filter-miss", 1), med("filter-cached", 1)) {
+        let r = m.1 / f.1;
+        targets.push(Target {
+            what: "filter-miss p50 ≤ 3× filter-cached p50 (concurrency 1)".into(),
+            measured: format!("{r:.2}× ({:.3} vs {:.3} ms)", m.1, f.1),
+            met: Some(r <= 3.0),
+        });
+    }
+    if mem_rows.len() > 1 {
+        let base = mem_rows[0].1;
+        let _ = writeln!(
+            o,
+            "## Memory after N distinct cached credentials (fresh Envoy with the filter)\n"
+        );
+        let _ = writeln!(
+            o,
+            "| cached keys | RSS MiB | Δ RSS MiB | wasm linear memory MiB | Δ wasm MiB | Envoy heap MiB | Δ heap MiB | Δ (wasm + heap) per key, bytes | failed |"
+        );
+        let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (n, m, failed) in mem_rows {
+            let dr = m.rss_kib as i64 - base.rss_kib as i64;
+            let dw = m.wasm_linear_kib as i64 - base.wasm_linear_kib as i64;
+            let dh = m.heap_allocated_kib as i64 - base.heap_allocated_kib as i64;
+            let per = if *n > 1 {
+                format!("{:.0}", (dw + dh) as f64 * 1024.0 / (*n as f64 - 1.0))
+            } else {
+                "—".into()
+            };
+            let _ = writeln!(
+                o,
+                "| {n} | {} | {} | {} | {} | {} | {} | {per} | {failed} |",
+                mib(m.rss_kib as i64),
+                mib(dr),
+                mib(m.wasm_linear_kib as i64),
+                mib(dw),
+                mib(m.heap_allocated_kib as i64),
+                mib(dh)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nwasm linear memory = resident pages of every wasm VM's linear memory (the rw mapping just below each of V8's 8 GiB reservations in /proc/PID/smaps; Envoy runs one VM per worker plus one on the main thread); Envoy heap = tcmalloc `allocated` from admin `/memory`, which holds proxy-wasm shared data (the credential cache lives there, outside the VM's linear memory). Envoy 1.40 exposes no wasm memory gauge in `/stats` (only `wasm.envoy.wasm.runtime.v8.*` VM counts).\n"
+        );
+        if let Some((n, m, _)) = mem_rows
+            .iter()
+            .find(|(n, ..)| *n == 100_000)
+            .or_else(|| mem_rows.last())
+        {
+            let dw = m.wasm_linear_kib as i64 - base.wasm_linear_kib as i64;
+            let dh = m.heap_allocated_kib as i64 - base.heap_allocated_kib as i64;
+            let dr = m.rss_kib as i64 - base.rss_kib as i64;
+            let cost = (dw.max(0) + dh.max(0)).max(dr);
+            let limit = 64 * 1024 * (*n as i64) / 100_000;
+            targets.push(Target {
+                what: format!(
+                    "{n} cached credentials cost ≤ {} MiB (64 MiB per 100k)",
+                    mib(limit)
+                ),
+                measured: format!("{} MiB (max of Δ RSS and Δ wasm + Δ heap)", mib(cost)),
+                met: Some(cost <= limit),
+            });
+        }
+    }
+    if let Some(s) = med("companion-auth", 32) {
+        let _ = writeln!(
+            o,
+            "Companion `POST /internal/v1/authenticate` (API key, PostgreSQL lookup) at concurrency 32: **{:.0} req/s**, p50 {:.3} ms, p99 {:.3} ms.\n",
+            s.0, s.1, s.2
+        );
+    }
+    if let (Some(f), Some(l)) = (med("filter-cached", 32), med("litellm", 32)) {
+        let r = f.0 / l.0;
+        targets.push(Target {
+            what: "≥ 100× LiteLLM's req/s with enforcement on (concurrency 32)".into(),
+            measured: format!("{r:.0}× ({:.0} vs {:.0})", f.0, l.0),
+            met: Some(r >= 100.0),
+        });
+    } else {
+        targets.push(Target {
+            what: "≥ 100× LiteLLM's req/s with enforcement on".into(),
+            measured: "not measured in this run (`./scripts/bench.sh --litellm`)".into(),
+            met: None,
+        });
+    }
+    let _ = writeln!(o, "## Targets (issue 6)\n");
+    let _ = writeln!(o, "| target | measured | met |");
+    let _ = writeln!(o, "|---|---|---|");
+    for t in &targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "—",
+        };
+        let _ = writeln!(o, "| {} | {} | {met} |", t.what, t.measured);
+    }
+    Ok(o)
+}

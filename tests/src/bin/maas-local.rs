@@ -1,0 +1,125 @@
+//! `maas-local`: the whole gateway on this machine (PostgreSQL, companion, model simulator,
+//! Envoy with the filter). Started by ./scripts/run-local.sh; Ctrl-C stops everything.
+
+use clap::Parser;
+use maas_e2e::{ConfigSource, Stack, StackOptions, tools};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    about = "Run the MaaS gateway locally: PostgreSQL, companion, model simulator and Envoy with the filter"
+)]
+struct Args {
+    /// Policy file (tiers, models and their backends). Default: config/local/policy.yaml.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Static identities file (tokens standing in for OpenShift users). Default: config/local/identities.yaml.
+    #[arg(long)]
+    identities: Option<PathBuf>,
+    /// Provider credentials file for external models. Default: config/local/credentials.yaml.
+    #[arg(long)]
+    credentials: Option<PathBuf>,
+    /// Gateway port.
+    #[arg(long, env = "MAAS_GATEWAY_PORT", default_value_t = 8080)]
+    port: u16,
+    /// Gateway listen address (0.0.0.0 to reach it from other machines).
+    #[arg(long, env = "MAAS_GATEWAY_HOST", default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    concurrency: u32,
+    /// Keep the stack's directory (logs, data) after exit.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn source(path: Option<PathBuf>) -> ConfigSource {
+    path.map(ConfigSource::File).unwrap_or_default()
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("maas-local: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let options = StackOptions {
+        policy: source(args.policy),
+        identities: source(args.identities),
+        credentials: source(args.credentials),
+        gateway_port: Some(args.port),
+        gateway_host: args.host,
+        envoy_concurrency: args.concurrency,
+        poll_interval_ms: 1000,
+        policy_reload_interval_ms: 1000,
+        keep_dir: args.keep || StackOptions::default().keep_dir,
+        ..StackOptions::default()
+    };
+    eprintln!("maas-local: starting PostgreSQL, companion, model simulator and Envoy …");
+    let stack = Stack::start(options)?;
+    print_next_steps(&stack);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        // The terminal closed: stop as cleanly as for Ctrl-C.
+        let mut sighup = signal(SignalKind::hangup())?;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = sigint.recv() => return Ok::<_, anyhow::Error>(()),
+                _ = sigterm.recv() => return Ok(()),
+                _ = sighup.recv() => return Ok(()),
+                _ = tick.tick() => stack.check_alive()?,
+            }
+        }
+    });
+    eprintln!("maas-local: stopping …");
+    stack.shutdown();
+    eprintln!("maas-local: stopped");
+    outcome
+}
+
+fn print_next_steps(stack: &Stack) {
+    let gw = stack.gateway_url();
+    let root = tools::workspace_root();
+    println!("READY {gw}");
+    println!(
+        r#"
+The gateway, the companion's public API (under /maas-api) and the models share {gw}.
+
+1. Mint an API key as alice (free tier; bob-token = premium, carol-token = enterprise + admin):
+   export GATEWAY={gw}
+   KEY=$(curl -s -H 'Authorization: Bearer alice-token' -H 'Content-Type: application/json' \
+     -d '{{"name":"my-first-key"}}' $GATEWAY/maas-api/v1/api-keys | sed -n 's/.*"key":"\([^"]*\)".*/\1/p')
+
+2. Call a model with the key:
+   curl -s -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+     -d '{{"model":"sim-model","messages":[{{"role":"user","content":"Hello there"}}]}}' \
+     $GATEWAY/llm/sim-model/v1/chat/completions
+
+3. List the models your tier may use:
+   curl -s -H "Authorization: Bearer $KEY" $GATEWAY/maas-api/v1/models
+
+Stream: add "stream":true,"stream_options":{{"include_usage":true}} to the body of step 2.
+Policy: {policy} (edits are reloaded; new model routes need a restart)
+Identities: {identities}
+Logs: {dir}
+Root: {root}
+Ctrl-C stops everything."#,
+        policy = stack.policy_path().display(),
+        identities = stack.identities_path().display(),
+        dir = stack.dir().display(),
+        root = root.display(),
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}

@@ -1,0 +1,44 @@
+//! Standalone OpenAI-compatible model simulator (see docs/contracts.md "Model simulator").
+
+use clap::Parser;
+use maas_e2e::sim::{self, SimConfig};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(about = "OpenAI-compatible model simulator with deterministic token counts")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "MODEL_SIM_ADDR", default_value = "127.0.0.1:8000")]
+    addr: std::net::SocketAddr,
+    /// Delay between stream chunks (a request's `x-sim-chunk-delay-ms` overrides it).
+    #[arg(long, default_value_t = 0)]
+    chunk_delay_ms: u64,
+    /// Model ids listed by GET …/v1/models (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "sim-model")]
+    models: Vec<String>,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        builder.worker_threads(n);
+    }
+    let runtime = builder.enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.addr).await?;
+        eprintln!("model-sim listening on {}", listener.local_addr()?);
+        let config = SimConfig {
+            chunk_delay: Duration::from_millis(args.chunk_delay_ms),
+            models: args.models,
+        };
+        tokio::select! {
+            r = sim::serve(listener, config) => r?,
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,476 @@
+//! Envoy bootstrap for the local stack, generated from the policy.
+//!
+//! One listener (the gateway) with the maas-filter wasm filter and the router. Routes:
+//! `/maas-api/internal…` → direct 404 (the internal API is never routed), `/maas-api/…` → the
+//! companion's public listener (prefix rewritten to `/`), each model's path prefix → a cluster
+//! for its `backend` (prefix rewritten to `/`, or to the backend URL's path), anything else →
+//! an OpenAI-style 404. The same config can be rendered without the filter (bare Envoy, for
+//! benchmarks).
+
+use anyhow::{Result, bail};
+use maas_types::PolicyDocument;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+/// Cluster the filter dispatches authenticate and policy calls to.
+pub const COMPANION_INTERNAL_CLUSTER: &str = "maas-companion";
+pub const COMPANION_PUBLIC_CLUSTER: &str = "maas-companion-public";
+pub const SIMULATOR_CLUSTER: &str = "model-sim";
+/// Long enough for slow streamed generations.
+const MODEL_ROUTE_TIMEOUT: &str = "300s";
+
+#[derive(Debug, Clone)]
+pub struct WasmFilterOptions {
+    pub wasm_path: PathBuf,
+    /// How often the filter polls the companion's policy.
+    pub poll_interval_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct EnvoyConfigInput<'a> {
+    pub policy: &'a PolicyDocument,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub companion_public: SocketAddr,
+    pub companion_internal: SocketAddr,
+    pub simulator: SocketAddr,
+    /// `None` renders bare Envoy (no filter).
+    pub filter: Option<WasmFilterOptions>,
+}
+
+/// A model backend URL, parsed: `http://host:port[/base]` or `https://host[:port][/base]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix on the backend that replaces the model's prefix; "" for none.
+    pub base_path: String,
+}
+
+impl BackendUrl {
+    pub fn parse(url: &str) -> Result<BackendUrl> {
+        let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
+            (false, r)
+        } else if let Some(r) = url.strip_prefix("https://") {
+            (true, r)
+        } else {
+            bail!("backend {url:?}: expected `simulator`, http://host:port or https://host[:port]")
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse::<u16>() {
+                Ok(port) => (h, port),
+                Err(_) => bail!("backend {url:?}: bad port {p:?}"),
+            },
+            _ => (authority, if tls { 443 } else { 80 }),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || port == 0 {
+            bail!("backend {url:?}: missing host or port");
+        }
+        if path.contains(['?', '#']) {
+            bail!("backend {url:?}: no query or fragment allowed");
+        }
+        Ok(BackendUrl {
+            tls,
+            host: host.to_string(),
+            port,
+            base_path: path.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+fn endpoint_cluster(name: &str, host: &str, port: u16) -> Value {
+    let is_ip = host.parse::<IpAddr>().is_ok();
+    let mut c = json!({
+        "name": name,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": "5s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": host, "port_value": port}
+            }}}]}]
+        },
+        // Envoy's defaults (1024) would throttle benchmarks before the filter does.
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": 100000, "max_pending_requests": 100000,
+            "max_requests": 100000, "max_retries": 3
+        }]},
+    });
+    if !is_ip {
+        c["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    c
+}
+
+fn addr_cluster(name: &str, addr: SocketAddr) -> Value {
+    endpoint_cluster(name, &addr.ip().to_string(), addr.port())
+}
+
+fn openai_404() -> Value {
+    json!({
+        "status": 404,
+        "body": {"inline_string": json!({"error": {
+            "message": "no model or API is served at this path",
+            "type": "invalid_request_error", "param": null, "code": "not_found"
+        }}).to_string()}
+    })
+}
+
+fn json_content_type() -> Value {
+    json!([{"header": {"key": "content-type", "value": "application/json"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}])
+}
+
+/// Two routes per prefix so `/p` and `/p/…` both match but `/pother` does not, and the
+/// rewrite never produces a double slash.
+fn prefix_routes(prefix: &str, rewrite_base: &str, route: &Value) -> [Value; 2] {
+    let mut under = route.clone();
+    under["prefix_rewrite"] = json!(format!("{rewrite_base}/"));
+    let mut exact = route.clone();
+    exact["prefix_rewrite"] = json!(if rewrite_base.is_empty() {
+        "/"
+    } else {
+        rewrite_base
+    });
+    [
+        json!({"match": {"prefix": format!("{prefix}/")}, "route": under}),
+        json!({"match": {"path": prefix}, "route": exact}),
+    ]
+}
+
+/// The pluginConfig the filter gets (docs/contracts.md).
+pub fn plugin_config(input: &EnvoyConfigInput<'_>, poll_interval_ms: u64) -> Value {
+    json!({
+        "companion": {
+            "cluster": COMPANION_INTERNAL_CLUSTER,
+            "authority": input.companion_internal.to_string(),
+            "timeoutMs": 2000
+        },
+        "pollIntervalMs": poll_interval_ms,
+        "managementPathPrefix": "/maas-api",
+        "failureMode": "closed",
+        "bootstrapPolicy": input.policy,
+    })
+}
+
+/// Renders the Envoy bootstrap (JSON) for the stack.
+pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
+    let mut clusters = vec![
+        addr_cluster(COMPANION_INTERNAL_CLUSTER, input.companion_internal),
+        addr_cluster(COMPANION_PUBLIC_CLUSTER, input.companion_public),
+        addr_cluster(SIMULATOR_CLUSTER, input.simulator),
+    ];
+    // One cluster per distinct backend URL.
+    let mut backend_clusters: BTreeMap<String, String> = BTreeMap::new();
+    let mut routes = vec![
+        json!({"match": {"path_separated_prefix": "/maas-api/internal"},
+               "direct_response": openai_404(),
+               "response_headers_to_add": json_content_type()}),
+    ];
+    routes.extend(prefix_routes(
+        "/maas-api",
+        "",
+        &json!({"cluster": COMPANION_PUBLIC_CLUSTER, "timeout": "30s"}),
+    ));
+    // Longest prefix first, so a nested model path wins over its parent.
+    let mut models: Vec<_> = input.policy.models.iter().collect();
+    models.sort_by_key(|m| std::cmp::Reverse(m.path.len()));
+    for model in models {
+        let backend = model.backend.as_deref().unwrap_or("simulator");
+        let (cluster, base, host_rewrite) = if backend == "simulator" {
+            (SIMULATOR_CLUSTER.to_string(), String::new(), false)
+        } else {
+            let url = BackendUrl::parse(backend)?;
+            let name = match backend_clusters.get(backend) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = format!("backend-{}", backend_clusters.len());
+                    let mut c = endpoint_cluster(&n, &url.host, url.port);
+                    if url.tls {
+                        c["transport_socket"] = json!({
+                            "name": "envoy.transport_sockets.tls",
+                            "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                                "sni": url.host,
+                                "common_tls_context": {"validation_context": {
+                                    "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}
+                                }}
+                            }
+                        });
+                    }
+                    clusters.push(c);
+                    backend_clusters.insert(backend.to_string(), n.clone());
+                    n
+                }
+            };
+            let rewrite = url.host.parse::<IpAddr>().is_err();
+            (name, url.base_path, rewrite)
+        };
+        let mut route = json!({"cluster": cluster, "timeout": MODEL_ROUTE_TIMEOUT});
+        if host_rewrite {
+            // External servers route on their own host name.
+            route["auto_host_rewrite"] = json!(true);
+        }
+        routes.extend(prefix_routes(&model.path, &base, &route));
+    }
+    routes.push(
+        json!({"match": {"prefix": "/"}, "direct_response": openai_404(),
+                       "response_headers_to_add": json_content_type()}),
+    );
+
+    let mut http_filters = Vec::new();
+    if let Some(filter) = &input.filter {
+        let config = plugin_config(input, filter.poll_interval_ms);
+        http_filters.push(json!({
+            "name": "envoy.filters.http.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {
+                    "name": "maas-filter",
+                    "root_id": "maas-filter",
+                    "fail_open": false,
+                    "vm_config": {
+                        "vm_id": "maas-filter",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": filter.wasm_path.to_string_lossy()}}
+                    },
+                    "configuration": {
+                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                        "value": config.to_string()
+                    }
+                }
+            }
+        }));
+    }
+    http_filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+    }));
+
+    let bootstrap = json!({
+        "admin": {"address": {"socket_address": {
+            "address": input.admin.ip().to_string(), "port_value": input.admin.port()
+        }}},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {
+                    "address": input.listen.ip().to_string(), "port_value": input.listen.port()
+                }},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "gateway",
+                        "codec_type": "AUTO",
+                        "normalize_path": true,
+                        "merge_slashes": true,
+                        "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+                        // Streams may idle between chunks; the route timeout bounds the whole call.
+                        "stream_idle_timeout": "300s",
+                        "request_timeout": "0s",
+                        "route_config": {
+                            "name": "gateway",
+                            "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}]
+                        },
+                        "http_filters": http_filters
+                    }
+                }]}]
+            }],
+            "clusters": clusters
+        }
+    });
+    Ok(serde_json::to_string_pretty(&bootstrap)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> PolicyDocument {
+        PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "sim", "path": "/llm/sim", "tiers": ["free"], "backend": "simulator"},
+                {"name": "nested", "path": "/llm/sim/nested", "tiers": ["free"], "backend": "http://127.0.0.1:9000"},
+                {"name": "ext", "path": "/ext/gpt", "tiers": ["free"], "backend": "https://api.example.com/v1/"},
+                {"name": "ext2", "path": "/ext/gpt2", "tiers": ["free"], "backend": "https://api.example.com/v1/"}
+            ]
+        }))
+        .unwrap()
+    }
+
+    fn input(policy: &PolicyDocument, filter: bool) -> EnvoyConfigInput<'_> {
+        let a = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        EnvoyConfigInput {
+            policy,
+            listen: a(8080),
+            admin: a(9901),
+            companion_public: a(7001),
+            companion_internal: a(7002),
+            simulator: a(7003),
+            filter: filter.then(|| WasmFilterOptions {
+                wasm_path: "/x/maas_filter.wasm".into(),
+                poll_interval_ms: 500,
+            }),
+        }
+    }
+
+    fn routes(v: &Value) -> Vec<Value> {
+        v.pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap()
+    }
+
+    fn hcm(v: &Value) -> &Value {
+        v.pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config")
+            .unwrap()
+    }
+
+    #[test]
+    fn routes_follow_the_policy() {
+        let p = policy();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let r = routes(&v);
+        // internal first, then the public API, then models longest first, then the 404.
+        assert_eq!(r[0]["match"]["path_separated_prefix"], "/maas-api/internal");
+        assert_eq!(r[0]["direct_response"]["status"], 404);
+        assert_eq!(r[1]["match"]["prefix"], "/maas-api/");
+        assert_eq!(r[1]["route"]["prefix_rewrite"], "/");
+        assert_eq!(r[1]["route"]["cluster"], COMPANION_PUBLIC_CLUSTER);
+        assert_eq!(r[2]["match"]["path"], "/maas-api");
+        let prefixes: Vec<&str> = r
+            .iter()
+            .filter_map(|x| x["match"]["prefix"].as_str())
+            .collect();
+        let nested = prefixes
+            .iter()
+            .position(|p| *p == "/llm/sim/nested/")
+            .unwrap();
+        let sim = prefixes.iter().position(|p| *p == "/llm/sim/").unwrap();
+        assert!(nested < sim, "nested model must match first: {prefixes:?}");
+        let sim_route = r
+            .iter()
+            .find(|x| x["match"]["prefix"] == "/llm/sim/")
+            .unwrap();
+        assert_eq!(sim_route["route"]["cluster"], SIMULATOR_CLUSTER);
+        assert_eq!(sim_route["route"]["prefix_rewrite"], "/");
+        assert_eq!(sim_route["route"]["timeout"], "300s");
+        let ext = r
+            .iter()
+            .find(|x| x["match"]["prefix"] == "/ext/gpt/")
+            .unwrap();
+        assert_eq!(ext["route"]["prefix_rewrite"], "/v1/");
+        assert_eq!(ext["route"]["auto_host_rewrite"], true);
+        let last = r.last().unwrap();
+        assert_eq!(last["match"]["prefix"], "/");
+        assert_eq!(last["direct_response"]["status"], 404);
+        let body: Value = serde_json::from_str(
+            last["direct_response"]["body"]["inline_string"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn clusters_one_per_backend_with_tls_for_https() {
+        let p = policy();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let names: Vec<&str> = clusters
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), 5, "{names:?}"); // companion x2, sim, 127.0.0.1:9000, api.example.com
+        let ext = clusters
+            .iter()
+            .find(|c| c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] == "api.example.com")
+            .unwrap();
+        assert_eq!(ext["type"], "STRICT_DNS");
+        assert_eq!(
+            ext["transport_socket"]["typed_config"]["sni"],
+            "api.example.com"
+        );
+        let companion = clusters
+            .iter()
+            .find(|c| c["name"] == COMPANION_INTERNAL_CLUSTER)
+            .unwrap();
+        assert_eq!(
+            companion["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["port_value"],
+            7002
+        );
+    }
+
+    #[test]
+    fn filter_config_carries_policy_and_companion() {
+        let p = policy();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let h = hcm(&v);
+        assert_eq!(h["normalize_path"], true);
+        assert_eq!(h["merge_slashes"], true);
+        let filters = h["http_filters"].as_array().unwrap();
+        assert_eq!(filters.len(), 2);
+        assert_eq!(filters[0]["name"], "envoy.filters.http.wasm");
+        assert_eq!(filters[1]["name"], "envoy.filters.http.router");
+        let wasm = &filters[0]["typed_config"]["config"];
+        assert_eq!(wasm["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
+        assert_eq!(
+            wasm["vm_config"]["code"]["local"]["filename"],
+            "/x/maas_filter.wasm"
+        );
+        let plugin: Value =
+            serde_json::from_str(wasm["configuration"]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(plugin["companion"]["cluster"], COMPANION_INTERNAL_CLUSTER);
+        assert_eq!(plugin["companion"]["authority"], "127.0.0.1:7002");
+        assert_eq!(plugin["pollIntervalMs"], 500);
+        let bootstrap = PolicyDocument::from_value(plugin["bootstrapPolicy"].clone()).unwrap();
+        assert_eq!(bootstrap, p);
+    }
+
+    #[test]
+    fn bare_envoy_has_only_the_router() {
+        let p = policy();
+        let v: Value = serde_json::from_str(&render(&input(&p, false)).unwrap()).unwrap();
+        let filters = hcm(&v)["http_filters"].as_array().unwrap();
+        assert_eq!(filters.len(), 1);
+        assert_eq!(filters[0]["name"], "envoy.filters.http.router");
+    }
+
+    #[test]
+    fn backend_urls() {
+        assert_eq!(
+            BackendUrl::parse("http://localhost:11434").unwrap(),
+            BackendUrl {
+                tls: false,
+                host: "localhost".into(),
+                port: 11434,
+                base_path: String::new()
+            }
+        );
+        assert_eq!(
+            BackendUrl::parse("https://api.openai.com/v1").unwrap(),
+            BackendUrl {
+                tls: true,
+                host: "api.openai.com".into(),
+                port: 443,
+                base_path: "/v1".into()
+            }
+        );
+        assert_eq!(BackendUrl::parse("http://[::1]:8000").unwrap().host, "::1");
+        assert!(BackendUrl::parse("ftp://x").is_err());
+        assert!(BackendUrl::parse("http://x:notaport").is_err());
+        assert!(BackendUrl::parse("http://:80").is_err());
+    }
+}

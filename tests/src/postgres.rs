@@ -1,0 +1,227 @@
+//! A throwaway PostgreSQL: initdb in a directory, trust auth, 127.0.0.1 on a free port, the unix
+//! socket in the same directory. Run as the `postgres` user when we are root (initdb and
+//! postgres refuse root). `stop`/`start` keep the data, for fault tests.
+
+use crate::process::ManagedProcess;
+use anyhow::{Context, Result, bail};
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub struct Postgres {
+    bin_dir: PathBuf,
+    data_dir: PathBuf,
+    socket_dir: PathBuf,
+    log_path: PathBuf,
+    port: u16,
+    /// (uid, gid) to run as, when we are root.
+    run_as: Option<(u32, u32)>,
+    process: Option<ManagedProcess>,
+}
+
+fn postgres_user() -> Result<(u32, u32)> {
+    let name = CString::new("postgres").unwrap_or_default();
+    // SAFETY: getpwnam returns a pointer to static storage or null; read immediately.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        bail!(
+            "running as root but there is no `postgres` user to run PostgreSQL as (apt-get install postgresql creates it)"
+        );
+    }
+    // SAFETY: non-null result of getpwnam.
+    Ok(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}
+
+fn chown_recursive(path: &Path, uid: u32, gid: u32) -> Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        .with_context(|| format!("chown {}", path.display()))?;
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_recursive(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+impl Postgres {
+    /// initdb into `dir/data` and start; creates database `maas`.
+    pub fn init_and_start(bin_dir: &Path, dir: &Path, port: u16) -> Result<Postgres> {
+        // SAFETY: geteuid has no preconditions.
+        let run_as = if unsafe { libc::geteuid() } == 0 {
+            Some(postgres_user()?)
+        } else {
+            None
+        };
+        let data_dir = dir.join("data");
+        let socket_dir = dir.join("socket");
+        std::fs::create_dir_all(&socket_dir)?;
+        if let Some((uid, gid)) = run_as {
+            chown_recursive(dir, uid, gid)?;
+        }
+        let log_path = dir.join("postgres.log");
+        let init_log = dir.join("initdb.log");
+        let mut initdb = Command::new(bin_dir.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data_dir)
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--locale=C",
+            ])
+            .stdout(std::fs::File::create(&init_log)?)
+            .stderr(std::fs::File::create(dir.join("initdb.err"))?);
+        if let Some((uid, gid)) = run_as {
+            initdb.uid(uid).gid(gid);
+        }
+        let status = initdb.status().context("cannot run initdb")?;
+        if !status.success() {
+            bail!(
+                "initdb failed ({status}): {}",
+                crate::process::log_tail(&dir.join("initdb.err"), 2000)
+            );
+        }
+        let mut pg = Postgres {
+            bin_dir: bin_dir.to_path_buf(),
+            data_dir,
+            socket_dir,
+            log_path,
+            port,
+            run_as,
+            process: None,
+        };
+        pg.start()?;
+        pg.create_database("maas")?;
+        Ok(pg)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/<db>`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Starts the server (again) on the same port and data, and waits until it accepts queries.
+    pub fn start(&mut self) -> Result<()> {
+        if self
+            .process
+            .as_mut()
+            .is_some_and(ManagedProcess::is_running)
+        {
+            return Ok(());
+        }
+        let mut cmd = Command::new(self.bin_dir.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-k")
+            .arg(&self.socket_dir)
+            // Throwaway data: durability off for speed.
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=200"]);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        // SIGINT = fast shutdown; SIGQUIT on our death = immediate shutdown of all backends.
+        self.process = Some(ManagedProcess::spawn(
+            "postgres",
+            cmd,
+            &self.log_path,
+            libc::SIGINT,
+            libc::SIGQUIT,
+        )?);
+        self.wait_ready(Duration::from_secs(30))
+    }
+
+    /// Exit status if the server exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.as_mut().and_then(ManagedProcess::exited)
+    }
+
+    /// Fast shutdown (clients disconnected), keeping the data.
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.stop(Duration::from_secs(10));
+        }
+    }
+
+    fn pg_isready(&self) -> bool {
+        Command::new(self.bin_dir.join("pg_isready"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-q",
+                "-t",
+                "1",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.pg_isready() {
+                return Ok(());
+            }
+            if let Some(status) = self.process.as_mut().and_then(ManagedProcess::exited) {
+                bail!(
+                    "postgres exited ({status}):\n{}",
+                    crate::process::log_tail(&self.log_path, 3000)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "postgres not ready after {timeout:?}:\n{}",
+                    crate::process::log_tail(&self.log_path, 3000)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn create_database(&self, name: &str) -> Result<()> {
+        let out = Command::new(self.bin_dir.join("createdb"))
+            .args(["-h", "127.0.0.1", "-U", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg(name)
+            .output()
+            .context("cannot run createdb")?;
+        if !out.status.success() {
+            bail!(
+                "createdb {name} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,167 @@
+//! Child processes that die with the stack.
+//!
+//! Every child is spawned by one long-lived supervisor thread with `PR_SET_PDEATHSIG`: the
+//! kernel sends the death signal when the spawning *thread* exits, so spawning from a
+//! short-lived test thread would kill the child early. The supervisor lives as long as the
+//! process, so a crashed or killed test binary leaves nothing behind. Children get their own
+//! process group, so a terminal's Ctrl-C reaches only the stack, which then stops them in order.
+
+use anyhow::{Context, Result};
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type SpawnRequest = (Command, libc::c_int, mpsc::Sender<io::Result<Child>>);
+
+fn supervisor() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SUPERVISOR: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SUPERVISOR.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        // The receiver never closes (the sender is in a static), so this thread lives as long
+        // as the process: exactly what PR_SET_PDEATHSIG needs.
+        let spawned = std::thread::Builder::new()
+            .name("maas-supervisor".into())
+            .spawn(move || {
+                let parent = std::process::id() as libc::pid_t;
+                while let Ok((mut cmd, signal, reply)) = rx.recv() {
+                    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, raise).
+                    unsafe {
+                        cmd.pre_exec(move || {
+                            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong) != 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                            // The parent may have died between fork and prctl.
+                            if libc::getppid() != parent {
+                                libc::raise(signal);
+                            }
+                            Ok(())
+                        });
+                    }
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("cannot start the process supervisor thread: {e}");
+        }
+        Mutex::new(tx)
+    })
+}
+
+/// Spawns `cmd` from the supervisor thread; the child receives `death_signal` when this
+/// process dies. Applied after any uid switch (std runs pre_exec after setuid), because a
+/// credential change clears the death signal.
+pub fn spawn_supervised(mut cmd: Command, death_signal: libc::c_int) -> io::Result<Child> {
+    cmd.process_group(0);
+    let (tx, rx) = mpsc::channel();
+    supervisor()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, death_signal, tx))
+        .map_err(|_| io::Error::other("process supervisor is gone"))?;
+    rx.recv()
+        .map_err(|_| io::Error::other("process supervisor is gone"))?
+}
+
+/// A named child with its log file (stdout and stderr, appended across restarts).
+pub struct ManagedProcess {
+    pub name: String,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+    /// Signal for a graceful stop (SIGTERM; SIGINT = fast shutdown for PostgreSQL).
+    stop_signal: libc::c_int,
+}
+
+impl ManagedProcess {
+    pub fn spawn(
+        name: &str,
+        mut cmd: Command,
+        log_path: &Path,
+        stop_signal: libc::c_int,
+        death_signal: libc::c_int,
+    ) -> Result<Self> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let log_err = log.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let child = spawn_supervised(cmd, death_signal)
+            .with_context(|| format!("cannot start {name} ({program})"))?;
+        Ok(ManagedProcess {
+            name: name.to_string(),
+            log_path: log_path.to_path_buf(),
+            child: Some(child),
+            stop_signal,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Still running (not exited, not stopped)?
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Exit status if the process has exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Graceful stop with `grace`, then SIGKILL. Idempotent.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        // SAFETY: plain kill(2) on our own child's pid, which we have not reaped yet.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, self.stop_signal);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Last `max_bytes` of the log.
+    pub fn log_tail(&self, max_bytes: usize) -> String {
+        log_tail(&self.log_path, max_bytes)
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+pub fn log_tail(path: &Path, max_bytes: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let start = bytes.len().saturating_sub(max_bytes);
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}

@@ -1,0 +1,152 @@
+//! Helpers shared by the filter e2e tests (tests/tests/filter_*.rs): a stack per test binary with
+//! the binary's own policy and identities, metrics from Envoy's admin, and request shorthands.
+
+#![allow(dead_code)]
+
+use maas_e2e::{Stack, StackOptions};
+use serde_json::Value;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Starts (once per test binary) a stack with this policy and identities; stopped at exit.
+pub fn stack_with(
+    cell: &'static OnceLock<Result<Stack, String>>,
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+) -> &'static Stack {
+    let result = cell.get_or_init(|| {
+        std::thread::spawn(move || {
+            Stack::start(
+                StackOptions::default()
+                    .with_policy_yaml(policy)
+                    .with_identities_yaml(identities)
+                    .with_credentials_yaml(credentials),
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("stack start panicked".into()))
+    });
+    match result {
+        Ok(s) => s,
+        Err(e) => panic!("stack did not start: {e}"),
+    }
+}
+
+/// A wasm custom metric's current value (`wasmcustom.<name>` in /stats), 0 when not defined yet.
+pub async fn metric(stack: &Stack, name: &str) -> u64 {
+    let text = client()
+        .get(format!(
+            "{}/stats?filter=wasmcustom",
+            stack.envoy_admin_url()
+        ))
+        .send()
+        .await
+        .expect("envoy admin answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    let wanted = format!("wasmcustom.{name}: ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `check` until true or `timeout` passes; returns how long it took.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Status, headers and body of a response.
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    /// Asserts an OpenAI-style error with this status and returns the error object.
+    pub fn error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let v = self.json();
+        assert!(v["error"]["message"].is_string(), "{}", self.body);
+        assert!(v["error"]["type"].is_string(), "{}", self.body);
+        v["error"].clone()
+    }
+}
+
+pub async fn send(req: reqwest::RequestBuilder) -> Reply {
+    let resp = req.send().await.expect("gateway answers");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.text().await.unwrap_or_default();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// POST a chat completion for `model` at `path` with these headers.
+pub async fn chat(
+    stack: &Stack,
+    path: &str,
+    test_id: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> Reply {
+    let mut req = client()
+        .post(format!("{}{path}", stack.gateway_url()))
+        .header("x-test-id", test_id)
+        .json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send(req).await
+}
+
+pub fn bearer(cred: &str) -> String {
+    format!("Bearer {cred}")
+}
+
+/// A client for the current test's runtime (a pooled connection must not outlive its runtime,
+/// and each #[tokio::test] has its own).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("reqwest client")
+}
+
+/// Sends `method path` as written (no client-side normalisation of `..` or `//`) and returns
+/// the status.
+pub fn raw_status(stack: &Stack, method: &str, path: &str) -> u16 {
+    maas_e2e::stack::http_request(stack.gateway_addr(), method, path, Duration::from_secs(5))
+        .map(|(s, _)| s)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Tests of one binary that read global metrics take this so they do not count each other.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}

@@ -1,0 +1,167 @@
+//! The `maas-local` command (what ./scripts/run-local.sh runs): prints READY and next steps that
+//! work, and leaves no process behind after Ctrl-C (SIGINT) or even after being killed.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+struct Started {
+    child: KillOnDrop,
+    gateway: String,
+    stack_dir: String,
+    output: mpsc::Receiver<String>,
+}
+
+/// SIGKILLs maas-local if the test panics first; its death signal then stops the stack.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts maas-local and reads its output until the next steps are printed.
+fn start_local() -> Started {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_maas-local"))
+        .args(["--port", &free_port().to_string()])
+        .stdout(Stdio::piped())
+        // Not inherited: a leaked process would hold the test runner's pipe open.
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut gateway = None;
+    let mut stack_dir = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stack_dir.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("maas-local printed no READY/Logs line in time")
+        });
+        if let Some(url) = line.strip_prefix("READY ") {
+            gateway = Some(url.trim().to_string());
+        }
+        if let Some(dir) = line.strip_prefix("Logs: ") {
+            stack_dir = Some(dir.trim().to_string());
+        }
+    }
+    Started {
+        child: KillOnDrop(child),
+        gateway: gateway.expect("READY line before Logs line"),
+        stack_dir: stack_dir.unwrap(),
+        output: rx,
+    }
+}
+
+/// Pids of processes whose command line mentions `needle` (the stack's directory).
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn wait_gone(needle: &str, within: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = processes_mentioning(needle);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
+    let mut started = start_local();
+    assert!(
+        processes_mentioning(&started.stack_dir).len() >= 3,
+        "postgres, companion and envoy run from the stack dir"
+    );
+    // The printed steps: mint with alice-token through the gateway, then call the model.
+    let client = reqwest::blocking::Client::new();
+    let minted: serde_json::Value = client
+        .post(format!("{}/maas-api/v1/api-keys", started.gateway))
+        .bearer_auth("alice-token")
+        .json(&serde_json::json!({"name": "local-command"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let key = minted["key"].as_str().expect("key minted");
+    let resp = client
+        .post(format!("{}/llm/sim-model/v1/chat/completions", started.gateway))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // SAFETY: kill(2) on our own, not yet reaped child.
+    unsafe { libc::kill(started.child.id() as libc::pid_t, libc::SIGINT) };
+    let status = started.child.wait().unwrap();
+    assert!(status.success(), "maas-local exit after Ctrl-C: {status}");
+    let left = wait_gone(&started.stack_dir, Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert!(
+        !std::path::Path::new(&started.stack_dir).exists(),
+        "stack dir removed"
+    );
+    drop(started.output);
+}
+
+#[test]
+fn killed_command_leaves_nothing() {
+    let mut started = start_local();
+    started.child.kill().unwrap(); // SIGKILL: no cleanup code runs, only the death signal.
+    started.child.wait().unwrap();
+    let left = wait_gone(&started.stack_dir, Duration::from_secs(15));
+    assert!(
+        left.is_empty(),
+        "processes left behind after SIGKILL: {left:?}"
+    );
+    let _ = std::fs::remove_dir_all(&started.stack_dir);
+}
