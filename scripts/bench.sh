@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Benchmark: the filter against bare Envoy (and optionally LiteLLM), side by side (issue 6).
 #
-#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~10 min
-#   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~2 min
+#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~13 min
+#   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~3 min
 #   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
+#   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
 #
 # Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
 # (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write).
@@ -23,7 +24,7 @@ for a in "$@"; do
   case "$a" in
     --litellm) want_litellm=1 ;;
     -h | --help)
-      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
       exit 0
       ;;
   esac
@@ -32,6 +33,8 @@ done
 [ "$(nproc)" -ge 2 ] || die "the benchmark pins Envoy and wrk to different CPUs: needs ≥ 2 cores (nproc = $(nproc))"
 command -v wrk >/dev/null 2>&1 || apt_install wrk
 command -v taskset >/dev/null 2>&1 || apt_install util-linux
+# perf (profile of Envoy's CPU per request); optional: the benchmark skips it when perf cannot run.
+command -v perf >/dev/null 2>&1 || apt_install linux-perf || log "linux-perf not installed: no profile"
 ensure_all
 
 if [ -n "$want_litellm" ] && [ ! -x "$ROOT/.local/bench-venv/bin/litellm" ]; then
@@ -51,6 +54,8 @@ fi
 
 log "building (release: filter wasm, companion, maas-bench) …"
 cargo build -q -p maas-filter --release --target wasm32-wasip1
+# The trivial wasm filter of the wasm-noop variant (its own workspace, in tests/bench/noop-filter).
+(cd tests/bench/noop-filter && cargo build -q --release --target wasm32-wasip1 --target-dir "$(target_dir)/bench-noop")
 # The simulator runs inside maas-bench and must not be the bottleneck, nor the companion for
 # filter-miss: both in release. LTO off keeps the build short; it barely changes these figures.
 CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \

@@ -27,6 +27,12 @@ pub enum CredentialsSourceKind {
     File,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "maas-companion",
@@ -70,6 +76,8 @@ pub struct Config {
     /// TokenReview audiences (comma separated); empty = the API server's default.
     #[arg(long, env = "MAAS_TOKEN_AUDIENCES", value_delimiter = ',')]
     pub token_audiences: Vec<String>,
+    /// OIDC issuer. With `oidc`: the only provider. With `kubernetes`: JWTs from this issuer
+    /// are verified locally, other tokens by TokenReview.
     #[arg(long, env = "MAAS_OIDC_ISSUER")]
     pub oidc_issuer: Option<String>,
     #[arg(long, env = "MAAS_OIDC_AUDIENCE")]
@@ -99,12 +107,28 @@ pub struct Config {
         default_value = "maas-admins"
     )]
     pub admin_groups: Vec<String>,
+    /// Also admin: whoever a SubjectAccessReview allows to `--admin-sar-verb` the
+    /// `--admin-sar-resource` in this namespace (needs the Kubernetes API). Unset: groups only.
+    #[arg(long, env = "MAAS_ADMIN_SAR_NAMESPACE")]
+    pub admin_sar_namespace: Option<String>,
+    /// `resource.group` checked by the admin SubjectAccessReview.
+    #[arg(
+        long,
+        env = "MAAS_ADMIN_SAR_RESOURCE",
+        default_value = "maasauthpolicies.maas.opendatahub.io"
+    )]
+    pub admin_sar_resource: String,
+    #[arg(long, env = "MAAS_ADMIN_SAR_VERB", default_value = "create")]
+    pub admin_sar_verb: String,
     #[arg(long, env = "API_KEY_MAX_EXPIRATION_DAYS", default_value_t = 90)]
     pub api_key_max_expiration_days: u32,
     #[arg(long, env = "MAAS_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "MAAS_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Log lines on stderr as text or JSON (level from RUST_LOG, default info).
+    #[arg(long, env = "MAAS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// How long the filter may cache a positive API key answer.
     #[arg(long, env = "MAAS_KEY_CACHE_TTL_SECONDS", default_value_t = 60)]
     pub key_cache_ttl_seconds: u64,
@@ -184,7 +208,18 @@ impl Config {
                     }
                 }
             }
-            IdentityProviderKind::Kubernetes => {}
+            IdentityProviderKind::Kubernetes => {
+                // OIDC next to TokenReview: all three flags or none.
+                let set = [&self.oidc_issuer, &self.oidc_audience, &self.oidc_jwks_url]
+                    .iter()
+                    .filter(|v| v.as_deref().is_some_and(|s| !s.is_empty()))
+                    .count();
+                if set != 0 && set != 3 {
+                    return Err(
+                        "--oidc-issuer, --oidc-audience and --oidc-jwks-url go together".into(),
+                    );
+                }
+            }
         }
         if self.credentials_source == CredentialsSourceKind::File {
             match &self.credentials_file {
@@ -202,6 +237,12 @@ impl Config {
         }
         if self.admin_groups.iter().any(|g| g.trim().is_empty()) {
             return Err("--admin-groups must not hold empty names".into());
+        }
+        if self.admin_sar_namespace.as_deref() == Some("") {
+            return Err("--admin-sar-namespace must not be empty".into());
+        }
+        if self.admin_sar_resource.trim().is_empty() || self.admin_sar_verb.trim().is_empty() {
+            return Err("--admin-sar-resource and --admin-sar-verb must not be empty".into());
         }
         if self.api_key_max_expiration_days == 0 {
             return Err("--api-key-max-expiration-days must be at least 1".into());
@@ -255,9 +296,13 @@ impl Config {
             credentials_file: Some(credentials_file),
             credentials_namespace: None,
             admin_groups: vec!["maas-admins".into()],
+            admin_sar_namespace: None,
+            admin_sar_resource: "maasauthpolicies.maas.opendatahub.io".into(),
+            admin_sar_verb: "create".into(),
             api_key_max_expiration_days: 90,
             tls_cert: None,
             tls_key: None,
+            log_format: LogFormat::Text,
             key_cache_ttl_seconds: 60,
             token_cache_ttl_seconds: 30,
             token_negative_cache_ttl_seconds: 5,

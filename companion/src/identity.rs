@@ -9,11 +9,11 @@
 //! for `--token-negative-cache-ttl-seconds`. "Cannot decide" (provider unreachable) is never
 //! cached.
 //!
-//! Admin = membership of one of `--admin-groups`; the group list is part of the cached
-//! identity, so the check is cached with it. On a cluster, admin could instead be a
-//! SubjectAccessReview ("can `create` `maasauthpolicies.maas.opendatahub.io` in the MaaS
-//! namespace", as the reference implementation does), cached 30 s positive / 2 s negative;
-//! that option is not implemented: configure an admin group.
+//! Admin = membership of one of `--admin-groups` (the group list is part of the cached
+//! identity, so the check is cached with it), or, when `--admin-sar-namespace` is set, a
+//! SubjectAccessReview ("may `create` `maasauthpolicies.maas.opendatahub.io` in that
+//! namespace", as the reference implementation does), cached 30 s when allowed and 2 s when
+//! not; an API server error means "not admin" (fail closed) and is not cached.
 
 use crate::authenticate::{self, AuthError};
 use crate::startup::AppState;
@@ -151,6 +151,11 @@ impl TokenReviewer {
 /// The `exp` claim of a JWT-shaped token, read WITHOUT verifying it. Used only to shorten how
 /// long a TokenReview answer is cached (service account tokens are JWTs), never to trust it.
 pub fn unverified_jwt_exp(token: &str) -> Option<i64> {
+    unverified_jwt_claims(token)?.get("exp")?.as_i64()
+}
+
+/// The claims of a JWT-shaped token, NOT verified: only for routing and cache bounds.
+fn unverified_jwt_claims(token: &str) -> Option<serde_json::Value> {
     use base64::Engine;
     let mut parts = token.split('.');
     let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
@@ -160,13 +165,105 @@ pub fn unverified_jwt_exp(token: &str) -> Option<i64> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    claims.get("exp")?.as_i64()
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Admin by SubjectAccessReview.
+pub struct AdminSar {
+    client: kube::Client,
+    namespace: String,
+    resource: String,
+    group: String,
+    verb: String,
+    cache: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
+}
+
+const SAR_ALLOWED_TTL: Duration = Duration::from_secs(30);
+const SAR_DENIED_TTL: Duration = Duration::from_secs(2);
+
+impl AdminSar {
+    /// `resource_and_group` is `resource.group` (e.g. `maasauthpolicies.maas.opendatahub.io`);
+    /// a bare `resource` means the core group.
+    pub fn new(
+        client: kube::Client,
+        namespace: String,
+        resource_and_group: &str,
+        verb: String,
+    ) -> AdminSar {
+        let (resource, group) = resource_and_group
+            .split_once('.')
+            .unwrap_or((resource_and_group, ""));
+        AdminSar {
+            client,
+            namespace,
+            resource: resource.to_string(),
+            group: group.to_string(),
+            verb,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn allows(&self, identity: &Identity) -> bool {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let mut h = Sha256::new();
+        h.update(identity.username.as_bytes());
+        for g in &identity.groups {
+            h.update([0u8]);
+            h.update(g.as_bytes());
+        }
+        let key: [u8; 32] = h.finalize().into();
+        let now = Instant::now();
+        if let Ok(cache) = self.cache.lock()
+            && let Some((allowed, until)) = cache.get(&key)
+            && *until > now
+        {
+            return *allowed;
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(identity.username.clone()),
+                groups: Some(identity.groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(self.namespace.clone()),
+                    group: Some(self.group.clone()),
+                    resource: Some(self.resource.clone()),
+                    verb: Some(self.verb.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
+        let allowed = match api.create(&kube::api::PostParams::default(), &review).await {
+            Ok(answer) => answer.status.is_some_and(|s| s.allowed),
+            Err(e) => {
+                tracing::warn!(error = %e, "admin SubjectAccessReview failed: treating as not admin");
+                return false;
+            }
+        };
+        let ttl = if allowed {
+            SAR_ALLOWED_TTL
+        } else {
+            SAR_DENIED_TTL
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= TOKEN_CACHE_MAX {
+                cache.retain(|_, (_, until)| *until > now);
+            }
+            cache.insert(key, (allowed, now + ttl));
+        }
+        allowed
+    }
 }
 
 pub enum Provider {
     Static(StaticIdentities),
-    Kubernetes(TokenReviewer),
+    /// TokenReview; with an OIDC verifier, JWTs whose (unverified) `iss` is its issuer are
+    /// verified locally instead — the signature check decides, the `iss` only routes.
+    Kubernetes(TokenReviewer, Option<crate::oidc::OidcVerifier>),
     Oidc(crate::oidc::OidcVerifier),
 }
 
@@ -174,7 +271,14 @@ impl Provider {
     async fn verify(&self, token: &str) -> Result<Identity, IdentityError> {
         match self {
             Provider::Static(s) => s.verify(token),
-            Provider::Kubernetes(k) => k.verify(token).await,
+            Provider::Kubernetes(_, Some(oidc))
+                if unverified_jwt_claims(token)
+                    .and_then(|c| c.get("iss")?.as_str().map(str::to_string))
+                    .is_some_and(|iss| iss == oidc.issuer()) =>
+            {
+                oidc.verify(token).await
+            }
+            Provider::Kubernetes(k, _) => k.verify(token).await,
             Provider::Oidc(o) => o.verify(token).await,
         }
     }
@@ -194,6 +298,7 @@ pub struct IdentityService {
     positive_ttl: Duration,
     negative_ttl: Duration,
     admin_groups: Vec<String>,
+    admin_sar: Option<AdminSar>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
@@ -203,6 +308,7 @@ impl IdentityService {
         positive_ttl: Duration,
         negative_ttl: Duration,
         admin_groups: Vec<String>,
+        admin_sar: Option<AdminSar>,
         metrics: std::sync::Arc<crate::metrics::Metrics>,
     ) -> IdentityService {
         IdentityService {
@@ -211,6 +317,7 @@ impl IdentityService {
             positive_ttl,
             negative_ttl,
             admin_groups,
+            admin_sar,
             metrics,
         }
     }
@@ -269,6 +376,17 @@ impl IdentityService {
 
     pub fn is_admin_groups(&self, groups: &[String]) -> bool {
         groups.iter().any(|g| self.admin_groups.contains(g))
+    }
+
+    /// Admin group member, or allowed by the SubjectAccessReview when configured.
+    pub async fn is_admin(&self, identity: &Identity) -> bool {
+        if self.is_admin_groups(&identity.groups) {
+            return true;
+        }
+        match &self.admin_sar {
+            Some(sar) => sar.allows(identity).await,
+            None => false,
+        }
     }
 }
 
@@ -347,7 +465,7 @@ impl FromRequestParts<AppState> for Caller {
             });
         }
         let identity = state.identity.verify_token(&credential).await?;
-        let is_admin = state.identity.is_admin_groups(&identity.groups);
+        let is_admin = state.identity.is_admin(&identity).await;
         Ok(Caller {
             username: identity.username,
             groups: identity.groups,
@@ -406,6 +524,7 @@ mod tests {
             Duration::from_secs(60),
             Duration::from_millis(50),
             vec!["g".into()],
+            None,
             metrics.clone(),
         );
         assert_eq!(svc.verify_token("t1").await.unwrap().username, "u1");

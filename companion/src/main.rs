@@ -1,19 +1,27 @@
 //! `maas-companion`: parses the configuration, starts the service, stops on SIGTERM/SIGINT.
 
 use clap::Parser;
+use maas_companion::config::LogFormat;
 use maas_companion::{Application, Config};
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,sqlx=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
     let config = Config::parse();
+    init_logging(config.log_format);
     if let Err(message) = config.validate() {
         eprintln!("maas-companion: invalid configuration: {message}");
         return std::process::ExitCode::from(2);

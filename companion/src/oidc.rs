@@ -114,6 +114,10 @@ impl OidcVerifier {
         }
     }
 
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
     async fn refresh(&self) -> Result<(), IdentityError> {
         let unavailable = |e: String| IdentityError::Unavailable(format!("JWKS: {e}"));
         let jwks: Jwks = self

@@ -8,7 +8,7 @@ use crate::config::{Config, CredentialsSourceKind, IdentityProviderKind};
 use crate::credentials::CredentialsSource;
 use crate::db::MigrationState;
 use crate::http_error::{self, error_response};
-use crate::identity::{IdentityService, Provider, StaticIdentities, TokenReviewer};
+use crate::identity::{AdminSar, IdentityService, Provider, StaticIdentities, TokenReviewer};
 use crate::last_used::LastUsedRecorder;
 use crate::metrics::{self, Metrics};
 use crate::policy::PolicyStore;
@@ -197,12 +197,13 @@ impl Application {
             PolicyStore::load(&policy_path).map_err(anyhow::Error::msg)?;
 
         let needs_kube = config.identity_provider == IdentityProviderKind::Kubernetes
-            || config.credentials_source == CredentialsSourceKind::Kubernetes;
+            || config.credentials_source == CredentialsSourceKind::Kubernetes
+            || config.admin_sar_namespace.is_some();
         let kube_client = match (overrides.kube_client, needs_kube) {
             (Some(c), _) => Some(c),
             (None, true) => Some(kube::Client::try_default().await.map_err(|e| {
                 anyhow::anyhow!(
-                    "Kubernetes client (needed by --identity-provider kubernetes or --credentials-source kubernetes): {e}"
+                    "Kubernetes client (needed by --identity-provider kubernetes, --credentials-source kubernetes or --admin-sar-namespace): {e}"
                 )
             })?),
             (None, false) => None,
@@ -212,12 +213,29 @@ impl Application {
                 let path = config.identities_file.clone().unwrap_or_default();
                 Provider::Static(StaticIdentities::load(&path).map_err(anyhow::Error::msg)?)
             }
-            IdentityProviderKind::Kubernetes => Provider::Kubernetes(TokenReviewer::new(
-                kube_client
-                    .clone()
-                    .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))?,
-                config.token_audiences.clone(),
-            )),
+            IdentityProviderKind::Kubernetes => Provider::Kubernetes(
+                TokenReviewer::new(
+                    kube_client
+                        .clone()
+                        .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))?,
+                    config.token_audiences.clone(),
+                ),
+                match (
+                    &config.oidc_issuer,
+                    &config.oidc_audience,
+                    &config.oidc_jwks_url,
+                ) {
+                    (Some(issuer), Some(audience), Some(jwks)) => {
+                        Some(crate::oidc::OidcVerifier::new(
+                            issuer.clone(),
+                            audience.clone(),
+                            jwks.clone(),
+                            config.oidc_groups_claim.clone(),
+                        ))
+                    }
+                    _ => None,
+                },
+            ),
             IdentityProviderKind::Oidc => Provider::Oidc(crate::oidc::OidcVerifier::new(
                 config.oidc_issuer.clone().unwrap_or_default(),
                 config.oidc_audience.clone().unwrap_or_default(),
@@ -230,6 +248,15 @@ impl Application {
             Duration::from_secs(config.token_cache_ttl_seconds),
             Duration::from_secs(config.token_negative_cache_ttl_seconds),
             config.admin_groups.clone(),
+            match (&config.admin_sar_namespace, &kube_client) {
+                (Some(namespace), Some(client)) => Some(AdminSar::new(
+                    client.clone(),
+                    namespace.clone(),
+                    &config.admin_sar_resource,
+                    config.admin_sar_verb.clone(),
+                )),
+                _ => None,
+            },
             metrics.clone(),
         ));
         let credentials = match config.credentials_source {
@@ -272,7 +299,7 @@ impl Application {
         match crate::db::MIGRATOR.run(&pool).await {
             Ok(()) => migrations.set_done(),
             Err(e) => {
-                tracing::warn!(error = %e, "database not reachable at start, retrying in the background");
+                tracing::warn!(error = %e, "migrations failed at start (database unreachable?), retrying in the background");
                 background.push(tokio::spawn(crate::db::migrate_with_retry(
                     pool.clone(),
                     migrations.clone(),

@@ -395,4 +395,11 @@ mod tests {
             .count();
         assert_eq!(live, 3);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let _ = decode(&bytes);
+        }
+    }
 }

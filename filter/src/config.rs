@@ -19,6 +19,11 @@ pub struct PluginConfig {
     pub management_path_prefix: String,
     pub failure_mode: FailureMode,
     pub max_request_body_bytes: u64,
+    /// Hold a request's headers until its body has been read and decided. Only with Envoy's
+    /// Wasm `allow_on_headers_stop_iteration: true` (else Envoy never hands the body over and
+    /// such requests hang); without it, headers go upstream once the caller is authorised and
+    /// body-stage refusals reset that upstream request.
+    pub pause_headers_for_body: bool,
     pub bootstrap_policy: Option<PolicyDocument>,
 }
 
@@ -83,6 +88,8 @@ struct RawConfig {
     management_path_prefix: Option<String>,
     failure_mode: Option<FailureMode>,
     max_request_body_bytes: Option<u64>,
+    #[serde(default)]
+    pause_headers_for_body: bool,
     bootstrap_policy: Option<serde_json::Value>,
 }
 
@@ -130,6 +137,13 @@ impl PluginConfig {
         let cluster = raw.companion.cluster.trim().to_string();
         if cluster.is_empty() {
             return Err(err("companion.cluster", "must not be empty"));
+        }
+        // It is also the default `:authority` of callouts, which may hold neither.
+        if cluster.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+            return Err(err(
+                "companion.cluster",
+                "must not hold spaces or control characters",
+            ));
         }
         let authority = match raw.companion.authority {
             Some(a)
@@ -236,6 +250,7 @@ impl PluginConfig {
             management_path_prefix,
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Closed),
             max_request_body_bytes,
+            pause_headers_for_body: raw.pause_headers_for_body,
             bootstrap_policy,
         })
     }
@@ -244,6 +259,7 @@ impl PluginConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn parse(v: serde_json::Value) -> Result<PluginConfig, ConfigError> {
@@ -269,6 +285,13 @@ mod tests {
         assert_eq!(c.management_path_prefix, "/maas-api");
         assert_eq!(c.failure_mode, FailureMode::Closed);
         assert!(c.bootstrap_policy.is_none());
+        assert!(!c.pause_headers_for_body);
+        let c = parse(json!({"companion": {"cluster": "c"}, "pauseHeadersForBody": true})).unwrap();
+        assert!(c.pause_headers_for_body);
+        fails_at(
+            json!({"companion": {"cluster": "c"}, "pauseHeadersForBody": "yes"}),
+            "pauseHeadersForBody",
+        );
     }
 
     #[test]
@@ -292,6 +315,16 @@ mod tests {
     fn errors_name_the_field() {
         fails_at(json!({}), "");
         fails_at(json!({"companion": {"cluster": ""}}), "companion.cluster");
+        // Found by mutated_config_is_valid_or_refused_naming_a_field: the cluster is the default
+        // authority, so it may not hold what an authority may not.
+        fails_at(
+            json!({"companion": {"cluster": "m aas"}}),
+            "companion.cluster",
+        );
+        fails_at(
+            json!({"companion": {"cluster": "c\u{1}", "authority": "a"}}),
+            "companion.cluster",
+        );
         fails_at(
             json!({"companion": {"cluster": "c", "timeoutMs": 0}}),
             "companion.timeoutMs",
@@ -337,5 +370,225 @@ mod tests {
         assert!(e.to_string().starts_with("pluginConfig"), "{e}");
         let e = PluginConfig::parse(b"{\"companion\":{\"cluster\":\"c\"}} x").unwrap_err();
         assert!(!e.message.is_empty());
+    }
+
+    /// The pluginConfig JSON that parses back to `c` (every field spelled out).
+    fn to_json(c: &PluginConfig) -> serde_json::Value {
+        let mut v = json!({
+            "companion": {
+                "cluster": c.companion.cluster,
+                "authority": c.companion.authority,
+                "timeoutMs": c.companion.timeout_ms,
+            },
+            "pollIntervalMs": c.poll_interval_ms,
+            "cache": {
+                "maxEntries": c.cache.max_entries,
+                "maxTtlSeconds": c.cache.max_ttl_seconds,
+                "negativeTtlSeconds": c.cache.negative_ttl_seconds,
+            },
+            "removeHeaders": c.remove_headers,
+            "managementPathPrefix": c.management_path_prefix,
+            "failureMode": "closed",
+            "maxRequestBodyBytes": c.max_request_body_bytes,
+            "pauseHeadersForBody": c.pause_headers_for_body,
+        });
+        if let Some(p) = &c.bootstrap_policy {
+            v["bootstrapPolicy"] = serde_json::to_value(p).unwrap();
+        }
+        v
+    }
+
+    /// What every accepted config satisfies.
+    fn assert_valid(c: &PluginConfig) {
+        let a = &c.companion;
+        assert!(
+            !a.cluster.is_empty() && a.cluster.trim() == a.cluster,
+            "{c:?}"
+        );
+        assert!(!a.authority.trim().is_empty(), "{c:?}");
+        assert!(
+            !a.authority
+                .bytes()
+                .any(|b| b.is_ascii_control() || b == b' '),
+            "{c:?}"
+        );
+        assert!((1..=60_000).contains(&a.timeout_ms), "{c:?}");
+        assert!((100..=3_600_000).contains(&c.poll_interval_ms), "{c:?}");
+        assert!((1..=10_000_000).contains(&c.cache.max_entries), "{c:?}");
+        assert!(c.cache.max_ttl_seconds <= 86_400, "{c:?}");
+        assert!(c.cache.negative_ttl_seconds <= 3_600, "{c:?}");
+        assert!(
+            (1024..=64 * 1024 * 1024).contains(&c.max_request_body_bytes),
+            "{c:?}"
+        );
+        for h in &c.remove_headers {
+            assert!(!h.is_empty() && h.bytes().all(is_token_char), "{c:?}");
+            assert_eq!(*h, h.to_ascii_lowercase());
+            assert!(!["host", "content-length", "transfer-encoding"].contains(&h.as_str()));
+        }
+        let p = &c.management_path_prefix;
+        assert!(p.starts_with('/') && p.len() >= 2 && !p.ends_with('/') && !p.contains("//"));
+        if let Some(policy) = &c.bootstrap_policy {
+            policy.validate().unwrap();
+        }
+        // Accepted means stable: what it says parses back to the same config.
+        assert_eq!(parse(to_json(c)).as_ref(), Ok(c));
+    }
+
+    /// A refusal names where: a field path, or (for the document as a whole) the JSON position or
+    /// the missing field.
+    fn assert_names_field(e: &ConfigError, input: &[u8]) {
+        let text = e.to_string();
+        let input = String::from_utf8_lossy(input);
+        assert!(!e.message.is_empty(), "{input}");
+        if e.field.is_empty() {
+            assert!(text.starts_with("pluginConfig: "), "{text} for {input}");
+            assert!(
+                e.message.contains(" line ") || e.message.contains("field `"),
+                "a whole-document error says where or which field: {text} for {input}"
+            );
+        } else {
+            assert!(
+                text.starts_with(&format!("pluginConfig.{}: ", e.field)),
+                "{text} for {input}"
+            );
+        }
+    }
+
+    const SEEDS: &[&str] = &[
+        r#"{"companion":{"cluster":"maas-companion"}}"#,
+        r#"{"companion":{"cluster":"maas-companion","authority":"maas-companion.maas-api.svc.cluster.local","timeoutMs":250},"pollIntervalMs":500,"cache":{"maxEntries":10,"maxTtlSeconds":60,"negativeTtlSeconds":1},"removeHeaders":["Cookie","x-debug"],"managementPathPrefix":"/api","failureMode":"closed","maxRequestBodyBytes":4096,"pauseHeadersForBody":true,"bootstrapPolicy":{"tiers":[{"name":"free","level":0,"groups":["g"],"limits":{"requests":[{"limit":5,"window":"1m"}],"tokens":[{"limit":100,"window":"1h"}]}}],"models":[{"name":"m","path":"/llm/m","tiers":["free"]}]}}"#,
+    ];
+
+    #[test]
+    fn seeds_are_valid() {
+        for s in SEEDS {
+            assert_valid(&PluginConfig::parse(s.as_bytes()).unwrap());
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Replace(usize, u8),
+        Insert(usize, u8),
+        Delete(usize),
+    }
+
+    fn json_byte() -> impl Strategy<Value = u8> {
+        prop_oneof![
+            any::<u8>(),
+            prop::sample::select(b"{}[]\":,0123456789 -tfn/\\eE.".to_vec()),
+        ]
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), json_byte()).prop_map(|(i, b)| Mutation::Replace(i, b)),
+            (any::<usize>(), json_byte()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+            any::<usize>().prop_map(Mutation::Delete),
+        ]
+    }
+
+    fn valid_config() -> impl Strategy<Value = PluginConfig> {
+        (
+            (
+                "[a-z][a-z0-9_.-]{0,20}",
+                proptest::option::of("[a-z0-9][a-z0-9.:-]{0,30}"),
+                1u64..=60_000,
+                100u64..=3_600_000,
+            ),
+            (1u64..=10_000_000, 0u64..=86_400, 0u64..=3_600),
+            proptest::collection::vec("[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}", 0..4),
+            "(/[a-zA-Z0-9_.-]{1,8}){1,3}",
+            (1024u64..=64 * 1024 * 1024, any::<bool>(), any::<bool>()),
+        )
+            .prop_filter_map(
+                "removable headers only",
+                |((cluster, authority, timeout_ms, poll), (entries, ttl, neg), headers, prefix, (body, pause, policy))| {
+                    let remove_headers: Vec<String> =
+                        headers.iter().map(|h| h.to_ascii_lowercase()).collect();
+                    if remove_headers
+                        .iter()
+                        .any(|h| ["host", "content-length", "transfer-encoding"].contains(&h.as_str()))
+                    {
+                        return None;
+                    }
+                    let bootstrap_policy = policy.then(|| {
+                        maas_types::PolicyDocument::from_json(
+                            br#"{"tiers":[{"name":"free","level":0,"groups":["g"],"limits":{"requests":[{"limit":5,"window":"1m"}]}}],"models":[{"name":"m","path":"/llm/m","tiers":["free"]}]}"#,
+                        )
+                        .unwrap()
+                    });
+                    Some(PluginConfig {
+                        companion: CompanionConfig {
+                            authority: authority.unwrap_or_else(|| cluster.clone()),
+                            cluster,
+                            timeout_ms,
+                        },
+                        poll_interval_ms: poll,
+                        cache: CacheConfig {
+                            max_entries: entries,
+                            max_ttl_seconds: ttl,
+                            negative_ttl_seconds: neg,
+                        },
+                        remove_headers,
+                        management_path_prefix: prefix,
+                        failure_mode: FailureMode::Closed,
+                        max_request_body_bytes: body,
+                        pause_headers_for_body: pause,
+                        bootstrap_policy,
+                    })
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(json_byte(), 0..300)) {
+            if let Err(e) = PluginConfig::parse(&bytes) {
+                assert_names_field(&e, &bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_config_is_valid_or_refused_naming_a_field(
+            seed in 0usize..SEEDS.len(),
+            mutations in proptest::collection::vec(mutation(), 1..5),
+        ) {
+            let mut bytes = SEEDS[seed].as_bytes().to_vec();
+            for m in mutations {
+                match m {
+                    Mutation::Replace(i, b) => {
+                        let i = i % bytes.len().max(1);
+                        if let Some(x) = bytes.get_mut(i) {
+                            *x = b;
+                        }
+                    }
+                    Mutation::Insert(i, b) => bytes.insert(i % (bytes.len() + 1), b),
+                    Mutation::Delete(i) => {
+                        if !bytes.is_empty() {
+                            bytes.remove(i % bytes.len());
+                        }
+                    }
+                }
+            }
+            match PluginConfig::parse(&bytes) {
+                Ok(c) => assert_valid(&c),
+                Err(e) => assert_names_field(&e, &bytes),
+            }
+        }
+
+        #[test]
+        fn valid_config_roundtrips(c in valid_config(), pretty in any::<bool>()) {
+            let v = to_json(&c);
+            let text = if pretty {
+                serde_json::to_string_pretty(&v).unwrap()
+            } else {
+                v.to_string()
+            };
+            let parsed = PluginConfig::parse(text.as_bytes());
+            prop_assert_eq!(parsed.as_ref(), Ok(&c));
+            assert_valid(&c);
+        }
     }
 }

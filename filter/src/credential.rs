@@ -79,7 +79,9 @@ fn check_value(v: &str) -> Result<&str, CredentialError> {
     if v.is_empty() {
         return Err(CredentialError::Empty);
     }
-    if v.bytes().any(|b| b <= b' ' || b == 0x7f) {
+    // Credentials are visible ASCII (API keys, JWTs, service-account tokens); anything else,
+    // including bytes that were not UTF-8 (U+FFFD after decoding), is refused.
+    if v.bytes().any(|b| b <= b' ' || b >= 0x7f) {
         return Err(CredentialError::InvalidCharacters);
     }
     Ok(v)
@@ -207,6 +209,15 @@ mod tests {
             extract(None, Some("a\u{1}b")),
             Err(CredentialError::InvalidCharacters)
         );
+        // Non-UTF-8 bytes arrive as U+FFFD; non-ASCII is never a credential.
+        assert_eq!(
+            extract(Some("Bearer \u{fffd}\u{fffd}"), None),
+            Err(CredentialError::InvalidCharacters)
+        );
+        assert_eq!(
+            extract(None, Some("sk-oai-\u{e9}")),
+            Err(CredentialError::InvalidCharacters)
+        );
         assert_eq!(
             extract(Some("Bearer sk-oai-short"), None),
             Err(CredentialError::MalformedApiKey)
@@ -230,5 +241,15 @@ mod tests {
         assert!(t.cache_key.starts_with("maas/c/t/"));
         assert!(!t.cache_key.contains("cluster-token"));
         assert_eq!(t.key_id, None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn extract_never_panics(a in proptest::option::of(".{0,80}"), k in proptest::option::of(".{0,80}")) {
+            if let Ok(c) = extract(a.as_deref(), k.as_deref()) {
+                proptest::prop_assert!(c.raw().bytes().all(|b| b > b' ' && b < 0x7f));
+                let _ = c.cache_identity();
+            }
+        }
     }
 }

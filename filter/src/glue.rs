@@ -58,6 +58,28 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A header value; bytes that are not UTF-8 become U+FFFD (the SDK's string getters would panic
+/// and trap the VM on them).
+fn map_value(map: proxy_wasm::types::MapType, name: &str) -> Option<String> {
+    hostcalls::get_map_value_bytes(map, name)
+        .ok()
+        .flatten()
+        .map(lossy)
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Every request header, values made UTF-8 as in [`map_value`] (names are tokens already).
+fn request_headers() -> Vec<(String, String)> {
+    hostcalls::get_map_bytes(proxy_wasm::types::MapType::HttpRequestHeaders)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, lossy(v)))
+        .collect()
+}
+
 fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }
@@ -74,17 +96,45 @@ struct Metrics {
     policy_updates: u32,
     policy_rejected: u32,
     malformed_upstream: u32,
-    tokens: HashMap<(String, String), (u32, u32)>,
+    /// (tier, model, prompt id, completion id), defined on first use.
+    tokens: Vec<(String, String, u32, u32)>,
 }
 
 fn define(kind: MetricType, name: &str) -> u32 {
     hostcalls::define_metric(kind, name).unwrap_or(0)
 }
 
+thread_local! {
+    /// Counter increments not yet handed to Envoy: flushed every tick, so a request costs no
+    /// metric host calls (counters lag by at most one tick).
+    static PENDING: RefCell<Vec<(u32, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
 fn inc(id: u32, by: u64) {
-    if id != 0 {
-        let _ = hostcalls::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
+    if id == 0 || by == 0 {
+        return;
     }
+    PENDING.with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            match p.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, n)) => *n = n.saturating_add(by),
+                None => p.push((id, by)),
+            }
+        }
+    });
+}
+
+fn flush_metrics() {
+    PENDING.with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            for (id, n) in p.iter_mut() {
+                if *n > 0 {
+                    let _ = hostcalls::increment_metric(*id, i64::try_from(*n).unwrap_or(i64::MAX));
+                    *n = 0;
+                }
+            }
+        }
+    });
 }
 
 impl Metrics {
@@ -102,7 +152,7 @@ impl Metrics {
             policy_updates: define(MetricType::Counter, metrics::POLICY_UPDATES),
             policy_rejected: define(MetricType::Counter, metrics::POLICY_REJECTED),
             malformed_upstream: define(MetricType::Counter, metrics::MALFORMED_UPSTREAM),
-            tokens: HashMap::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -113,19 +163,27 @@ impl Metrics {
     }
 
     fn tokens(&mut self, tier: &str, model: &str, prompt: u64, completion: u64) {
-        let key = (tier.to_string(), model.to_string());
-        let (p, c) = *self.tokens.entry(key).or_insert_with(|| {
-            (
-                define(
+        let found = self
+            .tokens
+            .iter()
+            .find(|(t, m, _, _)| t == tier && m == model)
+            .map(|(_, _, p, c)| (*p, *c));
+        let (p, c) = match found {
+            Some(ids) => ids,
+            None => {
+                let p = define(
                     MetricType::Counter,
                     &metrics::token_metric("prompt", tier, model),
-                ),
-                define(
+                );
+                let c = define(
                     MetricType::Counter,
                     &metrics::token_metric("completion", tier, model),
-                ),
-            )
-        });
+                );
+                self.tokens
+                    .push((tier.to_string(), model.to_string(), p, c));
+                (p, c)
+            }
+        };
         inc(p, prompt);
         inc(c, completion);
     }
@@ -327,17 +385,12 @@ impl Context for Root {
         body_size: usize,
         _trailers: usize,
     ) {
-        let status = hostcalls::get_map_value(
+        let status = map_value(
             proxy_wasm::types::MapType::HttpCallResponseHeaders,
             ":status",
         )
-        .ok()
-        .flatten()
         .and_then(|s| s.parse::<u32>().ok());
-        let etag =
-            hostcalls::get_map_value(proxy_wasm::types::MapType::HttpCallResponseHeaders, "etag")
-                .ok()
-                .flatten();
+        let etag = map_value(proxy_wasm::types::MapType::HttpCallResponseHeaders, "etag");
         let body = if body_size > 0 {
             hostcalls::get_buffer(
                 proxy_wasm::types::BufferType::HttpCallResponseBody,
@@ -400,6 +453,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        flush_metrics();
         let now = now_ms();
         if now < self.next_poll_ms {
             return;
@@ -479,7 +533,13 @@ enum Scan {
 struct Request {
     id: u32,
     worker: SharedWorker,
-    model: Option<Model>,
+    /// The policy the request was decided with, and the model's and tier's index in it.
+    policy: Option<Rc<PolicyDocument>>,
+    model_idx: Option<usize>,
+    tier_idx: Option<usize>,
+    /// Client headers to remove before forwarding (found in the one header scan).
+    strip_headers: Vec<String>,
+    client_anthropic_version: bool,
     discovery: bool,
     identity: Option<CacheIdentity>,
     auth: AuthState,
@@ -490,8 +550,9 @@ struct Request {
     decided: bool,
     callout_started_ms: u64,
     headers_decided: bool,
+    /// pluginConfig `pauseHeadersForBody`: headers wait for the body decision.
+    hold_headers: bool,
     subject: Option<String>,
-    tier_doc: Option<maas_types::Tier>,
     reservation: Option<Reservation>,
     rate_headers: RateHeaders,
     strip_usage_event: bool,
@@ -506,7 +567,11 @@ impl Request {
         Request {
             id,
             worker,
-            model: None,
+            policy: None,
+            model_idx: None,
+            tier_idx: None,
+            strip_headers: Vec::new(),
+            client_anthropic_version: false,
             discovery: false,
             identity: None,
             auth: AuthState::NotNeeded,
@@ -515,8 +580,8 @@ impl Request {
             decided: false,
             callout_started_ms: 0,
             headers_decided: false,
+            hold_headers: false,
             subject: None,
-            tier_doc: None,
             reservation: None,
             rate_headers: RateHeaders::default(),
             strip_usage_event: false,
@@ -555,12 +620,14 @@ impl Request {
             ));
             return Action::Pause;
         };
-        let full_path =
-            hostcalls::get_map_value(proxy_wasm::types::MapType::HttpRequestHeaders, ":path")
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-        let class = match path::classify(&full_path, &cfg.management_path_prefix) {
+        // One host call for every header (the path, the credential, what to strip).
+        let headers = request_headers();
+        let full_path = headers
+            .iter()
+            .find(|(k, _)| k == ":path")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default();
+        let class = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(c) => c,
             Err(e) => {
                 let r = if e.status() == 404 {
@@ -572,8 +639,6 @@ impl Request {
                 return Action::Pause;
             }
         };
-        let headers =
-            hostcalls::get_map(proxy_wasm::types::MapType::HttpRequestHeaders).unwrap_or_default();
         let model_path = match class {
             PathClass::Management => {
                 // The companion authenticates these itself; only the reserved namespace goes.
@@ -607,7 +672,15 @@ impl Request {
             return Action::Pause;
         };
         self.discovery = path::is_discovery(model_path, &model.path);
-        self.model = Some(model.clone());
+        self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
+        self.policy = Some(policy.clone());
+        for (name, _) in &headers {
+            if hygiene::strip_for_model(name, &cfg.remove_headers) {
+                self.strip_headers.push(name.clone());
+            } else if name.eq_ignore_ascii_case("anthropic-version") {
+                self.client_anthropic_version = true;
+            }
+        }
 
         let find = |name: &str| {
             headers
@@ -701,8 +774,9 @@ impl Request {
             }
         }
         self.identity = Some(identity);
-        if !end_of_stream {
+        if !end_of_stream && hygiene::inspect_body(find("content-type")) {
             self.body = BodyState::Buffering;
+            self.hold_headers = cfg.pause_headers_for_body;
         }
         match self.proceed() {
             Step::Continue => Action::Continue,
@@ -740,6 +814,10 @@ impl Request {
             self.headers_decided = true;
         }
         if matches!(self.body, BodyState::Buffering) {
+            if self.hold_headers {
+                // Envoy hands us the body while the headers wait (allow_on_headers_stop_iteration).
+                return Step::Wait;
+            }
             // Let the headers go so that the body arrives.
             return Step::Continue;
         }
@@ -792,7 +870,7 @@ impl Request {
                     body_size,
                     &new_body,
                 );
-                if !self.headers_decided {
+                if self.hold_headers {
                     // Headers still held (allow_on_headers_stop_iteration): keep them exact.
                     let _ = hostcalls::set_map_value(
                         proxy_wasm::types::MapType::HttpRequestHeaders,
@@ -837,32 +915,35 @@ impl Request {
                 ));
             }
         };
-        let (policy, cfg, credentials) = {
+        let (policy, credentials) = {
             let w = self.worker.borrow();
-            (w.policy.clone(), w.config.clone(), w.credentials.clone())
+            (w.policy.clone(), w.credentials.clone())
         };
-        let (Some(policy), Some(cfg)) = (policy, cfg) else {
+        let Some(policy) = policy else {
             return Err(Refusal::unavailable(
                 "no_policy",
                 "no policy loaded yet; retry shortly",
             ));
         };
         // The policy may have changed while we waited: find the model again by name.
-        let Some(model) = self
-            .model
-            .as_ref()
-            .and_then(|m| policy.model(&m.name))
-            .cloned()
-        else {
+        let model_name = self.model().map(|m| m.name.clone()).unwrap_or_default();
+        let Some(model_idx) = policy.models.iter().position(|m| m.name == model_name) else {
             return Err(Refusal::not_found(
                 "model_not_found",
                 "no model is served at this path",
             ));
         };
-        let tier = decide::authorize(&policy, &identity, &model)?.clone();
+        let Some(model) = policy.models.get(model_idx) else {
+            return Err(Refusal::not_found(
+                "model_not_found",
+                "no model is served at this path",
+            ));
+        };
+        let tier = decide::authorize(&policy, &identity, model)?;
+        let tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, tier));
         let provider_key = match &model.provider {
             Some(p) => match credentials.credentials.get(&p.credential_ref) {
-                Some(k) => Some((p.kind, k.clone())),
+                Some(k) => Some((p.kind, k.as_str())),
                 None => {
                     return Err(Refusal::unavailable(
                         "provider_credential_missing",
@@ -873,23 +954,28 @@ impl Request {
             None => None,
         };
 
+        // Headers are about to leave before the body is read: refuse now what is certain
+        // (a full request or token window), so that such a 429 starts no upstream request.
+        if matches!(self.body, BodyState::Buffering)
+            && !self.hold_headers
+            && !self.discovery
+            && let Some(limited) =
+                limits::precheck(&HostStore, tier, &identity.subject, now_ms() / 1000)
+        {
+            return Err(limited_refusal(limited, &tier.name));
+        }
+
         // Hygiene: nothing the client sent reaches the backend as identity.
-        let headers =
-            hostcalls::get_map(proxy_wasm::types::MapType::HttpRequestHeaders).unwrap_or_default();
-        let mut client_anthropic_version = false;
-        for (name, _) in &headers {
-            if hygiene::strip_for_model(name, &cfg.remove_headers) {
-                let _ = hostcalls::set_map_value(
-                    proxy_wasm::types::MapType::HttpRequestHeaders,
-                    name,
-                    None,
-                );
-            } else if name.eq_ignore_ascii_case("anthropic-version") {
-                client_anthropic_version = true;
-            }
+        for name in &self.strip_headers {
+            let _ = hostcalls::set_map_value(
+                proxy_wasm::types::MapType::HttpRequestHeaders,
+                name,
+                None,
+            );
         }
         if let Some((kind, key)) = provider_key {
-            for (name, value) in hygiene::provider_headers(kind, &key, client_anthropic_version) {
+            for (name, value) in hygiene::provider_headers(kind, key, self.client_anthropic_version)
+            {
                 let _ = hostcalls::set_map_value(
                     proxy_wasm::types::MapType::HttpRequestHeaders,
                     name,
@@ -897,7 +983,7 @@ impl Request {
                 );
             }
         }
-        if matches!(self.body, BodyState::Buffering) && !self.discovery {
+        if matches!(self.body, BodyState::Buffering) && !self.discovery && !self.hold_headers {
             // The body may be rewritten (stream_options.include_usage) after the headers left:
             // let the upstream codec frame it (chunked) instead of a length that may change.
             let _ = hostcalls::set_map_value(
@@ -907,15 +993,24 @@ impl Request {
             );
         }
         self.subject = Some(identity.subject);
-        self.tier_doc = Some(tier);
-        self.model = Some(model);
+        self.model_idx = Some(model_idx);
+        self.tier_idx = tier_idx;
+        self.policy = Some(policy);
         Ok(())
+    }
+
+    fn model(&self) -> Option<&Model> {
+        self.policy.as_ref()?.models.get(self.model_idx?)
     }
 
     /// Once the body is known (or there is none): the model field and the limits.
     fn decide_body(&mut self) -> Result<(), Refusal> {
-        let (Some(model), Some(tier), Some(subject)) = (&self.model, &self.tier_doc, &self.subject)
-        else {
+        let policy = self.policy.clone();
+        let model = self.model();
+        let tier = policy
+            .as_ref()
+            .and_then(|p| p.tiers.get(self.tier_idx.unwrap_or(usize::MAX)));
+        let (Some(model), Some(tier), Some(subject)) = (model, tier, self.subject.clone()) else {
             return Err(Refusal::unavailable(
                 "no_policy",
                 "no policy loaded yet; retry shortly",
@@ -938,7 +1033,7 @@ impl Request {
             _ => None,
         };
         let reserve = limits::reservation_for(max_tokens, tier);
-        match limits::admit(&HostStore, tier, subject, reserve, now_ms() / 1000) {
+        match limits::admit(&HostStore, tier, &subject, reserve, now_ms() / 1000) {
             Admission::Allowed {
                 reservation,
                 headers,
@@ -947,37 +1042,13 @@ impl Request {
                 self.rate_headers = headers;
                 Ok(())
             }
-            Admission::Limited {
-                kind,
-                retry_after,
-                headers,
-            } => {
-                let mut h: Vec<(String, String)> = headers
-                    .headers()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect();
-                h.push(("retry-after".to_string(), retry_after.to_string()));
-                let what = match kind {
-                    limits::Kind::Requests => "requests",
-                    limits::Kind::Tokens => "tokens",
-                };
-                Err(Refusal::rate_limited(
-                    format!(
-                        "rate limit reached for {what} on tier {}: retry in {retry_after}s",
-                        tier.name
-                    ),
-                    h,
-                ))
-            }
+            limited => Err(limited_refusal(limited, &tier.name)),
         }
     }
 
     fn on_response_headers(&mut self) -> Action {
         self.response_status =
-            hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, ":status")
-                .ok()
-                .flatten()
+            map_value(proxy_wasm::types::MapType::HttpResponseHeaders, ":status")
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
         if self.reservation.is_none() {
@@ -990,12 +1061,10 @@ impl Request {
                 Some(&value),
             );
         }
-        let content_type = hostcalls::get_map_value(
+        let content_type = map_value(
             proxy_wasm::types::MapType::HttpResponseHeaders,
             "content-type",
         )
-        .ok()
-        .flatten()
         .unwrap_or_default()
         .to_ascii_lowercase();
         if content_type.starts_with("text/event-stream") {
@@ -1036,17 +1105,27 @@ impl Request {
             Scan::Json(s) => s.feed(&chunk),
             Scan::Sse(s) => {
                 let forward = s.feed(&chunk);
-                let changed = matches!(forward, std::borrow::Cow::Owned(_));
-                let mut out = forward.into_owned();
-                let mut rewrite = changed;
-                if end_of_stream {
-                    let (held, _) = s.finish();
-                    if !held.is_empty() {
+                let held = if end_of_stream {
+                    s.finish().0
+                } else {
+                    Vec::new()
+                };
+                // Only a stripped (or held-back) stream is rewritten; otherwise the chunk Envoy
+                // already has goes on untouched, with no copy.
+                let replacement: Option<Vec<u8>> = match forward {
+                    std::borrow::Cow::Owned(mut out) => {
                         out.extend_from_slice(&held);
-                        rewrite = true;
+                        Some(out)
                     }
-                }
-                if rewrite {
+                    std::borrow::Cow::Borrowed(b) if !held.is_empty() => {
+                        let mut out = Vec::with_capacity(b.len() + held.len());
+                        out.extend_from_slice(b);
+                        out.extend_from_slice(&held);
+                        Some(out)
+                    }
+                    std::borrow::Cow::Borrowed(_) => None,
+                };
+                if let Some(out) = replacement {
                     let _ = hostcalls::set_buffer(
                         proxy_wasm::types::BufferType::HttpResponseBody,
                         0,
@@ -1084,7 +1163,7 @@ impl Request {
                 &format!(
                     "maas: no usage in a {} response from model {}",
                     self.response_status,
-                    self.model.as_ref().map(|m| m.name.as_str()).unwrap_or("-")
+                    self.model().map(|m| m.name.as_str()).unwrap_or("-")
                 ),
             );
         }
@@ -1096,7 +1175,7 @@ impl Request {
         };
         let actual = decide::settle_amount(&seen, res.reserved);
         limits::settle(&HostStore, &res, actual, now_ms() / 1000);
-        if let (Some(u), Some(m)) = (usage, &self.model) {
+        if let (Some(u), Some(m)) = (usage, self.model()) {
             self.worker.borrow_mut().metrics.tokens(
                 &res.tier,
                 &m.name,
@@ -1128,12 +1207,10 @@ impl Request {
                 now.saturating_sub(self.callout_started_ms),
             );
         }
-        let status = hostcalls::get_map_value(
+        let status = map_value(
             proxy_wasm::types::MapType::HttpCallResponseHeaders,
             ":status",
         )
-        .ok()
-        .flatten()
         .and_then(|s| s.parse::<u32>().ok());
         let body = if body_size > 0 {
             hostcalls::get_buffer(
@@ -1260,6 +1337,32 @@ impl Request {
             let _ = hostcalls::set_effective_context(self.id);
         }
     }
+}
+
+/// The 429 for a refused admission.
+fn limited_refusal(a: Admission, tier: &str) -> Refusal {
+    let Admission::Limited {
+        kind,
+        retry_after,
+        headers,
+    } = a
+    else {
+        return Refusal::unavailable("internal", "admission refused without a reason");
+    };
+    let mut h: Vec<(String, String)> = headers
+        .headers()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    h.push(("retry-after".to_string(), retry_after.to_string()));
+    let what = match kind {
+        limits::Kind::Requests => "requests",
+        limits::Kind::Tokens => "tokens",
+    };
+    Refusal::rate_limited(
+        format!("rate limit reached for {what} on tier {tier}: retry in {retry_after}s"),
+        h,
+    )
 }
 
 /// The HTTP context: a handle on the request's state (waiters are woken through it).

@@ -21,6 +21,20 @@ pub fn is_reserved(name: &str) -> bool {
             .is_some_and(|p| p.eq_ignore_ascii_case("x-maas-"))
 }
 
+/// True when a request body of this content type is buffered and read for `model` and
+/// `max_tokens` (JSON, or unlabelled); uploads (multipart, audio, images, octet-stream) stream
+/// through unread and reserve the tier default.
+pub fn inspect_body(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else { return true };
+    let ct = ct.trim_start();
+    let starts = |p: &str| ct.get(..p.len()).is_some_and(|h| h.eq_ignore_ascii_case(p));
+    !(starts("multipart/")
+        || starts("audio/")
+        || starts("image/")
+        || starts("video/")
+        || starts("application/octet-stream"))
+}
+
 /// Headers to set (replacing any value) for an external provider.
 pub fn provider_headers(
     kind: ProviderKind,
@@ -70,6 +84,16 @@ mod tests {
         }
         assert!(is_reserved("X-MAAS-GROUP"));
         assert!(!is_reserved("x-maasx"));
+    }
+
+    #[test]
+    fn which_bodies_are_read() {
+        assert!(inspect_body(None));
+        assert!(inspect_body(Some("application/json")));
+        assert!(inspect_body(Some("text/plain")));
+        assert!(!inspect_body(Some("multipart/form-data; boundary=x")));
+        assert!(!inspect_body(Some("Audio/wav")));
+        assert!(!inspect_body(Some("application/octet-stream")));
     }
 
     #[test]

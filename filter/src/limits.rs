@@ -1,8 +1,10 @@
 //! Per-subject, per-tier request and token limits over fixed windows, in shared data with CAS.
 //!
-//! Counter key: `maas/l/<r|t> <tier> <window seconds> <subject>` (space cannot occur in tier
-//! names, and the subject comes last), value: window start (u64 LE) + count (u64 LE). The key
-//! does not change per window: a counter whose stored start is not the current window's counts 0.
+//! All counters of one subject on one tier live under one key, `maas/l <tier> <subject>` (space
+//! cannot occur in tier names, and the subject comes last), so that admitting a request is one
+//! read and one compare-and-swap write, and settling it likewise. The value is a list of
+//! 25-byte records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count (u64 LE).
+//! The key does not change per window: a record whose start is not the current window's counts 0.
 //!
 //! Tokens are reserved at admission (the request's max_tokens, or the tier default) and settled
 //! to the real usage when the response ends, so concurrent requests overshoot a budget by at most
@@ -21,40 +23,63 @@ pub enum Kind {
     Tokens,
 }
 
-pub fn counter_key(kind: Kind, tier: &str, window_seconds: u64, subject: &str) -> String {
-    let k = match kind {
-        Kind::Requests => 'r',
-        Kind::Tokens => 't',
-    };
-    format!("maas/l/{k} {tier} {window_seconds} {subject}")
-}
-
-fn decode(v: Option<&[u8]>) -> (u64, u64) {
-    match v {
-        Some(b) => (read_u64(b, 0).unwrap_or(0), read_u64(b, 8).unwrap_or(0)),
-        None => (0, 0),
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::Requests => 0,
+            Kind::Tokens => 1,
+        }
     }
 }
 
-fn encode(start: u64, count: u64) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[..8].copy_from_slice(&start.to_le_bytes());
-    out[8..].copy_from_slice(&count.to_le_bytes());
+pub fn counter_key(tier: &str, subject: &str) -> String {
+    format!("maas/l {tier} {subject}")
+}
+
+const RECORD: usize = 25;
+
+/// One window's counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    kind: u8,
+    window: u64,
+    start: u64,
+    count: u64,
+}
+
+fn decode(v: Option<&[u8]>) -> Vec<Record> {
+    let Some(b) = v else { return Vec::new() };
+    b.chunks_exact(RECORD)
+        .filter_map(|r| {
+            Some(Record {
+                kind: *r.first()?,
+                window: read_u64(r, 1)?,
+                start: read_u64(r, 9)?,
+                count: read_u64(r, 17)?,
+            })
+        })
+        .collect()
+}
+
+fn encode(records: &[Record]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(records.len() * RECORD);
+    for r in records {
+        out.push(r.kind);
+        out.extend_from_slice(&r.window.to_le_bytes());
+        out.extend_from_slice(&r.start.to_le_bytes());
+        out.extend_from_slice(&r.count.to_le_bytes());
+    }
     out
 }
 
-/// Current count of a counter in the window that holds `now`.
-fn read_current(
-    store: &dyn SharedStore,
-    key: &str,
-    limit: &Limit,
-    now: u64,
-) -> (u64, Option<u32>, u64) {
-    let (v, cas) = store.get(key);
-    let (start, count) = decode(v.as_deref());
-    let current_start = limit.window.start_of(now);
-    let used = if start == current_start { count } else { 0 };
-    (used, cas, current_start)
+/// Count of `kind`/`limit`'s window in `records` at `now` (0 when absent or from an older window).
+fn used(records: &[Record], kind: Kind, limit: &Limit, now: u64) -> u64 {
+    let start = limit.window.start_of(now);
+    records
+        .iter()
+        .find(|r| r.kind == kind.code() && r.window == limit.window.seconds())
+        .filter(|r| r.start == start)
+        .map_or(0, |r| r.count)
 }
 
 /// State of one window after a decision, for the `x-ratelimit-*` headers.
@@ -84,6 +109,27 @@ impl RateHeaders {
             Some(cur) if cur.remaining() <= w.remaining() => {}
             _ => *slot = Some(w),
         }
+    }
+
+    fn from_records(tier: &Tier, records: &[Record], now: u64) -> Self {
+        let mut h = RateHeaders::default();
+        for (kind, limits) in [
+            (Kind::Requests, &tier.limits.requests),
+            (Kind::Tokens, &tier.limits.tokens),
+        ] {
+            for l in limits {
+                let w = WindowState {
+                    limit: l.limit,
+                    used: used(records, kind, l, now),
+                    reset_seconds: l.window.seconds_left(now),
+                };
+                match kind {
+                    Kind::Requests => Self::note(&mut h.requests, w),
+                    Kind::Tokens => Self::note(&mut h.tokens, w),
+                }
+            }
+        }
+        h
     }
 
     /// `x-ratelimit-*` headers as OpenAI sends them.
@@ -148,7 +194,8 @@ pub fn reservation_for(max_tokens: Option<u64>, tier: &Tier) -> u64 {
 }
 
 /// Admits one request for `subject` on `tier`: counts it against every request window and
-/// reserves `reserve` tokens against every token window, or refuses without counting.
+/// reserves `reserve` tokens against every token window — one read and one CAS write — or
+/// refuses without counting.
 pub fn admit(
     store: &dyn SharedStore,
     tier: &Tier,
@@ -156,182 +203,173 @@ pub fn admit(
     reserve: u64,
     now: u64,
 ) -> Admission {
-    // Each counter: (key, limit, amount to add, amount that must fit).
-    let mut plan: Vec<(String, Kind, &Limit, u64, u64)> =
-        Vec::with_capacity(tier.limits.requests.len() + tier.limits.tokens.len());
-    for l in &tier.limits.requests {
-        plan.push((
-            counter_key(Kind::Requests, &tier.name, l.window.seconds(), subject),
-            Kind::Requests,
-            l,
-            1,
-            1,
-        ));
+    if tier.limits.requests.is_empty() && tier.limits.tokens.is_empty() {
+        return Admission::Allowed {
+            reservation: Reservation {
+                tier: tier.name.clone(),
+                subject: subject.to_string(),
+                reserved: reserve,
+                token_windows: Vec::new(),
+            },
+            headers: RateHeaders::default(),
+        };
     }
-    for l in &tier.limits.tokens {
-        // A request larger than a whole window still runs in an empty window.
-        let need = reserve.min(l.limit);
-        plan.push((
-            counter_key(Kind::Tokens, &tier.name, l.window.seconds(), subject),
-            Kind::Tokens,
-            l,
-            reserve,
-            need,
-        ));
+    let key = counter_key(&tier.name, subject);
+    for _ in 0..CAS_ATTEMPTS {
+        let (value, cas) = store.get(&key);
+        let records = decode(value.as_deref());
+        let mut blocked: Option<(Kind, u64)> = None;
+        let mut next: Vec<Record> =
+            Vec::with_capacity(tier.limits.requests.len() + tier.limits.tokens.len());
+        for (kind, limits, add) in [
+            (Kind::Requests, &tier.limits.requests, 1),
+            (Kind::Tokens, &tier.limits.tokens, reserve),
+        ] {
+            for l in limits {
+                let u = used(&records, kind, l, now);
+                // A request larger than a whole window still runs in an empty window.
+                let need = add.min(l.limit);
+                if u.saturating_add(need) > l.limit {
+                    let retry = l.window.seconds_left(now);
+                    blocked = Some(match blocked {
+                        Some((k, r)) if r >= retry => (k, r),
+                        _ => (kind, retry),
+                    });
+                }
+                next.push(Record {
+                    kind: kind.code(),
+                    window: l.window.seconds(),
+                    start: l.window.start_of(now),
+                    count: u.saturating_add(add),
+                });
+            }
+        }
+        if let Some((kind, retry_after)) = blocked {
+            return Admission::Limited {
+                kind,
+                retry_after,
+                headers: RateHeaders::from_records(tier, &records, now),
+            };
+        }
+        if store.set(&key, &encode(&next), cas).is_ok() {
+            return Admission::Allowed {
+                reservation: Reservation {
+                    tier: tier.name.clone(),
+                    subject: subject.to_string(),
+                    reserved: reserve,
+                    token_windows: tier
+                        .limits
+                        .tokens
+                        .iter()
+                        .map(|l| (l.window.seconds(), l.window.start_of(now)))
+                        .collect(),
+                },
+                headers: RateHeaders::from_records(tier, &next, now),
+            };
+        }
     }
+    // Persistent contention: refuse rather than count wrong.
+    Admission::Limited {
+        kind: Kind::Requests,
+        retry_after: 1,
+        headers: RateHeaders::default(),
+    }
+}
 
-    let mut headers = RateHeaders::default();
+/// Refusal that is certain before the body is read: a request window already full, or a token
+/// window with no token left. Read-only (one shared-data read); `admit` decides for real later.
+pub fn precheck(
+    store: &dyn SharedStore,
+    tier: &Tier,
+    subject: &str,
+    now: u64,
+) -> Option<Admission> {
+    if tier.limits.requests.is_empty() && tier.limits.tokens.is_empty() {
+        return None;
+    }
+    let (value, _) = store.get(&counter_key(&tier.name, subject));
+    let records = decode(value.as_deref());
     let mut blocked: Option<(Kind, u64)> = None;
-    let mut applied: Vec<usize> = Vec::with_capacity(plan.len());
-    let mut starts: Vec<u64> = vec![0; plan.len()];
-
-    'outer: for (i, (key, kind, limit, add, need)) in plan.iter().enumerate() {
-        for _ in 0..CAS_ATTEMPTS {
-            let (used, cas, start) = read_current(store, key, limit, now);
-            if used.saturating_add(*need) > limit.limit {
-                let retry = limit.window.seconds_left(now);
+    for (kind, limits) in [
+        (Kind::Requests, &tier.limits.requests),
+        (Kind::Tokens, &tier.limits.tokens),
+    ] {
+        for l in limits {
+            if used(&records, kind, l, now).saturating_add(1) > l.limit {
+                let retry = l.window.seconds_left(now);
                 blocked = Some(match blocked {
                     Some((k, r)) if r >= retry => (k, r),
-                    _ => (*kind, retry),
+                    _ => (kind, retry),
                 });
-                break 'outer;
-            }
-            if store
-                .set(key, &encode(start, used.saturating_add(*add)), cas)
-                .is_ok()
-            {
-                applied.push(i);
-                if let Some(s) = starts.get_mut(i) {
-                    *s = start;
-                }
-                continue 'outer;
-            }
-        }
-        // Persistent contention: refuse rather than count wrong.
-        blocked = Some((*kind, 1));
-        break;
-    }
-
-    if let Some((kind, retry_after)) = blocked {
-        for &i in &applied {
-            if let (Some((key, _, limit, add, _)), Some(&start)) = (plan.get(i), starts.get(i)) {
-                adjust(store, key, limit, start, *add, 0, now);
-            }
-        }
-        // Headers show the state that refused (nothing of this request counted).
-        for (key, kind, limit, _, _) in &plan {
-            let (used, _, _) = read_current(store, key, limit, now);
-            let w = WindowState {
-                limit: limit.limit,
-                used,
-                reset_seconds: limit.window.seconds_left(now),
-            };
-            match kind {
-                Kind::Requests => RateHeaders::note(&mut headers.requests, w),
-                Kind::Tokens => RateHeaders::note(&mut headers.tokens, w),
-            }
-        }
-        return Admission::Limited {
-            kind,
-            retry_after,
-            headers,
-        };
-    }
-
-    let mut token_windows = Vec::with_capacity(tier.limits.tokens.len());
-    for (i, (key, kind, limit, _, _)) in plan.iter().enumerate() {
-        let (used, _, _) = read_current(store, key, limit, now);
-        let w = WindowState {
-            limit: limit.limit,
-            used,
-            reset_seconds: limit.window.seconds_left(now),
-        };
-        match kind {
-            Kind::Requests => RateHeaders::note(&mut headers.requests, w),
-            Kind::Tokens => {
-                RateHeaders::note(&mut headers.tokens, w);
-                token_windows.push((limit.window.seconds(), starts.get(i).copied().unwrap_or(0)));
             }
         }
     }
-    Admission::Allowed {
-        reservation: Reservation {
-            tier: tier.name.clone(),
-            subject: subject.to_string(),
-            reserved: reserve,
-            token_windows,
-        },
-        headers,
-    }
+    blocked.map(|(kind, retry_after)| Admission::Limited {
+        kind,
+        retry_after,
+        headers: RateHeaders::from_records(tier, &records, now),
+    })
 }
 
-/// Replaces `reserved` by `actual` in a counter whose reservation went into window `start`;
-/// if that window is over, `actual` counts in the current one (the tokens were used now).
-fn adjust(
-    store: &dyn SharedStore,
-    key: &str,
-    limit: &Limit,
-    start: u64,
-    reserved: u64,
-    actual: u64,
-    now: u64,
-) {
-    for _ in 0..CAS_ATTEMPTS {
-        let (v, cas) = store.get(key);
-        let (stored_start, count) = decode(v.as_deref());
-        let current = limit.window.start_of(now);
-        let (new_start, new_count) = if stored_start == start && start == current {
-            (start, count.saturating_sub(reserved).saturating_add(actual))
-        } else if stored_start == current {
-            (current, count.saturating_add(actual))
-        } else {
-            (current, actual)
-        };
-        if stored_start == new_start && count == new_count {
-            return;
-        }
-        if store.set(key, &encode(new_start, new_count), cas).is_ok() {
-            return;
-        }
-    }
-}
-
-/// Settles a reservation to the tokens really used.
+/// Settles a reservation to the tokens really used: in the window the reservation went into,
+/// `reserved` is replaced by `actual`; if that window is over, `actual` counts in the current one
+/// (the tokens were used now).
 pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
-    for &(window_seconds, start) in &r.token_windows {
-        let Ok(window) = maas_types::Window::from_seconds(window_seconds) else {
-            continue;
-        };
-        let limit = Limit {
-            limit: u64::MAX,
-            window,
-        };
-        let key = counter_key(Kind::Tokens, &r.tier, window_seconds, &r.subject);
-        adjust(store, &key, &limit, start, r.reserved, actual, now);
+    if r.token_windows.is_empty() {
+        return;
+    }
+    let key = counter_key(&r.tier, &r.subject);
+    for _ in 0..CAS_ATTEMPTS {
+        let (value, cas) = store.get(&key);
+        let mut records = decode(value.as_deref());
+        let mut changed = false;
+        for &(window, start) in &r.token_windows {
+            let current = now - now % window.max(1);
+            let rec = records
+                .iter_mut()
+                .find(|x| x.kind == Kind::Tokens.code() && x.window == window);
+            let (new_start, new_count) = match &rec {
+                Some(x) if x.start == start && start == current => (
+                    start,
+                    x.count.saturating_sub(r.reserved).saturating_add(actual),
+                ),
+                Some(x) if x.start == current => (current, x.count.saturating_add(actual)),
+                _ => (current, actual),
+            };
+            match rec {
+                Some(x) => {
+                    if x.start != new_start || x.count != new_count {
+                        x.start = new_start;
+                        x.count = new_count;
+                        changed = true;
+                    }
+                }
+                None => {
+                    records.push(Record {
+                        kind: Kind::Tokens.code(),
+                        window,
+                        start: new_start,
+                        count: new_count,
+                    });
+                    changed = true;
+                }
+            }
+        }
+        if !changed || store.set(&key, &encode(&records), cas).is_ok() {
+            return;
+        }
     }
 }
 
-/// Tokens left in the tightest token window (for the response headers after settlement).
+/// The tightest token window now (for tests and diagnostics).
 pub fn token_state(
     store: &dyn SharedStore,
     tier: &Tier,
     subject: &str,
     now: u64,
 ) -> Option<WindowState> {
-    let mut out = None;
-    for l in &tier.limits.tokens {
-        let key = counter_key(Kind::Tokens, &tier.name, l.window.seconds(), subject);
-        let (used, _, _) = read_current(store, &key, l, now);
-        RateHeaders::note(
-            &mut out,
-            WindowState {
-                limit: l.limit,
-                used,
-                reset_seconds: l.window.seconds_left(now),
-            },
-        );
-    }
-    out
+    let (value, _) = store.get(&counter_key(&tier.name, subject));
+    RateHeaders::from_records(tier, &decode(value.as_deref()), now).tokens
 }
 
 #[cfg(test)]
@@ -413,8 +451,9 @@ mod tests {
             }
         ));
         // A refused request counts nothing (request counter unchanged).
-        let key = counter_key(Kind::Requests, "free", 60, "alice");
-        assert_eq!(decode(s.get(&key).0.as_deref()).1, 1);
+        let recs = decode(s.get(&counter_key("free", "alice")).0.as_deref());
+        let req_1m = recs.iter().find(|r| r.kind == 0 && r.window == 60).unwrap();
+        assert_eq!(req_1m.count, 1);
         // Settle to 10 actually used: refund.
         settle(&s, &r1, 10, now + 1);
         let (_, h) = allowed(admit(&s, &t, "alice", 50, now + 2));
@@ -535,5 +574,39 @@ mod tests {
         let t = tier();
         allowed(admit(&s, &t, "alice", 10, 0));
         assert_eq!(token_state(&s, &t, "alice", 0).unwrap().used, 10);
+    }
+
+    #[test]
+    fn precheck_refuses_only_what_is_certain() {
+        let s = MemStore::new();
+        let t = tier();
+        assert!(precheck(&s, &t, "alice", 0).is_none());
+        for i in 0..3 {
+            let (r, _) = allowed(admit(&s, &t, "alice", 1, i));
+            settle(&s, &r, 1, i);
+        }
+        match precheck(&s, &t, "alice", 5) {
+            Some(Admission::Limited {
+                kind, retry_after, ..
+            }) => {
+                assert_eq!(kind, Kind::Requests);
+                assert_eq!(retry_after, 55);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Tokens: 99 of 100 used still passes the precheck (a 1-token request fits)...
+        let (r, _) = allowed(admit(&s, &t, "bob", 10, 0));
+        settle(&s, &r, 99, 0);
+        assert!(precheck(&s, &t, "bob", 1).is_none());
+        // ... 100 of 100 does not.
+        let (r, _) = allowed(admit(&s, &t, "bob", 1, 1));
+        settle(&s, &r, 1, 1);
+        assert!(matches!(
+            precheck(&s, &t, "bob", 2),
+            Some(Admission::Limited {
+                kind: Kind::Tokens,
+                ..
+            })
+        ));
     }
 }

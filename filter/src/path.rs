@@ -179,4 +179,16 @@ mod tests {
         assert!(!is_discovery("/llm/sim/v1/modelsx", "/llm/sim"));
         assert!(!is_discovery("/llm/sim/v1/chat/completions", "/llm/sim"));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn classify_never_panics_and_model_paths_are_clean(p in "[ -~]{0,40}") {
+            if let Ok(PathClass::Model(m)) = classify(&p, P) {
+                proptest::prop_assert!(m.starts_with('/'));
+                proptest::prop_assert!(!m.contains("//") && !m.contains("/../") && !m.contains("/./"));
+                let lower = m.to_ascii_lowercase();
+                proptest::prop_assert!(lower != "/internal" && !lower.starts_with("/internal/"));
+            }
+        }
+    }
 }

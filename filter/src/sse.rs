@@ -3,7 +3,9 @@
 //! [`SseScanner`] follows the WHATWG event-stream rules (lines end with LF, CRLF or CR; an event ends
 //! at a blank line; `data:` lines of one event are joined with `\n`; lines starting with `:` are
 //! comments) and, for every event, reads just what the gateway needs from its JSON data: `usage`,
-//! whether `choices` is empty, whether a choice carries a non-empty content delta.
+//! whether `choices` is empty, whether a choice carries a non-empty content delta. Only events
+//! that may carry usage (a `usage` key with an object value) are JSON-parsed; the others (every
+//! content chunk) are read by a cheap byte scan ([`summarize_event`]).
 //!
 //! Memory per stream is bounded and does not grow with the stream: the partial line carried across
 //! chunks ([`LINE_CAP`]), the current event's data ([`DATA_CAP`]) and, only when stripping, the raw
@@ -116,7 +118,7 @@ impl SseScanner {
                     continue;
                 }
             }
-            let Some(n) = rest.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(n) = find_either(rest, b'\n', b'\r') else {
                 // Partial line: keep it for the next chunk.
                 self.event_len = self.event_len.saturating_add(rest.len());
                 self.partial_line(rest);
@@ -213,7 +215,8 @@ impl SseScanner {
     }
 
     /// Number of events carrying a non-empty content delta (`choices[].delta.content` or
-    /// `choices[].text`), to estimate completion tokens when usage never arrives.
+    /// `choices[].text`), to estimate completion tokens when usage never arrives. Exact for
+    /// OpenAI/vLLM chunk shapes, an estimate otherwise (see [`summarize_event`]).
     pub fn content_events(&self) -> u64 {
         self.content_events
     }
@@ -320,7 +323,7 @@ impl SseScanner {
             let data = self.data.strip_suffix(b"\n").unwrap_or(&self.data);
             if data == b"[DONE]" {
                 self.done = true;
-            } else if let Some(ev) = parse_event(data) {
+            } else if let Some(ev) = summarize_event(data) {
                 if let Some(u) = ev.usage {
                     self.usage = Some(u);
                 }
@@ -413,6 +416,149 @@ pub struct EventSummary {
     /// A choice has a non-empty `delta.content` or `text`.
     pub content: bool,
     pub usage: Option<Usage>,
+}
+
+/// Reads what the gateway needs from an event's data, parsing the JSON only when the event may
+/// carry usage.
+///
+/// A cheap pass finds the keys `usage`, `choices`, `content` and `text` (at any depth) by their
+/// colons: a `:` preceded by `"name"` (and optional whitespace) is that key, since inside a JSON
+/// string the quotes around such a word would have to be escaped. The data is parsed in full
+/// ([`parse_event`]) only when a `usage` key has an object value (the only kind that yields
+/// usage) or a `content`/`text` key has an array value (content parts). Otherwise (every content
+/// chunk of OpenAI and vLLM streams, whose `usage` is absent or `null`) the event has no usage,
+/// its choice count is not needed (stripping needs usage) and it carries content when it has a
+/// `choices` key and a `content` or `text` key whose value is a non-empty string.
+///
+/// For OpenAI/vLLM chunk shapes this gives the same answer as [`parse_event`]. It may differ on
+/// malformed JSON (it only checks that the data starts with `{`), on keys written with escapes
+/// (`"\u0075sage"` is not recognised) and on `content`/`text` keys outside `choices[].delta` /
+/// `choices[]`. The usage found is exact for all but escaped keys; `content_events` is only an
+/// estimate of completion tokens, used when usage never arrives.
+pub fn summarize_event(data: &[u8]) -> Option<EventSummary> {
+    let keys = scan_keys(data)?;
+    if keys.needs_parse {
+        return parse_event(data);
+    }
+    Some(EventSummary {
+        choices: None,
+        content: keys.choices && keys.content,
+        usage: None,
+    })
+}
+
+/// What [`scan_keys`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Keys {
+    /// A `usage` key with an object value, or a `content`/`text` key with an array value.
+    needs_parse: bool,
+    /// A `choices` key.
+    choices: bool,
+    /// A `content` or `text` key with a non-empty string value.
+    content: bool,
+}
+
+fn is_json_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Index of the first non-whitespace byte of `data` at or after `from`.
+fn skip_ws(data: &[u8], from: usize) -> Option<usize> {
+    let n = data.get(from..)?.iter().position(|&b| !is_json_ws(b))?;
+    Some(from.saturating_add(n))
+}
+
+/// The keys of interest in `data`, found from its colons; `None` when `data` does not start with
+/// `{` (not a JSON object).
+fn scan_keys(data: &[u8]) -> Option<Keys> {
+    let start = skip_ws(data, 0)?;
+    if data.get(start) != Some(&b'{') {
+        return None;
+    }
+    let mut keys = Keys::default();
+    let mut from = start.saturating_add(1);
+    while let Some(n) = data.get(from..).and_then(|r| find_byte(r, b':')) {
+        let colon = from.saturating_add(n);
+        from = colon.saturating_add(1);
+        let mut before = data.get(..colon).unwrap_or_default();
+        while let Some((&last, rest)) = before.split_last() {
+            if !is_json_ws(last) {
+                break;
+            }
+            before = rest;
+        }
+        let Some(name) = before.strip_suffix(b"\"") else {
+            continue;
+        };
+        let key = if name.ends_with(b"\"usage") {
+            Key::Usage
+        } else if name.ends_with(b"\"content") || name.ends_with(b"\"text") {
+            Key::Content
+        } else if name.ends_with(b"\"choices") {
+            Key::Choices
+        } else {
+            continue;
+        };
+        let Some(value) = skip_ws(data, from) else {
+            break;
+        };
+        let first = data.get(value).copied();
+        match key {
+            Key::Usage => keys.needs_parse |= first == Some(b'{'),
+            Key::Choices => keys.choices = true,
+            Key::Content => match first {
+                Some(b'[') => keys.needs_parse = true,
+                Some(b'"') => {
+                    let next = data.get(value.saturating_add(1)).copied();
+                    keys.content |= next.is_some() && next != Some(b'"');
+                }
+                _ => {}
+            },
+        }
+    }
+    Some(keys)
+}
+
+#[derive(Clone, Copy)]
+enum Key {
+    Usage,
+    Choices,
+    Content,
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Word-at-a-time search: in `word` (8 bytes, little-endian), the lowest set bit marks the first
+/// byte equal to `needle` (bits above it may be spurious, never below).
+fn eq_mask(word: u64, needle: u64) -> u64 {
+    let x = word ^ needle;
+    x.wrapping_sub(LO) & !x & HI
+}
+
+/// Index of the first byte of `hay` equal to `a` or `b` (pass `a` twice for one byte).
+fn find_either(hay: &[u8], a: u8, b: u8) -> Option<usize> {
+    let (pa, pb) = (LO.wrapping_mul(u64::from(a)), LO.wrapping_mul(u64::from(b)));
+    let mut words = hay.chunks_exact(8);
+    let mut offset = 0usize;
+    for w in &mut words {
+        let Ok(bytes) = <[u8; 8]>::try_from(w) else {
+            break;
+        };
+        let word = u64::from_le_bytes(bytes);
+        let m = eq_mask(word, pa) | eq_mask(word, pb);
+        if m != 0 {
+            return Some(offset.saturating_add((m.trailing_zeros() / 8) as usize));
+        }
+        offset = offset.saturating_add(8);
+    }
+    let tail = words.remainder();
+    let p = tail.iter().position(|&c| c == a || c == b)?;
+    Some(offset.saturating_add(p))
+}
+
+fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    find_either(hay, needle, needle)
 }
 
 /// Reads an event's data as a JSON object; `None` when it is not one.
@@ -961,6 +1107,186 @@ mod tests {
         assert_eq!(parse_event(b"{\"choices\":[}"), None);
     }
 
+    /// The fast summary agrees with the full parse on what the scanner uses: usage, content and
+    /// whether the event would be stripped.
+    fn assert_summary_agrees(data: &[u8]) {
+        let full = parse_event(data);
+        let fast = summarize_event(data);
+        let text = String::from_utf8_lossy(data);
+        let key = |e: Option<EventSummary>| {
+            e.map(|e| {
+                (
+                    e.usage,
+                    e.content,
+                    e.usage.is_some() && e.choices == Some(0),
+                )
+            })
+        };
+        assert_eq!(key(fast), key(full), "{text}");
+    }
+
+    #[test]
+    fn fast_summary_agrees_with_parse_on_recorded_shapes() {
+        let chunks = openai_stream_chunks(3);
+        for stream in [OPENAI, VLLM_LAST_CHUNK, &crlf(MULTILINE), &chunks.concat()] {
+            for event in stream.split("\n\n") {
+                let data: Vec<&str> = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                let data = data.join("\n");
+                if !data.is_empty() && data != "[DONE]" {
+                    assert_summary_agrees(data.as_bytes());
+                }
+            }
+        }
+        for json in [
+            r#"{"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"content":""}}]}"#,
+            r#"{"choices":[{"delta":{"content":null,"tool_calls":[]}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant"}},{"text":"x"}]}"#,
+            r#"{"choices":[{"text":""}]}"#,
+            r#"{"choices":[{"delta":{"content":"\u00e9"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\"usage\":{\"total_tokens\":5}"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"\\"}}],"usage":null}"#,
+            r#"{"choices":[{"delta":{"content":[{"type":"text","text":"a"}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":[]}}]}"#,
+            r#"{"choices":[{"delta":{"content":{}}}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[{"token":"x"}]}}]}"#,
+            r#"{"choices":[{"delta":"weird"}],"usage":{"prompt_tokens":1}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+            r#"{"choices":[],"usage":{}}"#,
+            r#"{"choices":[],"usage":[1]}"#,
+            r#"{"choices" : [ ] , "usage" : { "total_tokens" : 4 } }"#,
+            "{\"choices\":[],\n\"usage\"\t:\r{\"total_tokens\":4}}",
+            r#"{"choices":[{"delta":{"reasoning_content":"think"}}]}"#,
+            r#"{"usage":{"total_tokens":9},"choices":[{"text":"a"}]}"#,
+            "[1,2]",
+            "",
+            "  ",
+        ] {
+            assert_summary_agrees(json.as_bytes());
+        }
+        // Where the estimate is allowed to differ: malformed JSON still counts its content.
+        let broken = br#"{"choices":[{"delta":{"content":"a"}}]"#;
+        assert_eq!(parse_event(broken), None);
+        assert_eq!(summarize_event(broken).map(|e| e.content), Some(true));
+    }
+
+    /// JSON strings that look like the keys and values the fast path looks for.
+    fn tricky_text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just("\"usage\":{\"total_tokens\":7}".to_string()),
+                Just("\"content\":\"".to_string()),
+                Just("\"choices\":[]".to_string()),
+                Just("\\".to_string()),
+                Just("\"".to_string()),
+                Just(":".to_string()),
+                Just("usage".to_string()),
+                Just("text".to_string()),
+                "[a-z é\n\t{}:\\[\\]\"\\\\]{0,6}",
+            ],
+            0..5,
+        )
+        .prop_map(|v| v.concat())
+    }
+
+    fn usage_value() -> impl Strategy<Value = Option<serde_json::Value>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(serde_json::Value::Null)),
+            Just(Some(serde_json::json!({}))),
+            (0u64..1000, 0u64..1000).prop_map(|(p, c)| Some(
+                serde_json::json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+            )),
+            (0u64..1000).prop_map(|t| Some(serde_json::json!({"total_tokens": t}))),
+            Just(Some(serde_json::json!("usage"))),
+        ]
+    }
+
+    fn content_value() -> impl Strategy<Value = Option<serde_json::Value>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(serde_json::Value::Null)),
+            Just(Some(serde_json::json!(""))),
+            tricky_text().prop_map(|t| Some(serde_json::json!(t))),
+            tricky_text().prop_map(|t| Some(serde_json::json!([{"type": "text", "text": t}]))),
+            Just(Some(serde_json::json!([]))),
+        ]
+    }
+
+    /// One choice of a chat (`delta`) or completions (`text`) chunk.
+    fn choice() -> impl Strategy<Value = serde_json::Value> {
+        (
+            any::<bool>(),
+            content_value(),
+            proptest::option::of(tricky_text()),
+            any::<bool>(),
+            proptest::option::of(tricky_text()),
+        )
+            .prop_map(|(chat, content, reasoning, logprobs, finish)| {
+                let mut c = serde_json::json!({"index": 0, "finish_reason": finish});
+                c["logprobs"] = if logprobs {
+                    serde_json::json!({"content": [{"token": "x", "logprob": -0.5}]})
+                } else {
+                    serde_json::Value::Null
+                };
+                if chat {
+                    let mut delta = serde_json::json!({});
+                    if let Some(v) = content {
+                        delta["content"] = v;
+                    }
+                    if let Some(r) = reasoning {
+                        delta["reasoning_content"] = serde_json::json!(r);
+                    }
+                    c["delta"] = delta;
+                } else if let Some(v) = content {
+                    c["text"] = v;
+                }
+                c
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn fast_summary_agrees_with_parse_on_chunk_shapes(
+            choices in proptest::collection::vec(choice(), 0..3),
+            usage in usage_value(),
+            id in tricky_text(),
+            pretty in any::<bool>(),
+        ) {
+            let mut ev = serde_json::json!({
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": 1732000000,
+                "model": "m",
+                "choices": choices,
+            });
+            if let Some(u) = usage {
+                ev["usage"] = u;
+            }
+            let data = if pretty {
+                serde_json::to_vec_pretty(&ev).unwrap()
+            } else {
+                serde_json::to_vec(&ev).unwrap()
+            };
+            assert_summary_agrees(&data);
+        }
+
+        #[test]
+        fn find_either_finds_the_first(
+            hay in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b':'), any::<u8>()], 0..80),
+            from in 0usize..80,
+        ) {
+            let hay = &hay[from.min(hay.len())..];
+            let naive = hay.iter().position(|&b| b == b'\n' || b == b'\r');
+            prop_assert_eq!(find_either(hay, b'\n', b'\r'), naive);
+            prop_assert_eq!(find_byte(hay, b':'), hay.iter().position(|&b| b == b':'));
+        }
+    }
+
     /// Splits `data` at the given sorted points.
     fn split_at_points(data: &[u8], mut points: Vec<usize>) -> Vec<&[u8]> {
         points.sort_unstable();
@@ -1085,6 +1411,79 @@ mod tests {
                 prop_assert_eq!(split.1, whole.1);
                 prop_assert_eq!(split.2, whole.2);
             }
+        }
+    }
+
+    /// A realistic OpenAI stream: role chunk, `tokens` content chunks, finish chunk, usage chunk,
+    /// `[DONE]`; one event per chunk, as upstreams send them.
+    fn openai_stream_chunks(tokens: usize) -> Vec<String> {
+        let head = "data: {\"id\":\"chatcmpl-AbC\",\"object\":\"chat.completion.chunk\",\"created\":1732000000,\"model\":\"gpt-4o-mini-2024-07-18\",\"system_fingerprint\":\"fp_0ba0d124f1\",\"choices\":[{\"index\":0,\"delta\":";
+        let tail = ",\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n";
+        let mut v = vec![format!(
+            "{head}{{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}}{tail}"
+        )];
+        for i in 0..tokens {
+            v.push(format!("{head}{{\"content\":\" tok{i}\"}}{tail}"));
+        }
+        v.push(format!(
+            "{head}{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}],\"usage\":null}}\n\n"
+        ));
+        v.push(OPENAI.split_inclusive("\n\n").nth(5).unwrap().to_string());
+        v.push("data: [DONE]\n\n".to_string());
+        v
+    }
+
+    #[test]
+    fn realistic_stream_counts() {
+        let chunks = openai_stream_chunks(62);
+        let parts: Vec<&[u8]> = chunks.iter().map(|c| c.as_bytes()).collect();
+        for strip in [false, true] {
+            let (out, u, ce, s) = feed_all(strip, &parts);
+            assert_eq!(u, usage(12, 3, 15));
+            assert_eq!(ce, 62);
+            assert_eq!(s.stripped_events(), u64::from(strip));
+            assert_eq!(
+                out.len() + usize::from(strip) * parts[64].len(),
+                chunks.concat().len()
+            );
+        }
+    }
+
+    /// Time per realistic stream (65 chunks + `[DONE]`, one event per chunk); run with
+    /// `cargo test -p maas-filter --release --lib sse::tests::per_stream -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn per_stream() {
+        let chunks = openai_stream_chunks(62);
+        // Best of 15 rounds of 2,000 streams, alternating modes: the machine may be shared.
+        let n = 2_000u32;
+        let mut best = [f64::MAX; 2];
+        let mut total = 0u64;
+        for _ in 0..15 {
+            for strip in [false, true] {
+                let start = std::time::Instant::now();
+                for _ in 0..n {
+                    let mut s = SseScanner::new(strip);
+                    for c in &chunks {
+                        total += s.feed(std::hint::black_box(c.as_bytes())).len() as u64;
+                    }
+                    let (_, u) = s.finish();
+                    total += u.map_or(0, |u| u.total_tokens) + s.content_events();
+                }
+                let per = start.elapsed().as_secs_f64() / f64::from(n);
+                let b = &mut best[usize::from(strip)];
+                *b = b.min(per);
+            }
+        }
+        std::hint::black_box(total);
+        for strip in [false, true] {
+            let per = best[usize::from(strip)];
+            println!(
+                "sse per stream strip={strip}: {:.2} µs per {}-chunk stream ({:.0} ns per event), best of 15",
+                per * 1e6,
+                chunks.len(),
+                per * 1e9 / chunks.len() as f64,
+            );
         }
     }
 

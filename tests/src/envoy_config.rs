@@ -161,6 +161,40 @@ pub fn plugin_config(input: &EnvoyConfigInput<'_>, poll_interval_ms: u64) -> Val
     })
 }
 
+/// Deep-merges `extra` over `base` (objects merge key by key; anything else replaces).
+pub fn merge_json(base: &mut Value, extra: &Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                merge_json(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, e) => *b = e.clone(),
+    }
+}
+
+/// Merges `extra` over the filter's pluginConfig inside a rendered bootstrap (e.g.
+/// `{"removeHeaders":["cookie"],"cache":{"maxEntries":10}}`). Fails when there is no filter.
+pub fn with_plugin_config_extra(rendered: &str, extra: &Value) -> Result<String> {
+    let mut bootstrap: Value = serde_json::from_str(rendered)?;
+    let filters = bootstrap
+        .pointer_mut(
+            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
+        )
+        .and_then(Value::as_array_mut);
+    let Some(wasm) = filters.and_then(|f| {
+        f.iter_mut()
+            .find(|f| f["name"] == "envoy.filters.http.wasm")
+    }) else {
+        bail!("no wasm filter in the config to merge pluginConfig into");
+    };
+    let value = &mut wasm["typed_config"]["config"]["configuration"]["value"];
+    let mut plugin: Value = serde_json::from_str(value.as_str().unwrap_or("{}"))?;
+    merge_json(&mut plugin, extra);
+    *value = Value::String(plugin.to_string());
+    Ok(serde_json::to_string_pretty(&bootstrap)?)
+}
+
 /// Renders the Envoy bootstrap (JSON) for the stack.
 pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
     let mut clusters = vec![
@@ -437,6 +471,31 @@ mod tests {
         assert_eq!(plugin["pollIntervalMs"], 500);
         let bootstrap = PolicyDocument::from_value(plugin["bootstrapPolicy"].clone()).unwrap();
         assert_eq!(bootstrap, p);
+    }
+
+    #[test]
+    fn plugin_config_extra_merges_deeply() {
+        let p = policy();
+        let rendered = render(&input(&p, true)).unwrap();
+        let merged = with_plugin_config_extra(
+            &rendered,
+            &json!({"removeHeaders": ["cookie"], "companion": {"timeoutMs": 50}}),
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&merged).unwrap();
+        let plugin: Value = serde_json::from_str(
+            hcm(&v)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(plugin["removeHeaders"], json!(["cookie"]));
+        assert_eq!(plugin["companion"]["timeoutMs"], 50);
+        assert_eq!(
+            plugin["companion"]["cluster"], COMPANION_INTERNAL_CLUSTER,
+            "kept"
+        );
+        assert!(with_plugin_config_extra(&render(&input(&p, false)).unwrap(), &json!({})).is_err());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::Response;
+use axum::serve::ListenerExt;
 use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -112,7 +113,17 @@ fn router(config: SimConfig) -> (Router, Arc<SimState>) {
 /// Serves the simulator on an already bound listener until the future is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, config: SimConfig) -> std::io::Result<()> {
     let (app, _) = router(config);
-    axum::serve(listener, app).await
+    axum::serve(nodelay(listener), app).await
+}
+
+/// TCP_NODELAY on every accepted connection: without it small SSE chunks wait for Nagle and
+/// the peer's delayed ACK (~40 ms per stream), and benchmarks would measure the stub.
+fn nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
 }
 
 /// Starts the simulator on `addr` on a dedicated runtime thread that lives as long as the
@@ -140,7 +151,7 @@ pub fn spawn(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimHandle> 
             runtime.block_on(async move {
                 match tokio::net::TcpListener::from_std(std_listener) {
                     Ok(listener) => {
-                        if let Err(e) = axum::serve(listener, app).await {
+                        if let Err(e) = axum::serve(nodelay(listener), app).await {
                             eprintln!("model-sim: server error: {e}");
                         }
                     }

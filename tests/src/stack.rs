@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Where a config file comes from.
@@ -51,6 +51,8 @@ pub struct StackOptions {
     pub companion_env: Vec<(String, String)>,
     /// Keep the stack's directory (logs) after it stops.
     pub keep_dir: bool,
+    /// Merged (deeply) over the filter's pluginConfig, e.g. `{"removeHeaders":["cookie"]}`.
+    pub plugin_config_extra: Option<Value>,
 }
 
 impl Default for StackOptions {
@@ -69,6 +71,7 @@ impl Default for StackOptions {
             ready_timeout: Duration::from_secs(90),
             companion_env: Vec::new(),
             keep_dir: std::env::var_os("MAAS_KEEP_STACK").is_some(),
+            plugin_config_extra: None,
         }
     }
 }
@@ -144,18 +147,66 @@ struct CompanionSpec {
     log: PathBuf,
 }
 
-pub struct Stack {
+/// What must be stopped and removed. Registered globally (weakly) so that stacks kept in
+/// statics, which are never dropped, are still stopped and removed when the process exits.
+struct Resources {
     dir: Mutex<Option<tempfile::TempDir>>,
+    postgres: Mutex<Option<Postgres>>,
+    companion: Mutex<Option<ManagedProcess>>,
+    envoy: Mutex<Option<ManagedProcess>>,
+}
+
+fn live_stacks() -> &'static Mutex<Vec<Weak<Resources>>> {
+    static LIVE: OnceLock<Mutex<Vec<Weak<Resources>>>> = OnceLock::new();
+    LIVE.get_or_init(|| {
+        extern "C" fn stop_live_stacks_at_exit() {
+            let live: Vec<Weak<Resources>> = std::mem::take(&mut *lock(live_stacks()));
+            for res in live.iter().filter_map(Weak::upgrade) {
+                res.shutdown();
+            }
+        }
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe {
+            libc::atexit(stop_live_stacks_at_exit);
+        }
+        Mutex::new(Vec::new())
+    })
+}
+
+impl Resources {
+    fn register(res: Resources) -> Arc<Resources> {
+        let res = Arc::new(res);
+        let mut live = lock(live_stacks());
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(&res));
+        res
+    }
+
+    /// Envoy, the companion, then PostgreSQL (gracefully); then the directory. Idempotent.
+    fn shutdown(&self) {
+        if let Some(mut p) = lock(&self.envoy).take() {
+            p.stop(Duration::from_secs(5));
+        }
+        if let Some(mut p) = lock(&self.companion).take() {
+            p.stop(Duration::from_secs(5));
+        }
+        if let Some(mut pg) = lock(&self.postgres).take() {
+            pg.stop();
+        }
+        drop(lock(&self.dir).take());
+    }
+}
+
+pub struct Stack {
+    /// Processes and directory, shared with the exit-time cleanup registry.
+    res: Arc<Resources>,
     dir_path: PathBuf,
     ports: Ports,
     policy_path: PathBuf,
     identities_path: PathBuf,
     credentials_path: PathBuf,
     sim: SimHandle,
-    postgres: Mutex<Option<Postgres>>,
     companion_spec: CompanionSpec,
-    companion: Mutex<Option<ManagedProcess>>,
-    envoy: Mutex<Option<ManagedProcess>>,
     envoy_config_path: PathBuf,
     envoy_log: PathBuf,
     ready_timeout: Duration,
@@ -296,6 +347,10 @@ impl Stack {
                 poll_interval_ms: options.poll_interval_ms,
             }),
         })?;
+        let rendered = match &options.plugin_config_extra {
+            Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
+            None => rendered,
+        };
         std::fs::write(&envoy_config_path, rendered)?;
 
         let dir_slot = if options.keep_dir {
@@ -305,7 +360,12 @@ impl Stack {
             Some(dir)
         };
         let stack = Stack {
-            dir: Mutex::new(dir_slot),
+            res: Resources::register(Resources {
+                dir: Mutex::new(dir_slot),
+                postgres: Mutex::new(Some(postgres)),
+                companion: Mutex::new(None),
+                envoy: Mutex::new(None),
+            }),
             envoy_log: dir_path.join("envoy.log"),
             dir_path,
             ports,
@@ -313,10 +373,7 @@ impl Stack {
             identities_path,
             credentials_path,
             sim,
-            postgres: Mutex::new(Some(postgres)),
             companion_spec,
-            companion: Mutex::new(None),
-            envoy: Mutex::new(None),
             envoy_config_path,
             ready_timeout: options.ready_timeout,
         };
@@ -330,30 +387,19 @@ impl Stack {
     }
 
     /// The stack shared by all tests of one test binary: started once, lazily, on a dedicated
-    /// thread; stopped (and its directory removed) when the process exits.
+    /// thread; stopped (and its directory removed) when the process exits, like every stack
+    /// still alive then (e.g. kept in a test's own static).
     pub fn shared() -> &'static Stack {
         static SHARED: OnceLock<std::result::Result<Stack, String>> = OnceLock::new();
         let result = SHARED.get_or_init(|| {
-            let started = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("maas-stack-start".into())
                 .spawn(|| Stack::start(StackOptions::default()).map_err(|e| format!("{e:#}")))
                 .map_err(|e| e.to_string())
                 .and_then(|h| {
                     h.join()
                         .unwrap_or_else(|_| Err("stack start panicked".into()))
-                });
-            if started.is_ok() {
-                extern "C" fn stop_shared_at_exit() {
-                    if let Some(Ok(stack)) = SHARED.get() {
-                        stack.shutdown();
-                    }
-                }
-                // SAFETY: registering a plain extern "C" fn with no captured state.
-                unsafe {
-                    libc::atexit(stop_shared_at_exit);
-                }
-            }
-            started
+                })
         });
         match result {
             Ok(stack) => stack,
@@ -373,7 +419,7 @@ impl Stack {
             ]);
         let process =
             ManagedProcess::spawn("envoy", cmd, &self.envoy_log, libc::SIGTERM, libc::SIGKILL)?;
-        *lock(&self.envoy) = Some(process);
+        *lock(&self.res.envoy) = Some(process);
         let admin = self.ports.admin;
         self.wait_until("envoy admin /ready", || {
             Ok(http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200)
@@ -398,7 +444,10 @@ impl Stack {
                 Ok(false) => last_err = "not ready yet".into(),
                 Err(e) => last_err = e.to_string(),
             }
-            for (name, slot) in [("companion", &self.companion), ("envoy", &self.envoy)] {
+            for (name, slot) in [
+                ("companion", &self.res.companion),
+                ("envoy", &self.res.envoy),
+            ] {
                 if let Some(status) = lock(slot).as_mut().and_then(ManagedProcess::exited) {
                     bail!(
                         "{name} exited ({status}) while waiting for {what}\n{}",
@@ -427,12 +476,15 @@ impl Stack {
 
     /// Fails when Envoy, the companion or PostgreSQL has exited on its own.
     pub fn check_alive(&self) -> Result<()> {
-        for (name, slot) in [("companion", &self.companion), ("envoy", &self.envoy)] {
+        for (name, slot) in [
+            ("companion", &self.res.companion),
+            ("envoy", &self.res.envoy),
+        ] {
             if let Some(status) = lock(slot).as_mut().and_then(ManagedProcess::exited) {
                 bail!("{name} exited ({status})\n{}", self.log_tails());
             }
         }
-        if let Some(status) = lock(&self.postgres).as_mut().and_then(Postgres::exited) {
+        if let Some(status) = lock(&self.res.postgres).as_mut().and_then(Postgres::exited) {
             bail!("postgres exited ({status})\n{}", self.log_tails());
         }
         Ok(())
@@ -485,12 +537,16 @@ impl Stack {
     pub fn envoy_config_path(&self) -> &Path {
         &self.envoy_config_path
     }
+    /// Envoy's pid while it runs.
+    pub fn envoy_pid(&self) -> Option<u32> {
+        lock(&self.res.envoy).as_ref().and_then(ManagedProcess::pid)
+    }
 
     // ---- process control (fault tests) ----
 
     pub fn start_companion(&self) -> Result<()> {
         {
-            let mut slot = lock(&self.companion);
+            let mut slot = lock(&self.res.companion);
             if slot.as_mut().is_some_and(ManagedProcess::is_running) {
                 return Ok(());
             }
@@ -519,20 +575,20 @@ impl Stack {
     }
 
     pub fn stop_companion(&self) {
-        if let Some(mut p) = lock(&self.companion).take() {
+        if let Some(mut p) = lock(&self.res.companion).take() {
             p.stop(Duration::from_secs(5));
         }
     }
 
     /// Stops PostgreSQL (fast shutdown), keeping its data.
     pub fn stop_postgres(&self) {
-        if let Some(pg) = lock(&self.postgres).as_mut() {
+        if let Some(pg) = lock(&self.res.postgres).as_mut() {
             pg.stop();
         }
     }
 
     pub fn start_postgres(&self) -> Result<()> {
-        match lock(&self.postgres).as_mut() {
+        match lock(&self.res.postgres).as_mut() {
             Some(pg) => pg.start(),
             None => bail!("the stack is shut down"),
         }
@@ -612,7 +668,7 @@ impl Stack {
 
     pub fn log_paths(&self) -> Vec<PathBuf> {
         let mut paths = vec![self.companion_spec.log.clone(), self.envoy_log.clone()];
-        if let Some(pg) = lock(&self.postgres).as_ref() {
+        if let Some(pg) = lock(&self.res.postgres).as_ref() {
             paths.push(pg.log_path().to_path_buf());
         }
         paths
@@ -630,14 +686,7 @@ impl Stack {
     /// Stops everything (Envoy, companion, then PostgreSQL gracefully) and removes the
     /// directory unless kept. Idempotent.
     pub fn shutdown(&self) {
-        if let Some(mut p) = lock(&self.envoy).take() {
-            p.stop(Duration::from_secs(5));
-        }
-        self.stop_companion();
-        if let Some(mut pg) = lock(&self.postgres).take() {
-            pg.stop();
-        }
-        drop(lock(&self.dir).take());
+        self.res.shutdown();
     }
 }
 

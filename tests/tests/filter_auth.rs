@@ -304,7 +304,7 @@ async fn credential_refusals() {
     .await;
     r.error(400);
     // Wrong shape with the key prefix: 401 and no callout.
-    let callouts = metric(stack, "maas_auth_callouts").await;
+    let callouts = companion_validations(stack).await;
     let r = chat(
         stack,
         p,
@@ -324,7 +324,7 @@ async fn credential_refusals() {
     .await;
     r.error(401);
     assert_eq!(
-        metric(stack, "maas_auth_callouts").await,
+        companion_validations(stack).await,
         callouts,
         "a malformed key made a callout"
     );
@@ -487,7 +487,7 @@ async fn concurrent_misses_make_one_callout_per_worker() {
     let _serial = serial().await;
     let stack = stack();
     let key = stack.mint_key_plain("erin-token", "burst").await.unwrap();
-    let before = metric(stack, "maas_auth_callouts").await;
+    let before = companion_validations(stack).await;
     let mut tasks = Vec::new();
     for i in 0..24 {
         let key = key.clone();
@@ -507,7 +507,7 @@ async fn concurrent_misses_make_one_callout_per_worker() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200);
     }
-    let made = metric(stack, "maas_auth_callouts").await - before;
+    let made = companion_validations(stack).await - before;
     // The stack runs Envoy with 2 workers; each makes at most one callout for the key (a
     // callout that finished before a later request arrived would have filled the cache).
     assert!(
@@ -554,4 +554,193 @@ async fn metrics_are_exported() {
         "token metrics missing: {text}"
     );
     assert!(metric(stack, "maas_requests_allowed").await >= 1);
+}
+
+#[tokio::test]
+async fn request_bodies_and_upstream_faults() {
+    let _serial = serial().await;
+    let stack = stack();
+    let p = "/llm/sim-model/v1/chat/completions";
+    let auth = [("authorization", "Bearer alice-token")];
+    // Larger than the 1 MiB body cap: 413, never forwarded whole.
+    let big = json!({"model": "sim-model", "messages": [{"role": "user", "content": "x ".repeat(700_000)}]});
+    let r = chat(stack, p, "body-big", &auth, big).await;
+    assert_eq!(r.status, 413, "{}", &r.body[..r.body.len().min(300)]);
+    // Not JSON where JSON is required: 400 with the reason.
+    let r = send(
+        client()
+            .post(format!("{}{p}", stack.gateway_url()))
+            .header("authorization", "Bearer alice-token")
+            .header("content-type", "application/json")
+            .header("x-test-id", "body-bad")
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(r.error(400)["code"], "invalid_body");
+    // A malformed upstream body passes through untouched.
+    let r = chat(
+        stack,
+        p,
+        "body-up-notjson",
+        &[auth[0], ("x-sim-fault", "not-json")],
+        body("sim-model"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, "this is not json {");
+    // A stream without usage (the model ignored include_usage) and a stream cut mid-way still
+    // reach the client as sent.
+    let stream = json!({"model": "sim-model", "stream": true, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let r = chat(
+        stack,
+        p,
+        "body-up-nousage",
+        &[auth[0], ("x-sim-fault", "no-usage")],
+        stream.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("[DONE]"), "{}", r.body);
+    let r = chat(
+        stack,
+        p,
+        "body-up-nodone",
+        &[auth[0], ("x-sim-fault", "no-done")],
+        stream,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("tok3"), "{}", r.body);
+    // Uploads are not buffered or parsed.
+    let r = send(
+        client()
+            .post(format!(
+                "{}/llm/sim-model/v1/audio/transcriptions",
+                stack.gateway_url()
+            ))
+            .header("authorization", "Bearer alice-token")
+            .header("content-type", "application/octet-stream")
+            .header("x-test-id", "body-upload")
+            .body(vec![0u8; 4096]),
+    )
+    .await;
+    assert_ne!(r.status, 400, "{}", r.body);
+    assert_eq!(stack.sim_requests_with_test_id("body-upload").len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_plugin_config_keeps_envoy_from_serving() {
+    let _serial = serial().await;
+    let stack = stack();
+    // The stack's own Envoy config with a broken pluginConfig: Envoy must refuse it.
+    let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let listener = &mut config["static_resources"]["listeners"][0];
+    let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        .as_array_mut()
+        .unwrap();
+    let wasm = filters
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")
+        .unwrap();
+    wasm["typed_config"]["config"]["configuration"]["value"] =
+        json!(r#"{"companion":{"cluster":"maas-companion","timeoutMs":0}}"#);
+    // Free ports for this copy.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    listener["address"]["socket_address"]["port_value"] = json!(port);
+    config["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("envoy-bad.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let envoy = maas_e2e::tools::envoy_bin().unwrap();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(envoy)
+            .arg("-c")
+            .arg(&path)
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "info",
+                "--base-id",
+                "77",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("envoy exits on its own")
+    .unwrap();
+    assert!(
+        !out.status.success(),
+        "envoy started with a broken pluginConfig"
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("companion.timeoutMs"),
+        "the error does not name the field:\n{log}"
+    );
+}
+
+/// Sends raw bytes as one HTTP/1.1 request and returns the status.
+fn raw_request(stack: &Stack, request: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(stack.gateway_addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    s.write_all(request).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn non_utf8_headers_are_refused_and_the_worker_survives() {
+    let _serial = serial().await;
+    let stack = stack();
+    let raw_body = br#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}"#;
+    for bad in [
+        &b"Authorization: Bearer \xff\xfe\xfd\r\n"[..],
+        &b"x-api-key: sk-oai-\xc3\x28\r\n"[..],
+    ] {
+        // Many times, so that every worker sees one.
+        for _ in 0..6 {
+            let mut req = b"POST /llm/sim-model/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\ncontent-type: application/json\r\n".to_vec();
+            req.extend_from_slice(bad);
+            req.extend_from_slice(format!("content-length: {}\r\n\r\n", raw_body.len()).as_bytes());
+            req.extend_from_slice(raw_body);
+            let status = raw_request(stack, &req);
+            assert!(
+                status == 400 || status == 401,
+                "non-UTF-8 credential got {status}"
+            );
+        }
+    }
+    // Every worker still answers.
+    for i in 0..8 {
+        let r = chat(
+            stack,
+            "/llm/sim-model/v1/chat/completions",
+            &format!("utf8-after-{i}"),
+            &[("authorization", "Bearer alice-token")],
+            body("sim-model"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
 }

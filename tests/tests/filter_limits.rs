@@ -218,7 +218,7 @@ async fn streamed_responses_exhaust_the_token_budget() {
 
 #[tokio::test]
 async fn concurrent_requests_overshoot_by_at_most_one_reservation() {
-    let stack = stack();
+    stack(); // started before the burst
     let mut tasks = Vec::new();
     for i in 0..12 {
         tasks.push(tokio::spawn(async move {

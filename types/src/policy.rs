@@ -252,12 +252,13 @@ impl PolicyDocument {
                 ));
             }
             if let Some(d) = &t.display_name
-                && d.trim().is_empty() {
-                    return Err(err(
-                        format!("tiers[{i}].displayName"),
-                        "must not be blank when given",
-                    ));
-                }
+                && d.trim().is_empty()
+            {
+                return Err(err(
+                    format!("tiers[{i}].displayName"),
+                    "must not be blank when given",
+                ));
+            }
             if t.groups.is_empty() {
                 return Err(err(
                     format!("tiers[{i}].groups"),
@@ -473,5 +474,63 @@ mod tests {
         assert!(doc.model_for_path("/llm/simulator/v1/models").is_none());
         assert!(doc.model_for_path("/LLM/sim/v1/models").is_none());
         assert!(doc.model_for_path("/other").is_none());
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn window() -> impl Strategy<Value = String> {
+            (1u64..300, prop::sample::select(vec!["s", "m", "h", "d"]))
+                .prop_map(|(n, u)| format!("{n}{u}"))
+        }
+
+        fn tier(i: usize) -> impl Strategy<Value = serde_json::Value> {
+            (0i64..5, prop::collection::vec((1u64..1_000_000, window()), 0..3)).prop_map(move |(level, lims)| {
+                let mut seen = std::collections::BTreeSet::new();
+                let tokens: Vec<_> = lims
+                    .into_iter()
+                    .filter(|(_, w)| seen.insert(Window::parse(w).unwrap()))
+                    .map(|(l, w)| serde_json::json!({"limit": l, "window": w}))
+                    .collect();
+                serde_json::json!({"name": format!("t{i}"), "level": level, "groups": [format!("g{i}")],
+                                   "limits": {"tokens": tokens}})
+            })
+        }
+
+        fn policy() -> impl Strategy<Value = serde_json::Value> {
+            (tier(0), tier(1), 0usize..4).prop_map(|(a, b, models)| {
+                let models: Vec<_> = (0..models)
+                    .map(|m| serde_json::json!({"name": format!("m{m}"), "path": format!("/ns/m{m}"), "tiers": ["t0"]}))
+                    .collect();
+                serde_json::json!({"tiers": [a, b], "models": models})
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn valid_documents_roundtrip(v in policy()) {
+                let doc = PolicyDocument::from_value(v).unwrap();
+                let bytes = serde_json::to_vec(&doc).unwrap();
+                prop_assert_eq!(PolicyDocument::from_json(&bytes).unwrap(), doc);
+            }
+
+            /// Any byte flip of a valid document is either accepted (and then valid) or refused with a message.
+            #[test]
+            fn mutated_documents_never_panic(v in policy(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                let mut bytes = serde_json::to_vec(&v).unwrap();
+                let i = at.index(bytes.len());
+                bytes[i] = byte;
+                match PolicyDocument::from_json(&bytes) {
+                    Ok(doc) => prop_assert!(doc.validate().is_ok()),
+                    Err(e) => prop_assert!(!e.message.is_empty()),
+                }
+            }
+
+            #[test]
+            fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                let _ = PolicyDocument::from_json(&bytes);
+            }
+        }
     }
 }

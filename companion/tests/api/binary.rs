@@ -46,6 +46,7 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
     let mut child = Command::new(BIN)
         .env_clear()
         .env("RUST_LOG", "info")
+        .env("MAAS_LOG_FORMAT", "json")
         .env("DATABASE_URL", &database_url)
         .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
         .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
@@ -78,7 +79,11 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         let line = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .expect("no 'listening' line");
-        if let Some(rest) = line.split("listening public=").nth(1) {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+            panic!("not a JSON log line: {line}");
+        };
+        let message = entry["fields"]["message"].as_str().unwrap_or_default();
+        if let Some(rest) = message.split("listening public=").nth(1) {
             let mut parts = rest.split(" internal=");
             let public = parts.next().unwrap().trim().to_string();
             let internal = parts.next().unwrap().trim().to_string();

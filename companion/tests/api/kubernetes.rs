@@ -17,6 +17,31 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 struct Calls {
     token_reviews: AtomicUsize,
     secret_gets: AtomicUsize,
+    access_reviews: AtomicUsize,
+}
+
+/// Only the `builder` service account may create MaaSAuthPolicies in `maas` (admin by SAR).
+async fn subject_access_review(
+    State(calls): State<Arc<Calls>>,
+    Json(review): Json<Value>,
+) -> impl IntoResponse {
+    calls.access_reviews.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(review["apiVersion"], "authorization.k8s.io/v1");
+    assert_eq!(review["kind"], "SubjectAccessReview");
+    let attrs = &review["spec"]["resourceAttributes"];
+    let allowed = review["spec"]["user"] == "system:serviceaccount:team-a:builder"
+        && attrs["namespace"] == "maas"
+        && attrs["group"] == "maas.opendatahub.io"
+        && attrs["resource"] == "maasauthpolicies"
+        && attrs["verb"] == "create";
+    let mut answer = review.clone();
+    answer["metadata"] = json!({"creationTimestamp": null});
+    answer["status"] = if allowed {
+        json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"maas-admins\""})
+    } else {
+        json!({"allowed": false})
+    };
+    (StatusCode::CREATED, Json(answer))
 }
 
 async fn token_review(
@@ -36,6 +61,10 @@ async fn token_review(
                 "groups": ["system:serviceaccounts", "system:serviceaccounts:team-a", "system:authenticated", "tier-premium-users"]
             },
             "audiences": ["https://kubernetes.default.svc"]
+        }),
+        "kube-other" => json!({
+            "authenticated": true,
+            "user": {"username": "dev", "groups": ["system:authenticated"]}
         }),
         "kube-admin" => json!({
             "authenticated": true,
@@ -110,6 +139,10 @@ async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
             "/api/v1/namespaces/{namespace}/secrets/{name}",
             get(get_secret),
         )
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            post(subject_access_review),
+        )
         .with_state(calls);
     let tls = axum_server::tls_rustls::RustlsConfig::from_pem(
         leaf.pem().into_bytes(),
@@ -128,7 +161,10 @@ async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-async fn spawn_kube_app(calls: Arc<Calls>) -> crate::helpers::TestApp {
+async fn spawn_kube_app(
+    calls: Arc<Calls>,
+    adjust: impl FnOnce(&mut maas_companion::Config),
+) -> crate::helpers::TestApp {
     let client = start_api_server(calls).await;
     let database_url = create_database().await;
     let dir = tempfile::tempdir().unwrap();
@@ -147,6 +183,7 @@ async fn spawn_kube_app(calls: Arc<Calls>) -> crate::helpers::TestApp {
     config.credentials_source = CredentialsSourceKind::Kubernetes;
     config.credentials_file = None;
     config.token_negative_cache_ttl_seconds = 1;
+    adjust(&mut config);
     spawn_with_config(
         config,
         dir,
@@ -162,7 +199,7 @@ async fn spawn_kube_app(calls: Arc<Calls>) -> crate::helpers::TestApp {
 #[tokio::test]
 async fn token_review_identities_mint_and_authenticate_with_caching() {
     let calls = Arc::new(Calls::default());
-    let app = spawn_kube_app(calls.clone()).await;
+    let app = spawn_kube_app(calls.clone(), |_| {}).await;
 
     let r = app.authenticate("kube-good").await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -231,7 +268,7 @@ async fn token_review_identities_mint_and_authenticate_with_caching() {
 #[tokio::test]
 async fn provider_credentials_come_from_secrets() {
     let calls = Arc::new(Calls::default());
-    let app = spawn_kube_app(calls.clone()).await;
+    let app = spawn_kube_app(calls.clone(), |_| {}).await;
     let r = app.internal_get("/internal/v1/credentials").await;
     assert_eq!(r.status, 200, "{}", r.body);
     // The missing Secret is left out (and logged), the present one is served.
@@ -244,4 +281,74 @@ async fn provider_credentials_come_from_secrets() {
     let again = app.internal_get("/internal/v1/credentials").await;
     assert_eq!(again.headers["etag"], r.headers["etag"]);
     assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn admin_by_subject_access_review() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone(), |c| {
+        c.admin_sar_namespace = Some("maas".into());
+    })
+    .await;
+    let dev_key = app.mint("kube-other", json!({"name": "dev-key"})).await;
+    let builder_key = app.mint("kube-good", json!({"name": "builder-key"})).await;
+    let dev_path = format!("/v1/api-keys/{}", dev_key["id"].as_str().unwrap());
+    let builder_path = format!("/v1/api-keys/{}", builder_key["id"].as_str().unwrap());
+
+    // The builder is admin by SAR (not by group): sees dev's key.
+    let r = app.public_get(&dev_path, Some("kube-good")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Dev is not: the builder's key is 404 to them.
+    let r = app.public_get(&builder_path, Some("kube-other")).await;
+    assert_eq!(r.status, 404);
+    // Allowed answers are cached: no new review for the builder.
+    let before = calls.access_reviews.load(Ordering::SeqCst);
+    let r = app.public_get(&dev_path, Some("kube-good")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(calls.access_reviews.load(Ordering::SeqCst), before);
+    // Group admins need no review at all.
+    let before = calls.access_reviews.load(Ordering::SeqCst);
+    let r = app.public_get(&dev_path, Some("kube-admin")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(calls.access_reviews.load(Ordering::SeqCst), before);
+}
+
+#[tokio::test]
+async fn oidc_jwts_next_to_token_review() {
+    use jwt_simple::prelude::{Duration, ES256KeyPair};
+    let key = ES256KeyPair::generate().with_key_id("k1");
+    let jwks_url = crate::oidc::start_jwks(&key).await;
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone(), |c| {
+        c.oidc_issuer = Some(crate::oidc::ISSUER.into());
+        c.oidc_audience = Some(crate::oidc::AUDIENCE.into());
+        c.oidc_jwks_url = Some(jwks_url);
+    })
+    .await;
+    let jwt = crate::oidc::token(
+        &key,
+        crate::oidc::ISSUER,
+        crate::oidc::AUDIENCE,
+        Duration::from_hours(1),
+    );
+    let r = app.authenticate(&jwt).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["subject"], "olivia");
+    assert_eq!(
+        calls.token_reviews.load(Ordering::SeqCst),
+        0,
+        "verified locally"
+    );
+    // A JWT from the issuer but signed by someone else is refused, not sent to TokenReview.
+    let forged = crate::oidc::token(
+        &ES256KeyPair::generate().with_key_id("k1"),
+        crate::oidc::ISSUER,
+        crate::oidc::AUDIENCE,
+        Duration::from_hours(1),
+    );
+    assert_eq!(app.authenticate(&forged).await.status, 401);
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 0);
+    // Other tokens still go to TokenReview.
+    assert_eq!(app.authenticate("kube-good").await.status, 200);
+    assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 1);
 }

@@ -7,8 +7,8 @@ use jwt_simple::prelude::*;
 use maas_companion::config::IdentityProviderKind;
 use serde_json::json;
 
-const ISSUER: &str = "https://issuer.example.test";
-const AUDIENCE: &str = "maas";
+pub const ISSUER: &str = "https://issuer.example.test";
+pub const AUDIENCE: &str = "maas";
 
 #[derive(Serialize, Deserialize)]
 struct UserClaims {
@@ -16,7 +16,7 @@ struct UserClaims {
     groups: Vec<String>,
 }
 
-fn token(key: &ES256KeyPair, issuer: &str, audience: &str, valid_for: Duration) -> String {
+pub fn token(key: &ES256KeyPair, issuer: &str, audience: &str, valid_for: Duration) -> String {
     let claims = Claims::with_custom_claims(
         UserClaims {
             preferred_username: "olivia".into(),
@@ -30,15 +30,21 @@ fn token(key: &ES256KeyPair, issuer: &str, audience: &str, valid_for: Duration) 
     key.sign(claims).unwrap()
 }
 
-#[tokio::test]
-async fn oidc_tokens_are_verified_against_the_jwks() {
-    let key = ES256KeyPair::generate().with_key_id("k1");
+/// Serves `{"keys":[<key's public JWK>]}` on a local port; returns its URL.
+pub async fn start_jwks(key: &ES256KeyPair) -> String {
     let jwk: serde_json::Value = serde_json::from_str(&key.public_key().to_jwk()).unwrap();
     let jwks = json!({"keys": [jwk]});
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let jwks_url = format!("http://{}/jwks", listener.local_addr().unwrap());
     let router = Router::new().route("/jwks", get(move || async move { Json(jwks) }));
     tokio::spawn(async move { axum::serve(listener, router).await });
+    jwks_url
+}
+
+#[tokio::test]
+async fn oidc_tokens_are_verified_against_the_jwks() {
+    let key = ES256KeyPair::generate().with_key_id("k1");
+    let jwks_url = start_jwks(&key).await;
 
     let database_url = create_database().await;
     let dir = tempfile::tempdir().unwrap();

@@ -61,10 +61,11 @@ struct Args {
     /// Only these variants (comma separated); default all.
     #[arg(long, env = "BENCH_ONLY", value_delimiter = ',')]
     only: Vec<String>,
-    /// Also profile Envoy (perf record, cpu-clock) during one envoy and one filter-cached run at
-    /// the highest concurrency: CPU time per request and where it goes (Envoy, wasm JIT code, kernel).
-    #[arg(long, env = "BENCH_PROFILE")]
-    profile: bool,
+    /// Skip the profile (by default Envoy is profiled with `perf record -e cpu-clock` during one
+    /// run of envoy, wasm-noop, filter-cached and the streams at the highest concurrency: CPU
+    /// time per request and where it goes).
+    #[arg(long, env = "BENCH_NO_PROFILE")]
+    no_profile: bool,
     /// Where the results go (markdown). Empty = do not write.
     #[arg(long, env = "BENCH_OUT", default_value = "docs/benchmarks.md")]
     out: String,
@@ -313,6 +314,22 @@ fn start_envoy(
     filter: bool,
     cache_entries: u64,
 ) -> Result<BenchEnvoy> {
+    start_envoy_with(
+        inp,
+        name,
+        filter.then_some(inp.wasm.as_path()),
+        cache_entries,
+    )
+}
+
+/// Like [`start_envoy`] with any wasm module in the filter's place (`None` = bare Envoy).
+fn start_envoy_with(
+    inp: &EnvoyInputs<'_>,
+    name: &str,
+    wasm: Option<&Path>,
+    cache_entries: u64,
+) -> Result<BenchEnvoy> {
+    let filter = wasm == Some(inp.wasm.as_path());
     let [listen, admin] = free_ports::<2>()?.map(local);
     let input = EnvoyConfigInput {
         policy: inp.policy,
@@ -321,8 +338,8 @@ fn start_envoy(
         companion_public: inp.companion_public,
         companion_internal: inp.companion_internal,
         simulator: inp.simulator,
-        filter: filter.then(|| WasmFilterOptions {
-            wasm_path: inp.wasm.clone(),
+        filter: wasm.map(|w| WasmFilterOptions {
+            wasm_path: w.to_path_buf(),
             poll_interval_ms: 2000,
         }),
     };
@@ -911,7 +928,7 @@ fn run() -> Result<()> {
     let mut args = Args::parse();
     if args.quick {
         args.seconds = 2;
-        args.rounds = args.rounds.max(3).min(3);
+        args.rounds = 3;
         args.cached_keys = vec![1000, 5000];
         args.ttfb_samples = 60;
     }
@@ -986,6 +1003,27 @@ fn run() -> Result<()> {
         true,
         (pool as u64 + 1000).max(100_000),
     )?;
+
+    // A trivial Rust wasm filter (tests/bench/noop-filter), when built: the cost of any filter.
+    let noop_wasm = std::env::var_os("BENCH_NOOP_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            root.join("target/bench-noop/wasm32-wasip1/release/maas_bench_noop_filter.wasm")
+        });
+    let noop = if noop_wasm.is_file() {
+        Some(start_envoy_with(
+            &inputs,
+            "envoy-noop",
+            Some(&noop_wasm),
+            1000,
+        )?)
+    } else {
+        log(format!(
+            "{} not built: no wasm-noop variant",
+            noop_wasm.display()
+        ));
+        None
+    };
 
     let fixed = |auth: Option<&str>| Load::Fixed {
         auth: auth.map(str::to_string),
@@ -1071,6 +1109,24 @@ fn run() -> Result<()> {
             only_c: None,
         });
     }
+    if let Some(noop) = &noop {
+        let at = variants
+            .iter()
+            .position(|v| v.name == "envoy")
+            .map_or(0, |i| i + 1);
+        variants.insert(
+            at,
+            Variant {
+                name: "wasm-noop",
+                baseline: "envoy",
+                addr: noop.listen,
+                path: CHAT_PATH.into(),
+                body_file: body_json.clone(),
+                load: fixed(Some(&cached_auth)),
+                only_c: None,
+            },
+        );
+    }
     if !args.only.is_empty() {
         variants.retain(|v| args.only.iter().any(|o| o == v.name));
     }
@@ -1140,21 +1196,43 @@ fn run() -> Result<()> {
 
     // ---- profile ----
     let mut profiles = Vec::new();
-    if args.profile {
+    let perf_works = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-o",
+            "/dev/null",
+            "--",
+            "true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !args.no_profile && !perf_works {
+        log("perf record does not work here: no profile");
+    }
+    if !args.no_profile && perf_works {
         let c = args.concurrency.iter().copied().max().unwrap_or(32);
-        for (vname, envoy) in [
-            ("envoy", &bare),
-            ("filter-cached", &filtered),
-            ("filter-stream", &filtered),
-            ("envoy-stream", &bare),
-        ] {
+        let mut targets = vec![("envoy", bare.pid())];
+        if let Some(n) = &noop {
+            targets.push(("wasm-noop", n.pid()));
+        }
+        targets.extend([
+            ("filter-cached", filtered.pid()),
+            ("filter-stream", filtered.pid()),
+            ("envoy-stream", bare.pid()),
+        ]);
+        for (vname, pid) in targets {
             let Some(v) = variants.iter().find(|v| v.name == vname) else {
                 continue;
             };
             log(format!(
                 "profiling {vname} at c={c} (perf record -e cpu-clock) …"
             ));
-            match profile_run(&mut wrk, v, c, args.seconds, envoy.pid(), &dir) {
+            match profile_run(&mut wrk, v, c, args.seconds, pid, &dir) {
                 Ok(p) => profiles.push((vname, p)),
                 Err(e) => log(format!("profile of {vname} failed: {e:#}")),
             }
@@ -1195,6 +1273,7 @@ fn run() -> Result<()> {
     // ---- memory after N distinct cached credentials, on a fresh Envoy with the filter ----
     drop(filtered);
     drop(bare);
+    drop(noop);
     let mut mem_rows = Vec::new();
     if max_cached > 0 && (args.only.is_empty() || args.only.iter().any(|o| o == "filter-miss")) {
         log("memory: fresh Envoy with the filter, filling its cache …");
@@ -1366,6 +1445,9 @@ fn profile_run(
     })
 }
 
+/// Median req/s, p50 ms, p99 ms, (min, max) req/s, errors.
+type Summary = (f64, f64, f64, (f64, f64), u64);
+
 type Ttfb<'a> = BTreeMap<&'a str, (f64, f64, (f64, f64))>;
 
 #[allow(clippy::too_many_arguments)]
@@ -1407,7 +1489,7 @@ fn render_report(
         .unwrap_or_else(|| "?".into());
     let wall = started_at.elapsed().map(|d| d.as_secs()).unwrap_or(0);
 
-    let med = |name: &str, c: u32| -> Option<(f64, f64, f64, (f64, f64), u64)> {
+    let med = |name: &str, c: u32| -> Option<Summary> {
         let rs = results.get(&(name.to_string(), c))?;
         let rps: Vec<f64> = rs.iter().map(|r| r.rps).collect();
         Some((
@@ -1475,7 +1557,7 @@ fn render_report(
     }
     let _ = writeln!(
         o,
-        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
+        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
     );
 
     let mut targets: Vec<Target> = Vec::new();

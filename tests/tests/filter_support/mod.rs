@@ -15,15 +15,25 @@ pub fn stack_with(
     identities: &'static str,
     credentials: &'static str,
 ) -> &'static Stack {
+    stack_with_plugin_config(cell, policy, identities, credentials, None)
+}
+
+/// As [`stack_with`], with extra pluginConfig merged over the stack's.
+pub fn stack_with_plugin_config(
+    cell: &'static OnceLock<Result<Stack, String>>,
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+    plugin_config_extra: Option<Value>,
+) -> &'static Stack {
     let result = cell.get_or_init(|| {
         std::thread::spawn(move || {
-            Stack::start(
-                StackOptions::default()
-                    .with_policy_yaml(policy)
-                    .with_identities_yaml(identities)
-                    .with_credentials_yaml(credentials),
-            )
-            .map_err(|e| format!("{e:#}"))
+            let mut options = StackOptions::default()
+                .with_policy_yaml(policy)
+                .with_identities_yaml(identities)
+                .with_credentials_yaml(credentials);
+            options.plugin_config_extra = plugin_config_extra;
+            Stack::start(options).map_err(|e| format!("{e:#}"))
         })
         .join()
         .unwrap_or_else(|_| Err("stack start panicked".into()))
@@ -36,6 +46,8 @@ pub fn stack_with(
 
 /// A wasm custom metric's current value (`wasmcustom.<name>` in /stats), 0 when not defined yet.
 pub async fn metric(stack: &Stack, name: &str) -> u64 {
+    // The filter hands counters to Envoy once per tick (200 ms).
+    tokio::time::sleep(Duration::from_millis(450)).await;
     let text = client()
         .get(format!(
             "{}/stats?filter=wasmcustom",
@@ -149,4 +161,22 @@ pub fn raw_status(stack: &Stack, method: &str, path: &str) -> u16 {
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
+}
+
+/// Credential validations the companion has answered (`maas_authenticate_total`, all results):
+/// the ground truth for how many callouts the filter made.
+pub async fn companion_validations(stack: &Stack) -> u64 {
+    let text = client()
+        .get(format!("{}/metrics", stack.companion_public_url()))
+        .send()
+        .await
+        .expect("companion /metrics answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("maas_authenticate_total"))
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
 }

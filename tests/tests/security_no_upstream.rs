@@ -1,0 +1,257 @@
+//! Security e2e (issue 7): a refused request never reaches the backend.
+//!
+//! With the filter's `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration` (the
+//! local stack can set both), a refusal never even starts an upstream request: Envoy's counter for
+//! the model cluster (`upstream_rq_total`) does not move for 401, 403, 400 or 429.
+//! In the default mode — the only one an Istio `WasmPlugin` offers, since it cannot set
+//! `allow_on_headers_stop_iteration` — Envoy hands the body to the filter only after the headers
+//! went on, so a refusal decided on the body (400 bad body or model mismatch, 429 token budget)
+//! starts an upstream request that the filter then resets: the backend must never receive it
+//! complete (the simulator records only complete requests), and refusals decided on the headers
+//! still start nothing. On a stack of its own so that no other test moves the counter.
+
+mod filter_support;
+
+use filter_support::*;
+use maas_e2e::Stack;
+use maas_e2e::process::ManagedProcess;
+use maas_e2e::tools;
+use serde_json::{Value, json};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const POLICY: &str = r#"
+tiers:
+  - name: free
+    level: 0
+    groups: [system:authenticated]
+    limits:
+      requests: [{limit: 2, window: 366d}]
+  - name: tokens
+    level: 1
+    groups: [g-tokens]
+    limits:
+      tokens: [{limit: 50, window: 366d}]
+  - name: premium
+    level: 2
+    groups: [g-premium]
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [free, tokens]
+    backend: simulator
+  - name: sim-premium
+    path: /llm/sim-premium
+    tiers: [premium]
+    backend: simulator
+"#;
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: alice-token, username: alice, groups: [system:authenticated]}
+  - {token: tina-token, username: tina, groups: [system:authenticated, g-tokens]}
+  - {token: alice2-token, username: alice2, groups: [system:authenticated]}
+  - {token: tina2-token, username: tina2, groups: [system:authenticated, g-tokens]}
+"#;
+
+fn stack() -> &'static Stack {
+    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+}
+
+const CHAT: &str = "/llm/sim-model/v1/chat/completions";
+
+async fn started(admin: &str) -> u64 {
+    let text = send(client().get(format!(
+        "{admin}/stats?filter=cluster.model-sim.upstream_rq_total"
+    )))
+    .await
+    .body;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cluster.model-sim.upstream_rq_total: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn default_mode_refused_requests_never_reach_the_backend() {
+    let stack = stack();
+    check_refusals(
+        stack,
+        &stack.gateway_url(),
+        &stack.envoy_admin_url(),
+        "",
+        false,
+    )
+    .await;
+}
+
+/// The same through a second Envoy on the same companion and simulator, with the filter's
+/// `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration` on: the configuration
+/// that holds the headers until the body is decided.
+#[tokio::test]
+async fn with_headers_held_for_the_body_refused_requests_never_start_upstream() {
+    let stack = stack();
+    let (envoy, gateway, admin) = second_envoy(stack);
+    // Users of its own (alice2, tina2): the other test spends alice's and tina's budgets.
+    check_refusals(stack, &gateway, &admin, "2", true).await;
+    drop(envoy);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts another Envoy from the stack's bootstrap with both knobs set; returns it (stopped on
+/// drop), its gateway URL and its admin URL.
+fn second_envoy(stack: &Stack) -> (ManagedProcess, String, String) {
+    let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
+    let (listen, admin) = (free_port(), free_port());
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
+    v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] =
+        json!(listen);
+    let filters = v
+        .pointer_mut(
+            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
+        )
+        .and_then(Value::as_array_mut)
+        .unwrap();
+    let wasm = filters
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")
+        .expect("the wasm filter");
+    let config = &mut wasm["typed_config"]["config"];
+    config["allow_on_headers_stop_iteration"] = json!(true);
+    let mut plugin: Value =
+        serde_json::from_str(config["configuration"]["value"].as_str().unwrap()).unwrap();
+    plugin["pauseHeadersForBody"] = json!(true);
+    config["configuration"]["value"] = json!(plugin.to_string());
+    let dir = stack.dir().join("second-envoy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("envoy.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let mut cmd = Command::new(tools::envoy_bin().unwrap());
+    cmd.arg("-c")
+        .arg(&path)
+        .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
+        .args(["--base-id", "4242"]);
+    let log = dir.join("envoy.log");
+    let mut envoy =
+        ManagedProcess::spawn("envoy-2", cmd, &log, libc::SIGTERM, libc::SIGKILL).unwrap();
+    let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
+    let gateway_addr = std::net::SocketAddr::from(([127, 0, 0, 1], listen));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            envoy.exited().is_none(),
+            "the second Envoy exited: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let up = |a, p| {
+            maas_e2e::stack::http_request(a, "GET", p, Duration::from_secs(1))
+                .map(|(s, _)| s == 200)
+                .unwrap_or(false)
+        };
+        if up(admin_addr, "/ready") && up(gateway_addr, "/maas-api/health") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second Envoy never became ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (
+        envoy,
+        format!("http://{gateway_addr}"),
+        format!("http://{admin_addr}"),
+    )
+}
+
+/// `headers_held`: the mode where no refusal may start an upstream request; else body-stage
+/// refusals (400, 429) may start one that is reset before the backend has the whole request.
+async fn check_refusals(
+    stack: &Stack,
+    gateway: &str,
+    admin: &str,
+    suffix: &str,
+    headers_held: bool,
+) {
+    let alice = format!("Bearer alice{suffix}-token");
+    let tina = format!("Bearer tina{suffix}-token");
+    let ok = json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]});
+    let post = |path: &str, auth: &str, body: &Value, test_id: &str| {
+        let mut r = client()
+            .post(format!("{gateway}{path}"))
+            .header("x-test-id", test_id.to_string())
+            .json(body);
+        if !auth.is_empty() {
+            r = r.header("authorization", auth.to_string());
+        }
+        r
+    };
+    // Sanity: an allowed request moves the counter by exactly one.
+    let before = started(admin).await;
+    let r = send(post(CHAT, &alice, &ok, &format!("nu-sanity{suffix}"))).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(started(admin).await, before + 1);
+
+    let tokens = json!({"model": "sim-model", "max_tokens": 40, "messages": [{"role": "user", "content": "x"}]});
+    let cases: Vec<(&str, &str, &str, Value, u16)> = vec![
+        ("no credential", CHAT, "", ok.clone(), 401),
+        ("unknown token", CHAT, "Bearer nobody", ok.clone(), 401),
+        (
+            "tier not allowed",
+            "/llm/sim-premium/v1/chat/completions",
+            &alice,
+            json!({"model": "sim-premium"}),
+            403,
+        ),
+        (
+            "model mismatch",
+            CHAT,
+            &alice,
+            json!({"model": "sim-premium"}),
+            400,
+        ),
+        ("body not an object", CHAT, &alice, json!([1]), 400),
+        ("token budget", CHAT, &tina, tokens.clone(), 200),
+        ("token budget exceeded", CHAT, &tina, tokens.clone(), 429),
+        ("request limit", CHAT, &alice, ok.clone(), 200),
+        ("request limit exceeded", CHAT, &alice, ok.clone(), 429),
+    ];
+    let mut moved = Vec::new();
+    for (i, (what, path, auth, body, status)) in cases.into_iter().enumerate() {
+        let test_id = format!("nu-refused{suffix}-{i}");
+        let before = started(admin).await;
+        let r = send(post(path, auth, &body, &test_id)).await;
+        assert_eq!(r.status, status, "{what}: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let delta = started(admin).await - before;
+        let received = stack.sim_requests_with_test_id(&test_id).len();
+        let expected = u64::from(status == 200);
+        if received != usize::from(status == 200) {
+            moved.push(format!(
+                "{what} ({status}): the backend received {received} requests"
+            ));
+        }
+        let body_stage = matches!(status, 400 | 429);
+        let acceptable = delta == expected || (!headers_held && body_stage && delta <= 1);
+        if !acceptable {
+            moved.push(format!(
+                "{what} ({status}): {delta} upstream requests started"
+            ));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "refused requests reached the backend: {moved:#?}"
+    );
+}
