@@ -391,17 +391,12 @@ impl Context for Root {
         )
         .and_then(|s| s.parse::<u32>().ok());
         let etag = map_value(proxy_wasm::types::MapType::HttpCallResponseHeaders, "etag");
-        let body = if body_size > 0 {
-            hostcalls::get_buffer(
+        let body = (body_size > 0).then(|| {
+            read_buffer(
                 proxy_wasm::types::BufferType::HttpCallResponseBody,
-                0,
                 body_size,
             )
-            .ok()
-            .flatten()
-        } else {
-            None
-        };
+        });
         if self.policy_call == Some(token) {
             self.policy_call = None;
             self.on_policy_response(status, etag, body);
@@ -414,14 +409,10 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = hostcalls::get_buffer(
+        let bytes = read_buffer(
             proxy_wasm::types::BufferType::PluginConfiguration,
-            0,
             usize::MAX,
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+        );
         let cfg = match PluginConfig::parse(&bytes) {
             Ok(c) => c,
             Err(e) => {
@@ -850,11 +841,7 @@ impl Request {
             return Action::Pause;
         }
         self.request_body_bytes = body_size as u64;
-        let bytes =
-            hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, 0, body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+        let bytes = read_buffer(proxy_wasm::types::BufferType::HttpRequestBody, body_size);
         let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
         if let Ok(i) = &info
             && i.stream
@@ -1089,18 +1076,7 @@ impl Request {
             }
             return Action::Continue;
         }
-        let chunk = if body_size > 0 {
-            hostcalls::get_buffer(
-                proxy_wasm::types::BufferType::HttpResponseBody,
-                0,
-                body_size,
-            )
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let chunk = read_buffer(proxy_wasm::types::BufferType::HttpResponseBody, body_size);
         match &mut self.scan {
             Scan::Json(s) => s.feed(&chunk),
             Scan::Sse(s) => {
@@ -1212,18 +1188,10 @@ impl Request {
             ":status",
         )
         .and_then(|s| s.parse::<u32>().ok());
-        let body = if body_size > 0 {
-            hostcalls::get_buffer(
-                proxy_wasm::types::BufferType::HttpCallResponseBody,
-                0,
-                body_size,
-            )
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let body = read_buffer(
+            proxy_wasm::types::BufferType::HttpCallResponseBody,
+            body_size,
+        );
         let now_s = now / 1000;
         let store = HostStore;
         let result: Result<CachedIdentity, Refusal> = match status {
@@ -1452,4 +1420,15 @@ impl HttpContext for Http {
             req.settle();
         }
     }
+}
+
+/// The first `size` bytes of a host buffer; empty when there are none or the host refuses.
+fn read_buffer(kind: proxy_wasm::types::BufferType, size: usize) -> Vec<u8> {
+    if size == 0 {
+        return Vec::new();
+    }
+    hostcalls::get_buffer(kind, 0, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
