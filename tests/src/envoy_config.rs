@@ -173,25 +173,45 @@ pub fn merge_json(base: &mut Value, extra: &Value) {
     }
 }
 
-/// Merges `extra` over the filter's pluginConfig inside a rendered bootstrap (e.g.
-/// `{"removeHeaders":["cookie"],"cache":{"maxEntries":10}}`). Fails when there is no filter.
-pub fn with_plugin_config_extra(rendered: &str, extra: &Value) -> Result<String> {
-    let mut bootstrap: Value = serde_json::from_str(rendered)?;
-    let filters = bootstrap
+/// The wasm http filter inside a rendered bootstrap (JSON value), if it has one.
+pub fn wasm_filter_mut(bootstrap: &mut Value) -> Option<&mut Value> {
+    bootstrap
         .pointer_mut(
             "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
         )
-        .and_then(Value::as_array_mut);
-    let Some(wasm) = filters.and_then(|f| {
-        f.iter_mut()
-            .find(|f| f["name"] == "envoy.filters.http.wasm")
-    }) else {
+        .and_then(Value::as_array_mut)?
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")
+}
+
+/// Merges `extra` over the pluginConfig of the wasm filter in `bootstrap`. Fails when there is
+/// no filter or its pluginConfig is not JSON.
+pub fn merge_plugin_config(bootstrap: &mut Value, extra: &Value) -> Result<()> {
+    let Some(wasm) = wasm_filter_mut(bootstrap) else {
         bail!("no wasm filter in the config to merge pluginConfig into");
     };
     let value = &mut wasm["typed_config"]["config"]["configuration"]["value"];
     let mut plugin: Value = serde_json::from_str(value.as_str().unwrap_or("{}"))?;
     merge_json(&mut plugin, extra);
     *value = Value::String(plugin.to_string());
+    Ok(())
+}
+
+/// Holds request headers until the filter has read the body: the filter's
+/// `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration`, which only work together.
+pub fn hold_headers_for_body(bootstrap: &mut Value) -> Result<()> {
+    merge_plugin_config(bootstrap, &json!({"pauseHeadersForBody": true}))?;
+    if let Some(wasm) = wasm_filter_mut(bootstrap) {
+        wasm["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
+    }
+    Ok(())
+}
+
+/// Merges `extra` over the filter's pluginConfig inside a rendered bootstrap (e.g.
+/// `{"removeHeaders":["cookie"],"cache":{"maxEntries":10}}`). Fails when there is no filter.
+pub fn with_plugin_config_extra(rendered: &str, extra: &Value) -> Result<String> {
+    let mut bootstrap: Value = serde_json::from_str(rendered)?;
+    merge_plugin_config(&mut bootstrap, extra)?;
     Ok(serde_json::to_string_pretty(&bootstrap)?)
 }
 

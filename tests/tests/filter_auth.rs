@@ -635,16 +635,10 @@ async fn invalid_plugin_config_keeps_envoy_from_serving() {
     // The stack's own Envoy config with a broken pluginConfig: Envoy must refuse it.
     let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let listener = &mut config["static_resources"]["listeners"][0];
-    let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
-        .as_array_mut()
-        .unwrap();
-    let wasm = filters
-        .iter_mut()
-        .find(|f| f["name"] == "envoy.filters.http.wasm")
-        .unwrap();
+    let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut config).unwrap();
     wasm["typed_config"]["config"]["configuration"]["value"] =
         json!(r#"{"companion":{"cluster":"maas-companion","timeoutMs":0}}"#);
+    let listener = &mut config["static_resources"]["listeners"][0];
     // Free ports for this copy.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -165,20 +165,8 @@ async fn pause_headers_for_body_never_starts_refused_upstream_requests() {
     // pauseHeadersForBody, on fresh ports, in front of the same companion and simulator.
     let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    maas_e2e::envoy_config::hold_headers_for_body(&mut config).unwrap();
     let listener = &mut config["static_resources"]["listeners"][0];
-    let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
-        .as_array_mut()
-        .unwrap();
-    let wasm = filters
-        .iter_mut()
-        .find(|f| f["name"] == "envoy.filters.http.wasm")
-        .unwrap();
-    let wasm_config = &mut wasm["typed_config"]["config"];
-    wasm_config["allow_on_headers_stop_iteration"] = json!(true);
-    let mut plugin: serde_json::Value =
-        serde_json::from_str(wasm_config["configuration"]["value"].as_str().unwrap()).unwrap();
-    plugin["pauseHeadersForBody"] = json!(true);
-    wasm_config["configuration"]["value"] = json!(plugin.to_string());
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

@@ -195,16 +195,7 @@ fn render_with_plugin_config(
     })
     .unwrap();
     let mut v: Value = serde_json::from_str(&rendered).unwrap();
-    let filters = v
-        .pointer_mut(
-            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
-        )
-        .and_then(Value::as_array_mut)
-        .unwrap();
-    let wasm = filters
-        .iter_mut()
-        .find(|f| f["name"] == "envoy.filters.http.wasm")
-        .expect("the wasm filter");
+    let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut v).expect("the wasm filter");
     wasm["typed_config"]["config"]["configuration"]["value"] = json!(plugin_config);
     serde_json::to_string_pretty(&v).unwrap()
 }

@@ -116,22 +116,7 @@ fn second_envoy(stack: &Stack) -> (ManagedProcess, String, String) {
     v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
     v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] =
         json!(listen);
-    let filters = v
-        .pointer_mut(
-            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters",
-        )
-        .and_then(Value::as_array_mut)
-        .unwrap();
-    let wasm = filters
-        .iter_mut()
-        .find(|f| f["name"] == "envoy.filters.http.wasm")
-        .expect("the wasm filter");
-    let config = &mut wasm["typed_config"]["config"];
-    config["allow_on_headers_stop_iteration"] = json!(true);
-    let mut plugin: Value =
-        serde_json::from_str(config["configuration"]["value"].as_str().unwrap()).unwrap();
-    plugin["pauseHeadersForBody"] = json!(true);
-    config["configuration"]["value"] = json!(plugin.to_string());
+    maas_e2e::envoy_config::hold_headers_for_body(&mut v).unwrap();
     let dir = stack.dir().join("second-envoy");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("envoy.json");
