@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 struct Started {
@@ -45,13 +45,22 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One maas-local at a time: two stacks starting together pick free ports concurrently and can
+/// race for the same one.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Starts maas-local and reads its output until the next steps are printed.
 fn start_local() -> Started {
+    // Not inherited: a leaked process would hold the test runner's pipe open. Kept in a file so
+    // a failed start says why.
+    let stderr_path = std::env::temp_dir().join(format!("maas-local-test-{}.err", free_port()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_maas-local"))
         .args(["--port", &free_port().to_string()])
         .stdout(Stdio::piped())
-        // Not inherited: a leaked process would hold the test runner's pipe open.
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -70,7 +79,9 @@ fn start_local() -> Started {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = rx.recv_timeout(left).unwrap_or_else(|_| {
             let _ = child.kill();
-            panic!("maas-local printed no READY/Logs line in time")
+            let _ = child.wait();
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!("maas-local printed no READY/Logs line in time; its stderr:\n{stderr}")
         });
         if let Some(url) = line.strip_prefix("READY ") {
             gateway = Some(url.trim().to_string());
@@ -79,6 +90,8 @@ fn start_local() -> Started {
             stack_dir = Some(dir.trim().to_string());
         }
     }
+    // Started: the file was only needed to explain a failed start.
+    let _ = std::fs::remove_file(&stderr_path);
     Started {
         child: KillOnDrop(child),
         gateway: gateway.expect("READY line before Logs line"),
@@ -116,6 +129,7 @@ fn wait_gone(needle: &str, within: Duration) -> Vec<u32> {
 
 #[test]
 fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
+    let _one = one_at_a_time();
     let mut started = start_local();
     assert!(
         processes_mentioning(&started.stack_dir).len() >= 3,
@@ -155,6 +169,7 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
 
 #[test]
 fn killed_command_leaves_nothing() {
+    let _one = one_at_a_time();
     let mut started = start_local();
     started.child.kill().unwrap(); // SIGKILL: no cleanup code runs, only the death signal.
     started.child.wait().unwrap();
