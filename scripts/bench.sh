@@ -8,7 +8,8 @@
 #   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
 #
 # Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
-# (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write).
+# (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write),
+# BENCH_JUNK_TOKENS, BENCH_JUNK_ROUNDS, BENCH_JUNK_CACHE_ENTRIES (the junk-bound variant).
 # Installs what it needs (wrk, taskset, Envoy, PostgreSQL, the wasm target), builds the filter
 # (release wasm) and the companion and benchmark harness (release, without LTO), then runs
 # target/release/maas-bench, which starts its own stack on loopback, prints the table and writes

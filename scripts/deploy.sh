@@ -562,6 +562,12 @@ ensure_namespace() {
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
 }
 
+# The Gateway admits HTTPRoutes only from namespaces with this label (base/gateway/gateway.yaml);
+# the companion's maas-api route lives in its namespace. Model namespaces are labelled the same way.
+label_routes_namespace() {
+  run oc label namespace "$1" maas.opendatahub.io/gateway-routes=true --overwrite
+}
+
 deploy_gateway() {
   log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
   select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
@@ -727,6 +733,7 @@ main() {
     apply_data_science_cluster
   fi
   ensure_namespace "$DEPLOYMENT_NAMESPACE"
+  label_routes_namespace "$DEPLOYMENT_NAMESPACE"
   deploy_gateway
   deploy_database
   apply_manifests

@@ -60,6 +60,10 @@ pub struct Config {
     pub public_addr: SocketAddr,
     #[arg(long, env = "MAAS_INTERNAL_ADDR", default_value = "0.0.0.0:8081")]
     pub internal_addr: SocketAddr,
+    /// Serves `GET /metrics` (and `/health`) only, for Prometheus: kept apart from the internal
+    /// listener, whose provider credentials no scraper may reach.
+    #[arg(long, env = "MAAS_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
     #[arg(long, env = "MAAS_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
     #[arg(long, env = "MAAS_POLICY_RELOAD_INTERVAL_MS", default_value_t = 2000)]
@@ -268,7 +272,7 @@ impl Config {
         Duration::from_secs(u64::from(self.api_key_max_expiration_days) * 86_400)
     }
 
-    /// A configuration for tests and embedding: static identities, file credentials, both
+    /// A configuration for tests and embedding: static identities, file credentials, all three
     /// listeners on 127.0.0.1 port 0, short intervals.
     pub fn for_local(
         database_url: &str,
@@ -283,6 +287,7 @@ impl Config {
             db_acquire_timeout_ms: 1000,
             public_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             internal_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy_file: Some(policy_file),
             policy_reload_interval_ms: 200,
             identity_provider: IdentityProviderKind::Static,
@@ -327,6 +332,7 @@ mod tests {
         assert_eq!(c.db_max_connections, 25);
         assert_eq!(c.public_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(c.internal_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9090");
         assert_eq!(c.policy_reload_interval_ms, 2000);
         assert_eq!(c.identity_provider, IdentityProviderKind::Kubernetes);
         assert_eq!(c.credentials_source, CredentialsSourceKind::Kubernetes);

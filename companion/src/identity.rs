@@ -135,6 +135,9 @@ impl TokenReviewer {
         if status.authenticated != Some(true) {
             return Err(IdentityError::InvalidToken);
         }
+        if !audiences_granted(&self.audiences, status.audiences.as_deref()) {
+            return Err(IdentityError::InvalidToken);
+        }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();
         if username.is_empty() {
@@ -146,6 +149,16 @@ impl TokenReviewer {
             expires_at: unverified_jwt_exp(token),
         })
     }
+}
+
+/// Whether a TokenReview answer grants the audiences that were asked for. The API server answers
+/// a review that named audiences with the ones the token is valid for among them
+/// (`status.audiences`, the intersection): none, or no such field, means the token is not for
+/// us, even when `authenticated` is true (an authenticator that ignored the audiences). No
+/// audiences asked: the API server's default audience applied, nothing to check.
+fn audiences_granted(requested: &[String], granted: Option<&[String]>) -> bool {
+    requested.is_empty()
+        || granted.is_some_and(|granted| granted.iter().any(|a| requested.contains(a)))
 }
 
 /// The `exp` claim of a JWT-shaped token, read WITHOUT verifying it. Used only to shorten how
@@ -497,6 +510,19 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-maas-username", HeaderValue::from_static("admin"));
         assert_eq!(credential_from_headers(&h), None);
+    }
+
+    #[test]
+    fn token_review_audiences_must_intersect_what_was_asked() {
+        let asked = ["maas".to_string(), "maas-b".to_string()];
+        let maas = ["maas".to_string()];
+        let other = ["https://kubernetes.default.svc".to_string()];
+        assert!(audiences_granted(&asked, Some(&maas)));
+        assert!(!audiences_granted(&asked, Some(&other)), "no intersection");
+        assert!(!audiences_granted(&asked, Some(&[])), "empty intersection");
+        assert!(!audiences_granted(&asked, None), "field missing");
+        assert!(audiences_granted(&[], None), "none asked");
+        assert!(audiences_granted(&[], Some(&other)), "none asked");
     }
 
     #[test]

@@ -1,6 +1,14 @@
-//! Prometheus metrics, served as text on `GET /metrics`.
+//! Prometheus metrics, served as text on `GET /metrics` of the metrics listener only
+//! (`--metrics-addr`): the public listener is reachable through the Gateway without
+//! authentication, and the internal one serves the provider credentials.
+//!
+//! Every label value comes from a fixed set, never from the client: the route is the matched
+//! route template (`/v1/api-keys/{id}`, or `unmatched`), the method one of the standard methods
+//! or `other`, the status a number the server chose. A client sending random methods or paths
+//! cannot create new series.
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +24,7 @@ use std::time::Instant;
 pub struct HttpLabels {
     pub listener: &'static str,
     pub route: String,
-    pub method: String,
+    pub method: &'static str,
     pub status: u16,
 }
 
@@ -145,7 +153,26 @@ pub async fn serve(State(metrics): State<Arc<Metrics>>) -> Response {
         .into_response()
 }
 
-/// Middleware counting requests and latency by matched route.
+/// The `method` label: a standard method's name, else `other` (methods are client strings).
+pub fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::HEAD, "HEAD"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::DELETE, "DELETE"),
+        (Method::PATCH, "PATCH"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::CONNECT, "CONNECT"),
+        (Method::TRACE, "TRACE"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _)| m == method)
+        .map_or("other", |(_, label)| label)
+}
+
+/// Middleware counting requests and latency by matched route template.
 pub async fn track(
     State((metrics, listener)): State<(Arc<Metrics>, &'static str)>,
     req: Request,
@@ -157,7 +184,7 @@ pub async fn track(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().to_string();
+    let method = method_label(req.method());
     let resp = next.run(req).await;
     metrics
         .http_requests
@@ -173,4 +200,20 @@ pub async fn track(
         .get_or_create(&RouteLabels { listener, route })
         .observe(started.elapsed().as_secs_f64());
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_label_is_a_standard_method_or_other() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::DELETE), "DELETE");
+        assert_eq!(method_label(&Method::TRACE), "TRACE");
+        for random in ["XRANDOM", "get", "G3T", "PROPFIND"] {
+            let m = Method::from_bytes(random.as_bytes()).unwrap();
+            assert_eq!(method_label(&m), "other", "{random}");
+        }
+    }
 }

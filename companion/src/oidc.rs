@@ -1,6 +1,8 @@
 //! OIDC JWTs verified locally (jwt-simple) against the issuer's JWKS.
 //!
-//! Accepted: RS256 and ES256 signatures, the configured issuer and audience, not expired.
+//! Accepted: RS256 and ES256 signatures, the configured issuer and audience, an `exp` claim
+//! (a token without one would never expire) that is not past, and `nbf`/`iat` not in the future;
+//! every time check allows [`CLOCK_SKEW`] of clock difference with the issuer.
 //! Username = `preferred_username`, else `sub`; groups = the configured claim (default
 //! `groups`) plus `system:authenticated`. The JWKS is fetched at first use, refreshed every
 //! 5 minutes, and at most every 10 s when a token names an unknown `kid`.
@@ -14,6 +16,8 @@ use tokio::sync::RwLock;
 
 const JWKS_MAX_AGE: StdDuration = StdDuration::from_secs(300);
 const JWKS_MIN_REFRESH: StdDuration = StdDuration::from_secs(10);
+/// Tolerated clock difference with the issuer for `exp`, `nbf` and `iat`.
+pub const CLOCK_SKEW: StdDuration = StdDuration::from_secs(60);
 
 #[derive(serde::Deserialize)]
 struct Jwks {
@@ -164,7 +168,10 @@ impl OidcVerifier {
         let options = VerificationOptions {
             allowed_issuers: Some(HashSet::from([self.issuer.clone()])),
             allowed_audiences: Some(HashSet::from([self.audience.clone()])),
-            time_tolerance: Some(Duration::from_secs(60)),
+            time_tolerance: Some(Duration::from_secs(CLOCK_SKEW.as_secs())),
+            // `nbf` and `iat` later than now + the skew are refused (stated, not left to the
+            // library's default).
+            accept_future: false,
             ..Default::default()
         };
         let set = self.keys.read().await;
@@ -175,6 +182,8 @@ impl OidcVerifier {
             _ => return Err(IdentityError::InvalidToken),
         }
         .map_err(|_| IdentityError::InvalidToken)?;
+        // The library checks `exp` only when present: a token without one is refused here.
+        let expires_at = claims.expires_at.ok_or(IdentityError::InvalidToken)?;
         let username = claims
             .custom
             .preferred_username
@@ -189,7 +198,7 @@ impl OidcVerifier {
         Ok(Identity {
             username,
             groups,
-            expires_at: claims.expires_at.map(|t| t.as_secs() as i64),
+            expires_at: Some(expires_at.as_secs() as i64),
         })
     }
 }

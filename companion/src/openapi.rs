@@ -85,7 +85,6 @@ pub fn document() -> Value {
             }},
             "/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "healthy"}}}},
             "/ready": {"get": {"summary": "Readiness (PostgreSQL reachable, migrations applied)", "responses": with_errors(json!({"200": {"description": "ready"}}), &["503"])}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "metrics text", "content": {"text/plain": {}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI document"}}}}
         },
         "components": {

@@ -1,8 +1,15 @@
-//! Wiring: state, the two routers, the two listeners, background tasks, shutdown.
+//! Wiring: state, the three routers, the three listeners, background tasks, shutdown.
 //!
 //! The public listener serves the key-management API (routed by the Gateway under
-//! `/maas-api`); the internal listener serves `/internal/*` for the filter only. `/internal` on
-//! the public listener is a 404.
+//! `/maas-api`); the internal listener serves `/internal/*` for the filter (and the cleanup
+//! job); the metrics listener serves `/metrics` (and `/health`) for Prometheus and nothing else.
+//! `/metrics` is a 404 on the public and internal listeners: the public one is reachable through
+//! the Gateway without authentication, and whoever may reach the internal one can read the
+//! provider credentials, which a scraper must not.
+//!
+//! If any listener stops while the process is meant to be serving, the process stops too,
+//! with an error (the binary exits 1) so that Kubernetes restarts it: part of a companion (say,
+//! the public API without the internal one) must not keep passing its probes.
 
 use crate::config::{Config, CredentialsSourceKind, IdentityProviderKind};
 use crate::credentials::CredentialsSource;
@@ -84,10 +91,6 @@ pub const PUBLIC_ROUTES: &[PublicRoute] = &[
         methods: &["get"],
     },
     PublicRoute {
-        path: "/metrics",
-        methods: &["get"],
-    },
-    PublicRoute {
         path: "/openapi.json",
         methods: &["get"],
     },
@@ -111,14 +114,10 @@ async fn ready(State(state): State<AppState>) -> Response {
     }
 }
 
-fn common_layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
+/// What every listener shares: JSON 404 and 405, request metrics labelled with the listener,
+/// the body limit.
+fn layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
     router
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route(
-            "/metrics",
-            get(metrics::serve).with_state(state.metrics.clone()),
-        )
         .fallback(http_error::no_route)
         .layer(axum::middleware::from_fn(
             http_error::json_method_not_allowed,
@@ -129,6 +128,14 @@ fn common_layers(router: Router<AppState>, state: &AppState, listener: &'static 
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(state.clone())
+}
+
+/// [`layers`] plus the probes, for the public and internal listeners.
+fn common_layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
+    let router = router
+        .route("/health", get(health))
+        .route("/ready", get(ready));
+    layers(router, state, listener)
 }
 
 pub fn public_router(state: &AppState) -> Router {
@@ -156,6 +163,18 @@ pub fn internal_router(state: &AppState) -> Router {
     common_layers(router, state, "internal")
 }
 
+/// `/metrics` and `/health`, nothing else: Prometheus may reach this listener and no other.
+/// (`/ready` stays off it: a scrape target's health should not depend on the database.)
+pub fn metrics_router(state: &AppState) -> Router {
+    let router = Router::new()
+        .route(
+            "/metrics",
+            get(metrics::serve).with_state(state.metrics.clone()),
+        )
+        .route("/health", get(health));
+    layers(router, state, "metrics")
+}
+
 /// Overrides for embedding and tests.
 #[derive(Default)]
 pub struct Overrides {
@@ -166,9 +185,10 @@ pub struct Overrides {
 pub struct Application {
     public_addr: SocketAddr,
     internal_addr: SocketAddr,
+    metrics_addr: SocketAddr,
     state: AppState,
     handles: Vec<axum_server::Handle<SocketAddr>>,
-    servers: Vec<JoinHandle<std::io::Result<()>>>,
+    servers: Vec<(&'static str, JoinHandle<std::io::Result<()>>)>,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -289,8 +309,10 @@ impl Application {
 
         let public_listener = bind(config.public_addr, "public")?;
         let internal_listener = bind(config.internal_addr, "internal")?;
+        let metrics_listener = bind(config.metrics_addr, "metrics")?;
         let public_addr = public_listener.local_addr()?;
         let internal_addr = internal_listener.local_addr()?;
+        let metrics_addr = metrics_listener.local_addr()?;
 
         let migrations = MigrationState::default();
         let mut background = Vec::new();
@@ -340,9 +362,10 @@ impl Application {
         };
         let mut handles = Vec::new();
         let mut servers = Vec::new();
-        for (listener, router) in [
-            (public_listener, public_router(&state)),
-            (internal_listener, internal_router(&state)),
+        for (name, listener, router) in [
+            ("public", public_listener, public_router(&state)),
+            ("internal", internal_listener, internal_router(&state)),
+            ("metrics", metrics_listener, metrics_router(&state)),
         ] {
             let handle = axum_server::Handle::new();
             handles.push(handle.clone());
@@ -359,12 +382,15 @@ impl Application {
                         .serve(service),
                 ),
             };
-            servers.push(server);
+            servers.push((name, server));
         }
-        tracing::info!("listening public={public_addr} internal={internal_addr}");
+        tracing::info!(
+            "listening public={public_addr} internal={internal_addr} metrics={metrics_addr}"
+        );
         Ok(Application {
             public_addr,
             internal_addr,
+            metrics_addr,
             state,
             handles,
             servers,
@@ -380,6 +406,10 @@ impl Application {
         self.internal_addr
     }
 
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
     pub fn state(&self) -> &AppState {
         &self.state
     }
@@ -391,27 +421,23 @@ impl Application {
         self.run_until(signal).await
     }
 
-    /// Serves until `stop` completes (or a server fails), then shuts down gracefully.
+    /// Serves until `stop` completes, then shuts down gracefully: `Ok`. If a listener stops
+    /// first (its task ended, failed or panicked), the others are drained too and the answer
+    /// is an error naming the listener, so that the process exits non-zero.
     pub async fn run_until(
         mut self,
         stop: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let servers = std::mem::take(&mut self.servers);
-        let mut servers = futures_join(servers);
-        tokio::select! {
-            () = stop => {
-                tracing::info!("shutting down");
+        let handles = self.handles.clone();
+        let outcome = supervise(stop, servers, move || {
+            for h in &handles {
+                h.graceful_shutdown(Some(Duration::from_secs(10)));
             }
-            res = &mut servers => {
-                tracing::error!(?res, "a listener stopped");
-            }
-        }
-        for h in &self.handles {
-            h.graceful_shutdown(Some(Duration::from_secs(10)));
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(11), servers).await;
+        })
+        .await;
         self.shutdown_background().await;
-        Ok(())
+        outcome
     }
 
     async fn shutdown_background(&mut self) {
@@ -436,26 +462,46 @@ impl Drop for Application {
     }
 }
 
-/// Resolves when the first of the servers stops.
-fn futures_join(
-    servers: Vec<JoinHandle<std::io::Result<()>>>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>> {
-    Box::pin(async move {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(servers.len().max(1));
-        for s in servers {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let r = match s.await {
-                    Ok(Ok(())) => "stopped".to_string(),
-                    Ok(Err(e)) => format!("error: {e}"),
-                    Err(e) => format!("panicked: {e}"),
-                };
-                let _ = tx.send(r).await;
-            });
+/// Waits for `stop` or for the first server task to end, whichever comes first; then calls
+/// `drain` (graceful shutdown of every listener) and waits up to 11 s for the servers. `Ok`
+/// only when `stop` came first: a server ending on its own is an error naming it.
+async fn supervise(
+    stop: impl std::future::Future<Output = ()>,
+    servers: Vec<(&'static str, JoinHandle<std::io::Result<()>>)>,
+    drain: impl FnOnce(),
+) -> anyhow::Result<()> {
+    // Room for every server's report: a waiter blocked on a full channel would hold up the
+    // drain below until its timeout.
+    let (tx, mut first_ended) =
+        tokio::sync::mpsc::channel::<(&'static str, String)>(servers.len().max(1));
+    let mut waiters = tokio::task::JoinSet::new();
+    for (name, server) in servers {
+        let tx = tx.clone();
+        waiters.spawn(async move {
+            let how = match server.await {
+                Ok(Ok(())) => "stopped".to_string(),
+                Ok(Err(e)) => format!("failed: {e}"),
+                Err(e) if e.is_panic() => "panicked".to_string(),
+                Err(e) => format!("was cancelled: {e}"),
+            };
+            let _ = tx.send((name, how)).await;
+        });
+    }
+    drop(tx);
+    let outcome = tokio::select! {
+        () = stop => {
+            tracing::info!("shutting down");
+            Ok(())
         }
-        drop(tx);
-        rx.recv().await.unwrap_or_default()
-    })
+        ended = first_ended.recv() => {
+            let (name, how) = ended.unwrap_or(("every", "stopped".to_string()));
+            tracing::error!(listener = name, "{name} listener {how}: shutting down");
+            Err(anyhow::anyhow!("the {name} listener {how}; stopping so that it is restarted"))
+        }
+    };
+    drain();
+    let _ = tokio::time::timeout(Duration::from_secs(11), waiters.join_all()).await;
+    outcome
 }
 
 async fn shutdown_signal() {
@@ -476,5 +522,111 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener task that serves until drained.
+    fn serving(drained: &tokio::sync::watch::Sender<bool>) -> JoinHandle<std::io::Result<()>> {
+        let mut drained = drained.subscribe();
+        tokio::spawn(async move {
+            let _ = drained.wait_for(|d| *d).await;
+            Ok(())
+        })
+    }
+
+    /// Supervises the three listeners, `dying_name` being `dying` and the others healthy (no
+    /// stop requested); returns the outcome and whether the healthy ones were drained.
+    async fn supervise_dying(
+        dying_name: &'static str,
+        dying: JoinHandle<std::io::Result<()>>,
+    ) -> (anyhow::Result<()>, bool) {
+        let (drain, _) = tokio::sync::watch::channel(false);
+        let mut dying = Some(dying);
+        let servers = ["public", "internal", "metrics"]
+            .into_iter()
+            .map(|name| match dying.take_if(|_| name == dying_name) {
+                Some(task) => (name, task),
+                None => (name, serving(&drain)),
+            })
+            .collect();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(5),
+            supervise(std::future::pending(), servers, || {
+                drain.send_replace(true);
+            }),
+        )
+        .await
+        .expect("supervise returns promptly when a listener dies");
+        (outcome, *drain.borrow())
+    }
+
+    async fn supervise_with(dying: JoinHandle<std::io::Result<()>>) -> (anyhow::Result<()>, bool) {
+        supervise_dying("internal", dying).await
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_fails_is_an_error_naming_it() {
+        let dying = tokio::spawn(async { Err(std::io::Error::other("accept loop broke")) });
+        let (outcome, drained) = supervise_with(dying).await;
+        let message = format!("{:#}", outcome.expect_err("a failed listener is an error"));
+        assert!(
+            message.contains("internal listener failed: accept loop broke"),
+            "{message}"
+        );
+        assert!(drained, "the other listener is drained");
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_panics_or_just_ends_is_an_error() {
+        let panicking = tokio::spawn(async { panic!("listener bug") });
+        let (outcome, _) = supervise_with(panicking).await;
+        let message = format!(
+            "{:#}",
+            outcome.expect_err("a panicked listener is an error")
+        );
+        assert!(message.contains("internal listener panicked"), "{message}");
+
+        let ending = tokio::spawn(async { Ok(()) });
+        let (outcome, _) = supervise_with(ending).await;
+        let message = format!(
+            "{:#}",
+            outcome.expect_err("a listener ending early is an error")
+        );
+        assert!(message.contains("internal listener stopped"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn the_metrics_listener_dying_stops_the_process_too() {
+        let dying = tokio::spawn(async { Err(std::io::Error::other("accept loop broke")) });
+        let (outcome, drained) = supervise_dying("metrics", dying).await;
+        let message = format!("{:#}", outcome.expect_err("a failed listener is an error"));
+        assert!(
+            message.contains("metrics listener failed: accept loop broke"),
+            "{message}"
+        );
+        assert!(drained, "the public and internal listeners are drained");
+    }
+
+    #[tokio::test]
+    async fn stop_requested_first_is_a_clean_exit() {
+        let (drain, _) = tokio::sync::watch::channel(false);
+        let servers = vec![
+            ("public", serving(&drain)),
+            ("internal", serving(&drain)),
+            ("metrics", serving(&drain)),
+        ];
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(5),
+            supervise(std::future::ready(()), servers, || {
+                drain.send_replace(true);
+            }),
+        )
+        .await
+        .expect("drained promptly");
+        assert!(outcome.is_ok(), "{outcome:?}");
     }
 }

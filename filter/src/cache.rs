@@ -1,20 +1,60 @@
 //! Authentication cache in shared data (all worker VMs see it).
 //!
-//! Layout (see README): an entry lives under `maas/c/k/<key_id>` (API keys) or
-//! `maas/c/t/<hex sha256(token)>` (tokens); its value carries the SHA-256 that proves it belongs
-//! to the very credential presented (compared on every hit), never the credential. Entries are
-//! bounded by a ring of `maxEntries` slots (`maas/c/ring/<n>` names the entry in slot n, the
-//! head counter is `maas/c/ring`): taking a slot evicts the entry it named (oldest first).
+//! Bounded whatever clients send: entries live in `cache.maxEntries` fixed slots `maas/c/<n>`,
+//! never one key per credential (proxy-wasm shared data has no delete, so a key per junk token
+//! would grow Envoy's heap for ever). A credential's cache key (`maas/c/k/<key_id>` for API keys,
+//! `maas/c/t/<hex sha256(token)>` for tokens — a name, never stored) hashes (SHA-256) to two
+//! candidate slots. An entry carries a 16-byte fingerprint of its cache key, so a lookup only
+//! hits its own credential's entry, and the SHA-256 verifier that proves it belongs to the very
+//! credential presented (compared on every hit), never the credential. A new entry takes the
+//! better of its two slots: empty or expired, else the one holding a refusal, else the one that
+//! expires first; a refusal never evicts another credential's fresh allow.
 
 use crate::store::{SharedStore, read_u64};
 use maas_types::AuthenticateResponse;
+use sha2::{Digest, Sha256};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const KIND_ALLOW: u8 = 1;
 const KIND_DENY: u8 = 2;
-const RING_HEAD: &str = "maas/c/ring";
 /// Attempts at a CAS update before giving up (contention is between a handful of workers).
 pub const CAS_ATTEMPTS: usize = 32;
+
+/// Fingerprint of a cache key, stored in its entry.
+pub type Fingerprint = [u8; 16];
+
+/// Where a credential's entry may live: its fingerprint and its two candidate slots
+/// (`0..max_entries`; the same slot twice when there is only one).
+pub fn placement(cache_key: &str, max_entries: u64) -> (Fingerprint, [u64; 2]) {
+    let digest = Sha256::digest(cache_key.as_bytes());
+    let part = |from: usize| -> u64 {
+        let b: [u8; 8] = digest
+            .get(from..from + 8)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or_default();
+        u64::from_le_bytes(b) % max_entries.max(1)
+    };
+    let fp: Fingerprint = digest
+        .get(..16)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or_default();
+    (fp, [part(16), part(24)])
+}
+
+/// The shared-data key of slot `n`.
+pub fn slot_key(n: u64) -> String {
+    format!("maas/c/{n}")
+}
+
+/// The distinct slot keys a credential's entry may live in.
+fn candidate_keys(slots: [u64; 2]) -> Vec<String> {
+    let [a, b] = slots;
+    if a == b {
+        vec![slot_key(a)]
+    } else {
+        vec![slot_key(a), slot_key(b)]
+    }
+}
 
 /// What the companion said about a credential, as cached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,15 +128,24 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Encodes an entry: version, kind, expiry (unix s), verifier, then the answer.
-pub fn encode(answer: &CachedAnswer, verifier: &[u8; 32], expires_at: u64) -> Vec<u8> {
+/// Encodes an entry: version, kind, expiry (unix s), fingerprint, verifier, then the answer.
+pub fn encode(
+    answer: &CachedAnswer,
+    fingerprint: &Fingerprint,
+    verifier: &[u8; 32],
+    expires_at: u64,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
     out.push(VERSION);
+    out.push(match answer {
+        CachedAnswer::Allow(_) => KIND_ALLOW,
+        CachedAnswer::Deny { .. } => KIND_DENY,
+    });
+    out.extend_from_slice(&expires_at.to_le_bytes());
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(verifier);
     match answer {
         CachedAnswer::Allow(id) => {
-            out.push(KIND_ALLOW);
-            out.extend_from_slice(&expires_at.to_le_bytes());
-            out.extend_from_slice(verifier);
             match &id.pinned_tier {
                 Some(t) => {
                     out.push(1);
@@ -112,9 +161,6 @@ pub fn encode(answer: &CachedAnswer, verifier: &[u8; 32], expires_at: u64) -> Ve
             }
         }
         CachedAnswer::Deny { status, message } => {
-            out.push(KIND_DENY);
-            out.extend_from_slice(&expires_at.to_le_bytes());
-            out.extend_from_slice(verifier);
             out.extend_from_slice(&status.to_le_bytes());
             put_str(&mut out, message);
         }
@@ -126,6 +172,7 @@ pub fn encode(answer: &CachedAnswer, verifier: &[u8; 32], expires_at: u64) -> Ve
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub answer: CachedAnswer,
+    pub fingerprint: Fingerprint,
     pub verifier: [u8; 32],
     pub expires_at: u64,
 }
@@ -137,6 +184,7 @@ pub fn decode(bytes: &[u8]) -> Option<Entry> {
     }
     let kind = r.u8()?;
     let expires_at = read_u64(r.take(8)?, 0)?;
+    let fingerprint: Fingerprint = r.take(16)?.try_into().ok()?;
     let verifier: [u8; 32] = r.take(32)?.try_into().ok()?;
     let answer = match kind {
         KIND_ALLOW => {
@@ -163,8 +211,12 @@ pub fn decode(bytes: &[u8]) -> Option<Entry> {
         }
         _ => return None,
     };
+    if r.at != bytes.len() {
+        return None;
+    }
     Some(Entry {
         answer,
+        fingerprint,
         verifier,
         expires_at,
     })
@@ -176,17 +228,34 @@ pub fn lookup(
     cache_key: &str,
     verifier: &[u8; 32],
     now: u64,
+    max_entries: u64,
 ) -> Option<CachedAnswer> {
-    let (value, _) = store.get(cache_key);
-    let entry = decode(&value?)?;
-    if entry.expires_at <= now || &entry.verifier != verifier {
-        return None;
-    }
-    Some(entry.answer)
+    let (fp, slots) = placement(cache_key, max_entries);
+    candidate_keys(slots).iter().find_map(|k| {
+        let entry = decode(&store.get(k).0?)?;
+        (entry.fingerprint == fp && entry.expires_at > now && &entry.verifier == verifier)
+            .then_some(entry.answer)
+    })
 }
 
-/// Stores an answer for `ttl` seconds (0: not cached). A refusal never replaces a fresh positive
-/// entry of a different credential with the same key id (a wrong secret must not evict the owner).
+/// How much a slot's current entry is worth keeping: lower is evicted first.
+fn keep_rank(entry: Option<&Entry>, now: u64) -> (u8, u64) {
+    match entry {
+        None => (0, 0),
+        Some(e) if e.expires_at <= now => (0, 0),
+        Some(
+            e @ Entry {
+                answer: CachedAnswer::Deny { .. },
+                ..
+            },
+        ) => (1, e.expires_at),
+        Some(e) => (2, e.expires_at),
+    }
+}
+
+/// Stores an answer for `ttl` seconds (0: not cached) in one of the credential's two slots.
+/// A refusal never replaces a fresh positive entry of a different credential with the same key
+/// id (a wrong secret must not evict the owner), nor a fresh positive entry of another key.
 pub fn insert(
     store: &dyn SharedStore,
     cache_key: &str,
@@ -199,54 +268,64 @@ pub fn insert(
     if ttl == 0 {
         return;
     }
-    let (existing, _) = store.get(cache_key);
-    let existing = existing.filter(|v| !v.is_empty());
-    if let (CachedAnswer::Deny { .. }, Some(old)) = (answer, existing.as_deref())
-        && let Some(old) = decode(old)
-        && matches!(old.answer, CachedAnswer::Allow(_))
-        && &old.verifier != verifier
-        && old.expires_at > now
-    {
-        return;
-    }
-    let value = encode(answer, verifier, now.saturating_add(ttl));
-    if existing.is_none() {
-        take_slot(store, cache_key, max_entries);
-    }
-    let _ = store.set(cache_key, &value, None);
-}
-
-/// Takes the next ring slot for `cache_key`, evicting the entry that held it.
-fn take_slot(store: &dyn SharedStore, cache_key: &str, max_entries: u64) {
-    let max_entries = max_entries.max(1);
+    let (fp, slots) = placement(cache_key, max_entries);
+    let keys = candidate_keys(slots);
+    let value = encode(answer, &fp, verifier, now.saturating_add(ttl));
+    let is_deny = matches!(answer, CachedAnswer::Deny { .. });
     for _ in 0..CAS_ATTEMPTS {
-        let (head, cas) = store.get(RING_HEAD);
-        let n = head.as_deref().and_then(|h| read_u64(h, 0)).unwrap_or(0);
-        if store
-            .set(RING_HEAD, &n.wrapping_add(1).to_le_bytes(), cas)
-            .is_err()
-        {
-            continue;
+        let current: Vec<(&String, Option<Entry>, Option<u32>)> = keys
+            .iter()
+            .map(|k| {
+                let (v, cas) = store.get(k);
+                (k, v.as_deref().and_then(decode), cas)
+            })
+            .collect();
+        let own = current
+            .iter()
+            .find(|(_, e, _)| e.as_ref().is_some_and(|e| e.fingerprint == fp));
+        let target = match own {
+            Some((_, Some(old), _))
+                if is_deny
+                    && matches!(old.answer, CachedAnswer::Allow(_))
+                    && &old.verifier != verifier
+                    && old.expires_at > now =>
+            {
+                return;
+            }
+            Some(t) => t,
+            None => {
+                let Some(victim) = current
+                    .iter()
+                    .min_by_key(|(_, e, _)| keep_rank(e.as_ref(), now))
+                else {
+                    return;
+                };
+                if is_deny && keep_rank(victim.1.as_ref(), now).0 == 2 {
+                    return;
+                }
+                victim
+            }
+        };
+        if store.set(target.0, &value, target.2).is_ok() {
+            return;
         }
-        let slot_key = format!("{RING_HEAD}/{}", n % max_entries);
-        if let (Some(old), _) = store.get(&slot_key)
-            && !old.is_empty()
-            && old != cache_key.as_bytes()
-            && let Ok(old_key) = std::str::from_utf8(&old)
-        {
-            let _ = store.set(old_key, &[], None);
-        }
-        let _ = store.set(&slot_key, cache_key.as_bytes(), None);
-        return;
     }
 }
 
-/// Drops an entry (revoked key).
-pub fn evict(store: &dyn SharedStore, cache_key: &str) {
-    if let (Some(v), _) = store.get(cache_key)
-        && !v.is_empty()
-    {
-        let _ = store.set(cache_key, &[], None);
+/// Drops a credential's entry (revoked key): a slot is cleared only when it holds that entry.
+pub fn evict(store: &dyn SharedStore, cache_key: &str, max_entries: u64) {
+    let (fp, slots) = placement(cache_key, max_entries);
+    for k in candidate_keys(slots) {
+        for _ in 0..CAS_ATTEMPTS {
+            let (v, cas) = store.get(&k);
+            let holds = v
+                .as_deref()
+                .and_then(decode)
+                .is_some_and(|e| e.fingerprint == fp);
+            if !holds || store.set(&k, &[], cas).is_ok() {
+                break;
+            }
+        }
     }
 }
 
@@ -289,9 +368,10 @@ mod tests {
                 pinned_tier: None,
             }),
         ] {
-            let bytes = encode(&a, &[7; 32], 1234);
+            let bytes = encode(&a, &[3; 16], &[7; 32], 1234);
             let e = decode(&bytes).unwrap();
             assert_eq!(e.answer, a);
+            assert_eq!(e.fingerprint, [3; 16]);
             assert_eq!(e.verifier, [7; 32]);
             assert_eq!(e.expires_at, 1234);
             // Every truncation decodes to nothing, never panics.
@@ -325,75 +405,125 @@ mod tests {
         );
     }
 
-    #[test]
-    fn lookup_checks_expiry_and_verifier() {
-        let s = MemStore::new();
-        insert(&s, "maas/c/k/a", &[1; 32], &allow("alice"), 10, 100, 10);
-        assert_eq!(
-            lookup(&s, "maas/c/k/a", &[1; 32], 100),
-            Some(allow("alice"))
-        );
-        assert_eq!(
-            lookup(&s, "maas/c/k/a", &[1; 32], 109),
-            Some(allow("alice"))
-        );
-        assert_eq!(lookup(&s, "maas/c/k/a", &[1; 32], 110), None);
-        // Same key id, different secret: not this credential's entry.
-        assert_eq!(lookup(&s, "maas/c/k/a", &[2; 32], 100), None);
-        // ... and its refusal does not evict the owner's fresh entry.
-        let deny = CachedAnswer::Deny {
+    fn deny() -> CachedAnswer {
+        CachedAnswer::Deny {
             status: 401,
             message: "key not found".into(),
-        };
-        insert(&s, "maas/c/k/a", &[2; 32], &deny, 5, 100, 10);
-        assert_eq!(
-            lookup(&s, "maas/c/k/a", &[1; 32], 101),
-            Some(allow("alice"))
-        );
-        // ttl 0: not stored.
-        insert(&s, "maas/c/k/b", &[1; 32], &allow("bob"), 0, 100, 10);
-        assert_eq!(lookup(&s, "maas/c/k/b", &[1; 32], 100), None);
-        evict(&s, "maas/c/k/a");
-        assert_eq!(lookup(&s, "maas/c/k/a", &[1; 32], 101), None);
+        }
     }
 
     #[test]
-    fn bounded_oldest_evicted() {
+    fn lookup_checks_expiry_and_verifier() {
         let s = MemStore::new();
-        for i in 0..5 {
+        let n = 10;
+        insert(&s, "maas/c/k/a", &[1; 32], &allow("alice"), 10, 100, n);
+        assert_eq!(
+            lookup(&s, "maas/c/k/a", &[1; 32], 100, n),
+            Some(allow("alice"))
+        );
+        assert_eq!(
+            lookup(&s, "maas/c/k/a", &[1; 32], 109, n),
+            Some(allow("alice"))
+        );
+        assert_eq!(lookup(&s, "maas/c/k/a", &[1; 32], 110, n), None);
+        // Same key id, different secret: not this credential's entry.
+        assert_eq!(lookup(&s, "maas/c/k/a", &[2; 32], 100, n), None);
+        // ... and its refusal does not evict the owner's fresh entry.
+        insert(&s, "maas/c/k/a", &[2; 32], &deny(), 5, 100, n);
+        assert_eq!(
+            lookup(&s, "maas/c/k/a", &[1; 32], 101, n),
+            Some(allow("alice"))
+        );
+        // ttl 0: not stored.
+        insert(&s, "maas/c/k/b", &[1; 32], &allow("bob"), 0, 100, n);
+        assert_eq!(lookup(&s, "maas/c/k/b", &[1; 32], 100, n), None);
+        evict(&s, "maas/c/k/a", n);
+        assert_eq!(lookup(&s, "maas/c/k/a", &[1; 32], 101, n), None);
+    }
+
+    #[test]
+    fn a_lookup_only_hits_its_own_credential() {
+        // One slot: every credential competes for it; the verifier alone would not tell two
+        // tokens' entries apart if they shared it — the fingerprint does.
+        let s = MemStore::new();
+        insert(&s, "maas/c/t/aa", &[1; 32], &allow("alice"), 60, 0, 1);
+        assert_eq!(lookup(&s, "maas/c/t/bb", &[1; 32], 1, 1), None);
+        assert_eq!(
+            lookup(&s, "maas/c/t/aa", &[1; 32], 1, 1),
+            Some(allow("alice"))
+        );
+        // Revoking another key id leaves the slot alone; revoking this one clears it.
+        evict(&s, "maas/c/k/other", 1);
+        assert_eq!(
+            lookup(&s, "maas/c/t/aa", &[1; 32], 1, 1),
+            Some(allow("alice"))
+        );
+        evict(&s, "maas/c/t/aa", 1);
+        assert_eq!(lookup(&s, "maas/c/t/aa", &[1; 32], 1, 1), None);
+    }
+
+    #[test]
+    fn junk_cache_keys_leave_at_most_max_entries_keys() {
+        let s = MemStore::new();
+        let max = 500;
+        for i in 0..10_000u64 {
+            let key = format!("maas/c/t/junk-{i}");
+            insert(&s, &key, &[9; 32], &deny(), 5, i / 100, max);
+            // The refusal just cached is found (it is in one of its two slots).
+            assert!(lookup(&s, &key, &[9; 32], i / 100, max).is_some(), "{i}");
+        }
+        assert!(s.key_count() <= max as usize, "{} keys", s.key_count());
+        assert!(s.key_count() > max as usize / 2, "{} keys", s.key_count());
+    }
+
+    #[test]
+    fn refusals_do_not_evict_fresh_allows_of_other_keys() {
+        let s = MemStore::new();
+        let max = 64;
+        let users: Vec<String> = (0..20).map(|i| format!("maas/c/k/user{i}")).collect();
+        for u in &users {
+            insert(&s, u, &[1; 32], &allow("u"), 300, 0, max);
+        }
+        let cached = |s: &MemStore| {
+            users
+                .iter()
+                .filter(|u| lookup(s, u, &[1; 32], 10, max).is_some())
+                .count()
+        };
+        let before = cached(&s);
+        assert!(before >= 18, "{before}");
+        for i in 0..5_000 {
             insert(
                 &s,
-                &format!("maas/c/t/{i}"),
-                &[1; 32],
-                &allow("a"),
-                60,
-                0,
-                3,
+                &format!("maas/c/t/junk-{i}"),
+                &[9; 32],
+                &deny(),
+                5,
+                10,
+                max,
             );
         }
-        let present: Vec<bool> = (0..5)
-            .map(|i| lookup(&s, &format!("maas/c/t/{i}"), &[1; 32], 1).is_some())
-            .collect();
-        assert_eq!(present, vec![false, false, true, true, true]);
-        // Refreshing an existing entry takes no new slot.
-        insert(&s, "maas/c/t/4", &[1; 32], &allow("b"), 60, 0, 3);
-        assert!(lookup(&s, "maas/c/t/2", &[1; 32], 1).is_some());
-        // Entries plus ring bookkeeping stay bounded.
-        for i in 5..100 {
-            insert(
-                &s,
-                &format!("maas/c/t/{i}"),
-                &[1; 32],
-                &allow("a"),
-                60,
-                0,
-                3,
-            );
-        }
-        let live = (0..100)
-            .filter(|i| lookup(&s, &format!("maas/c/t/{i}"), &[1; 32], 1).is_some())
-            .count();
-        assert_eq!(live, 3);
+        assert_eq!(cached(&s), before);
+        // A new allow does replace another key's allow when it must (the earliest to expire).
+        let s = MemStore::new();
+        insert(&s, "maas/c/k/late", &[1; 32], &allow("l"), 300, 20, 1);
+        insert(&s, "maas/c/k/later", &[1; 32], &allow("l"), 300, 21, 1);
+        assert!(lookup(&s, "maas/c/k/later", &[1; 32], 22, 1).is_some());
+        assert!(lookup(&s, "maas/c/k/late", &[1; 32], 22, 1).is_none());
+    }
+
+    #[test]
+    fn refreshing_an_entry_keeps_its_slot() {
+        let s = MemStore::new();
+        let (_, slots) = placement("maas/c/k/a", 1000);
+        insert(&s, "maas/c/k/a", &[1; 32], &allow("a"), 60, 0, 1000);
+        insert(&s, "maas/c/k/a", &[1; 32], &allow("b"), 60, 1, 1000);
+        assert_eq!(s.key_count(), 1);
+        assert!(slots.iter().any(|n| s.get(&slot_key(*n)).0.is_some()));
+        assert_eq!(
+            lookup(&s, "maas/c/k/a", &[1; 32], 2, 1000),
+            Some(allow("b"))
+        );
     }
 
     proptest::proptest! {

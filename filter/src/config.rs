@@ -14,6 +14,7 @@ pub struct PluginConfig {
     pub companion: CompanionConfig,
     pub poll_interval_ms: u64,
     pub cache: CacheConfig,
+    pub limits: LimitsConfig,
     /// Extra request headers removed before forwarding (lower case).
     pub remove_headers: Vec<String>,
     pub management_path_prefix: String,
@@ -41,6 +42,12 @@ pub struct CacheConfig {
     pub max_entries: u64,
     pub max_ttl_seconds: u64,
     pub negative_ttl_seconds: u64,
+}
+
+/// Counters (`limits.*`): subjects hash into `counter_slots` fixed shared-data keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsConfig {
+    pub counter_slots: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -84,6 +91,8 @@ struct RawConfig {
     #[serde(default)]
     cache: RawCache,
     #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
     remove_headers: Vec<String>,
     management_path_prefix: Option<String>,
     failure_mode: Option<FailureMode>,
@@ -107,6 +116,12 @@ struct RawCache {
     max_entries: Option<u64>,
     max_ttl_seconds: Option<u64>,
     negative_ttl_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLimits {
+    counter_slots: Option<u64>,
 }
 
 fn in_range(field: &str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
@@ -189,6 +204,16 @@ impl PluginConfig {
                 3_600,
             )?,
         };
+        let limits = LimitsConfig {
+            counter_slots: in_range(
+                "limits.counterSlots",
+                raw.limits
+                    .counter_slots
+                    .unwrap_or(crate::limits::DEFAULT_COUNTER_SLOTS),
+                1,
+                10_000_000,
+            )?,
+        };
         let mut remove_headers = Vec::with_capacity(raw.remove_headers.len());
         for (i, h) in raw.remove_headers.iter().enumerate() {
             let field = format!("removeHeaders[{i}]");
@@ -246,6 +271,7 @@ impl PluginConfig {
             },
             poll_interval_ms,
             cache,
+            limits,
             remove_headers,
             management_path_prefix,
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Closed),
@@ -282,6 +308,7 @@ mod tests {
         assert_eq!(c.cache.max_entries, 100_000);
         assert_eq!(c.cache.max_ttl_seconds, 300);
         assert_eq!(c.cache.negative_ttl_seconds, 5);
+        assert_eq!(c.limits.counter_slots, 65_536);
         assert_eq!(c.management_path_prefix, "/maas-api");
         assert_eq!(c.failure_mode, FailureMode::Closed);
         assert!(c.bootstrap_policy.is_none());
@@ -346,6 +373,18 @@ mod tests {
             "cache.ttl",
         );
         fails_at(
+            json!({"companion": {"cluster": "c"}, "limits": {"counterSlots": 0}}),
+            "limits.counterSlots",
+        );
+        fails_at(
+            json!({"companion": {"cluster": "c"}, "limits": {"counterSlots": 10_000_001}}),
+            "limits.counterSlots",
+        );
+        fails_at(
+            json!({"companion": {"cluster": "c"}, "limits": {"slots": 1}}),
+            "limits.slots",
+        );
+        fails_at(
             json!({"companion": {"cluster": "c"}, "removeHeaders": ["ok", "bad header"]}),
             "removeHeaders[1]",
         );
@@ -386,6 +425,7 @@ mod tests {
                 "maxTtlSeconds": c.cache.max_ttl_seconds,
                 "negativeTtlSeconds": c.cache.negative_ttl_seconds,
             },
+            "limits": {"counterSlots": c.limits.counter_slots},
             "removeHeaders": c.remove_headers,
             "managementPathPrefix": c.management_path_prefix,
             "failureMode": "closed",
@@ -417,6 +457,7 @@ mod tests {
         assert!((1..=10_000_000).contains(&c.cache.max_entries), "{c:?}");
         assert!(c.cache.max_ttl_seconds <= 86_400, "{c:?}");
         assert!(c.cache.negative_ttl_seconds <= 3_600, "{c:?}");
+        assert!((1..=10_000_000).contains(&c.limits.counter_slots), "{c:?}");
         assert!(
             (1024..=64 * 1024 * 1024).contains(&c.max_request_body_bytes),
             "{c:?}"
@@ -457,7 +498,7 @@ mod tests {
 
     const SEEDS: &[&str] = &[
         r#"{"companion":{"cluster":"maas-companion"}}"#,
-        r#"{"companion":{"cluster":"maas-companion","authority":"maas-companion.maas-api.svc.cluster.local","timeoutMs":250},"pollIntervalMs":500,"cache":{"maxEntries":10,"maxTtlSeconds":60,"negativeTtlSeconds":1},"removeHeaders":["Cookie","x-debug"],"managementPathPrefix":"/api","failureMode":"closed","maxRequestBodyBytes":4096,"pauseHeadersForBody":true,"bootstrapPolicy":{"tiers":[{"name":"free","level":0,"groups":["g"],"limits":{"requests":[{"limit":5,"window":"1m"}],"tokens":[{"limit":100,"window":"1h"}]}}],"models":[{"name":"m","path":"/llm/m","tiers":["free"]}]}}"#,
+        r#"{"companion":{"cluster":"maas-companion","authority":"maas-companion.maas-api.svc.cluster.local","timeoutMs":250},"pollIntervalMs":500,"cache":{"maxEntries":10,"maxTtlSeconds":60,"negativeTtlSeconds":1},"limits":{"counterSlots":4096},"removeHeaders":["Cookie","x-debug"],"managementPathPrefix":"/api","failureMode":"closed","maxRequestBodyBytes":4096,"pauseHeadersForBody":true,"bootstrapPolicy":{"tiers":[{"name":"free","level":0,"groups":["g"],"limits":{"requests":[{"limit":5,"window":"1m"}],"tokens":[{"limit":100,"window":"1h"}]}}],"models":[{"name":"m","path":"/llm/m","tiers":["free"]}]}}"#,
     ];
 
     #[test]
@@ -497,14 +538,14 @@ mod tests {
                 1u64..=60_000,
                 100u64..=3_600_000,
             ),
-            (1u64..=10_000_000, 0u64..=86_400, 0u64..=3_600),
+            (1u64..=10_000_000, 0u64..=86_400, 0u64..=3_600, 1u64..=10_000_000),
             proptest::collection::vec("[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}", 0..4),
             "(/[a-zA-Z0-9_.-]{1,8}){1,3}",
             (1024u64..=64 * 1024 * 1024, any::<bool>(), any::<bool>()),
         )
             .prop_filter_map(
                 "removable headers only",
-                |((cluster, authority, timeout_ms, poll), (entries, ttl, neg), headers, prefix, (body, pause, policy))| {
+                |((cluster, authority, timeout_ms, poll), (entries, ttl, neg, slots), headers, prefix, (body, pause, policy))| {
                     let remove_headers: Vec<String> =
                         headers.iter().map(|h| h.to_ascii_lowercase()).collect();
                     if remove_headers
@@ -530,6 +571,9 @@ mod tests {
                             max_entries: entries,
                             max_ttl_seconds: ttl,
                             negative_ttl_seconds: neg,
+                        },
+                        limits: LimitsConfig {
+                            counter_slots: slots,
                         },
                         remove_headers,
                         management_path_prefix: prefix,

@@ -123,6 +123,25 @@ pub struct CacheIdentity {
 
 pub const CACHE_KEY_PREFIX: &str = "maas/c/";
 
+impl CacheIdentity {
+    /// Key under which concurrent cache misses of one worker share one companion callout: the
+    /// whole credential (cache key and verifier), never the key id alone. Key ids are public, so
+    /// a request with a real key id and a wrong secret must never receive the owner's answer, nor
+    /// the owner the answer to a wrong secret.
+    pub fn flight_key(&self) -> String {
+        let mut k = String::with_capacity(self.cache_key.len() + 65);
+        k.push_str(&self.cache_key);
+        k.push(' ');
+        k.push_str(&hex::encode(self.verifier));
+        k
+    }
+
+    /// True when an answer obtained for `other` may be applied to this credential.
+    pub fn same_credential(&self, other: &CacheIdentity) -> bool {
+        self.cache_key == other.cache_key && self.verifier == other.verifier
+    }
+}
+
 /// Cache key of an API key id (also used to evict revoked keys).
 pub fn api_key_cache_key(key_id: &str) -> String {
     format!("{CACHE_KEY_PREFIX}k/{key_id}")
@@ -161,6 +180,33 @@ mod tests {
 
     fn key() -> String {
         apikey::format_key(&[1u8; 12], &[2u8; 32]).1
+    }
+
+    #[test]
+    fn a_wrong_secret_never_shares_the_owners_callout() {
+        let owner = apikey::format_key(&[1u8; 12], &[2u8; 32]).1;
+        let wrong = apikey::format_key(&[1u8; 12], &[3u8; 32]).1;
+        let a = extract(None, Some(&owner)).unwrap().cache_identity();
+        let b = extract(None, Some(&wrong)).unwrap().cache_identity();
+        // Same key id, same cache key…
+        assert_eq!(a.key_id, b.key_id);
+        assert_eq!(a.cache_key, b.cache_key);
+        // …but never the same flight, and never the same credential.
+        assert_ne!(a.flight_key(), b.flight_key());
+        assert!(!a.same_credential(&b));
+        let again = extract(Some(&format!("Bearer {owner}")), None)
+            .unwrap()
+            .cache_identity();
+        assert_eq!(a.flight_key(), again.flight_key());
+        assert!(a.same_credential(&again));
+        // Tokens: the flight is the token's digest.
+        let t1 = extract(Some("Bearer tok-1"), None)
+            .unwrap()
+            .cache_identity();
+        let t2 = extract(Some("Bearer tok-2"), None)
+            .unwrap()
+            .cache_identity();
+        assert_ne!(t1.flight_key(), t2.flight_key());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Decisions once the caller is known: authorisation, body checks, and what to settle.
 
 use crate::cache::CachedIdentity;
+use crate::limits;
 use crate::request_body::RequestInfo;
 use crate::response::Refusal;
 use crate::usage::Usage;
@@ -38,6 +39,16 @@ pub fn check_body_model(info: &RequestInfo, model: &Model) -> Result<(), Refusal
     }
 }
 
+/// Tokens reserved at admission: the prompt estimate (from the body's text, see
+/// [`crate::request_body::PROMPT_BYTES_PER_TOKEN`]) plus the completion budget — `max_tokens`
+/// (else the tier default, else a fallback) for every choice asked for (`n` / `best_of`). A request
+/// without a readable body (uploads, discovery) reserves the completion budget only.
+pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> u64 {
+    let completion = limits::reservation_for(info.and_then(|i| i.max_tokens), tier);
+    let (prompt, choices) = info.map_or((0, 1), |i| (i.prompt_tokens_estimate, i.choices.max(1)));
+    prompt.saturating_add(completion.saturating_mul(choices))
+}
+
 /// What the response showed of token use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Seen {
@@ -46,13 +57,18 @@ pub struct Seen {
     pub content_events: u64,
     /// Response status (0: no response at all).
     pub status: u32,
-    /// Request body bytes (≈ 4 per prompt token when usage never came).
-    pub request_body_bytes: u64,
+    /// The prompt estimate made at admission (used when usage never came).
+    pub prompt_tokens_estimate: u64,
 }
 
-/// Tokens to settle a reservation to: the usage when it came; else an estimate from what streamed
-/// (client abort mid-stream); nothing for upstream errors without content; the reservation when
-/// a successful response carried no usage (assume it was used).
+/// Tokens to settle a reservation to. Work the backend started is never free:
+/// - the usage, when the response carried it;
+/// - a stream cut short (client gone, upstream reset) after content: the prompt estimate plus one
+///   token per content event forwarded;
+/// - no response at all (the client went away, or the upstream reset, before the response
+///   headers: the backend may have done the whole work): the reservation;
+/// - a successful response without readable usage: the reservation;
+/// - an upstream error status (≥ 400) without content: nothing (the backend refused the work).
 pub fn settle_amount(seen: &Seen, reserved: u64) -> u64 {
     if let Some(u) = seen.usage {
         let total = u
@@ -63,10 +79,10 @@ pub fn settle_amount(seen: &Seen, reserved: u64) -> u64 {
     if seen.content_events > 0 {
         return seen
             .content_events
-            .saturating_add(seen.request_body_bytes / 4)
+            .saturating_add(seen.prompt_tokens_estimate)
             .max(1);
     }
-    if seen.status == 0 || seen.status >= 400 {
+    if seen.status >= 400 {
         return 0;
     }
     reserved
@@ -149,7 +165,7 @@ mod tests {
         let streamed = Seen {
             content_events: 7,
             status: 200,
-            request_body_bytes: 40,
+            prompt_tokens_estimate: 10,
             ..Default::default()
         };
         assert_eq!(settle_amount(&streamed, 100), 17);
@@ -163,7 +179,8 @@ mod tests {
             ),
             0
         );
-        assert_eq!(settle_amount(&Seen::default(), 100), 0);
+        // The client went away before the response: the backend's work is charged.
+        assert_eq!(settle_amount(&Seen::default(), 100), 100);
         assert_eq!(
             settle_amount(
                 &Seen {
@@ -174,5 +191,57 @@ mod tests {
             ),
             100
         );
+    }
+
+    #[test]
+    fn reservation_counts_the_prompt_and_every_choice() {
+        let p = policy();
+        let free = p.tiers.iter().find(|t| t.name == "free").unwrap();
+        let info = RequestInfo {
+            max_tokens: Some(1),
+            prompt_tokens_estimate: 60_000,
+            choices: 1,
+            ..Default::default()
+        };
+        // A huge prompt with max_tokens 1 reserves the prompt too.
+        assert_eq!(reservation(Some(&info), free), 60_001);
+        let n3 = RequestInfo {
+            max_tokens: Some(100),
+            prompt_tokens_estimate: 5,
+            choices: 3,
+            ..Default::default()
+        };
+        assert_eq!(reservation(Some(&n3), free), 305);
+        assert_eq!(reservation(None, free), limits::reservation_for(None, free));
+    }
+
+    proptest::proptest! {
+        /// Work the backend started is never free: whatever the response showed, a request that
+        /// got no answer, or was cut mid-stream, settles to more than zero; only an upstream
+        /// error without content settles to zero, and usage, when it came, is what counts.
+        #[test]
+        fn settlement_is_never_free_for_started_work(
+            reserved in 1u64..1_000_000,
+            status in proptest::prop_oneof![proptest::strategy::Just(0u32), 200u32..600],
+            content_events in 0u64..10_000,
+            prompt in 0u64..100_000,
+            usage in proptest::option::of((0u64..100_000, 0u64..100_000)),
+        ) {
+            let seen = Seen {
+                usage: usage.map(|(p, c)| Usage { prompt_tokens: p, completion_tokens: c, total_tokens: p + c }),
+                content_events,
+                status,
+                prompt_tokens_estimate: prompt,
+            };
+            let amount = settle_amount(&seen, reserved);
+            match (usage, content_events, status) {
+                (Some((p, c)), _, _) => proptest::prop_assert_eq!(amount, p + c),
+                (None, n, _) if n > 0 => proptest::prop_assert_eq!(amount, n + prompt),
+                (None, 0, 0) => proptest::prop_assert_eq!(amount, reserved),
+                (None, 0, s) if s >= 400 => proptest::prop_assert_eq!(amount, 0),
+                (None, 0, _) => proptest::prop_assert_eq!(amount, reserved),
+                _ => {}
+            }
+        }
     }
 }

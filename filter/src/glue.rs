@@ -9,9 +9,11 @@ use crate::cache::{self, CachedAnswer, CachedIdentity};
 use crate::config::PluginConfig;
 use crate::credential::{self, CacheIdentity};
 use crate::decide::{self, Seen};
+use crate::encoding::{self, Coding, DecodingScanner};
 use crate::hygiene;
 use crate::limits::{self, Admission, RateHeaders, Reservation};
 use crate::metrics;
+use crate::operations;
 use crate::path::{self, PathClass};
 use crate::request_body::{self, RequestInfo};
 use crate::response::{Decision, Refusal};
@@ -199,7 +201,7 @@ struct Worker {
     credentials: Rc<CredentialsDocument>,
     credentials_etag: Option<String>,
     /// Requests of this worker waiting for a callout another request made for the same
-    /// credential (cache key → waiters).
+    /// credential (flight key — the whole credential, never the key id alone → waiters).
     waiting: HashMap<String, Vec<Rc<RefCell<Request>>>>,
     metrics: Metrics,
 }
@@ -299,8 +301,9 @@ impl Root {
                         let revoked: HashSet<String> =
                             doc.revoked_key_ids.iter().cloned().collect();
                         let store = HostStore;
+                        let max_entries = w.config.as_ref().map_or(1, |c| c.cache.max_entries);
                         for id in revoked.difference(&w.revoked) {
-                            cache::evict(&store, &credential::api_key_cache_key(id));
+                            cache::evict(&store, &credential::api_key_cache_key(id), max_entries);
                         }
                         w.revoked = revoked;
                         log(
@@ -518,6 +521,10 @@ enum Scan {
     None,
     Json(JsonUsageScanner),
     Sse(SseScanner),
+    /// A body the backend compressed anyway: decoded for the scanner, forwarded untouched.
+    Decoding(DecodingScanner),
+    /// A coding that cannot be read (br, zstd…): settles to the reservation.
+    Unreadable,
 }
 
 /// One HTTP request's state.
@@ -528,6 +535,8 @@ struct Request {
     policy: Option<Rc<PolicyDocument>>,
     model_idx: Option<usize>,
     tier_idx: Option<usize>,
+    /// The subject's own highest tier (its windows apply to every request of the subject).
+    highest_tier_idx: Option<usize>,
     /// Client headers to remove before forwarding (found in the one header scan).
     strip_headers: Vec<String>,
     client_anthropic_version: bool,
@@ -547,7 +556,15 @@ struct Request {
     reservation: Option<Reservation>,
     rate_headers: RateHeaders,
     strip_usage_event: bool,
-    request_body_bytes: u64,
+    /// The prompt estimate reserved at admission (settles an aborted stream).
+    prompt_tokens_estimate: u64,
+    /// Bytes of the request body buffered so far (the host's buffer size at the last chunk).
+    buffered_body_bytes: usize,
+    /// The API operation accepts `stream_options` (OpenAI chat/completions and completions):
+    /// only then is `include_usage` added to a streamed request.
+    accepts_stream_options: bool,
+    /// The operation is a JSON API whose body is always inspected.
+    always_inspect_body: bool,
     response_status: u32,
     scan: Scan,
     settled: bool,
@@ -561,6 +578,7 @@ impl Request {
             policy: None,
             model_idx: None,
             tier_idx: None,
+            highest_tier_idx: None,
             strip_headers: Vec::new(),
             client_anthropic_version: false,
             discovery: false,
@@ -576,7 +594,10 @@ impl Request {
             reservation: None,
             rate_headers: RateHeaders::default(),
             strip_usage_event: false,
-            request_body_bytes: 0,
+            prompt_tokens_estimate: 0,
+            buffered_body_bytes: 0,
+            accepts_stream_options: false,
+            always_inspect_body: false,
             response_status: 0,
             scan: Scan::None,
             settled: false,
@@ -662,7 +683,24 @@ impl Request {
             ));
             return Action::Pause;
         };
-        self.discovery = path::is_discovery(model_path, &model.path);
+        // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
+        let method = headers
+            .iter()
+            .find(|(k, _)| k == ":method")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default();
+        let operation = match operations::allowed(model, method, model_path) {
+            Ok(op) => op,
+            Err(r) => {
+                self.refuse(&r);
+                return Action::Pause;
+            }
+        };
+        self.discovery = operation.is_discovery();
+        self.accepts_stream_options = operation.accepts_stream_options();
+        // The metered JSON APIs are read whatever content-type the client claims (a backend may
+        // parse the body as JSON anyway); only custom operations may stream uploads unread.
+        self.always_inspect_body = operation != operations::Operation::Custom;
         self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
         self.policy = Some(policy.clone());
         for (name, _) in &headers {
@@ -698,11 +736,17 @@ impl Request {
             .as_ref()
             .is_some_and(|id| self.worker.borrow().revoked.contains(id));
         if revoked {
-            cache::evict(&HostStore, &identity.cache_key);
+            cache::evict(&HostStore, &identity.cache_key, cfg.cache.max_entries);
             self.refuse(&Refusal::unauthenticated("key revoked"));
             return Action::Pause;
         }
-        match cache::lookup(&HostStore, &identity.cache_key, &identity.verifier, now_s) {
+        match cache::lookup(
+            &HostStore,
+            &identity.cache_key,
+            &identity.verifier,
+            now_s,
+            cfg.cache.max_entries,
+        ) {
             Some(answer) => {
                 inc(self.worker.borrow().metrics.cache_hit, 1);
                 self.auth = AuthState::Done(match answer {
@@ -718,7 +762,7 @@ impl Request {
                     .worker
                     .borrow()
                     .waiting
-                    .contains_key(&identity.cache_key);
+                    .contains_key(&identity.flight_key());
                 if already {
                     // Another request of this worker is asking for the same credential.
                     self.auth = AuthState::Pending { token: None };
@@ -746,7 +790,7 @@ impl Request {
                             self.worker
                                 .borrow_mut()
                                 .waiting
-                                .insert(identity.cache_key.clone(), Vec::new());
+                                .insert(identity.flight_key(), Vec::new());
                         }
                         Err(e) => {
                             log(
@@ -765,7 +809,9 @@ impl Request {
             }
         }
         self.identity = Some(identity);
-        if !end_of_stream && hygiene::inspect_body(find("content-type")) {
+        if !end_of_stream
+            && (self.always_inspect_body || hygiene::inspect_body(find("content-type")))
+        {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
         }
@@ -831,25 +877,54 @@ impl Request {
             return Action::Continue;
         }
         let Some(cfg) = self.config() else {
-            return Action::Continue;
+            self.refuse(&Refusal::unavailable(
+                "not_configured",
+                "gateway filter not configured",
+            ));
+            return Action::Pause;
         };
         if body_size as u64 > cfg.max_request_body_bytes {
             self.refuse(&Refusal::too_large(cfg.max_request_body_bytes));
             return Action::Pause;
         }
+        self.buffered_body_bytes = body_size;
         if !end_of_stream {
             return Action::Pause;
         }
-        self.request_body_bytes = body_size as u64;
+        self.end_of_body()
+    }
+
+    /// Request trailers end the request: an HTTP/2 body whose last DATA frame has no END_STREAM
+    /// (or an HTTP/1.1 chunked body with trailers) is decided here, exactly as at the end of a
+    /// body, so no request reaches the backend undecided.
+    fn on_trailers(&mut self) -> Action {
+        if self.decided || !matches!(self.body, BodyState::Buffering) {
+            return Action::Continue;
+        }
+        self.end_of_body()
+    }
+
+    /// The whole request body is buffered: inspect it (and rewrite it where the API accepts
+    /// `stream_options`), then decide.
+    fn end_of_body(&mut self) -> Action {
+        let body_size = self.buffered_body_bytes;
         let bytes = read_buffer(proxy_wasm::types::BufferType::HttpRequestBody, body_size);
+        if bytes.len() != body_size {
+            self.refuse(&Refusal::internal(
+                "the gateway could not read the request body; retry",
+            ));
+            return Action::Pause;
+        }
         let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
         if let Ok(i) = &info
             && i.stream
             && !i.include_usage
             && !self.discovery
+            && self.accepts_stream_options
         {
-            // Ask for usage so the stream can be counted; the usage-only event is removed from
-            // what the client sees.
+            // Ask for usage so the stream can be counted (only APIs that accept
+            // `stream_options`: OpenAI chat/completions and completions); the usage-only event is
+            // removed from what the client sees.
             if let Ok(new_body) = request_body::with_include_usage(&bytes) {
                 let _ = hostcalls::set_buffer(
                     proxy_wasm::types::BufferType::HttpRequestBody,
@@ -928,6 +1003,11 @@ impl Request {
         };
         let tier = decide::authorize(&policy, &identity, model)?;
         let tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, tier));
+        // One budget per person: the subject's own highest tier's windows apply to every
+        // request, a pinned (lower) tier's too.
+        let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
+        let highest_tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, highest));
+        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
         let provider_key = match &model.provider {
             Some(p) => match credentials.credentials.get(&p.credential_ref) {
                 Some(k) => Some((p.kind, k.as_str())),
@@ -946,11 +1026,25 @@ impl Request {
         if matches!(self.body, BodyState::Buffering)
             && !self.hold_headers
             && !self.discovery
-            && let Some(limited) =
-                limits::precheck(&HostStore, tier, &identity.subject, now_ms() / 1000)
+            && let Some(limited) = limits::precheck(
+                &HostStore,
+                &[tier, highest],
+                &identity.subject,
+                now_ms() / 1000,
+                counter_slots,
+            )
         {
-            return Err(limited_refusal(limited, &tier.name));
+            return Err(limited_refusal(limited));
         }
+
+        // The request must go to the model's own upstream (Envoy's route decided the cluster):
+        // a route the gateway did not create never gets the provider credential.
+        operations::check_upstream(model, || {
+            hostcalls::get_property(operations::CLUSTER_PROPERTY.to_vec())
+                .ok()
+                .flatten()
+                .map(lossy)
+        })?;
 
         // Hygiene: nothing the client sent reaches the backend as identity.
         for name in &self.strip_headers {
@@ -960,6 +1054,13 @@ impl Request {
                 None,
             );
         }
+        // Usage is read from the response body: ask the backend for it uncompressed (Envoy may
+        // compress towards the client). A backend that compresses anyway is decoded for reading.
+        let _ = hostcalls::set_map_value(
+            proxy_wasm::types::MapType::HttpRequestHeaders,
+            "accept-encoding",
+            Some("identity"),
+        );
         if let Some((kind, key)) = provider_key {
             for (name, value) in hygiene::provider_headers(kind, key, self.client_anthropic_version)
             {
@@ -982,6 +1083,7 @@ impl Request {
         self.subject = Some(identity.subject);
         self.model_idx = Some(model_idx);
         self.tier_idx = tier_idx;
+        self.highest_tier_idx = highest_tier_idx;
         self.policy = Some(policy);
         Ok(())
     }
@@ -1015,12 +1117,25 @@ impl Request {
         if self.discovery {
             return Ok(());
         }
-        let max_tokens = match &self.body {
-            BodyState::Done(Ok(info)) => info.max_tokens,
+        let info = match &self.body {
+            BodyState::Done(Ok(info)) => Some(info),
             _ => None,
         };
-        let reserve = limits::reservation_for(max_tokens, tier);
-        match limits::admit(&HostStore, tier, &subject, reserve, now_ms() / 1000) {
+        self.prompt_tokens_estimate = info.map_or(0, |i| i.prompt_tokens_estimate);
+        let reserve = decide::reservation(info, tier);
+        let highest = policy
+            .as_ref()
+            .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
+            .unwrap_or(tier);
+        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
+        match limits::admit(
+            &HostStore,
+            &[tier, highest],
+            &subject,
+            reserve,
+            now_ms() / 1000,
+            counter_slots,
+        ) {
             Admission::Allowed {
                 reservation,
                 headers,
@@ -1029,7 +1144,7 @@ impl Request {
                 self.rate_headers = headers;
                 Ok(())
             }
-            limited => Err(limited_refusal(limited, &tier.name)),
+            refused => Err(limited_refusal(refused)),
         }
     }
 
@@ -1054,6 +1169,26 @@ impl Request {
         )
         .unwrap_or_default()
         .to_ascii_lowercase();
+        let coding = encoding::coding(
+            map_value(
+                proxy_wasm::types::MapType::HttpResponseHeaders,
+                "content-encoding",
+            )
+            .as_deref(),
+        );
+        if coding != Coding::Identity {
+            // Asked for identity, compressed anyway: read the usage from a decoded copy.
+            let scanner = if content_type.starts_with("text/event-stream") {
+                encoding::Scanner::Sse(SseScanner::new(false))
+            } else {
+                encoding::Scanner::Json(JsonUsageScanner::new())
+            };
+            self.scan = match DecodingScanner::new(coding, scanner) {
+                Some(d) => Scan::Decoding(d),
+                None => Scan::Unreadable,
+            };
+            return Action::Continue;
+        }
         if content_type.starts_with("text/event-stream") {
             self.scan = Scan::Sse(SseScanner::new(self.strip_usage_event));
             if self.strip_usage_event {
@@ -1076,9 +1211,16 @@ impl Request {
             }
             return Action::Continue;
         }
+        if matches!(self.scan, Scan::Unreadable) {
+            if end_of_stream {
+                self.settle();
+            }
+            return Action::Continue;
+        }
         let chunk = read_buffer(proxy_wasm::types::BufferType::HttpResponseBody, body_size);
         match &mut self.scan {
             Scan::Json(s) => s.feed(&chunk),
+            Scan::Decoding(d) => d.feed(&chunk),
             Scan::Sse(s) => {
                 let forward = s.feed(&chunk);
                 let held = if end_of_stream {
@@ -1110,7 +1252,7 @@ impl Request {
                     );
                 }
             }
-            Scan::None => {}
+            Scan::None | Scan::Unreadable => {}
         }
         if end_of_stream {
             self.settle();
@@ -1130,7 +1272,8 @@ impl Request {
         let (usage, content_events) = match &mut self.scan {
             Scan::Json(s) => (s.finish(), 0),
             Scan::Sse(s) => (s.usage(), s.content_events()),
-            Scan::None => (None, 0),
+            Scan::Decoding(d) => d.finish(),
+            Scan::None | Scan::Unreadable => (None, 0),
         };
         if usage.is_none() && self.response_status == 200 && !matches!(self.scan, Scan::None) {
             inc(self.worker.borrow().metrics.malformed_upstream, 1);
@@ -1147,7 +1290,7 @@ impl Request {
             usage,
             content_events,
             status: self.response_status,
-            request_body_bytes: self.request_body_bytes,
+            prompt_tokens_estimate: self.prompt_tokens_estimate,
         };
         let actual = decide::settle_amount(&seen, res.reserved);
         limits::settle(&HostStore, &res, actual, now_ms() / 1000);
@@ -1243,7 +1386,13 @@ impl Request {
             other => {
                 inc(metrics_failed, 1);
                 // Another worker may have cached an answer meanwhile.
-                match cache::lookup(&store, &identity.cache_key, &identity.verifier, now_s) {
+                match cache::lookup(
+                    &store,
+                    &identity.cache_key,
+                    &identity.verifier,
+                    now_s,
+                    cfg.cache.max_entries,
+                ) {
                     Some(CachedAnswer::Allow(id)) => Ok(id),
                     Some(CachedAnswer::Deny { status, message }) => {
                         Err(Refusal::from_companion(u32::from(status), &message))
@@ -1265,7 +1414,7 @@ impl Request {
             .worker
             .borrow_mut()
             .waiting
-            .remove(&identity.cache_key)
+            .remove(&identity.flight_key())
             .unwrap_or_default();
         self.apply_auth(result.clone());
         for w in waiters {
@@ -1273,7 +1422,20 @@ impl Request {
                 continue;
             };
             if hostcalls::set_effective_context(waiter.id).is_ok() {
-                waiter.apply_auth(result.clone());
+                // Checked again before the answer is applied: only the very same credential
+                // may take it.
+                let same = waiter
+                    .identity
+                    .as_ref()
+                    .is_some_and(|i| i.same_credential(&identity));
+                if same {
+                    waiter.apply_auth(result.clone());
+                } else {
+                    waiter.apply_auth(Err(Refusal::unavailable(
+                        "auth_interrupted",
+                        "authentication was interrupted; retry",
+                    )));
+                }
             }
         }
         let _ = hostcalls::set_effective_context(self.id);
@@ -1290,7 +1452,7 @@ impl Request {
                 .worker
                 .borrow_mut()
                 .waiting
-                .remove(&identity.cache_key)
+                .remove(&identity.flight_key())
                 .unwrap_or_default();
             let r =
                 Refusal::unavailable("auth_interrupted", "authentication was interrupted; retry");
@@ -1307,30 +1469,10 @@ impl Request {
     }
 }
 
-/// The 429 for a refused admission.
-fn limited_refusal(a: Admission, tier: &str) -> Refusal {
-    let Admission::Limited {
-        kind,
-        retry_after,
-        headers,
-    } = a
-    else {
-        return Refusal::unavailable("internal", "admission refused without a reason");
-    };
-    let mut h: Vec<(String, String)> = headers
-        .headers()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    h.push(("retry-after".to_string(), retry_after.to_string()));
-    let what = match kind {
-        limits::Kind::Requests => "requests",
-        limits::Kind::Tokens => "tokens",
-    };
-    Refusal::rate_limited(
-        format!("rate limit reached for {what} on tier {tier}: retry in {retry_after}s"),
-        h,
-    )
+/// The refusal (429, 400 or 503) for a refused admission.
+fn limited_refusal(a: Admission) -> Refusal {
+    a.into_refusal()
+        .unwrap_or_else(|| Refusal::unavailable("internal", "admission refused without a reason"))
 }
 
 /// The HTTP context: a handle on the request's state (waiters are woken through it).
@@ -1361,7 +1503,7 @@ impl Context for Http {
             && matches!(req.auth, AuthState::Pending { token: None })
             && let Some(identity) = &req.identity
         {
-            let key = identity.cache_key.clone();
+            let key = identity.flight_key();
             let worker = req.worker.clone();
             drop(req);
             if let Some(list) = worker.borrow_mut().waiting.get_mut(&key) {
@@ -1376,7 +1518,7 @@ impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         let action = match self.req.try_borrow_mut() {
             Ok(mut req) => req.on_headers(end_of_stream),
-            Err(_) => Action::Continue,
+            Err(_) => refuse_undecidable(),
         };
         // A request that waits for the companion joins the worker's waiters for its credential
         // (the handle is needed to resume it from the request that made the callout).
@@ -1384,7 +1526,7 @@ impl HttpContext for Http {
             && matches!(req.auth, AuthState::Pending { token: None })
             && let Some(identity) = &req.identity
         {
-            let key = identity.cache_key.clone();
+            let key = identity.flight_key();
             let worker = req.worker.clone();
             drop(req);
             if let Some(list) = worker.borrow_mut().waiting.get_mut(&key) {
@@ -1397,7 +1539,14 @@ impl HttpContext for Http {
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         match self.req.try_borrow_mut() {
             Ok(mut req) => req.on_body(body_size, end_of_stream),
-            Err(_) => Action::Continue,
+            Err(_) => refuse_undecidable(),
+        }
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        match self.req.try_borrow_mut() {
+            Ok(mut req) => req.on_trailers(),
+            Err(_) => refuse_undecidable(),
         }
     }
 
@@ -1420,6 +1569,18 @@ impl HttpContext for Http {
             req.settle();
         }
     }
+}
+
+/// A request whose state cannot be read is refused, never let through (an auth filter that
+/// cannot decide must not continue).
+fn refuse_undecidable() -> Action {
+    let r = Refusal::internal("the gateway could not decide on this request; retry");
+    let _ = hostcalls::send_http_response(
+        r.status,
+        vec![("content-type", "application/json")],
+        Some(&r.body()),
+    );
+    Action::Pause
 }
 
 /// The first `size` bytes of a host buffer; empty when there are none or the host refuses.

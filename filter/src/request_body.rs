@@ -18,7 +18,21 @@ pub struct RequestInfo {
     /// `max_completion_tokens` if given, else `max_tokens`.
     pub max_tokens: Option<u64>,
     pub include_usage: bool,
+    /// Completions asked for (`n`, or `best_of` when larger); 1 when absent.
+    pub choices: u64,
+    /// Estimated prompt tokens: [`PROMPT_BYTES_PER_TOKEN`] bytes of prompt text per token.
+    pub prompt_tokens_estimate: u64,
 }
+
+/// Bytes of prompt text counted as one token when the prompt is estimated from the body.
+///
+/// The rule: every JSON string value of the body (keys excluded) except `model` and media payloads
+/// (values of `url`, `image_url`, `data`, `file_data`, `b64_json`) counts with its UTF-8 length,
+/// every number as one token (token-id prompts); the sum divided by 4, rounded up. English prose
+/// runs at about 4 bytes per token, so the estimate is close; no byte-level tokenizer produces
+/// more than one token per byte, so the real count is never more than 4× the estimate (plus
+/// what media and per-message framing add, which settlement corrects after the response).
+pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
 
 /// Why a request body was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +65,10 @@ struct Fields {
     max_tokens: Option<Value>,
     max_completion_tokens: Option<Value>,
     stream_options: Option<Value>,
+    n: Option<Value>,
+    best_of: Option<Value>,
+    /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
+    text_bytes: u64,
     duplicate: Option<&'static str>,
 }
 
@@ -62,6 +80,8 @@ enum Key {
     MaxTokens,
     MaxCompletionTokens,
     StreamOptions,
+    N,
+    BestOf,
     #[serde(other)]
     Other,
 }
@@ -92,8 +112,11 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                     (&mut fields.max_completion_tokens, "max_completion_tokens")
                 }
                 Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
+                Key::N => (&mut fields.n, "n"),
+                Key::BestOf => (&mut fields.best_of, "best_of"),
                 Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
+                    let text = map.next_value::<TextBytes>()?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text.0);
                     continue;
                 }
             };
@@ -105,6 +128,72 @@ impl<'de> Visitor<'de> for FieldsVisitor {
             }
         }
         Ok(fields)
+    }
+}
+
+/// Prompt text bytes of one JSON value (the estimate's rule is on [`PROMPT_BYTES_PER_TOKEN`]).
+struct TextBytes(u64);
+
+/// Fields whose string values are media payloads (base64 images, audio, files), not prompt text.
+const MEDIA_FIELDS: [&str; 5] = ["url", "image_url", "data", "file_data", "b64_json"];
+
+impl<'de> Deserialize<'de> for TextBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextBytesVisitor)
+    }
+}
+
+struct TextBytesVisitor;
+
+impl<'de> Visitor<'de> for TextBytesVisitor {
+    type Value = TextBytes;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<TextBytes, E> {
+        Ok(TextBytes(v.len() as u64))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<TextBytes, E> {
+        Ok(TextBytes(0))
+    }
+
+    fn visit_unit<E>(self) -> Result<TextBytes, E> {
+        Ok(TextBytes(0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<TextBytes, E> {
+        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<TextBytes, E> {
+        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<TextBytes, E> {
+        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextBytes, A::Error> {
+        let mut total: u64 = 0;
+        while let Some(t) = seq.next_element::<TextBytes>()? {
+            total = total.saturating_add(t.0);
+        }
+        Ok(TextBytes(total))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextBytes, A::Error> {
+        let mut total: u64 = 0;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if MEDIA_FIELDS.contains(&key.as_ref()) {
+                map.next_value::<IgnoredAny>()?;
+            } else {
+                total = total.saturating_add(map.next_value::<TextBytes>()?.0);
+            }
+        }
+        Ok(TextBytes(total))
     }
 }
 
@@ -182,11 +271,15 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
         },
         Some(_) => return Err(bad("stream_options", "must be an object")),
     };
+    let n = token_limit("n", f.n.as_ref())?.unwrap_or(1);
+    let best_of = token_limit("best_of", f.best_of.as_ref())?.unwrap_or(1);
     Ok(RequestInfo {
         model,
         stream,
         max_tokens: max_completion_tokens.or(max_tokens),
         include_usage,
+        choices: n.max(best_of).max(1),
+        prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
     })
 }
 
@@ -372,30 +465,93 @@ mod tests {
             stream,
             max_tokens: max,
             include_usage: usage,
+            choices: 1,
+            prompt_tokens_estimate: 0,
         }
+    }
+
+    /// The fields `info` names (the prompt estimate has its own tests).
+    fn core(r: Result<RequestInfo, BodyError>) -> Result<RequestInfo, BodyError> {
+        r.map(|i| RequestInfo {
+            prompt_tokens_estimate: 0,
+            ..i
+        })
+    }
+
+    #[test]
+    fn prompt_estimate_counts_text_not_media_nor_model() {
+        let text = "a".repeat(4000);
+        let body = serde_json::json!({
+            "model": "m".repeat(1000),
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": text},
+                    {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", "A".repeat(100_000))}}
+                ]}
+            ],
+            "max_tokens": 1
+        });
+        let i = inspect(body.to_string().as_bytes()).unwrap();
+        // 4000 text bytes + "user" + "text" + "image_url" (type values) → ~1004 tokens; never the
+        // 100 kB image, never the model name.
+        assert!(
+            (1000..=1010).contains(&i.prompt_tokens_estimate),
+            "{}",
+            i.prompt_tokens_estimate
+        );
+        // A ~60k-token prompt is estimated as such, whatever max_tokens says.
+        let big = serde_json::json!({"messages": [{"role": "user", "content": "word ".repeat(48_000)}], "max_tokens": 1});
+        let i = inspect(big.to_string().as_bytes()).unwrap();
+        assert!(
+            i.prompt_tokens_estimate >= 60_000,
+            "{}",
+            i.prompt_tokens_estimate
+        );
+        // Token-id prompts count one token per id; Anthropic system + messages and Responses
+        // input count too.
+        let ids = inspect(br#"{"prompt":[1,2,3,4,5]}"#).unwrap();
+        assert_eq!(ids.prompt_tokens_estimate, 5);
+        let anthropic = inspect(br#"{"system":"abcdefgh","messages":[{"role":"user","content":"abcd"}],"max_tokens":9}"#).unwrap();
+        assert_eq!(
+            anthropic.prompt_tokens_estimate,
+            (8 + 4 + 4_u64).div_ceil(4)
+        );
+        let responses = inspect(br#"{"input":"abcdefghijkl","instructions":"abcd"}"#).unwrap();
+        assert_eq!(responses.prompt_tokens_estimate, 4);
+    }
+
+    #[test]
+    fn choices_from_n_and_best_of() {
+        assert_eq!((inspect(br#"{"n":3}"#)).unwrap().choices, 3);
+        assert_eq!((inspect(br#"{"n":2,"best_of":5}"#)).unwrap().choices, 5);
+        assert_eq!((inspect(br#"{"n":0}"#)).unwrap().choices, 1);
+        assert_eq!((inspect(br#"{}"#)).unwrap().choices, 1);
+        assert!(inspect(br#"{"n":"3"}"#).is_err());
+        assert!(inspect(br#"{"n":1,"n":9}"#).is_err());
     }
 
     #[test]
     fn reads_fields() {
         assert_eq!(
-            inspect(CHAT.as_bytes()),
+            core(inspect(CHAT.as_bytes())),
             Ok(info(Some("sim-model"), true, Some(64), false))
         );
-        assert_eq!(inspect(b"{}"), Ok(info(None, false, None, false)));
+        assert_eq!(core(inspect(b"{}")), Ok(info(None, false, None, false)));
         assert_eq!(
-            inspect(br#"{"model":null,"stream":null,"max_tokens":null,"stream_options":null}"#),
+            core(inspect(
+                br#"{"model":null,"stream":null,"max_tokens":null,"stream_options":null}"#
+            )),
             Ok(info(None, false, None, false))
         );
-        assert_eq!(
-            inspect(br#"{"max_tokens":5,"max_completion_tokens":9,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}"#),
+        assert_eq!(core(inspect(br#"{"max_tokens":5,"max_completion_tokens":9,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}"#)),
             Ok(info(None, false, Some(9), true))
         );
         assert_eq!(
-            inspect(br#"{"max_completion_tokens":0}"#),
+            core(inspect(br#"{"max_completion_tokens":0}"#)),
             Ok(info(None, false, Some(0), false))
         );
         assert_eq!(
-            inspect(br#"{"m\u006fdel":"a"}"#),
+            core(inspect(br#"{"m\u006fdel":"a"}"#)),
             Ok(info(Some("a"), false, None, false))
         );
     }
@@ -458,7 +614,7 @@ mod tests {
             b"null",
             b" true ",
         ] {
-            assert_eq!(inspect(body), Err(BodyError::NotAnObject), "{body:?}");
+            assert_eq!(core(inspect(body)), Err(BodyError::NotAnObject), "{body:?}");
         }
         assert!(
             BodyError::NotJson("x".into())
@@ -506,7 +662,7 @@ mod tests {
         }
         let out = with_include_usage(CHAT.as_bytes()).unwrap();
         assert_eq!(
-            inspect(&out),
+            core(inspect(&out)),
             Ok(info(Some("sim-model"), true, Some(64), true))
         );
         assert!(with_include_usage(b"[1]").is_err());
@@ -570,7 +726,11 @@ mod tests {
             ],
             pretty in any::<bool>(),
         ) {
-            let mut obj: serde_json::Map<String, serde_json::Value> = extra.into_iter().collect();
+            // Fields the gateway reads and type-checks (n, best_of) are not "the rest".
+            let mut obj: serde_json::Map<String, serde_json::Value> = extra
+                .into_iter()
+                .filter(|(k, _)| k != "n" && k != "best_of")
+                .collect();
             if let Some(m) = &model { obj.insert("model".into(), m.clone().into()); }
             if let Some(s) = stream { obj.insert("stream".into(), s.into()); }
             if let Some(m) = max { obj.insert("max_tokens".into(), m.into()); }

@@ -125,6 +125,17 @@ impl Refusal {
         )
     }
 
+    /// The filter's own state could not be read: refused, never let through.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            500,
+            "server_error",
+            "gateway_internal",
+            message,
+            Decision::Unavailable,
+        )
+    }
+
     pub fn rate_limited(message: impl Into<String>, headers: Vec<(String, String)>) -> Self {
         let mut r = Self::new(
             429,
@@ -170,6 +181,12 @@ mod tests {
         assert_eq!(r.decision, Decision::RateLimited);
         assert_eq!(Refusal::from_companion(403, "no tier").status, 403);
         assert_eq!(Refusal::too_large(10).status, 413);
+        let r = Refusal::internal("x");
+        let v: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+        assert_eq!(
+            (r.status, v["error"]["code"].as_str()),
+            (500, Some("gateway_internal"))
+        );
         for (i, d) in Decision::ALL.iter().enumerate() {
             assert_eq!(d.index(), i);
         }

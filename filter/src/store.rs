@@ -35,6 +35,12 @@ impl MemStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Keys ever written, emptied ones included: proxy-wasm shared data has no delete, so this is
+    /// what the key space costs Envoy.
+    pub fn key_count(&self) -> usize {
+        self.map.borrow().len()
+    }
 }
 
 impl SharedStore for MemStore {
@@ -80,6 +86,9 @@ mod tests {
         s.set("a", b"2", cas).unwrap();
         assert_eq!(s.set("a", b"3", cas), Err(CasMismatch));
         assert_eq!(s.get("a").0.as_deref(), Some(&b"2"[..]));
+        // Emptied keys are not entries, but they still take a key (no delete in the ABI).
+        s.set("b", b"", None).unwrap();
+        assert_eq!((s.len(), s.key_count()), (1, 2));
         assert_eq!(read_u64(&7u64.to_le_bytes(), 0), Some(7));
         assert_eq!(read_u64(&[1, 2], 0), None);
     }

@@ -1,12 +1,14 @@
-//! Token usage in OpenAI-style responses.
+//! Token usage in responses of every supported API family (OpenAI chat/completions/embeddings,
+//! OpenAI Responses, Anthropic Messages).
 //!
 //! [`JsonUsageScanner`] finds the top-level `usage` object of a non-streamed JSON response while the
 //! body passes through, chunk by chunk, with bounded memory: a byte-level state machine that tracks
 //! nesting depth and strings, remembers the current top-level key (at most [`KEY_CAP`] bytes) and
 //! copies only the value of a top-level `usage` key (at most [`USAGE_CAP`] bytes).
 //!
-//! [`parse_usage`] turns a `usage` value into a [`Usage`]; the SSE scanner uses the same tolerant
-//! deserializer ([`UsageField`]).
+//! Every family puts the usage of a non-streamed response in a top-level `usage` object; only the
+//! names of its counts differ ([`UsageCounts`]). [`parse_usage`] turns a `usage` value into a
+//! [`Usage`]; the SSE scanner uses the same tolerant deserializer ([`UsageCounts`], [`UsageField`]).
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
@@ -58,7 +60,13 @@ pub struct JsonUsageScanner {
     capture: bool,
     captured: Vec<u8>,
     capture_overflow: bool,
-    usage: Option<Usage>,
+    /// Counts of the last well-formed `usage` (one that states a count).
+    counts: Option<UsageCounts>,
+    /// Also look one level down, in the objects of top-level `response` and `message` keys (the
+    /// Responses and Anthropic stream events), see [`Self::with_nested_usage`].
+    nested_keys: bool,
+    /// Scanning the value of a top-level `response`/`message` key for its own `usage`.
+    nested: Option<Box<JsonUsageScanner>>,
 }
 
 impl Default for JsonUsageScanner {
@@ -79,13 +87,30 @@ impl JsonUsageScanner {
             capture: false,
             captured: Vec::new(),
             capture_overflow: false,
-            usage: None,
+            counts: None,
+            nested_keys: false,
+            nested: None,
+        }
+    }
+
+    /// A scanner that also finds `response.usage` and `message.usage` (one level down, under a
+    /// top-level `response` or `message` object): for a stream event too large to be parsed
+    /// whole (a Responses `response.completed` repeats the whole output). Memory stays bounded
+    /// (twice [`KEY_CAP`] + [`USAGE_CAP`]).
+    pub fn with_nested_usage() -> Self {
+        JsonUsageScanner {
+            nested_keys: true,
+            ..Self::new()
         }
     }
 
     /// Bytes currently buffered (key and captured `usage` value); bounded.
     pub fn buffered_bytes(&self) -> usize {
-        self.key.len().saturating_add(self.captured.len())
+        let nested = self.nested.as_ref().map_or(0, |n| n.buffered_bytes());
+        self.key
+            .len()
+            .saturating_add(self.captured.len())
+            .saturating_add(nested)
     }
 
     /// Scans one chunk of the body.
@@ -98,9 +123,7 @@ impl JsonUsageScanner {
                 Top::InValue if self.in_string => {
                     // Fast path through string contents: jump to the next quote or backslash.
                     let n = self.string_run(rest);
-                    if self.capture {
-                        self.capture_bytes(rest.get(..n).unwrap_or_default());
-                    }
+                    self.sink(rest.get(..n).unwrap_or_default());
                     i = i.saturating_add(n);
                 }
                 Top::InValue => {
@@ -109,9 +132,7 @@ impl JsonUsageScanner {
                         .iter()
                         .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b','))
                         .unwrap_or(rest.len());
-                    if self.capture {
-                        self.capture_bytes(rest.get(..n).unwrap_or_default());
-                    }
+                    self.sink(rest.get(..n).unwrap_or_default());
                     if let Some(&b) = rest.get(n) {
                         self.value_byte(b);
                     }
@@ -176,6 +197,16 @@ impl JsonUsageScanner {
         }
     }
 
+    /// Bytes of the current top-level value: kept when it is `usage`, scanned when it is a
+    /// nested `response`/`message`, else ignored.
+    fn sink(&mut self, bytes: &[u8]) {
+        if self.capture {
+            self.capture_bytes(bytes);
+        } else if let Some(n) = self.nested.as_mut() {
+            n.feed(bytes);
+        }
+    }
+
     fn capture_bytes(&mut self, bytes: &[u8]) {
         if self.capture_overflow {
             return;
@@ -219,6 +250,13 @@ impl JsonUsageScanner {
                     self.capture = self.key_is_usage();
                     self.captured.clear();
                     self.capture_overflow = false;
+                    if !self.capture
+                        && self.nested_keys
+                        && !self.key_overflow
+                        && (self.key == b"response" || self.key == b"message")
+                    {
+                        self.nested = Some(Box::new(JsonUsageScanner::new()));
+                    }
                 } else if b == b'}' {
                     self.top = Top::Done;
                 }
@@ -247,20 +285,24 @@ impl JsonUsageScanner {
             }
             _ => {}
         }
-        if self.capture {
-            self.capture_bytes(&[b]);
-        }
+        self.sink(&[b]);
     }
 
     fn end_value(&mut self) {
         if self.capture {
             self.capture = false;
             if !self.capture_overflow
-                && let Some(u) = parse_usage(&self.captured)
+                && let Ok(c) = serde_json::from_slice::<UsageCounts>(&self.captured)
+                && c.usage().is_some()
             {
-                self.usage = Some(u);
+                self.counts = Some(c);
             }
             self.captured.clear();
+        }
+        if let Some(mut n) = self.nested.take()
+            && let Some(c) = n.finish_counts()
+        {
+            self.counts = Some(c);
         }
     }
 
@@ -284,23 +326,137 @@ impl JsonUsageScanner {
 
     /// End of body: the usage found, if any.
     pub fn finish(&mut self) -> Option<Usage> {
-        self.usage
+        self.finish_counts().and_then(|c| c.usage())
+    }
+
+    /// End of body: the counts of the last well-formed `usage`, as stated (to merge with the
+    /// counts of other stream events).
+    pub fn finish_counts(&mut self) -> Option<UsageCounts> {
+        if let Some(n) = self.nested.as_mut()
+            && let Some(c) = n.finish_counts()
+        {
+            // A truncated body whose nested object already had its usage.
+            self.counts = Some(c);
+        }
+        self.counts
     }
 }
 
-/// Parses a `usage` value (`{"prompt_tokens":…,"completion_tokens":…,"total_tokens":…}`).
+/// Parses a `usage` value of any supported API family into a [`Usage`] (see [`UsageCounts`]).
 /// `null`, non-objects and objects without any count give `None`.
 pub fn parse_usage(bytes: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<UsageField>(bytes).ok()?.0
+    serde_json::from_slice::<UsageCounts>(bytes).ok()?.usage()
+}
+
+/// The token counts one `usage` object states, each field as given (absent, `null` or not a
+/// count: `None`). The names of every supported API family:
+///
+/// - OpenAI chat/completions/embeddings: `prompt_tokens`, `completion_tokens`, `total_tokens`
+///   (embeddings: no `completion_tokens`);
+/// - OpenAI Responses: `input_tokens`, `output_tokens`, `total_tokens` (cached input is part of
+///   `input_tokens`, only detailed in the nested `input_tokens_details`);
+/// - Anthropic Messages: `input_tokens`, `output_tokens`, `cache_creation_input_tokens`,
+///   `cache_read_input_tokens` (cache tokens are *not* part of `input_tokens`: they are added to
+///   the prompt).
+///
+/// A stream may state usage in several events (Anthropic: `message_start` has the input,
+/// `message_delta` the cumulative output): [`UsageCounts::merge`] combines them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageCounts {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub cache_creation_input_tokens: Option<u64>,
+    pub cache_read_input_tokens: Option<u64>,
+}
+
+impl UsageCounts {
+    /// No count at all.
+    pub fn is_empty(&self) -> bool {
+        self.prompt_tokens.is_none()
+            && self.completion_tokens.is_none()
+            && self.total_tokens.is_none()
+            && self.input_tokens.is_none()
+            && self.output_tokens.is_none()
+            && self.cache_creation_input_tokens.is_none()
+            && self.cache_read_input_tokens.is_none()
+    }
+
+    /// Folds in the counts of a later event: every count it states replaces the earlier one
+    /// (counts in streams are cumulative, the last one wins). An event without any count changes
+    /// nothing; `total_tokens` is always the later event's (dropped when it states none, so a stale
+    /// total never outlives the counts it summed).
+    pub fn merge(&mut self, later: &UsageCounts) {
+        if later.is_empty() {
+            return;
+        }
+        fn take(slot: &mut Option<u64>, later: Option<u64>) {
+            if later.is_some() {
+                *slot = later;
+            }
+        }
+        take(&mut self.prompt_tokens, later.prompt_tokens);
+        take(&mut self.completion_tokens, later.completion_tokens);
+        take(&mut self.input_tokens, later.input_tokens);
+        take(&mut self.output_tokens, later.output_tokens);
+        take(
+            &mut self.cache_creation_input_tokens,
+            later.cache_creation_input_tokens,
+        );
+        take(
+            &mut self.cache_read_input_tokens,
+            later.cache_read_input_tokens,
+        );
+        self.total_tokens = later.total_tokens;
+    }
+
+    /// The usage these counts give: prompt = `prompt_tokens`, else `input_tokens` + the cache
+    /// counts; completion = `completion_tokens`, else `output_tokens`; total = `total_tokens`,
+    /// else prompt + completion. `None` without any count.
+    pub fn usage(&self) -> Option<Usage> {
+        let input_parts = [
+            self.input_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ];
+        let input = input_parts
+            .iter()
+            .flatten()
+            .copied()
+            .reduce(u64::saturating_add);
+        let prompt = self.prompt_tokens.or(input);
+        let completion = self.completion_tokens.or(self.output_tokens);
+        if prompt.is_none() && completion.is_none() && self.total_tokens.is_none() {
+            return None;
+        }
+        let prompt_tokens = prompt.unwrap_or(0);
+        let completion_tokens = completion.unwrap_or(0);
+        let total_tokens = self
+            .total_tokens
+            .unwrap_or(prompt_tokens.saturating_add(completion_tokens));
+        Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens,
+        })
+    }
 }
 
 /// A tolerant `usage` value: never fails on a well-formed JSON value; `None` when it carries no
-/// token count. Accepts OpenAI names (`prompt_tokens`, `completion_tokens`, `total_tokens`) and, as a
-/// fallback, Anthropic names (`input_tokens`, `output_tokens`).
+/// token count. Names as in [`UsageCounts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UsageField(pub Option<Usage>);
 
 impl<'de> Deserialize<'de> for UsageField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        UsageCounts::deserialize(d).map(|c| UsageField(c.usage()))
+    }
+}
+
+impl<'de> Deserialize<'de> for UsageCounts {
+    /// Never fails on a well-formed JSON value: anything but an object is empty counts.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(UsageVisitor)
     }
@@ -314,6 +470,8 @@ enum UsageKey {
     TotalTokens,
     InputTokens,
     OutputTokens,
+    CacheCreationInputTokens,
+    CacheReadInputTokens,
     #[serde(other)]
     Other,
 }
@@ -321,22 +479,23 @@ enum UsageKey {
 struct UsageVisitor;
 
 impl<'de> Visitor<'de> for UsageVisitor {
-    type Value = UsageField;
+    type Value = UsageCounts;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a usage object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageField, A::Error> {
-        let (mut prompt, mut completion, mut total, mut input, mut output) =
-            (None, None, None, None, None);
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UsageCounts, A::Error> {
+        let mut c = UsageCounts::default();
         while let Some(key) = map.next_key::<UsageKey>()? {
             let slot = match key {
-                UsageKey::PromptTokens => &mut prompt,
-                UsageKey::CompletionTokens => &mut completion,
-                UsageKey::TotalTokens => &mut total,
-                UsageKey::InputTokens => &mut input,
-                UsageKey::OutputTokens => &mut output,
+                UsageKey::PromptTokens => &mut c.prompt_tokens,
+                UsageKey::CompletionTokens => &mut c.completion_tokens,
+                UsageKey::TotalTokens => &mut c.total_tokens,
+                UsageKey::InputTokens => &mut c.input_tokens,
+                UsageKey::OutputTokens => &mut c.output_tokens,
+                UsageKey::CacheCreationInputTokens => &mut c.cache_creation_input_tokens,
+                UsageKey::CacheReadInputTokens => &mut c.cache_read_input_tokens,
                 UsageKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
@@ -344,46 +503,34 @@ impl<'de> Visitor<'de> for UsageVisitor {
             };
             *slot = map.next_value::<TokenCount>()?.0;
         }
-        let prompt = prompt.or(input);
-        let completion = completion.or(output);
-        if prompt.is_none() && completion.is_none() && total.is_none() {
-            return Ok(UsageField(None));
-        }
-        let prompt_tokens = prompt.unwrap_or(0);
-        let completion_tokens = completion.unwrap_or(0);
-        let total_tokens = total.unwrap_or(prompt_tokens.saturating_add(completion_tokens));
-        Ok(UsageField(Some(Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens,
-        })))
+        Ok(c)
     }
 
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<UsageField, A::Error> {
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<UsageCounts, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(UsageField(None))
+        Ok(UsageCounts::default())
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_unit<E: de::Error>(self) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_none<E: de::Error>(self) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_none<E: de::Error>(self) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<UsageField, E> {
-        Ok(UsageField(None))
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<UsageCounts, E> {
+        Ok(UsageCounts::default())
     }
 }
 
@@ -442,262 +589,4 @@ impl<'de> Visitor<'de> for TokenCountVisitor {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// An OpenAI chat completion (non-streamed), usage at the end.
-    const OPENAI: &str = r#"{
-  "id": "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
-  "object": "chat.completion",
-  "created": 1741570283,
-  "model": "gpt-4o-2024-08-06",
-  "choices": [
-    {
-      "index": 0,
-      "message": {
-        "role": "assistant",
-        "content": "The \"usage\": {\"total_tokens\": 999} text is not usage. {[",
-        "refusal": null,
-        "annotations": []
-      },
-      "logprobs": null,
-      "finish_reason": "stop"
-    }
-  ],
-  "usage": {
-    "prompt_tokens": 1117,
-    "completion_tokens": 46,
-    "total_tokens": 1163,
-    "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-    "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
-  },
-  "service_tier": "default",
-  "system_fingerprint": "fp_fc9f1d7035"
-}"#;
-
-    /// vLLM completion: usage first-ish, nested objects with `usage` keys elsewhere.
-    const VLLM: &str = r#"{"id":"cmpl-1","object":"text_completion","usage":{"prompt_tokens":7,"completion_tokens":3},"model":"m","choices":[{"index":0,"text":"a b c","usage":{"total_tokens":1},"logprobs":null}],"meta":{"usage":{"prompt_tokens":100}}}"#;
-
-    fn scan(parts: &[&[u8]]) -> Option<Usage> {
-        let mut s = JsonUsageScanner::new();
-        for p in parts {
-            s.feed(p);
-        }
-        s.finish()
-    }
-
-    fn u(p: u64, c: u64, t: u64) -> Option<Usage> {
-        Some(Usage {
-            prompt_tokens: p,
-            completion_tokens: c,
-            total_tokens: t,
-        })
-    }
-
-    #[test]
-    fn openai_body() {
-        assert_eq!(scan(&[OPENAI.as_bytes()]), u(1117, 46, 1163));
-    }
-
-    #[test]
-    fn vllm_body_nested_usage_ignored_total_computed() {
-        assert_eq!(scan(&[VLLM.as_bytes()]), u(7, 3, 10));
-    }
-
-    #[test]
-    fn only_total() {
-        assert_eq!(scan(&[br#"{"usage":{"total_tokens":42}}"#]), u(0, 0, 42));
-    }
-
-    #[test]
-    fn anthropic_names() {
-        let body = br#"{"type":"message","usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":0}}"#;
-        assert_eq!(scan(&[body]), u(10, 5, 15));
-    }
-
-    #[test]
-    fn escaped_key() {
-        assert_eq!(scan(&[br#"{"\u0075sage":{"total_tokens":3}}"#]), u(0, 0, 3));
-        assert_eq!(scan(&[br#"{"us\"age":{"total_tokens":3}}"#]), None);
-    }
-
-    #[test]
-    fn no_or_bad_usage() {
-        for body in [
-            &br#"{"usage":null}"#[..],
-            br#"{"usage":{}}"#,
-            br#"{"usage":"12"}"#,
-            br#"{"usage":{"total_tokens":-1}}"#,
-            br#"{"x":{"usage":{"total_tokens":3}}}"#,
-            br#"[{"usage":{"total_tokens":3}}]"#,
-            br#""usage""#,
-            br#"{"a":"usage","b":{"total_tokens":3}}"#,
-            br#"{"usage":{"total_tokens":3"#,
-            b"",
-            b"not json",
-        ] {
-            assert_eq!(scan(&[body]), None, "{}", String::from_utf8_lossy(body));
-        }
-    }
-
-    #[test]
-    fn usage_parsed_before_body_ends() {
-        // The value is complete at the `,`: a truncated body still reports it.
-        assert_eq!(
-            scan(&[br#"{"usage":{"total_tokens":3},"choices":[{"tr"#]),
-            u(0, 0, 3)
-        );
-    }
-
-    #[test]
-    fn float_counts() {
-        assert_eq!(
-            scan(&[br#"{"usage":{"prompt_tokens":2.0,"completion_tokens":1e1}}"#]),
-            u(2, 10, 12)
-        );
-        assert_eq!(scan(&[br#"{"usage":{"prompt_tokens":2.5}}"#]), None);
-    }
-
-    #[test]
-    fn memory_bounded() {
-        let mut s = JsonUsageScanner::new();
-        s.feed(b"{\"choices\":[");
-        let item = br#"{"text":"usage usage \"usage\"","usage":{"total_tokens":1}},"#;
-        let mut max = 0;
-        for _ in 0..100_000 {
-            s.feed(item);
-            max = max.max(s.buffered_bytes());
-        }
-        s.feed(br#"{}],"usage":{"total_tokens":7}}"#);
-        assert_eq!(s.finish(), u(0, 0, 7));
-        assert!(max <= KEY_CAP + USAGE_CAP, "{max}");
-        assert_eq!(max, "choices".len());
-        let mut s = JsonUsageScanner::new();
-        s.feed(b"{\"usage\":{\"pad\":\"");
-        for _ in 0..10_000 {
-            s.feed(b"xxxxxxxxxx");
-            assert!(s.buffered_bytes() <= KEY_CAP + USAGE_CAP);
-        }
-        s.feed(b"\",\"total_tokens\":1}}");
-        assert_eq!(s.finish(), None, "an oversized usage value is ignored");
-    }
-
-    fn split_at_points(data: &[u8], mut points: Vec<usize>) -> Vec<&[u8]> {
-        points.sort_unstable();
-        let mut parts = Vec::new();
-        let mut last = 0;
-        for p in points {
-            let p = p.min(data.len());
-            parts.push(&data[last..p]);
-            last = p;
-        }
-        parts.push(&data[last..]);
-        parts
-    }
-
-    #[test]
-    fn every_split_point() {
-        for body in [OPENAI, VLLM] {
-            let whole = scan(&[body.as_bytes()]);
-            assert!(whole.is_some());
-            for i in 0..=body.len() {
-                let (a, b) = body.as_bytes().split_at(i);
-                assert_eq!(scan(&[a, b]), whole, "split at {i}");
-            }
-            let bytes: Vec<&[u8]> = body.as_bytes().chunks(1).collect();
-            assert_eq!(scan(&bytes), whole);
-        }
-    }
-
-    /// A JSON value without any top-level `usage` meaning (keys never equal "usage" at depth 1).
-    fn json_value() -> impl Strategy<Value = serde_json::Value> {
-        use serde_json::Value;
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<u32>().prop_map(Value::from),
-            "[a-z\"\\\\{}\\[\\]:, ]{0,10}".prop_map(Value::String),
-            Just(Value::String("usage".into())),
-        ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                proptest::collection::btree_map("(usage|[a-z]{1,5})", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn usage_anywhere_at_top_level(
-            before in proptest::collection::btree_map("[a-t]{1,6}", json_value(), 0..4),
-            after in proptest::collection::btree_map("[v-z]{1,6}", json_value(), 0..4),
-            p in any::<u32>(), c in any::<u32>(),
-            points in proptest::collection::vec(0usize..3000, 0..8),
-            pretty in any::<bool>(),
-        ) {
-            let mut obj = serde_json::Map::new();
-            for (k, v) in before { obj.insert(k, v); }
-            obj.insert("usage".into(), serde_json::json!({"prompt_tokens": p, "completion_tokens": c, "x": {"usage": 1}}));
-            for (k, v) in after { obj.insert(k, v); }
-            let v = serde_json::Value::Object(obj);
-            let body = if pretty { serde_json::to_vec_pretty(&v).unwrap() } else { serde_json::to_vec(&v).unwrap() };
-            let expected = u(u64::from(p), u64::from(c), u64::from(p) + u64::from(c));
-            prop_assert_eq!(scan(&[&body]), expected);
-            prop_assert_eq!(scan(&split_at_points(&body, points)), expected);
-        }
-
-        #[test]
-        fn nested_usage_keys_ignored(
-            v in proptest::collection::btree_map("[a-t]{1,6}", json_value(), 0..6),
-            points in proptest::collection::vec(0usize..3000, 0..8),
-        ) {
-            let body = serde_json::to_vec(&v).unwrap();
-            prop_assert_eq!(scan(&[&body]), None);
-            prop_assert_eq!(scan(&split_at_points(&body, points)), None);
-        }
-
-        #[test]
-        fn garbage_never_panics(
-            data in proptest::collection::vec(
-                prop_oneof![any::<u8>(), Just(b'{'), Just(b'}'), Just(b'"'), Just(b'\\'), Just(b':'), Just(b',')],
-                0..400,
-            ),
-            points in proptest::collection::vec(0usize..400, 0..8),
-        ) {
-            let whole = scan(&[&data]);
-            prop_assert_eq!(scan(&split_at_points(&data, points)), whole);
-        }
-    }
-
-    /// `cargo test -p maas-filter --release --lib usage::tests::throughput -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn throughput() {
-        let mut body = b"{\"choices\":[".to_vec();
-        let item = br#"{"index":0,"message":{"role":"assistant","content":"Lorem ipsum dolor sit amet, \"consectetur\" adipiscing elit, sed do eiusmod tempor incididunt ut labore et dolore magna aliqua."},"logprobs":null,"finish_reason":"stop"},"#;
-        while body.len() < 32 * 1024 * 1024 {
-            body.extend_from_slice(item);
-        }
-        body.extend_from_slice(
-            br#"{}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#,
-        );
-        for chunk in [4096, 65536] {
-            let start = std::time::Instant::now();
-            let mut s = JsonUsageScanner::new();
-            let mut max = 0;
-            for c in body.chunks(chunk) {
-                s.feed(c);
-                max = max.max(s.buffered_bytes());
-            }
-            let r = s.finish();
-            let el = start.elapsed().as_secs_f64();
-            println!(
-                "json usage chunk={chunk}: {:.0} MB/s, max buffered {max} B, usage {r:?}",
-                body.len() as f64 / el / 1e6
-            );
-        }
-    }
-}
+mod tests;

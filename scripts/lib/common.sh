@@ -34,6 +34,15 @@ apt_install() {
 
 ensure_rust() {
   command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs)"
+  # The test command runs the lints (cargo fmt --check, cargo clippy -D warnings).
+  if command -v rustup >/dev/null 2>&1; then
+    for component in clippy rustfmt; do
+      if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+        log "rustup component add $component …"
+        rustup component add "$component" >/dev/null
+      fi
+    done
+  fi
 }
 
 ensure_wasm_target() {

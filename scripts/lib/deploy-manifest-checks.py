@@ -5,9 +5,11 @@
    (a kind without a schema fails).
 2. Wiring, which no schema can see: the filter's Envoy cluster and authority name the rendered
    companion Service's namespace and internal port; no HTTPRoute reaches the internal port or
-   /internal; the internal port admits only the Gateway's pods (and the cleanup job); the
-   companion runs hardened with probes, resources and its database Secret; TLS objects are
-   present exactly when TLS is on; objects land in the expected namespaces.
+   /internal; the internal port admits only the Gateway's pods and the cleanup job, the public port
+   only the Gateway's pods, the metrics port only Prometheus (which reaches no other port); the
+   Service exposes the three ports; the companion runs hardened with probes, resources and its
+   database Secret; TLS objects are present exactly when TLS is on; objects land in the expected
+   namespaces.
 
 Prints `PASS <check>` / `FAIL <check>: <why>` lines; exits 1 if anything failed.
 Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|any]
@@ -27,8 +29,15 @@ GATEWAY_NAME = "maas-default-gateway"
 COMPANION = "maas-companion"
 PUBLIC_PORT = 8080
 INTERNAL_PORT = 8081
+METRICS_PORT = 9090
+# Container port name → number; NetworkPolicies may name either.
+COMPANION_PORTS = {"public": PUBLIC_PORT, "internal": INTERNAL_PORT, "metrics": METRICS_PORT}
 GATEWAY_POD_LABEL = ("gateway.networking.k8s.io/gateway-name", GATEWAY_NAME)
+MONITORING_NS = ("openshift-monitoring", "openshift-user-workload-monitoring")
+PROMETHEUS_POD_LABEL = ("app.kubernetes.io/name", "prometheus")
 CLEANUP_POD_LABEL = ("app.kubernetes.io/name", "maas-api-key-cleanup")
+# Namespaces whose HTTPRoutes the Gateway admits (deploy.sh labels the companion's namespace).
+ROUTES_NAMESPACE_LABEL = ("maas.opendatahub.io/gateway-routes", "true")
 
 results = []
 
@@ -144,6 +153,21 @@ def check_wiring(docs, namespace, tls):
         assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
     check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the companion's internal port", wasmplugin)
 
+    def service_ports():
+        deploy = one(docs, "Deployment", COMPANION)
+        container = {p["name"]: p["containerPort"] for p in
+                     deploy["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        assert container == COMPANION_PORTS, f"container ports {container}, expected {COMPANION_PORTS}"
+        by_port = {p["port"]: p for p in svc["spec"]["ports"]}
+        for name, number in COMPANION_PORTS.items():
+            assert number in by_port, f"the Service has no port {number} ({name})"
+            target = by_port[number].get("targetPort")
+            assert target in (name, number), f"Service port {number} targets {target}, expected {name}"
+        metrics = by_port[METRICS_PORT]
+        assert metrics.get("name") == "metrics", f"Service port {METRICS_PORT} named {metrics.get('name')!r}"
+    check(f"Service: public {PUBLIC_PORT}, internal {INTERNAL_PORT} and metrics {METRICS_PORT} "
+          "to the container ports of those names", service_ports)
+
     def routes():
         public = None
         for r in find(docs, "HTTPRoute"):
@@ -167,6 +191,27 @@ def check_wiring(docs, namespace, tls):
         assert public["spec"]["parentRefs"][0].get("namespace") == GATEWAY_NS
     check("HTTPRoutes: /maas-api → public port with prefix rewritten; nothing reaches 8081 or /internal", routes)
 
+    def gateway_routes():
+        gw = one(docs, "Gateway", GATEWAY_NAME)
+        listeners = gw["spec"]["listeners"]
+        assert listeners, "the Gateway has no listeners"
+        for lst in listeners:
+            ns_rule = (lst.get("allowedRoutes") or {}).get("namespaces") or {}
+            origin = ns_rule.get("from", "Same")
+            assert origin in ("Same", "Selector"), \
+                f"listener {lst['name']} admits HTTPRoutes from {origin}: anyone who may create one " \
+                "could attach a route under a model's path and receive its provider key"
+            if origin == "Selector":
+                selector = ns_rule.get("selector") or {}
+                assert selector == {"matchLabels": dict([ROUTES_NAMESPACE_LABEL])}, \
+                    f"listener {lst['name']} selector {selector}, expected matchLabels " \
+                    f"{ROUTES_NAMESPACE_LABEL[0]}: \"{ROUTES_NAMESPACE_LABEL[1]}\""
+            else:
+                assert ns == GATEWAY_NS, \
+                    f"listener {lst['name']} admits only {GATEWAY_NS} routes; maas-api lives in {ns}"
+    check("Gateway: HTTPRoutes only from namespaces labelled "
+          f"{ROUTES_NAMESPACE_LABEL[0]}={ROUTES_NAMESPACE_LABEL[1]}", gateway_routes)
+
     def network_policies():
         deploy = one(docs, "Deployment", COMPANION)
         pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
@@ -174,29 +219,41 @@ def check_wiring(docs, namespace, tls):
                     if p["metadata"].get("namespace") == ns and labels_match(p["spec"]["podSelector"], pod_labels)]
         assert any(p["spec"].get("policyTypes") == ["Ingress"] and not p["spec"].get("ingress") for p in policies), \
             "no default-deny ingress policy for the companion"
-        admitted = []
+        # Who may reach which port. Prometheus may scrape the metrics port and nothing else: the
+        # internal port serves the provider credentials without authentication.
+        allowed = {"public": {"gateway"}, "internal": {"gateway", "cleanup"}, "metrics": {"prometheus"}}
+        admitted = {name: set() for name in COMPANION_PORTS}
         for p in policies:
             for rule in p["spec"].get("ingress", []):
-                ports = [x.get("port") for x in rule.get("ports", [])] or ["any"]
-                if INTERNAL_PORT not in ports and "internal" not in ports and "any" not in ports:
-                    continue
+                listed = [x.get("port") for x in rule.get("ports", [])]
+                ports = [name for name, number in COMPANION_PORTS.items()
+                         if not listed or name in listed or number in listed]
                 peers = rule.get("from")
-                assert peers, f"{p['metadata']['name']} opens the internal port to everyone"
-                for peer in peers:
-                    assert "ipBlock" not in peer, f"{p['metadata']['name']} opens the internal port to an ipBlock"
+                for port in ports:
+                    assert peers, f"{p['metadata']['name']} opens the {port} port to everyone"
+                for peer in peers or []:
+                    assert "ipBlock" not in peer, f"{p['metadata']['name']} opens {ports} to an ipBlock"
                     pod_sel = peer.get("podSelector", {}).get("matchLabels", {})
                     ns_sel = peer.get("namespaceSelector", {}).get("matchLabels")
                     gateway = ns_sel == {"kubernetes.io/metadata.name": GATEWAY_NS} and \
                         pod_sel.get(GATEWAY_POD_LABEL[0]) == GATEWAY_POD_LABEL[1]
                     cleanup = ns_sel is None and "namespaceSelector" not in peer and \
                         pod_sel.get(CLEANUP_POD_LABEL[0]) == CLEANUP_POD_LABEL[1]
-                    assert gateway or cleanup, f"{p['metadata']['name']} admits {peer} to the internal port"
-                    admitted.append("gateway" if gateway else "cleanup")
-        assert "gateway" in admitted, "the Gateway's pods cannot reach the internal port"
+                    prometheus = ns_sel in [{"kubernetes.io/metadata.name": n} for n in MONITORING_NS] and \
+                        pod_sel == {PROMETHEUS_POD_LABEL[0]: PROMETHEUS_POD_LABEL[1]}
+                    who = "gateway" if gateway else "cleanup" if cleanup else "prometheus" if prometheus else None
+                    for port in ports:
+                        assert who in allowed[port], \
+                            f"{p['metadata']['name']} admits {peer} to the {port} port"
+                        admitted[port].add(who)
+        assert "gateway" in admitted["internal"], "the Gateway's pods cannot reach the internal port"
+        assert "gateway" in admitted["public"], "the Gateway's pods cannot reach the public port"
+        assert "prometheus" in admitted["metrics"], "Prometheus cannot reach the metrics port"
         job = one(docs, "CronJob", "maas-api-key-cleanup")
         job_labels = job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
         assert job_labels.get(CLEANUP_POD_LABEL[0]) == CLEANUP_POD_LABEL[1], "cleanup pods lack their label"
-    check("NetworkPolicies: default deny; internal port only from Gateway pods and the cleanup job", network_policies)
+    check("NetworkPolicies: default deny; internal port only from Gateway pods and the cleanup job, "
+          "public port only from Gateway pods, metrics port only from Prometheus", network_policies)
 
     def deployment():
         deploy = one(docs, "Deployment", COMPANION)
@@ -218,6 +275,8 @@ def check_wiring(docs, namespace, tls):
         assert env["MAAS_CREDENTIALS_SOURCE"]["value"] == "kubernetes"
         assert env["MAAS_INTERNAL_ADDR"]["value"].endswith(f":{INTERNAL_PORT}")
         assert env["MAAS_PUBLIC_ADDR"]["value"].endswith(f":{PUBLIC_PORT}")
+        assert env["MAAS_METRICS_ADDR"]["value"].endswith(f":{METRICS_PORT}"), \
+            f"MAAS_METRICS_ADDR {env['MAAS_METRICS_ADDR']['value']}, expected port {METRICS_PORT}"
         policy_file = env["MAAS_POLICY_FILE"]["value"]
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -268,7 +327,11 @@ def check_wiring(docs, namespace, tls):
         for m in doc.get("models", []):
             assert set(m["tiers"]) <= tiers, f"model {m['name']} names unknown tiers"
             assert not m["path"].startswith(("/maas-api", "/internal")), m["path"]
-    check("policy ConfigMap parses and its models name known tiers", policy_document)
+            if m.get("provider"):
+                assert m.get("upstreamCluster"), \
+                    f"model {m['name']} has a provider but no upstreamCluster"
+    check("policy ConfigMap parses, its models name known tiers, external models their upstreamCluster",
+          policy_document)
 
 
 def main():

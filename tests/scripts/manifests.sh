@@ -81,6 +81,14 @@ elif name == "route-to-internal":
     get("HTTPRoute", "maas-api")["spec"]["rules"][0]["backendRefs"][0]["port"] = 8081
 elif name == "internal-open-to-all":
     get("NetworkPolicy", "maas-companion-internal")["spec"]["ingress"][0].pop("from")
+elif name == "prometheus-to-internal":
+    get("NetworkPolicy", "maas-companion-internal")["spec"]["ingress"][0]["from"].append(
+        get("NetworkPolicy", "maas-companion-metrics")["spec"]["ingress"][0]["from"][0])
+elif name == "metrics-open-to-all":
+    get("NetworkPolicy", "maas-companion-metrics")["spec"]["ingress"][0].pop("from")
+elif name == "no-metrics-port":
+    svc = get("Service", "maas-companion")
+    svc["spec"]["ports"] = [p for p in svc["spec"]["ports"] if p["port"] != 9090]
 elif name == "unknown-kind":
     docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stray"}, "spec": {}})
 elif name == "subject-without-namespace":
@@ -89,6 +97,16 @@ elif name == "writable-root":
     dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = False
 elif name == "bad-url-scheme":
     wp["spec"]["url"] = "quay.io/maas-gateway/maas-filter:v0.1.0"
+elif name == "routes-from-all":
+    get("Gateway", "maas-default-gateway")["spec"]["listeners"][1]["allowedRoutes"] = {"namespaces": {"from": "All"}}
+elif name == "routes-empty-selector":
+    get("Gateway", "maas-default-gateway")["spec"]["listeners"][0]["allowedRoutes"]["namespaces"]["selector"] = {}
+elif name == "provider-without-upstream":
+    cm = get("ConfigMap", "maas-policy")
+    policy = yaml.safe_load(cm["data"]["policy.yaml"])
+    for m in policy["models"]:
+        m.pop("upstreamCluster", None)
+    cm["data"]["policy.yaml"] = yaml.safe_dump(policy)
 else:
     sys.exit(f"unknown mutation {name}")
 yaml.safe_dump_all(docs, open(dst, "w"))
@@ -112,10 +130,16 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused wrong-cluster-namespace "maas-api.svc.cluster.local"
   expect_refused route-to-internal "maas-companion:8081"
   expect_refused internal-open-to-all "opens the internal port to everyone"
+  expect_refused prometheus-to-internal "to the internal port"
+  expect_refused metrics-open-to-all "opens the metrics port to everyone"
+  expect_refused no-metrics-port "no port 9090"
   expect_refused unknown-kind "no schema core_v1_Pod"
   expect_refused subject-without-namespace "namespace"
   expect_refused writable-root "root filesystem writable"
   expect_refused bad-url-scheme "url"
+  expect_refused routes-from-all "admits HTTPRoutes from All"
+  expect_refused routes-empty-selector "selector {}"
+  expect_refused provider-without-upstream "no upstreamCluster"
 fi
 
 finish

@@ -4,7 +4,8 @@
 //! `/maas-api/internal…` → direct 404 (the internal API is never routed), `/maas-api/…` → the
 //! companion's public listener (prefix rewritten to `/`), each model's path prefix → a cluster
 //! for its `backend` (prefix rewritten to `/`, or to the backend URL's path), anything else →
-//! an OpenAI-style 404. The same config can be rendered without the filter (bare Envoy, for
+//! an OpenAI-style 404. A model's `upstreamCluster` is the name of its cluster (the filter
+//! checks Envoy's `xds.cluster_name` against it before injecting a provider credential). The same config can be rendered without the filter (bare Envoy, for
 //! benchmarks).
 
 use anyhow::{Result, bail};
@@ -114,6 +115,24 @@ fn addr_cluster(name: &str, addr: SocketAddr) -> Value {
     endpoint_cluster(name, &addr.ip().to_string(), addr.port())
 }
 
+/// The cluster of a backend URL (TLS with SNI for https).
+fn backend_cluster(name: &str, url: &BackendUrl) -> Value {
+    let mut c = endpoint_cluster(name, &url.host, url.port);
+    if url.tls {
+        c["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": url.host,
+                "common_tls_context": {"validation_context": {
+                    "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}
+                }}
+            }
+        });
+    }
+    c
+}
+
 fn openai_404() -> Value {
     json!({
         "status": 404,
@@ -207,6 +226,98 @@ pub fn hold_headers_for_body(bootstrap: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// The HTTP connection managers of every listener in a rendered bootstrap.
+fn connection_managers_mut(bootstrap: &mut Value) -> Vec<&mut Value> {
+    let Some(listeners) = bootstrap
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+    else {
+        return Vec::new();
+    };
+    listeners
+        .iter_mut()
+        .filter_map(|l| l.pointer_mut("/filter_chains/0/filters/0/typed_config"))
+        .collect()
+}
+
+/// Lets the gateway's HTTP/1 codec keep request and response trailers
+/// (`http_protocol_options.enable_trailers`): by default it drops them, so a chunked request's
+/// trailers never reach the filter. HTTP/2 keeps trailers without this.
+pub fn enable_http1_trailers(bootstrap: &mut Value) -> Result<()> {
+    let hcms = connection_managers_mut(bootstrap);
+    if hcms.is_empty() {
+        bail!("no HTTP connection manager in the config");
+    }
+    for hcm in hcms {
+        hcm["http_protocol_options"]["enable_trailers"] = json!(true);
+    }
+    Ok(())
+}
+
+/// Adds a TLS listener on `listen` with the first listener's HTTP connection manager (same
+/// filter and routes), offering ALPN `h2` then `http/1.1`. Certificate and key are PEM files.
+pub fn add_tls_listener(
+    bootstrap: &mut Value,
+    listen: SocketAddr,
+    cert_pem: &std::path::Path,
+    key_pem: &std::path::Path,
+) -> Result<()> {
+    let Some(listeners) = bootstrap
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+    else {
+        bail!("no listeners in the config");
+    };
+    let Some(first) = listeners.first() else {
+        bail!("no listeners in the config");
+    };
+    let mut tls = first.clone();
+    tls["name"] = json!(format!(
+        "{}-tls",
+        first["name"].as_str().unwrap_or("gateway")
+    ));
+    tls["address"] = json!({"socket_address": {
+        "address": listen.ip().to_string(), "port_value": listen.port()
+    }});
+    tls["filter_chains"][0]["transport_socket"] = json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "common_tls_context": {
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_certificates": [{
+                    "certificate_chain": {"filename": cert_pem.to_string_lossy()},
+                    "private_key": {"filename": key_pem.to_string_lossy()}
+                }]
+            }
+        }
+    });
+    listeners.push(tls);
+    Ok(())
+}
+
+/// The gateway listener's routes inside a rendered bootstrap (first match wins).
+pub fn routes_mut(bootstrap: &mut Value) -> Option<&mut Vec<Value>> {
+    bootstrap
+        .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes")
+        .and_then(Value::as_array_mut)
+}
+
+/// Adds a plain cluster `name` reaching `addr` to a rendered bootstrap.
+pub fn add_addr_cluster(bootstrap: &mut Value, name: &str, addr: SocketAddr) -> Result<()> {
+    let Some(clusters) = bootstrap
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        bail!("no clusters in the config");
+    };
+    if clusters.iter().any(|c| c["name"] == name) {
+        bail!("cluster {name:?} exists already");
+    }
+    clusters.push(addr_cluster(name, addr));
+    Ok(())
+}
+
 /// Merges `extra` over the filter's pluginConfig inside a rendered bootstrap (e.g.
 /// `{"removeHeaders":["cookie"],"cache":{"maxEntries":10}}`). Fails when there is no filter.
 pub fn with_plugin_config_extra(rendered: &str, extra: &Value) -> Result<String> {
@@ -222,8 +333,6 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
         addr_cluster(COMPANION_PUBLIC_CLUSTER, input.companion_public),
         addr_cluster(SIMULATOR_CLUSTER, input.simulator),
     ];
-    // One cluster per distinct backend URL.
-    let mut backend_clusters: BTreeMap<String, String> = BTreeMap::new();
     let mut routes = vec![
         json!({"match": {"path_separated_prefix": "/maas-api/internal"},
                "direct_response": openai_404(),
@@ -237,36 +346,58 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
     // Longest prefix first, so a nested model path wins over its parent.
     let mut models: Vec<_> = input.policy.models.iter().collect();
     models.sort_by_key(|m| std::cmp::Reverse(m.path.len()));
+    // Cluster name → the backend it reaches. A model's `upstreamCluster` names its cluster, so
+    // that the filter can check Envoy routed the request there; other models use the
+    // simulator's cluster or one `backend-N` per distinct URL.
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    for reserved in [COMPANION_INTERNAL_CLUSTER, COMPANION_PUBLIC_CLUSTER] {
+        named.insert(reserved.to_string(), "the companion".to_string());
+    }
+    named.insert(SIMULATOR_CLUSTER.to_string(), "simulator".to_string());
+    let explicit: std::collections::BTreeSet<&str> = models
+        .iter()
+        .filter_map(|m| m.upstream_cluster.as_deref())
+        .collect();
+    let mut generated: BTreeMap<String, String> = BTreeMap::new();
     for model in models {
         let backend = model.backend.as_deref().unwrap_or("simulator");
-        let (cluster, base, host_rewrite) = if backend == "simulator" {
-            (SIMULATOR_CLUSTER.to_string(), String::new(), false)
+        let url = if backend == "simulator" {
+            None
         } else {
-            let url = BackendUrl::parse(backend)?;
-            let name = match backend_clusters.get(backend) {
+            Some(BackendUrl::parse(backend)?)
+        };
+        let cluster = match (&model.upstream_cluster, &url) {
+            (Some(name), _) => name.clone(),
+            (None, None) => SIMULATOR_CLUSTER.to_string(),
+            (None, Some(_)) => match generated.get(backend) {
                 Some(n) => n.clone(),
                 None => {
-                    let n = format!("backend-{}", backend_clusters.len());
-                    let mut c = endpoint_cluster(&n, &url.host, url.port);
-                    if url.tls {
-                        c["transport_socket"] = json!({
-                            "name": "envoy.transport_sockets.tls",
-                            "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                                "sni": url.host,
-                                "common_tls_context": {"validation_context": {
-                                    "trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}
-                                }}
-                            }
-                        });
-                    }
-                    clusters.push(c);
-                    backend_clusters.insert(backend.to_string(), n.clone());
+                    let n = (generated.len()..)
+                        .map(|i| format!("backend-{i}"))
+                        .find(|n| !explicit.contains(n.as_str()) && !named.contains_key(n))
+                        .unwrap_or_default();
+                    generated.insert(backend.to_string(), n.clone());
                     n
                 }
-            };
-            let rewrite = url.host.parse::<IpAddr>().is_err();
-            (name, url.base_path, rewrite)
+            },
+        };
+        match named.get(&cluster) {
+            Some(reaches) if reaches == backend => {}
+            Some(reaches) => bail!(
+                "model {}: cluster {cluster:?} already reaches {reaches}, not {backend}",
+                model.name
+            ),
+            None => {
+                clusters.push(match &url {
+                    None => addr_cluster(&cluster, input.simulator),
+                    Some(url) => backend_cluster(&cluster, url),
+                });
+                named.insert(cluster.clone(), backend.to_string());
+            }
+        }
+        let (base, host_rewrite) = match &url {
+            None => (String::new(), false),
+            Some(url) => (url.base_path.clone(), url.host.parse::<IpAddr>().is_err()),
         };
         let mut route = json!({"cluster": cluster, "timeout": MODEL_ROUTE_TIMEOUT});
         if host_rewrite {
@@ -516,6 +647,115 @@ mod tests {
             "kept"
         );
         assert!(with_plugin_config_extra(&render(&input(&p, false)).unwrap(), &json!({})).is_err());
+    }
+
+    #[test]
+    fn trailers_and_tls_listener_options() {
+        let p = policy();
+        let mut v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let tls_addr = SocketAddr::from(([127, 0, 0, 1], 8443));
+        add_tls_listener(&mut v, tls_addr, "/c.pem".as_ref(), "/k.pem".as_ref()).unwrap();
+        enable_http1_trailers(&mut v).unwrap();
+        let listeners = v["static_resources"]["listeners"].as_array().unwrap();
+        assert_eq!(listeners.len(), 2);
+        for l in listeners {
+            let hcm = &l["filter_chains"][0]["filters"][0]["typed_config"];
+            assert_eq!(hcm["http_protocol_options"]["enable_trailers"], true);
+            assert_eq!(hcm["http_filters"][0]["name"], "envoy.filters.http.wasm");
+        }
+        let tls = &listeners[1];
+        assert_eq!(tls["address"]["socket_address"]["port_value"], 8443);
+        let ctx =
+            &tls["filter_chains"][0]["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(ctx["alpn_protocols"], json!(["h2", "http/1.1"]));
+        assert_eq!(
+            ctx["tls_certificates"][0]["private_key"]["filename"],
+            "/k.pem"
+        );
+        assert!(listeners[0]["filter_chains"][0]["transport_socket"].is_null());
+        assert!(enable_http1_trailers(&mut json!({})).is_err());
+        assert!(add_tls_listener(&mut json!({}), tls_addr, "/c".as_ref(), "/k".as_ref()).is_err());
+    }
+
+    #[test]
+    fn upstream_cluster_names_the_models_cluster() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "sim", "path": "/llm/sim", "tiers": ["free"]},
+                {"name": "ext", "path": "/ext/gpt", "tiers": ["free"], "backend": "simulator",
+                 "provider": {"type": "openai", "credentialRef": "k"}, "upstreamCluster": "backend-0"},
+                {"name": "ext2", "path": "/ext/gpt2", "tiers": ["free"], "backend": "simulator",
+                 "provider": {"type": "openai", "credentialRef": "k"}, "upstreamCluster": "backend-0"},
+                {"name": "oai", "path": "/ext/oai", "tiers": ["free"], "backend": "https://api.openai.com/v1",
+                 "provider": {"type": "openai", "credentialRef": "k"}, "upstreamCluster": "outbound|443||api.openai.com"},
+                {"name": "url", "path": "/llm/url", "tiers": ["free"], "backend": "http://127.0.0.1:9000"}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let r = routes(&v);
+        let cluster_of = |prefix: &str| {
+            r.iter()
+                .find(|x| x["match"]["prefix"] == prefix)
+                .map(|x| x["route"]["cluster"].as_str().unwrap().to_string())
+                .unwrap()
+        };
+        assert_eq!(cluster_of("/ext/gpt/"), "backend-0");
+        assert_eq!(cluster_of("/ext/gpt2/"), "backend-0", "one cluster, shared");
+        assert_eq!(cluster_of("/ext/oai/"), "outbound|443||api.openai.com");
+        assert_eq!(cluster_of("/llm/sim/"), SIMULATOR_CLUSTER);
+        let generated = cluster_of("/llm/url/");
+        assert_ne!(
+            generated, "backend-0",
+            "generated names avoid explicit ones"
+        );
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let by_name = |n: &str| {
+            clusters
+                .iter()
+                .filter(|c| c["name"] == n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(by_name("backend-0").len(), 1);
+        assert_eq!(
+            by_name("backend-0")[0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+                ["address"]["socket_address"]["port_value"],
+            7003,
+            "a simulator model's named cluster reaches the simulator"
+        );
+        let oai = by_name("outbound|443||api.openai.com");
+        assert_eq!(
+            oai[0]["transport_socket"]["typed_config"]["sni"],
+            "api.openai.com"
+        );
+        assert_eq!(by_name(&generated).len(), 1);
+
+        // One name, two backends; or a companion cluster's name: refused.
+        for (backend, name) in [
+            ("http://127.0.0.1:9999", "backend-0"),
+            ("simulator", COMPANION_INTERNAL_CLUSTER),
+        ] {
+            let mut doc = p.clone();
+            doc.models[4].backend = Some(backend.to_string());
+            doc.models[4].upstream_cluster = Some(name.to_string());
+            assert!(render(&input(&doc, true)).is_err(), "{backend} {name}");
+        }
+    }
+
+    #[test]
+    fn routes_and_clusters_can_be_added_to_a_rendered_config() {
+        let p = policy();
+        let mut v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let n = routes_mut(&mut v).unwrap().len();
+        routes_mut(&mut v).unwrap().insert(
+            0,
+            json!({"match": {"prefix": "/x"}, "route": {"cluster": "extra"}}),
+        );
+        add_addr_cluster(&mut v, "extra", SocketAddr::from(([127, 0, 0, 1], 9))).unwrap();
+        assert_eq!(routes(&v).len(), n + 1);
+        assert_eq!(routes(&v)[0]["route"]["cluster"], "extra");
+        assert!(add_addr_cluster(&mut v, "extra", SocketAddr::from(([127, 0, 0, 1], 9))).is_err());
     }
 
     #[test]

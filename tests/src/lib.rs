@@ -4,9 +4,12 @@
 //! - [`stack`]: PostgreSQL + companion + simulator + Envoy with the filter, used by the
 //!   `maas-local` binary and by every e2e test ([`stack::Stack::shared`]);
 //! - [`envoy_config`]: the Envoy bootstrap generated from the policy;
+//! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
+//!   trailers;
 //! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
 
 pub mod envoy_config;
+pub mod h2client;
 pub mod postgres;
 pub mod process;
 pub mod sim;

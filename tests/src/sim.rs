@@ -1,12 +1,20 @@
-//! OpenAI-compatible model simulator (see docs/contracts.md "Model simulator").
+//! Model simulator (see docs/contracts.md "Model simulator"): OpenAI chat/completions,
+//! completions, Responses (`…/responses`) and embeddings, Anthropic Messages (`…/messages`), each
+//! as strict as the real API about unknown fields (400 in that API's own error shape) and with
+//! its own usage and stream shapes.
 //!
 //! Deterministic token rule, so tests can predict usage:
 //! - `prompt_tokens` = whitespace-separated words in every message `content` string (or text
-//!   part), or in `prompt`; at least 1;
-//! - `completion_tokens` = `max_tokens` / `max_completion_tokens` when given, else 16; header
-//!   `x-sim-completion-tokens: N` overrides; the completion text is `tok0 tok1 …`.
+//!   part), `prompt`, `input`, `instructions` and `system`; at least 1;
+//! - `completion_tokens` = `max_tokens` / `max_completion_tokens` / `max_output_tokens` when
+//!   given, else 16; header `x-sim-completion-tokens: N` overrides; the completion text is
+//!   `tok0 tok1 …`.
 //!
 //! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
+//! Delay: `x-sim-response-delay-ms: N` holds the answer back N ms (at most 60 s).
+//! Compression: header `x-sim-compress: gzip` gzips the response when the request's
+//! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
+//! ignores `accept-encoding`); streams are compressed incrementally, flushed per event.
 //! Every request (except `/_sim/…`) is recorded with its exact header list; tests read the
 //! record at `GET /_sim/requests` (or [`SimHandle::requests`] in-process).
 
@@ -179,7 +187,252 @@ fn error_response(status: StatusCode, message: &str, kind: &str) -> Response {
     )
 }
 
+/// Top-level fields of `POST /v1/chat/completions` (OpenAI API reference).
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "model",
+    "audio",
+    "frequency_penalty",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "logprobs",
+    "max_completion_tokens",
+    "max_tokens",
+    "metadata",
+    "modalities",
+    "n",
+    "parallel_tool_calls",
+    "prediction",
+    "presence_penalty",
+    "prompt_cache_key",
+    "reasoning_effort",
+    "response_format",
+    "safety_identifier",
+    "seed",
+    "service_tier",
+    "stop",
+    "store",
+    "stream",
+    "stream_options",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "top_p",
+    "user",
+    "verbosity",
+    "web_search_options",
+];
+
+/// Top-level fields of `POST /v1/completions` (legacy completions).
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "best_of",
+    "echo",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "max_tokens",
+    "n",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "suffix",
+    "temperature",
+    "top_p",
+    "user",
+];
+
+/// Top-level fields of `POST /v1/responses` (Responses API). Its `stream_options` has only
+/// `include_obfuscation`: `include_usage` is refused (usage always comes in `response.completed`).
+const RESPONSES_FIELDS: &[&str] = &[
+    "background",
+    "conversation",
+    "include",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "max_tool_calls",
+    "metadata",
+    "model",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "prompt",
+    "prompt_cache_key",
+    "reasoning",
+    "safety_identifier",
+    "service_tier",
+    "store",
+    "stream",
+    "stream_options",
+    "temperature",
+    "text",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "top_p",
+    "truncation",
+    "user",
+];
+
+/// Top-level fields of Anthropic `POST /v1/messages`.
+const MESSAGES_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "container",
+    "context_management",
+    "mcp_servers",
+    "metadata",
+    "service_tier",
+    "stop_sequences",
+    "stream",
+    "system",
+    "temperature",
+    "thinking",
+    "tool_choice",
+    "tools",
+    "top_k",
+    "top_p",
+];
+
+/// Top-level fields of `POST /v1/embeddings`.
+const EMBEDDINGS_FIELDS: &[&str] = &["input", "model", "dimensions", "encoding_format", "user"];
+
+/// Anthropic's error body (`{"type":"error","error":{…}}`).
+fn anthropic_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    json_response(
+        status,
+        &json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_sim"}),
+    )
+}
+
+/// The refusal the real API gives this request, if any: unknown top-level fields (each API with
+/// its own words), `stream_options.include_usage` on the Responses API, missing required
+/// Anthropic fields.
+fn refusal(kind: Kind, request: &serde_json::Map<String, Value>) -> Option<Response> {
+    let allowed = match kind {
+        Kind::Chat => CHAT_FIELDS,
+        Kind::Completion => COMPLETION_FIELDS,
+        Kind::Responses => RESPONSES_FIELDS,
+        Kind::Messages => MESSAGES_FIELDS,
+        Kind::Embeddings => EMBEDDINGS_FIELDS,
+    };
+    let unknown = request.keys().find(|k| !allowed.contains(&k.as_str()));
+    match kind {
+        Kind::Chat | Kind::Completion | Kind::Embeddings => unknown.map(|k| {
+            error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("Unrecognized request argument supplied: {k}"),
+                "invalid_request_error",
+            )
+        }),
+        Kind::Responses => {
+            let nested = request
+                .get("stream_options")
+                .and_then(Value::as_object)
+                .and_then(|o| o.keys().find(|k| k.as_str() != "include_obfuscation"))
+                .map(|k| format!("stream_options.{k}"));
+            unknown.cloned().or(nested).map(|param| {
+                json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": {
+                        "message": format!("Unknown parameter: '{param}'."),
+                        "type": "invalid_request_error",
+                        "param": param,
+                        "code": "unknown_parameter",
+                    }}),
+                )
+            })
+        }
+        Kind::Messages => {
+            let message = match unknown {
+                Some(k) => format!("{k}: Extra inputs are not permitted"),
+                None => ["model", "messages", "max_tokens"]
+                    .iter()
+                    .find(|r| !request.contains_key(**r))
+                    .map(|r| format!("{r}: Field required"))?,
+            };
+            Some(anthropic_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &message,
+            ))
+        }
+    }
+}
+
+/// Whether an `accept-encoding` value allows gzip (`gzip`, `x-gzip` or `*`, with q > 0).
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    accept_encoding.split(',').any(|part| {
+        let mut it = part.split(';');
+        let coding = it.next().unwrap_or("").trim().to_ascii_lowercase();
+        let q = it
+            .find_map(|p| p.trim().strip_prefix("q=").map(str::to_string))
+            .map(|q| q.trim().parse::<f32>().unwrap_or(0.0))
+            .unwrap_or(1.0);
+        matches!(coding.as_str(), "gzip" | "x-gzip" | "*") && q > 0.0
+    })
+}
+
+/// Gzips the response body as it goes, flushing after every frame (every SSE event), so a
+/// compressed stream still streams. A body error (a dropped stream) ends it without a trailer.
+fn gzip_response(resp: Response) -> Response {
+    use flate2::{Compression, write::GzEncoder};
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.insert(
+        header::CONTENT_ENCODING,
+        header::HeaderValue::from_static("gzip"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let encoder = GzEncoder::new(Vec::new(), Compression::default());
+    let frames = body.into_data_stream();
+    let gz = stream::unfold(Some((frames, encoder)), |state| async move {
+        let (mut frames, mut encoder) = state?;
+        match frames.next().await {
+            Some(Ok(bytes)) => {
+                let written = encoder.write_all(&bytes).and_then(|()| encoder.flush());
+                match written {
+                    Ok(()) => {
+                        let out = Bytes::from(std::mem::take(encoder.get_mut()));
+                        Some((Ok(out), Some((frames, encoder))))
+                    }
+                    Err(e) => Some((Err(e), None)),
+                }
+            }
+            Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+            None => Some((encoder.finish().map(Bytes::from), None)),
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(gz))
+}
+
 async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
+    let compress = header_str(req.headers(), "x-sim-compress").unwrap_or("");
+    let gzip = compress == "always-gzip"
+        || (compress == "gzip"
+            && req
+                .headers()
+                .get_all(header::ACCEPT_ENCODING)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(accepts_gzip));
+    let control = req.uri().path().starts_with("/_sim/");
+    let resp = handle_model(&state, req).await;
+    if gzip && !control {
+        gzip_response(resp)
+    } else {
+        resp
+    }
+}
+
+async fn handle_model(state: &SimState, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts
         .uri
@@ -198,7 +451,7 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     };
     let only_path = parts.uri.path();
     if let Some(rest) = only_path.strip_prefix("/_sim/") {
-        return sim_control(&state, &parts.method, rest);
+        return sim_control(state, &parts.method, rest);
     }
     {
         let mut rec = lock(&state.recorded);
@@ -221,6 +474,13 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
             body: String::from_utf8_lossy(&bytes).into_owned(),
         });
     }
+    // `x-sim-response-delay-ms: N` (≤ 60 s): the answer starts N ms late (a slow backend; a client
+    // that gives up first abandons work the backend has started).
+    if let Some(ms) =
+        header_str(&parts.headers, "x-sim-response-delay-ms").and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+    }
     let fault = header_str(&parts.headers, "x-sim-fault").unwrap_or("");
     if fault == "status-500" {
         return error_response(
@@ -233,6 +493,12 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
         Kind::Chat
     } else if only_path.ends_with("/completions") {
         Kind::Completion
+    } else if only_path.ends_with("/responses") {
+        Kind::Responses
+    } else if only_path.ends_with("/messages") {
+        Kind::Messages
+    } else if only_path.ends_with("/embeddings") {
+        Kind::Embeddings
     } else if only_path.ends_with("/models") {
         if parts.method != Method::GET {
             return error_response(
@@ -267,6 +533,13 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     }
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(v @ Value::Object(_)) => v,
+        _ if kind == Kind::Messages => {
+            return anthropic_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "body must be a JSON object",
+            );
+        }
         _ => {
             return error_response(
                 StatusCode::BAD_REQUEST,
@@ -275,14 +548,17 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
             );
         }
     };
+    if let Some(refused) = request.as_object().and_then(|obj| refusal(kind, obj)) {
+        return refused;
+    }
     if fault == "not-json" {
         return not_json();
     }
     let plan = Plan::new(kind, &request, &parts.headers, &state.config, fault);
-    if request.get("stream").and_then(Value::as_bool) == Some(true) {
+    if kind != Kind::Embeddings && request.get("stream").and_then(Value::as_bool) == Some(true) {
         plan.stream()
     } else {
-        json_response(StatusCode::OK, &plan.full_response())
+        json_response(StatusCode::OK, &plan.full_response(&request))
     }
 }
 
@@ -323,13 +599,25 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// Which API a request speaks (from the path's last segments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    /// OpenAI `…/chat/completions`.
     Chat,
+    /// OpenAI `…/completions`.
     Completion,
+    /// OpenAI `…/responses`.
+    Responses,
+    /// Anthropic `…/messages`.
+    Messages,
+    /// OpenAI `…/embeddings`.
+    Embeddings,
 }
 
-/// Counts whitespace-separated words in every string that counts as prompt text.
+/// Counts whitespace-separated words in every string that counts as prompt text: message
+/// `content` (strings or text parts), `prompt`, Responses `input` (a string, or items with
+/// `content`) and `instructions`, Anthropic `system`, embeddings `input` (strings, or token
+/// arrays: one token per number).
 pub fn prompt_tokens(request: &Value) -> u64 {
     fn words(s: &str) -> u64 {
         s.split_whitespace().count() as u64
@@ -337,16 +625,18 @@ pub fn prompt_tokens(request: &Value) -> u64 {
     fn content_words(content: &Value) -> u64 {
         match content {
             Value::String(s) => words(s),
-            // Content parts: [{"type":"text","text":"…"}, …]
+            // Content parts: [{"type":"text","text":"…"}, …]; Responses items: {"content": …}.
             Value::Array(parts) => parts
                 .iter()
                 .map(|p| match p {
                     Value::String(s) => words(s),
-                    Value::Object(o) => o
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .map(words)
-                        .unwrap_or(0),
+                    Value::Number(_) => 1,
+                    Value::Array(_) => content_words(p),
+                    Value::Object(o) => match (o.get("text"), o.get("content")) {
+                        (Some(Value::String(t)), _) => words(t),
+                        (_, Some(c)) => content_words(c),
+                        _ => 0,
+                    },
                     _ => 0,
                 })
                 .sum(),
@@ -361,8 +651,10 @@ pub fn prompt_tokens(request: &Value) -> u64 {
             .map(content_words)
             .sum::<u64>();
     }
-    if let Some(prompt) = request.get("prompt") {
-        n += content_words(prompt);
+    for field in ["prompt", "input", "instructions", "system"] {
+        if let Some(v) = request.get(field) {
+            n += content_words(v);
+        }
     }
     n.max(1)
 }
@@ -371,7 +663,7 @@ pub fn prompt_tokens(request: &Value) -> u64 {
 pub fn completion_tokens(request: &Value, headers: &HeaderMap) -> u64 {
     let from_header =
         header_str(headers, "x-sim-completion-tokens").and_then(|v| v.parse::<u64>().ok());
-    let from_body = ["max_completion_tokens", "max_tokens"]
+    let from_body = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|k| request.get(*k).and_then(Value::as_u64));
     from_header
@@ -389,6 +681,9 @@ struct Plan {
     chunk_delay: Duration,
     fault: String,
     created: u64,
+    /// Responses: `instructions` and `max_output_tokens` as sent (echoed in the response).
+    instructions: Value,
+    max_output_tokens: Value,
 }
 
 impl Plan {
@@ -412,7 +707,11 @@ impl Plan {
                 .or_else(|| config.models.first().cloned())
                 .unwrap_or_default(),
             prompt_tokens: prompt_tokens(request),
-            completion_tokens: completion_tokens(request, headers),
+            completion_tokens: if kind == Kind::Embeddings {
+                0
+            } else {
+                completion_tokens(request, headers)
+            },
             include_usage_chunk: request
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
@@ -423,9 +722,19 @@ impl Plan {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            instructions: request.get("instructions").cloned().unwrap_or(Value::Null),
+            max_output_tokens: request
+                .get("max_output_tokens")
+                .cloned()
+                .unwrap_or(Value::Null),
         }
     }
 
+    fn no_usage(&self) -> bool {
+        self.fault == "no-usage"
+    }
+
+    /// OpenAI chat/completions usage.
     fn usage(&self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -434,14 +743,63 @@ impl Plan {
         })
     }
 
+    /// Responses API usage.
+    fn responses_usage(&self) -> Value {
+        if self.no_usage() {
+            return Value::Null;
+        }
+        json!({
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": self.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+
+    /// Anthropic usage with `output_tokens` as given.
+    fn anthropic_usage(&self, output_tokens: u64) -> Value {
+        json!({
+            "input_tokens": self.prompt_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": output_tokens,
+            "service_tier": "standard",
+        })
+    }
+
     fn id(&self) -> &'static str {
         match self.kind {
             Kind::Chat => "chatcmpl-sim",
             Kind::Completion => "cmpl-sim",
+            Kind::Responses => "resp_sim",
+            Kind::Messages => "msg_sim",
+            Kind::Embeddings => "emb-sim",
         }
     }
 
-    fn full_response(&self) -> Value {
+    /// The Responses API `response` object in state `status` with `output` items.
+    fn response_object(&self, status: &str, output: Value, usage: Value) -> Value {
+        json!({
+            "id": self.id(), "object": "response", "created_at": self.created, "status": status,
+            "error": null, "incomplete_details": null, "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens, "model": self.model, "output": output,
+            "parallel_tool_calls": true, "previous_response_id": null,
+            "reasoning": {"effort": null, "summary": null}, "store": true, "temperature": 1.0,
+            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [],
+            "top_p": 1.0, "truncation": "disabled", "usage": usage, "user": null, "metadata": {},
+        })
+    }
+
+    fn output_message(&self, status: &str, text: Option<&str>) -> Value {
+        let content = match text {
+            Some(t) => json!([{"type": "output_text", "text": t, "annotations": []}]),
+            None => json!([]),
+        };
+        json!({"id": "msg_sim_out", "type": "message", "status": status, "role": "assistant", "content": content})
+    }
+
+    fn full_response(&self, request: &Value) -> Value {
         let text = completion_text(self.completion_tokens);
         let mut v = match self.kind {
             Kind::Chat => json!({
@@ -452,8 +810,50 @@ impl Plan {
                 "id": self.id(), "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": null}],
             }),
+            Kind::Responses => {
+                return self.response_object(
+                    "completed",
+                    json!([self.output_message("completed", Some(&text))]),
+                    self.responses_usage(),
+                );
+            }
+            Kind::Messages => {
+                let mut v = json!({
+                    "id": self.id(), "type": "message", "role": "assistant", "model": self.model,
+                    "content": [{"type": "text", "text": text}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                });
+                if !self.no_usage() {
+                    v["usage"] = self.anthropic_usage(self.completion_tokens);
+                }
+                return v;
+            }
+            Kind::Embeddings => {
+                let inputs = match request.get("input") {
+                    Some(Value::Array(a)) if !a.iter().all(Value::is_number) => a.len(),
+                    _ => 1,
+                };
+                let dims = request
+                    .get("dimensions")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(8)
+                    .min(4096) as usize;
+                let data: Vec<Value> = (0..inputs)
+                    .map(|i| {
+                        let e: Vec<f64> = (0..dims)
+                            .map(|d| ((i + d) % 7) as f64 / 7.0 - 0.5)
+                            .collect();
+                        json!({"object": "embedding", "index": i, "embedding": e})
+                    })
+                    .collect();
+                let mut v = json!({"object": "list", "data": data, "model": self.model});
+                if !self.no_usage() {
+                    v["usage"] = json!({"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens});
+                }
+                return v;
+            }
         };
-        if self.fault != "no-usage" {
+        if !self.no_usage() {
             v["usage"] = self.usage();
         }
         v
@@ -462,7 +862,11 @@ impl Plan {
     fn chunk(&self, piece: Option<String>, finish: bool, first: bool) -> Value {
         let finish_reason = if finish { json!("stop") } else { Value::Null };
         match self.kind {
-            Kind::Chat => {
+            Kind::Completion => json!({
+                "id": self.id(), "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": piece.unwrap_or_default(), "finish_reason": finish_reason, "logprobs": null}],
+            }),
+            _ => {
                 let mut delta = serde_json::Map::new();
                 if first {
                     delta.insert("role".into(), json!("assistant"));
@@ -475,42 +879,136 @@ impl Plan {
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
                 })
             }
-            Kind::Completion => json!({
-                "id": self.id(), "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": piece.unwrap_or_default(), "finish_reason": finish_reason, "logprobs": null}],
-            }),
         }
     }
 
-    /// All SSE events of the stream, in order (`data: …\n\n`), plus where to drop it for the
-    /// `drop-mid-stream` fault.
-    fn events(&self) -> (Vec<Bytes>, Option<usize>) {
-        let mut events = Vec::with_capacity(self.completion_tokens as usize + 3);
-        for i in 0..self.completion_tokens {
-            let piece = if i == 0 {
+    /// The completion's words as stream pieces: `tok0`, ` tok1`, ….
+    fn pieces(&self) -> impl Iterator<Item = String> {
+        (0..self.completion_tokens).map(|i| {
+            if i == 0 {
                 "tok0".to_string()
             } else {
                 format!(" tok{i}")
-            };
+            }
+        })
+    }
+
+    /// OpenAI chat/completions events (`data: …\n\n`).
+    fn openai_events(&self) -> Vec<Bytes> {
+        let mut events = Vec::with_capacity(self.completion_tokens as usize + 3);
+        for (i, piece) in self.pieces().enumerate() {
             events.push(sse(&self.chunk(Some(piece), false, i == 0)));
         }
         events.push(sse(&self.chunk(None, true, self.completion_tokens == 0)));
-        if self.include_usage_chunk && self.fault != "no-usage" {
-            let usage_chunk = match self.kind {
-                Kind::Chat => json!({
-                    "id": self.id(), "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.model, "choices": [], "usage": self.usage(),
-                }),
-                Kind::Completion => json!({
-                    "id": self.id(), "object": "text_completion", "created": self.created,
-                    "model": self.model, "choices": [], "usage": self.usage(),
-                }),
+        if self.include_usage_chunk && !self.no_usage() {
+            let object = match self.kind {
+                Kind::Completion => "text_completion",
+                _ => "chat.completion.chunk",
             };
-            events.push(sse(&usage_chunk));
+            events.push(sse(&json!({
+                "id": self.id(), "object": object, "created": self.created,
+                "model": self.model, "choices": [], "usage": self.usage(),
+            })));
         }
         if self.fault != "no-done" {
             events.push(Bytes::from_static(b"data: [DONE]\n\n"));
         }
+        events
+    }
+
+    /// Responses API events (`event: <type>\ndata: {"type":<type>,"sequence_number":…}`), as
+    /// OpenAI sends them; usage only in `response.completed`.
+    fn responses_events(&self) -> Vec<Bytes> {
+        let mut events = Vec::with_capacity(self.completion_tokens as usize + 9);
+        let mut seq = 0u64;
+        let mut push = |v: Value| {
+            let mut v = v;
+            v["sequence_number"] = json!(seq);
+            seq += 1;
+            events.push(named_sse(&v));
+        };
+        let in_progress = self.response_object("in_progress", json!([]), Value::Null);
+        push(json!({"type": "response.created", "response": in_progress}));
+        push(json!({"type": "response.in_progress", "response": in_progress}));
+        push(
+            json!({"type": "response.output_item.added", "output_index": 0,
+                    "item": self.output_message("in_progress", None)}),
+        );
+        let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+        push(
+            json!({"type": "response.content_part.added", "item_id": "msg_sim_out",
+                    "output_index": 0, "content_index": 0, "part": part("")}),
+        );
+        for piece in self.pieces() {
+            push(
+                json!({"type": "response.output_text.delta", "item_id": "msg_sim_out",
+                        "output_index": 0, "content_index": 0, "delta": piece, "logprobs": []}),
+            );
+        }
+        let text = completion_text(self.completion_tokens);
+        push(
+            json!({"type": "response.output_text.done", "item_id": "msg_sim_out",
+                    "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+        );
+        push(
+            json!({"type": "response.content_part.done", "item_id": "msg_sim_out",
+                    "output_index": 0, "content_index": 0, "part": part(&text)}),
+        );
+        let done = self.output_message("completed", Some(&text));
+        push(json!({"type": "response.output_item.done", "output_index": 0, "item": done}));
+        let completed = self.response_object("completed", json!([done]), self.responses_usage());
+        push(json!({"type": "response.completed", "response": completed}));
+        events
+    }
+
+    /// Anthropic Messages events: `message_start` (input tokens, output 1), a text block with
+    /// one delta per token, `message_delta` (cumulative output tokens), `message_stop`.
+    fn anthropic_events(&self) -> Vec<Bytes> {
+        let mut events = Vec::with_capacity(self.completion_tokens as usize + 7);
+        let mut message = json!({
+            "id": self.id(), "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+        });
+        if !self.no_usage() {
+            message["usage"] = self.anthropic_usage(1);
+        }
+        events.push(named_sse(
+            &json!({"type": "message_start", "message": message}),
+        ));
+        events.push(named_sse(
+            &json!({"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "text", "text": ""}}),
+        ));
+        events.push(named_sse(&json!({"type": "ping"})));
+        for piece in self.pieces() {
+            events.push(named_sse(
+                &json!({"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": piece}}),
+            ));
+        }
+        events.push(named_sse(
+            &json!({"type": "content_block_stop", "index": 0}),
+        ));
+        let mut delta = json!({"type": "message_delta",
+                               "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+        if !self.no_usage() {
+            delta["usage"] = json!({"output_tokens": self.completion_tokens});
+        }
+        events.push(named_sse(&delta));
+        if self.fault != "no-done" {
+            events.push(named_sse(&json!({"type": "message_stop"})));
+        }
+        events
+    }
+
+    /// All SSE events of the stream, in order, plus where to drop it for the `drop-mid-stream`
+    /// fault.
+    fn events(&self) -> (Vec<Bytes>, Option<usize>) {
+        let events = match self.kind {
+            Kind::Responses => self.responses_events(),
+            Kind::Messages => self.anthropic_events(),
+            _ => self.openai_events(),
+        };
         let drop_at = (self.fault == "drop-mid-stream").then(|| (events.len() / 2).max(1));
         (events, drop_at)
     }
@@ -557,6 +1055,12 @@ impl Plan {
 
 fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// An event named after its data's `type` (Anthropic and Responses streams).
+fn named_sse(v: &Value) -> Bytes {
+    let name = v.get("type").and_then(Value::as_str).unwrap_or("message");
+    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
 }
 
 /// `tok0 tok1 … tok{n-1}`.
@@ -606,6 +1110,81 @@ mod tests {
             completion_tokens(&json!({"max_tokens": u64::MAX}), &empty),
             MAX_COMPLETION_TOKENS
         );
+    }
+
+    #[test]
+    fn prompt_tokens_of_responses_anthropic_and_embeddings_inputs() {
+        // Responses: input string or items, plus instructions.
+        assert_eq!(
+            prompt_tokens(&json!({"input": "a b c", "instructions": "be nice"})),
+            5
+        );
+        assert_eq!(
+            prompt_tokens(&json!({"input": [
+                {"role": "user", "content": "one two"},
+                {"role": "user", "content": [{"type": "input_text", "text": "three"}]},
+            ]})),
+            3
+        );
+        // Anthropic: system as a string or text blocks, content blocks.
+        assert_eq!(
+            prompt_tokens(&json!({"system": [{"type": "text", "text": "x y"}],
+                                   "messages": [{"role": "user", "content": [{"type": "text", "text": "z"}]}]})),
+            3
+        );
+        // Embeddings: a list of strings, or token arrays.
+        assert_eq!(prompt_tokens(&json!({"input": ["a b", "c"]})), 3);
+        assert_eq!(prompt_tokens(&json!({"input": [[1, 2, 3], [4]]})), 4);
+    }
+
+    #[test]
+    fn completion_tokens_from_max_output_tokens() {
+        let empty = HeaderMap::new();
+        assert_eq!(
+            completion_tokens(&json!({"max_output_tokens": 9}), &empty),
+            9
+        );
+    }
+
+    #[test]
+    fn accept_encoding_allows_gzip() {
+        for (v, ok) in [
+            ("gzip", true),
+            ("deflate, gzip;q=0.5", true),
+            ("br, *", true),
+            ("GZIP", true),
+            ("x-gzip", true),
+            ("gzip;q=0", false),
+            ("identity", false),
+            ("br, deflate", false),
+            ("", false),
+        ] {
+            assert_eq!(accepts_gzip(v), ok, "{v}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_refused_per_api() {
+        let refused = |kind: Kind, v: Value| refusal(kind, v.as_object().unwrap()).is_some();
+        let chat_ok =
+            json!({"model": "m", "messages": [], "stream_options": {"include_usage": true}});
+        assert!(!refused(Kind::Chat, chat_ok));
+        assert!(refused(Kind::Chat, json!({"model": "m", "input": "x"})));
+        let completion_ok = json!({"model": "m", "prompt": "x", "stream_options": {}});
+        assert!(!refused(Kind::Completion, completion_ok));
+        let obfuscation =
+            json!({"model": "m", "input": "x", "stream_options": {"include_obfuscation": false}});
+        assert!(!refused(Kind::Responses, obfuscation));
+        let include_usage = json!({"model": "m", "stream_options": {"include_usage": true}});
+        assert!(refused(Kind::Responses, include_usage));
+        let messages_ok = json!({"model": "m", "messages": [], "max_tokens": 1});
+        assert!(!refused(Kind::Messages, messages_ok));
+        assert!(refused(
+            Kind::Messages,
+            json!({"model": "m", "messages": []})
+        ));
+        let embeddings_stream = json!({"model": "m", "input": "x", "stream": true});
+        assert!(refused(Kind::Embeddings, embeddings_stream));
     }
 
     #[test]

@@ -96,6 +96,7 @@ struct Ports {
     admin: SocketAddr,
     companion_public: SocketAddr,
     companion_internal: SocketAddr,
+    companion_metrics: SocketAddr,
     postgres: u16,
 }
 
@@ -281,7 +282,7 @@ impl Stack {
             }
             None => free_ports(1)?[0],
         };
-        let p = free_ports(4)?;
+        let p = free_ports(5)?;
         let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         let ports = Ports {
             gateway: SocketAddr::new(ip, gateway_port),
@@ -289,6 +290,7 @@ impl Stack {
             companion_public: local(p[1]),
             companion_internal: local(p[2]),
             postgres: p[3],
+            companion_metrics: local(p[4]),
         };
 
         let sim_models = policy
@@ -320,6 +322,7 @@ impl Stack {
                 format!("--database-url={}", postgres.url("maas")),
                 format!("--public-addr={}", ports.companion_public),
                 format!("--internal-addr={}", ports.companion_internal),
+                format!("--metrics-addr={}", ports.companion_metrics),
                 format!("--policy-file={}", policy_path.display()),
                 format!(
                     "--policy-reload-interval-ms={}",
@@ -511,6 +514,10 @@ impl Stack {
     }
     pub fn companion_internal_url(&self) -> String {
         format!("http://{}", self.ports.companion_internal)
+    }
+    /// The companion's metrics listener (`GET /metrics`).
+    pub fn companion_metrics_url(&self) -> String {
+        format!("http://{}", self.ports.companion_metrics)
     }
     pub fn sim_url(&self) -> String {
         self.sim.url()

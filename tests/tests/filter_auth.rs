@@ -27,6 +27,12 @@ models:
     path: /llm/sim-model
     tiers: [free, premium]
     backend: simulator
+    operations:
+      - {method: POST, path: /v1/chat/completions}
+      - {method: POST, path: /v1/completions}
+      - {method: GET, path: /v1/models}
+      - {method: GET, path: /v1/models/*}
+      - {method: POST, path: /v1/audio/transcriptions}
   - name: sim-premium
     path: /llm/sim-premium
     tiers: [premium]
@@ -36,26 +42,32 @@ models:
     tiers: [free]
     backend: simulator
     provider: {type: openai, credentialRef: openai-key}
+    upstreamCluster: ext-openai
   - name: claude-ext
     path: /ext/anthropic
     tiers: [free]
     backend: simulator
     provider: {type: anthropic, credentialRef: anthropic-key}
+    upstreamCluster: ext-anthropic
+    api: openai  # the simulator speaks the OpenAI API
   - name: azure-ext
     path: /ext/azure
     tiers: [free]
     backend: simulator
     provider: {type: azure-openai, credentialRef: azure-key}
+    upstreamCluster: ext-azure
   - name: vertex-ext
     path: /ext/vertex
     tiers: [free]
     backend: simulator
     provider: {type: vertex, credentialRef: vertex-key}
+    upstreamCluster: ext-vertex
   - name: nokey-ext
     path: /ext/nokey
     tiers: [free]
     backend: simulator
     provider: {type: openai, credentialRef: missing-key}
+    upstreamCluster: ext-nokey
 "#;
 
 const IDENTITIES: &str = r#"
@@ -112,7 +124,15 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-const CLIENT_HEADERS: &[&str] = &["content-type", "accept", "x-test-id", "x-custom"];
+/// What the backend gets besides Envoy's own: the client's harmless headers, and the filter's
+/// `accept-encoding: identity` (usage is read from the response body).
+const CLIENT_HEADERS: &[&str] = &[
+    "content-type",
+    "accept",
+    "x-test-id",
+    "x-custom",
+    "accept-encoding",
+];
 
 #[tokio::test]
 async fn api_key_token_and_x_api_key_reach_backend_without_identity() {
@@ -151,6 +171,11 @@ async fn api_key_token_and_x_api_key_reach_backend_without_identity() {
         assert_eq!(r.status, 200, "{id}: {}", r.body);
         let (names, all) = backend_headers(stack, id);
         assert_eq!(names, set(CLIENT_HEADERS), "{id}: {all:?}");
+        assert!(
+            all.iter()
+                .any(|(k, v)| k == "accept-encoding" && v == "identity"),
+            "{id}: {all:?}"
+        );
         assert!(
             !all.iter()
                 .any(|(_, v)| v.contains(&key) || v.contains("alice-token"))

@@ -1,5 +1,6 @@
-//! Filter e2e (issue 4): per-subject, per-tier request and token limits through real Envoy with
-//! the release .wasm — streamed budgets, reserve-then-settle, concurrency, discovery.
+//! Filter e2e (issues 4 and 10): per-subject request and token limits through real Envoy with
+//! the release .wasm — streamed budgets, reserve-then-settle, concurrency, discovery, one budget
+//! per person across keys pinned to different tiers, reservations that can never fit.
 //!
 //! Windows are a day (or a year) long so that no test straddles a window boundary.
 
@@ -42,10 +43,20 @@ tiers:
     groups: [g-abort]
     limits:
       tokens: [{limit: 1000, window: 1d}]
+  - name: lo
+    level: 6
+    groups: [g-lo]
+    limits:
+      tokens: [{limit: 100, window: 1d}]
+  - name: hi
+    level: 7
+    groups: [g-hi]
+    limits:
+      tokens: [{limit: 200, window: 1d}]
 models:
   - name: sim-model
     path: /llm/sim-model
-    tiers: [req, stream, conc, settle, abort]
+    tiers: [req, stream, conc, settle, abort, lo, hi]
     backend: simulator
 "#;
 
@@ -57,6 +68,7 @@ identities:
   - {token: cora-token, username: cora, groups: [g-conc]}
   - {token: stan-token, username: stan, groups: [g-settle]}
   - {token: abe-token, username: abe, groups: [g-abort]}
+  - {token: mia-token, username: mia, groups: [g-lo, g-hi]}
 "#;
 
 fn stack() -> &'static Stack {
@@ -130,7 +142,8 @@ fn sse_events(body: &str) -> Vec<String> {
 async fn streamed_responses_exhaust_the_token_budget() {
     let stack = stack();
     let h = [("authorization", "Bearer sam-token")];
-    // prompt 2 words + 20 completion tokens = 22 per request; 20 reserved at admission.
+    // prompt 2 words + 20 completion tokens = 22 per request; reserved at admission: 20 + the
+    // prompt estimate ("user" + "hello there" = 15 bytes of text → 4 tokens) = 24.
     let plain = json!({"model": "sim-model", "stream": true, "max_tokens": 20,
                        "messages": [{"role": "user", "content": "hello there"}]});
     let r = chat(stack, CHAT, "stream-1", &h, plain.clone()).await;
@@ -140,7 +153,7 @@ async fn streamed_responses_exhaust_the_token_budget() {
             .unwrap_or("")
             .starts_with("text/event-stream")
     );
-    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 80);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 76);
     let events = sse_events(&r.body);
     assert_eq!(
         events.last().map(String::as_str),
@@ -176,14 +189,14 @@ async fn streamed_responses_exhaust_the_token_budget() {
         .collect();
     assert_eq!(usage.len(), 1, "{}", r.body);
     assert_eq!(usage[0]["usage"]["total_tokens"], 22);
-    // 44 used: the reservation for this one shows 100 - 22 - 20.
-    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 58);
+    // 44 used: the reservation for this one shows 100 - 22 - 24.
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 54);
 
     for id in ["stream-3", "stream-4"] {
         let r = chat(stack, CHAT, id, &h, plain.clone()).await;
         assert_eq!(r.status, 200, "{id}: {}", r.body);
     }
-    // 88 used; 88 + 20 does not fit in 100.
+    // 88 used; 88 + 24 does not fit in 100.
     let r = chat(stack, CHAT, "stream-5", &h, plain.clone()).await;
     let e = r.error(429);
     assert!(e["message"].as_str().unwrap().contains("tokens"), "{e}");
@@ -363,5 +376,90 @@ async fn upstream_error_and_client_abort_settle_from_what_was_seen() {
     assert!(
         settled.is_some(),
         "the aborted stream was not settled from what it streamed"
+    );
+}
+
+#[tokio::test]
+async fn keys_pinned_to_two_tiers_share_the_higher_tiers_budget() {
+    // mia qualifies for lo (100 tokens a day) and hi (200 a day) and holds a key pinned to each.
+    // Per tier she could spend 100 + 200; per person she may spend at most hi's 200.
+    let stack = stack();
+    let mut keys = Vec::new();
+    for tier in ["lo", "hi"] {
+        let minted = stack
+            .mint_key(
+                "mia-token",
+                json!({"name": format!("mia-{tier}"), "tier": tier}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(minted["tier"], tier, "{minted}");
+        keys.push(bearer(minted["key"].as_str().unwrap()));
+    }
+    let (lo, hi) = (&keys[0], &keys[1]);
+
+    // A reservation above the pinned tier's whole window can never fit: 400, nothing counted,
+    // even though the subject's higher tier would allow it.
+    let big = json!({"model": "sim-model", "max_tokens": 150,
+                     "messages": [{"role": "user", "content": "x"}]});
+    let r = chat(stack, CHAT, "pin-too-large", &[("authorization", lo)], big).await;
+    let e = r.error(400);
+    assert_eq!(e["type"], "invalid_request_error", "{e}");
+    assert_eq!(e["code"], "tokens_exceed_limit", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("tier lo allows 100 per 1d"), "{msg}");
+    assert!(stack.sim_requests_with_test_id("pin-too-large").is_empty());
+
+    // Spend on both keys in turn (10 completion tokens each) until both are refused.
+    let body = json!({"model": "sim-model", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "x"}]});
+    let (mut spent_lo, mut spent_hi) = (0, 0);
+    let (mut lo_open, mut hi_open) = (true, true);
+    for i in 0..60 {
+        if !lo_open && !hi_open {
+            break;
+        }
+        let on_lo = (i % 2 == 0 && lo_open) || !hi_open;
+        let auth = if on_lo { lo } else { hi };
+        let r = chat(
+            stack,
+            CHAT,
+            &format!("pin-{i}"),
+            &[("authorization", auth), ("x-sim-completion-tokens", "10")],
+            body.clone(),
+        )
+        .await;
+        match r.status {
+            200 => {
+                let used = r.json()["usage"]["total_tokens"].as_u64().unwrap();
+                if on_lo {
+                    spent_lo += used;
+                } else {
+                    spent_hi += used;
+                }
+            }
+            429 => {
+                assert_eq!(r.error(429)["type"], "rate_limit_exceeded");
+                if on_lo {
+                    lo_open = false;
+                } else {
+                    hi_open = false;
+                }
+            }
+            s => panic!("unexpected {s}: {}", r.body),
+        }
+    }
+    assert!(!lo_open && !hi_open, "both keys should be exhausted");
+    // The pinned lower tier only restricts: the lo key alone stays within lo's 100.
+    assert!(spent_lo <= 100, "lo key spent {spent_lo}");
+    // Together: never more than the higher tier's 200 (per tier it would have been 300) ...
+    assert!(
+        spent_lo + spent_hi <= 200,
+        "spent {spent_lo} on lo + {spent_hi} on hi: more than the 200 of mia's highest tier"
+    );
+    // ... and the higher tier's budget was usable.
+    assert!(
+        spent_lo + spent_hi > 150,
+        "spent only {spent_lo} + {spent_hi}"
     );
 }

@@ -78,7 +78,7 @@ async fn companion_policy(stack: &Stack) -> (String, Value) {
 
 /// The companion's `maas_policy_reload…{result="rejected"}` counter.
 async fn rejected_reloads(stack: &Stack) -> u64 {
-    let text = send(client().get(format!("{}/metrics", stack.companion_public_url())))
+    let text = send(client().get(format!("{}/metrics", stack.companion_metrics_url())))
         .await
         .body;
     text.lines()

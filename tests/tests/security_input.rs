@@ -41,6 +41,7 @@ models:
     tiers: [premium]
     backend: simulator
     provider: {type: openai, credentialRef: openai-key}
+    upstreamCluster: ext-openai
 "#;
 
 const IDENTITIES: &str = r#"

@@ -41,21 +41,26 @@ models:
     tiers: [free]
     backend: simulator
     provider: {type: openai, credentialRef: openai-key}
+    upstreamCluster: ext-openai
   - name: claude-ext
     path: /ext/anthropic
     tiers: [free]
     backend: simulator
     provider: {type: anthropic, credentialRef: anthropic-key}
+    upstreamCluster: ext-anthropic
+    api: openai  # the simulator speaks the OpenAI API
   - name: azure-ext
     path: /ext/azure
     tiers: [free]
     backend: simulator
     provider: {type: azure-openai, credentialRef: azure-key}
+    upstreamCluster: ext-azure
   - name: vertex-ext
     path: /ext/vertex
     tiers: [free]
     backend: simulator
     provider: {type: vertex, credentialRef: vertex-key}
+    upstreamCluster: ext-vertex
 "#;
 
 fn policy(vip_groups: &str) -> String {

@@ -14,5 +14,8 @@ pub mod window;
 pub use apikey::{ApiKeyParts, KeyFormatError};
 pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
 pub use error_body::{ErrorBody, ErrorDetail};
-pub use policy::{Limit, Limits, Model, PolicyDocument, PolicyError, Provider, ProviderKind, Tier};
+pub use policy::{
+    ApiFamily, Limit, Limits, Model, OperationSpec, PolicyDocument, PolicyError, Provider,
+    ProviderKind, Tier,
+};
 pub use window::Window;

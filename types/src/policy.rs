@@ -78,6 +78,58 @@ pub struct Model {
     /// Set for external providers: the filter injects the provider's credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    /// API family of the model's endpoints, which picks the default `operations`:
+    /// `openai` (chat/completions, completions, embeddings, responses, models) or `anthropic`
+    /// (messages, models). Default: `anthropic` for an anthropic provider, else `openai`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<ApiFamily>,
+    /// The only (method, path) pairs forwarded to the model, replacing the API family's
+    /// defaults. Paths are relative to the model's `path`; `*` stands for one segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operations: Option<Vec<OperationSpec>>,
+    /// The Envoy cluster the gateway routes this model to (e.g. `outbound|443||api.openai.com`
+    /// under Istio). The filter forwards a request only when Envoy picked this cluster for it,
+    /// so a route the gateway did not create never receives the provider credential.
+    /// Required with `provider`; checked when given for on-cluster models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_cluster: Option<String>,
+}
+
+/// Which API a model speaks (its default operations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiFamily {
+    Openai,
+    Anthropic,
+}
+
+impl ApiFamily {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ApiFamily::Openai => "openai",
+            ApiFamily::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// One allowed operation: an HTTP method and a path relative to the model's prefix
+/// (`/v1/chat/completions`; `*` = exactly one segment, e.g. `/v1/models/*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperationSpec {
+    pub method: String,
+    pub path: String,
+}
+
+impl Model {
+    /// The API family: `api` when given, else from the provider type.
+    pub fn api_family(&self) -> ApiFamily {
+        match (self.api, &self.provider) {
+            (Some(api), _) => api,
+            (None, Some(p)) if p.kind == ProviderKind::Anthropic => ApiFamily::Anthropic,
+            _ => ApiFamily::Openai,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -223,6 +275,54 @@ fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
     Ok(())
 }
 
+/// Checks an operation: an upper-case method token and a relative path of clean segments
+/// (`*` alone = any one segment).
+fn check_operation(path: &str, op: &OperationSpec) -> Result<(), PolicyError> {
+    if op.method.is_empty()
+        || op.method.len() > 32
+        || !op.method.bytes().all(|b| b.is_ascii_uppercase())
+    {
+        return Err(err(
+            format!("{path}.method"),
+            "must be an upper-case HTTP method, e.g. POST",
+        ));
+    }
+    let p = op.path.as_str();
+    if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') {
+        return Err(err(
+            format!("{path}.path"),
+            "must start with '/', not end with '/', and name at least one segment, e.g. /v1/chat/completions",
+        ));
+    }
+    if p.len() > 512 {
+        return Err(err(
+            format!("{path}.path"),
+            "must be at most 512 characters",
+        ));
+    }
+    for seg in p[1..].split('/') {
+        if seg == "*" {
+            continue;
+        }
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Err(err(
+                format!("{path}.path"),
+                "must not contain empty, '.' or '..' segments",
+            ));
+        }
+        if !seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        {
+            return Err(err(
+                format!("{path}.path"),
+                "segments may use only letters, digits, '-', '_', '.', ':' or be '*'",
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl PolicyDocument {
     /// Parses JSON and validates; the error names the field.
     pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
@@ -318,6 +418,34 @@ impl PolicyDocument {
                     format!("models[{i}].provider.credentialRef"),
                     &p.credential_ref,
                 )?;
+                if m.upstream_cluster.is_none() {
+                    return Err(err(
+                        format!("models[{i}].upstreamCluster"),
+                        "required for a model with a provider: the Envoy cluster the gateway routes it to (e.g. outbound|443||api.openai.com), so the provider credential goes nowhere else",
+                    ));
+                }
+            }
+            if let Some(c) = &m.upstream_cluster {
+                check_name(format!("models[{i}].upstreamCluster"), c)?;
+            }
+            if let Some(ops) = &m.operations {
+                if ops.is_empty() {
+                    return Err(err(
+                        format!("models[{i}].operations"),
+                        "must list at least one operation (leave it out for the API family's defaults)",
+                    ));
+                }
+                let mut seen = BTreeSet::new();
+                for (j, op) in ops.iter().enumerate() {
+                    let at = format!("models[{i}].operations[{j}]");
+                    check_operation(&at, op)?;
+                    if !seen.insert((op.method.as_str(), op.path.as_str())) {
+                        return Err(err(
+                            at,
+                            format!("{} {} is listed twice", op.method, op.path),
+                        ));
+                    }
+                }
             }
         }
         for (i, id) in self.revoked_key_ids.iter().enumerate() {
@@ -394,7 +522,7 @@ mod tests {
             ],
             "models": [
                 {"name": "sim", "path": "/llm/sim", "tiers": ["free", "premium"]},
-                {"name": "gpt", "path": "/ext/gpt", "tiers": ["premium"], "provider": {"type": "azure-openai", "credentialRef": "azure-key"}}
+                {"name": "gpt", "path": "/ext/gpt", "tiers": ["premium"], "provider": {"type": "azure-openai", "credentialRef": "azure-key"}, "upstreamCluster": "outbound|443||example.openai.azure.com"}
             ]
         })
     }
@@ -443,6 +571,94 @@ mod tests {
         let mut v = sample();
         v["tiers"][0]["colour"] = json!("red");
         fails_at(v, "tiers[0].colour");
+    }
+
+    #[test]
+    fn provider_models_must_name_their_upstream_cluster() {
+        let mut v = sample();
+        v["models"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("upstreamCluster");
+        let e = PolicyDocument::from_value(v).unwrap_err();
+        assert_eq!(e.path, "models[1].upstreamCluster");
+        assert!(e.message.contains("required"), "{e}");
+        // Optional for on-cluster models, checked when given.
+        let mut v = sample();
+        v["models"][0]["upstreamCluster"] = json!("outbound|8000||sim.llm.svc.cluster.local");
+        assert!(PolicyDocument::from_value(v).is_ok());
+        for bad in ["", " ", "a b", "x\ny"] {
+            let mut v = sample();
+            v["models"][0]["upstreamCluster"] = json!(bad);
+            fails_at(v, "models[0].upstreamCluster");
+        }
+    }
+
+    #[test]
+    fn api_family_defaults_from_the_provider() {
+        let mut v = sample();
+        v["models"][1]["provider"]["type"] = json!("anthropic");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        assert_eq!(doc.models[0].api_family(), ApiFamily::Openai, "no provider");
+        assert_eq!(doc.models[1].api_family(), ApiFamily::Anthropic);
+        v["models"][1]["api"] = json!("openai");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        assert_eq!(
+            doc.models[1].api_family(),
+            ApiFamily::Openai,
+            "explicit wins"
+        );
+        v["models"][1]["provider"]["type"] = json!("vertex");
+        v["models"][1]["api"] = json!("anthropic");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        assert_eq!(doc.models[1].api_family(), ApiFamily::Anthropic);
+        v["models"][1]["api"] = json!("gemini");
+        fails_at(v, "models[1].api");
+    }
+
+    #[test]
+    fn operations_are_validated() {
+        let with_ops = |ops: serde_json::Value| {
+            let mut v = sample();
+            v["models"][0]["operations"] = ops;
+            v
+        };
+        let ok = with_ops(json!([
+            {"method": "POST", "path": "/v1/chat/completions"},
+            {"method": "GET", "path": "/v1/models/*"},
+            {"method": "POST", "path": "/v1beta/models/gemini-pro:generateContent"}
+        ]));
+        let doc = PolicyDocument::from_value(ok).unwrap();
+        assert_eq!(doc.models[0].operations.as_ref().unwrap().len(), 3);
+        fails_at(with_ops(json!([])), "models[0].operations");
+        for (op, field) in [
+            (json!({"method": "post", "path": "/v1/x"}), "method"),
+            (json!({"method": "", "path": "/v1/x"}), "method"),
+            (json!({"method": "PO ST", "path": "/v1/x"}), "method"),
+            (json!({"method": "POST", "path": "v1/x"}), "path"),
+            (json!({"method": "POST", "path": "/"}), "path"),
+            (json!({"method": "POST", "path": "/v1/x/"}), "path"),
+            (json!({"method": "POST", "path": "/v1//x"}), "path"),
+            (json!({"method": "POST", "path": "/v1/../files"}), "path"),
+            (json!({"method": "POST", "path": "/v1/x?y=1"}), "path"),
+            (json!({"method": "POST", "path": "/v1/x%2Fy"}), "path"),
+            (json!({"method": "POST", "path": "/v1/x*"}), "path"),
+        ] {
+            fails_at(
+                with_ops(json!([op])),
+                &format!("models[0].operations[0].{field}"),
+            );
+        }
+        fails_at(
+            with_ops(
+                json!([{"method": "POST", "path": "/v1/x"}, {"method": "POST", "path": "/v1/x"}]),
+            ),
+            "models[0].operations[1]",
+        );
+        fails_at(
+            with_ops(json!([{"method": "POST", "path": "/v1/x", "extra": 1}])),
+            "models[0].operations[0].extra",
+        );
     }
 
     #[test]

@@ -50,6 +50,7 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         .env("DATABASE_URL", &database_url)
         .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
         .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
+        .env("MAAS_METRICS_ADDR", "127.0.0.1:0")
         .args(["--policy-file", policy.to_str().unwrap()])
         .args([
             "--identity-provider",
@@ -75,7 +76,7 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (public, internal) = loop {
+    let (public, internal, metrics) = loop {
         let line = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .expect("no 'listening' line");
@@ -84,10 +85,13 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         };
         let message = entry["fields"]["message"].as_str().unwrap_or_default();
         if let Some(rest) = message.split("listening public=").nth(1) {
-            let mut parts = rest.split(" internal=");
-            let public = parts.next().unwrap().trim().to_string();
-            let internal = parts.next().unwrap().trim().to_string();
-            break (public, internal);
+            let (public, rest) = rest.split_once(" internal=").unwrap();
+            let (internal, metrics) = rest.split_once(" metrics=").unwrap();
+            break (
+                public.trim().to_string(),
+                internal.trim().to_string(),
+                metrics.trim().to_string(),
+            );
         }
     };
     let health = reqwest::get(format!("http://{public}/health"))
@@ -101,6 +105,17 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(auth.status(), 200);
+    let scrape = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    assert!(
+        scrape
+            .text()
+            .await
+            .unwrap()
+            .contains("maas_authenticate_total")
+    );
 
     let pid = child.id().to_string();
     assert!(
@@ -122,4 +137,79 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
     // Nothing in the log carries a credential.
     let rest: Vec<String> = rx.try_iter().collect();
     assert!(!rest.iter().any(|l| l.contains("alice-token")));
+}
+
+#[tokio::test]
+async fn a_listener_that_cannot_serve_makes_the_process_exit_non_zero() {
+    exits_non_zero_when_its_address_is_taken("internal").await;
+}
+
+#[tokio::test]
+async fn a_metrics_listener_that_cannot_serve_makes_the_process_exit_non_zero() {
+    exits_non_zero_when_its_address_is_taken("metrics").await;
+}
+
+/// Starts the binary with the `listener`'s address already held by someone else.
+async fn exits_non_zero_when_its_address_is_taken(listener: &str) {
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let ids = dir.path().join("ids.yaml");
+    let creds = dir.path().join("creds.yaml");
+    std::fs::write(&policy, local_policy()).unwrap();
+    std::fs::write(&ids, IDENTITIES).unwrap();
+    std::fs::write(&creds, "credentials: {}\n").unwrap();
+    // Something else already holds the listener's address.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let addr = |which: &str| {
+        if which == listener {
+            taken_addr.clone()
+        } else {
+            "127.0.0.1:0".to_string()
+        }
+    };
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("RUST_LOG", "info")
+        .env("DATABASE_URL", &database_url)
+        .env("MAAS_PUBLIC_ADDR", addr("public"))
+        .env("MAAS_INTERNAL_ADDR", addr("internal"))
+        .env("MAAS_METRICS_ADDR", addr("metrics"))
+        .args(["--policy-file", policy.to_str().unwrap()])
+        .args([
+            "--identity-provider",
+            "static",
+            "--identities-file",
+            ids.to_str().unwrap(),
+        ])
+        .args([
+            "--credentials-source",
+            "file",
+            "--credentials-file",
+            creds.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kept running without its {listener} listener");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{listener} address {taken_addr}")),
+        "the message names the listener and its address: {stderr}"
+    );
+    drop(taken);
 }

@@ -89,6 +89,8 @@ pub struct TestApp {
     pub app: Application,
     pub public: String,
     pub internal: String,
+    /// The metrics listener (`/metrics` and `/health` only).
+    pub metrics: String,
     pub http: reqwest::Client,
     pub pool: PgPool,
     /// Holds the policy, identities and credentials files for the app's lifetime.
@@ -127,11 +129,13 @@ pub async fn spawn_with_config(
         .expect("companion starts");
     let public = format!("http://{}", app.public_addr());
     let internal = format!("http://{}", app.internal_addr());
+    let metrics = format!("http://{}", app.metrics_addr());
     let pool = PgPool::connect(&database_url).await.unwrap();
     TestApp {
         app,
         public,
         internal,
+        metrics,
         http: reqwest::Client::new(),
         pool,
         _dir: dir,
@@ -235,17 +239,21 @@ impl TestApp {
         self.mint(token, json!({"name": name})).await
     }
 
-    /// A counter's value from `GET /metrics` (0 when absent).
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self
+    /// `GET /metrics` on the metrics listener: the exposition text (panics unless 200).
+    pub async fn scrape(&self) -> String {
+        let r = self
             .http
-            .get(format!("{}/metrics", self.internal))
+            .get(format!("{}/metrics", self.metrics))
             .send()
             .await
-            .unwrap()
-            .text()
-            .await
             .unwrap();
+        assert_eq!(r.status(), 200, "GET /metrics on the metrics listener");
+        r.text().await.unwrap()
+    }
+
+    /// A counter's value from `GET /metrics` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.scrape().await;
         text.lines()
             .find_map(|l| {
                 l.strip_prefix(series)

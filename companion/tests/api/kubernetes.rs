@@ -18,6 +18,8 @@ struct Calls {
     token_reviews: AtomicUsize,
     secret_gets: AtomicUsize,
     access_reviews: AtomicUsize,
+    /// `spec.audiences` of the last TokenReview.
+    requested_audiences: std::sync::Mutex<Value>,
 }
 
 /// Only the `builder` service account may create MaaSAuthPolicies in `maas` (admin by SAR).
@@ -51,8 +53,34 @@ async fn token_review(
     calls.token_reviews.fetch_add(1, Ordering::SeqCst);
     assert_eq!(review["apiVersion"], "authentication.k8s.io/v1");
     assert_eq!(review["kind"], "TokenReview");
+    let requested = review["spec"]["audiences"].clone();
+    *calls.requested_audiences.lock().unwrap() = requested.clone();
     let token = review["spec"]["token"].as_str().unwrap_or_default();
     let status = match token {
+        // A token for the audience `maas`, answered as the API server does: with audiences
+        // asked, the intersection (and not authenticated when it is empty).
+        "kube-maas-audience" => {
+            let token_audiences = ["maas"];
+            let granted: Vec<&str> = match requested.as_array() {
+                Some(asked) => asked
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .filter(|a| token_audiences.contains(a))
+                    .collect(),
+                None => token_audiences.to_vec(),
+            };
+            if granted.is_empty() {
+                json!({"authenticated": false, "user": {}, "error": "token audiences [\"maas\"] is invalid for the target audiences"})
+            } else {
+                json!({
+                    "authenticated": true,
+                    "user": {"username": "system:serviceaccount:team-a:runner", "groups": ["system:authenticated", "tier-premium-users"]},
+                    "audiences": granted
+                })
+            }
+        }
+        // "kube-good" below stands for an authenticator that ignores the audiences asked: its
+        // answer always names the API server's own audience.
         t if t.starts_with("eyJ") || t == "kube-good" => json!({
             "authenticated": true,
             "user": {
@@ -171,7 +199,7 @@ async fn spawn_kube_app(
     let policy_path = dir.path().join("policy.yaml");
     let ids = dir.path().join("ids.yaml");
     let policy = format!(
-        "{}  - name: gpt-4o\n    path: /ext/gpt-4o\n    tiers: [premium]\n    provider:\n      type: openai\n      credentialRef: openai-key\n  - name: claude\n    path: /ext/claude\n    tiers: [premium]\n    provider:\n      type: anthropic\n      credentialRef: missing-secret\n",
+        "{}  - name: gpt-4o\n    path: /ext/gpt-4o\n    tiers: [premium]\n    provider:\n      type: openai\n      credentialRef: openai-key\n    upstreamCluster: outbound|443||api.openai.com\n  - name: claude\n    path: /ext/claude\n    tiers: [premium]\n    provider:\n      type: anthropic\n      credentialRef: missing-secret\n    upstreamCluster: outbound|443||api.anthropic.com\n",
         local_policy()
     );
     std::fs::write(&policy_path, policy).unwrap();
@@ -351,4 +379,32 @@ async fn oidc_jwts_next_to_token_review() {
     // Other tokens still go to TokenReview.
     assert_eq!(app.authenticate("kube-good").await.status, 200);
     assert_eq!(calls.token_reviews.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn token_review_answers_must_grant_the_configured_audiences() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone(), |c| {
+        c.token_audiences = vec!["maas".into()];
+    })
+    .await;
+    // Granted (the answer's audiences intersect what was asked): accepted.
+    let r = app.authenticate("kube-maas-audience").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["subject"], "system:serviceaccount:team-a:runner");
+    assert_eq!(*calls.requested_audiences.lock().unwrap(), json!(["maas"]));
+    // authenticated:true, but for another audience: refused.
+    let r = app.authenticate("kube-good").await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(r.message(), "invalid token");
+    // authenticated:true without status.audiences although audiences were asked: refused.
+    let r = app.authenticate("kube-other").await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    // The public API refuses the same way.
+    let r = app
+        .public_post("/v1/api-keys", Some("kube-good"), &json!({"name": "k"}))
+        .await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    app.mint("kube-maas-audience", json!({"name": "runner"}))
+        .await;
 }

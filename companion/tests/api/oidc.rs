@@ -41,11 +41,8 @@ pub async fn start_jwks(key: &ES256KeyPair) -> String {
     jwks_url
 }
 
-#[tokio::test]
-async fn oidc_tokens_are_verified_against_the_jwks() {
-    let key = ES256KeyPair::generate().with_key_id("k1");
-    let jwks_url = start_jwks(&key).await;
-
+/// The companion with `--identity-provider oidc` trusting the JWKS at `jwks_url`.
+async fn spawn_oidc_app(jwks_url: String) -> crate::helpers::TestApp {
     let database_url = create_database().await;
     let dir = tempfile::tempdir().unwrap();
     let policy_path = dir.path().join("policy.yaml");
@@ -63,7 +60,13 @@ async fn oidc_tokens_are_verified_against_the_jwks() {
     config.oidc_issuer = Some(ISSUER.into());
     config.oidc_audience = Some(AUDIENCE.into());
     config.oidc_jwks_url = Some(jwks_url);
-    let app = spawn_with_config(config, dir, policy_path, database_url, Default::default()).await;
+    spawn_with_config(config, dir, policy_path, database_url, Default::default()).await
+}
+
+#[tokio::test]
+async fn oidc_tokens_are_verified_against_the_jwks() {
+    let key = ES256KeyPair::generate().with_key_id("k1");
+    let app = spawn_oidc_app(start_jwks(&key).await).await;
 
     let good = token(&key, ISSUER, AUDIENCE, Duration::from_hours(1));
     let r = app.authenticate(&good).await;
@@ -117,4 +120,54 @@ async fn oidc_tokens_are_verified_against_the_jwks() {
     assert_eq!(app.authenticate(&expired).await.status, 401);
     // The static identities are not accepted when OIDC is configured.
     assert_eq!(app.authenticate("alice-token").await.status, 401);
+}
+
+/// Claims that pass every check; each case below breaks one time claim.
+fn valid_claims() -> JWTClaims<UserClaims> {
+    Claims::with_custom_claims(
+        UserClaims {
+            preferred_username: "olivia".into(),
+            groups: vec![],
+        },
+        Duration::from_hours(1),
+    )
+    .with_issuer(ISSUER)
+    .with_audience(AUDIENCE)
+}
+
+#[tokio::test]
+async fn oidc_time_claims_are_required_and_checked_with_a_small_skew() {
+    let key = ES256KeyPair::generate().with_key_id("k1");
+    let app = spawn_oidc_app(start_jwks(&key).await).await;
+    let now = Clock::now_since_epoch();
+
+    let r = app.authenticate(&key.sign(valid_claims()).unwrap()).await;
+    assert_eq!(r.status, 200, "control: {}", r.body);
+
+    let mut no_exp = valid_claims();
+    no_exp.expires_at = None;
+    let mut nbf_future = valid_claims();
+    nbf_future.invalid_before = Some(now + Duration::from_mins(5));
+    let mut iat_future = valid_claims();
+    iat_future.issued_at = Some(now + Duration::from_mins(5));
+    for (what, claims) in [
+        ("no exp (would never expire)", no_exp),
+        ("nbf 5 min in the future", nbf_future),
+        ("iat 5 min in the future", iat_future),
+    ] {
+        let token = key.sign(claims).unwrap();
+        let r = app.authenticate(&token).await;
+        assert_eq!(r.status, 401, "{what}: {}", r.body);
+        assert_eq!(r.message(), "invalid token", "{what}");
+        // The public API refuses it too.
+        let r = app.public_get("/v1/models", Some(&token)).await;
+        assert_eq!(r.status, 401, "{what}: public API: {}", r.body);
+    }
+
+    // Within the skew (an issuer clock 30 s ahead): accepted.
+    let mut slightly_ahead = valid_claims();
+    slightly_ahead.issued_at = Some(now + Duration::from_secs(30));
+    slightly_ahead.invalid_before = Some(now + Duration::from_secs(30));
+    let r = app.authenticate(&key.sign(slightly_ahead).unwrap()).await;
+    assert_eq!(r.status, 200, "within the skew: {}", r.body);
 }

@@ -13,20 +13,166 @@ async fn health_ready_metrics() {
     let r = app.internal_get("/ready").await;
     assert_eq!(r.status, 200);
     app.mint_named("alice-token", "k").await;
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.public))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.scrape().await;
     assert!(text.contains("maas_api_keys_minted_total 1"), "{text}");
     assert!(text.contains(
         "maas_http_requests_total{listener=\"public\",route=\"/v1/api-keys\",method=\"POST\",status=\"201\"} 1"
     ));
     assert!(text.contains("maas_http_request_duration_seconds_bucket"));
+}
+
+/// The `maas_http_requests_total` series (label sets, without values) of a scrape.
+async fn request_series(app: &crate::helpers::TestApp) -> Vec<String> {
+    let text = app.scrape().await;
+    let mut series: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("maas_http_requests_total{"))
+        .filter_map(|l| l.rsplit_once(' ').map(|(labels, _)| labels.to_string()))
+        .collect();
+    series.sort();
+    series
+}
+
+#[tokio::test]
+async fn metrics_are_served_on_the_metrics_listener_only() {
+    let app = spawn_app().await;
+    // The public listener is what the Gateway routes `/maas-api/*` to, without authentication.
+    let r = app.public_get("/metrics", None).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(r.body["error"]["type"], "not_found_error");
+    let r = app.public_get("/metrics", Some("carol-token")).await;
+    assert_eq!(r.status, 404, "not even for an admin: {}", r.body);
+    // The internal listener serves the provider credentials: Prometheus must not need it.
+    let r = app.internal_get("/metrics").await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(r.body["error"]["type"], "not_found_error");
+
+    let r = app
+        .http
+        .get(format!("{}/metrics", app.metrics))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    // One registry for the process: the other listeners' requests show here.
+    let text = r.text().await.unwrap();
+    for listener in ["public", "internal"] {
+        let series = format!(
+            r#"maas_http_requests_total{{listener="{listener}",route="unmatched",method="GET",status="404"}}"#
+        );
+        assert!(text.contains(&series), "{series} missing: {text}");
+    }
+}
+
+#[tokio::test]
+async fn the_metrics_listener_serves_nothing_but_metrics_and_health() {
+    let app = spawn_app().await;
+    let get = |path: &str| app.http.get(format!("{}{path}", app.metrics));
+    let r = get("/health").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Whoever may scrape must not read the provider keys, nor validate credentials.
+    let r = get("/internal/v1/credentials").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("sk-local-openai"), "{body}");
+    assert!(body.contains("not_found_error"), "{body}");
+    let r = app
+        .http
+        .post(format!("{}/internal/v1/authenticate", app.metrics))
+        .json(&json!({"credential": "alice-token"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    for path in [
+        "/internal/v1/policy",
+        "/internal/v1/api-keys/cleanup",
+        "/v1/api-keys/config",
+        "/v1/models",
+        "/openapi.json",
+        "/ready",
+    ] {
+        let r = get(path).bearer_auth("carol-token").send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path} on the metrics listener");
+    }
+    // The same credentials are served on the internal listener (the 404s above are not a broken
+    // credentials source).
+    let r = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.to_string().contains("sk-local-openai"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn clients_cannot_create_metric_series() {
+    let app = spawn_app().await;
+    let send = |method: &str, base: &str, path: String| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let request = app.http.request(method, format!("{base}{path}"));
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    // Scrape once so that the scrape's own series exists before the comparison.
+    request_series(&app).await;
+    send("XRANDOMA", &app.public, "/health".into()).await;
+    send("XRANDOMA", &app.internal, "/internal/v1/policy".into()).await;
+    send(
+        "XRANDOMA",
+        &app.public,
+        format!("/nope-{}", uuid::Uuid::new_v4()),
+    )
+    .await;
+    let before = request_series(&app).await;
+
+    // Other random methods, on the same routes and on other raw paths: no new series.
+    for i in 0..20 {
+        let id = uuid::Uuid::new_v4();
+        send(&format!("XRANDOM{i}B"), &app.public, "/health".into()).await;
+        send(
+            &format!("XRANDOM{i}B"),
+            &app.internal,
+            "/internal/v1/policy".into(),
+        )
+        .await;
+        send(&format!("XRANDOM{i}B"), &app.public, format!("/nope-{id}")).await;
+        send(
+            &format!("XRANDOM{i}B"),
+            &app.public,
+            format!("/health/{id}"),
+        )
+        .await;
+    }
+    let after = request_series(&app).await;
+    assert_eq!(
+        before, after,
+        "client-chosen methods or paths created series"
+    );
+    let text = after.join("\n");
+    assert!(!text.contains("XRANDOM"), "{text}");
+    assert!(!text.contains("/nope-"), "{text}");
+    assert!(text.contains(r#"route="/health",method="other""#), "{text}");
+    assert!(
+        text.contains(r#"route="unmatched",method="other""#),
+        "{text}"
+    );
+
+    // The route label is the route template, never the raw path.
+    let id = uuid::Uuid::new_v4();
+    let r = app
+        .public_get(&format!("/v1/api-keys/{id}"), Some("alice-token"))
+        .await;
+    assert_eq!(r.status, 404);
+    let text = request_series(&app).await.join("\n");
+    assert!(!text.contains(&id.to_string()), "{text}");
+    assert!(
+        text.contains(r#"route="/v1/api-keys/{id}",method="GET",status="404""#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -153,7 +299,7 @@ async fn models_follow_the_callers_tier() {
 }
 
 #[tokio::test]
-async fn tls_on_both_listeners() {
+async fn tls_on_every_listener() {
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let cert_path = dir.path().join("tls.crt");
@@ -169,7 +315,11 @@ async fn tls_on_both_listeners() {
         .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
         .build()
         .unwrap();
-    for addr in [app.app.public_addr(), app.app.internal_addr()] {
+    for addr in [
+        app.app.public_addr(),
+        app.app.internal_addr(),
+        app.app.metrics_addr(),
+    ] {
         let r = http
             .get(format!("https://localhost:{}/health", addr.port()))
             .send()

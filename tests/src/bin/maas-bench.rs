@@ -5,8 +5,8 @@
 //! each with `--concurrency 1` pinned to CPU 0, and drives them with wrk pinned to CPU 1,
 //! alternating the variants within every round (A B C … A B C …) so machine drift cancels.
 //! Prints a table of medians (with the spread over rounds) and ratios against bare Envoy, the
-//! stream time to first byte, Envoy's memory after N cached credentials, and writes
-//! docs/benchmarks.md.
+//! stream time to first byte, Envoy's memory after N cached credentials, that Envoy's heap stays
+//! bounded under distinct junk bearer tokens (`junk-bound`), and writes docs/benchmarks.md.
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -49,6 +49,16 @@ struct Args {
         default_value = "10000,100000"
     )]
     cached_keys: Vec<usize>,
+    /// Distinct junk bearer tokens (`Bearer junk-<n>`, refused 401 by the companion and cached
+    /// negatively) sent per round of the `junk-bound` measurement; 0 = skip it.
+    #[arg(long, env = "BENCH_JUNK_TOKENS", default_value_t = 200_000)]
+    junk_tokens: usize,
+    /// Rounds of `junk-bound` (each with new tokens; the heap is read after each).
+    #[arg(long, env = "BENCH_JUNK_ROUNDS", default_value_t = 3)]
+    junk_rounds: usize,
+    /// `cache.maxEntries` of the Envoy that takes the junk tokens (the configured bound).
+    #[arg(long, env = "BENCH_JUNK_CACHE_ENTRIES", default_value_t = 100_000)]
+    junk_cache_entries: u64,
     /// Streams sampled (per Envoy) for time to first byte.
     #[arg(long, env = "BENCH_TTFB_SAMPLES", default_value_t = 300)]
     ttfb_samples: usize,
@@ -716,6 +726,185 @@ fn fill_keys(addr: SocketAddr, keys: &[String], body: &[u8], threads: usize) -> 
 }
 
 // ---------------------------------------------------------------------------------------------
+// junk-bound: shared data stays bounded whatever clients send
+
+/// Sends `Bearer junk-<n>` for n in `from..to` (each distinct, each refused 401 by the companion
+/// and then cached negatively), `threads` keep-alive connections in parallel. Returns the answers
+/// that were not 401.
+fn fill_junk(
+    addr: SocketAddr,
+    from: usize,
+    to: usize,
+    body: &[u8],
+    threads: usize,
+) -> Result<usize> {
+    let ids: Vec<usize> = (from..to).collect();
+    let chunk = ids.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || -> Result<usize> {
+                    let mut conn = HttpConn::connect(addr)?;
+                    let mut bad = 0;
+                    for n in part {
+                        let auth = format!("Bearer junk-{n}");
+                        let status = match conn.post(CHAT_PATH, &[("Authorization", &auth)], body) {
+                            Ok((s, _)) => s,
+                            Err(_) => {
+                                conn = HttpConn::connect(addr)?;
+                                conn.post(CHAT_PATH, &[("Authorization", &auth)], body)?.0
+                            }
+                        };
+                        if status != 401 {
+                            bad += 1;
+                        }
+                    }
+                    Ok(bad)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("junk thread panicked"))?
+            })
+            .sum::<Result<usize>>()
+    })
+}
+
+struct JunkRound {
+    /// Junk tokens sent so far.
+    sent: usize,
+    mem: Mem,
+    /// Answers that were not 401.
+    failed: usize,
+    requests_per_s: f64,
+}
+
+struct Junk {
+    cache_entries: u64,
+    base: Mem,
+    rounds: Vec<JunkRound>,
+}
+
+/// A fresh Envoy with the filter (`cache.maxEntries` = `cache_entries`) takes `per_round`
+/// distinct junk bearer tokens, `rounds` times: Envoy's heap (tcmalloc `allocated`, which holds
+/// proxy-wasm shared data) before and after each round.
+fn junk_bound(
+    inputs: &EnvoyInputs<'_>,
+    cached_auth: &str,
+    per_round: usize,
+    rounds: usize,
+    cache_entries: u64,
+) -> Result<Junk> {
+    log(format!(
+        "junk-bound: fresh Envoy (cache.maxEntries {cache_entries}), {rounds} × {per_round} distinct junk bearer tokens …"
+    ));
+    let envoy = start_envoy(inputs, "envoy-junk", true, cache_entries)?;
+    let body = json_body(16);
+    // One good request first: the VM is warm and the policy loaded before the baseline.
+    let (s, t) = post_once(
+        envoy.listen,
+        CHAT_PATH,
+        &[("Authorization", cached_auth)],
+        body.as_bytes(),
+    )?;
+    if s != 200 {
+        bail!("envoy-junk: {s} {t}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let base = mem_of(envoy.pid(), envoy.admin);
+    let mut done = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let t = Instant::now();
+        let from = round * per_round;
+        let failed = fill_junk(envoy.listen, from, from + per_round, body.as_bytes(), 16)?;
+        let secs = t.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(500));
+        let m = mem_of(envoy.pid(), envoy.admin);
+        log(format!(
+            "junk-bound: {} junk tokens in {secs:.1} s ({failed} not 401): heap {} MiB (base {} MiB)",
+            from + per_round,
+            mib(m.heap_allocated_kib as i64),
+            mib(base.heap_allocated_kib as i64)
+        ));
+        done.push(JunkRound {
+            sent: from + per_round,
+            mem: m,
+            failed,
+            requests_per_s: per_round as f64 / secs.max(1e-9),
+        });
+    }
+    Ok(Junk {
+        cache_entries,
+        base,
+        rounds: done,
+    })
+}
+
+fn render_junk(j: &Junk, args: &Args) -> String {
+    let mut o = String::new();
+    let per_round = j.rounds.first().map_or(0, |r| r.sent);
+    let _ = writeln!(
+        o,
+        "\n## Shared data stays bounded: distinct junk bearer tokens (`junk-bound`)\n"
+    );
+    let _ = writeln!(
+        o,
+        "A fresh Envoy with the filter (`cache.maxEntries` {}, `negativeTtlSeconds` 5) takes {} rounds of {per_round} requests, each with a new bearer token `junk-<n>` (the companion answers 401; the filter caches the refusal). The cache lives in `cache.maxEntries` fixed shared-data slots (two candidates per credential), so once the slots are full the heap must stop growing. Envoy heap = tcmalloc `allocated` from admin `/memory`. Command: `{}`.\n",
+        j.cache_entries,
+        j.rounds.len(),
+        args.command
+    );
+    let _ = writeln!(
+        o,
+        "| junk tokens sent | Envoy heap MiB | Δ heap MiB (vs before) | Δ heap in this round MiB | not 401 | req/s |"
+    );
+    let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        o,
+        "| 0 | {} | – | – | – | – |",
+        mib(j.base.heap_allocated_kib as i64)
+    );
+    let mut prev = j.base.heap_allocated_kib as i64;
+    let mut deltas = Vec::with_capacity(j.rounds.len());
+    for r in &j.rounds {
+        let h = r.mem.heap_allocated_kib as i64;
+        deltas.push(h - prev);
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:+.1} | {:+.1} | {} | {:.0} |",
+            r.sent,
+            mib(h),
+            (h - j.base.heap_allocated_kib as i64) as f64 / 1024.0,
+            (h - prev) as f64 / 1024.0,
+            r.failed,
+            r.requests_per_s
+        );
+        prev = h;
+    }
+    if let (Some(&first), Some(&last)) = (deltas.first(), deltas.last()) {
+        let total = prev - j.base.heap_allocated_kib as i64;
+        let per_slot = total as f64 * 1024.0 / j.cache_entries.max(1) as f64;
+        let _ = writeln!(
+            o,
+            "\nFirst round {:+.1} MiB, last round {:+.1} MiB; in all {:+.1} MiB = {per_slot:.0} bytes per configured cache slot — {}.",
+            first as f64 / 1024.0,
+            last as f64 / 1024.0,
+            total as f64 / 1024.0,
+            if last.abs() * 10 <= first.abs().max(1024) {
+                "the heap plateaus within the configured bound"
+            } else {
+                "the heap did NOT plateau"
+            }
+        );
+    }
+    o
+}
+
+// ---------------------------------------------------------------------------------------------
 // streams: time to first byte and memory per stream
 
 /// Sends one streamed request on a fresh connection; returns (time to the response headers'
@@ -931,6 +1120,8 @@ fn run() -> Result<()> {
         args.rounds = 3;
         args.cached_keys = vec![1000, 5000];
         args.ttfb_samples = 60;
+        args.junk_tokens = args.junk_tokens.min(20_000);
+        args.junk_cache_entries = args.junk_cache_entries.min(10_000);
     }
     if args.rounds == 0 || args.seconds == 0 {
         bail!("BENCH_ROUNDS and BENCH_SECONDS must be at least 1");
@@ -978,7 +1169,12 @@ fn run() -> Result<()> {
     let max_cached = args.cached_keys.iter().copied().max().unwrap_or(0);
     // filter-miss uses each key once: enough for the fastest plausible miss rate.
     let miss_runs: usize = args.rounds * args.seconds as usize;
-    let pool = (miss_runs * 12_000).max(max_cached).max(1000);
+    let junk_only = !args.only.is_empty() && args.only.iter().all(|o| o == "junk-bound");
+    let pool = if junk_only {
+        1000
+    } else {
+        (miss_runs * 12_000).max(max_cached).max(1000)
+    };
     let keys_file = dir.join("keys.txt");
     log(format!("inserting {pool} API keys into PostgreSQL …"));
     let t = Instant::now();
@@ -1320,6 +1516,19 @@ fn run() -> Result<()> {
         std::fs::write(dir.join("envoy-mem-wasm-stats.txt"), stats)?;
     }
 
+    // ---- shared data stays bounded: distinct junk bearer tokens, on a fresh Envoy ----
+    let mut junk = None;
+    if args.junk_tokens > 0 && (args.only.is_empty() || args.only.iter().any(|o| o == "junk-bound"))
+    {
+        junk = Some(junk_bound(
+            &inputs,
+            &cached_auth,
+            args.junk_tokens,
+            args.junk_rounds.max(2),
+            args.junk_cache_entries,
+        )?);
+    }
+
     // ---- report ----
     let mut report = render_report(
         &args,
@@ -1331,6 +1540,9 @@ fn run() -> Result<()> {
         &mem_rows,
         stream_tokens,
     )?;
+    if let Some(j) = &junk {
+        report.push_str(&render_junk(j, &args));
+    }
     if !profiles.is_empty() {
         let _ = writeln!(
             report,

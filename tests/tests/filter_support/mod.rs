@@ -167,9 +167,10 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
 /// the ground truth for how many callouts the filter made.
 pub async fn companion_validations(stack: &Stack) -> u64 {
     let text = client()
-        .get(format!("{}/metrics", stack.companion_public_url()))
+        .get(format!("{}/metrics", stack.companion_metrics_url()))
         .send()
         .await
+        .and_then(reqwest::Response::error_for_status)
         .expect("companion /metrics answers")
         .text()
         .await
