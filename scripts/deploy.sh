@@ -20,8 +20,10 @@ OPERATOR_CATALOG=${OPERATOR_CATALOG:-}
 OPERATOR_IMAGE=${OPERATOR_IMAGE:-}
 OPERATOR_CHANNEL=${OPERATOR_CHANNEL:-}
 OPERATOR_STARTING_CSV=${OPERATOR_STARTING_CSV:-}
-MAAS_API_IMAGE=${MAAS_API_IMAGE:-quay.io/maas-gateway/maas-companion:v0.1.0}
-MAAS_WASM_IMAGE=${MAAS_WASM_IMAGE:-quay.io/maas-gateway/maas-filter:v0.1.0}
+# No default images: nothing is published under a fixed name. scripts/build-images.sh builds and
+# pushes both and prints the references (pass them with --images FILE or these variables).
+MAAS_API_IMAGE=${MAAS_API_IMAGE:-}
+MAAS_WASM_IMAGE=${MAAS_WASM_IMAGE:-}
 MAAS_CONTROLLER_IMAGE=${MAAS_CONTROLLER_IMAGE:-}
 POSTGRES_CONNECTION=${POSTGRES_CONNECTION:-}
 POSTGRES_USER=${POSTGRES_USER:-maas}
@@ -73,8 +75,10 @@ Options:
                              operator mode uses the operator's: opendatahub / redhat-ods-applications)
   --postgres-connection URL  use this PostgreSQL (postgres://...); without it a development
                              PostgreSQL with a PersistentVolumeClaim is deployed
-  --maas-api-image IMG       companion image (env MAAS_API_IMAGE)
-  --maas-wasm-image IMG      filter OCI image, repo:tag or repo@sha256:... (env MAAS_WASM_IMAGE)
+  --images FILE              the MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines that
+                             scripts/build-images.sh prints (required, or the two below)
+  --maas-api-image IMG       companion image, repo@sha256:... or repo:tag (env MAAS_API_IMAGE)
+  --maas-wasm-image IMG      filter OCI image, repo@sha256:... or repo:tag (env MAAS_WASM_IMAGE)
   --operator-catalog IMG     custom operator catalog image (env OPERATOR_CATALOG)
   --operator-image IMG       custom operator image (env OPERATOR_IMAGE)
   --channel CH               operator subscription channel (env OPERATOR_CHANNEL)
@@ -90,8 +94,11 @@ POSTGRES_USER, POSTGRES_DB, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gatewa
 Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
 CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
 
-Build and push the filter image first: scripts/build-wasm-image.sh REGISTRY/REPO:TAG, then pass
-the digest it prints: MAAS_WASM_IMAGE=REGISTRY/REPO@sha256:... scripts/deploy.sh
+Build and push both images first, then deploy exactly those digests:
+  scripts/build-images.sh REGISTRY/NAMESPACE TAG | tail -n 2 >images.env
+  scripts/deploy.sh --images images.env
+There is no default image: without both references the script stops. Applying again with the same
+inputs changes nothing; a new filter digest rolls out in place (docs/deploy.md, Upgrades).
 EOF
 }
 
@@ -119,6 +126,7 @@ parse_arguments() {
       --operator-image) require_flag_value "$@"; OPERATOR_IMAGE=$2; shift 2 ;;
       --channel) require_flag_value "$@"; OPERATOR_CHANNEL=$2; shift 2 ;;
       --postgres-connection) require_flag_value "$@"; POSTGRES_CONNECTION=$2; shift 2 ;;
+      --images) require_flag_value "$@"; read_images_file "$2"; shift 2 ;;
       --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
       --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
       --maas-controller-image) require_flag_value "$@"; MAAS_CONTROLLER_IMAGE=$2; shift 2 ;;
@@ -130,6 +138,20 @@ parse_arguments() {
         ;;
     esac
   done
+}
+
+# read_images_file FILE: takes MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines (what
+# scripts/build-images.sh prints); other lines are ignored, nothing is executed.
+read_images_file() {
+  [ -r "$1" ] || die "--images: cannot read $1"
+  local line found=0
+  while IFS= read -r line || [ -n "$line" ]; do
+    case $line in
+      MAAS_WASM_IMAGE=?*) MAAS_WASM_IMAGE=${line#MAAS_WASM_IMAGE=}; found=$((found + 1)) ;;
+      MAAS_API_IMAGE=?*) MAAS_API_IMAGE=${line#MAAS_API_IMAGE=}; found=$((found + 1)) ;;
+    esac
+  done <"$1"
+  [ "$found" -eq 2 ] || die "--images $1: expected the MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines of scripts/build-images.sh"
 }
 
 is_true() { case ${1,,} in true | 1 | yes | on) return 0 ;; *) return 1 ;; esac; }
@@ -161,9 +183,19 @@ validate_configuration() {
     die "--namespace '$DEPLOYMENT_NAMESPACE' is not a valid namespace name (DNS-1123 label)"
   fi
 
+  local name
+  for name in MAAS_API_IMAGE MAAS_WASM_IMAGE; do
+    [ -n "${!name}" ] || die "$name is not set: there is no default image. Build and push both images with
+  scripts/build-images.sh REGISTRY/NAMESPACE TAG | tail -n 2 >images.env
+then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_WASM_IMAGE)"
+  done
   valid_image "$MAAS_API_IMAGE" || die "MAAS_API_IMAGE '$MAAS_API_IMAGE' is not an image reference"
   MAAS_WASM_IMAGE=${MAAS_WASM_IMAGE#oci://}
   valid_image "$MAAS_WASM_IMAGE" || die "MAAS_WASM_IMAGE '$MAAS_WASM_IMAGE' is not an image reference"
+  for name in MAAS_API_IMAGE MAAS_WASM_IMAGE; do
+    [[ ${!name} == *@sha256:* ]] ||
+      log_warn "$name ${!name} is a tag, not a digest: a tag can move, so a re-run may roll out something else (scripts/build-images.sh prints digests)"
+  done
   if [ -n "$OPERATOR_CATALOG" ]; then valid_image "$OPERATOR_CATALOG" || die "--operator-catalog '$OPERATOR_CATALOG' is not an image reference"; fi
   if [ -n "$OPERATOR_IMAGE" ]; then valid_image "$OPERATOR_IMAGE" || die "--operator-image '$OPERATOR_IMAGE' is not an image reference"; fi
   if [ -n "$MAAS_CONTROLLER_IMAGE" ]; then

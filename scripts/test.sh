@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests, the companion's tests against a real (throwaway) PostgreSQL, the
 # end-to-end tests through real Envoy with the real filter (each e2e test binary starts its own
-# local stack), then every executable suite in tests/scripts/. Installs what is missing.
+# local stack), the filter's and types' unit tests again for wasm32-wasip1 (under Node's WASI),
+# then every suite in tests/scripts/ (one that is not executable fails). Installs what is missing.
 # Extra arguments go to `cargo test` (e.g. ./scripts/test.sh -p maas-e2e).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
@@ -60,11 +61,22 @@ log "cargo clippy (wasm32-wasip1: filter, types) …"
 (cd "$ROOT" && cargo clippy -q -p maas-filter -p maas-types --target wasm32-wasip1 -- -D warnings) || { log "FAILED: clippy (wasm32-wasip1)"; status=1; }
 log "cargo test --workspace …"
 (cd "$ROOT" && cargo test --workspace --no-fail-fast "$@") || status=1
+# The same unit tests compiled for the filter's target (32-bit usize, the wasm allocator, the
+# serde paths Envoy runs), run under Node's WASI: .cargo/config.toml names scripts/wasi-run.mjs.
+log "cargo test (wasm32-wasip1 under node:wasi: filter, types) …"
+(cd "$ROOT" && cargo test -p maas-filter -p maas-types --target wasm32-wasip1 --lib --no-fail-fast) ||
+  { log "FAILED: unit tests on wasm32-wasip1"; status=1; }
 
 passed=0
 failed=0
 for suite in "$ROOT"/tests/scripts/*.sh; do
-  [ -x "$suite" ] || continue
+  # A suite that lost its run bit fails (tests/scripts/executable-bits.sh says which): skipping
+  # it would hide its tests.
+  if [ ! -x "$suite" ]; then
+    failed=$((failed + 1))
+    log "FAILED: ${suite#"$ROOT"/} is not executable (chmod +x it)"
+    continue
+  fi
   log "suite ${suite#"$ROOT"/} …"
   if "$suite"; then
     passed=$((passed + 1))

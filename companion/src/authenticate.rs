@@ -5,18 +5,28 @@
 //! the identity provider (cached). Every refusal says why; when it cannot decide (database or
 //! identity provider down) it answers 503 — never a pass.
 
-use crate::startup::AppState;
+use crate::http::{ApiJson, error_response};
+use crate::identity::IdentityError;
+use crate::identity::service::IdentityService;
+use crate::keys::store::{KeyCheck, KeyStore};
+use crate::metrics::Metrics;
+use crate::policy::PolicyHandle;
 use axum::Json;
 use axum::extract::State;
-use chrono::{DateTime, Utc};
-use maas_types::{AuthenticateRequest, AuthenticateResponse};
-use std::time::Instant;
-use uuid::Uuid;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use maas_types::{AuthenticateRequest, AuthenticateResponse, CredentialError, ErrorKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("Authorization required")]
     Missing,
+    /// A credential header the shared extraction refuses (other scheme, conflict, …).
+    #[error("{0}")]
+    BadCredential(CredentialError),
     #[error("invalid key format")]
     InvalidKeyFormat,
     #[error("key not found")]
@@ -37,7 +47,7 @@ impl AuthError {
     /// Label for `maas_authenticate_total{result}`.
     pub fn result_label(&self) -> &'static str {
         match self {
-            AuthError::Missing => "missing",
+            AuthError::Missing | AuthError::BadCredential(_) => "missing",
             AuthError::InvalidKeyFormat => "invalid_key_format",
             AuthError::KeyNotFound => "key_not_found",
             AuthError::KeyRevoked => "key_revoked",
@@ -49,106 +59,179 @@ impl AuthError {
     }
 }
 
-/// A valid (active, unexpired) API key's row.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ValidKey {
-    pub id: Uuid,
-    pub key_id: String,
-    pub username: String,
-    pub user_groups: Vec<String>,
-    pub tier: Option<String>,
-    pub status: String,
-    pub expires_at: DateTime<Utc>,
+impl From<IdentityError> for AuthError {
+    fn from(e: IdentityError) -> Self {
+        match e {
+            IdentityError::InvalidToken => AuthError::InvalidToken,
+            IdentityError::Unavailable(reason) => AuthError::Unavailable(reason),
+        }
+    }
 }
 
-/// Checks an `sk-oai-…` key against the database and records its use (debounced).
-pub async fn lookup_api_key(state: &AppState, credential: &str) -> Result<ValidKey, AuthError> {
-    let parts = maas_types::apikey::parse(credential).map_err(|_| AuthError::InvalidKeyFormat)?;
-    if !state.migrations.is_done() {
-        return Err(AuthError::Unavailable("database not ready".into()));
+impl From<CredentialError> for AuthError {
+    fn from(e: CredentialError) -> Self {
+        match e {
+            CredentialError::Missing => AuthError::Missing,
+            CredentialError::MalformedApiKey => AuthError::InvalidKeyFormat,
+            other => AuthError::BadCredential(other),
+        }
     }
-    let hash = maas_types::apikey::hash(parts);
-    let row: Option<ValidKey> = sqlx::query_as(
-        "SELECT id, key_id, username, user_groups, tier, status, expires_at \
-         FROM api_keys WHERE key_hash = $1",
-    )
-    .bind(&hash)
-    .fetch_optional(&state.pool)
-    .await
-    .map_err(|e| AuthError::Unavailable(format!("database: {e}")))?;
-    // The hash covers the key id too; comparing it again guards against a hash collision
-    // between two keys, at no cost.
-    let key = row
-        .filter(|k| k.key_id == parts.key_id)
-        .ok_or(AuthError::KeyNotFound)?;
-    if key.status != "active" {
-        return Err(AuthError::KeyRevoked);
-    }
-    let now = Utc::now();
-    if key.expires_at <= now {
-        return Err(AuthError::KeyExpired);
-    }
-    state.last_used.record(key.id, now);
-    Ok(key)
 }
 
-/// Answers for any credential: API key or cluster token.
-pub async fn authenticate(
-    state: &AppState,
-    credential: &str,
-) -> Result<AuthenticateResponse, AuthError> {
-    let policy = state.policy.document();
-    if maas_types::apikey::has_key_prefix(credential) {
-        let key = lookup_api_key(state, credential).await?;
+impl IntoResponse for AuthError {
+    fn into_response(self) -> Response {
+        let message = self.to_string();
+        let unauthorized = |code| {
+            error_response(
+                StatusCode::UNAUTHORIZED,
+                message.clone(),
+                ErrorKind::Authentication,
+                Some(code),
+            )
+        };
+        match self {
+            AuthError::Missing => unauthorized("missing_credential"),
+            AuthError::BadCredential(e) => error_response(
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED),
+                message,
+                e.kind(),
+                Some("invalid_credential"),
+            ),
+            AuthError::InvalidKeyFormat
+            | AuthError::KeyNotFound
+            | AuthError::KeyRevoked
+            | AuthError::KeyExpired => unauthorized("invalid_api_key"),
+            AuthError::InvalidToken => unauthorized("invalid_token"),
+            AuthError::NoTier => error_response(
+                StatusCode::FORBIDDEN,
+                message,
+                ErrorKind::Permission,
+                Some("no_tier"),
+            ),
+            AuthError::Unavailable(reason) => {
+                tracing::warn!(%reason, "cannot authenticate");
+                crate::http::unavailable("authentication is temporarily unavailable")
+            }
+        }
+    }
+}
+
+/// Decides who a credential belongs to: API keys from the store, tokens through the identity
+/// service, the tier from the current policy.
+#[derive(Clone)]
+pub struct Authenticator {
+    pub keys: KeyStore,
+    pub identity: Arc<IdentityService>,
+    pub policy: PolicyHandle,
+    /// How long the filter may cache a positive API key answer.
+    pub key_cache_ttl: Duration,
+}
+
+impl Authenticator {
+    /// Checks an `sk-oai-…` key against the store and records its use (debounced).
+    pub async fn api_key(&self, credential: &str) -> Result<KeyCheck, AuthError> {
+        let parts =
+            maas_types::apikey::parse(credential).map_err(|_| AuthError::InvalidKeyFormat)?;
+        let hash = maas_types::apikey::hash(parts);
+        let row = self
+            .keys
+            .find_by_hash(&hash)
+            .await
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        // The hash covers the key id too; comparing it again guards against a hash collision
+        // between two keys, at no cost.
+        let key = row
+            .filter(|k| k.key_id == parts.key_id)
+            .ok_or(AuthError::KeyNotFound)?;
+        if key.status != "active" {
+            return Err(AuthError::KeyRevoked);
+        }
+        let now = Utc::now();
+        if key.expires_at <= now {
+            return Err(AuthError::KeyExpired);
+        }
+        self.keys.record_use(key.id, now);
+        Ok(key)
+    }
+
+    /// Answers for any credential: API key or cluster token.
+    pub async fn authenticate(&self, credential: &str) -> Result<AuthenticateResponse, AuthError> {
+        let policy = self.policy.document();
+        if maas_types::apikey::has_key_prefix(credential) {
+            let key = self.api_key(credential).await?;
+            let tier = policy
+                .resolve_tier(&key.user_groups, key.tier.as_deref())
+                .ok_or(AuthError::NoTier)?;
+            let left = u64::try_from((key.expires_at - Utc::now()).num_seconds()).unwrap_or(0);
+            return Ok(AuthenticateResponse {
+                subject: key.username,
+                tier: tier.name.clone(),
+                tier_pinned: key.tier.is_some(),
+                groups: key.user_groups,
+                key_id: Some(key.key_id),
+                expires_at: Some(key.expires_at.timestamp()),
+                cache_ttl_seconds: self.key_cache_ttl.as_secs().min(left),
+            });
+        }
+        let identity = self.identity.verify_token(credential).await?;
         let tier = policy
-            .resolve_tier(&key.user_groups, key.tier.as_deref())
+            .resolve_tier(&identity.groups, None)
             .ok_or(AuthError::NoTier)?;
-        let left = (key.expires_at - Utc::now()).num_seconds().max(0) as u64;
-        return Ok(AuthenticateResponse {
-            subject: key.username,
+        let mut ttl = self.identity.positive_ttl().as_secs();
+        if let Some(exp) = identity.expires_at {
+            ttl = ttl.min(u64::try_from(exp - Utc::now().timestamp()).unwrap_or(0));
+        }
+        Ok(AuthenticateResponse {
+            subject: identity.username,
             tier: tier.name.clone(),
-            tier_pinned: key.tier.is_some(),
-            groups: key.user_groups,
-            key_id: Some(key.key_id),
-            expires_at: Some(key.expires_at.timestamp()),
-            cache_ttl_seconds: state.config.key_cache_ttl_seconds.min(left),
-        });
+            tier_pinned: false,
+            groups: identity.groups,
+            key_id: None,
+            expires_at: identity.expires_at,
+            cache_ttl_seconds: ttl,
+        })
     }
-    let identity = state.identity.verify_token(credential).await?;
-    let tier = policy
-        .resolve_tier(&identity.groups, None)
-        .ok_or(AuthError::NoTier)?;
-    let mut ttl = state.identity.positive_ttl().as_secs();
-    if let Some(exp) = identity.expires_at {
-        ttl = ttl.min((exp - Utc::now().timestamp()).max(0) as u64);
-    }
-    Ok(AuthenticateResponse {
-        subject: identity.username,
-        tier: tier.name.clone(),
-        tier_pinned: false,
-        groups: identity.groups,
-        key_id: None,
-        expires_at: identity.expires_at,
-        cache_ttl_seconds: ttl,
-    })
 }
 
 /// `POST /internal/v1/authenticate`.
 pub async fn handler(
-    State(state): State<AppState>,
-    crate::http_error::ApiJson(req): crate::http_error::ApiJson<AuthenticateRequest>,
+    State(auth): State<Authenticator>,
+    State(metrics): State<Arc<Metrics>>,
+    ApiJson(req): ApiJson<AuthenticateRequest>,
 ) -> Result<Json<AuthenticateResponse>, AuthError> {
     let started = Instant::now();
     let credential = req.credential.trim();
     let result = if credential.is_empty() {
         Err(AuthError::Missing)
     } else {
-        authenticate(&state, credential).await
+        auth.authenticate(credential).await
     };
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.result_label(),
     };
-    state.metrics.record_validation(label, started);
+    metrics.record_validation(label, started);
     result.map(Json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_refusals_map_to_the_shared_status_and_type() {
+        let conflict: AuthError = CredentialError::Conflicting.into();
+        let r = conflict.into_response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let scheme: AuthError = CredentialError::UnsupportedScheme.into();
+        assert_eq!(scheme.into_response().status(), StatusCode::UNAUTHORIZED);
+        assert!(matches!(
+            AuthError::from(CredentialError::Missing),
+            AuthError::Missing
+        ));
+        assert!(matches!(
+            AuthError::from(CredentialError::MalformedApiKey),
+            AuthError::InvalidKeyFormat
+        ));
+    }
 }

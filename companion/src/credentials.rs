@@ -5,14 +5,15 @@
 //! apply at once), or Kubernetes Secrets named by the policy's `credentialRef`, data key
 //! `api-key`, in one namespace (cluster; cached briefly). Values are never logged.
 
-use crate::policy::{PolicyServeError, json_with_etag};
-use crate::startup::AppState;
+use crate::http::json_with_etag;
+use crate::policy::PolicyHandle;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use maas_types::{CredentialsDocument, PolicyDocument};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
@@ -86,7 +87,7 @@ impl CredentialsSource {
 fn read_file(path: &PathBuf) -> Result<CredentialsDocument, String> {
     let bytes =
         std::fs::read(path).map_err(|e| format!("credentials file {}: {e}", path.display()))?;
-    let file: CredentialsFile = serde_yaml::from_slice(&bytes)
+    let file: CredentialsFile = yaml_serde::from_slice(&bytes)
         .map_err(|e| format!("credentials file {}: {e}", path.display()))?;
     Ok(CredentialsDocument {
         credentials: file.credentials,
@@ -131,17 +132,28 @@ async fn read_secrets(
     Ok(CredentialsDocument { credentials })
 }
 
+/// The credentials cannot be read now (file unreadable, Kubernetes API error).
+#[derive(Debug, thiserror::Error)]
+#[error("credentials unavailable: {0}")]
+pub struct CredentialsError(String);
+
+impl IntoResponse for CredentialsError {
+    fn into_response(self) -> Response {
+        tracing::warn!(error = %self, "cannot serve the credentials");
+        crate::http::unavailable(self.to_string())
+    }
+}
+
 /// `GET /internal/v1/credentials`.
 pub async fn serve(
-    State(state): State<AppState>,
+    State(policy): State<PolicyHandle>,
+    State(source): State<Arc<CredentialsSource>>,
     headers: HeaderMap,
-) -> Result<Response, PolicyServeError> {
-    let policy = state.policy.document();
-    let doc = state
-        .credentials
-        .load(&policy)
+) -> Result<Response, CredentialsError> {
+    let doc = source
+        .load(&policy.document())
         .await
-        .map_err(PolicyServeError::Credentials)?;
+        .map_err(CredentialsError)?;
     let body = serde_json::to_vec(&doc).unwrap_or_default();
     Ok(json_with_etag(&headers, body))
 }

@@ -4,7 +4,8 @@
 //! requests answer 503 quickly instead of hanging, and the service starts anyway: migrations
 //! are retried with backoff in the background until they succeed.
 
-use secrecy::{ExposeSecret, SecretString};
+use crate::settings::DatabaseSettings;
+use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;
@@ -14,18 +15,26 @@ use std::time::Duration;
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-pub fn pool(
-    url: &SecretString,
-    max_connections: u32,
-    acquire_timeout: Duration,
-) -> Result<PgPool, String> {
+pub fn pool(settings: &DatabaseSettings) -> Result<PgPool, String> {
     // The error of a bad URL could echo the password: say only that it does not parse.
-    let options = PgConnectOptions::from_str(url.expose_secret())
+    let options = PgConnectOptions::from_str(settings.url.expose_secret())
         .map_err(|_| "--database-url: not a valid PostgreSQL URL".to_string())?;
     Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(acquire_timeout)
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
         .connect_lazy_with(options))
+}
+
+/// True for database errors that mean "cannot reach it now" (answer 503, not 500).
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed
+    )
 }
 
 /// Set once migrations have been applied; until then the database is "not ready".
@@ -36,7 +45,7 @@ impl MigrationState {
     pub fn is_done(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
-    pub(crate) fn set_done(&self) {
+    pub fn set_done(&self) {
         self.0.store(true, Ordering::Release);
     }
 }
@@ -53,7 +62,7 @@ pub async fn migrate_with_retry(pool: PgPool, state: MigrationState) {
                 return;
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "migrations failed, retrying");
+                tracing::warn!(error = %e, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "migrations failed, retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

@@ -1,8 +1,9 @@
 //! `maas-companion`: parses the configuration, starts the service, stops on SIGTERM/SIGINT.
 
 use clap::Parser;
-use maas_companion::config::LogFormat;
-use maas_companion::{Application, Config};
+use maas_companion::settings::LogFormat;
+use maas_companion::{Application, Cli};
+use std::process::ExitCode;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -18,26 +19,32 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Stderr is where a failed start is reported (logging may not be set up yet).
+#[allow(clippy::print_stderr)]
+fn fail(code: ExitCode, message: std::fmt::Arguments<'_>) -> ExitCode {
+    eprintln!("maas-companion: {message}");
+    code
+}
+
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
-    init_logging(config.log_format);
-    if let Err(message) = config.validate() {
-        eprintln!("maas-companion: invalid configuration: {message}");
-        return std::process::ExitCode::from(2);
-    }
-    let app = match Application::build(config).await {
-        Ok(app) => app,
-        Err(e) => {
-            eprintln!("maas-companion: cannot start: {e:#}");
-            return std::process::ExitCode::FAILURE;
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let settings = match cli.into_settings() {
+        Ok(s) => s,
+        Err(m) => {
+            return fail(
+                ExitCode::from(2),
+                format_args!("invalid configuration: {m}"),
+            );
         }
     };
+    let app = match Application::build(settings).await {
+        Ok(app) => app,
+        Err(e) => return fail(ExitCode::FAILURE, format_args!("cannot start: {e:#}")),
+    };
     match app.run_until_stopped().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("maas-companion: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(ExitCode::FAILURE, format_args!("{e:#}")),
     }
 }

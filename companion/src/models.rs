@@ -1,18 +1,21 @@
 //! `GET /v1/models` (OpenAI list of what the caller's tier may call) and `GET /v1/tiers`.
 
-use crate::identity::Caller;
-use crate::startup::AppState;
+use crate::caller::Caller;
+use crate::policy::PolicyHandle;
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::header::{CACHE_CONTROL, HOST};
 use axum::response::{IntoResponse, Response};
+use maas_types::ErrorBody;
 use maas_types::Limits;
 use serde::Serialize;
+use utoipa::ToSchema;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ModelEntry {
     pub id: String,
+    #[schema(value_type = String)]
     pub object: &'static str,
     pub created: i64,
     pub owned_by: String,
@@ -21,8 +24,9 @@ pub struct ModelEntry {
     pub url: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ModelList {
+    #[schema(value_type = String)]
     pub object: &'static str,
     /// Always an array, empty when the caller's tier may use nothing.
     pub data: Vec<ModelEntry>,
@@ -42,8 +46,19 @@ fn base_url(headers: &HeaderMap) -> Option<String> {
     Some(format!("{scheme}://{host}"))
 }
 
-pub async fn list(State(state): State<AppState>, caller: Caller, headers: HeaderMap) -> Response {
-    let loaded = state.policy.current();
+#[utoipa::path(get, path = "/v1/models", summary = "Models the caller's tier may use (OpenAI list)",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "models", body = ModelList),
+        (status = 401, description = "no valid credential", body = ErrorBody)
+    )
+)]
+pub async fn list(
+    State(policy): State<PolicyHandle>,
+    caller: Caller,
+    headers: HeaderMap,
+) -> Response {
+    let loaded = policy.current();
     let policy = &loaded.document;
     let base = base_url(&headers);
     let data = match policy.resolve_tier(&caller.groups, caller.pinned_tier()) {
@@ -70,7 +85,7 @@ pub async fn list(State(state): State<AppState>, caller: Caller, headers: Header
         .into_response()
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TierEntry {
     pub name: String,
@@ -79,6 +94,7 @@ pub struct TierEntry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub level: i64,
+    #[schema(value_type = Object)]
     pub limits: Limits,
     /// The caller's groups qualify for this tier (it may pin a key to it).
     pub qualified: bool,
@@ -88,14 +104,22 @@ pub struct TierEntry {
     pub models: Vec<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TierList {
+    #[schema(value_type = String)]
     pub object: &'static str,
     pub data: Vec<TierEntry>,
 }
 
-pub async fn tiers(State(state): State<AppState>, caller: Caller) -> Json<TierList> {
-    let policy = state.policy.document();
+#[utoipa::path(get, path = "/v1/tiers", summary = "Tiers, their limits and models, and which the caller qualifies for",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "tiers", body = TierList),
+        (status = 401, description = "no valid credential", body = ErrorBody)
+    )
+)]
+pub async fn tiers(State(policy): State<PolicyHandle>, caller: Caller) -> Json<TierList> {
+    let policy = policy.document();
     let current = policy
         .resolve_tier(&caller.groups, caller.pinned_tier())
         .map(|t| t.name.clone());

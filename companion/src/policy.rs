@@ -4,11 +4,11 @@
 //! A new version that does not validate is rejected (log line + `maas_policy_reload_total
 //! {result="rejected"}`) and the old one stays in force.
 
+use crate::http::json_with_etag;
+use crate::keys::store::{KeyStore, StoreError};
 use crate::metrics::{Metrics, ResultLabels};
-use crate::startup::AppState;
 use axum::extract::State;
-use axum::http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use maas_types::{PolicyDocument, PolicyError};
 use sha2::{Digest, Sha256};
@@ -16,12 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// How long a revoked key stays in the served revocation list (longer than any cache TTL).
-pub const REVOCATION_LIST_WINDOW_HOURS: i64 = 24;
-
 /// Parses and validates a YAML policy; errors name the field.
 pub fn parse_yaml(bytes: &[u8]) -> Result<PolicyDocument, PolicyError> {
-    let de = serde_yaml::Deserializer::from_slice(bytes);
+    let de = yaml_serde::Deserializer::from_slice(bytes);
     maas_types::policy::from_deserializer(de)
 }
 
@@ -32,8 +29,9 @@ pub struct LoadedPolicy {
     pub loaded_at: i64,
 }
 
+/// The policy in force, shared by every handler; replaced by the reloader.
 #[derive(Clone)]
-pub struct PolicyStore {
+pub struct PolicyHandle {
     current: Arc<RwLock<LoadedPolicy>>,
     path: PathBuf,
 }
@@ -42,14 +40,14 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
-impl PolicyStore {
+impl PolicyHandle {
     /// Loads the file; an invalid policy at start is an error (the service must not start).
-    pub fn load(path: &Path) -> Result<(PolicyStore, [u8; 32]), String> {
+    pub fn load(path: &Path) -> Result<(PolicyHandle, [u8; 32]), String> {
         let bytes =
             std::fs::read(path).map_err(|e| format!("policy file {}: {e}", path.display()))?;
         let document =
             parse_yaml(&bytes).map_err(|e| format!("policy file {}: {e}", path.display()))?;
-        let store = PolicyStore {
+        let store = PolicyHandle {
             current: Arc::new(RwLock::new(LoadedPolicy {
                 document: Arc::new(document),
                 loaded_at: chrono::Utc::now().timestamp(),
@@ -131,57 +129,30 @@ impl PolicyStore {
     }
 }
 
+/// The served policy carries the recent revocations: without the database it cannot be served.
 #[derive(Debug, thiserror::Error)]
-pub enum PolicyServeError {
-    #[error("revocation list unavailable: database not ready")]
-    DatabaseNotReady,
-    #[error("revocation list unavailable: database unavailable")]
-    Database(#[from] sqlx::Error),
-    #[error("credentials unavailable: {0}")]
-    Credentials(String),
-}
+#[error("revocation list unavailable: {0}")]
+pub struct PolicyServeError(#[from] StoreError);
 
-/// Key ids revoked in the last 24 hours.
-pub async fn recently_revoked(pool: &sqlx::PgPool) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT key_id FROM api_keys WHERE revoked_at > now() - make_interval(hours => $1) ORDER BY key_id",
-    )
-    .bind(REVOCATION_LIST_WINDOW_HOURS as i32)
-    .fetch_all(pool)
-    .await
-}
-
-/// A JSON body with a strong ETag (hex SHA-256 prefix of the body), answering 304 when the
-/// client already holds it.
-pub fn json_with_etag(headers: &HeaderMap, body: Vec<u8>) -> Response {
-    let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
-    let matches = headers
-        .get(IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().trim_start_matches("W/") == etag)
-        });
-    if matches {
-        return (StatusCode::NOT_MODIFIED, [(ETAG, etag)]).into_response();
+impl IntoResponse for PolicyServeError {
+    fn into_response(self) -> Response {
+        tracing::warn!(error = %self, "cannot serve the policy");
+        let message = match self.0 {
+            StoreError::NotReady => "revocation list unavailable: database not ready",
+            StoreError::Database(_) => "revocation list unavailable: database unavailable",
+        };
+        crate::http::unavailable(message)
     }
-    (
-        [(CONTENT_TYPE, "application/json".to_string()), (ETAG, etag)],
-        body,
-    )
-        .into_response()
 }
 
 /// `GET /internal/v1/policy`.
 pub async fn serve(
-    State(state): State<AppState>,
+    State(policy): State<PolicyHandle>,
+    State(keys): State<KeyStore>,
     headers: HeaderMap,
 ) -> Result<Response, PolicyServeError> {
-    if !state.migrations.is_done() {
-        return Err(PolicyServeError::DatabaseNotReady);
-    }
-    let mut doc = (*state.policy.document()).clone();
-    let revoked = recently_revoked(&state.pool).await?;
+    let mut doc = (*policy.document()).clone();
+    let revoked = keys.recently_revoked().await?;
     doc.revoked_key_ids.extend(revoked);
     doc.revoked_key_ids.sort();
     doc.revoked_key_ids.dedup();
@@ -208,19 +179,5 @@ mod tests {
             e.to_string().contains("tiers[0].limits.requests[0].window"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn etag_roundtrip() {
-        let r = json_with_etag(&HeaderMap::new(), b"{}".to_vec());
-        assert_eq!(r.status(), StatusCode::OK);
-        let etag = r.headers().get(ETAG).unwrap().clone();
-        let mut h = HeaderMap::new();
-        h.insert(IF_NONE_MATCH, etag);
-        assert_eq!(
-            json_with_etag(&h, b"{}".to_vec()).status(),
-            StatusCode::NOT_MODIFIED
-        );
-        assert_eq!(json_with_etag(&h, b"{ }".to_vec()).status(), StatusCode::OK);
     }
 }

@@ -1,179 +1,26 @@
-//! Wiring: state, the three routers, the three listeners, background tasks, shutdown.
-//!
-//! The public listener serves the key-management API (routed by the Gateway under
-//! `/maas-api`); the internal listener serves `/internal/*` for the filter (and the cleanup
-//! job); the metrics listener serves `/metrics` (and `/health`) for Prometheus and nothing else.
-//! `/metrics` is a 404 on the public and internal listeners: the public one is reachable through
-//! the Gateway without authentication, and whoever may reach the internal one can read the
-//! provider credentials, which a scraper must not.
+//! Wiring: builds the state from the [`Settings`], starts the three listeners and the
+//! background tasks, supervises them, shuts down.
 //!
 //! If any listener stops while the process is meant to be serving, the process stops too,
 //! with an error (the binary exits 1) so that Kubernetes restarts it: part of a companion (say,
 //! the public API without the internal one) must not keep passing its probes.
 
-use crate::config::{Config, CredentialsSourceKind, IdentityProviderKind};
+use crate::authenticate::Authenticator;
 use crate::credentials::CredentialsSource;
 use crate::db::MigrationState;
-use crate::http_error::{self, error_response};
-use crate::identity::{AdminSar, IdentityService, Provider, StaticIdentities, TokenReviewer};
-use crate::last_used::LastUsedRecorder;
-use crate::metrics::{self, Metrics};
-use crate::policy::PolicyStore;
-use crate::{api_keys, authenticate, credentials, models, openapi, policy};
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{Json, Router};
-use sqlx::PgPool;
+use crate::identity::oidc::OidcVerifier;
+use crate::identity::providers::{AdminSar, StaticIdentities, TokenReviewer};
+use crate::identity::service::{IdentityService, Provider};
+use crate::keys::store::KeyStore;
+use crate::metrics::Metrics;
+use crate::policy::PolicyHandle;
+use crate::routes::{internal_router, metrics_router, public_router};
+use crate::settings::{CredentialsSettings, IdentityProvider, OidcSettings, Settings};
+use crate::state::AppState;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-
-/// Request bodies larger than this are refused (413).
-pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub config: Arc<Config>,
-    pub pool: PgPool,
-    pub migrations: MigrationState,
-    pub policy: PolicyStore,
-    pub identity: Arc<IdentityService>,
-    pub credentials: Arc<CredentialsSource>,
-    pub last_used: LastUsedRecorder,
-    pub metrics: Arc<Metrics>,
-}
-
-/// A public endpoint: listed here, routed in [`public_router`], described in `/openapi.json`
-/// (a test checks the three agree).
-pub struct PublicRoute {
-    pub path: &'static str,
-    pub methods: &'static [&'static str],
-}
-
-pub const PUBLIC_ROUTES: &[PublicRoute] = &[
-    PublicRoute {
-        path: "/v1/api-keys",
-        methods: &["post"],
-    },
-    PublicRoute {
-        path: "/v1/api-keys/search",
-        methods: &["post"],
-    },
-    PublicRoute {
-        path: "/v1/api-keys/bulk-revoke",
-        methods: &["post"],
-    },
-    PublicRoute {
-        path: "/v1/api-keys/config",
-        methods: &["get"],
-    },
-    PublicRoute {
-        path: "/v1/api-keys/{id}",
-        methods: &["get", "delete"],
-    },
-    PublicRoute {
-        path: "/v1/models",
-        methods: &["get"],
-    },
-    PublicRoute {
-        path: "/v1/tiers",
-        methods: &["get"],
-    },
-    PublicRoute {
-        path: "/health",
-        methods: &["get"],
-    },
-    PublicRoute {
-        path: "/ready",
-        methods: &["get"],
-    },
-    PublicRoute {
-        path: "/openapi.json",
-        methods: &["get"],
-    },
-];
-
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "healthy"}))
-}
-
-/// Ready when migrations are applied and PostgreSQL answers.
-async fn ready(State(state): State<AppState>) -> Response {
-    if state.migrations.is_done() && crate::db::ping(&state.pool).await {
-        Json(serde_json::json!({"status": "ready"})).into_response()
-    } else {
-        error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database unreachable",
-            http_error::UNAVAILABLE,
-            Some("not_ready"),
-        )
-    }
-}
-
-/// What every listener shares: JSON 404 and 405, request metrics labelled with the listener,
-/// the body limit.
-fn layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
-    router
-        .fallback(http_error::no_route)
-        .layer(axum::middleware::from_fn(
-            http_error::json_method_not_allowed,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            (state.metrics.clone(), listener),
-            metrics::track,
-        ))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .with_state(state.clone())
-}
-
-/// [`layers`] plus the probes, for the public and internal listeners.
-fn common_layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
-    let router = router
-        .route("/health", get(health))
-        .route("/ready", get(ready));
-    layers(router, state, listener)
-}
-
-pub fn public_router(state: &AppState) -> Router {
-    let router = Router::new()
-        .route("/v1/api-keys", post(api_keys::create))
-        .route("/v1/api-keys/search", post(api_keys::search))
-        .route("/v1/api-keys/bulk-revoke", post(api_keys::bulk_revoke))
-        .route("/v1/api-keys/config", get(api_keys::config))
-        .route(
-            "/v1/api-keys/{id}",
-            get(api_keys::get).merge(delete(api_keys::revoke)),
-        )
-        .route("/v1/models", get(models::list))
-        .route("/v1/tiers", get(models::tiers))
-        .route("/openapi.json", get(openapi::serve));
-    common_layers(router, state, "public")
-}
-
-pub fn internal_router(state: &AppState) -> Router {
-    let router = Router::new()
-        .route("/internal/v1/authenticate", post(authenticate::handler))
-        .route("/internal/v1/policy", get(policy::serve))
-        .route("/internal/v1/credentials", get(credentials::serve))
-        .route("/internal/v1/api-keys/cleanup", post(api_keys::cleanup));
-    common_layers(router, state, "internal")
-}
-
-/// `/metrics` and `/health`, nothing else: Prometheus may reach this listener and no other.
-/// (`/ready` stays off it: a scrape target's health should not depend on the database.)
-pub fn metrics_router(state: &AppState) -> Router {
-    let router = Router::new()
-        .route(
-            "/metrics",
-            get(metrics::serve).with_state(state.metrics.clone()),
-        )
-        .route("/health", get(health));
-    layers(router, state, "metrics")
-}
 
 /// Overrides for embedding and tests.
 #[derive(Default)]
@@ -199,27 +46,37 @@ fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<std::net::TcpListener> {
     Ok(l)
 }
 
+fn oidc_verifier(s: &OidcSettings) -> OidcVerifier {
+    OidcVerifier::new(
+        s.issuer.clone(),
+        s.audience.clone(),
+        s.jwks_url.clone(),
+        s.groups_claim.clone(),
+    )
+}
+
+fn kube_needed(client: Option<&kube::Client>) -> anyhow::Result<kube::Client> {
+    client
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))
+}
+
 impl Application {
-    pub async fn build(config: Config) -> anyhow::Result<Application> {
-        Self::build_with(config, Overrides::default()).await
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        Self::build_with(settings, Overrides::default()).await
     }
 
-    pub async fn build_with(config: Config, overrides: Overrides) -> anyhow::Result<Application> {
+    pub async fn build_with(
+        settings: Settings,
+        overrides: Overrides,
+    ) -> anyhow::Result<Application> {
         // One TLS crypto provider for every rustls user in the process (kube, axum-server).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        config.validate().map_err(anyhow::Error::msg)?;
         let metrics = Metrics::new();
-        let policy_path = config
-            .policy_file
-            .clone()
-            .ok_or_else(|| anyhow::anyhow!("--policy-file is required"))?;
         let (policy, policy_digest) =
-            PolicyStore::load(&policy_path).map_err(anyhow::Error::msg)?;
+            PolicyHandle::load(&settings.policy.file).map_err(anyhow::Error::msg)?;
 
-        let needs_kube = config.identity_provider == IdentityProviderKind::Kubernetes
-            || config.credentials_source == CredentialsSourceKind::Kubernetes
-            || config.admin_sar_namespace.is_some();
-        let kube_client = match (overrides.kube_client, needs_kube) {
+        let kube_client = match (overrides.kube_client, settings.needs_kubernetes()) {
             (Some(c), _) => Some(c),
             (None, true) => Some(kube::Client::try_default().await.map_err(|e| {
                 anyhow::anyhow!(
@@ -228,67 +85,39 @@ impl Application {
             })?),
             (None, false) => None,
         };
-        let provider = match config.identity_provider {
-            IdentityProviderKind::Static => {
-                let path = config.identities_file.clone().unwrap_or_default();
-                Provider::Static(StaticIdentities::load(&path).map_err(anyhow::Error::msg)?)
-            }
-            IdentityProviderKind::Kubernetes => Provider::Kubernetes(
-                TokenReviewer::new(
-                    kube_client
-                        .clone()
-                        .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))?,
-                    config.token_audiences.clone(),
-                ),
-                match (
-                    &config.oidc_issuer,
-                    &config.oidc_audience,
-                    &config.oidc_jwks_url,
-                ) {
-                    (Some(issuer), Some(audience), Some(jwks)) => {
-                        Some(crate::oidc::OidcVerifier::new(
-                            issuer.clone(),
-                            audience.clone(),
-                            jwks.clone(),
-                            config.oidc_groups_claim.clone(),
-                        ))
-                    }
-                    _ => None,
-                },
+        let identity_settings = &settings.identity;
+        let provider = match &identity_settings.provider {
+            IdentityProvider::Static { identities_file } => Provider::Static(
+                StaticIdentities::load(identities_file).map_err(anyhow::Error::msg)?,
             ),
-            IdentityProviderKind::Oidc => Provider::Oidc(crate::oidc::OidcVerifier::new(
-                config.oidc_issuer.clone().unwrap_or_default(),
-                config.oidc_audience.clone().unwrap_or_default(),
-                config.oidc_jwks_url.clone().unwrap_or_default(),
-                config.oidc_groups_claim.clone(),
+            IdentityProvider::Kubernetes { audiences, oidc } => Provider::Kubernetes(
+                TokenReviewer::new(kube_needed(kube_client.as_ref())?, audiences.clone()),
+                oidc.as_ref().map(oidc_verifier),
+            ),
+            IdentityProvider::Oidc(oidc) => Provider::Oidc(oidc_verifier(oidc)),
+        };
+        let admin_sar = match (&identity_settings.admin_sar, &kube_client) {
+            (Some(sar), Some(client)) => Some(AdminSar::new(
+                client.clone(),
+                sar.namespace.clone(),
+                &sar.resource,
+                sar.verb.clone(),
             )),
+            _ => None,
         };
         let identity = Arc::new(IdentityService::new(
             provider,
-            Duration::from_secs(config.token_cache_ttl_seconds),
-            Duration::from_secs(config.token_negative_cache_ttl_seconds),
-            config.admin_groups.clone(),
-            match (&config.admin_sar_namespace, &kube_client) {
-                (Some(namespace), Some(client)) => Some(AdminSar::new(
-                    client.clone(),
-                    namespace.clone(),
-                    &config.admin_sar_resource,
-                    config.admin_sar_verb.clone(),
-                )),
-                _ => None,
-            },
+            identity_settings.token_cache_ttl,
+            identity_settings.token_negative_cache_ttl,
+            identity_settings.admin_groups.clone(),
+            admin_sar,
             metrics.clone(),
         ));
-        let credentials = match config.credentials_source {
-            CredentialsSourceKind::File => {
-                CredentialsSource::File(config.credentials_file.clone().unwrap_or_default())
-            }
-            CredentialsSourceKind::Kubernetes => {
-                let client = kube_client
-                    .clone()
-                    .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))?;
-                let namespace = config
-                    .credentials_namespace
+        let credentials = match &settings.credentials {
+            CredentialsSettings::File(path) => CredentialsSource::File(path.clone()),
+            CredentialsSettings::Kubernetes { namespace } => {
+                let client = kube_needed(kube_client.as_ref())?;
+                let namespace = namespace
                     .clone()
                     .unwrap_or_else(|| client.default_namespace().to_string());
                 CredentialsSource::kubernetes(client, namespace)
@@ -296,20 +125,12 @@ impl Application {
         };
         credentials.check().map_err(anyhow::Error::msg)?;
 
-        let url = config
-            .database_url()
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("--database-url is required"))?;
-        let pool = crate::db::pool(
-            &url,
-            config.db_max_connections,
-            Duration::from_millis(config.db_acquire_timeout_ms),
-        )
-        .map_err(anyhow::Error::msg)?;
+        let pool = crate::db::pool(&settings.database).map_err(anyhow::Error::msg)?;
 
-        let public_listener = bind(config.public_addr, "public")?;
-        let internal_listener = bind(config.internal_addr, "internal")?;
-        let metrics_listener = bind(config.metrics_addr, "metrics")?;
+        let listeners = &settings.listeners;
+        let public_listener = bind(listeners.public, "public")?;
+        let internal_listener = bind(listeners.internal, "internal")?;
+        let metrics_listener = bind(listeners.metrics, "metrics")?;
         let public_addr = public_listener.local_addr()?;
         let internal_addr = internal_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
@@ -329,36 +150,35 @@ impl Application {
             }
         }
 
-        let config = Arc::new(config);
-        let last_used = LastUsedRecorder::default();
+        let keys = KeyStore::new(pool, migrations);
         let state = AppState {
-            config: config.clone(),
-            pool: pool.clone(),
-            migrations,
+            keys: keys.clone(),
+            key_settings: settings.keys,
             policy: policy.clone(),
-            identity,
+            auth: Authenticator {
+                keys: keys.clone(),
+                identity,
+                policy: policy.clone(),
+                key_cache_ttl: settings.keys.cache_ttl,
+            },
             credentials: Arc::new(credentials),
-            last_used: last_used.clone(),
             metrics: metrics.clone(),
         };
         background.push(policy.spawn_reloader(
-            config.policy_reload_interval(),
+            settings.policy.reload_interval,
             policy_digest,
             metrics.clone(),
         ));
-        background.push(last_used.spawn_flusher(
-            pool.clone(),
-            config.last_used_flush_interval(),
-            metrics.clone(),
-        ));
+        background
+            .push(keys.spawn_flusher(settings.keys.last_used_flush_interval, metrics.clone()));
 
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(
-                axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+        let tls = match &listeners.tls {
+            Some(files) => Some(
+                axum_server::tls_rustls::RustlsConfig::from_pem_file(&files.cert, &files.key)
                     .await
                     .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
             ),
-            _ => None,
+            None => None,
         };
         let mut handles = Vec::new();
         let mut servers = Vec::new();
@@ -410,10 +230,6 @@ impl Application {
         self.metrics_addr
     }
 
-    pub fn state(&self) -> &AppState {
-        &self.state
-    }
-
     /// Serves until SIGTERM/SIGINT, then drains connections (up to 10 s) and flushes
     /// `last_used_at`.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
@@ -424,10 +240,7 @@ impl Application {
     /// Serves until `stop` completes, then shuts down gracefully: `Ok`. If a listener stops
     /// first (its task ended, failed or panicked), the others are drained too and the answer
     /// is an error naming the listener, so that the process exits non-zero.
-    pub async fn run_until(
-        mut self,
-        stop: impl std::future::Future<Output = ()>,
-    ) -> anyhow::Result<()> {
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
         let servers = std::mem::take(&mut self.servers);
         let handles = self.handles.clone();
         let outcome = supervise(stop, servers, move || {
@@ -444,10 +257,7 @@ impl Application {
         for task in self.background.drain(..) {
             task.abort();
         }
-        self.state
-            .last_used
-            .flush(&self.state.pool, &self.state.metrics)
-            .await;
+        self.state.keys.flush_last_used(&self.state.metrics).await;
     }
 }
 
@@ -466,7 +276,7 @@ impl Drop for Application {
 /// `drain` (graceful shutdown of every listener) and waits up to 11 s for the servers. `Ok`
 /// only when `stop` came first: a server ending on its own is an error naming it.
 async fn supervise(
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl Future<Output = ()>,
     servers: Vec<(&'static str, JoinHandle<std::io::Result<()>>)>,
     drain: impl FnOnce(),
 ) -> anyhow::Result<()> {

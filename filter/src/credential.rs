@@ -1,112 +1,24 @@
-//! Which credential a request carries: `Authorization: Bearer …` or `x-api-key`.
+//! Which credential a request carries, and where its answer lives in the shared cache.
 //!
-//! Pure functions over header values. The credential itself is only borrowed: it is sent to the
-//! companion on a miss and never stored or logged; the cache sees its key id and hashes only.
+//! The extraction rule (`Authorization: Bearer …` / `x-api-key`, conflicts, refusals) is the
+//! one shared with the companion: [`maas_types::credential::extract`]. The credential itself is
+//! only borrowed: it is sent to the companion on a miss and never stored or logged; the cache
+//! sees its key id and hashes only.
 
-use maas_types::apikey::{self, ApiKeyParts, KeyFormatError};
+use maas_types::apikey;
+pub use maas_types::credential::CredentialError;
 use sha2::{Digest, Sha256};
 
-/// A credential taken from the request, borrowed from the header value.
+/// The request's credential ([`maas_types::Credential`]), with what the cache needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Credential<'a> {
-    /// A well-formed `sk-oai-…` key.
-    ApiKey {
-        raw: &'a str,
-        parts: ApiKeyParts<'a>,
-    },
-    /// Anything else: a cluster token the companion verifies (TokenReview / OIDC / static).
-    Token(&'a str),
-}
+pub struct Credential<'a>(pub maas_types::Credential<'a>);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CredentialError {
-    /// No credential header at all (401).
-    Missing,
-    /// `Authorization` with a scheme other than Bearer, or an empty one (401).
-    UnsupportedScheme,
-    /// A header value that is empty after the scheme (401).
-    Empty,
-    /// Whitespace or control characters inside the credential (400).
-    InvalidCharacters,
-    /// `Authorization` and `x-api-key` both present with different values (400).
-    Conflicting,
-    /// `sk-oai-` prefix without the key shape (401, no callout).
-    MalformedApiKey,
-}
-
-impl CredentialError {
-    /// HTTP status for the refusal.
-    pub fn status(&self) -> u32 {
-        match self {
-            CredentialError::InvalidCharacters | CredentialError::Conflicting => 400,
-            _ => 401,
-        }
-    }
-
-    pub fn message(&self) -> &'static str {
-        match self {
-            CredentialError::Missing => {
-                "missing credential: send Authorization: Bearer <API key or token> or x-api-key"
-            }
-            CredentialError::UnsupportedScheme => "unsupported authorization scheme: use Bearer",
-            CredentialError::Empty => "empty credential",
-            CredentialError::InvalidCharacters => "credential holds invalid characters",
-            CredentialError::Conflicting => {
-                "Authorization and x-api-key carry different credentials: send one"
-            }
-            CredentialError::MalformedApiKey => "invalid key format",
-        }
-    }
-}
-
-fn bearer_value(authorization: &str) -> Result<&str, CredentialError> {
-    let v = authorization.trim_matches(|c| c == ' ' || c == '\t');
-    let (scheme, rest) = match v.find([' ', '\t']) {
-        Some(i) => (v.get(..i).unwrap_or(""), v.get(i..).unwrap_or("")),
-        None => (v, ""),
-    };
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(if v.is_empty() {
-            CredentialError::Empty
-        } else {
-            CredentialError::UnsupportedScheme
-        });
-    }
-    Ok(rest.trim_matches(|c| c == ' ' || c == '\t'))
-}
-
-fn check_value(v: &str) -> Result<&str, CredentialError> {
-    if v.is_empty() {
-        return Err(CredentialError::Empty);
-    }
-    // Credentials are visible ASCII (API keys, JWTs, service-account tokens); anything else,
-    // including bytes that were not UTF-8 (U+FFFD after decoding), is refused.
-    if v.bytes().any(|b| b <= b' ' || b >= 0x7f) {
-        return Err(CredentialError::InvalidCharacters);
-    }
-    Ok(v)
-}
-
-/// Takes the credential from the header values (`None` = header absent).
+/// Takes the credential from the header values (`None` = header absent), by the shared rule.
 pub fn extract<'a>(
     authorization: Option<&'a str>,
     x_api_key: Option<&'a str>,
 ) -> Result<Credential<'a>, CredentialError> {
-    let from_auth = authorization.map(bearer_value).transpose()?;
-    let from_key = x_api_key.map(|v| v.trim_matches(|c| c == ' ' || c == '\t'));
-    let value = match (from_auth, from_key) {
-        (None, None) => return Err(CredentialError::Missing),
-        (Some(a), None) => a,
-        (None, Some(k)) => k,
-        (Some(a), Some(k)) if a == k => a,
-        (Some(_), Some(_)) => return Err(CredentialError::Conflicting),
-    };
-    let value = check_value(value)?;
-    match apikey::parse(value) {
-        Ok(parts) => Ok(Credential::ApiKey { raw: value, parts }),
-        Err(KeyFormatError::Malformed) => Err(CredentialError::MalformedApiKey),
-        Err(KeyFormatError::NotAnApiKey) => Ok(Credential::Token(value)),
-    }
+    maas_types::credential::extract(authorization, x_api_key).map(Credential)
 }
 
 /// Where a credential lives in the shared cache, and the hash its entry must carry.
@@ -149,20 +61,17 @@ pub fn api_key_cache_key(key_id: &str) -> String {
 
 impl Credential<'_> {
     pub fn raw(&self) -> &str {
-        match self {
-            Credential::ApiKey { raw, .. } => raw,
-            Credential::Token(t) => t,
-        }
+        self.0.raw()
     }
 
     pub fn cache_identity(&self) -> CacheIdentity {
-        match self {
-            Credential::ApiKey { parts, .. } => CacheIdentity {
+        match self.0 {
+            maas_types::Credential::ApiKey { parts, .. } => CacheIdentity {
                 cache_key: api_key_cache_key(parts.key_id),
-                verifier: apikey::hash_bytes(*parts),
+                verifier: apikey::hash_bytes(parts),
                 key_id: Some(parts.key_id.to_string()),
             },
-            Credential::Token(t) => {
+            maas_types::Credential::Token(t) => {
                 let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
                 CacheIdentity {
                     cache_key: format!("{CACHE_KEY_PREFIX}t/{}", hex::encode(digest)),
@@ -210,66 +119,23 @@ mod tests {
     }
 
     #[test]
-    fn bearer_and_x_api_key() {
+    fn extraction_is_the_shared_rule() {
         let k = key();
         let auth = format!("Bearer {k}");
-        let c = extract(Some(&auth), None).unwrap();
-        assert!(matches!(c, Credential::ApiKey { .. }));
-        assert_eq!(c.raw(), k);
-        let c = extract(None, Some(&k)).unwrap();
-        assert_eq!(c.raw(), k);
-        // Same value in both: accepted.
-        assert_eq!(extract(Some(&auth), Some(&k)).unwrap().raw(), k);
-        // Scheme is case-insensitive.
-        assert_eq!(
-            extract(Some("bearer  tok"), None).unwrap(),
-            Credential::Token("tok")
-        );
-    }
-
-    #[test]
-    fn refusals() {
-        let k = key();
-        let auth = format!("Bearer {k}");
-        assert_eq!(extract(None, None), Err(CredentialError::Missing));
+        assert!(matches!(
+            extract(Some(&auth), None).unwrap().0,
+            maas_types::Credential::ApiKey { .. }
+        ));
+        assert_eq!(extract(Some(&auth), None).unwrap().raw(), k);
         assert_eq!(
             extract(Some(&auth), Some("other")),
             Err(CredentialError::Conflicting)
         );
+        assert_eq!(CredentialError::Conflicting.status(), 400);
         assert_eq!(
             extract(Some("Basic dXNlcjpw"), None),
             Err(CredentialError::UnsupportedScheme)
         );
-        assert_eq!(extract(Some("Bearer"), None), Err(CredentialError::Empty));
-        assert_eq!(
-            extract(Some("Bearer   "), None),
-            Err(CredentialError::Empty)
-        );
-        assert_eq!(extract(Some(""), None), Err(CredentialError::Empty));
-        assert_eq!(extract(None, Some("")), Err(CredentialError::Empty));
-        assert_eq!(
-            extract(Some("Bearer a b"), None),
-            Err(CredentialError::InvalidCharacters)
-        );
-        assert_eq!(
-            extract(None, Some("a\u{1}b")),
-            Err(CredentialError::InvalidCharacters)
-        );
-        // Non-UTF-8 bytes arrive as U+FFFD; non-ASCII is never a credential.
-        assert_eq!(
-            extract(Some("Bearer \u{fffd}\u{fffd}"), None),
-            Err(CredentialError::InvalidCharacters)
-        );
-        assert_eq!(
-            extract(None, Some("sk-oai-\u{e9}")),
-            Err(CredentialError::InvalidCharacters)
-        );
-        assert_eq!(
-            extract(Some("Bearer sk-oai-short"), None),
-            Err(CredentialError::MalformedApiKey)
-        );
-        assert_eq!(CredentialError::Conflicting.status(), 400);
-        assert_eq!(CredentialError::MalformedApiKey.status(), 401);
     }
 
     #[test]

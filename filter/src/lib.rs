@@ -1,24 +1,30 @@
 //! MaaS Gateway filter: authentication, credential hygiene, provider credentials and per-tier
 //! request and token limits, as a Proxy-WASM HTTP filter for Envoy.
 //!
-//! The decisions are plain functions over plain data (native unit tests); `glue` is the thin
-//! proxy-wasm layer (compiled for wasm32 only). See README.md for the module map.
+//! The decisions are plain functions over plain data (native unit tests); `request` (one request's
+//! life as a state machine) and `worker` (the root context's polling) sequence them over the
+//! `host::Host` seam, natively tested with a recording host; `glue` is the thin proxy-wasm adapter
+//! (compiled for wasm32 only). See README.md for the module map.
 
+pub mod authenticate;
 pub mod cache;
 pub mod config;
 pub mod credential;
 pub mod decide;
 pub mod encoding;
+pub mod host;
 pub mod hygiene;
 pub mod limits;
 pub mod metrics;
 pub mod operations;
 pub mod path;
+pub mod request;
 pub mod request_body;
 pub mod response;
 pub mod sse;
 pub mod store;
 pub mod usage;
+pub mod worker;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;

@@ -1,5 +1,7 @@
 //! Refusals: OpenAI-style JSON errors with their status, headers and metric decision.
 
+use crate::credential::CredentialError;
+use crate::path::PathError;
 use maas_types::ErrorBody;
 
 /// What happened to a request (the `decision` of the requests metric).
@@ -160,6 +162,61 @@ impl Refusal {
         let body = ErrorBody::new(self.message.as_str(), self.kind, Some(self.code));
         serde_json::to_vec(&body).unwrap_or_else(|_| b"{\"error\":{}}".to_vec())
     }
+
+    /// The headers of the local response: JSON, `www-authenticate: Bearer` on a 401, then the
+    /// refusal's own (rate-limit headers, `retry-after`).
+    pub fn response_headers(&self) -> Vec<(&str, &str)> {
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(2 + self.headers.len());
+        headers.push(("content-type", "application/json"));
+        if self.status == 401 {
+            headers.push(("www-authenticate", "Bearer"));
+        }
+        for (k, v) in &self.headers {
+            headers.push((k.as_str(), v.as_str()));
+        }
+        headers
+    }
+
+    /// The request's state could not be read (a re-entrant callback): refused, never let through.
+    pub fn undecidable() -> Self {
+        Self::internal("the gateway could not decide on this request; retry")
+    }
+
+    pub fn not_configured() -> Self {
+        Self::unavailable("not_configured", "gateway filter not configured")
+    }
+
+    pub fn no_policy() -> Self {
+        Self::unavailable("no_policy", "no policy loaded yet; retry shortly")
+    }
+
+    pub fn model_not_found() -> Self {
+        Self::not_found("model_not_found", "no model is served at this path")
+    }
+
+    pub fn auth_unavailable(message: &'static str) -> Self {
+        Self::unavailable("auth_unavailable", message)
+    }
+}
+
+impl From<PathError> for Refusal {
+    fn from(e: PathError) -> Self {
+        if e.status() == 404 {
+            Refusal::not_found("not_found", e.message())
+        } else {
+            Refusal::bad_request("invalid_path", e.message())
+        }
+    }
+}
+
+impl From<CredentialError> for Refusal {
+    fn from(e: CredentialError) -> Self {
+        if e.status() == 400 {
+            Refusal::bad_request("invalid_credential", e.message())
+        } else {
+            Refusal::unauthenticated(e.message())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -190,5 +247,35 @@ mod tests {
         for (i, d) in Decision::ALL.iter().enumerate() {
             assert_eq!(d.index(), i);
         }
+    }
+
+    #[test]
+    fn errors_become_refusals_of_their_status() {
+        let r = Refusal::from(PathError::Internal);
+        assert_eq!((r.status, r.code), (404, "not_found"));
+        let r = Refusal::from(PathError::Invalid("dot segment"));
+        assert_eq!((r.status, r.code), (400, "invalid_path"));
+        let r = Refusal::from(CredentialError::Conflicting);
+        assert_eq!((r.status, r.code), (400, "invalid_credential"));
+        let r = Refusal::from(CredentialError::Missing);
+        assert_eq!((r.status, r.decision), (401, Decision::Unauthenticated));
+    }
+
+    #[test]
+    fn local_response_headers() {
+        let r = Refusal::unauthenticated("x");
+        assert_eq!(
+            r.response_headers(),
+            vec![
+                ("content-type", "application/json"),
+                ("www-authenticate", "Bearer")
+            ]
+        );
+        let r = Refusal::rate_limited("t", vec![("retry-after".into(), "3".into())]);
+        assert_eq!(
+            r.response_headers(),
+            vec![("content-type", "application/json"), ("retry-after", "3")]
+        );
+        assert_eq!(Refusal::undecidable().status, 500);
     }
 }

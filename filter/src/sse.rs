@@ -522,5 +522,25 @@ impl<'a> Out<'a> {
     }
 }
 
+/// What replaces a response chunk after scanning: `forward` (what the scanner returned for it)
+/// followed by `held` (what the scanner still held at the end of the stream). `None` when the
+/// chunk the host already has goes on untouched (nothing stripped, nothing held): no copy and no
+/// host call.
+pub fn splice(forward: Cow<'_, [u8]>, held: &[u8]) -> Option<Vec<u8>> {
+    match forward {
+        Cow::Owned(mut out) => {
+            out.extend_from_slice(held);
+            Some(out)
+        }
+        Cow::Borrowed(b) if !held.is_empty() => {
+            let mut out = Vec::with_capacity(b.len() + held.len());
+            out.extend_from_slice(b);
+            out.extend_from_slice(held);
+            Some(out)
+        }
+        Cow::Borrowed(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -82,8 +82,8 @@ fn render(kubectl: &Path, dir: &Path) -> Result<Vec<Value>, String> {
         ));
     }
     let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_slice(&out.stdout) {
-        let yaml: serde_yaml::Value = serde::Deserialize::deserialize(doc)
+    for doc in yaml_serde::Deserializer::from_slice(&out.stdout) {
+        let yaml: yaml_serde::Value = serde::Deserialize::deserialize(doc)
             .map_err(|e| format!("rendered YAML of {}: {e}", dir.display()))?;
         if yaml.is_null() {
             continue;
@@ -137,11 +137,28 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
             let raw = &plugin["spec"]["pluginConfig"];
             let config = parse(raw).map_err(|e| format!("{name}: the filter refuses {e}"))?;
             let fqdn = format!("maas-companion.{namespace}.svc.cluster.local");
+            // The cluster the filter calls is the one the EnvoyFilter adds to the Gateway's
+            // Envoy (not Istio's generated `outbound|8081||…`, which a gateway filtering its
+            // cluster config does not have), and that cluster reaches the internal port.
+            let added: Vec<&Value> = of_kind(&objects, "EnvoyFilter")
+                .flat_map(|f| f["spec"]["configPatches"].as_array().into_iter().flatten())
+                .filter(|p| p["applyTo"] == "CLUSTER" && p["patch"]["operation"] == "ADD")
+                .map(|p| &p["patch"]["value"])
+                .filter(|c| c["name"] == config.companion.cluster.as_str())
+                .collect();
             assert_eq!(
-                config.companion.cluster,
-                format!("outbound|8081||{fqdn}"),
-                "{name}"
+                added.len(),
+                1,
+                "{name}: one EnvoyFilter must add the cluster {:?} the filter calls",
+                config.companion.cluster
             );
+            let cluster = added
+                .first()
+                .ok_or(format!("{name}: no companion cluster"))?;
+            let address = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+                ["address"]["socket_address"];
+            assert_eq!(address["address"], fqdn.as_str(), "{name}");
+            assert_eq!(address["port_value"], 8081, "{name}");
             assert_eq!(config.companion.authority, fqdn, "{name}");
             assert_eq!(config.management_path_prefix, "/maas-api", "{name}");
         }
@@ -153,8 +170,8 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
         let policy_yaml = policy_map["data"]["policy.yaml"]
             .as_str()
             .ok_or(format!("{name}: maas-policy has no policy.yaml"))?;
-        let policy_value: serde_yaml::Value =
-            serde_yaml::from_str(policy_yaml).map_err(|e| format!("{name}: policy.yaml: {e}"))?;
+        let policy_value: yaml_serde::Value =
+            yaml_serde::from_str(policy_yaml).map_err(|e| format!("{name}: policy.yaml: {e}"))?;
         let policy_json = serde_json::to_value(&policy_value).map_err(|e| e.to_string())?;
         let policy = PolicyDocument::from_value(policy_json.clone())
             .map_err(|e| format!("{name}: policy.yaml refused: {e}"))?;

@@ -133,8 +133,19 @@ ensure_postgres() {
   export MAAS_PG_BIN_DIR
 }
 
+# Node.js (18+, for `node:wasi` preview1): cargo's runner for wasm32-wasip1 test binaries
+# (scripts/wasi-run.mjs, set in .cargo/config.toml).
+ensure_node() {
+  command -v node >/dev/null 2>&1 || apt_install nodejs
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)"
+  [ "$major" -ge 18 ] ||
+    die "Node.js $(node --version 2>/dev/null || echo '?') is too old for scripts/wasi-run.mjs: install Node 18 or newer"
+}
+
 ensure_all() {
   ensure_wasm_target
+  ensure_node
   ensure_envoy
   ensure_postgres
 }

@@ -9,7 +9,10 @@
    only the Gateway's pods, the metrics port only Prometheus (which reaches no other port); the
    Service exposes the three ports; the companion runs hardened with probes, resources and its
    database Secret; TLS objects are present exactly when TLS is on; objects land in the expected
-   namespaces.
+   namespaces; the filter's companion cluster is the one the EnvoyFilter adds to the Gateway's
+   Envoy (to the internal port, with TLS exactly when TLS is on); the ServiceMonitor, PodMonitor
+   and PrometheusRules scrape the right ports and their alerts name only metrics the filter and
+   the companion export (read from their sources).
 
 Prints `PASS <check>` / `FAIL <check>: <why>` lines; exits 1 if anything failed.
 Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|any]
@@ -18,6 +21,7 @@ Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|an
 
 import argparse
 import pathlib
+import re
 import sys
 
 import yaml
@@ -30,6 +34,11 @@ COMPANION = "maas-companion"
 PUBLIC_PORT = 8080
 INTERNAL_PORT = 8081
 METRICS_PORT = 9090
+# The Envoy cluster the filter calls the companion through: added by the EnvoyFilter below, not
+# Istio's generated outbound|8081||... name (absent with PILOT_FILTER_GATEWAY_CLUSTER_CONFIG=true).
+COMPANION_CLUSTER = "maas-companion-internal"
+COMPANION_CLUSTER_FILTER = "maas-companion-cluster"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Container port name → number; NetworkPolicies may name either.
 COMPANION_PORTS = {"public": PUBLIC_PORT, "internal": INTERNAL_PORT, "metrics": METRICS_PORT}
 GATEWAY_POD_LABEL = ("gateway.networking.k8s.io/gateway-name", GATEWAY_NAME)
@@ -116,7 +125,9 @@ def check_wiring(docs, namespace, tls):
         if namespace:
             assert ns == namespace, f"companion namespace {ns}, expected {namespace}"
         gateway_side = {("WasmPlugin", "maas-filter"), ("Gateway", GATEWAY_NAME),
-                        ("DestinationRule", "maas-companion-tls")}
+                        ("DestinationRule", "maas-companion-tls"),
+                        ("EnvoyFilter", COMPANION_CLUSTER_FILTER), ("PodMonitor", "maas-gateway-envoy"),
+                        ("PrometheusRule", "maas-gateway-alerts")}
         cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "GatewayClass"}
         for d in docs:
             key = (d["kind"], d["metadata"]["name"])
@@ -145,13 +156,87 @@ def check_wiring(docs, namespace, tls):
         assert spec.get("phase") == "AUTHN", spec.get("phase")
         assert spec.get("failStrategy") == "FAIL_CLOSE", spec.get("failStrategy")
         companion = spec["pluginConfig"]["companion"]
-        want = f"outbound|{INTERNAL_PORT}||{fqdn}"
-        assert companion["cluster"] == want, f"cluster {companion['cluster']!r}, expected {want!r}"
+        assert companion["cluster"] == COMPANION_CLUSTER, \
+            f"cluster {companion['cluster']!r}, expected {COMPANION_CLUSTER!r} (the EnvoyFilter's cluster)"
         assert companion.get("authority") == fqdn, f"authority {companion.get('authority')!r}, expected {fqdn!r}"
         assert spec["pluginConfig"].get("failureMode", "closed") == "closed", "failureMode must stay closed"
         ports = {p["port"] for p in svc["spec"]["ports"]}
         assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
-    check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the companion's internal port", wasmplugin)
+    check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the EnvoyFilter's companion cluster", wasmplugin)
+
+    def companion_cluster():
+        wp = one(docs, "WasmPlugin", "maas-filter")
+        name = wp["spec"]["pluginConfig"]["companion"]["cluster"]
+        adding = [(f, p) for f in find(docs, "EnvoyFilter") for p in f["spec"]["configPatches"]
+                  if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"
+                  and p["patch"].get("value", {}).get("name") == name]
+        assert len(adding) == 1, f"{len(adding)} EnvoyFilter patches add cluster {name!r}, expected exactly one"
+        ef, patch = adding[0]
+        assert ef["metadata"]["name"] == COMPANION_CLUSTER_FILTER, ef["metadata"]["name"]
+        selector = ef["spec"].get("workloadSelector", {}).get("labels")
+        assert selector == dict([GATEWAY_POD_LABEL]), \
+            f"EnvoyFilter selects {selector}, expected the Gateway's pods {dict([GATEWAY_POD_LABEL])}"
+        assert patch.get("match", {}).get("context") == "GATEWAY", patch.get("match")
+        c = patch["patch"]["value"]
+        assert c.get("type") == "STRICT_DNS", f"cluster type {c.get('type')}"
+        la = c["load_assignment"]
+        assert la["cluster_name"] == name, la["cluster_name"]
+        endpoints = [e["endpoint"]["address"]["socket_address"]
+                     for group in la["endpoints"] for e in group["lb_endpoints"]]
+        assert endpoints == [{"address": fqdn, "port_value": INTERNAL_PORT}], \
+            f"cluster endpoints {endpoints}, expected {fqdn}:{INTERNAL_PORT}"
+        ts = c.get("transport_socket")
+        if tls == "on":
+            assert ts, "TLS on but the companion cluster has no TLS transport socket"
+            tc = ts["typed_config"]
+            assert tc["@type"].endswith("tls.v3.UpstreamTlsContext"), tc["@type"]
+            assert tc.get("sni") == f"{COMPANION}.{ns}.svc", f"sni {tc.get('sni')}"
+            cvc = tc["common_tls_context"]["combined_validation_context"]
+            sans = [m["matcher"].get("exact") for m in
+                    cvc["default_validation_context"]["match_typed_subject_alt_names"]]
+            assert sans == [f"{COMPANION}.{ns}.svc"], f"SANs {sans}"
+            dr = one(docs, "DestinationRule", "maas-companion-tls")
+            want_sds = f"kubernetes://{dr['spec']['trafficPolicy']['tls']['credentialName']}-cacert"
+            sds = cvc["validation_context_sds_secret_config"]
+            assert sds["name"] == want_sds, f"CA from {sds['name']!r}, expected {want_sds!r}"
+            assert "ads" in sds["sds_config"], sds["sds_config"]
+        elif tls == "off":
+            assert not ts, "TLS off but the companion cluster originates TLS"
+    check(f"EnvoyFilter: adds the filter's cluster {COMPANION_CLUSTER} to the Gateway's Envoy, "
+          f"STRICT_DNS to the companion's internal port, TLS {tls}", companion_cluster)
+
+    def monitoring():
+        sm = one(docs, "ServiceMonitor", COMPANION)
+        assert sm["metadata"].get("namespace") == ns, "ServiceMonitor not beside the companion"
+        assert labels_match(sm["spec"]["selector"], svc["metadata"].get("labels", {})), \
+            "the ServiceMonitor does not select the companion Service"
+        names = {p.get("name") for p in svc["spec"]["ports"]}
+        for ep in sm["spec"]["endpoints"]:
+            assert ep["port"] == "metrics" and ep["port"] in names, f"scrapes port {ep['port']}"
+            if tls == "on":
+                assert ep.get("scheme") == "https", "TLS on but Prometheus scrapes plain HTTP"
+                assert ep["tlsConfig"].get("serverName") == f"{COMPANION}.{ns}.svc", ep["tlsConfig"]
+                assert ep["tlsConfig"]["ca"]["configMap"]["name"] == "maas-service-ca", ep["tlsConfig"]
+            elif tls == "off":
+                assert ep.get("scheme", "http") == "http", "TLS off but Prometheus scrapes HTTPS"
+        pm = one(docs, "PodMonitor", "maas-gateway-envoy")
+        assert pm["spec"]["selector"] == {"matchLabels": dict([GATEWAY_POD_LABEL])}, pm["spec"]["selector"]
+        assert [e.get("path") for e in pm["spec"]["podMetricsEndpoints"]] == ["/stats/prometheus"]
+        known = exported_metrics()
+        alerts = set()
+        for rule_doc in find(docs, "PrometheusRule"):
+            for group in rule_doc["spec"]["groups"]:
+                for rule in group["rules"]:
+                    alerts.add(rule.get("alert"))
+                    expr = re.sub(r'"(\\.|[^"\\])*"', '""', str(rule["expr"]))
+                    for metric in re.findall(r"\b(?:envoy_wasmcustom_)?maas_[a-z0-9_]+", expr):
+                        assert metric in known, \
+                            f"alert {rule.get('alert')} uses unknown metric {metric} (not exported by the filter or companion)"
+        want = {"MaaSCompanionDown", "MaaSFilterUnavailableDecisionsRising", "MaaSFilterCalloutFailures",
+                "MaaSPolicyRejected", "MaaSFilterPolicyRejected"}
+        assert want <= alerts, f"missing alerts {sorted(want - alerts)}"
+    check("monitoring: ServiceMonitor on the metrics port (HTTPS with TLS on), PodMonitor on the "
+          "Gateway's Envoy, alerts on exported metrics only", monitoring)
 
     def service_ports():
         deploy = one(docs, "Deployment", COMPANION)
@@ -332,6 +417,23 @@ def check_wiring(docs, namespace, tls):
                     f"model {m['name']} has a provider but no upstreamCluster"
     check("policy ConfigMap parses, its models name known tiers, external models their upstreamCluster",
           policy_document)
+
+
+def exported_metrics():
+    """Metric names as Prometheus sees them, read from the filter's and the companion's sources."""
+    filter_metrics = (REPO_ROOT / "filter/src/metrics.rs").read_text()
+    decisions = (REPO_ROOT / "filter/src/response.rs").read_text()
+    companion = (REPO_ROOT / "companion/src/metrics.rs").read_text()
+    base = set(re.findall(r'pub const [A-Z_]+: &str = "(maas_[a-z0-9_]+)"', filter_metrics))
+    if "maas_requests_{}" in filter_metrics:
+        base |= {f"maas_requests_{d}" for d in re.findall(r'Decision::\w+ => "([a-z_]+)"', decisions)}
+    known = set()
+    for name in base:  # Envoy: counters as-is, histograms with _bucket/_sum/_count
+        known |= {f"envoy_wasmcustom_{name}{suffix}" for suffix in ("", "_bucket", "_sum", "_count")}
+    for name in re.findall(r'register\(\s*"(maas_[a-z0-9_]+)"', companion):  # OpenMetrics suffixes
+        known |= {f"{name}{suffix}" for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")}
+    assert len(known) > 20, f"could not read the metric names from the sources ({sorted(known)})"
+    return known
 
 
 def main():

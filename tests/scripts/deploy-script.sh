@@ -45,7 +45,16 @@ case "$1 ${2:-}" in
     if applied "name: rhcl-operator"; then echo "rhcl-operator.v1.3.1 1.3.1"; fi
     if applied "name: opendatahub-operator"; then echo "opendatahub-operator.v3.4.0 3.4.0"; fi
     if applied "name: rhods-operator"; then echo "rhods-operator.v3.4.0 3.4.0"; fi ;;
-  "get secret") echo "Error from server (NotFound)" >&2; exit 1 ;;
+  "get secret")
+    # Remembers the development database's Secret once applied (a second run must reuse it).
+    if [ "${3:-}" = postgres-creds ] && applied "name: postgres-creds"; then
+      case "$*" in
+        *POSTGRES_PASSWORD*)
+          cat "$FAKE_STATE"/stdin.* | sed -n "s/^  POSTGRES_PASSWORD: '\(.*\)'\$/\1/p" | tail -n 1 | tr -d '\n' | base64 ;;
+      esac
+      exit 0
+    fi
+    echo "Error from server (NotFound)" >&2; exit 1 ;;
   "get configmap") printf -- '-----BEGIN CERTIFICATE-----\nFAKE\n-----END CERTIFICATE-----\n' ;;
   "get "*) exit 0 ;;
   *) exit 0 ;;
@@ -64,20 +73,31 @@ STANDIN
 chmod +x "$WORK/bin/oc" "$WORK/bin/kubectl"
 
 # run_deploy NAME [ENV=VALUE...] -- ARGS...: runs deploy.sh with the stand-ins; output in
-# $WORK/NAME.out, exit code in RC, calls in $WORK/NAME.state/calls.
+# $WORK/NAME.out, exit code in RC, calls in $WORK/NAME.state/calls. Both images are set (pinned
+# digests, as scripts/build-images.sh prints them) unless ENV overrides them. With
+# KEEP_STATE=OTHER the run continues OTHER's cluster state (a second deploy.sh on the same cluster).
+DIGEST_B=sha256:$(printf 'b%.0s' $(seq 64))
+DIGEST_C=sha256:$(printf 'c%.0s' $(seq 64))
 run_deploy() {
-  local name=$1
+  local name=$1 state
   shift
   local envs=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  rm -rf "$WORK/$name.state"
-  mkdir -p "$WORK/$name.state"
-  : >"$WORK/$name.state/calls"
+  state=$WORK/$name.state
+  if [ -n "${KEEP_STATE:-}" ]; then
+    state=$WORK/$KEEP_STATE.state
+  else
+    rm -rf "$state"
+    mkdir -p "$state"
+    : >"$state/calls"
+  fi
   RC=0
   env -u MAAS_API_IMAGE -u MAAS_WASM_IMAGE -u MAAS_CONTROLLER_IMAGE -u LOG_LEVEL -u POSTGRES_CONNECTION \
     -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE \
-    PATH="$WORK/bin:$PATH" FAKE_STATE="$WORK/$name.state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
+    PATH="$WORK/bin:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
+    MAAS_API_IMAGE="registry.example.com/team/maas-companion@$DIGEST_B" \
+    MAAS_WASM_IMAGE="registry.example.com/team/maas-filter@$DIGEST_B" \
     "${envs[@]}" bash "$DEPLOY" "$@" >"$WORK/$name.out" 2>&1 || RC=$?
 }
 out() { cat "$WORK/$1.out"; }
@@ -136,6 +156,25 @@ run_deploy bad-log-level LOG_LEVEL=LOUD -- --dry-run
 expect_exit bad-log-level 1 "LOG_LEVEL must be DEBUG, INFO, WARN or ERROR"
 for name in unknown-flag missing-value--namespace bad-mode bad-postgres; do expect_no_mutation "$name"; done
 
+# ---- images: no placeholder default; build-images.sh's output is taken as is --------------------
+run_deploy no-api-image MAAS_API_IMAGE= -- --deployment-mode kustomize
+expect_exit no-api-image 1 "MAAS_API_IMAGE is not set: there is no default image"
+expect_output no-api-image "scripts/build-images.sh REGISTRY/NAMESPACE TAG"
+expect_no_mutation no-api-image
+run_deploy no-wasm-image MAAS_WASM_IMAGE= -- --dry-run --deployment-mode kustomize
+expect_exit no-wasm-image 1 "MAAS_WASM_IMAGE is not set: there is no default image"
+expect_no_mutation no-wasm-image
+printf 'build-images: pushed\nMAAS_WASM_IMAGE=127.0.0.1:5000/maas/maas-filter@%s\nMAAS_API_IMAGE=127.0.0.1:5000/maas/maas-companion@%s\n' \
+  "$DIGEST_C" "$DIGEST_C" >"$WORK/images.env"
+run_deploy images-file -- --dry-run --deployment-mode kustomize --images "$WORK/images.env"
+expect_exit images-file 0 "DRY RUN MODE"
+expect_output images-file "image: 127.0.0.1:5000/maas/maas-companion@$DIGEST_C" \
+  "url: oci://127.0.0.1:5000/maas/maas-filter@$DIGEST_C" "companion image:   127.0.0.1:5000/maas/maas-companion@$DIGEST_C"
+expect_absent images-file "is a tag, not a digest"
+head -n 2 "$WORK/images.env" >"$WORK/images-half.env"
+run_deploy images-file-incomplete -- --dry-run --images "$WORK/images-half.env"
+expect_exit images-file-incomplete 1 "expected the MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines"
+
 # ---- dry run -------------------------------------------------------------------------------------
 API_IMG=registry.example.com:5000/team/maas-companion:1.2.3
 WASM_DIGEST=sha256:$(printf 'a%.0s' $(seq 64))
@@ -147,7 +186,9 @@ expect_output dry-kustomize "Dry run finished: nothing was changed."
 expect_absent dry-kustomize "MaaS Gateway is deployed."
 expect_no_mutation dry-kustomize
 expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "url: oci://$WASM_IMG" \
-  "namespace: my-maas" "cluster: outbound|8081||maas-companion.my-maas.svc.cluster.local" \
+  "namespace: my-maas" "cluster: maas-companion-internal" "kind: EnvoyFilter" "name: maas-companion-cluster" \
+  "address: maas-companion.my-maas.svc.cluster.local" "sni: maas-companion.my-maas.svc" \
+  "kind: PrometheusRule" "MAAS_API_IMAGE $API_IMG is a tag, not a digest" \
   "hostname: maas.apps.test.example.com" "+ oc apply --server-side --force-conflicts" \
   "+ oc rollout status deployment/maas-companion -n my-maas" "kind: PersistentVolumeClaim" \
   "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)"
@@ -216,6 +257,45 @@ if [ -n "$manifests" ] && grep -q "url: oci://$WASM_IMG" "$manifests" && grep -q
   pass "full-kustomize: applied manifests carry the wasm image and the namespace"
 else
   fail "full-kustomize: applied manifests carry the wasm image and the namespace" "${manifests:-no WasmPlugin applied}"
+fi
+
+# Applied twice: the second run on the same cluster sends exactly the same changes (server-side
+# apply of identical documents is a no-op): the database password is reused, not regenerated.
+changes() { # changes STATE FROM TO: the mutating calls FROM..TO and every document fed to them
+  local state=$WORK/$1.state from=$2 to=$3 n=0 line
+  while IFS= read -r line; do
+    n=$((n + 1))
+    if [ "$n" -lt "$from" ] || [ "$n" -gt "$to" ]; then continue; fi
+    case $line in "oc get "* | "oc whoami"* | "oc version"*) continue ;; esac
+    echo "$line"
+    if [ -f "$state/stdin.$n" ]; then cat "$state/stdin.$n"; fi
+  done <"$state/calls"
+}
+first_calls=$(wc -l <"$WORK/full-kustomize.state/calls")
+KEEP_STATE=full-kustomize run_deploy full-kustomize-again MAAS_WASM_IMAGE="$WASM_IMG" -- --deployment-mode kustomize --namespace team-maas
+expect_exit full-kustomize-again 0 "MaaS Gateway is deployed."
+expect_output full-kustomize-again "reusing the existing Secret postgres-creds"
+second_calls=$(wc -l <"$WORK/full-kustomize.state/calls")
+changes full-kustomize 1 "$first_calls" >"$WORK/run1.changes"
+changes full-kustomize $((first_calls + 1)) "$second_calls" >"$WORK/run2.changes"
+if [ -s "$WORK/run1.changes" ] && cmp -s "$WORK/run1.changes" "$WORK/run2.changes"; then
+  pass "applied twice: the second run sends the same $(grep -c '^oc ' "$WORK/run1.changes") changes, byte for byte (a no-op)"
+else
+  fail "applied twice: the second run sends the same changes" "$(diff "$WORK/run1.changes" "$WORK/run2.changes" | head -n 8)"
+fi
+# A new filter digest: the only document that changes is the WasmPlugin's url (Istio then fetches
+# the new module and swaps it in; see docs/deploy.md).
+KEEP_STATE=full-kustomize run_deploy full-kustomize-new-wasm MAAS_WASM_IMAGE="registry.example.com:5000/team/maas-filter@$DIGEST_C" \
+  -- --deployment-mode kustomize --namespace team-maas
+expect_exit full-kustomize-new-wasm 0 "MaaS Gateway is deployed."
+changes full-kustomize $((second_calls + 1)) 1000000 >"$WORK/run3.changes"
+delta=$(diff "$WORK/run2.changes" "$WORK/run3.changes" | grep '^[<>]')
+if [ "$delta" = "< url: oci://$WASM_IMG
+> url: oci://registry.example.com:5000/team/maas-filter@$DIGEST_C" ] || [ "$delta" = "<   url: oci://$WASM_IMG
+>   url: oci://registry.example.com:5000/team/maas-filter@$DIGEST_C" ]; then
+  pass "a new filter digest changes the WasmPlugin url and nothing else"
+else
+  fail "a new filter digest changes the WasmPlugin url and nothing else" "$(head -n 6 <<<"$delta")"
 fi
 
 run_deploy old-openshift FAKE_OCP_VERSION=4.18.20 -- --deployment-mode kustomize

@@ -50,6 +50,61 @@ for spec in odh:opendatahub:on odh-tls-off:opendatahub:off rhoai:redhat-ods-appl
     fail "overlays/$overlay renders" "$(cat "$WORK/$overlay.yaml.err")"
   fi
 done
+# Envoy itself accepts the companion cluster the EnvoyFilter adds (TLS on and off): the cluster
+# goes into a bootstrap, with an ADS source for the SDS CA secret, and `envoy --mode validate`
+# checks it as the Gateway's Envoy would. Needs the project's Envoy (scripts/test.sh installs it
+# into .venv; or MAAS_ENVOY_BIN).
+ENVOY_BIN=${MAAS_ENVOY_BIN:-}
+if [ -z "$ENVOY_BIN" ]; then
+  for candidate in "$ROOT"/.venv/lib/python3*/site-packages/envoy/_bin/envoy; do
+    if [ -x "$candidate" ]; then ENVOY_BIN=$candidate; fi
+  done
+fi
+for overlay in odh odh-tls-off; do
+  [ -s "$WORK/$overlay.yaml" ] || continue
+  if [ -z "$ENVOY_BIN" ]; then
+    echo "# skip: no Envoy (.venv or MAAS_ENVOY_BIN) to validate the $overlay companion cluster"
+    continue
+  fi
+  if ! "$PY" - "$WORK/$overlay.yaml" "$WORK/$overlay-bootstrap.json" <<'PYEOF'; then
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ef = next(d for d in docs if d["kind"] == "EnvoyFilter" and d["metadata"]["name"] == "maas-companion-cluster")
+cluster = ef["spec"]["configPatches"][0]["patch"]["value"]
+xds = {"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+       "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+           "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+           "explicit_http_config": {"http2_protocol_options": {}}}},
+       "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {
+           "address": {"socket_address": {"address": "127.0.0.1", "port_value": 15010}}}}]}]}}
+json.dump({"node": {"id": "gateway", "cluster": "maas-default-gateway"},
+           "dynamic_resources": {"ads_config": {"api_type": "GRPC", "transport_api_version": "V3",
+                                                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}},
+           "static_resources": {"clusters": [xds, cluster]}}, open(sys.argv[2], "w"))
+PYEOF
+    fail "$overlay: companion cluster extracted for Envoy" "no EnvoyFilter maas-companion-cluster"
+    continue
+  fi
+  if out=$("$ENVOY_BIN" --mode validate -c "$WORK/$overlay-bootstrap.json" --log-level error 2>&1); then
+    pass "$overlay: Envoy accepts the companion cluster the EnvoyFilter adds"
+  else
+    fail "$overlay: Envoy accepts the companion cluster" "$(tail -n 5 <<<"$out")"
+  fi
+done
+# ... and the validation can fail: a misspelt field in that cluster is refused by Envoy.
+if [ -n "$ENVOY_BIN" ] && [ -s "$WORK/odh-bootstrap.json" ]; then
+  sed 's/"connect_timeout"/"connect_timout"/g' "$WORK/odh-bootstrap.json" >"$WORK/broken-bootstrap.json"
+  if cmp -s "$WORK/odh-bootstrap.json" "$WORK/broken-bootstrap.json"; then
+    fail "Envoy refuses a misspelt companion cluster" "the breakage changed nothing"
+  elif out=$("$ENVOY_BIN" --mode validate -c "$WORK/broken-bootstrap.json" --log-level error 2>&1); then
+    fail "Envoy refuses a misspelt companion cluster" "accepted"
+  elif grep -q "connect_timout" <<<"$out"; then
+    pass "Envoy refuses a misspelt companion cluster (connect_timout)"
+  else
+    fail "Envoy refuses a misspelt companion cluster" "$(tail -n 3 <<<"$out")"
+  fi
+fi
+
 for dir in base/postgres samples; do
   if render "$CRS/$dir" "$WORK/${dir//\//-}.yaml"; then
     pass "$dir renders"
@@ -76,7 +131,9 @@ elif name == "bad-enum":
 elif name == "fail-open":
     wp["spec"]["failStrategy"] = "FAIL_OPEN"
 elif name == "wrong-cluster-namespace":
-    wp["spec"]["pluginConfig"]["companion"]["cluster"] = "outbound|8081||maas-companion.maas-api.svc.cluster.local"
+    ef = get("EnvoyFilter", "maas-companion-cluster")
+    ef["spec"]["configPatches"][0]["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
+        "endpoint"]["address"]["socket_address"]["address"] = "maas-companion.maas-api.svc.cluster.local"
 elif name == "route-to-internal":
     get("HTTPRoute", "maas-api")["spec"]["rules"][0]["backendRefs"][0]["port"] = 8081
 elif name == "internal-open-to-all":
@@ -107,6 +164,27 @@ elif name == "provider-without-upstream":
     for m in policy["models"]:
         m.pop("upstreamCluster", None)
     cm["data"]["policy.yaml"] = yaml.safe_dump(policy)
+elif name == "no-companion-cluster":
+    docs = [d for d in docs if d["kind"] != "EnvoyFilter"]
+elif name == "plugin-uses-istio-cluster-name":
+    wp["spec"]["pluginConfig"]["companion"]["cluster"] = "outbound|8081||maas-companion.opendatahub.svc.cluster.local"
+elif name == "companion-cluster-public-port":
+    ef = get("EnvoyFilter", "maas-companion-cluster")
+    ef["spec"]["configPatches"][0]["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
+        "endpoint"]["address"]["socket_address"]["port_value"] = 8080
+elif name == "companion-cluster-without-tls":
+    get("EnvoyFilter", "maas-companion-cluster")["spec"]["configPatches"][0]["patch"]["value"].pop("transport_socket")
+elif name == "companion-cluster-other-ca":
+    ts = get("EnvoyFilter", "maas-companion-cluster")["spec"]["configPatches"][0]["patch"]["value"]["transport_socket"]
+    ts["typed_config"]["common_tls_context"]["combined_validation_context"][
+        "validation_context_sds_secret_config"]["name"] = "kubernetes://other-ca-cacert"
+elif name == "companion-cluster-on-every-proxy":
+    get("EnvoyFilter", "maas-companion-cluster")["spec"].pop("workloadSelector")
+elif name == "alert-on-unknown-metric":
+    rule = get("PrometheusRule", "maas-gateway-alerts")["spec"]["groups"][0]["rules"][0]
+    rule["expr"] = rule["expr"].replace("maas_requests_unavailable", "maas_requests_unavailble")
+elif name == "scrape-plain-http-with-tls":
+    get("ServiceMonitor", "maas-companion")["spec"]["endpoints"][0]["scheme"] = "http"
 else:
     sys.exit(f"unknown mutation {name}")
 yaml.safe_dump_all(docs, open(dst, "w"))
@@ -140,6 +218,14 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused routes-from-all "admits HTTPRoutes from All"
   expect_refused routes-empty-selector "selector {}"
   expect_refused provider-without-upstream "no upstreamCluster"
+  expect_refused no-companion-cluster "0 EnvoyFilter patches add cluster 'maas-companion-internal'"
+  expect_refused plugin-uses-istio-cluster-name "expected 'maas-companion-internal'"
+  expect_refused companion-cluster-public-port "expected maas-companion.opendatahub.svc.cluster.local:8081"
+  expect_refused companion-cluster-without-tls "no TLS transport socket"
+  expect_refused companion-cluster-other-ca "kubernetes://other-ca-cacert"
+  expect_refused companion-cluster-on-every-proxy "EnvoyFilter selects None"
+  expect_refused alert-on-unknown-metric "unknown metric envoy_wasmcustom_maas_requests_unavailble"
+  expect_refused scrape-plain-http-with-tls "scrapes plain HTTP"
 fi
 
 finish

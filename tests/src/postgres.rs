@@ -1,8 +1,12 @@
 //! A throwaway PostgreSQL: initdb in a directory, trust auth, 127.0.0.1 on a free port, the unix
 //! socket in the same directory. Run as the `postgres` user when we are root (initdb and
 //! postgres refuse root). `stop`/`start` keep the data, for fault tests.
+//!
+//! PostgreSQL cannot be handed a bound socket, so its port is picked free and released first;
+//! [`Postgres::init_and_start_on_free_port`] starts it again on a fresh port when another process
+//! took that port in between.
 
-use crate::process::ManagedProcess;
+use crate::process::{ManagedProcess, is_addr_in_use};
 use anyhow::{Context, Result, bail};
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
@@ -45,9 +49,50 @@ fn chown_recursive(path: &Path, uid: u32, gid: u32) -> Result<()> {
     Ok(())
 }
 
+/// Starts on a port taken in between are retried this many times in all.
+const START_ATTEMPTS: usize = 5;
+
 impl Postgres {
-    /// initdb into `dir/data` and start; creates database `maas`.
+    /// initdb into `dir/data` and start on `port`; creates database `maas`.
     pub fn init_and_start(bin_dir: &Path, dir: &Path, port: u16) -> Result<Postgres> {
+        let mut pg = Self::init(bin_dir, dir)?;
+        pg.port = port;
+        pg.start()?;
+        pg.create_database("maas")?;
+        Ok(pg)
+    }
+
+    /// initdb into `dir/data` and start on a port from `pick_port`; when the server exits
+    /// because that port was taken meanwhile, starts it on the next one (up to
+    /// [`START_ATTEMPTS`] ports). Creates database `maas`.
+    pub fn init_and_start_on_free_port(
+        bin_dir: &Path,
+        dir: &Path,
+        mut pick_port: impl FnMut() -> Result<u16>,
+    ) -> Result<Postgres> {
+        let mut pg = Self::init(bin_dir, dir)?;
+        let mut attempt = 1;
+        loop {
+            pg.port = pick_port()?;
+            match pg.start() {
+                Ok(()) => break,
+                Err(e) if attempt < START_ATTEMPTS && is_addr_in_use(&e) => {
+                    eprintln!(
+                        "postgres: port {} was taken ({e:#}); trying another",
+                        pg.port
+                    );
+                    pg.process = None;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        pg.create_database("maas")?;
+        Ok(pg)
+    }
+
+    /// initdb into `dir/data`; not started (port 0 until one is chosen).
+    fn init(bin_dir: &Path, dir: &Path) -> Result<Postgres> {
         // SAFETY: geteuid has no preconditions.
         let run_as = if unsafe { libc::geteuid() } == 0 {
             Some(postgres_user()?)
@@ -87,18 +132,15 @@ impl Postgres {
                 crate::process::log_tail(&dir.join("initdb.err"), 2000)
             );
         }
-        let mut pg = Postgres {
+        Ok(Postgres {
             bin_dir: bin_dir.to_path_buf(),
             data_dir,
             socket_dir,
             log_path,
-            port,
+            port: 0,
             run_as,
             process: None,
-        };
-        pg.start()?;
-        pg.create_database("maas")?;
-        Ok(pg)
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -186,6 +228,13 @@ impl Postgres {
             if self.pg_isready() {
                 return Ok(());
             }
+            if let Some(taken) = self
+                .process
+                .as_mut()
+                .and_then(ManagedProcess::exited_addr_in_use)
+            {
+                return Err(taken.into());
+            }
             if let Some(status) = self.process.as_mut().and_then(ManagedProcess::exited) {
                 bail!(
                     "postgres exited ({status}):\n{}",
@@ -223,5 +272,73 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Another process takes the picked port before PostgreSQL binds it: the server is started
+    /// again on the next port instead of failing the stack.
+    #[test]
+    fn a_taken_port_is_replaced_by_a_fresh_one() {
+        let bin = crate::tools::pg_bin_dir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("maas-pg-port-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let mut picks = vec![taken_port];
+        let mut pg = Postgres::init_and_start_on_free_port(&bin, dir.path(), || {
+            Ok(match picks.pop() {
+                Some(p) => p,
+                None => TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+            })
+        })
+        .unwrap();
+        assert!(picks.is_empty(), "the taken port was tried first");
+        assert_ne!(pg.port(), taken_port);
+        assert!(pg.pg_isready(), "serves on its new port {}", pg.port());
+        assert!(
+            std::fs::read_to_string(pg.log_path())
+                .unwrap()
+                .contains("Address already in use"),
+            "the first start really hit the taken port"
+        );
+        pg.stop();
+    }
+
+    /// Retries are bounded: when every picked port is taken the start fails, saying so.
+    #[test]
+    fn retries_are_bounded() {
+        let bin = crate::tools::pg_bin_dir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("maas-pg-port-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let mut tries = 0;
+        let err = Postgres::init_and_start_on_free_port(&bin, dir.path(), || {
+            tries += 1;
+            Ok(taken_port)
+        })
+        .err()
+        .expect("every port is taken");
+        assert_eq!(tries, START_ATTEMPTS, "{err:#}");
+        assert!(is_addr_in_use(&err), "{err:#}");
     }
 }

@@ -67,11 +67,36 @@ pub fn spawn_supervised(mut cmd: Command, death_signal: libc::c_int) -> io::Resu
         .map_err(|_| io::Error::other("process supervisor is gone"))?
 }
 
+/// A child exited because a port it was told to listen on was taken ("Address already in use"
+/// in what it logged since it started): the caller may start it again on fresh ports. Ports of
+/// programs that cannot take an already-bound socket (Envoy, PostgreSQL, the companion binary)
+/// are picked free and released first, so another process can take one in between.
+#[derive(Debug)]
+pub struct AddrInUse {
+    pub process: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for AddrInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} could not listen: {}", self.process, self.detail)
+    }
+}
+
+impl std::error::Error for AddrInUse {}
+
+/// Was `e` (anywhere in its chain) an [`AddrInUse`]?
+pub fn is_addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<AddrInUse>())
+}
+
 /// A named child with its log file (stdout and stderr, appended across restarts).
 pub struct ManagedProcess {
     pub name: String,
     pub log_path: PathBuf,
     child: Option<Child>,
+    /// Length of the log when this child started: what it wrote is after this offset.
+    log_start: u64,
     /// Signal for a graceful stop (SIGTERM; SIGINT = fast shutdown for PostgreSQL).
     stop_signal: libc::c_int,
 }
@@ -89,6 +114,7 @@ impl ManagedProcess {
             .append(true)
             .open(log_path)
             .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let log_err = log.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
         let program = cmd.get_program().to_string_lossy().into_owned();
@@ -98,7 +124,35 @@ impl ManagedProcess {
             name: name.to_string(),
             log_path: log_path.to_path_buf(),
             child: Some(child),
+            log_start,
             stop_signal,
+        })
+    }
+
+    /// What this child (not an earlier run with the same log) has logged so far.
+    pub fn log_since_start(&self) -> String {
+        match std::fs::read(&self.log_path) {
+            Ok(bytes) => {
+                let start = usize::try_from(self.log_start)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                String::from_utf8_lossy(bytes.get(start..).unwrap_or_default()).into_owned()
+            }
+            Err(_) => String::new(),
+        }
+    }
+
+    /// `Some` when the child has exited after logging "Address already in use" (Envoy,
+    /// PostgreSQL and the companion all say so when a listen address is taken).
+    pub fn exited_addr_in_use(&mut self) -> Option<AddrInUse> {
+        self.exited()?;
+        let log = self.log_since_start();
+        let line = log
+            .lines()
+            .find(|l| l.to_ascii_lowercase().contains("address already in use"))?;
+        Some(AddrInUse {
+            process: self.name.clone(),
+            detail: line.trim().to_string(),
         })
     }
 

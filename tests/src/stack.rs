@@ -1,10 +1,16 @@
 //! The local stack: throwaway PostgreSQL, the companion, the model simulator and Envoy with the
 //! filter, on free ports, in one temp directory. Used by `maas-local` and by every e2e test
 //! (one implementation). Everything it starts dies with it (see [`crate::process`]).
+//!
+//! Ports: the simulator runs in this process on a listener bound before anything else sees its
+//! address. PostgreSQL, the companion and Envoy are other programs that bind by address (the
+//! companion takes no inherited socket), so their ports are picked free and released; when one
+//! exits because another process took its port in between ("Address already in use"), it is
+//! started again on fresh ports (a bounded number of times). So many stacks can start at once.
 
 use crate::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
 use crate::postgres::Postgres;
-use crate::process::{ManagedProcess, log_tail};
+use crate::process::{ManagedProcess, is_addr_in_use, log_tail};
 use crate::sim::{self, RecordedRequest, SimConfig, SimHandle};
 use crate::tools;
 use anyhow::{Context, Result, bail};
@@ -100,15 +106,50 @@ struct Ports {
     postgres: u16,
 }
 
-/// Picks distinct free ports (all held until all are picked).
+/// A program that exits because its port was taken is started again on fresh ports, this many
+/// times in all.
+const START_ATTEMPTS: usize = 5;
+
+/// Picks distinct free ports (all held until all are picked, then released: see the module
+/// doc for why that is not enough on its own).
 fn free_ports(n: usize) -> Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<_>>()?;
-    listeners
+    #[cfg_attr(not(test), allow(unused_mut))]
+    let mut ports = listeners
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+        .collect::<Result<Vec<u16>>>()?;
+    #[cfg(test)]
+    if let Some(forced) = tests::FORCED_PORTS.with_borrow_mut(|f| f.remove(&n)) {
+        ports.iter_mut().zip(forced).for_each(|(p, f)| *p = f);
+    }
+    Ok(ports)
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Runs `start` again (after `repick`) while it fails with [`crate::process::AddrInUse`], up to
+/// [`START_ATTEMPTS`] times in all.
+fn retry_on_taken_port<S>(
+    state: &mut S,
+    mut repick: impl FnMut(&mut S) -> Result<()>,
+    mut start: impl FnMut(&S) -> Result<()>,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        repick(state)?;
+        match start(state) {
+            Err(e) if attempt < START_ATTEMPTS && is_addr_in_use(&e) => {
+                eprintln!("maas stack: {e:#}; starting it again on fresh ports");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Minimal HTTP/1.1 request for readiness checks: works in any thread, with or without a tokio
@@ -143,6 +184,7 @@ pub fn http_request(
 
 struct CompanionSpec {
     bin: PathBuf,
+    /// Everything but the listen addresses (from the stack's current ports).
     args: Vec<String>,
     env: Vec<(String, String)>,
     log: PathBuf,
@@ -240,7 +282,7 @@ fn load_policy(path: &Path) -> Result<PolicyDocument> {
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     // YAML → JSON value → the shared parser, so errors name the field exactly as the companion's do.
     let value: Value =
-        serde_yaml::from_str(&text).with_context(|| format!("{}: not YAML", path.display()))?;
+        yaml_serde::from_str(&text).with_context(|| format!("{}: not YAML", path.display()))?;
     PolicyDocument::from_value(value).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
@@ -271,26 +313,21 @@ impl Stack {
         let policy = load_policy(&policy_path)?;
 
         let ip = options.gateway_host;
-        let gateway_port = match options.gateway_port {
-            Some(p) => {
-                if let Err(e) = TcpListener::bind((ip, p)) {
-                    bail!(
-                        "gateway port {p} is not free ({e}): choose another with --port N or MAAS_GATEWAY_PORT"
-                    );
-                }
-                p
-            }
-            None => free_ports(1)?[0],
-        };
-        let p = free_ports(5)?;
-        let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        if let Some(p) = options.gateway_port
+            && let Err(e) = TcpListener::bind((ip, p))
+        {
+            bail!(
+                "gateway port {p} is not free ({e}): choose another with --port N or MAAS_GATEWAY_PORT"
+            );
+        }
+        // Chosen for real just before each program starts (see `retry_on_taken_port`).
         let ports = Ports {
-            gateway: SocketAddr::new(ip, gateway_port),
-            admin: local(p[0]),
-            companion_public: local(p[1]),
-            companion_internal: local(p[2]),
-            postgres: p[3],
-            companion_metrics: local(p[4]),
+            gateway: SocketAddr::new(ip, options.gateway_port.unwrap_or(0)),
+            admin: local(0),
+            companion_public: local(0),
+            companion_internal: local(0),
+            postgres: 0,
+            companion_metrics: local(0),
         };
 
         let sim_models = policy
@@ -309,7 +346,12 @@ impl Stack {
 
         let pg_dir = dir_path.join("postgres");
         std::fs::create_dir_all(&pg_dir)?;
-        let postgres = Postgres::init_and_start(&pg_bin, &pg_dir, ports.postgres)?;
+        let postgres =
+            Postgres::init_and_start_on_free_port(&pg_bin, &pg_dir, || Ok(free_ports(1)?[0]))?;
+        let ports = Ports {
+            postgres: postgres.port(),
+            ..ports
+        };
 
         let mut env = vec![(
             "RUST_LOG".to_string(),
@@ -320,9 +362,6 @@ impl Stack {
             bin: companion_bin,
             args: vec![
                 format!("--database-url={}", postgres.url("maas")),
-                format!("--public-addr={}", ports.companion_public),
-                format!("--internal-addr={}", ports.companion_internal),
-                format!("--metrics-addr={}", ports.companion_metrics),
                 format!("--policy-file={}", policy_path.display()),
                 format!(
                     "--policy-reload-interval-ms={}",
@@ -338,23 +377,28 @@ impl Stack {
         };
 
         let envoy_config_path = dir_path.join("envoy.json");
-        let rendered = envoy_config::render(&EnvoyConfigInput {
-            policy: &policy,
-            listen: ports.gateway,
-            admin: ports.admin,
-            companion_public: ports.companion_public,
-            companion_internal: ports.companion_internal,
-            simulator: sim.addr(),
-            filter: wasm.map(|wasm_path| WasmFilterOptions {
-                wasm_path,
-                poll_interval_ms: options.poll_interval_ms,
-            }),
-        })?;
-        let rendered = match &options.plugin_config_extra {
-            Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
-            None => rendered,
+        let sim_addr = sim.addr();
+        // Envoy's config names every port, so it is written again for each attempt.
+        let write_envoy_config = |ports: &Ports| -> Result<()> {
+            let rendered = envoy_config::render(&EnvoyConfigInput {
+                policy: &policy,
+                listen: ports.gateway,
+                admin: ports.admin,
+                companion_public: ports.companion_public,
+                companion_internal: ports.companion_internal,
+                simulator: sim_addr,
+                filter: wasm.clone().map(|wasm_path| WasmFilterOptions {
+                    wasm_path,
+                    poll_interval_ms: options.poll_interval_ms,
+                }),
+            })?;
+            let rendered = match &options.plugin_config_extra {
+                Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
+                None => rendered,
+            };
+            std::fs::write(&envoy_config_path, rendered)?;
+            Ok(())
         };
-        std::fs::write(&envoy_config_path, rendered)?;
 
         let dir_slot = if options.keep_dir {
             let _ = dir.keep();
@@ -362,7 +406,7 @@ impl Stack {
         } else {
             Some(dir)
         };
-        let stack = Stack {
+        let mut stack = Stack {
             res: Resources::register(Resources {
                 dir: Mutex::new(dir_slot),
                 postgres: Mutex::new(Some(postgres)),
@@ -377,14 +421,36 @@ impl Stack {
             credentials_path,
             sim,
             companion_spec,
-            envoy_config_path,
+            envoy_config_path: envoy_config_path.clone(),
             ready_timeout: options.ready_timeout,
         };
         if options.keep_dir {
             eprintln!("maas stack directory (kept): {}", stack.dir_path.display());
         }
-        stack.start_companion()?;
-        stack.start_envoy(&envoy_bin, options.envoy_concurrency)?;
+        retry_on_taken_port(
+            &mut stack,
+            |stack| {
+                let p = free_ports(3)?;
+                stack.ports.companion_public = local(p[0]);
+                stack.ports.companion_internal = local(p[1]);
+                stack.ports.companion_metrics = local(p[2]);
+                Ok(())
+            },
+            Stack::start_companion,
+        )?;
+        let gateway_fixed = options.gateway_port.is_some();
+        retry_on_taken_port(
+            &mut stack,
+            |stack| {
+                let p = free_ports(2)?;
+                stack.ports.admin = local(p[0]);
+                if !gateway_fixed {
+                    stack.ports.gateway = SocketAddr::new(ip, p[1]);
+                }
+                write_envoy_config(&stack.ports)
+            },
+            |stack| stack.start_envoy(&envoy_bin, options.envoy_concurrency),
+        )?;
         stack.wait_gateway_ready()?;
         Ok(stack)
     }
@@ -427,6 +493,22 @@ impl Stack {
         self.wait_until("envoy admin /ready", || {
             Ok(http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200)
         })
+        .map_err(|e| self.addr_in_use_or(&self.res.envoy, e))
+    }
+
+    /// `e`, or [`crate::process::AddrInUse`] when the process in `slot` exited because its port was taken.
+    fn addr_in_use_or(
+        &self,
+        slot: &Mutex<Option<ManagedProcess>>,
+        e: anyhow::Error,
+    ) -> anyhow::Error {
+        match lock(slot)
+            .as_mut()
+            .and_then(ManagedProcess::exited_addr_in_use)
+        {
+            Some(taken) => anyhow::Error::new(taken).context(format!("{e:#}")),
+            None => e,
+        }
     }
 
     fn wait_gateway_ready(&self) -> Result<()> {
@@ -559,7 +641,10 @@ impl Stack {
             }
             let spec = &self.companion_spec;
             let mut cmd = Command::new(&spec.bin);
-            cmd.args(&spec.args);
+            cmd.arg(format!("--public-addr={}", self.ports.companion_public))
+                .arg(format!("--internal-addr={}", self.ports.companion_internal))
+                .arg(format!("--metrics-addr={}", self.ports.companion_metrics))
+                .args(&spec.args);
             for (k, v) in &spec.env {
                 cmd.env(k, v);
             }
@@ -579,6 +664,7 @@ impl Stack {
                     && TcpStream::connect_timeout(&internal, Duration::from_secs(1)).is_ok(),
             )
         })
+        .map_err(|e| self.addr_in_use_or(&self.res.companion, e))
     }
 
     pub fn stop_companion(&self) {
@@ -700,5 +786,100 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    thread_local! {
+        /// What the next call of `free_ports(n)` on this thread hands out, by `n` (to make a
+        /// start meet taken ports: PostgreSQL asks for 1, the companion 3, Envoy 2).
+        pub(super) static FORCED_PORTS: RefCell<HashMap<usize, Vec<u16>>> =
+            RefCell::new(HashMap::new());
+    }
+
+    /// Every program's first ports are taken by someone else (as when stacks start at once and
+    /// another one binds a port between our pick and the program's bind): PostgreSQL, the
+    /// companion and Envoy each exit on "Address already in use" and are started again on fresh
+    /// ports, and the stack serves.
+    #[test]
+    fn every_program_is_restarted_on_fresh_ports_when_its_ports_are_taken() {
+        // PostgreSQL picks 1 port, the companion 3, Envoy 2 (admin, gateway): all taken.
+        let taken: Vec<TcpListener> = (0..6)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let taken_ports: Vec<u16> = taken
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        FORCED_PORTS.with_borrow_mut(|f| {
+            f.extend([
+                (1, taken_ports[..1].to_vec()),
+                (3, taken_ports[1..4].to_vec()),
+                (2, taken_ports[4..].to_vec()),
+            ])
+        });
+        let stack = Stack::start(StackOptions {
+            // The ports are under test, not the filter (no .wasm build needed).
+            with_filter: false,
+            ..StackOptions::default()
+        });
+        let left = FORCED_PORTS.with_borrow_mut(std::mem::take);
+        let stack = stack.unwrap();
+        assert!(left.is_empty(), "every taken port was tried: {left:?}");
+        let used = [
+            stack.ports.gateway.port(),
+            stack.ports.admin.port(),
+            stack.ports.companion_public.port(),
+            stack.ports.companion_internal.port(),
+            stack.ports.companion_metrics.port(),
+            stack.ports.postgres,
+        ];
+        for port in used {
+            assert!(
+                !taken_ports.contains(&port),
+                "{port} is one of the taken ports"
+            );
+        }
+        for log in stack.log_paths() {
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.to_ascii_lowercase().contains("address already in use"),
+                "{} shows no first start on a taken port:\n{text}",
+                log.display()
+            );
+        }
+        let (status, _) = http_request(
+            stack.gateway_addr(),
+            "GET",
+            "/maas-api/health",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(status, 200);
+        stack.check_alive().unwrap();
+        drop(taken);
+    }
+
+    /// A fixed gateway port that is taken is the user's choice: no retry, a clear error.
+    #[test]
+    fn a_taken_fixed_gateway_port_is_refused_not_replaced() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let err = Stack::start(StackOptions {
+            gateway_port: Some(port),
+            with_filter: false,
+            ..StackOptions::default()
+        })
+        .err()
+        .expect("the gateway port is taken");
+        assert!(
+            format!("{err:#}").contains(&format!("gateway port {port} is not free")),
+            "{err:#}"
+        );
     }
 }

@@ -578,7 +578,14 @@ async fn metrics_are_exported() {
         text.contains("maas_tokens_prompt_tier_free_model_sim_model"),
         "token metrics missing: {text}"
     );
-    assert!(metric(stack, "maas_requests_allowed").await >= 1);
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || async {
+            metric_now(stack, "maas_requests_allowed").await >= 1
+        })
+        .await
+        .is_some(),
+        "maas_requests_allowed never counted the allowed request"
+    );
 }
 
 #[tokio::test]

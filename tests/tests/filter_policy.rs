@@ -99,7 +99,8 @@ async fn companion_down_cached_passes_uncached_503_then_recovers() {
         let e = r.error(503);
         assert_eq!(e["code"], "auth_unavailable");
     }
-    // Still served from cache a bit later (policy polls fail meanwhile; the policy stays).
+    // Still served from cache a bit later (policy polls fail meanwhile; the policy stays): a
+    // deliberate wait, the point is that time passes with the companion away.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(call(stack, &cached, CHAT, "sim-model").await.status, 200);
 

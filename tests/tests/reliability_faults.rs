@@ -108,6 +108,8 @@ async fn companion_stopped_during_traffic_cached_pass_uncached_503_then_recovery
     assert_eq!(call(stack, "bob-token", "rf-warm").await.status, 200);
 
     // Traffic with the cached key and the cached token while the companion goes away.
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answered_in_task = answered.clone();
     let traffic = tokio::spawn(async move {
         let s = self::stack();
         let mut statuses = Vec::new();
@@ -115,10 +117,16 @@ async fn companion_stopped_during_traffic_cached_pass_uncached_503_then_recovery
         while start.elapsed() < Duration::from_secs(4) && statuses.len() < 3000 {
             statuses.push(call(s, &cached, "rf-traffic").await.status);
             statuses.push(call(s, "bob-token", "rf-traffic").await.status);
+            answered_in_task.store(statuses.len(), std::sync::atomic::Ordering::Relaxed);
         }
         statuses
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The traffic is flowing before the companion goes.
+    eventually(Duration::from_secs(10), || async {
+        answered.load(std::sync::atomic::Ordering::Relaxed) >= 2
+    })
+    .await
+    .expect("the traffic never started");
     stack.stop_companion();
     let mut uncached_statuses = Vec::new();
     for _ in 0..5 {
@@ -128,6 +136,7 @@ async fn companion_stopped_during_traffic_cached_pass_uncached_503_then_recovery
             assert!(e["code"].is_string(), "{}", r.body);
             uncached_statuses.push(r.status);
         }
+        // Deliberate: the probes are spread over the outage (about a second).
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let statuses = traffic.await.unwrap();
@@ -293,6 +302,8 @@ async fn minting_through_a_restart(kill: bool) {
     let mut tasks = Vec::new();
     // Set when the companion is back: the clients go on for one more second after that.
     let back: &'static std::sync::Mutex<Option<Instant>> = Box::leak(Box::default());
+    // Keys minted so far by all clients (the restart waits for minting to be under way).
+    let minted_so_far: &'static std::sync::atomic::AtomicUsize = Box::leak(Box::default());
     for c in 0..3 {
         tasks.push(tokio::spawn(async move {
             let s = self::stack();
@@ -313,16 +324,22 @@ async fn minting_through_a_restart(kill: bool) {
                         let key = v["key"].as_str().expect("201 has a key").to_string();
                         let id = v["id"].as_str().expect("201 has an id").to_string();
                         got.push((id, key));
+                        minted_so_far.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Ok(r) => refused.push(format!("{} {}", r.status, r.body)),
                     Err(e) => refused.push(e),
                 }
+                // Pacing (deliberate): a steady trickle of mints across the restart.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             (got, refused)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    eventually(Duration::from_secs(30), || async {
+        minted_so_far.load(std::sync::atomic::Ordering::Relaxed) >= 3
+    })
+    .await
+    .expect("the clients never minted before the restart");
     let s = stack;
     let companion_port: u16 = stack
         .companion_public_url()
@@ -338,9 +355,18 @@ async fn minting_through_a_restart(kill: bool) {
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
             }
-            std::thread::sleep(Duration::from_millis(300));
+            // Gone when its port no longer accepts connections.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", companion_port)).is_ok() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the killed companion still listens"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         s.stop_companion();
+        // Deliberate: the companion stays away for a while, so the clients meet the outage.
         std::thread::sleep(Duration::from_millis(500));
         s.start_companion()
     })

@@ -128,7 +128,8 @@ async fn invalid_policies_are_refused_and_the_old_one_stays_in_force() {
         let (etag_now, doc_now) = companion_policy(stack).await;
         assert_eq!(etag_now, etag, "{what}: the served policy changed");
         assert_eq!(doc_now, doc, "{what}");
-        // And the filter keeps enforcing it (a few poll intervals later).
+        // And the filter keeps enforcing it a few poll intervals later (a deliberate wait:
+        // nothing must change, so there is no condition to poll for).
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert_eq!(
             limit_in_force(stack).await.as_deref(),
@@ -160,7 +161,14 @@ async fn invalid_policies_are_refused_and_the_old_one_stays_in_force() {
     let (etag_now, doc_now) = companion_policy(stack).await;
     assert_ne!(etag_now, etag);
     assert_eq!(doc_now["tiers"][0]["limits"]["requests"][0]["limit"], 500);
-    assert!(metric(stack, "maas_policy_updates").await > filter_updates);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            metric_now(stack, "maas_policy_updates").await > filter_updates
+        })
+        .await
+        .is_some(),
+        "maas_policy_updates did not count the valid change"
+    );
     eprintln!("4 invalid policies refused; a valid change applied after {took:?}");
 }
 
@@ -203,7 +211,7 @@ fn render_with_plugin_config(
 #[test]
 fn broken_plugin_config_never_lets_a_request_through() {
     let policy: PolicyDocument = {
-        let v: Value = serde_yaml::from_str(&policy(1000)).unwrap();
+        let v: Value = yaml_serde::from_str(&policy(1000)).unwrap();
         PolicyDocument::from_value(v).unwrap()
     };
     let sim = sim::spawn(

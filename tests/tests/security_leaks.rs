@@ -368,7 +368,7 @@ async fn revoked_expired_and_detiered_keys_are_refused_in_time() {
         bound + Duration::from_secs(1),
     )
     .await;
-    // And stays refused.
+    // And stays refused (a deliberate wait: nothing must change, no condition to poll for).
     tokio::time::sleep(Duration::from_millis(600)).await;
     call(stack, &short, "/llm/sim-model", "sim-model", "lk-exp")
         .await

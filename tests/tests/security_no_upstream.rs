@@ -185,7 +185,10 @@ async fn check_refusals(
     let before = started(admin).await;
     let r = send(post(CHAT, &alice, &ok, &format!("nu-sanity{suffix}"))).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(Duration::from_secs(5), || async {
+        started(admin).await > before
+    })
+    .await;
     assert_eq!(started(admin).await, before + 1);
 
     let tokens = json!({"model": "sim-model", "max_tokens": 40, "messages": [{"role": "user", "content": "x"}]});
@@ -218,7 +221,16 @@ async fn check_refusals(
         let before = started(admin).await;
         let r = send(post(path, auth, &body, &test_id)).await;
         assert_eq!(r.status, status, "{what}: {}", r.body);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if status == 200 {
+            eventually(Duration::from_secs(5), || async {
+                started(admin).await > before
+            })
+            .await;
+        } else {
+            // A refusal must move nothing: a deliberate wait gives a late upstream request
+            // time to show (there is no condition to poll for).
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let delta = started(admin).await - before;
         let received = stack.sim_requests_with_test_id(&test_id).len();
         let expected = u64::from(status == 200);

@@ -2,18 +2,21 @@
 //!
 //! Everything that crosses the filter/companion boundary is defined here once: the policy
 //! document and its validation, tier resolution, the authenticate contract, the credentials
-//! document, the API key format and its hash, and the OpenAI-style error body.
+//! document, the API key format and its hash, which credential a request carries (one
+//! extraction rule), and the OpenAI-style error body and error types.
 //! The crate is `no I/O`, no clock: callers pass the time in.
 
 pub mod apikey;
 pub mod auth;
+pub mod credential;
 pub mod error_body;
 pub mod policy;
 pub mod window;
 
 pub use apikey::{ApiKeyParts, KeyFormatError};
 pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
-pub use error_body::{ErrorBody, ErrorDetail};
+pub use credential::{Credential, CredentialError};
+pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use policy::{
     ApiFamily, Limit, Limits, Model, OperationSpec, PolicyDocument, PolicyError, Provider,
     ProviderKind, Tier,

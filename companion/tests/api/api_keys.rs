@@ -102,7 +102,7 @@ async fn mint_validates_name_and_body() {
 
 #[tokio::test]
 async fn expiry_rules() {
-    let app = spawn_app_with(|c| c.api_key_max_expiration_days = 30).await;
+    let app = spawn_app_with(|c| c.keys.max_expiration_days = 30).await;
     for bad in [
         json!(""),
         json!("0"),
@@ -569,9 +569,9 @@ async fn cleanup_deletes_ephemeral_keys_30_minutes_after_expiry() {
 #[tokio::test]
 async fn last_used_at_is_debounced() {
     let app = spawn_app_with(|c| {
-        c.last_used_flush_interval_ms = 1000;
+        c.keys.last_used_flush_interval = std::time::Duration::from_millis(1000);
         // 256 requests share 10 connections: on a slow machine the queue may be long.
-        c.db_acquire_timeout_ms = 30_000;
+        c.database.acquire_timeout = std::time::Duration::from_secs(30);
     })
     .await;
     let minted = app.mint_named("alice-token", "hot").await;

@@ -139,7 +139,7 @@ async fn database_down_is_503_and_the_service_recovers() {
     std::fs::write(&policy, crate::helpers::local_policy()).unwrap();
     std::fs::write(&ids, crate::helpers::IDENTITIES).unwrap();
     std::fs::write(&creds, "credentials: {}\n").unwrap();
-    let config = maas_companion::Config::for_local(&url, policy, ids, creds);
+    let config = crate::helpers::local_settings(&url, &policy, &ids, &creds);
     let started = std::time::Instant::now();
     let app = maas_companion::Application::build(config).await.unwrap();
     let public = format!("http://{}", app.public_addr());
@@ -207,11 +207,11 @@ async fn unreachable_postgres_answers_503_fast() {
     std::fs::write(&policy, crate::helpers::local_policy()).unwrap();
     std::fs::write(&ids, crate::helpers::IDENTITIES).unwrap();
     std::fs::write(&creds, "credentials: {}\n").unwrap();
-    let config = maas_companion::Config::for_local(
+    let config = crate::helpers::local_settings(
         "postgres://postgres@127.0.0.1:1/none",
-        policy,
-        ids,
-        creds,
+        &policy,
+        &ids,
+        &creds,
     );
     let app = maas_companion::Application::build(config).await.unwrap();
     let http = reqwest::Client::new();

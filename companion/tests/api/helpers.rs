@@ -3,9 +3,11 @@
 //! Needs `MAAS_TEST_DATABASE_URL` (an admin URL to a running server); `./scripts/test.sh`
 //! starts one and exports it.
 
-use maas_companion::{Application, Config};
+use clap::Parser;
+use maas_companion::{Application, Cli, Settings};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection, PgPool};
+use std::path::Path;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use tempfile::TempDir;
@@ -25,6 +27,35 @@ identities:
     username: dave
     groups: [no-tier-group]
 ";
+
+/// The settings of an in-process companion, parsed from flags as the binary does: static
+/// identities, file credentials, every listener on 127.0.0.1 port 0, short intervals.
+pub fn local_settings(
+    database_url: &str,
+    policy_file: &Path,
+    identities_file: &Path,
+    credentials_file: &Path,
+) -> Settings {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    Cli::try_parse_from([
+        "maas-companion".to_string(),
+        format!("--database-url={database_url}"),
+        "--db-max-connections=10".into(),
+        "--db-acquire-timeout-ms=1000".into(),
+        "--public-addr=127.0.0.1:0".into(),
+        "--internal-addr=127.0.0.1:0".into(),
+        "--metrics-addr=127.0.0.1:0".into(),
+        format!("--policy-file={}", path(policy_file)),
+        "--policy-reload-interval-ms=200".into(),
+        "--identity-provider=static".into(),
+        format!("--identities-file={}", path(identities_file)),
+        "--credentials-source=file".into(),
+        format!("--credentials-file={}", path(credentials_file)),
+    ])
+    .unwrap()
+    .into_settings()
+    .unwrap()
+}
 
 pub fn local_policy() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy.yaml");
@@ -102,7 +133,7 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
-pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     init_tracing();
     let database_url = create_database().await;
     let dir = tempfile::tempdir().unwrap();
@@ -112,17 +143,17 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     std::fs::write(&policy_path, local_policy()).unwrap();
     std::fs::write(&identities, IDENTITIES).unwrap();
     std::fs::write(&credentials, "credentials: {openai-key: sk-local-openai}\n").unwrap();
-    let mut config = Config::for_local(&database_url, policy_path.clone(), identities, credentials);
+    let mut config = local_settings(&database_url, &policy_path, &identities, &credentials);
     adjust(&mut config);
     spawn_with_config(config, dir, policy_path, database_url, Default::default()).await
 }
 
 pub async fn spawn_with_config(
-    config: Config,
+    config: Settings,
     dir: TempDir,
     policy_path: PathBuf,
     database_url: String,
-    overrides: maas_companion::startup::Overrides,
+    overrides: maas_companion::Overrides,
 ) -> TestApp {
     let app = Application::build_with(config, overrides)
         .await
@@ -266,7 +297,7 @@ impl TestApp {
 
 /// Replaces a file the way a ConfigMap update does: write aside, then rename (so the reloader
 /// never reads a half-written file).
-pub fn write_atomic(path: &std::path::Path, content: &str) {
+pub fn write_atomic(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, content).unwrap();
     std::fs::rename(&tmp, path).unwrap();

@@ -8,7 +8,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use maas_companion::config::{CredentialsSourceKind, IdentityProviderKind};
+use maas_companion::settings::{
+    AdminSarSettings, CredentialsSettings, IdentityProvider, OidcSettings,
+};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -191,7 +193,7 @@ async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
 
 async fn spawn_kube_app(
     calls: Arc<Calls>,
-    adjust: impl FnOnce(&mut maas_companion::Config),
+    adjust: impl FnOnce(&mut maas_companion::Settings),
 ) -> crate::helpers::TestApp {
     let client = start_api_server(calls).await;
     let database_url = create_database().await;
@@ -204,20 +206,20 @@ async fn spawn_kube_app(
     );
     std::fs::write(&policy_path, policy).unwrap();
     std::fs::write(&ids, IDENTITIES).unwrap();
-    let mut config =
-        maas_companion::Config::for_local(&database_url, policy_path.clone(), ids.clone(), ids);
-    config.identity_provider = IdentityProviderKind::Kubernetes;
-    config.identities_file = None;
-    config.credentials_source = CredentialsSourceKind::Kubernetes;
-    config.credentials_file = None;
-    config.token_negative_cache_ttl_seconds = 1;
+    let mut config = crate::helpers::local_settings(&database_url, &policy_path, &ids, &ids);
+    config.identity.provider = IdentityProvider::Kubernetes {
+        audiences: Vec::new(),
+        oidc: None,
+    };
+    config.credentials = CredentialsSettings::Kubernetes { namespace: None };
+    config.identity.token_negative_cache_ttl = std::time::Duration::from_secs(1);
     adjust(&mut config);
     spawn_with_config(
         config,
         dir,
         policy_path,
         database_url,
-        maas_companion::startup::Overrides {
+        maas_companion::Overrides {
             kube_client: Some(client),
         },
     )
@@ -263,9 +265,7 @@ async fn token_review_identities_mint_and_authenticate_with_caching() {
     // A JWT-shaped token (as service account tokens are) is never cached past its `exp`.
     use base64::Engine;
     let exp = chrono::Utc::now().timestamp() + 5;
-    let b64 = |v: serde_json::Value| {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
-    };
+    let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
     let jwt = format!(
         "{}.{}.c2ln",
         b64(json!({"alg": "RS256"})),
@@ -315,7 +315,11 @@ async fn provider_credentials_come_from_secrets() {
 async fn admin_by_subject_access_review() {
     let calls = Arc::new(Calls::default());
     let app = spawn_kube_app(calls.clone(), |c| {
-        c.admin_sar_namespace = Some("maas".into());
+        c.identity.admin_sar = Some(AdminSarSettings {
+            namespace: "maas".into(),
+            resource: "maasauthpolicies.maas.opendatahub.io".into(),
+            verb: "create".into(),
+        });
     })
     .await;
     let dev_key = app.mint("kube-other", json!({"name": "dev-key"})).await;
@@ -348,9 +352,15 @@ async fn oidc_jwts_next_to_token_review() {
     let jwks_url = crate::oidc::start_jwks(&key).await;
     let calls = Arc::new(Calls::default());
     let app = spawn_kube_app(calls.clone(), |c| {
-        c.oidc_issuer = Some(crate::oidc::ISSUER.into());
-        c.oidc_audience = Some(crate::oidc::AUDIENCE.into());
-        c.oidc_jwks_url = Some(jwks_url);
+        c.identity.provider = IdentityProvider::Kubernetes {
+            audiences: Vec::new(),
+            oidc: Some(OidcSettings {
+                issuer: crate::oidc::ISSUER.into(),
+                audience: crate::oidc::AUDIENCE.into(),
+                jwks_url,
+                groups_claim: "groups".into(),
+            }),
+        };
     })
     .await;
     let jwt = crate::oidc::token(
@@ -385,7 +395,10 @@ async fn oidc_jwts_next_to_token_review() {
 async fn token_review_answers_must_grant_the_configured_audiences() {
     let calls = Arc::new(Calls::default());
     let app = spawn_kube_app(calls.clone(), |c| {
-        c.token_audiences = vec!["maas".into()];
+        c.identity.provider = IdentityProvider::Kubernetes {
+            audiences: vec!["maas".into()],
+            oidc: None,
+        };
     })
     .await;
     // Granted (the answer's audiences intersect what was asked): accepted.

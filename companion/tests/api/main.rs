@@ -1,6 +1,9 @@
 //! Companion integration tests: real PostgreSQL (a fresh database per test), real HTTP.
 //! Run with ./scripts/test.sh, or with MAAS_TEST_DATABASE_URL set.
 
+// A test crate: a failed unwrap or panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod api_keys;
 mod authenticate;
 mod binary;

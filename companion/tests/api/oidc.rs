@@ -4,7 +4,7 @@ use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_confi
 use axum::routing::get;
 use axum::{Json, Router};
 use jwt_simple::prelude::*;
-use maas_companion::config::IdentityProviderKind;
+use maas_companion::settings::{IdentityProvider, OidcSettings};
 use serde_json::json;
 
 pub const ISSUER: &str = "https://issuer.example.test";
@@ -50,16 +50,18 @@ async fn spawn_oidc_app(jwks_url: String) -> crate::helpers::TestApp {
     std::fs::write(&policy_path, local_policy()).unwrap();
     std::fs::write(&ids, IDENTITIES).unwrap();
     std::fs::write(dir.path().join("creds.yaml"), "credentials: {}\n").unwrap();
-    let mut config = maas_companion::Config::for_local(
+    let mut config = crate::helpers::local_settings(
         &database_url,
-        policy_path.clone(),
-        ids,
-        dir.path().join("creds.yaml"),
+        &policy_path,
+        &ids,
+        &dir.path().join("creds.yaml"),
     );
-    config.identity_provider = IdentityProviderKind::Oidc;
-    config.oidc_issuer = Some(ISSUER.into());
-    config.oidc_audience = Some(AUDIENCE.into());
-    config.oidc_jwks_url = Some(jwks_url);
+    config.identity.provider = IdentityProvider::Oidc(OidcSettings {
+        issuer: ISSUER.into(),
+        audience: AUDIENCE.into(),
+        jwks_url,
+        groups_claim: "groups".into(),
+    });
     spawn_with_config(config, dir, policy_path, database_url, Default::default()).await
 }
 

@@ -1,5 +1,20 @@
 use crate::helpers::{spawn_app, spawn_app_with};
-use maas_companion::startup::PUBLIC_ROUTES;
+use maas_companion::settings::TlsFiles;
+
+/// The public API, as the contract lists it: each route must be routed and documented in
+/// `/openapi.json`, and nothing else may be documented.
+const PUBLIC_ROUTES: &[(&str, &[&str])] = &[
+    ("/v1/api-keys", &["post"]),
+    ("/v1/api-keys/search", &["post"]),
+    ("/v1/api-keys/bulk-revoke", &["post"]),
+    ("/v1/api-keys/config", &["get"]),
+    ("/v1/api-keys/{id}", &["get", "delete"]),
+    ("/v1/models", &["get"]),
+    ("/v1/tiers", &["get"]),
+    ("/health", &["get"]),
+    ("/ready", &["get"]),
+    ("/openapi.json", &["get"]),
+];
 use serde_json::json;
 
 #[tokio::test]
@@ -39,13 +54,13 @@ async fn metrics_are_served_on_the_metrics_listener_only() {
     // The public listener is what the Gateway routes `/maas-api/*` to, without authentication.
     let r = app.public_get("/metrics", None).await;
     assert_eq!(r.status, 404, "{}", r.body);
-    assert_eq!(r.body["error"]["type"], "not_found_error");
+    assert_eq!(r.body["error"]["type"], "invalid_request_error");
     let r = app.public_get("/metrics", Some("carol-token")).await;
     assert_eq!(r.status, 404, "not even for an admin: {}", r.body);
     // The internal listener serves the provider credentials: Prometheus must not need it.
     let r = app.internal_get("/metrics").await;
     assert_eq!(r.status, 404, "{}", r.body);
-    assert_eq!(r.body["error"]["type"], "not_found_error");
+    assert_eq!(r.body["error"]["type"], "invalid_request_error");
 
     let r = app
         .http
@@ -82,7 +97,7 @@ async fn the_metrics_listener_serves_nothing_but_metrics_and_health() {
     assert_eq!(r.status(), 404);
     let body = r.text().await.unwrap();
     assert!(!body.contains("sk-local-openai"), "{body}");
-    assert!(body.contains("not_found_error"), "{body}");
+    assert!(body.contains("invalid_request_error"), "{body}");
     let r = app
         .http
         .post(format!("{}/internal/v1/authenticate", app.metrics))
@@ -192,17 +207,13 @@ async fn every_public_route_is_routed_and_in_openapi() {
         .collect();
     let mut routed: Vec<(String, String)> = PUBLIC_ROUTES
         .iter()
-        .flat_map(|r| {
-            r.methods
-                .iter()
-                .map(|m| (r.path.to_string(), m.to_string()))
-        })
+        .flat_map(|(path, methods)| methods.iter().map(|m| (path.to_string(), m.to_string())))
         .collect();
     documented.sort();
     routed.sort();
-    assert_eq!(documented, routed, "openapi.json and PUBLIC_ROUTES differ");
+    assert_eq!(documented, routed, "openapi.json and the public API differ");
 
-    // Each listed route exists on the public listener (not the fallback, not 405).
+    // Each listed route exists on the public listener (not the fallback, not 405)…
     for (path, method) in routed {
         let url = format!(
             "{}{}",
@@ -224,6 +235,22 @@ async fn every_public_route_is_routed_and_in_openapi() {
             "{method} {path} is not routed"
         );
     }
+    // …and no listed path serves a method that is not listed (any other method is a 405).
+    for (path, methods) in PUBLIC_ROUTES {
+        let url = format!("{}{}", app.public, path.replace("{id}", "x"));
+        for method in ["get", "post", "delete"] {
+            if methods.contains(&method) {
+                continue;
+            }
+            let req = match method {
+                "get" => app.http.get(&url),
+                "post" => app.http.post(&url).json(&json!({})),
+                _ => app.http.delete(&url),
+            };
+            let status = req.send().await.unwrap().status().as_u16();
+            assert_eq!(status, 405, "{method} {path}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -238,7 +265,7 @@ async fn listeners_are_separate_and_errors_are_json() {
     assert_eq!(r.status, 404);
     let r = app.public_get("/nope", None).await;
     assert_eq!(r.status, 404);
-    assert_eq!(r.body["error"]["type"], "not_found_error");
+    assert_eq!(r.body["error"]["type"], "invalid_request_error");
     let r = app
         .public_get("/v1/api-keys/search", Some("alice-token"))
         .await;
@@ -307,8 +334,10 @@ async fn tls_on_every_listener() {
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     let app = spawn_app_with(|c| {
-        c.tls_cert = Some(cert_path.clone());
-        c.tls_key = Some(key_path.clone());
+        c.listeners.tls = Some(TlsFiles {
+            cert: cert_path.clone(),
+            key: key_path.clone(),
+        });
     })
     .await;
     let http = reqwest::Client::builder()
@@ -338,7 +367,9 @@ async fn tls_on_every_listener() {
 
 #[tokio::test]
 async fn graceful_shutdown_flushes_last_used() {
-    let test_app = spawn_app_with(|c| c.last_used_flush_interval_ms = 3_600_000).await;
+    let test_app =
+        spawn_app_with(|c| c.keys.last_used_flush_interval = std::time::Duration::from_secs(3600))
+            .await;
     let minted = test_app.mint_named("alice-token", "k").await;
     assert_eq!(
         test_app

@@ -23,7 +23,7 @@ async fn policy_is_served_with_etag_and_304() {
     // Not on the public listener.
     let r = app.public_get("/internal/v1/policy", None).await;
     assert_eq!(r.status, 404);
-    assert_eq!(r.body["error"]["type"], "not_found_error");
+    assert_eq!(r.body["error"]["type"], "invalid_request_error");
 }
 
 async fn wait_for_tier_names(app: &crate::helpers::TestApp, expected: &[&str]) {

@@ -1147,7 +1147,7 @@ fn run() -> Result<()> {
     })?;
     let dir = stack.dir().join("bench");
     std::fs::create_dir_all(&dir)?;
-    let policy = PolicyDocument::from_value(serde_yaml::from_str::<Value>(POLICY)?)
+    let policy = PolicyDocument::from_value(yaml_serde::from_str::<Value>(POLICY)?)
         .map_err(|e| anyhow::anyhow!("bench policy: {e}"))?;
     let inputs = EnvoyInputs {
         policy: &policy,

@@ -44,10 +44,19 @@ pub fn stack_with_plugin_config(
     }
 }
 
-/// A wasm custom metric's current value (`wasmcustom.<name>` in /stats), 0 when not defined yet.
+/// A wasm custom metric's value (`wasmcustom.<name>` in /stats) once what happened before the
+/// call has been handed to Envoy, 0 when not defined yet. For a snapshot whose right value is
+/// not known in advance (e.g. "unchanged since"); to wait for a known value, poll
+/// [`metric_now`] with [`eventually`] instead.
 pub async fn metric(stack: &Stack, name: &str) -> u64 {
-    // The filter hands counters to Envoy once per tick (200 ms).
+    // The filter hands counters to Envoy once per tick (200 ms): waiting out two ticks is what
+    // makes this a snapshot of everything before the call (no condition to poll for).
     tokio::time::sleep(Duration::from_millis(450)).await;
+    metric_now(stack, name).await
+}
+
+/// A wasm custom metric's value in Envoy right now (the filter's last tick), 0 when not defined.
+pub async fn metric_now(stack: &Stack, name: &str) -> u64 {
     let text = client()
         .get(format!(
             "{}/stats?filter=wasmcustom",

@@ -198,7 +198,7 @@ impl OidcVerifier {
         Ok(Identity {
             username,
             groups,
-            expires_at: Some(expires_at.as_secs() as i64),
+            expires_at: Some(i64::try_from(expires_at.as_secs()).unwrap_or(i64::MAX)),
         })
     }
 }

@@ -1,0 +1,118 @@
+//! The authenticated caller of a public endpoint, as an extractor.
+//!
+//! Identity comes only from the credential, taken by the rule shared with the filter
+//! ([`maas_types::credential::extract`]: `Authorization: Bearer …` or `x-api-key`, the same
+//! value when both are sent). Headers in the reserved `x-maas-*` namespace are never read:
+//! whatever sets them, they are not proof.
+
+use crate::authenticate::{AuthError, Authenticator};
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use maas_types::{Credential, CredentialError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallerKind {
+    /// A cluster identity (static token, TokenReview, OIDC): may mint keys.
+    Cluster,
+    /// An API key: may read, never mint. `tier` is the key's pinned tier.
+    ApiKey { tier: Option<String> },
+}
+
+/// The authenticated caller of a public endpoint.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub username: String,
+    pub groups: Vec<String>,
+    pub kind: CallerKind,
+    /// Admins see and revoke everyone's keys. API key callers are never admin: a leaked key
+    /// must not carry more than its owner's own keys.
+    pub is_admin: bool,
+}
+
+impl Caller {
+    pub fn pinned_tier(&self) -> Option<&str> {
+        match &self.kind {
+            CallerKind::ApiKey { tier } => tier.as_deref(),
+            CallerKind::Cluster => None,
+        }
+    }
+}
+
+/// The request's credential by the shared rule. A header that is not valid text counts as
+/// holding invalid characters.
+fn credential(headers: &HeaderMap) -> Result<Credential<'_>, CredentialError> {
+    let text = |name| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().map_err(|_| CredentialError::InvalidCharacters))
+            .transpose()
+    };
+    maas_types::credential::extract(text(AUTHORIZATION.as_str())?, text("x-api-key")?)
+}
+
+impl<S> FromRequestParts<S> for Caller
+where
+    Authenticator: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = AuthError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let auth = Authenticator::from_ref(state);
+        match credential(&parts.headers)? {
+            Credential::ApiKey { raw, .. } => {
+                let key = auth.api_key(raw).await?;
+                Ok(Caller {
+                    username: key.username,
+                    groups: key.user_groups,
+                    kind: CallerKind::ApiKey { tier: key.tier },
+                    is_admin: false,
+                })
+            }
+            Credential::Token(token) => {
+                let identity = auth.identity.verify_token(token).await?;
+                let is_admin = auth.identity.is_admin(&identity).await;
+                Ok(Caller {
+                    username: identity.username,
+                    groups: identity.groups,
+                    kind: CallerKind::Cluster,
+                    is_admin,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn the_public_api_takes_the_credential_by_the_filters_rule() {
+        let mut h = HeaderMap::new();
+        assert_eq!(credential(&h), Err(CredentialError::Missing));
+        h.insert("x-api-key", HeaderValue::from_static("k2"));
+        assert_eq!(credential(&h), Ok(Credential::Token("k2")));
+        h.insert("authorization", HeaderValue::from_static("bearer  k2 "));
+        assert_eq!(credential(&h), Ok(Credential::Token("k2")));
+        // Different credentials in the two headers: refused, as by the filter.
+        h.insert("authorization", HeaderValue::from_static("Bearer k1"));
+        assert_eq!(credential(&h), Err(CredentialError::Conflicting));
+        // Another scheme is refused, not silently replaced by x-api-key.
+        h.insert("authorization", HeaderValue::from_static("Basic abc"));
+        assert_eq!(credential(&h), Err(CredentialError::UnsupportedScheme));
+        // Reserved headers are never identity.
+        let mut h = HeaderMap::new();
+        h.insert("x-maas-username", HeaderValue::from_static("admin"));
+        assert_eq!(credential(&h), Err(CredentialError::Missing));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "authorization",
+            HeaderValue::from_bytes(b"Bearer \xff").unwrap(),
+        );
+        assert_eq!(credential(&h), Err(CredentialError::InvalidCharacters));
+    }
+}

@@ -1,0 +1,570 @@
+//! Configuration: the command line (every flag also from the environment, docs/contracts.md
+//! lists the names) parsed and checked ONCE into typed [`Settings`].
+//!
+//! [`Cli`] is what clap reads; [`Cli::into_settings`] applies the rules clap cannot express
+//! (required-when, ranges, files that must exist) and answers either a [`Settings`] whose
+//! required values are present by construction, or a message naming the flag. Nothing
+//! downstream re-validates or unwraps an `Option` that "cannot be None".
+
+use clap::{Parser, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IdentityProviderKind {
+    /// Kubernetes / OpenShift tokens checked with a TokenReview (production).
+    Kubernetes,
+    /// A static file of tokens → user and groups (local stack and tests).
+    Static,
+    /// OIDC JWTs verified locally against the issuer's JWKS.
+    Oidc,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CredentialsSourceKind {
+    /// Kubernetes Secrets named by the policy's `credentialRef`, key `api-key`.
+    Kubernetes,
+    /// A YAML file `credentials: {ref: key}` (local stack).
+    File,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The command line as clap reads it. Turn it into [`Settings`] with [`Cli::into_settings`].
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "maas-companion",
+    version,
+    about = "MaaS Gateway companion service"
+)]
+pub struct Cli {
+    /// PostgreSQL URL (postgres://…).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<SecretString>,
+    /// Alternative name for the database URL, as the reference deployment's Secret spells it.
+    #[arg(
+        long = "db-connection-url",
+        env = "DB_CONNECTION_URL",
+        hide = true,
+        hide_env_values = true
+    )]
+    pub db_connection_url: Option<SecretString>,
+    #[arg(long, env = "DB_MAX_CONNECTIONS", default_value_t = 25)]
+    pub db_max_connections: u32,
+    /// How long a request waits for a database connection before answering 503.
+    #[arg(long, env = "DB_ACQUIRE_TIMEOUT_MS", default_value_t = 1500)]
+    pub db_acquire_timeout_ms: u64,
+    #[arg(long, env = "MAAS_PUBLIC_ADDR", default_value = "0.0.0.0:8080")]
+    pub public_addr: SocketAddr,
+    #[arg(long, env = "MAAS_INTERNAL_ADDR", default_value = "0.0.0.0:8081")]
+    pub internal_addr: SocketAddr,
+    /// Serves `GET /metrics` (and `/health`) only, for Prometheus: kept apart from the internal
+    /// listener, whose provider credentials no scraper may reach.
+    #[arg(long, env = "MAAS_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    #[arg(long, env = "MAAS_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+    #[arg(long, env = "MAAS_POLICY_RELOAD_INTERVAL_MS", default_value_t = 2000)]
+    pub policy_reload_interval_ms: u64,
+    #[arg(
+        long,
+        env = "MAAS_IDENTITY_PROVIDER",
+        value_enum,
+        default_value = "kubernetes"
+    )]
+    pub identity_provider: IdentityProviderKind,
+    #[arg(long, env = "MAAS_IDENTITIES_FILE")]
+    pub identities_file: Option<PathBuf>,
+    /// TokenReview audiences (comma separated); empty = the API server's default.
+    #[arg(long, env = "MAAS_TOKEN_AUDIENCES", value_delimiter = ',')]
+    pub token_audiences: Vec<String>,
+    /// OIDC issuer. With `oidc`: the only provider. With `kubernetes`: JWTs from this issuer
+    /// are verified locally, other tokens by TokenReview.
+    #[arg(long, env = "MAAS_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+    #[arg(long, env = "MAAS_OIDC_AUDIENCE")]
+    pub oidc_audience: Option<String>,
+    /// The OIDC issuer's JWKS URL (required with `oidc`).
+    #[arg(long, env = "MAAS_OIDC_JWKS_URL")]
+    pub oidc_jwks_url: Option<String>,
+    /// Claim holding the OIDC user's groups.
+    #[arg(long, env = "MAAS_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub oidc_groups_claim: String,
+    #[arg(
+        long,
+        env = "MAAS_CREDENTIALS_SOURCE",
+        value_enum,
+        default_value = "kubernetes"
+    )]
+    pub credentials_source: CredentialsSourceKind,
+    #[arg(long, env = "MAAS_CREDENTIALS_FILE")]
+    pub credentials_file: Option<PathBuf>,
+    /// Namespace of the provider credential Secrets (default: the pod's namespace).
+    #[arg(long, env = "MAAS_CREDENTIALS_NAMESPACE")]
+    pub credentials_namespace: Option<String>,
+    #[arg(
+        long,
+        env = "MAAS_ADMIN_GROUPS",
+        value_delimiter = ',',
+        default_value = "maas-admins"
+    )]
+    pub admin_groups: Vec<String>,
+    /// Also admin: whoever a SubjectAccessReview allows to `--admin-sar-verb` the
+    /// `--admin-sar-resource` in this namespace (needs the Kubernetes API). Unset: groups only.
+    #[arg(long, env = "MAAS_ADMIN_SAR_NAMESPACE")]
+    pub admin_sar_namespace: Option<String>,
+    /// `resource.group` checked by the admin SubjectAccessReview.
+    #[arg(
+        long,
+        env = "MAAS_ADMIN_SAR_RESOURCE",
+        default_value = "maasauthpolicies.maas.opendatahub.io"
+    )]
+    pub admin_sar_resource: String,
+    #[arg(long, env = "MAAS_ADMIN_SAR_VERB", default_value = "create")]
+    pub admin_sar_verb: String,
+    #[arg(long, env = "API_KEY_MAX_EXPIRATION_DAYS", default_value_t = 90)]
+    pub api_key_max_expiration_days: u32,
+    #[arg(long, env = "MAAS_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "MAAS_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Log lines on stderr as text or JSON (level from RUST_LOG, default info).
+    #[arg(long, env = "MAAS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// How long the filter may cache a positive API key answer.
+    #[arg(long, env = "MAAS_KEY_CACHE_TTL_SECONDS", default_value_t = 60)]
+    pub key_cache_ttl_seconds: u64,
+    /// How long a successful token check is cached (here and by the filter).
+    #[arg(long, env = "MAAS_TOKEN_CACHE_TTL_SECONDS", default_value_t = 30)]
+    pub token_cache_ttl_seconds: u64,
+    /// How long a refused token is cached here.
+    #[arg(
+        long,
+        env = "MAAS_TOKEN_NEGATIVE_CACHE_TTL_SECONDS",
+        default_value_t = 5
+    )]
+    pub token_negative_cache_ttl_seconds: u64,
+    /// At most one `last_used_at` write per key per this interval.
+    #[arg(
+        long,
+        env = "MAAS_LAST_USED_FLUSH_INTERVAL_MS",
+        default_value_t = 10_000
+    )]
+    pub last_used_flush_interval_ms: u64,
+}
+
+/// The configuration, checked: required values are present, ranges hold, named files exist.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub listeners: ListenerSettings,
+    pub policy: PolicySettings,
+    pub identity: IdentitySettings,
+    pub credentials: CredentialsSettings,
+    pub keys: KeySettings,
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone)]
+pub struct DatabaseSettings {
+    /// A `postgres://` or `postgresql://` URL.
+    pub url: SecretString,
+    /// At least 1.
+    pub max_connections: u32,
+    /// Not zero.
+    pub acquire_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ListenerSettings {
+    pub public: SocketAddr,
+    pub internal: SocketAddr,
+    pub metrics: SocketAddr,
+    /// All three listeners serve TLS when set.
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct PolicySettings {
+    /// An existing file.
+    pub file: PathBuf,
+    /// At least 100 ms.
+    pub reload_interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct IdentitySettings {
+    pub provider: IdentityProvider,
+    pub token_cache_ttl: Duration,
+    pub token_negative_cache_ttl: Duration,
+    /// No empty names.
+    pub admin_groups: Vec<String>,
+    pub admin_sar: Option<AdminSarSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub enum IdentityProvider {
+    /// TokenReview; with OIDC settings, JWTs from that issuer are verified locally instead.
+    Kubernetes {
+        audiences: Vec<String>,
+        oidc: Option<OidcSettings>,
+    },
+    /// An existing identities file.
+    Static {
+        identities_file: PathBuf,
+    },
+    Oidc(OidcSettings),
+}
+
+/// Every field non-empty.
+#[derive(Debug, Clone)]
+pub struct OidcSettings {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_url: String,
+    pub groups_claim: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminSarSettings {
+    pub namespace: String,
+    /// `resource.group`.
+    pub resource: String,
+    pub verb: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum CredentialsSettings {
+    /// Secrets in `namespace` (default: the client's namespace).
+    Kubernetes { namespace: Option<String> },
+    /// An existing credentials file.
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySettings {
+    /// At least 1.
+    pub max_expiration_days: u32,
+    /// How long the filter may cache a positive API key answer.
+    pub cache_ttl: Duration,
+    /// Not zero.
+    pub last_used_flush_interval: Duration,
+}
+
+impl Settings {
+    /// True when something needs the Kubernetes API.
+    pub fn needs_kubernetes(&self) -> bool {
+        matches!(self.identity.provider, IdentityProvider::Kubernetes { .. })
+            || matches!(self.credentials, CredentialsSettings::Kubernetes { .. })
+            || self.identity.admin_sar.is_some()
+    }
+}
+
+fn existing_file(flag: &str, path: Option<PathBuf>, required: &str) -> Result<PathBuf, String> {
+    match path {
+        None => Err(format!("{flag} {required}")),
+        Some(p) if !p.is_file() => Err(format!("{flag} {}: no such file", p.display())),
+        Some(p) => Ok(p),
+    }
+}
+
+fn non_empty(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.is_empty())
+}
+
+fn at_least(flag: &str, value: u64, min: u64) -> Result<(), String> {
+    if value < min {
+        return Err(format!("{flag} must be at least {min}"));
+    }
+    Ok(())
+}
+
+impl Cli {
+    /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
+    /// The message names the flag and never holds the database password.
+    pub fn into_settings(self) -> Result<Settings, String> {
+        let url = self
+            .database_url
+            .or(self.db_connection_url)
+            .ok_or("--database-url (DATABASE_URL or DB_CONNECTION_URL) is required")?;
+        let scheme_ok = {
+            let u = url.expose_secret();
+            u.starts_with("postgres://") || u.starts_with("postgresql://")
+        };
+        if !scheme_ok {
+            return Err("--database-url must start with postgres:// or postgresql://".into());
+        }
+        at_least("--db-max-connections", self.db_max_connections.into(), 1)?;
+        at_least("--db-acquire-timeout-ms", self.db_acquire_timeout_ms, 1)?;
+        let policy_file = existing_file(
+            "--policy-file",
+            self.policy_file,
+            "(MAAS_POLICY_FILE) is required",
+        )?;
+        at_least(
+            "--policy-reload-interval-ms",
+            self.policy_reload_interval_ms,
+            100,
+        )?;
+        let oidc = match (
+            non_empty(self.oidc_issuer),
+            non_empty(self.oidc_audience),
+            non_empty(self.oidc_jwks_url),
+        ) {
+            (Some(issuer), Some(audience), Some(jwks_url)) => Some(OidcSettings {
+                issuer,
+                audience,
+                jwks_url,
+                groups_claim: self.oidc_groups_claim,
+            }),
+            (None, None, None) => None,
+            (issuer, audience, _) => {
+                let missing = if issuer.is_none() {
+                    "--oidc-issuer"
+                } else if audience.is_none() {
+                    "--oidc-audience"
+                } else {
+                    "--oidc-jwks-url"
+                };
+                if self.identity_provider == IdentityProviderKind::Oidc {
+                    return Err(format!(
+                        "{missing} is required with --identity-provider oidc"
+                    ));
+                }
+                return Err(
+                    "--oidc-issuer, --oidc-audience and --oidc-jwks-url go together".into(),
+                );
+            }
+        };
+        let provider = match self.identity_provider {
+            IdentityProviderKind::Static => IdentityProvider::Static {
+                identities_file: existing_file(
+                    "--identities-file",
+                    self.identities_file,
+                    "(MAAS_IDENTITIES_FILE) is required with --identity-provider static",
+                )?,
+            },
+            IdentityProviderKind::Oidc => IdentityProvider::Oidc(
+                oidc.ok_or("--oidc-issuer is required with --identity-provider oidc")?,
+            ),
+            IdentityProviderKind::Kubernetes => IdentityProvider::Kubernetes {
+                audiences: self.token_audiences,
+                oidc,
+            },
+        };
+        let credentials = match self.credentials_source {
+            CredentialsSourceKind::File => CredentialsSettings::File(existing_file(
+                "--credentials-file",
+                self.credentials_file,
+                "(MAAS_CREDENTIALS_FILE) is required with --credentials-source file",
+            )?),
+            CredentialsSourceKind::Kubernetes => CredentialsSettings::Kubernetes {
+                namespace: self.credentials_namespace,
+            },
+        };
+        if self.admin_groups.iter().any(|g| g.trim().is_empty()) {
+            return Err("--admin-groups must not hold empty names".into());
+        }
+        if self.admin_sar_resource.trim().is_empty() || self.admin_sar_verb.trim().is_empty() {
+            return Err("--admin-sar-resource and --admin-sar-verb must not be empty".into());
+        }
+        let admin_sar = match self.admin_sar_namespace {
+            Some(n) if n.is_empty() => {
+                return Err("--admin-sar-namespace must not be empty".into());
+            }
+            Some(namespace) => Some(AdminSarSettings {
+                namespace,
+                resource: self.admin_sar_resource,
+                verb: self.admin_sar_verb,
+            }),
+            None => None,
+        };
+        at_least(
+            "--api-key-max-expiration-days",
+            self.api_key_max_expiration_days.into(),
+            1,
+        )?;
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key must be given together".into()),
+        };
+        at_least(
+            "--last-used-flush-interval-ms",
+            self.last_used_flush_interval_ms,
+            1,
+        )?;
+        Ok(Settings {
+            database: DatabaseSettings {
+                url,
+                max_connections: self.db_max_connections,
+                acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
+            },
+            listeners: ListenerSettings {
+                public: self.public_addr,
+                internal: self.internal_addr,
+                metrics: self.metrics_addr,
+                tls,
+            },
+            policy: PolicySettings {
+                file: policy_file,
+                reload_interval: Duration::from_millis(self.policy_reload_interval_ms),
+            },
+            identity: IdentitySettings {
+                provider,
+                token_cache_ttl: Duration::from_secs(self.token_cache_ttl_seconds),
+                token_negative_cache_ttl: Duration::from_secs(
+                    self.token_negative_cache_ttl_seconds,
+                ),
+                admin_groups: self.admin_groups,
+                admin_sar,
+            },
+            credentials,
+            keys: KeySettings {
+                max_expiration_days: self.api_key_max_expiration_days,
+                cache_ttl: Duration::from_secs(self.key_cache_ttl_seconds),
+                last_used_flush_interval: Duration::from_millis(self.last_used_flush_interval_ms),
+            },
+            log_format: self.log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flag_path(p: &std::path::Path) -> String {
+        p.display().to_string()
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut all = vec!["maas-companion"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let c = parse(&["--database-url", "postgres://x/y"]);
+        assert_eq!(c.db_max_connections, 25);
+        assert_eq!(c.public_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.internal_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:9090");
+        assert_eq!(c.policy_reload_interval_ms, 2000);
+        assert_eq!(c.identity_provider, IdentityProviderKind::Kubernetes);
+        assert_eq!(c.credentials_source, CredentialsSourceKind::Kubernetes);
+        assert_eq!(c.admin_groups, vec!["maas-admins".to_string()]);
+        assert_eq!(c.api_key_max_expiration_days, 90);
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        let c = parse(&["--database-url", "postgres://x/y"]);
+        assert!(c.into_settings().unwrap_err().contains("--policy-file"));
+        let c = parse(&["--database-url", "mysql://x/y"]);
+        assert!(c.into_settings().unwrap_err().contains("--database-url"));
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        let policy = flag_path(&policy);
+        let c = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-file",
+            &policy,
+            "--identity-provider",
+            "static",
+        ]);
+        assert!(c.into_settings().unwrap_err().contains("--identities-file"));
+        let c = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-file",
+            &policy,
+            "--admin-groups",
+            "a,b",
+            "--tls-cert",
+            "/x",
+        ]);
+        assert_eq!(c.admin_groups, vec!["a".to_string(), "b".to_string()]);
+        assert!(c.into_settings().unwrap_err().contains("--tls-cert"));
+        let c = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-file",
+            &policy,
+            "--identity-provider",
+            "oidc",
+            "--oidc-issuer",
+            "https://issuer",
+        ]);
+        assert!(
+            c.into_settings()
+                .unwrap_err()
+                .contains("--oidc-audience is required with --identity-provider oidc")
+        );
+    }
+
+    #[test]
+    fn valid_flags_become_typed_settings_without_options_left_to_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        let creds = dir.path().join("c.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        std::fs::write(&creds, "credentials: {}").unwrap();
+        let s = parse(&[
+            "--db-connection-url",
+            "postgresql://u@h/db",
+            "--policy-file",
+            &flag_path(&policy),
+            "--credentials-source",
+            "file",
+            "--credentials-file",
+            &flag_path(&creds),
+            "--oidc-issuer",
+            "https://issuer",
+            "--oidc-audience",
+            "maas",
+            "--oidc-jwks-url",
+            "https://issuer/jwks",
+            "--admin-sar-namespace",
+            "maas",
+            "--policy-reload-interval-ms",
+            "500",
+        ])
+        .into_settings()
+        .unwrap();
+        assert_eq!(s.database.url.expose_secret(), "postgresql://u@h/db");
+        assert_eq!(s.policy.file, policy);
+        assert_eq!(s.policy.reload_interval, Duration::from_millis(500));
+        assert!(matches!(s.credentials, CredentialsSettings::File(ref p) if *p == creds));
+        match &s.identity.provider {
+            IdentityProvider::Kubernetes {
+                oidc: Some(oidc), ..
+            } => {
+                assert_eq!(oidc.issuer, "https://issuer");
+                assert_eq!(oidc.groups_claim, "groups");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            s.identity.admin_sar.as_ref().map(|a| a.verb.as_str()),
+            Some("create")
+        );
+        assert!(s.needs_kubernetes());
+        assert_eq!(s.keys.max_expiration_days, 90);
+    }
+}

@@ -1,0 +1,570 @@
+use super::*;
+use crate::store::MemStore;
+use maas_types::PolicyDocument;
+use serde_json::json;
+
+const SLOTS: u64 = DEFAULT_COUNTER_SLOTS;
+
+fn tier() -> Tier {
+    let doc = PolicyDocument::from_value(json!({
+        "tiers": [{"name": "free", "level": 0, "groups": ["g"], "defaultMaxTokens": 50,
+          "limits": {"requests": [{"limit": 3, "window": "1m"}, {"limit": 5, "window": "1h"}],
+                     "tokens": [{"limit": 100, "window": "1m"}, {"limit": 1000, "window": "1d"}]}}]
+    }))
+    .unwrap();
+    doc.tiers[0].clone()
+}
+
+/// A low tier (small budget) and a high tier (bigger budget, same windows plus one).
+fn two_tiers() -> (Tier, Tier) {
+    let doc = PolicyDocument::from_value(json!({
+        "tiers": [
+          {"name": "low", "level": 0, "groups": ["lo"],
+           "limits": {"requests": [{"limit": 100, "window": "1m"}],
+                      "tokens": [{"limit": 100, "window": "1d"}]}},
+          {"name": "high", "level": 1, "groups": ["hi"],
+           "limits": {"requests": [{"limit": 1000, "window": "1m"}],
+                      "tokens": [{"limit": 300, "window": "1d"}, {"limit": 250, "window": "1h"}]}}]
+    }))
+    .unwrap();
+    (doc.tiers[0].clone(), doc.tiers[1].clone())
+}
+
+fn allowed(a: Admission) -> (Reservation, RateHeaders) {
+    match a {
+        Admission::Allowed {
+            reservation,
+            headers,
+        } => (reservation, headers),
+        other => panic!("expected allowed, got {other:?}"),
+    }
+}
+
+fn admit1(s: &dyn SharedStore, t: &Tier, subject: &str, reserve: u64, now: u64) -> Admission {
+    admit(s, &[t], subject, reserve, now, SLOTS)
+}
+
+fn tokens_used(s: &dyn SharedStore, t: &Tier, subject: &str, now: u64) -> u64 {
+    token_state(s, &[t], subject, now, SLOTS).unwrap().used
+}
+
+/// Every key the store ever held (the ABI has no delete: emptied keys still count).
+fn keys(s: &MemStore) -> usize {
+    s.key_count()
+}
+
+#[test]
+fn requests_per_window_with_retry_after() {
+    let s = MemStore::new();
+    let t = tier();
+    let now = 6000; // start of a minute
+    for i in 0..3 {
+        let (r, h) = allowed(admit1(&s, &t, "alice", 1, now + i));
+        settle(&s, &r, 1, now + i);
+        assert_eq!(h.requests.unwrap().remaining(), 2 - i);
+    }
+    match admit1(&s, &t, "alice", 1, now + 10) {
+        Admission::Limited {
+            kind,
+            retry_after,
+            headers,
+            tier,
+        } => {
+            assert_eq!(kind, Kind::Requests);
+            assert_eq!(retry_after, 50);
+            assert_eq!(tier, "free");
+            assert_eq!(headers.requests.unwrap().remaining(), 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another subject is not affected; the next minute is open again.
+    allowed(admit1(&s, &t, "bob", 1, now + 10));
+    allowed(admit1(&s, &t, "alice", 1, now + 60));
+    // Hour window: 4 used by alice now, 5th allowed, 6th refused with the hour's retry.
+    allowed(admit1(&s, &t, "alice", 1, now + 61));
+    match admit1(&s, &t, "alice", 1, now + 62) {
+        Admission::Limited { retry_after, .. } => assert_eq!(
+            retry_after,
+            t.limits.requests[1].window.seconds_left(now + 62)
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tokens_reserve_then_settle() {
+    let s = MemStore::new();
+    let t = tier();
+    let now = 60 * 1000;
+    let (r1, h) = allowed(admit1(&s, &t, "alice", 60, now));
+    assert_eq!(h.tokens.unwrap().remaining(), 40);
+    // 60 reserved + 50 does not fit in 100.
+    assert!(matches!(
+        admit1(&s, &t, "alice", 50, now),
+        Admission::Limited {
+            kind: Kind::Tokens,
+            ..
+        }
+    ));
+    // A refused request counts nothing (request counter unchanged).
+    let h = RateHeaders::from_records(
+        &[&t],
+        &read_slot(s.get(&counter_key("alice", SLOTS)).0.as_deref(), "alice")
+            .unwrap()
+            .mine,
+        now,
+    );
+    assert_eq!(h.requests.unwrap().used, 1);
+    // Settle to 10 actually used: refund.
+    settle(&s, &r1, 10, now + 1);
+    let (_, h) = allowed(admit1(&s, &t, "alice", 50, now + 2));
+    assert_eq!(h.tokens.unwrap().remaining(), 40);
+    assert_eq!(tokens_used(&s, &t, "alice", now + 2), 60);
+    // Top-up beyond the reservation is counted too.
+    let (r3, _) = allowed(admit1(&s, &t, "carol", 10, now));
+    settle(&s, &r3, 95, now + 1);
+    assert_eq!(tokens_used(&s, &t, "carol", now + 1), 95);
+    assert!(matches!(
+        admit1(&s, &t, "carol", 10, now + 2),
+        Admission::Limited { .. }
+    ));
+}
+
+#[test]
+fn reservation_above_a_window_limit_is_refused_without_counting() {
+    let s = MemStore::new();
+    let t = tier();
+    // 101 > the 1m window's 100: can never fit, even in an empty window.
+    match admit1(&s, &t, "alice", 101, 120) {
+        Admission::TooLarge {
+            requested,
+            limit,
+            window,
+            tier,
+        } => {
+            assert_eq!((requested, limit, tier.as_str()), (101, 100, "free"));
+            assert_eq!(window.to_string(), "1m");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was counted: no key was even written, and the full budget is still there.
+    assert_eq!(keys(&s), 0);
+    let (_, h) = allowed(admit1(&s, &t, "alice", 100, 121));
+    assert_eq!(h.requests.unwrap().used, 1);
+    assert_eq!(h.tokens.unwrap().used, 100);
+    // The pinned lower tier's limit counts too, though the higher tier would allow it.
+    let (low, high) = two_tiers();
+    assert!(matches!(
+        admit(&s, &[&low, &high], "bob", 150, 0, SLOTS),
+        Admission::TooLarge { limit: 100, .. }
+    ));
+    allowed(admit(&s, &[&high], "bob", 150, 0, SLOTS));
+}
+
+#[test]
+fn refusals_are_openai_shaped() {
+    let (low, _) = two_tiers();
+    let s = MemStore::new();
+    let r = admit(&s, &[&low], "a", 70_000, 0, SLOTS)
+        .into_refusal()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.kind, r.code),
+        (400, "invalid_request_error", "tokens_exceed_limit")
+    );
+    assert_eq!(
+        r.message,
+        "this request reserves 70000 tokens (prompt estimate + max_tokens) but tier low \
+         allows 100 per 1d; lower max_tokens or shorten the prompt"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+    assert_eq!(v["error"]["code"], "tokens_exceed_limit");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+
+    let t = tier();
+    for i in 0..3 {
+        allowed(admit1(&s, &t, "b", 1, 6000 + i));
+    }
+    let r = admit1(&s, &t, "b", 1, 6010).into_refusal().unwrap();
+    assert_eq!((r.status, r.code), (429, "rate_limit_exceeded"));
+    assert_eq!(
+        r.message,
+        "rate limit reached for requests on tier free: retry in 50s"
+    );
+    assert!(r.headers.contains(&("retry-after".into(), "50".into())));
+    assert!(
+        r.headers
+            .contains(&("x-ratelimit-remaining-requests".into(), "0".into()))
+    );
+
+    let r = Admission::Unavailable {
+        reason: "counter slot full",
+    }
+    .into_refusal()
+    .unwrap();
+    assert_eq!((r.status, r.code), (503, "limits_unavailable"));
+    assert!(admit1(&s, &t, "c", 1, 0).into_refusal().is_none());
+}
+
+#[test]
+fn two_tiers_keys_of_one_subject_share_one_budget() {
+    // carol holds a key on her own (highest) tier and one pinned to the low tier: together
+    // they never spend more than the high tier allows.
+    let s = MemStore::new();
+    let (low, high) = two_tiers();
+    let now = 86_400;
+    let mut spent = 0;
+    for i in 0..40 {
+        // Alternate the keys: request tier first, then the subject's highest tier.
+        let tiers: [&Tier; 2] = if i % 2 == 0 {
+            [&high, &high]
+        } else {
+            [&low, &high]
+        };
+        if let Admission::Allowed { reservation, .. } = admit(&s, &tiers, "carol", 20, now, SLOTS) {
+            settle(&s, &reservation, 20, now);
+            spent += 20;
+        }
+    }
+    // The hour window of the high tier (250) is the tightest for both keys together.
+    assert_eq!(spent, 240, "spent {spent}");
+    assert_eq!(
+        token_state(&s, &[&high], "carol", now, SLOTS).unwrap().used,
+        240
+    );
+}
+
+#[test]
+fn pinned_lower_tier_restricts_but_does_not_add() {
+    let s = MemStore::new();
+    let (low, high) = two_tiers();
+    let now = 86_400;
+    // On the pinned low key: the low tier's 100 a day binds, though the subject's high
+    // tier would allow more.
+    let mut low_spent = 0;
+    while let Admission::Allowed { reservation, .. } =
+        admit(&s, &[&low, &high], "dave", 10, now, SLOTS)
+    {
+        settle(&s, &reservation, 10, now);
+        low_spent += 10;
+        assert!(low_spent <= 1000);
+    }
+    assert_eq!(low_spent, 100);
+    // What was spent on the low key counts on the high tier's budget: 250 (1h) - 100 left.
+    let mut high_spent = 0;
+    while let Admission::Allowed { reservation, .. } =
+        admit(&s, &[&high, &high], "dave", 10, now, SLOTS)
+    {
+        settle(&s, &reservation, 10, now);
+        high_spent += 10;
+        assert!(high_spent <= 1000);
+    }
+    assert_eq!(low_spent + high_spent, 250);
+    // And the low key is refused (the high tier's hour is spent), naming the high tier.
+    match admit(&s, &[&low, &high], "dave", 1, now, SLOTS) {
+        Admission::Limited { tier, kind, .. } => {
+            assert_eq!(kind, Kind::Tokens);
+            assert!(tier == "low" || tier == "high", "{tier}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn settlement_after_window_rollover_counts_in_new_window() {
+    let s = MemStore::new();
+    let t = tier();
+    let (r, _) = allowed(admit1(&s, &t, "alice", 90, 59));
+    settle(&s, &r, 30, 61);
+    // 1m window: the new minute holds the 30 used; the day window: 30.
+    assert_eq!(tokens_used(&s, &t, "alice", 61), 30);
+}
+
+#[test]
+fn concurrent_reservations_never_overshoot_more_than_one() {
+    // Interleave admissions and settlements as concurrent streams would.
+    let s = MemStore::new();
+    let t = tier();
+    let now = 600;
+    let mut open = Vec::new();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if let Admission::Allowed { reservation, .. } = admit1(&s, &t, "alice", 30, now) {
+            admitted += 1;
+            open.push(reservation);
+        }
+    }
+    assert_eq!(admitted, 3); // 3 × 30 = 90 ≤ 100 (and the request limit is 3)
+    for r in &open {
+        settle(&s, r, 35, now + 1); // each used a bit more than reserved
+    }
+    let used = tokens_used(&s, &t, "alice", now + 1);
+    assert!(used <= 100 + 30, "{used}");
+}
+
+#[test]
+fn reservation_sources_and_headers() {
+    let t = tier();
+    assert_eq!(reservation_for(Some(7), &t), 7);
+    assert_eq!(reservation_for(None, &t), 50);
+    let mut t2 = t.clone();
+    t2.default_max_tokens = None;
+    assert_eq!(reservation_for(None, &t2), FALLBACK_RESERVATION);
+    assert_eq!(duration(59), "59s");
+    assert_eq!(duration(360), "6m0s");
+    assert_eq!(duration(3723), "1h2m3s");
+    let h = RateHeaders {
+        requests: Some(WindowState {
+            limit: 3,
+            used: 1,
+            reset_seconds: 5,
+        }),
+        tokens: Some(WindowState {
+            limit: 100,
+            used: 120,
+            reset_seconds: 65,
+        }),
+    };
+    let hs = h.headers();
+    assert!(hs.contains(&("x-ratelimit-remaining-requests", "2".to_string())));
+    assert!(hs.contains(&("x-ratelimit-remaining-tokens", "0".to_string())));
+    assert!(hs.contains(&("x-ratelimit-reset-tokens", "1m5s".to_string())));
+}
+
+#[test]
+fn counters_for_10k_subjects_use_at_most_counter_slots_keys() {
+    let s = MemStore::new();
+    let t = tier();
+    let slots = 4096;
+    let mut refused = 0;
+    // 10k subjects, all live at once (the day window): they share at most `slots` keys.
+    for i in 0..10_000u64 {
+        match admit(&s, &[&t], &format!("user-{i}"), 1, i, slots) {
+            Admission::Allowed { .. } => {}
+            _ => refused += 1,
+        }
+    }
+    assert_eq!(refused, 0);
+    assert!(keys(&s) <= slots as usize, "{} keys", keys(&s));
+    assert!(keys(&s) > slots as usize / 2, "{} keys", keys(&s));
+    // And every key is a slot key.
+    for n in 0..slots {
+        let _ = s.get(&format!("maas/l/{n}"));
+    }
+    assert_eq!(slot_of("user-1", 1), 0);
+    assert!(counter_key("user-1", slots).starts_with("maas/l/"));
+}
+
+#[test]
+fn full_slot_refuses_rather_than_drops_live_counts() {
+    let s = MemStore::new();
+    let t = tier();
+    let now = 1_000_000;
+    // One slot: the first SLOT_SUBJECTS subjects fit, each with a live count.
+    for i in 0..SLOT_SUBJECTS {
+        allowed(admit(&s, &[&t], &format!("u{i}"), 1, now, 1));
+    }
+    assert_eq!(
+        admit(&s, &[&t], "one-too-many", 1, now, 1),
+        Admission::Unavailable {
+            reason: "counter slot full"
+        }
+    );
+    // Nobody's count was dropped to make room.
+    for i in 0..SLOT_SUBJECTS {
+        assert_eq!(
+            token_state(&s, &[&t], &format!("u{i}"), now, 1)
+                .unwrap()
+                .used,
+            1,
+            "u{i}"
+        );
+    }
+    // Subjects already in the slot still count.
+    allowed(admit(&s, &[&t], "u0", 1, now, 1));
+    // Once their windows are over (the day window's too), the slot makes room.
+    allowed(admit(&s, &[&t], "one-too-many", 1, now + 86_400, 1));
+    assert_eq!(keys(&s), 1);
+}
+
+#[test]
+fn unreadable_slot_refuses() {
+    let s = MemStore::new();
+    let t = tier();
+    s.set(&counter_key("alice", SLOTS), &[9, 9, 9], None)
+        .unwrap();
+    assert!(matches!(
+        admit1(&s, &t, "alice", 1, 0),
+        Admission::Unavailable { .. }
+    ));
+    // A truncated slot of this version is refused too, never half-read.
+    let s = MemStore::new();
+    allowed(admit1(&s, &t, "alice", 1, 0));
+    let key = counter_key("alice", SLOTS);
+    let v = s.get(&key).0.unwrap();
+    for cut in 2..v.len() {
+        assert!(decode_slot(Some(&v[..cut])).is_none(), "cut {cut}");
+    }
+    assert_eq!(decode_slot(Some(&v)).unwrap().len(), 1);
+}
+
+#[test]
+fn contention_is_retried() {
+    // A store that fails the first CAS of every write still ends with the right count.
+    struct Flaky {
+        inner: MemStore,
+        fail: std::cell::Cell<bool>,
+    }
+    impl SharedStore for Flaky {
+        fn get(&self, k: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            self.inner.get(k)
+        }
+        fn set(
+            &self,
+            k: &str,
+            v: &[u8],
+            cas: Option<u32>,
+        ) -> Result<(), crate::store::CasMismatch> {
+            if self.fail.replace(!self.fail.get()) {
+                return Err(crate::store::CasMismatch);
+            }
+            self.inner.set(k, v, cas)
+        }
+    }
+    let s = Flaky {
+        inner: MemStore::new(),
+        fail: std::cell::Cell::new(true),
+    };
+    let t = tier();
+    allowed(admit1(&s, &t, "alice", 10, 0));
+    assert_eq!(tokens_used(&s, &t, "alice", 0), 10);
+}
+
+#[test]
+fn concurrent_cas_retries_still_exact() {
+    // Another worker writes the same slot between our read and our write, every time but
+    // the last: every admission and settlement of both subjects is still counted once.
+    struct Racing<'a> {
+        inner: MemStore,
+        tier: &'a Tier,
+        /// Race the next write (then let the retry through).
+        racing: std::cell::Cell<bool>,
+        raced: std::cell::Cell<u32>,
+    }
+    impl SharedStore for Racing<'_> {
+        fn get(&self, k: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            self.inner.get(k)
+        }
+        fn set(
+            &self,
+            k: &str,
+            v: &[u8],
+            cas: Option<u32>,
+        ) -> Result<(), crate::store::CasMismatch> {
+            if self.racing.replace(false) {
+                // The other worker: one admission of bob (1 token), settled to 2.
+                if let Admission::Allowed { reservation, .. } =
+                    admit(&self.inner, &[self.tier], "bob", 1, 0, 1)
+                {
+                    settle(&self.inner, &reservation, 2, 0);
+                }
+                self.raced.set(self.raced.get() + 1);
+                let r = self.inner.set(k, v, cas);
+                assert!(r.is_err(), "the race was not seen");
+                return r;
+            }
+            self.racing.set(true);
+            self.inner.set(k, v, cas)
+        }
+    }
+    let doc = PolicyDocument::from_value(json!({
+        "tiers": [{"name": "t", "level": 0, "groups": ["g"],
+          "limits": {"requests": [{"limit": 1000, "window": "1d"}],
+                     "tokens": [{"limit": 100000, "window": "1d"}]}}]
+    }))
+    .unwrap();
+    let t = doc.tiers[0].clone();
+    let s = Racing {
+        inner: MemStore::new(),
+        tier: &t,
+        racing: std::cell::Cell::new(false),
+        raced: std::cell::Cell::new(0),
+    };
+    // Seed the slot so that every write of alice is a CAS write.
+    allowed(admit(&s.inner, &[&t], "alice", 1, 0, 1));
+    settle(
+        &s.inner,
+        &allowed(admit(&s.inner, &[&t], "alice", 1, 0, 1)).0,
+        0,
+        0,
+    );
+    s.racing.set(true);
+    for _ in 0..10 {
+        let (r, _) = allowed(admit(&s, &[&t], "alice", 5, 0, 1));
+        settle(&s, &r, 3, 0);
+    }
+    let raced = s.raced.get();
+    assert_eq!(raced, 20);
+    let state = |who: &str| {
+        let v = s.inner.get(&counter_key(who, 1)).0;
+        let mine = read_slot(v.as_deref(), who).unwrap().mine;
+        RateHeaders::from_records(&[&t], &mine, 0)
+    };
+    let alice = state("alice");
+    assert_eq!(alice.requests.unwrap().used, 12);
+    assert_eq!(alice.tokens.unwrap().used, 1 + 10 * 3);
+    let bob = state("bob");
+    assert_eq!(bob.requests.unwrap().used, u64::from(raced));
+    assert_eq!(bob.tokens.unwrap().used, 2 * u64::from(raced));
+}
+
+#[test]
+fn precheck_refuses_only_what_is_certain() {
+    let s = MemStore::new();
+    let t = tier();
+    assert!(precheck(&s, &[&t], "alice", 0, SLOTS).is_none());
+    for i in 0..3 {
+        let (r, _) = allowed(admit1(&s, &t, "alice", 1, i));
+        settle(&s, &r, 1, i);
+    }
+    match precheck(&s, &[&t], "alice", 5, SLOTS) {
+        Some(Admission::Limited {
+            kind, retry_after, ..
+        }) => {
+            assert_eq!(kind, Kind::Requests);
+            assert_eq!(retry_after, 55);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Tokens: 99 of 100 used still passes the precheck (a 1-token request fits)...
+    let (r, _) = allowed(admit1(&s, &t, "bob", 10, 0));
+    settle(&s, &r, 99, 0);
+    assert!(precheck(&s, &[&t], "bob", 1, SLOTS).is_none());
+    // ... 100 of 100 does not.
+    let (r, _) = allowed(admit1(&s, &t, "bob", 1, 1));
+    settle(&s, &r, 1, 1);
+    assert!(matches!(
+        precheck(&s, &[&t], "bob", 2, SLOTS),
+        Some(Admission::Limited {
+            kind: Kind::Tokens,
+            ..
+        })
+    ));
+    // The subject's highest tier counts in the precheck of a pinned key too.
+    let doc = PolicyDocument::from_value(json!({
+        "tiers": [
+          {"name": "mid", "level": 0, "groups": ["m"],
+           "limits": {"tokens": [{"limit": 1000, "window": "1d"}]}},
+          {"name": "top", "level": 1, "groups": ["t"],
+           "limits": {"tokens": [{"limit": 50, "window": "1h"}]}}]
+    }))
+    .unwrap();
+    let (mid, top) = (&doc.tiers[0], &doc.tiers[1]);
+    let (r, _) = allowed(admit(&s, &[top], "erin", 10, 0, SLOTS));
+    settle(&s, &r, 50, 0);
+    assert!(precheck(&s, &[mid], "erin", 1, SLOTS).is_none());
+    match precheck(&s, &[mid, top], "erin", 1, SLOTS) {
+        Some(Admission::Limited { tier, .. }) => assert_eq!(tier, "top"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,703 @@
+//! One HTTP request's life as a state machine over the [`Host`]: the proxy-wasm adapter calls
+//! the [`Http`] handle's callbacks, which move the request through its [`Phase`]s. Decisions are
+//! the plain functions of the other modules; this module sequences them and is where the host is
+//! touched. The response side (scanning, settlement) is in `respond`.
+//!
+//! ```text
+//! Headers ──management path──────────────────────────────────────────────▶ PassedThrough
+//!    │ refusal (path, policy, model, operation, credential, revoked, cached deny, dispatch)
+//!    ├─────────────────────────────────────────────────────────────────────▶ Refused
+//!    │ cache miss: own callout, or wait for this worker's callout of the same credential
+//!    ├──▶ Authenticating ──answer (or interruption) refused──────────────────▶ Refused
+//!    │          │ allowed
+//!    ▼          ▼
+//! authorised: tier, provider key, upstream, hygiene ──refused──────────────▶ Refused
+//!    │ body to read                          │ no body (or body already read while held)
+//!    ▼                                       │
+//! BodyBuffering ──END_STREAM / trailers──▶ admission (model field, limits) ─▶ Refused
+//!                                            │ allowed
+//!                                            ▼
+//!                      Forwarding ──response headers──▶ Responding
+//!                          │ end / client gone             │ end of body / on_log / on_done
+//!                          └──────────────▶ Settled ◀──────┘
+//! ```
+
+use crate::authenticate::{self, AUTHENTICATE_PATH};
+use crate::cache::{self, CachedIdentity};
+use crate::credential::{self, CacheIdentity};
+use crate::decide;
+use crate::host::{Body, Headers, Host, read_body};
+use crate::hygiene;
+use crate::limits::{self, Admission, RateHeaders, Reservation};
+use crate::operations;
+use crate::path::{self, PathClass};
+use crate::request_body::{self, RequestInfo};
+use crate::response::{Decision, Refusal};
+use crate::worker::SharedWorker;
+use maas_types::{AuthenticateRequest, Model, PolicyDocument};
+use proxy_wasm::types::Action;
+use std::rc::Rc;
+
+mod handle;
+mod respond;
+pub use handle::Http;
+pub use respond::Scan;
+
+/// Whose callout an authenticating request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// This request dispatched the callout (its answer comes on this context).
+    OwnCallout,
+    /// Another request of this worker is asking for the very same credential.
+    OtherRequest,
+}
+
+/// Where a request is in its life.
+#[derive(Debug)]
+pub enum Phase {
+    /// Before the request headers.
+    Headers,
+    /// A management path: passed with the client's `x-maas-*` removed, nothing more to do.
+    PassedThrough,
+    /// The headers wait for the companion's answer (the body may be buffered meanwhile when the
+    /// headers are held for it).
+    Authenticating { waiting: Waiting },
+    /// Authorised and the headers decided; the body is buffered until its end (END_STREAM or
+    /// trailers). `headers_held`: the headers wait for the body decision (pauseHeadersForBody).
+    BodyBuffering { headers_held: bool },
+    /// Admitted and forwarded (`reservation`: the tokens taken; none for discovery).
+    Forwarding {
+        reservation: Option<Reservation>,
+        rate_headers: RateHeaders,
+    },
+    /// The response is passing; its usage is read as it goes.
+    Responding {
+        reservation: Reservation,
+        status: u32,
+        scan: Box<Scan>,
+    },
+    /// The reservation was settled (or there was none): nothing more to do.
+    Settled,
+    /// Answered with a local error.
+    Refused,
+}
+
+#[derive(Debug)]
+enum BodyState {
+    None,
+    Buffering,
+    Done(Result<RequestInfo, String>),
+}
+
+/// A callout this request made and that has not been answered yet.
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    started_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Let the request go on (headers, or everything).
+    Continue,
+    /// The headers wait (companion, or the body while held).
+    Wait,
+    /// Answered with an error.
+    Refused,
+}
+
+/// One HTTP request's state.
+#[derive(Debug)]
+pub struct Request {
+    id: u32,
+    worker: SharedWorker,
+    phase: Phase,
+    /// The policy the request was decided with, and the model's and tier's index in it.
+    policy: Option<Rc<PolicyDocument>>,
+    model_idx: Option<usize>,
+    tier_idx: Option<usize>,
+    /// The subject's own highest tier (its windows apply to every request of the subject).
+    highest_tier_idx: Option<usize>,
+    subject: Option<String>,
+    /// Client headers to remove before forwarding (found in the one header scan).
+    strip_headers: Vec<String>,
+    client_anthropic_version: bool,
+    discovery: bool,
+    /// The operation accepts `stream_options` (OpenAI chat/completions and completions).
+    accepts_stream_options: bool,
+    /// The operation is a JSON API whose body is always inspected.
+    always_inspect_body: bool,
+    identity: Option<CacheIdentity>,
+    flight: Option<Flight>,
+    body: BodyState,
+    /// pluginConfig `pauseHeadersForBody`: headers wait for the body decision.
+    hold_headers: bool,
+    /// Bytes of the request body buffered so far (the host's buffer size at the last chunk).
+    buffered_body_bytes: usize,
+    strip_usage_event: bool,
+    /// The prompt estimate reserved at admission (settles an aborted stream).
+    prompt_tokens_estimate: u64,
+}
+
+impl Request {
+    pub fn new(id: u32, worker: SharedWorker) -> Self {
+        Request {
+            id,
+            worker,
+            phase: Phase::Headers,
+            policy: None,
+            model_idx: None,
+            tier_idx: None,
+            highest_tier_idx: None,
+            subject: None,
+            strip_headers: Vec::new(),
+            client_anthropic_version: false,
+            discovery: false,
+            accepts_stream_options: false,
+            always_inspect_body: false,
+            identity: None,
+            flight: None,
+            body: BodyState::None,
+            hold_headers: false,
+            buffered_body_bytes: 0,
+            strip_usage_event: false,
+            prompt_tokens_estimate: 0,
+        }
+    }
+
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    fn config(&self) -> Option<Rc<crate::config::PluginConfig>> {
+        self.worker.borrow().config.clone()
+    }
+
+    fn model(&self) -> Option<&Model> {
+        self.policy.as_ref()?.models.get(self.model_idx?)
+    }
+
+    fn decided(&self) -> bool {
+        !matches!(
+            self.phase,
+            Phase::Headers | Phase::Authenticating { .. } | Phase::BodyBuffering { .. }
+        )
+    }
+
+    /// Answers the request with an error (on the effective context).
+    fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
+        self.phase = Phase::Refused;
+        self.worker.borrow().metrics.decision(r.decision);
+        host.send_response(r.status, &r.response_headers(), &r.body());
+    }
+
+    fn refused(&mut self, host: &dyn Host, r: &Refusal) -> Action {
+        self.refuse(host, r);
+        Action::Pause
+    }
+
+    /// Request headers: everything that can be decided without waiting.
+    fn on_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Action {
+        let Some(cfg) = self.config() else {
+            return self.refused(host, &Refusal::not_configured());
+        };
+        // One host call for every header (the path, the credential, what to strip).
+        let headers = host.headers(Headers::Request);
+        let find = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        let full_path = find(":path").unwrap_or_default();
+        let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
+            Ok(PathClass::Model(p)) => p,
+            Ok(PathClass::Management) => {
+                // The companion authenticates these itself; only the reserved namespace goes.
+                for (name, _) in &headers {
+                    if hygiene::is_reserved(name) {
+                        host.set_header(Headers::Request, name, None);
+                    }
+                }
+                self.phase = Phase::PassedThrough;
+                return Action::Continue;
+            }
+            Err(e) => return self.refused(host, &e.into()),
+        };
+        let policy = self.worker.borrow().policy.clone();
+        let Some(policy) = policy else {
+            return self.refused(host, &Refusal::no_policy());
+        };
+        let Some(model) = policy.model_for_path(model_path) else {
+            return self.refused(host, &Refusal::model_not_found());
+        };
+        // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
+        let method = find(":method").unwrap_or_default();
+        let operation = match operations::allowed(model, method, model_path) {
+            Ok(op) => op,
+            Err(r) => return self.refused(host, &r),
+        };
+        self.discovery = operation.is_discovery();
+        self.accepts_stream_options = operation.accepts_stream_options();
+        // The metered JSON APIs are read whatever content-type the client claims (a backend may
+        // parse the body as JSON anyway); only custom operations may stream uploads unread.
+        self.always_inspect_body = operation != operations::Operation::Custom;
+        self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
+        self.policy = Some(policy.clone());
+        for (name, _) in &headers {
+            if hygiene::strip_for_model(name, &cfg.remove_headers) {
+                self.strip_headers.push(name.clone());
+            } else if name.eq_ignore_ascii_case("anthropic-version") {
+                self.client_anthropic_version = true;
+            }
+        }
+        let cred = match credential::extract(find("authorization"), find("x-api-key")) {
+            Ok(c) => c,
+            Err(e) => return self.refused(host, &e.into()),
+        };
+        let identity = cred.cache_identity();
+        let revoked = identity
+            .key_id
+            .as_ref()
+            .is_some_and(|id| self.worker.borrow().revoked.contains(id));
+        if revoked {
+            cache::evict(host, &identity.cache_key, cfg.cache.max_entries);
+            return self.refused(host, &Refusal::unauthenticated("key revoked"));
+        }
+        if !end_of_stream
+            && (self.always_inspect_body || hygiene::inspect_body(find("content-type")))
+        {
+            self.body = BodyState::Buffering;
+            self.hold_headers = cfg.pause_headers_for_body;
+        }
+        let now_s = host.now_ms() / 1000;
+        let cached = cache::lookup(
+            host,
+            &identity.cache_key,
+            &identity.verifier,
+            now_s,
+            cfg.cache.max_entries,
+        );
+        let step = match cached {
+            Some(answer) => {
+                {
+                    let w = self.worker.borrow();
+                    w.metrics.inc(w.metrics.cache_hit, 1);
+                }
+                self.identity = Some(identity);
+                self.authenticated(host, authenticate::cached_result(answer))
+            }
+            None => {
+                let flight_key = identity.flight_key();
+                let already = {
+                    let w = self.worker.borrow();
+                    w.metrics.inc(w.metrics.cache_miss, 1);
+                    w.waiting.contains_key(&flight_key)
+                };
+                if already {
+                    self.phase = Phase::Authenticating {
+                        waiting: Waiting::OtherRequest,
+                    };
+                } else {
+                    let body = serde_json::to_vec(&AuthenticateRequest {
+                        credential: cred.raw().to_string(),
+                    })
+                    .unwrap_or_default();
+                    let call = host.dispatch(
+                        &cfg.companion.cluster,
+                        &[
+                            (":method", "POST"),
+                            (":path", AUTHENTICATE_PATH),
+                            (":authority", cfg.companion.authority.as_str()),
+                            ("content-type", "application/json"),
+                        ],
+                        Some(&body),
+                        cfg.companion.timeout_ms,
+                    );
+                    let mut w = self.worker.borrow_mut();
+                    match call {
+                        Ok(_token) => {
+                            w.metrics.inc(w.metrics.callouts, 1);
+                            w.waiting.insert(flight_key, Vec::new());
+                            drop(w);
+                            self.flight = Some(Flight {
+                                started_ms: host.now_ms(),
+                            });
+                            self.phase = Phase::Authenticating {
+                                waiting: Waiting::OwnCallout,
+                            };
+                        }
+                        Err(e) => {
+                            log::warn!("maas: cannot call the companion: {e}");
+                            w.metrics.inc(w.metrics.callout_failed, 1);
+                            drop(w);
+                            return self.refused(
+                                host,
+                                &Refusal::auth_unavailable("authentication service unavailable"),
+                            );
+                        }
+                    }
+                }
+                self.identity = Some(identity);
+                Step::Wait
+            }
+        };
+        match step {
+            Step::Continue => Action::Continue,
+            Step::Wait | Step::Refused => Action::Pause,
+        }
+    }
+
+    /// The caller's authentication is known: refuse, or authorise and go as far as the body
+    /// allows.
+    fn authenticated(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>) -> Step {
+        let identity = match result {
+            Ok(id) => id,
+            Err(r) => {
+                self.refuse(host, &r);
+                return Step::Refused;
+            }
+        };
+        if let Err(r) = self.decide_headers(host, identity) {
+            self.refuse(host, &r);
+            return Step::Refused;
+        }
+        if matches!(self.body, BodyState::Buffering) {
+            // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
+            // over only after the headers continue: they go on now, unless held for the body.
+            self.phase = Phase::BodyBuffering {
+                headers_held: self.hold_headers,
+            };
+            return if self.hold_headers {
+                Step::Wait
+            } else {
+                Step::Continue
+            };
+        }
+        self.admit(host)
+    }
+
+    /// The body is known (or there is none): the model field and the limits.
+    fn admit(&mut self, host: &dyn Host) -> Step {
+        match self.decide_body(host) {
+            Ok(reservation) => {
+                let (reservation, rate_headers) = match reservation {
+                    Some((r, h)) => (Some(r), h),
+                    None => (None, RateHeaders::default()),
+                };
+                self.phase = Phase::Forwarding {
+                    reservation,
+                    rate_headers,
+                };
+                self.worker.borrow().metrics.decision(Decision::Allowed);
+                Step::Continue
+            }
+            Err(r) => {
+                self.refuse(host, &r);
+                Step::Refused
+            }
+        }
+    }
+
+    /// Request body chunk (buffered until the end).
+    fn on_body(&mut self, host: &dyn Host, body_size: usize, end_of_stream: bool) -> Action {
+        if self.decided() || !matches!(self.body, BodyState::Buffering) {
+            return Action::Continue;
+        }
+        let Some(cfg) = self.config() else {
+            return self.refused(host, &Refusal::not_configured());
+        };
+        if body_size as u64 > cfg.max_request_body_bytes {
+            return self.refused(host, &Refusal::too_large(cfg.max_request_body_bytes));
+        }
+        self.buffered_body_bytes = body_size;
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.end_of_body(host)
+    }
+
+    /// Request trailers end the request: an HTTP/2 body whose last DATA frame has no END_STREAM
+    /// (or an HTTP/1.1 chunked body with trailers) is decided here, exactly as at the end of a
+    /// body, so no request reaches the backend undecided.
+    fn on_trailers(&mut self, host: &dyn Host) -> Action {
+        if self.decided() || !matches!(self.body, BodyState::Buffering) {
+            return Action::Continue;
+        }
+        self.end_of_body(host)
+    }
+
+    /// The whole request body is buffered: inspect it (and rewrite it where the API accepts
+    /// `stream_options`), then decide if the caller is already authorised.
+    fn end_of_body(&mut self, host: &dyn Host) -> Action {
+        let body_size = self.buffered_body_bytes;
+        let bytes = read_body(host, Body::Request, body_size);
+        if bytes.len() != body_size {
+            return self.refused(
+                host,
+                &Refusal::internal("the gateway could not read the request body; retry"),
+            );
+        }
+        let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
+        if let Ok(i) = &info
+            && i.stream
+            && !i.include_usage
+            && !self.discovery
+            && self.accepts_stream_options
+            // Ask for usage so the stream can be counted (only APIs that accept
+            // `stream_options`); the usage-only event is removed from what the client sees.
+            && let Ok(new_body) = request_body::with_include_usage(&bytes)
+        {
+            host.set_body(Body::Request, body_size, &new_body);
+            if self.hold_headers {
+                // Headers still held (allow_on_headers_stop_iteration): keep them exact.
+                host.set_header(
+                    Headers::Request,
+                    "content-length",
+                    Some(&new_body.len().to_string()),
+                );
+            }
+            self.strip_usage_event = true;
+        }
+        self.body = BodyState::Done(info);
+        if !matches!(self.phase, Phase::BodyBuffering { .. }) {
+            // Still authenticating (headers held): the answer decides.
+            return Action::Pause;
+        }
+        match self.admit(host) {
+            Step::Continue => Action::Continue,
+            Step::Wait | Step::Refused => Action::Pause,
+        }
+    }
+
+    /// The answer for this request's credential (its own callout's, or another request's).
+    fn apply_auth(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>) {
+        if !matches!(self.phase, Phase::Authenticating { .. }) {
+            return;
+        }
+        // The headers were paused for the answer.
+        if self.authenticated(host, result) == Step::Continue {
+            host.resume_request();
+        }
+    }
+
+    /// Once the caller is known: authorise, check the provider credential, clean the headers.
+    fn decide_headers(&mut self, host: &dyn Host, identity: CachedIdentity) -> Result<(), Refusal> {
+        let (policy, credentials) = {
+            let w = self.worker.borrow();
+            (w.policy.clone(), w.credentials.clone())
+        };
+        let Some(policy) = policy else {
+            return Err(Refusal::no_policy());
+        };
+        // The policy may have changed while we waited: find the model again by name.
+        let model_name = self.model().map(|m| m.name.clone()).unwrap_or_default();
+        let Some(model_idx) = policy.models.iter().position(|m| m.name == model_name) else {
+            return Err(Refusal::model_not_found());
+        };
+        let Some(model) = policy.models.get(model_idx) else {
+            return Err(Refusal::model_not_found());
+        };
+        let tier = decide::authorize(&policy, &identity, model)?;
+        let tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, tier));
+        // One budget per person: the subject's own highest tier's windows apply to every
+        // request, a pinned (lower) tier's too.
+        let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
+        let highest_tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, highest));
+        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
+        let provider_key = match &model.provider {
+            Some(p) => match credentials.credentials.get(&p.credential_ref) {
+                Some(k) => Some((p.kind, k.as_str())),
+                None => {
+                    return Err(Refusal::unavailable(
+                        "provider_credential_missing",
+                        format!("no credential for model {} yet; retry shortly", model.name),
+                    ));
+                }
+            },
+            None => None,
+        };
+        let buffering = matches!(self.body, BodyState::Buffering);
+
+        // Headers are about to leave before the body is read: refuse now what is certain
+        // (a full request or token window), so that such a 429 starts no upstream request.
+        if buffering
+            && !self.hold_headers
+            && !self.discovery
+            && let Some(limited) = limits::precheck(
+                host,
+                &[tier, highest],
+                &identity.subject,
+                host.now_ms() / 1000,
+                counter_slots,
+            )
+        {
+            return Err(limited_refusal(limited));
+        }
+
+        // The request must go to the model's own upstream (Envoy's route decided the cluster):
+        // a route the gateway did not create never gets the provider credential.
+        operations::check_upstream(model, || host.property(&operations::CLUSTER_PROPERTY))?;
+
+        // Hygiene: nothing the client sent reaches the backend as identity.
+        for name in &self.strip_headers {
+            host.set_header(Headers::Request, name, None);
+        }
+        // Usage is read from the response body: ask the backend for it uncompressed (Envoy may
+        // compress towards the client). A backend that compresses anyway is decoded for reading.
+        host.set_header(Headers::Request, "accept-encoding", Some("identity"));
+        if let Some((kind, key)) = provider_key {
+            for (name, value) in hygiene::provider_headers(kind, key, self.client_anthropic_version)
+            {
+                host.set_header(Headers::Request, name, Some(&value));
+            }
+        }
+        if buffering && !self.discovery && !self.hold_headers {
+            // The body may be rewritten (stream_options.include_usage) after the headers left:
+            // let the upstream codec frame it (chunked) instead of a length that may change.
+            host.set_header(Headers::Request, "content-length", None);
+        }
+        self.subject = Some(identity.subject);
+        self.model_idx = Some(model_idx);
+        self.tier_idx = tier_idx;
+        self.highest_tier_idx = highest_tier_idx;
+        self.policy = Some(policy);
+        Ok(())
+    }
+
+    /// The model field and the limits; `Some` reservation unless discovery.
+    fn decide_body(
+        &mut self,
+        host: &dyn Host,
+    ) -> Result<Option<(Reservation, RateHeaders)>, Refusal> {
+        let policy = self.policy.clone();
+        let model = self.model();
+        let tier = policy
+            .as_ref()
+            .and_then(|p| p.tiers.get(self.tier_idx.unwrap_or(usize::MAX)));
+        let (Some(model), Some(tier), Some(subject)) = (model, tier, self.subject.clone()) else {
+            return Err(Refusal::no_policy());
+        };
+        if let BodyState::Done(info) = &self.body {
+            match info {
+                Ok(info) => decide::check_body_model(info, model)?,
+                Err(e) if !self.discovery => {
+                    return Err(Refusal::bad_request("invalid_body", e.as_str()));
+                }
+                Err(_) => {}
+            }
+        }
+        if self.discovery {
+            return Ok(None);
+        }
+        let info = match &self.body {
+            BodyState::Done(Ok(info)) => Some(info),
+            _ => None,
+        };
+        self.prompt_tokens_estimate = info.map_or(0, |i| i.prompt_tokens_estimate);
+        let reserve = decide::reservation(info, tier);
+        let highest = policy
+            .as_ref()
+            .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
+            .unwrap_or(tier);
+        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
+        match limits::admit(
+            host,
+            &[tier, highest],
+            &subject,
+            reserve,
+            host.now_ms() / 1000,
+            counter_slots,
+        ) {
+            Admission::Allowed {
+                reservation,
+                headers,
+            } => Ok(Some((reservation, headers))),
+            refused => Err(limited_refusal(refused)),
+        }
+    }
+
+    /// The companion answered this request's callout: cache, then wake this request and the
+    /// requests of this worker waiting for the same credential.
+    fn on_auth_response(&mut self, host: &dyn Host, body_size: usize) {
+        let Some(identity) = self.identity.clone() else {
+            return;
+        };
+        let (cfg, latency_metric) = {
+            let w = self.worker.borrow();
+            (w.config.clone(), w.metrics.callout_latency)
+        };
+        let Some(cfg) = cfg else { return };
+        let now = host.now_ms();
+        let started = self.flight.take().map_or(now, |f| f.started_ms);
+        if latency_metric != 0 {
+            host.record_metric(latency_metric, now.saturating_sub(started));
+        }
+        let status = host
+            .header(Headers::CallResponse, ":status")
+            .and_then(|s| s.parse::<u32>().ok());
+        let body = read_body(host, Body::CallResponse, body_size);
+        let outcome =
+            authenticate::interpret(host, &cfg.cache, &identity, status, &body, now / 1000);
+        let waiters = {
+            let mut w = self.worker.borrow_mut();
+            if outcome.failed {
+                w.metrics.inc(w.metrics.callout_failed, 1);
+            }
+            w.waiting.remove(&identity.flight_key()).unwrap_or_default()
+        };
+        self.apply_auth(host, outcome.result.clone());
+        for w in waiters {
+            let Ok(mut waiter) = w.try_borrow_mut() else {
+                continue;
+            };
+            if host.set_effective_context(waiter.id) {
+                // Checked again before the answer is applied: only the very same credential
+                // may take it.
+                let same = waiter
+                    .identity
+                    .as_ref()
+                    .is_some_and(|i| i.same_credential(&identity));
+                if same {
+                    waiter.apply_auth(host, outcome.result.clone());
+                } else {
+                    waiter.apply_auth(host, Err(authenticate::interrupted()));
+                }
+            }
+        }
+        host.set_effective_context(self.id);
+    }
+
+    /// The stream ends: settle from what was seen; hand waiters of our unanswered callout an
+    /// answer (Envoy cancels a callout with its stream).
+    fn on_done(&mut self, host: &dyn Host) {
+        self.settle(host);
+        if self.flight.take().is_some()
+            && let Some(identity) = &self.identity
+        {
+            let waiters = self
+                .worker
+                .borrow_mut()
+                .waiting
+                .remove(&identity.flight_key())
+                .unwrap_or_default();
+            for w in waiters {
+                let Ok(mut waiter) = w.try_borrow_mut() else {
+                    continue;
+                };
+                if host.set_effective_context(waiter.id) {
+                    waiter.apply_auth(host, Err(authenticate::interrupted()));
+                }
+            }
+            host.set_effective_context(self.id);
+        }
+    }
+}
+
+/// The refusal (429, 400 or 503) for a refused admission.
+fn limited_refusal(a: Admission) -> Refusal {
+    a.into_refusal()
+        .unwrap_or_else(|| Refusal::unavailable("internal", "admission refused without a reason"))
+}
+
+#[cfg(test)]
+mod tests;

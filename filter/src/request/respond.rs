@@ -1,0 +1,192 @@
+//! The response side of a request's life: rate-limit headers, usage scanning as the body
+//! passes, and settlement of the reservation (once: end of body, `on_log` or `on_done`).
+
+use super::{Phase, Request};
+use crate::decide::{self, Seen};
+use crate::encoding::{self, Coding, DecodingScanner};
+use crate::host::{Body, Headers, Host, read_body};
+use crate::limits;
+use crate::sse::{self, SseScanner};
+use crate::usage::JsonUsageScanner;
+use proxy_wasm::types::Action;
+
+/// How the response body is read for usage.
+pub enum Scan {
+    None,
+    Json(JsonUsageScanner),
+    Sse(SseScanner),
+    /// A body the backend compressed anyway: decoded for the scanner, forwarded untouched.
+    Decoding(Box<DecodingScanner>),
+    /// A coding that cannot be read (br, zstd…): settles to the reservation.
+    Unreadable,
+}
+
+impl std::fmt::Debug for Scan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Scan::None => "None",
+            Scan::Json(_) => "Json",
+            Scan::Sse(_) => "Sse",
+            Scan::Decoding(_) => "Decoding",
+            Scan::Unreadable => "Unreadable",
+        })
+    }
+}
+
+/// The scanner for a response, from its `content-type` and `content-encoding`.
+pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> Scan {
+    let sse = content_type.starts_with("text/event-stream");
+    if coding != Coding::Identity {
+        // Asked for identity, compressed anyway: read the usage from a decoded copy.
+        let scanner = if sse {
+            encoding::Scanner::Sse(SseScanner::new(false))
+        } else {
+            encoding::Scanner::Json(JsonUsageScanner::new())
+        };
+        return match DecodingScanner::new(coding, scanner) {
+            Some(d) => Scan::Decoding(Box::new(d)),
+            None => Scan::Unreadable,
+        };
+    }
+    if sse {
+        Scan::Sse(SseScanner::new(strip_usage_event))
+    } else if content_type.contains("json") {
+        Scan::Json(JsonUsageScanner::new())
+    } else {
+        Scan::None
+    }
+}
+
+impl Request {
+    pub(super) fn on_response_headers(&mut self, host: &dyn Host) -> Action {
+        let status = host
+            .header(Headers::Response, ":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let Phase::Forwarding {
+            reservation: Some(_),
+            ..
+        } = &self.phase
+        else {
+            return Action::Continue;
+        };
+        let Phase::Forwarding {
+            reservation: Some(reservation),
+            rate_headers,
+        } = std::mem::replace(&mut self.phase, Phase::Settled)
+        else {
+            return Action::Continue;
+        };
+        for (name, value) in rate_headers.headers() {
+            host.set_header(Headers::Response, name, Some(&value));
+        }
+        let content_type = host
+            .header(Headers::Response, "content-type")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let coding = encoding::coding(
+            host.header(Headers::Response, "content-encoding")
+                .as_deref(),
+        );
+        let scan = scan_for(&content_type, coding, self.strip_usage_event);
+        if matches!(scan, Scan::Sse(_)) && self.strip_usage_event {
+            host.set_header(Headers::Response, "content-length", None);
+        }
+        self.phase = Phase::Responding {
+            reservation,
+            status,
+            scan: Box::new(scan),
+        };
+        Action::Continue
+    }
+
+    pub(super) fn on_response_body(
+        &mut self,
+        host: &dyn Host,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if let Phase::Responding { scan, .. } = &mut self.phase
+            && !matches!(**scan, Scan::None | Scan::Unreadable)
+        {
+            let chunk = read_body(host, Body::Response, body_size);
+            match scan.as_mut() {
+                Scan::Json(s) => s.feed(&chunk),
+                Scan::Decoding(d) => d.feed(&chunk),
+                Scan::Sse(s) => {
+                    let forward = s.feed(&chunk);
+                    let held = if end_of_stream {
+                        s.finish().0
+                    } else {
+                        Vec::new()
+                    };
+                    // Only a stripped (or held-back) stream is rewritten; otherwise the chunk
+                    // Envoy already has goes on untouched, with no copy.
+                    if let Some(out) = sse::splice(forward, &held) {
+                        host.set_body(Body::Response, body_size, &out);
+                    }
+                }
+                Scan::None | Scan::Unreadable => {}
+            }
+        }
+        if end_of_stream {
+            self.settle(host);
+        }
+        Action::Continue
+    }
+
+    /// Settles the token reservation to what the response showed (once). Without response
+    /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
+    pub(super) fn settle(&mut self, host: &dyn Host) {
+        let (res, status, mut scan) = match std::mem::replace(&mut self.phase, Phase::Settled) {
+            Phase::Forwarding {
+                reservation: Some(res),
+                ..
+            } => (res, 0, Box::new(Scan::None)),
+            Phase::Responding {
+                reservation,
+                status,
+                scan,
+            } => (reservation, status, scan),
+            Phase::Forwarding {
+                reservation: None, ..
+            } => return,
+            other => {
+                self.phase = other;
+                return;
+            }
+        };
+        let (usage, content_events) = match scan.as_mut() {
+            Scan::Json(s) => (s.finish(), 0),
+            Scan::Sse(s) => (s.usage(), s.content_events()),
+            Scan::Decoding(d) => d.finish(),
+            Scan::None | Scan::Unreadable => (None, 0),
+        };
+        if usage.is_none() && status == 200 && !matches!(*scan, Scan::None) {
+            let w = self.worker.borrow();
+            w.metrics.inc(w.metrics.malformed_upstream, 1);
+            log::warn!(
+                "maas: no usage in a {status} response from model {}",
+                self.model().map(|m| m.name.as_str()).unwrap_or("-")
+            );
+        }
+        let seen = Seen {
+            usage,
+            content_events,
+            status,
+            prompt_tokens_estimate: self.prompt_tokens_estimate,
+        };
+        let actual = decide::settle_amount(&seen, res.reserved);
+        limits::settle(host, &res, actual, host.now_ms() / 1000);
+        if let (Some(u), Some(m)) = (usage, self.model()) {
+            let model = m.name.clone();
+            self.worker.borrow_mut().metrics.tokens(
+                host,
+                &res.tier,
+                &model,
+                u.prompt_tokens,
+                u.completion_tokens,
+            );
+        }
+    }
+}

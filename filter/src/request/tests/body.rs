@@ -1,0 +1,374 @@
+//! The body stage in both modes, and every refusal path of the request side.
+
+use super::*;
+
+const STREAM: &[u8] =
+    br#"{"model":"sim","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn hit(fx: &Fx) {
+    fx.cache(&key(2), allow_alice());
+}
+
+#[test]
+fn default_mode_body_end_by_end_stream_rewrites_a_stream_for_usage() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Continue
+    );
+    // Chunks are buffered until the end.
+    fx.host.enter(id);
+    fx.host.set_buffer(Body::Request, &STREAM[..10]);
+    assert_eq!(h.on_request_body(&fx.host, 10, false), Action::Pause);
+    assert_eq!(fx.body(id, &h, STREAM, true), Action::Continue);
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert!(h.0.borrow().strip_usage_event);
+    // Headers left before the body: their length was removed, not corrected.
+    assert!(!fx.host.calls.borrow().iter().any(|c| matches!(
+        c,
+        Call::SetHeader(Headers::Request, n, Some(_)) if n == "content-length"
+    )));
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+}
+
+#[test]
+fn default_mode_body_end_by_trailers_is_decided() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    assert_eq!(fx.body(id, &h, BODY, false), Action::Pause);
+    assert!(fx.phase(&h).starts_with("BodyBuffering"));
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Continue);
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+    assert!(fx.tokens_used("alice") > 0, "reserved at admission");
+}
+
+#[test]
+fn default_mode_trailers_refuse_a_wrong_model() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    fx.body(id, &h, br#"{"model":"big","messages":[]}"#, false);
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "model_mismatch"));
+}
+
+fn held() -> Fx {
+    Fx::with(json!({"pauseHeadersForBody": true}))
+}
+
+#[test]
+fn held_mode_body_end_by_end_stream_decides_with_headers_held() {
+    let fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    assert!(
+        fx.phase(&h)
+            .starts_with("BodyBuffering { headers_held: true }")
+    );
+    assert_eq!(fx.body(id, &h, STREAM, true), Action::Continue);
+    // The length is kept and corrected after the rewrite.
+    let len = fx.host.buffer(Body::Request).len().to_string();
+    assert_eq!(
+        fx.host.map_value(Headers::Request, "content-length"),
+        Some(len)
+    );
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+    assert!(
+        !fx.resumed(id),
+        "continued by the body callback, not resumed"
+    );
+}
+
+#[test]
+fn held_mode_body_end_by_trailers_is_decided() {
+    let fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    assert_eq!(fx.body(id, &h, BODY, false), Action::Pause);
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Continue);
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+}
+
+#[test]
+fn held_mode_body_refusal_starts_no_upstream_request() {
+    let fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    assert_eq!(fx.body(id, &h, b"{not json", true), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "invalid_body"));
+}
+
+#[test]
+fn held_mode_body_read_while_authenticating_is_decided_by_the_answer() {
+    let fx = held();
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    assert_eq!(fx.body(id, &h, BODY, true), Action::Pause);
+    assert!(fx.phase(&h).contains("Authenticating"));
+    fx.answer(id, &h, Some(200), &alice());
+    assert!(fx.resumed(id));
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+}
+
+#[test]
+fn held_mode_a_request_refused_while_authenticating_still_interrupts_its_waiters() {
+    let fx = held();
+    let (a, ha) = fx.http();
+    let (b, hb) = fx.http();
+    fx.headers(a, &ha, &refs(&chat(&key(2))), false);
+    fx.headers(b, &hb, &refs(&chat(&key(2))), false);
+    // The maker's body is too large: refused, but its callout is still in flight.
+    fx.host.enter(a);
+    assert_eq!(ha.on_request_body(&fx.host, 2 << 20, true), Action::Pause);
+    assert_eq!(fx.sent_to(a).unwrap().status, 413);
+    ha.on_done(&fx.host);
+    assert_eq!(fx.sent_to(b).unwrap().code(), "auth_interrupted");
+}
+
+#[test]
+fn body_too_large_is_refused_413() {
+    let fx = Fx::with(json!({"maxRequestBodyBytes": 1024}));
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    fx.host.enter(id);
+    assert_eq!(h.on_request_body(&fx.host, 1000, false), Action::Pause);
+    assert_eq!(h.on_request_body(&fx.host, 1025, false), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (413, "request_too_large"));
+    assert!(fx.phase(&h).starts_with("Refused"));
+    // Later chunks are not looked at.
+    assert_eq!(h.on_request_body(&fx.host, 2000, true), Action::Continue);
+}
+
+#[test]
+fn an_unreadable_body_buffer_is_refused_500() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    fx.host.set_buffer(Body::Request, b"{}");
+    assert_eq!(h.on_request_body(&fx.host, 50, true), Action::Pause);
+    assert_eq!(fx.sent_to(id).unwrap().status, 500);
+}
+
+/// A request with the given headers (a cached caller), refused at once: the local answer.
+fn refused_at_headers(fx: &Fx, headers: &[(&str, &str)]) -> Sent {
+    let (id, h) = fx.http();
+    assert_eq!(fx.headers(id, &h, headers, true), Action::Pause);
+    assert!(fx.phase(&h).starts_with("Refused"));
+    fx.sent_to(id).unwrap()
+}
+
+#[test]
+fn every_header_stage_refusal() {
+    let fx = Fx::new();
+    hit(&fx);
+    let k = format!("Bearer {}", key(2));
+    let auth = ("authorization", k.as_str());
+    type Case<'a> = (Vec<(&'a str, &'a str)>, u32, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec![(":method", "POST"), (":path", "/llm/sim/../x"), auth],
+            400,
+            "invalid_path",
+        ),
+        (
+            vec![(":method", "POST"), (":path", "/internal/v1/policy"), auth],
+            404,
+            "not_found",
+        ),
+        (
+            vec![
+                (":method", "POST"),
+                (":path", "/llm/none/v1/chat/completions"),
+                auth,
+            ],
+            404,
+            "model_not_found",
+        ),
+        (
+            vec![(":method", "DELETE"), (":path", CHAT), auth],
+            404,
+            "operation_not_allowed",
+        ),
+        (
+            vec![(":method", "POST"), (":path", CHAT)],
+            401,
+            "invalid_api_key",
+        ),
+        (
+            vec![
+                (":method", "POST"),
+                (":path", CHAT),
+                auth,
+                ("x-api-key", "other"),
+            ],
+            400,
+            "invalid_credential",
+        ),
+        (
+            vec![
+                (":method", "POST"),
+                (":path", CHAT),
+                ("authorization", "Basic x"),
+            ],
+            401,
+            "invalid_api_key",
+        ),
+        (
+            vec![
+                (":method", "POST"),
+                (":path", "/llm/big/v1/chat/completions"),
+                auth,
+            ],
+            403,
+            "model_not_allowed",
+        ),
+    ];
+    for (headers, status, code) in cases {
+        let s = refused_at_headers(&fx, &headers);
+        assert_eq!((s.status, s.code().as_str()), (status, code), "{headers:?}");
+    }
+    assert_eq!(fx.dispatches(), 0);
+    fx.flush();
+    assert_eq!(fx.host.metric("maas_requests_bad_request"), 2);
+    assert_eq!(fx.host.metric("maas_requests_not_found"), 3);
+}
+
+#[test]
+fn no_policy_is_refused_503() {
+    let fx = Fx::new();
+    fx.root.worker.borrow_mut().policy = None;
+    let s = refused_at_headers(&fx, &refs(&chat(&key(2))));
+    assert_eq!((s.status, s.code().as_str()), (503, "no_policy"));
+}
+
+fn gpt(key: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (":method", "POST".into()),
+        (":path", "/ext/gpt/v1/chat/completions".into()),
+        ("x-api-key", key.to_string()),
+    ]
+}
+
+#[test]
+fn provider_models_get_their_key_only_on_their_own_upstream() {
+    let fx = Fx::new();
+    hit(&fx);
+    let s = refused_at_headers(&fx, &refs(&gpt(&key(2))));
+    assert_eq!((s.status, s.code().as_str()), (503, "upstream_mismatch"));
+    fx.host.properties.borrow_mut().insert(
+        "xds.cluster_name".into(),
+        "outbound|443||api.openai.com".into(),
+    );
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&gpt(&key(2))), true),
+        Action::Continue
+    );
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Request, "authorization")
+            .as_deref(),
+        Some("Bearer sk-provider")
+    );
+    assert_eq!(fx.host.map_value(Headers::Request, "x-api-key"), None);
+    fx.root.worker.borrow_mut().credentials = Rc::new(CredentialsDocument::default());
+    let s = refused_at_headers(&fx, &refs(&gpt(&key(2))));
+    assert_eq!(
+        (s.status, s.code().as_str()),
+        (503, "provider_credential_missing")
+    );
+}
+
+#[test]
+fn a_full_request_window_is_refused_429_before_the_body() {
+    let fx = Fx::new();
+    hit(&fx);
+    for _ in 0..3 {
+        let (id, h) = fx.http();
+        fx.headers(id, &h, &refs(&chat(&key(2))), false);
+        assert_eq!(fx.body(id, &h, BODY, true), Action::Continue);
+    }
+    // Default mode: the headers would leave before the body; the certain 429 comes now.
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!(s.status, 429);
+    assert!(s.header("retry-after").is_some());
+    assert!(s.header("x-ratelimit-remaining-requests").is_some());
+}
+
+#[test]
+fn a_full_request_window_is_refused_429_at_the_body_when_headers_are_held() {
+    let fx = held();
+    hit(&fx);
+    for _ in 0..3 {
+        let (id, h) = fx.http();
+        fx.headers(id, &h, &refs(&chat(&key(2))), false);
+        fx.body(id, &h, BODY, true);
+    }
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    assert!(fx.sent_to(id).is_none());
+    assert_eq!(fx.body(id, &h, BODY, true), Action::Pause);
+    assert_eq!(fx.sent_to(id).unwrap().status, 429);
+}
+
+#[test]
+fn a_reservation_larger_than_a_window_is_refused_400() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    let body = br#"{"model":"sim","messages":[],"max_tokens":5000}"#;
+    assert_eq!(fx.body(id, &h, body, true), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "tokens_exceed_limit"));
+    assert_eq!(fx.tokens_used("alice"), 0, "nothing counted");
+}
+
+#[test]
+fn discovery_is_authenticated_but_counts_nothing() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    let k = format!("Bearer {}", key(2));
+    let a = fx.headers(
+        id,
+        &h,
+        &[
+            (":method", "GET"),
+            (":path", "/llm/sim/v1/models"),
+            ("authorization", &k),
+        ],
+        true,
+    );
+    assert_eq!(a, Action::Continue);
+    assert!(fx.phase(&h).contains("Forwarding { reservation: None"));
+    assert_eq!(fx.tokens_used("alice"), 0);
+    fx.host.enter(id);
+    h.on_log(&fx.host);
+    assert!(fx.phase(&h).starts_with("Settled"));
+}

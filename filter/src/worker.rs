@@ -1,0 +1,369 @@
+//! One VM's state (Envoy runs one VM per worker thread) and the root context's logic:
+//! configuration, policy and provider-credential polling, metric ids and their batched
+//! increments. Plain code over the [`Host`]; the proxy-wasm adapter only delegates.
+
+use crate::cache;
+use crate::config::PluginConfig;
+use crate::credential;
+use crate::host::{Body, Headers, Host, MetricKind, read_body};
+use crate::metrics;
+use crate::request::Request;
+use crate::response::Decision;
+use maas_types::{CredentialsDocument, PolicyDocument};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+/// Metric ids of this VM (names are shared: Envoy aggregates them across VMs), and the counter
+/// increments not yet handed to Envoy: flushed every tick, so a request costs no metric host
+/// calls (counters lag by at most one tick).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub decisions: Vec<u32>,
+    pub cache_hit: u32,
+    pub cache_miss: u32,
+    pub callout_latency: u32,
+    pub callout_failed: u32,
+    pub callouts: u32,
+    pub policy_updates: u32,
+    pub policy_rejected: u32,
+    pub malformed_upstream: u32,
+    /// (tier, model, prompt id, completion id), defined on first use.
+    tokens: Vec<(String, String, u32, u32)>,
+    pending: RefCell<Vec<(u32, u64)>>,
+}
+
+impl Metrics {
+    pub fn define_all(host: &dyn Host) -> Self {
+        let c = |name: &str| host.define_metric(MetricKind::Counter, name);
+        Metrics {
+            decisions: Decision::ALL
+                .iter()
+                .map(|d| c(&metrics::request_metric(*d)))
+                .collect(),
+            cache_hit: c(metrics::CACHE_HIT),
+            cache_miss: c(metrics::CACHE_MISS),
+            callout_latency: host.define_metric(MetricKind::Histogram, metrics::CALLOUT_LATENCY_MS),
+            callout_failed: c(metrics::CALLOUT_FAILED),
+            callouts: c(metrics::CALLOUTS),
+            policy_updates: c(metrics::POLICY_UPDATES),
+            policy_rejected: c(metrics::POLICY_REJECTED),
+            malformed_upstream: c(metrics::MALFORMED_UPSTREAM),
+            tokens: Vec::new(),
+            pending: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Counts `by` on metric `id` (handed to the host at the next flush).
+    pub fn inc(&self, id: u32, by: u64) {
+        if id == 0 || by == 0 {
+            return;
+        }
+        if let Ok(mut p) = self.pending.try_borrow_mut() {
+            match p.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, n)) => *n = n.saturating_add(by),
+                None => p.push((id, by)),
+            }
+        }
+    }
+
+    pub fn decision(&self, d: Decision) {
+        if let Some(id) = self.decisions.get(d.index()) {
+            self.inc(*id, 1);
+        }
+    }
+
+    pub fn flush(&self, host: &dyn Host) {
+        if let Ok(mut p) = self.pending.try_borrow_mut() {
+            for (id, n) in p.iter_mut() {
+                if *n > 0 {
+                    host.increment_metric(*id, i64::try_from(*n).unwrap_or(i64::MAX));
+                    *n = 0;
+                }
+            }
+        }
+    }
+
+    pub fn tokens(
+        &mut self,
+        host: &dyn Host,
+        tier: &str,
+        model: &str,
+        prompt: u64,
+        completion: u64,
+    ) {
+        let found = self
+            .tokens
+            .iter()
+            .find(|(t, m, _, _)| t == tier && m == model)
+            .map(|(_, _, p, c)| (*p, *c));
+        let (p, c) = match found {
+            Some(ids) => ids,
+            None => {
+                let p = host.define_metric(
+                    MetricKind::Counter,
+                    &metrics::token_metric("prompt", tier, model),
+                );
+                let c = host.define_metric(
+                    MetricKind::Counter,
+                    &metrics::token_metric("completion", tier, model),
+                );
+                self.tokens
+                    .push((tier.to_string(), model.to_string(), p, c));
+                (p, c)
+            }
+        };
+        self.inc(p, prompt);
+        self.inc(c, completion);
+    }
+}
+
+/// State of one VM (one worker thread), shared by the root context and the HTTP contexts of
+/// that thread.
+#[derive(Debug, Default)]
+pub struct Worker {
+    pub config: Option<Rc<PluginConfig>>,
+    pub policy: Option<Rc<PolicyDocument>>,
+    pub policy_etag: Option<String>,
+    pub revoked: HashSet<String>,
+    pub credentials: Rc<CredentialsDocument>,
+    pub credentials_etag: Option<String>,
+    /// Requests of this worker waiting for a callout another request made for the same
+    /// credential (flight key — the whole credential, never the key id alone → waiters).
+    pub waiting: HashMap<String, Vec<Rc<RefCell<Request>>>>,
+    pub metrics: Metrics,
+}
+
+pub type SharedWorker = Rc<RefCell<Worker>>;
+
+/// Tick period: short so that the first poll happens soon after start; polls themselves follow
+/// `pollIntervalMs`.
+pub const TICK_MS: u64 = 200;
+
+pub const POLICY_PATH: &str = "/internal/v1/policy";
+pub const CREDENTIALS_PATH: &str = "/internal/v1/credentials";
+
+/// The root context: configuration and polling.
+#[derive(Debug)]
+pub struct Root {
+    pub id: u32,
+    pub worker: SharedWorker,
+    pub policy_call: Option<u32>,
+    pub credentials_call: Option<u32>,
+    pub next_poll_ms: u64,
+    pub last_poll_warning_ms: u64,
+}
+
+impl Root {
+    pub fn new(id: u32) -> Self {
+        Root {
+            id,
+            worker: Rc::new(RefCell::new(Worker::default())),
+            policy_call: None,
+            credentials_call: None,
+            next_poll_ms: 0,
+            last_poll_warning_ms: 0,
+        }
+    }
+
+    /// pluginConfig arrived: parse it (false: the filter does not start), define the metrics and
+    /// poll at once (provider credentials have no bootstrap). The adapter sets the tick period.
+    pub fn configure(&mut self, host: &dyn Host) -> bool {
+        let bytes = host.body(Body::PluginConfiguration, usize::MAX);
+        let cfg = match PluginConfig::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("maas: invalid configuration, filter not started: {e}");
+                return false;
+            }
+        };
+        let mut w = self.worker.borrow_mut();
+        if w.policy.is_none()
+            && let Some(p) = &cfg.bootstrap_policy
+        {
+            w.revoked = p.revoked_key_ids.iter().cloned().collect();
+            w.policy = Some(Rc::new(p.clone()));
+        }
+        w.config = Some(Rc::new(cfg));
+        w.metrics = Metrics::define_all(host);
+        drop(w);
+        self.tick(host);
+        log::info!("maas: filter configured (root context {})", self.id);
+        true
+    }
+
+    /// Every [`TICK_MS`]: hand counters to the host; poll when due.
+    pub fn tick(&mut self, host: &dyn Host) {
+        let (cfg, policy_etag, cred_etag, have_policy_answer) = {
+            let w = self.worker.borrow();
+            w.metrics.flush(host);
+            let Some(cfg) = w.config.clone() else { return };
+            (
+                cfg,
+                w.policy_etag.clone(),
+                w.credentials_etag.clone(),
+                w.policy_etag.is_some(),
+            )
+        };
+        let now = host.now_ms();
+        if now < self.next_poll_ms {
+            return;
+        }
+        if self.policy_call.is_none() {
+            self.policy_call = get_from_companion(host, &cfg, POLICY_PATH, policy_etag.as_deref());
+        }
+        if self.credentials_call.is_none() {
+            self.credentials_call =
+                get_from_companion(host, &cfg, CREDENTIALS_PATH, cred_etag.as_deref());
+        }
+        // Until the companion answered once, retry quickly.
+        let interval = if have_policy_answer {
+            cfg.poll_interval_ms
+        } else {
+            cfg.poll_interval_ms.min(500)
+        };
+        self.next_poll_ms = now.saturating_add(interval);
+    }
+
+    /// The answer to one of the root's polls.
+    pub fn on_call_response(&mut self, host: &dyn Host, token: u32, body_size: usize) {
+        let status = host
+            .header(Headers::CallResponse, ":status")
+            .and_then(|s| s.parse::<u32>().ok());
+        let etag = host.header(Headers::CallResponse, "etag");
+        let body = (body_size > 0).then(|| read_body(host, Body::CallResponse, body_size));
+        if self.policy_call == Some(token) {
+            self.policy_call = None;
+            self.on_policy_response(host, status, etag, body);
+        } else if self.credentials_call == Some(token) {
+            self.credentials_call = None;
+            self.on_credentials_response(host, status, etag, body);
+        }
+    }
+
+    fn warn_poll(&mut self, host: &dyn Host, what: &str) {
+        let now = host.now_ms();
+        // At most one warning per 10 s per worker while the companion is away.
+        if now.saturating_sub(self.last_poll_warning_ms) >= 10_000 {
+            self.last_poll_warning_ms = now;
+            log::warn!("maas: {what}");
+        }
+    }
+
+    fn on_policy_response(
+        &mut self,
+        host: &dyn Host,
+        status: Option<u32>,
+        etag: Option<String>,
+        body: Option<Vec<u8>>,
+    ) {
+        match status {
+            Some(200) => {
+                let body = body.unwrap_or_default();
+                let mut w = self.worker.borrow_mut();
+                match PolicyDocument::from_json(&body) {
+                    Ok(doc) => {
+                        let revoked: HashSet<String> =
+                            doc.revoked_key_ids.iter().cloned().collect();
+                        let max_entries = w.config.as_ref().map_or(1, |c| c.cache.max_entries);
+                        for id in revoked.difference(&w.revoked) {
+                            cache::evict(host, &credential::api_key_cache_key(id), max_entries);
+                        }
+                        w.revoked = revoked;
+                        log::info!(
+                            "maas: policy updated ({} tiers, {} models, {} revoked keys, etag {})",
+                            doc.tiers.len(),
+                            doc.models.len(),
+                            doc.revoked_key_ids.len(),
+                            etag.as_deref().unwrap_or("-")
+                        );
+                        w.policy = Some(Rc::new(doc));
+                        w.policy_etag = etag;
+                        w.metrics.inc(w.metrics.policy_updates, 1);
+                    }
+                    Err(e) => {
+                        // The old policy stays; remember the etag so the same document is not
+                        // re-parsed (and re-logged) every poll.
+                        log::error!(
+                            "maas: policy from the companion refused, keeping the current one: {e}"
+                        );
+                        w.policy_etag = etag;
+                        w.metrics.inc(w.metrics.policy_rejected, 1);
+                    }
+                }
+            }
+            Some(304) => {}
+            other => self.warn_poll(
+                host,
+                &format!("policy poll failed (status {other:?}); keeping the current policy"),
+            ),
+        }
+    }
+
+    fn on_credentials_response(
+        &mut self,
+        host: &dyn Host,
+        status: Option<u32>,
+        etag: Option<String>,
+        body: Option<Vec<u8>>,
+    ) {
+        match status {
+            Some(200) => {
+                let body = body.unwrap_or_default();
+                match serde_json::from_slice::<CredentialsDocument>(&body) {
+                    Ok(doc) => {
+                        let mut w = self.worker.borrow_mut();
+                        // Names only: never the values.
+                        log::info!(
+                            "maas: provider credentials updated: {:?}",
+                            maas_types::auth::CredentialsDocumentRedacted(&doc)
+                        );
+                        w.credentials = Rc::new(doc);
+                        w.credentials_etag = etag;
+                    }
+                    Err(e) => log::error!(
+                        "maas: credentials document refused at line {} column {}",
+                        e.line(),
+                        e.column()
+                    ),
+                }
+            }
+            Some(304) => {}
+            other => self.warn_poll(host, &format!("credentials poll failed (status {other:?})")),
+        }
+    }
+}
+
+fn get_from_companion(
+    host: &dyn Host,
+    cfg: &PluginConfig,
+    path: &str,
+    etag: Option<&str>,
+) -> Option<u32> {
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", cfg.companion.authority.as_str()),
+    ];
+    if let Some(e) = etag {
+        headers.push(("if-none-match", e));
+    }
+    match host.dispatch(
+        &cfg.companion.cluster,
+        &headers,
+        None,
+        cfg.companion.timeout_ms,
+    ) {
+        Ok(token) => Some(token),
+        Err(e) => {
+            log::warn!(
+                "maas: cannot call companion cluster {:?} for {path}: {e}",
+                cfg.companion.cluster
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
