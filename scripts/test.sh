@@ -51,14 +51,8 @@ else
 fi
 
 status=0
-# Lints are part of the tests: CI fails on unformatted code or any clippy warning, native and
-# for the filter's wasm32 target (where the no-unwrap/panic/indexing lints guard the VM).
-log "cargo fmt --check …"
-(cd "$ROOT" && cargo fmt --all --check) || { log "FAILED: cargo fmt --check (run cargo fmt)"; status=1; }
-log "cargo clippy (native, all targets) …"
-(cd "$ROOT" && cargo clippy -q --workspace --all-targets -- -D warnings) || { log "FAILED: clippy (native)"; status=1; }
-log "cargo clippy (wasm32-wasip1: filter, types) …"
-(cd "$ROOT" && cargo clippy -q -p maas-filter -p maas-types --target wasm32-wasip1 -- -D warnings) || { log "FAILED: clippy (wasm32-wasip1)"; status=1; }
+# Lints are part of the tests: CI fails on unformatted code or any clippy warning.
+"$ROOT/scripts/lint.sh" || status=1
 log "cargo test --workspace …"
 (cd "$ROOT" && cargo test --workspace --no-fail-fast "$@") || status=1
 # The same unit tests compiled for the filter's target (32-bit usize, the wasm allocator, the

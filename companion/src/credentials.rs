@@ -3,7 +3,9 @@
 //!
 //! Sources: a YAML file `credentials: {ref: key}` (local stack, re-read at each request so edits
 //! apply at once), or Kubernetes Secrets named by the policy's `credentialRef`, data key
-//! `api-key`, in one namespace (cluster; cached briefly). Values are never logged.
+//! `api-key`, in one namespace (cluster; cached for [`SECRET_CACHE_TTL`], well under the filter's
+//! poll interval, so a rotated Secret is served at the filter's next poll but one at worst, and
+//! the ETag makes an unchanged set a 304). Values are never logged.
 
 use crate::http::json_with_etag;
 use crate::policy::PolicyHandle;
@@ -17,8 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
-/// How long Secrets read from Kubernetes are reused.
-const SECRET_CACHE_TTL: Duration = Duration::from_secs(10);
+/// How long what was read from Kubernetes (the Secrets, or the failure to read them) is reused.
+///
+/// Well under the filter's default `pollIntervalMs` (2 s), so a rotated Secret is served within
+/// 0.5 s. It also bounds the load on the API server whatever the number of pollers: reads happen
+/// under the cache lock, so one replica sends at most one GET per referenced Secret per TTL, i.e.
+/// 2 GETs per second per Secret (and none while nobody polls).
+pub const SECRET_CACHE_TTL: Duration = Duration::from_millis(500);
 
 /// The Secret data key holding a provider's API key.
 pub const SECRET_KEY: &str = "api-key";
@@ -28,8 +35,15 @@ pub enum CredentialsSource {
     Kubernetes {
         client: kube::Client,
         namespace: String,
-        cache: Mutex<Option<(Instant, BTreeSet<String>, CredentialsDocument)>>,
+        cache: Mutex<Option<Box<CachedSecrets>>>,
     },
+}
+
+/// One read of the referenced Secrets: when, which, and what came of it.
+pub struct CachedSecrets {
+    at: Instant,
+    refs: BTreeSet<String>,
+    result: Result<CredentialsDocument, String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -69,16 +83,22 @@ impl CredentialsSource {
                 namespace,
                 cache,
             } => {
+                // Held across the read: concurrent polls wait for one read instead of each
+                // sending their own.
                 let mut cache = cache.lock().await;
-                if let Some((at, cached_refs, doc)) = cache.as_ref()
-                    && at.elapsed() < SECRET_CACHE_TTL
-                    && *cached_refs == refs
+                if let Some(cached) = cache.as_ref()
+                    && cached.at.elapsed() < SECRET_CACHE_TTL
+                    && cached.refs == refs
                 {
-                    return Ok(doc.clone());
+                    return cached.result.clone();
                 }
-                let doc = read_secrets(client, namespace, &refs).await?;
-                *cache = Some((Instant::now(), refs, doc.clone()));
-                Ok(doc)
+                let result = read_secrets(client, namespace, &refs).await;
+                *cache = Some(Box::new(CachedSecrets {
+                    at: Instant::now(),
+                    refs,
+                    result: result.clone(),
+                }));
+                result
             }
         }
     }

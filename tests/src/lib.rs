@@ -4,11 +4,13 @@
 //! - [`stack`]: PostgreSQL + companion + simulator + Envoy with the filter, used by the
 //!   `maas-local` binary and by every e2e test ([`stack::Stack::shared`]);
 //! - [`envoy_config`]: the Envoy bootstrap generated from the policy;
+//! - [`extra_envoy`]: more Envoys beside a stack's, started again on fresh ports when one is taken;
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
 //!   trailers;
 //! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
 
 pub mod envoy_config;
+pub mod extra_envoy;
 pub mod h2client;
 pub mod postgres;
 pub mod process;

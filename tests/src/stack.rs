@@ -111,8 +111,9 @@ struct Ports {
 const START_ATTEMPTS: usize = 5;
 
 /// Picks distinct free ports (all held until all are picked, then released: see the module
-/// doc for why that is not enough on its own).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
+/// doc for why that is not enough on its own: start a program on them through a retrying start,
+/// e.g. [`crate::extra_envoy`], or use them only where nothing has to listen).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<_>>()?;
@@ -134,11 +135,11 @@ fn local(port: u16) -> SocketAddr {
 
 /// Runs `start` again (after `repick`) while it fails with [`crate::process::AddrInUse`], up to
 /// [`START_ATTEMPTS`] times in all.
-fn retry_on_taken_port<S>(
+pub(crate) fn retry_on_taken_port<S, T>(
     state: &mut S,
     mut repick: impl FnMut(&mut S) -> Result<()>,
-    mut start: impl FnMut(&S) -> Result<()>,
-) -> Result<()> {
+    mut start: impl FnMut(&S) -> Result<T>,
+) -> Result<T> {
     let mut attempt = 1;
     loop {
         repick(state)?;

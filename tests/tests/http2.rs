@@ -14,17 +14,18 @@
 
 mod filter_support;
 
+use anyhow::Context;
 use filter_support::*;
 use futures_util::FutureExt;
+use maas_e2e::Stack;
 use maas_e2e::envoy_config;
+use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::h2client::{self, End, FramedRequest, TestCert, TlsTarget};
-use maas_e2e::process::ManagedProcess;
-use maas_e2e::{Stack, tools};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POLICY: &str = r#"
 tiers:
@@ -100,7 +101,7 @@ struct Gateway {
     plain: SocketAddr,
     /// TLS listener: ALPN h2 or http/1.1.
     tls: SocketAddr,
-    _envoy: ManagedProcess,
+    _envoy: ExtraEnvoy,
 }
 
 struct Gateways {
@@ -132,7 +133,7 @@ fn start_gateways(stack: &Stack) -> anyhow::Result<Gateways> {
     std::fs::write(&key_path, &cert.key_pem)?;
     let mut list = Vec::new();
     for mode in [Mode::Default, Mode::HoldHeaders] {
-        list.push(start_gateway(stack, mode, &dir, &cert_path, &key_path)?);
+        list.push(start_gateway(stack, mode, &cert_path, &key_path)?);
     }
     Ok(Gateways {
         list,
@@ -140,67 +141,28 @@ fn start_gateways(stack: &Stack) -> anyhow::Result<Gateways> {
     })
 }
 
-fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<std::net::TcpListener> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
-}
-
-/// Another Envoy from the stack's bootstrap: fresh ports, HTTP/1.1 trailers kept, a TLS
-/// listener, and for [`Mode::HoldHeaders`] both knobs that hold headers for the body.
+/// Another Envoy from the stack's bootstrap (fresh ports, started again when one is taken),
+/// HTTP/1.1 trailers kept, a TLS listener, and for [`Mode::HoldHeaders`] both knobs that hold
+/// headers for the body.
 fn start_gateway(
     stack: &Stack,
     mode: Mode,
-    dir: &std::path::Path,
     cert: &std::path::Path,
     key: &std::path::Path,
 ) -> anyhow::Result<Gateway> {
-    let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-    let [plain, tls, admin] = free_ports::<3>().map(local);
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(stack.envoy_config_path())?)?;
-    v["admin"]["address"]["socket_address"]["port_value"] = json!(admin.port());
-    v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] =
-        json!(plain.port());
-    if mode == Mode::HoldHeaders {
-        envoy_config::hold_headers_for_body(&mut v)?;
-    }
-    envoy_config::add_tls_listener(&mut v, tls, cert, key)?;
-    envoy_config::enable_http1_trailers(&mut v)?;
-    let name = format!("{mode:?}").to_ascii_lowercase();
-    let path = dir.join(format!("envoy-{name}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
-    let mut cmd = std::process::Command::new(tools::envoy_bin()?);
-    cmd.arg("-c")
-        .arg(&path)
-        .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"]);
-    let log = dir.join(format!("envoy-{name}.log"));
-    let mut envoy = ManagedProcess::spawn(
-        &format!("envoy-{name}"),
-        cmd,
-        &log,
-        libc::SIGTERM,
-        libc::SIGKILL,
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let up = |a, p| {
-        maas_e2e::stack::http_request(a, "GET", p, Duration::from_secs(1))
-            .map(|(s, _)| s == 200)
-            .unwrap_or(false)
-    };
-    while !(up(admin, "/ready") && up(plain, "/maas-api/health")) {
-        if envoy.exited().is_some() || Instant::now() > deadline {
-            anyhow::bail!(
-                "the {name} Envoy did not become ready:\n{}",
-                envoy.log_tail(4000)
-            );
+    let name = format!("http2-{mode:?}").to_ascii_lowercase();
+    let envoy = ExtraEnvoy::beside(stack, &name, true, |v, ports| {
+        if mode == Mode::HoldHeaders {
+            envoy_config::hold_headers_for_body(v)?;
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let tls = ports.second.context("a port for the TLS listener")?;
+        envoy_config::add_tls_listener(v, tls, cert, key)?;
+        envoy_config::enable_http1_trailers(v)
+    })?;
     Ok(Gateway {
         mode,
-        plain,
-        tls,
+        plain: envoy.ports.listen,
+        tls: envoy.ports.second.context("a port for the TLS listener")?,
         _envoy: envoy,
     })
 }

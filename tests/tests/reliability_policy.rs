@@ -6,17 +6,18 @@
 
 mod filter_support;
 
+use anyhow::Context;
 use filter_support::*;
 use maas_e2e::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
-use maas_e2e::process::ManagedProcess;
+use maas_e2e::extra_envoy::{ExtraEnvoy, ExtraEnvoyOptions, Ready};
 use maas_e2e::sim::{self, SimConfig};
+use maas_e2e::stack::free_ports;
 use maas_e2e::{Stack, tools};
 use maas_types::PolicyDocument;
 use serde_json::{Value, json};
-use std::net::{SocketAddr, TcpListener};
-use std::process::Command;
+use std::net::SocketAddr;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The policy in force; `{LIMIT}` is the free tier's request limit.
 const POLICY_TEMPLATE: &str = r#"
@@ -172,14 +173,6 @@ async fn invalid_policies_are_refused_and_the_old_one_stays_in_force() {
     eprintln!("4 invalid policies refused; a valid change applied after {took:?}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Envoy's bootstrap for a gateway whose filter gets `plugin_config` (as JSON text).
 fn render_with_plugin_config(
     policy: &PolicyDocument,
@@ -187,25 +180,26 @@ fn render_with_plugin_config(
     admin: SocketAddr,
     simulator: SocketAddr,
     plugin_config: &str,
-) -> String {
+) -> anyhow::Result<Value> {
     let local = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+    // No companion: nothing has to listen there.
+    let nowhere = free_ports(2)?;
     let rendered = envoy_config::render(&EnvoyConfigInput {
         policy,
         listen,
         admin,
-        companion_public: local(free_port()),
-        companion_internal: local(free_port()),
+        companion_public: local(nowhere[0]),
+        companion_internal: local(nowhere[1]),
         simulator,
         filter: Some(WasmFilterOptions {
-            wasm_path: tools::wasm_file().expect("release .wasm built"),
+            wasm_path: tools::wasm_file()?,
             poll_interval_ms: 500,
         }),
-    })
-    .unwrap();
-    let mut v: Value = serde_json::from_str(&rendered).unwrap();
-    let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut v).expect("the wasm filter");
+    })?;
+    let mut v: Value = serde_json::from_str(&rendered)?;
+    let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut v).context("the wasm filter")?;
     wasm["typed_config"]["config"]["configuration"]["value"] = json!(plugin_config);
-    serde_json::to_string_pretty(&v).unwrap()
+    Ok(v)
 }
 
 #[test]
@@ -242,45 +236,23 @@ fn broken_plugin_config_never_lets_a_request_through() {
     ];
     let mut outcomes = Vec::new();
     for (i, (plugin_config, field)) in cases.iter().enumerate() {
-        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let config_path = dir.path().join(format!("envoy-{i}.json"));
-        std::fs::write(
-            &config_path,
-            render_with_plugin_config(&policy, listen, admin, sim.addr(), plugin_config),
-        )
-        .unwrap();
-        let log_path = dir.path().join(format!("envoy-{i}.log"));
-        let mut cmd = Command::new(tools::envoy_bin().unwrap());
-        cmd.arg("-c")
-            .arg(&config_path)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
-            .args(["--base-id", &(1000 + i).to_string()]);
-        let mut envoy =
-            ManagedProcess::spawn("envoy", cmd, &log_path, libc::SIGTERM, libc::SIGKILL).unwrap();
-
         // Envoy either exits (the listener cannot be built) or comes up; wait for one of them.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut exited = None;
-        let mut admin_ready = false;
-        while Instant::now() < deadline {
-            if let Some(status) = envoy.exited() {
-                exited = Some(status);
-                break;
-            }
-            if maas_e2e::stack::http_request(admin, "GET", "/ready", Duration::from_secs(1))
-                .map(|(s, _)| s == 200)
-                .unwrap_or(false)
-            {
-                admin_ready = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert!(
-            exited.is_some() || admin_ready,
-            "case {i}: Envoy neither exited nor became ready"
-        );
+        let options = ExtraEnvoyOptions {
+            ready_timeout: Duration::from_secs(30),
+            ..ExtraEnvoyOptions::new(&format!("case-{i}"), dir.path(), Ready::AdminOrExit)
+        };
+        let mut envoy = ExtraEnvoy::start(&options, |ports| {
+            render_with_plugin_config(
+                &policy,
+                ports.listen,
+                ports.admin,
+                sim.addr(),
+                plugin_config,
+            )
+        })
+        .unwrap_or_else(|e| panic!("case {i}: Envoy neither exited nor became ready: {e:#}"));
+        let exited = envoy.exited();
+        let listen = envoy.ports.listen;
         // Whatever Envoy did, a request with a credential must never reach the backend.
         let mut statuses = Vec::new();
         for _ in 0..5 {
@@ -290,7 +262,7 @@ fn broken_plugin_config_never_lets_a_request_through() {
             }
             statuses.push(status);
         }
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let log = envoy.log();
         let line = log
             .lines()
             .find(|l| l.contains("invalid configuration") && l.contains(field))
@@ -308,7 +280,7 @@ fn broken_plugin_config_never_lets_a_request_through() {
             },
             line.chars().take(240).collect::<String>()
         ));
-        envoy.stop(Duration::from_secs(5));
+        envoy.process.stop(Duration::from_secs(5));
     }
     assert!(
         sim.requests().is_empty(),
@@ -329,22 +301,11 @@ fn tail(s: &str) -> &str {
     &s[start..]
 }
 
-/// A chat request with a plausible credential, raw; `None` when nothing answers.
+/// A chat request with a plausible credential; `None` when nothing answers.
 fn send_raw_chat(listen: SocketAddr) -> Option<u16> {
-    use std::io::{Read, Write};
     let body = r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}"#;
-    let mut s = std::net::TcpStream::connect_timeout(&listen, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-token\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
+    let headers = [("authorization", "Bearer alice-token")];
+    raw_json_request(listen, "POST", CHAT, &headers, body)
+        .ok()
+        .filter(|&s| s != 0)
 }

@@ -14,12 +14,10 @@ mod filter_support;
 
 use filter_support::*;
 use maas_e2e::Stack;
-use maas_e2e::process::ManagedProcess;
-use maas_e2e::tools;
+use maas_e2e::extra_envoy::ExtraEnvoy;
 use serde_json::{Value, json};
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POLICY: &str = r#"
 tiers:
@@ -93,70 +91,18 @@ async fn default_mode_refused_requests_never_reach_the_backend() {
 #[tokio::test]
 async fn with_headers_held_for_the_body_refused_requests_never_start_upstream() {
     let stack = stack();
-    let (envoy, gateway, admin) = second_envoy(stack);
+    let envoy = second_envoy(stack);
     // Users of its own (alice2, tina2): the other test spends alice's and tina's budgets.
-    check_refusals(stack, &gateway, &admin, "2", true).await;
+    check_refusals(stack, &envoy.gateway_url(), &envoy.admin_url(), "2", true).await;
     drop(envoy);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts another Envoy from the stack's bootstrap with both knobs set; returns it (stopped on
-/// drop), its gateway URL and its admin URL.
-fn second_envoy(stack: &Stack) -> (ManagedProcess, String, String) {
-    let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
-    let (listen, admin) = (free_port(), free_port());
-    let mut v: Value = serde_json::from_str(&text).unwrap();
-    v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
-    v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] =
-        json!(listen);
-    maas_e2e::envoy_config::hold_headers_for_body(&mut v).unwrap();
-    let dir = stack.dir().join("second-envoy");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("envoy.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-    let mut cmd = Command::new(tools::envoy_bin().unwrap());
-    cmd.arg("-c")
-        .arg(&path)
-        .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
-        .args(["--base-id", "4242"]);
-    let log = dir.join("envoy.log");
-    let mut envoy =
-        ManagedProcess::spawn("envoy-2", cmd, &log, libc::SIGTERM, libc::SIGKILL).unwrap();
-    let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
-    let gateway_addr = std::net::SocketAddr::from(([127, 0, 0, 1], listen));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            envoy.exited().is_none(),
-            "the second Envoy exited: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        let up = |a, p| {
-            maas_e2e::stack::http_request(a, "GET", p, Duration::from_secs(1))
-                .map(|(s, _)| s == 200)
-                .unwrap_or(false)
-        };
-        if up(admin_addr, "/ready") && up(gateway_addr, "/maas-api/health") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the second Envoy never became ready"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (
-        envoy,
-        format!("http://{gateway_addr}"),
-        format!("http://{admin_addr}"),
-    )
+/// Starts another Envoy from the stack's bootstrap with both knobs set (stopped on drop).
+fn second_envoy(stack: &Stack) -> ExtraEnvoy {
+    ExtraEnvoy::beside(stack, "second", false, |v, _| {
+        maas_e2e::envoy_config::hold_headers_for_body(v)
+    })
+    .unwrap_or_else(|e| panic!("the second Envoy did not start: {e:#}"))
 }
 
 /// `headers_held`: the mode where no refusal may start an upstream request; else body-stage

@@ -12,15 +12,14 @@
 
 mod filter_support;
 
+use anyhow::Context;
 use filter_support::*;
-use maas_e2e::process::ManagedProcess;
-use maas_e2e::{Stack, sim, tools};
+use maas_e2e::extra_envoy::ExtraEnvoy;
+use maas_e2e::{Stack, envoy_config, sim};
 use serde_json::{Value, json};
-use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POLICY: &str = r#"
 tiers:
@@ -347,25 +346,13 @@ async fn allowed_operations_reach_the_backend() {
     );
 }
 
-/// Sends one HTTP/1.1 request exactly as written (no client-side normalisation).
+/// Sends one chat request exactly as written (no client-side normalisation).
 fn raw(addr: SocketAddr, method: &str, path: &str, test_id: &str) -> u16 {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let body = r#"{"model":"gpt-ext","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nAuthorization: Bearer {ALICE}\r\n\
-         x-test-id: {test_id}\r\ncontent-type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    let auth = bearer(ALICE);
+    let headers = [("authorization", auth.as_str()), ("x-test-id", test_id)];
+    raw_json_request(addr, method, path, &headers, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
 #[tokio::test]
@@ -451,69 +438,18 @@ async fn encoded_and_odd_spellings_never_reach_an_unlisted_endpoint() {
     eprintln!("{}", served.join("\n"));
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A second Envoy from the stack's own bootstrap, plus `routes` (added first, so they win)
 /// leading to a cluster `attacker` that reaches `attacker`: what someone who may create an
-/// HTTPRoute on the Gateway could add. Stopped on drop; returns it and its gateway URL.
-fn envoy_with_extra_routes(
-    stack: &Stack,
-    attacker: SocketAddr,
-    routes: &[Value],
-) -> (ManagedProcess, String) {
-    let text = std::fs::read_to_string(stack.envoy_config_path()).unwrap();
-    let (listen, admin) = (free_port(), free_port());
-    let mut v: Value = serde_json::from_str(&text).unwrap();
-    v["admin"]["address"]["socket_address"]["port_value"] = json!(admin);
-    v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] =
-        json!(listen);
-    let list = maas_e2e::envoy_config::routes_mut(&mut v).unwrap();
-    for (i, r) in routes.iter().enumerate() {
-        list.insert(i, r.clone());
-    }
-    maas_e2e::envoy_config::add_addr_cluster(&mut v, "attacker", attacker).unwrap();
-    let dir = stack.dir().join("surface-envoy");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("envoy.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-    let mut cmd = Command::new(tools::envoy_bin().unwrap());
-    cmd.arg("-c")
-        .arg(&path)
-        .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
-        .args(["--base-id", "5151"]);
-    let log = dir.join("envoy.log");
-    let mut envoy =
-        ManagedProcess::spawn("envoy-surface", cmd, &log, libc::SIGTERM, libc::SIGKILL).unwrap();
-    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
-    let gateway_addr = SocketAddr::from(([127, 0, 0, 1], listen));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            envoy.exited().is_none(),
-            "the second Envoy exited: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        let up = |a, p| {
-            maas_e2e::stack::http_request(a, "GET", p, Duration::from_secs(1))
-                .map(|(s, _)| s == 200)
-                .unwrap_or(false)
-        };
-        if up(admin_addr, "/ready") && up(gateway_addr, "/maas-api/health") {
-            break;
+/// HTTPRoute on the Gateway could add. Stopped on drop.
+fn envoy_with_extra_routes(stack: &Stack, attacker: SocketAddr, routes: &[Value]) -> ExtraEnvoy {
+    ExtraEnvoy::beside(stack, "surface", false, |v, _| {
+        let list = envoy_config::routes_mut(v).context("the gateway's routes")?;
+        for (i, r) in routes.iter().enumerate() {
+            list.insert(i, r.clone());
         }
-        assert!(
-            Instant::now() < deadline,
-            "the second Envoy never became ready"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (envoy, format!("http://{gateway_addr}"))
+        envoy_config::add_addr_cluster(v, "attacker", attacker)
+    })
+    .unwrap_or_else(|e| panic!("the second Envoy did not start: {e:#}"))
 }
 
 #[tokio::test]
@@ -531,11 +467,12 @@ async fn a_route_the_gateway_did_not_create_never_gets_the_provider_key() {
         json!({"match": {"prefix": prefix},
                "route": {"cluster": "attacker", "prefix_rewrite": "/v1/", "timeout": "30s"}})
     };
-    let (envoy, gateway) = envoy_with_extra_routes(
+    let envoy = envoy_with_extra_routes(
         stack,
         attacker.addr(),
         &[hijack("/ext/openai/v1/"), hijack("/llm/vllm/v1/")],
     );
+    let gateway = envoy.gateway_url();
     let auth = bearer(ALICE);
     let body = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "my secret prompt"}], "max_tokens": 1});
     // Control, and the wait for this Envoy's filter to have the provider credentials: a route

@@ -2,24 +2,16 @@
 //! Envoy config generated from a policy routes as intended (bare Envoy, no filter or companion).
 
 use maas_e2e::envoy_config::{self, EnvoyConfigInput};
+use maas_e2e::extra_envoy::{ExtraEnvoy, ExtraEnvoyOptions, Ready};
 use maas_e2e::postgres::Postgres;
-use maas_e2e::process::ManagedProcess;
 use maas_e2e::sim::{self, SimConfig};
-use maas_e2e::stack::http_request;
+use maas_e2e::stack::{free_ports, http_request};
 use maas_e2e::tools;
 use maas_types::PolicyDocument;
 use serde_json::{Value, json};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use std::time::Duration;
 
 fn psql(pg_bin: &std::path::Path, port: u16, sql: &str) -> std::process::Output {
     Command::new(pg_bin.join("psql"))
@@ -51,8 +43,10 @@ fn postgres_restart_keeps_data() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let port = free_port();
-    let mut pg = Postgres::init_and_start(&pg_bin, dir.path(), port).unwrap();
+    let mut pg =
+        Postgres::init_and_start_on_free_port(&pg_bin, dir.path(), || Ok(free_ports(1)?[0]))
+            .unwrap();
+    let port = pg.port();
     assert_eq!(
         pg.url("maas"),
         format!("postgres://postgres@127.0.0.1:{port}/maas")
@@ -79,7 +73,6 @@ fn postgres_restart_keeps_data() {
 
 #[test]
 fn bare_envoy_routes_generated_from_the_policy() {
-    let envoy = tools::envoy_bin().unwrap();
     let sim = sim::spawn("127.0.0.1:0".parse().unwrap(), SimConfig::default()).unwrap();
     // A second simulator stands in for an external OpenAI-compatible server (backend URL).
     let other = sim::spawn("127.0.0.1:0".parse().unwrap(), SimConfig::default()).unwrap();
@@ -93,48 +86,25 @@ fn bare_envoy_routes_generated_from_the_policy() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let local = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
-    let (gateway, admin) = (local(free_port()), local(free_port()));
-    let config = envoy_config::render(&EnvoyConfigInput {
-        policy: &policy,
-        listen: gateway,
-        admin,
-        // Nothing listens there: the public API route answers 503.
-        companion_public: local(free_port()),
-        companion_internal: local(free_port()),
-        simulator: sim.addr(),
-        filter: None,
-    })
+    // Nothing listens there: the public API route answers 503.
+    let nowhere = free_ports(2).unwrap();
+    let envoy = ExtraEnvoy::start(
+        &ExtraEnvoyOptions::new("bare", dir.path(), Ready::Admin),
+        |ports| {
+            let config = envoy_config::render(&EnvoyConfigInput {
+                policy: &policy,
+                listen: ports.listen,
+                admin: ports.admin,
+                companion_public: local(nowhere[0]),
+                companion_internal: local(nowhere[1]),
+                simulator: sim.addr(),
+                filter: None,
+            })?;
+            Ok(serde_json::from_str(&config)?)
+        },
+    )
     .unwrap();
-    let config_path = dir.path().join("envoy.json");
-    std::fs::write(&config_path, config).unwrap();
-    let mut cmd = Command::new(envoy);
-    cmd.arg("-c").arg(&config_path).args([
-        "--disable-hot-restart",
-        "--concurrency",
-        "1",
-        "-l",
-        "warning",
-    ]);
-    let log = dir.path().join("envoy.log");
-    let mut process =
-        ManagedProcess::spawn("envoy", cmd, &log, libc::SIGTERM, libc::SIGKILL).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(
-        http_request(admin, "GET", "/ready", Duration::from_secs(1)),
-        Ok((200, _))
-    ) {
-        assert!(
-            process.is_running(),
-            "envoy exited: {}",
-            process.log_tail(3000)
-        );
-        assert!(
-            Instant::now() < deadline,
-            "envoy not ready: {}",
-            process.log_tail(3000)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let gateway = envoy.ports.listen;
     let t = Duration::from_secs(5);
 
     let (status, _) = http_request(gateway, "GET", "/llm/sim-model/v1/models", t).unwrap();

@@ -20,6 +20,10 @@ struct Calls {
     token_reviews: AtomicUsize,
     secret_gets: AtomicUsize,
     access_reviews: AtomicUsize,
+    /// The `api-key` of Secret `maas/openai-key` once rotated (else `sk-from-secret`).
+    rotated_key: std::sync::Mutex<Option<String>>,
+    /// Secret reads answer 500 (an API server in trouble).
+    fail_secrets: std::sync::atomic::AtomicBool,
     /// `spec.audiences` of the last TokenReview.
     requested_audiences: std::sync::Mutex<Value>,
 }
@@ -124,14 +128,25 @@ async fn get_secret(
     Path((namespace, name)): Path<(String, String)>,
 ) -> impl IntoResponse {
     calls.secret_gets.fetch_add(1, Ordering::SeqCst);
+    if calls.fail_secrets.load(Ordering::SeqCst) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": "etcd unavailable", "reason": "InternalError", "code": 500}),
+            ),
+        );
+    }
     if namespace == "maas" && name == "openai-key" {
+        use base64::Engine;
+        let key = calls.rotated_key.lock().unwrap().clone();
+        let key = key.as_deref().unwrap_or("sk-from-secret");
         return (
             StatusCode::OK,
             Json(json!({
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": namespace},
-                // base64("sk-from-secret")
-                "data": {"api-key": "c2stZnJvbS1zZWNyZXQ="}
+                "data": {"api-key": base64::engine::general_purpose::STANDARD.encode(key)}
             })),
         );
     }
@@ -305,10 +320,121 @@ async fn provider_credentials_come_from_secrets() {
         json!({"credentials": {"openai-key": "sk-from-secret"}})
     );
     assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
-    // Cached briefly: no new reads.
+    // Cached briefly (500 ms): no new reads.
+    let read_at = std::time::Instant::now();
     let again = app.internal_get("/internal/v1/credentials").await;
     assert_eq!(again.headers["etag"], r.headers["etag"]);
-    assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
+    if read_at.elapsed() < std::time::Duration::from_millis(500) {
+        assert_eq!(calls.secret_gets.load(Ordering::SeqCst), 2);
+    }
+    // An unchanged set costs the poller nothing: 304 to its If-None-Match.
+    let unchanged = app
+        .http
+        .get(format!("{}/internal/v1/credentials", app.internal))
+        .header("if-none-match", r.headers["etag"].to_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unchanged.status(), 304);
+    assert_eq!(unchanged.text().await.unwrap(), "");
+}
+
+/// The filter's default `pollIntervalMs`.
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[tokio::test]
+#[allow(clippy::print_stderr, reason = "prints the measured figure")]
+async fn rotated_secret_is_served_within_one_poll_interval() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone(), |_| {}).await;
+    let first = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(first.body["credentials"]["openai-key"], "sk-from-secret");
+
+    // Rotate the Secret, then poll as a (fast) filter would until the new key shows.
+    *calls.rotated_key.lock().unwrap() = Some("sk-rotated".into());
+    let rotated_at = std::time::Instant::now();
+    let live_after = loop {
+        let r = app.internal_get("/internal/v1/credentials").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.body["credentials"]["openai-key"] == "sk-rotated" {
+            assert_ne!(r.headers["etag"], first.headers["etag"]);
+            break rotated_at.elapsed();
+        }
+        assert!(
+            rotated_at.elapsed() < std::time::Duration::from_secs(15),
+            "the rotated key never showed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "rotated key served {} ms after the Secret changed",
+        live_after.as_millis()
+    );
+    assert!(
+        live_after < POLL_INTERVAL,
+        "rotated key served only after {live_after:?}, more than one poll interval"
+    );
+}
+
+/// Eight pollers asking every 10 ms for 2 s; returns (requests answered `status`, elapsed).
+async fn poll_hard(
+    app: &Arc<crate::helpers::TestApp>,
+    status: u16,
+) -> (usize, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let window = std::time::Duration::from_secs(2);
+    let mut pollers = Vec::new();
+    for _ in 0..8 {
+        let app = app.clone();
+        pollers.push(tokio::spawn(async move {
+            let mut served = 0;
+            while started.elapsed() < window {
+                let r = app.internal_get("/internal/v1/credentials").await;
+                assert_eq!(r.status, status, "{}", r.body);
+                served += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            served
+        }));
+    }
+    let mut served = 0;
+    for p in pollers {
+        served += p.await.unwrap();
+    }
+    (served, started.elapsed())
+}
+
+/// However many pollers ask, the companion reads each Secret at most once per cache TTL (500 ms):
+/// 2 GETs per second per Secret per replica (here 2 Secrets), when reads succeed and when they fail.
+#[tokio::test]
+#[allow(clippy::print_stderr, reason = "prints the measured figure")]
+async fn secret_reads_stay_bounded_under_many_pollers() {
+    let calls = Arc::new(Calls::default());
+    let app = Arc::new(spawn_kube_app(calls.clone(), |_| {}).await);
+    let at_most = |elapsed: std::time::Duration| 2 * elapsed.as_millis().div_ceil(500) as usize;
+
+    let (served, elapsed) = poll_hard(&app, 200).await;
+    let gets = calls.secret_gets.swap(0, Ordering::SeqCst);
+    eprintln!("{served} credential requests in {elapsed:?} cost {gets} Secret GETs");
+    assert!(served > 50, "the pollers ran ({served} requests)");
+    assert!(
+        gets <= at_most(elapsed),
+        "{gets} Secret GETs in {elapsed:?}"
+    );
+
+    // A failing API server is not asked again at every poll either (and the answer is 503).
+    calls.fail_secrets.store(true, Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    calls.secret_gets.store(0, Ordering::SeqCst);
+    let (served, elapsed) = poll_hard(&app, 503).await;
+    let gets = calls.secret_gets.load(Ordering::SeqCst);
+    eprintln!("{served} failing credential requests in {elapsed:?} cost {gets} Secret GETs");
+    assert!(served > 50, "the pollers ran ({served} requests)");
+    // The read stops at the first failing Secret: one GET per window.
+    assert!(
+        gets <= at_most(elapsed) / 2,
+        "{gets} Secret GETs in {elapsed:?}"
+    );
 }
 
 #[tokio::test]

@@ -166,6 +166,37 @@ pub fn raw_status(stack: &Stack, method: &str, path: &str) -> u16 {
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// Sends one HTTP/1.1 request exactly as written (no client-side normalisation of `..`, `//` or
+/// encodings), with these headers, a JSON `body` and `Connection: close`; returns the status
+/// (0 when the answer has no status line). Fails when nothing answers.
+pub fn raw_json_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    write!(
+        s,
+        "{head}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    Ok(String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
+}
+
 /// Tests of one binary that read global metrics take this so they do not count each other.
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
