@@ -6,10 +6,13 @@
 #   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
 #   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
+#   ./scripts/bench.sh --only hostcalls   price each kind of host call (µs per call; printed only)
 #
 # Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
 # (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write),
-# BENCH_JUNK_TOKENS, BENCH_JUNK_ROUNDS, BENCH_JUNK_CACHE_ENTRIES (the junk-bound variant).
+# BENCH_JUNK_TOKENS, BENCH_JUNK_ROUNDS, BENCH_JUNK_CACHE_ENTRIES (the junk-bound variant),
+# BENCH_HOSTCALL_N (calls per request in the hostcalls mode, default 50), BENCH_COMPARE_WASM
+# (`label=path,…`: other builds of the filter as variants `filter-cached:<label>` in the same run).
 # Installs what it needs (wrk, taskset, Envoy, PostgreSQL, the wasm target), builds the filter
 # (release wasm) and the companion and benchmark harness (release, without LTO), then runs
 # target/release/maas-bench, which starts its own stack on loopback, prints the table and writes
@@ -57,6 +60,8 @@ log "building (release: filter wasm, companion, maas-bench) …"
 cargo build -q -p maas-filter --release --target wasm32-wasip1
 # The trivial wasm filter of the wasm-noop variant (its own workspace, in tests/bench/noop-filter).
 (cd tests/bench/noop-filter && cargo build -q --release --target wasm32-wasip1 --target-dir "$(target_dir)/bench-noop")
+# The filter of the hostcalls mode (N host calls of one kind per request: their prices).
+(cd tests/bench/hostcall-filter && cargo build -q --release --target wasm32-wasip1 --target-dir "$(target_dir)/bench-hostcall")
 # The simulator runs inside maas-bench and must not be the bottleneck, nor the companion for
 # filter-miss: both in release. LTO off keeps the build short; it barely changes these figures.
 CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
@@ -64,6 +69,7 @@ CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 
 TARGET="$(target_dir)"
 export MAAS_COMPANION_BIN="$TARGET/release/maas-companion"
-export MAAS_WASM="$TARGET/wasm32-wasip1/release/maas_filter.wasm"
+# MAAS_WASM may name another build of the filter (e.g. an older one, to compare).
+export MAAS_WASM="${MAAS_WASM:-$TARGET/wasm32-wasip1/release/maas_filter.wasm}"
 export BENCH_COMMAND="${BENCH_COMMAND:-./scripts/bench.sh${*:+ $*}}"
 exec "$TARGET/release/maas-bench" "$@"

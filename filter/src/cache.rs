@@ -10,6 +10,7 @@
 //! better of its two slots: empty or expired, else the one holding a refusal, else the one that
 //! expires first; a refusal never evicts another credential's fresh allow.
 
+use crate::credential::CacheIdentity;
 use crate::store::{SharedStore, read_u64};
 use maas_types::AuthenticateResponse;
 use sha2::{Digest, Sha256};
@@ -230,12 +231,111 @@ pub fn lookup(
     now: u64,
     max_entries: u64,
 ) -> Option<CachedAnswer> {
+    lookup_entry(store, cache_key, verifier, now, max_entries).map(|(a, _)| a)
+}
+
+/// [`lookup`], with the entry's expiry (unix s).
+pub fn lookup_entry(
+    store: &dyn SharedStore,
+    cache_key: &str,
+    verifier: &[u8; 32],
+    now: u64,
+    max_entries: u64,
+) -> Option<(CachedAnswer, u64)> {
     let (fp, slots) = placement(cache_key, max_entries);
     candidate_keys(slots).iter().find_map(|k| {
         let entry = decode(&store.get(k).0?)?;
         (entry.fingerprint == fp && entry.expires_at > now && &entry.verifier == verifier)
-            .then_some(entry.answer)
+            .then_some((entry.answer, entry.expires_at))
     })
+}
+
+/// Entries a worker's [`LocalCache`] holds at most (beyond: expired ones go, then all).
+pub const LOCAL_ENTRIES: usize = 4096;
+
+/// A worker's own copy of the allows it read from the shared cache (one VM per worker thread): a
+/// hit costs no shared-data read, no slot hashing and no entry decoding. Shared data stays the
+/// source across workers: an entry is only copied from a fresh shared allow of the very
+/// credential (keyed by its SHA-256 verifier, with its cache key compared too: the credential is
+/// never held), expires no later than that shared entry and no later than one poll interval
+/// after it was copied (so whatever changes in shared data — an eviction, a refusal cached by
+/// another worker — is seen within one poll), and is dropped when its key id is revoked. Refusals
+/// are never copied (junk credentials cannot fill it).
+#[derive(Debug, Default)]
+pub struct LocalCache {
+    entries: std::collections::HashMap<[u8; 32], LocalEntry>,
+}
+
+#[derive(Debug, Clone)]
+struct LocalEntry {
+    cache_key: String,
+    key_id: Option<String>,
+    identity: CachedIdentity,
+    /// The subject's counter slot key (hashed once per copy, not per request).
+    counter_key: String,
+    expires_at: u64,
+}
+
+impl LocalCache {
+    /// The identity of this very credential and its subject's counter slot key, when copied and
+    /// not expired at `now` (unix s).
+    pub fn get(&self, id: &CacheIdentity, now: u64) -> Option<(&CachedIdentity, &str)> {
+        self.entries
+            .get(&id.verifier)
+            .filter(|e| e.expires_at > now && e.cache_key == id.cache_key)
+            .map(|e| (&e.identity, e.counter_key.as_str()))
+    }
+
+    /// Copies a shared allow that expires at `shared_expires_at`, for at most `max_age_s`
+    /// (one poll interval; 0: not copied), with its subject's counter slot key.
+    pub fn put(
+        &mut self,
+        id: &CacheIdentity,
+        identity: &CachedIdentity,
+        counter_key: String,
+        shared_expires_at: u64,
+        max_age_s: u64,
+        now: u64,
+    ) {
+        let expires_at = shared_expires_at.min(now.saturating_add(max_age_s));
+        if expires_at <= now {
+            return;
+        }
+        if self.entries.len() >= LOCAL_ENTRIES && !self.entries.contains_key(&id.verifier) {
+            self.entries.retain(|_, e| e.expires_at > now);
+            if self.entries.len() >= LOCAL_ENTRIES {
+                self.entries.clear();
+            }
+        }
+        self.entries.insert(
+            id.verifier,
+            LocalEntry {
+                cache_key: id.cache_key.clone(),
+                key_id: id.key_id.clone(),
+                identity: identity.clone(),
+                counter_key,
+                expires_at,
+            },
+        );
+    }
+
+    /// Drops every entry of API key `key_id` (revoked).
+    pub fn revoke(&mut self, key_id: &str) {
+        self.entries
+            .retain(|_, e| e.key_id.as_deref() != Some(key_id));
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// How much a slot's current entry is worth keeping: lower is evicted first.
@@ -333,6 +433,43 @@ pub fn evict(store: &dyn SharedStore, cache_key: &str, max_entries: u64) {
 mod tests {
     use super::*;
     use crate::store::MemStore;
+
+    #[test]
+    fn the_local_copy_is_bounded_and_never_outlives_its_bounds() {
+        let allow = CachedIdentity {
+            subject: "s".into(),
+            groups: vec![],
+            pinned_tier: None,
+        };
+        let id = |n: u32| CacheIdentity {
+            cache_key: format!("maas/c/t/{n}"),
+            verifier: {
+                let mut v = [0u8; 32];
+                v[..4].copy_from_slice(&n.to_le_bytes());
+                v
+            },
+            key_id: None,
+        };
+        let mut c = LocalCache::default();
+        // No longer than the shared entry, nor than the poll interval; 0 s: not copied.
+        c.put(&id(1), &allow, String::new(), 1003, 60, 1000);
+        assert!(c.get(&id(1), 1002).is_some());
+        assert!(c.get(&id(1), 1003).is_none());
+        c.put(&id(2), &allow, String::new(), 5000, 2, 1000);
+        assert!(c.get(&id(2), 1001).is_some());
+        assert!(c.get(&id(2), 1002).is_none());
+        c.put(&id(3), &allow, String::new(), 5000, 0, 1000);
+        assert!(c.get(&id(3), 1000).is_none());
+        // The cache key is compared too.
+        let mut other = id(1);
+        other.cache_key = "maas/c/t/x".into();
+        assert!(c.get(&other, 1000).is_none());
+        // Bounded.
+        for n in 0..(LOCAL_ENTRIES as u32 * 2) {
+            c.put(&id(n + 10), &allow, String::new(), 5000, 60, 1000);
+            assert!(c.len() <= LOCAL_ENTRIES);
+        }
+    }
 
     fn allow(subject: &str) -> CachedAnswer {
         CachedAnswer::Allow(CachedIdentity {

@@ -56,7 +56,11 @@ impl CacheIdentity {
 
 /// Cache key of an API key id (also used to evict revoked keys).
 pub fn api_key_cache_key(key_id: &str) -> String {
-    format!("{CACHE_KEY_PREFIX}k/{key_id}")
+    let mut k = String::with_capacity(CACHE_KEY_PREFIX.len() + 2 + key_id.len());
+    k.push_str(CACHE_KEY_PREFIX);
+    k.push_str("k/");
+    k.push_str(key_id);
+    k
 }
 
 impl Credential<'_> {

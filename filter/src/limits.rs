@@ -273,29 +273,61 @@ impl RateHeaders {
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(6);
         if let Some(r) = self.requests {
-            out.push(("x-ratelimit-limit-requests", r.limit.to_string()));
-            out.push(("x-ratelimit-remaining-requests", r.remaining().to_string()));
+            out.push(("x-ratelimit-limit-requests", decimal(r.limit)));
+            out.push(("x-ratelimit-remaining-requests", decimal(r.remaining())));
             out.push(("x-ratelimit-reset-requests", duration(r.reset_seconds)));
         }
         if let Some(t) = self.tokens {
-            out.push(("x-ratelimit-limit-tokens", t.limit.to_string()));
-            out.push(("x-ratelimit-remaining-tokens", t.remaining().to_string()));
+            out.push(("x-ratelimit-limit-tokens", decimal(t.limit)));
+            out.push(("x-ratelimit-remaining-tokens", decimal(t.remaining())));
             out.push(("x-ratelimit-reset-tokens", duration(t.reset_seconds)));
         }
         out
     }
 }
 
+/// Appends `n` in decimal (per request on every response: without the formatting machinery,
+/// which is slow inside the VM).
+fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        if let Some(d) = digits.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    for &d in digits.get(at..).unwrap_or_default() {
+        out.push(char::from(d));
+    }
+}
+
+fn decimal(n: u64) -> String {
+    let mut s = String::with_capacity(20);
+    push_decimal(&mut s, n);
+    s
+}
+
 /// OpenAI-style duration: `59s`, `6m0s`, `1h2m3s`.
 pub fn duration(seconds: u64) -> String {
     let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
+    let mut out = String::with_capacity(16);
     if h > 0 {
-        format!("{h}h{m}m{s}s")
-    } else if m > 0 {
-        format!("{m}m{s}s")
-    } else {
-        format!("{s}s")
+        push_decimal(&mut out, h);
+        out.push('h');
     }
+    if h > 0 || m > 0 {
+        push_decimal(&mut out, m);
+        out.push('m');
+    }
+    push_decimal(&mut out, s);
+    out.push('s');
+    out
 }
 
 /// What was taken at admission, to settle at the end of the response.
@@ -434,9 +466,52 @@ pub fn admit(
     now: u64,
     slots: u64,
 ) -> Admission {
+    admit_in(
+        store,
+        &counter_key(subject, slots),
+        tiers,
+        subject,
+        reserve,
+        now,
+    )
+}
+
+/// [`admit`] in the counter slot `key` (the subject's [`counter_key`], hashed by the caller).
+pub fn admit_in(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    reserve: u64,
+    now: u64,
+) -> Admission {
+    admit_from(store, key, tiers, subject, reserve, now, None)
+}
+
+/// A counter slot as read (value and CAS token): the next update of that slot may start from
+/// it instead of reading again. Its CAS write only succeeds if nothing was written since; when
+/// something was, the update reads the slot again (so nothing is ever decided on a stale count).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRead {
+    key: String,
+    value: Option<Vec<u8>>,
+    cas: u32,
+}
+
+/// [`admit_in`], starting from `read` (the same slot, read by [`precheck_read`]) when given.
+pub fn admit_from(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    reserve: u64,
+    now: u64,
+    read: Option<SlotRead>,
+) -> Admission {
+    let mut read = read.filter(|r| r.key == key);
     let tiers = distinct(tiers);
     let request_tier = tiers.first().map(|t| t.name.clone()).unwrap_or_default();
-    let key = counter_key(subject, slots);
+    let key = key.to_string();
     let counters = windows(&tiers);
     if counters.is_empty() {
         return Admission::Allowed {
@@ -464,7 +539,11 @@ pub fn admit(
         };
     }
     for _ in 0..CAS_ATTEMPTS {
-        let (value, cas) = store.get(&key);
+        // A CAS write from an earlier read fails if the slot changed since: then read again.
+        let (value, cas) = match read.take() {
+            Some(r) => (r.value, Some(r.cas)),
+            None => store.get(&key),
+        };
         let view = match read_slot(value.as_deref(), subject) {
             Ok(v) => v,
             Err(e) => return slot_error(e),
@@ -546,13 +625,38 @@ pub fn precheck(
     now: u64,
     slots: u64,
 ) -> Option<Admission> {
+    precheck_in(store, &counter_key(subject, slots), tiers, subject, now)
+}
+
+/// [`precheck`] in the counter slot `key` (the subject's [`counter_key`], hashed by the caller).
+pub fn precheck_in(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    now: u64,
+) -> Option<Admission> {
+    precheck_read(store, key, tiers, subject, now).0
+}
+
+/// [`precheck_in`], with the slot as read (for [`admit_from`]; none when the slot was never
+/// written: its first write cannot be a CAS, so it must not start from an old read).
+pub fn precheck_read(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    now: u64,
+) -> (Option<Admission>, Option<SlotRead>) {
     let tiers = distinct(tiers);
     if windows(&tiers).is_empty() {
-        return None;
+        return (None, None);
     }
-    let (value, _) = store.get(&counter_key(subject, slots));
+    let (value, cas) = store.get(key);
     // An unreadable slot is `admit`'s to refuse.
-    let view = read_slot(value.as_deref(), subject).ok()?;
+    let Ok(view) = read_slot(value.as_deref(), subject) else {
+        return (None, None);
+    };
     let mut blocked: Option<(Kind, u64, &str)> = None;
     for (kind, l, tier) in all_limits(&tiers) {
         if used(&view.mine, kind, l.window, now).saturating_add(1) > l.limit {
@@ -562,12 +666,18 @@ pub fn precheck(
             }
         }
     }
-    blocked.map(|(kind, retry_after, tier)| Admission::Limited {
+    let refusal = blocked.map(|(kind, retry_after, tier)| Admission::Limited {
         kind,
         retry_after,
         tier: tier.to_string(),
         headers: RateHeaders::from_records(&tiers, &view.mine, now),
-    })
+    });
+    let read = cas.map(|cas| SlotRead {
+        key: key.to_string(),
+        value,
+        cas,
+    });
+    (refusal, read)
 }
 
 /// Settles a reservation to the tokens really used: in every token window the reservation went

@@ -23,7 +23,7 @@
 //! ```
 
 use crate::authenticate::{self, AUTHENTICATE_PATH};
-use crate::cache::{self, CachedIdentity};
+use crate::cache::{self, CachedAnswer, CachedIdentity};
 use crate::credential::{self, CacheIdentity};
 use crate::decide;
 use crate::host::{Body, Headers, Host, read_body};
@@ -118,6 +118,10 @@ pub struct Request {
     /// The subject's own highest tier (its windows apply to every request of the subject).
     highest_tier_idx: Option<usize>,
     subject: Option<String>,
+    /// The shared-data key of the subject's counter slot (hashed once per request).
+    counter_key: String,
+    /// The counter slot as the precheck read it (admission starts from it).
+    slot_read: Option<limits::SlotRead>,
     /// Client headers to remove before forwarding (found in the one header scan).
     strip_headers: Vec<String>,
     client_anthropic_version: bool,
@@ -149,6 +153,8 @@ impl Request {
             tier_idx: None,
             highest_tier_idx: None,
             subject: None,
+            counter_key: String::new(),
+            slot_read: None,
             strip_headers: Vec::new(),
             client_anthropic_version: false,
             discovery: false,
@@ -270,13 +276,39 @@ impl Request {
             self.hold_headers = cfg.pause_headers_for_body;
         }
         let now_s = host.now_ms() / 1000;
-        let cached = cache::lookup(
-            host,
-            &identity.cache_key,
-            &identity.verifier,
-            now_s,
-            cfg.cache.max_entries,
-        );
+        // This worker's copy first (no shared-data read, no hashing), then the shared cache.
+        let local = self
+            .worker
+            .borrow()
+            .local_cache
+            .get(&identity, now_s)
+            .map(|(id, key)| (id.clone(), key.to_string()));
+        let cached = match local {
+            Some((id, counter_key)) => {
+                self.counter_key = counter_key;
+                Some(CachedAnswer::Allow(id))
+            }
+            None => {
+                let found = cache::lookup_entry(
+                    host,
+                    &identity.cache_key,
+                    &identity.verifier,
+                    now_s,
+                    cfg.cache.max_entries,
+                );
+                if let Some((CachedAnswer::Allow(id), expires_at)) = &found {
+                    self.worker.borrow_mut().local_cache.put(
+                        &identity,
+                        id,
+                        limits::counter_key(&id.subject, cfg.limits.counter_slots),
+                        *expires_at,
+                        cfg.poll_interval_ms / 1000,
+                        now_s,
+                    );
+                }
+                found.map(|(answer, _)| answer)
+            }
+        };
         let step = match cached {
             Some(answer) => {
                 {
@@ -284,7 +316,7 @@ impl Request {
                     w.metrics.inc(w.metrics.cache_hit, 1);
                 }
                 self.identity = Some(identity);
-                self.authenticated(host, authenticate::cached_result(answer))
+                self.authenticated(host, authenticate::cached_result(answer), now_s)
             }
             None => {
                 let flight_key = identity.flight_key();
@@ -349,7 +381,13 @@ impl Request {
 
     /// The caller's authentication is known: refuse, or authorise and go as far as the body
     /// allows.
-    fn authenticated(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>) -> Step {
+    /// `now_s`: the clock read by the callback this runs in.
+    fn authenticated(
+        &mut self,
+        host: &dyn Host,
+        result: Result<CachedIdentity, Refusal>,
+        now_s: u64,
+    ) -> Step {
         let identity = match result {
             Ok(id) => id,
             Err(r) => {
@@ -357,7 +395,7 @@ impl Request {
                 return Step::Refused;
             }
         };
-        if let Err(r) = self.decide_headers(host, identity) {
+        if let Err(r) = self.decide_headers(host, identity, now_s) {
             self.refuse(host, &r);
             return Step::Refused;
         }
@@ -373,12 +411,12 @@ impl Request {
                 Step::Continue
             };
         }
-        self.admit(host)
+        self.admit(host, now_s)
     }
 
     /// The body is known (or there is none): the model field and the limits.
-    fn admit(&mut self, host: &dyn Host) -> Step {
-        match self.decide_body(host) {
+    fn admit(&mut self, host: &dyn Host, now_s: u64) -> Step {
+        match self.decide_body(host, now_s) {
             Ok(reservation) => {
                 let (reservation, rate_headers) = match reservation {
                     Some((r, h)) => (Some(r), h),
@@ -463,25 +501,30 @@ impl Request {
             // Still authenticating (headers held): the answer decides.
             return Action::Pause;
         }
-        match self.admit(host) {
+        match self.admit(host, host.now_ms() / 1000) {
             Step::Continue => Action::Continue,
             Step::Wait | Step::Refused => Action::Pause,
         }
     }
 
     /// The answer for this request's credential (its own callout's, or another request's).
-    fn apply_auth(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>) {
+    fn apply_auth(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>, now_s: u64) {
         if !matches!(self.phase, Phase::Authenticating { .. }) {
             return;
         }
         // The headers were paused for the answer.
-        if self.authenticated(host, result) == Step::Continue {
+        if self.authenticated(host, result, now_s) == Step::Continue {
             host.resume_request();
         }
     }
 
     /// Once the caller is known: authorise, check the provider credential, clean the headers.
-    fn decide_headers(&mut self, host: &dyn Host, identity: CachedIdentity) -> Result<(), Refusal> {
+    fn decide_headers(
+        &mut self,
+        host: &dyn Host,
+        identity: CachedIdentity,
+        now_s: u64,
+    ) -> Result<(), Refusal> {
         let (policy, credentials) = {
             let w = self.worker.borrow();
             (w.policy.clone(), w.credentials.clone())
@@ -489,9 +532,17 @@ impl Request {
         let Some(policy) = policy else {
             return Err(Refusal::no_policy());
         };
-        // The policy may have changed while we waited: find the model again by name.
-        let model_name = self.model().map(|m| m.name.clone()).unwrap_or_default();
-        let Some(model_idx) = policy.models.iter().position(|m| m.name == model_name) else {
+        // The policy may have changed while we waited: find the model again by name (the same
+        // policy document: the model found at the headers stands).
+        let same_policy = self.policy.as_ref().is_some_and(|p| Rc::ptr_eq(p, &policy));
+        let model_idx = match self.model_idx {
+            Some(i) if same_policy => Some(i),
+            _ => {
+                let name = self.model().map(|m| m.name.as_str()).unwrap_or_default();
+                policy.models.iter().position(|m| m.name == name)
+            }
+        };
+        let Some(model_idx) = model_idx else {
             return Err(Refusal::model_not_found());
         };
         let Some(model) = policy.models.get(model_idx) else {
@@ -503,7 +554,16 @@ impl Request {
         // request, a pinned (lower) tier's too.
         let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
         let highest_tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, highest));
-        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
+        // The subject's counter slot, hashed once for the whole request (or known from the
+        // worker's copy of the credential).
+        let counter_key = if self.counter_key.is_empty() {
+            limits::counter_key(
+                &identity.subject,
+                self.config().map_or(1, |c| c.limits.counter_slots),
+            )
+        } else {
+            std::mem::take(&mut self.counter_key)
+        };
         let provider_key = match &model.provider {
             Some(p) => match credentials.credentials.get(&p.credential_ref) {
                 Some(k) => Some((p.kind, k.as_str())),
@@ -520,18 +580,19 @@ impl Request {
 
         // Headers are about to leave before the body is read: refuse now what is certain
         // (a full request or token window), so that such a 429 starts no upstream request.
-        if buffering
-            && !self.hold_headers
-            && !self.discovery
-            && let Some(limited) = limits::precheck(
+        if buffering && !self.hold_headers && !self.discovery {
+            let (limited, read) = limits::precheck_read(
                 host,
+                &counter_key,
                 &[tier, highest],
                 &identity.subject,
-                host.now_ms() / 1000,
-                counter_slots,
-            )
-        {
-            return Err(limited_refusal(limited));
+                now_s,
+            );
+            if let Some(limited) = limited {
+                return Err(limited_refusal(limited));
+            }
+            // Admission starts from this read: no second read when nothing was written since.
+            self.slot_read = read;
         }
 
         // The request must go to the model's own upstream (Envoy's route decided the cluster):
@@ -557,6 +618,7 @@ impl Request {
             host.set_header(Headers::Request, "content-length", None);
         }
         self.subject = Some(identity.subject);
+        self.counter_key = counter_key;
         self.model_idx = Some(model_idx);
         self.tier_idx = tier_idx;
         self.highest_tier_idx = highest_tier_idx;
@@ -568,6 +630,7 @@ impl Request {
     fn decide_body(
         &mut self,
         host: &dyn Host,
+        now_s: u64,
     ) -> Result<Option<(Reservation, RateHeaders)>, Refusal> {
         let policy = self.policy.clone();
         let model = self.model();
@@ -599,14 +662,14 @@ impl Request {
             .as_ref()
             .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
             .unwrap_or(tier);
-        let counter_slots = self.config().map_or(1, |c| c.limits.counter_slots);
-        match limits::admit(
+        match limits::admit_from(
             host,
+            &self.counter_key,
             &[tier, highest],
             &subject,
             reserve,
-            host.now_ms() / 1000,
-            counter_slots,
+            now_s,
+            self.slot_read.take(),
         ) {
             Admission::Allowed {
                 reservation,
@@ -645,7 +708,7 @@ impl Request {
             }
             w.waiting.remove(&identity.flight_key()).unwrap_or_default()
         };
-        self.apply_auth(host, outcome.result.clone());
+        self.apply_auth(host, outcome.result.clone(), now / 1000);
         for w in waiters {
             let Ok(mut waiter) = w.try_borrow_mut() else {
                 continue;
@@ -658,9 +721,9 @@ impl Request {
                     .as_ref()
                     .is_some_and(|i| i.same_credential(&identity));
                 if same {
-                    waiter.apply_auth(host, outcome.result.clone());
+                    waiter.apply_auth(host, outcome.result.clone(), now / 1000);
                 } else {
-                    waiter.apply_auth(host, Err(authenticate::interrupted()));
+                    waiter.apply_auth(host, Err(authenticate::interrupted()), now / 1000);
                 }
             }
         }
@@ -685,7 +748,8 @@ impl Request {
                     continue;
                 };
                 if host.set_effective_context(waiter.id) {
-                    waiter.apply_auth(host, Err(authenticate::interrupted()));
+                    // A refusal reads no clock.
+                    waiter.apply_auth(host, Err(authenticate::interrupted()), 0);
                 }
             }
             host.set_effective_context(self.id);

@@ -131,6 +131,8 @@ pub struct Worker {
     /// Requests of this worker waiting for a callout another request made for the same
     /// credential (flight key — the whole credential, never the key id alone → waiters).
     pub waiting: HashMap<String, Vec<Rc<RefCell<Request>>>>,
+    /// This worker's copy of shared allows (see [`cache::LocalCache`]).
+    pub local_cache: cache::LocalCache,
     pub metrics: Metrics,
 }
 
@@ -185,6 +187,7 @@ impl Root {
             w.policy = Some(Rc::new(p.clone()));
         }
         w.config = Some(Rc::new(cfg));
+        w.local_cache.clear();
         w.metrics = Metrics::define_all(host);
         drop(w);
         self.tick(host);
@@ -266,8 +269,10 @@ impl Root {
                         let revoked: HashSet<String> =
                             doc.revoked_key_ids.iter().cloned().collect();
                         let max_entries = w.config.as_ref().map_or(1, |c| c.cache.max_entries);
-                        for id in revoked.difference(&w.revoked) {
+                        let newly: Vec<String> = revoked.difference(&w.revoked).cloned().collect();
+                        for id in &newly {
                             cache::evict(host, &credential::api_key_cache_key(id), max_entries);
+                            w.local_cache.revoke(id);
                         }
                         w.revoked = revoked;
                         log::info!(

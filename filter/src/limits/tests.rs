@@ -313,6 +313,8 @@ fn reservation_sources_and_headers() {
     assert_eq!(duration(59), "59s");
     assert_eq!(duration(360), "6m0s");
     assert_eq!(duration(3723), "1h2m3s");
+    assert_eq!(duration(0), "0s");
+    assert_eq!(duration(3600), "1h0m0s");
     let h = RateHeaders {
         requests: Some(WindowState {
             limit: 3,
@@ -566,5 +568,100 @@ fn precheck_refuses_only_what_is_certain() {
     match precheck(&s, &[mid, top], "erin", 1, SLOTS) {
         Some(Admission::Limited { tier, .. }) => assert_eq!(tier, "top"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// A store that counts its reads.
+#[derive(Default)]
+struct Counting {
+    inner: MemStore,
+    gets: std::cell::Cell<usize>,
+}
+
+impl SharedStore for Counting {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.gets.set(self.gets.get() + 1);
+        self.inner.get(key)
+    }
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), crate::store::CasMismatch> {
+        self.inner.set(key, value, cas)
+    }
+}
+
+fn requests_used(s: &dyn SharedStore, t: &Tier, subject: &str, now: u64) -> u64 {
+    let (value, _) = s.get(&counter_key(subject, SLOTS));
+    let view = read_slot(value.as_deref(), subject).unwrap();
+    used(&view.mine, Kind::Requests, t.limits.requests[0].window, now)
+}
+
+#[test]
+fn admission_starts_from_the_prechecks_read_without_reading_again() {
+    let s = Counting::default();
+    let t = tier();
+    let key = counter_key("alice", SLOTS);
+    allowed(admit1(&s, &t, "alice", 10, 0));
+    let (refused, read) = precheck_read(&s, &key, &[&t], "alice", 1);
+    assert!(refused.is_none());
+    assert!(read.is_some());
+    s.gets.set(0);
+    allowed(admit_from(&s, &key, &[&t], "alice", 10, 1, read));
+    assert_eq!(s.gets.get(), 0, "no second read");
+    assert_eq!(requests_used(&s, &t, "alice", 1), 2);
+    assert_eq!(tokens_used(&s, &t, "alice", 1), 20);
+}
+
+#[test]
+fn admission_from_a_stale_read_reads_again_and_loses_no_count() {
+    let s = Counting::default();
+    let t = tier();
+    let key = counter_key("alice", SLOTS);
+    allowed(admit1(&s, &t, "alice", 10, 0));
+    let (_, read) = precheck_read(&s, &key, &[&t], "alice", 1);
+    // Another request of the subject is admitted in between (another worker, or this one).
+    allowed(admit1(&s, &t, "alice", 10, 1));
+    s.gets.set(0);
+    allowed(admit_from(&s, &key, &[&t], "alice", 10, 1, read));
+    assert_eq!(s.gets.get(), 1, "the CAS write failed: read again");
+    assert_eq!(requests_used(&s, &t, "alice", 1), 3);
+    // A stale read that saw room never lets a request past a full window: bob's third request
+    // lands between his precheck (2 used) and his admission (limit 3 a minute).
+    let bob = counter_key("bob", SLOTS);
+    allowed(admit1(&s, &t, "bob", 10, 1));
+    allowed(admit1(&s, &t, "bob", 10, 1));
+    let (refused, stale) = precheck_read(&s, &bob, &[&t], "bob", 1);
+    assert!(refused.is_none());
+    allowed(admit1(&s, &t, "bob", 10, 1));
+    assert!(matches!(
+        admit_from(&s, &bob, &[&t], "bob", 10, 1, stale),
+        Admission::Limited { .. }
+    ));
+}
+
+#[test]
+fn a_never_written_slot_gives_no_read_to_start_from() {
+    let s = MemStore::new();
+    let t = tier();
+    let key = counter_key("alice", SLOTS);
+    let (refused, read) = precheck_read(&s, &key, &[&t], "alice", 0);
+    assert!(refused.is_none());
+    assert!(read.is_none(), "its first write cannot be a CAS");
+    // A read of another slot is not used.
+    allowed(admit1(&s, &t, "alice", 10, 0));
+    allowed(admit1(&s, &t, "bob", 10, 0));
+    let (_, bobs) = precheck_read(&s, &counter_key("bob", SLOTS), &[&t], "bob", 0);
+    allowed(admit_from(&s, &key, &[&t], "alice", 10, 0, bobs));
+    assert_eq!(requests_used(&s, &t, "alice", 0), 2);
+    assert_eq!(requests_used(&s, &t, "bob", 0), 1);
+}
+
+proptest::proptest! {
+    #[test]
+    fn decimal_is_to_string(n in proptest::prelude::any::<u64>()) {
+        proptest::prop_assert_eq!(decimal(n), n.to_string());
     }
 }

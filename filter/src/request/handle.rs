@@ -101,9 +101,11 @@ impl Http {
         if let Ok(mut req) = self.0.try_borrow_mut() {
             req.on_done(host);
         }
-        // A waiter that goes away leaves the waiters' list.
+        // A waiter that goes away leaves the waiters' list (nothing to look for, and no flight
+        // key to build, when this worker has no callout in flight).
         if let Ok(req) = self.0.try_borrow()
             && let Some(identity) = &req.identity
+            && !req.worker.borrow().waiting.is_empty()
         {
             let key = identity.flight_key();
             let worker = req.worker.clone();

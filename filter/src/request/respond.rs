@@ -59,10 +59,6 @@ pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> 
 
 impl Request {
     pub(super) fn on_response_headers(&mut self, host: &dyn Host) -> Action {
-        let status = host
-            .header(Headers::Response, ":status")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
         let Phase::Forwarding {
             reservation: Some(_),
             ..
@@ -77,17 +73,23 @@ impl Request {
         else {
             return Action::Continue;
         };
+        // One read of the whole map (a read costs what several writes do: its answer is copied
+        // into the VM) for the three values needed.
+        let headers = host.headers(Headers::Response);
+        let find = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        let status = find(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let content_type = find("content-type")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let coding = encoding::coding(find("content-encoding"));
         for (name, value) in rate_headers.headers() {
             host.set_header(Headers::Response, name, Some(&value));
         }
-        let content_type = host
-            .header(Headers::Response, "content-type")
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        let coding = encoding::coding(
-            host.header(Headers::Response, "content-encoding")
-                .as_deref(),
-        );
         let scan = scan_for(&content_type, coding, self.strip_usage_event);
         if matches!(scan, Scan::Sse(_)) && self.strip_usage_event {
             host.set_header(Headers::Response, "content-length", None);

@@ -598,3 +598,117 @@ fn calls_are_recorded_in_order() {
     assert_eq!(calls[0], Call::Headers(Headers::Request));
     assert!(calls.iter().any(|c| matches!(c, Call::Dispatch(_))));
 }
+
+/// Reads of the shared cache's slots (`maas/c/<n>`) since the calls were last cleared.
+fn cache_reads(fx: &Fx) -> usize {
+    fx.host
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c, Call::SharedGet(k) if k.starts_with("maas/c/")))
+        .count()
+}
+
+/// A cached caller's request on a fresh context; the status it was refused with (0: allowed).
+fn cached_request(fx: &Fx, key: &str) -> u32 {
+    let (id, h) = fx.http();
+    fx.host.clear_calls();
+    fx.headers(id, &h, &refs(&chat(key)), false);
+    fx.sent_to(id).map_or(0, |s| s.status)
+}
+
+#[test]
+fn a_worker_answers_from_its_own_copy_without_reading_the_shared_cache() {
+    let fx = Fx::new();
+    fx.cache(&key(2), allow_alice());
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    assert_eq!(cache_reads(&fx), 1, "the first request reads shared data");
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    assert_eq!(cache_reads(&fx), 0, "the second one does not");
+    assert_eq!(fx.dispatches(), 0);
+}
+
+#[test]
+fn a_wrong_secret_never_gets_the_owners_copy() {
+    let fx = Fx::new();
+    fx.cache(&key(2), allow_alice());
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    // Same key id, another secret: not served from the owner's copy, asks the companion.
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(3))), false),
+        Action::Pause
+    );
+    assert!(fx.phase(&h).contains("OwnCallout"));
+    assert_eq!(fx.dispatches(), 1);
+}
+
+#[test]
+fn what_changes_in_shared_data_is_seen_within_one_poll_interval() {
+    let fx = Fx::with(json!({"pollIntervalMs": 2000}));
+    fx.cache(&key(2), allow_alice());
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    // Another worker caches a refusal for the very same credential.
+    fx.cache(
+        &key(2),
+        CachedAnswer::Deny {
+            status: 401,
+            message: "key deleted".into(),
+        },
+    );
+    fx.host.now.set(fx.host.now.get() + 1000);
+    assert_eq!(cached_request(&fx, &key(2)), 0, "within the poll interval");
+    fx.host.now.set(fx.host.now.get() + 1000);
+    assert_eq!(cached_request(&fx, &key(2)), 401, "one poll interval later");
+}
+
+#[test]
+fn the_workers_copy_expires_with_the_shared_entry() {
+    let fx = Fx::with(json!({"pollIntervalMs": 60000}));
+    let id = credential::extract(None, Some(&key(2)))
+        .unwrap()
+        .cache_identity();
+    let now_s = fx.host.now.get() / 1000;
+    cache::insert(
+        &fx.host.store,
+        &id.cache_key,
+        &id.verifier,
+        &allow_alice(),
+        5,
+        now_s,
+        fx.root
+            .worker
+            .borrow()
+            .config
+            .as_ref()
+            .unwrap()
+            .cache
+            .max_entries,
+    );
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    fx.host.now.set(fx.host.now.get() + 5000);
+    let (rid, h) = fx.http();
+    assert_eq!(
+        fx.headers(rid, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    assert_eq!(
+        fx.dispatches(),
+        1,
+        "expired with the shared entry: asks again"
+    );
+}
+
+#[test]
+fn a_revoked_key_is_refused_even_with_a_workers_copy() {
+    let fx = Fx::new();
+    fx.cache(&key(2), allow_alice());
+    assert_eq!(cached_request(&fx, &key(2)), 0);
+    let key_id = credential::extract(None, Some(&key(2)))
+        .unwrap()
+        .cache_identity()
+        .key_id
+        .unwrap();
+    fx.root.worker.borrow_mut().revoked.insert(key_id);
+    assert_eq!(cached_request(&fx, &key(2)), 401);
+}

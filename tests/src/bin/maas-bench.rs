@@ -339,7 +339,24 @@ fn start_envoy_with(
     wasm: Option<&Path>,
     cache_entries: u64,
 ) -> Result<BenchEnvoy> {
-    let filter = wasm == Some(inp.wasm.as_path());
+    start_envoy_wasm(
+        inp,
+        name,
+        wasm,
+        wasm == Some(inp.wasm.as_path()),
+        cache_entries,
+    )
+}
+
+/// Like [`start_envoy_with`]; `maas`: the module is a build of the MaaS filter (it gets the
+/// stack's pluginConfig).
+fn start_envoy_wasm(
+    inp: &EnvoyInputs<'_>,
+    name: &str,
+    wasm: Option<&Path>,
+    filter: bool,
+    cache_entries: u64,
+) -> Result<BenchEnvoy> {
     let [listen, admin] = free_ports::<2>()?.map(local);
     let input = EnvoyConfigInput {
         policy: inp.policy,
@@ -523,6 +540,8 @@ struct WrkResult {
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
+    /// Envoy's CPU time (user + system, all threads) per request, µs; 0 when unknown.
+    cpu_us: f64,
 }
 
 #[derive(Clone)]
@@ -547,6 +566,8 @@ struct Variant {
     load: Load,
     /// Concurrencies it runs at (None = all).
     only_c: Option<Vec<u32>>,
+    /// The Envoy serving it (0: none of ours), whose CPU per request is measured.
+    envoy_pid: u32,
 }
 
 struct Wrk<'a> {
@@ -585,9 +606,11 @@ impl Wrk<'_> {
                 cmd.env("BENCH_KEY_OFFSET", self.key_offset.to_string());
             }
         }
+        let cpu_before = cpu_ticks(v.envoy_pid);
         let out = cmd
             .output()
             .context("cannot run wrk (taskset -c 1 wrk …)")?;
+        let cpu_after = cpu_ticks(v.envoy_pid);
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text
             .lines()
@@ -612,13 +635,225 @@ impl Wrk<'_> {
             }
         }
         let errors = (n("connect") + n("read") + n("write") + n("status") + n("timeout")) as u64;
+        let cpu_us = match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) if requests > 0 => {
+                b.saturating_sub(a) as f64 * 1e6 / clock_ticks_per_s() / requests as f64
+            }
+            _ => 0.0,
+        };
         Ok(WrkResult {
             rps: requests as f64 / (n("duration_us") / 1e6).max(1e-9),
             p50_ms: n("p50_us") / 1000.0,
             p99_ms: n("p99_us") / 1000.0,
             errors,
+            cpu_us,
         })
     }
+}
+
+/// User + system CPU time of process `pid` (all threads), in clock ticks; None for pid 0 or
+/// when unreadable.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    if pid == 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces), from field 3 on: utime is 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// host-call prices (`--only hostcalls`)
+
+/// The kinds of host call `tests/bench/hostcall-filter` makes N of per request, and what each is.
+const HOST_CALL_KINDS: &[(&str, &str)] = &[
+    ("none", "baseline: 2 header reads, request body buffered"),
+    ("clock", "`get_current_time`"),
+    ("shared_get", "shared-data get (160-byte value)"),
+    ("shared_set", "shared-data set without CAS (160 bytes)"),
+    ("shared_get_cas_set", "shared-data get + CAS set"),
+    ("header_get_all", "request headers: `get_map` (all)"),
+    ("header_get", "request headers: one value"),
+    ("header_set", "request headers: set one"),
+    ("header_remove", "request headers: remove one (absent)"),
+    (
+        "header_set_map",
+        "request headers: `set_map` (the whole map)",
+    ),
+    ("body_read", "request body read (whole buffer)"),
+    ("body_write", "request body read + replaced (same bytes)"),
+    ("metric_inc", "metric increment"),
+    ("property", "property `xds.cluster_name`"),
+    ("resp_header_get_all", "response headers: `get_map` (all)"),
+    ("resp_header_get", "response headers: one value"),
+    ("resp_header_set", "response headers: set one"),
+    (
+        "resp_header_remove",
+        "response headers: remove one (absent)",
+    ),
+    (
+        "resp_header_set_map",
+        "response headers: `set_map` (the whole map)",
+    ),
+    (
+        "sha256",
+        "in the VM: one SHA-256 of 60 bytes (not a host call)",
+    ),
+    (
+        "alloc",
+        "in the VM: a 64-byte vector allocated and freed (not a host call)",
+    ),
+    (
+        "json_body",
+        "in the VM: the chat body (122 bytes) parsed by serde_json (not a host call)",
+    ),
+];
+
+/// Envoy's CPU per request with N host calls of each kind (the hostcall filter, chosen per request
+/// by `x-bench-kind` / `x-bench-n`), minus the `none` baseline, divided by N: µs per call.
+fn host_call_prices(
+    args: &Args,
+    inputs: &EnvoyInputs<'_>,
+    root: &Path,
+    lua_dir: &Path,
+    dir: &Path,
+) -> Result<String> {
+    let wasm = std::env::var_os("BENCH_HOSTCALL_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            root.join("target/bench-hostcall/wasm32-wasip1/release/maas_bench_hostcall_filter.wasm")
+        });
+    if !wasm.is_file() {
+        bail!(
+            "{} not built (./scripts/bench.sh builds tests/bench/hostcall-filter)",
+            wasm.display()
+        );
+    }
+    let n: u32 = std::env::var("BENCH_HOSTCALL_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+        .max(1);
+    let c = args.concurrency.iter().copied().max().unwrap_or(32);
+    let envoy = start_envoy_with(inputs, "envoy-hostcall", Some(&wasm), 1000)?;
+    let body = dir.join("chat.json");
+    std::fs::write(&body, json_body(16))?;
+    // BENCH_HOSTCALL_KINDS: a subset (comma separated; `none` is always measured).
+    let wanted: Vec<String> = std::env::var("BENCH_HOSTCALL_KINDS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect();
+    let kinds: Vec<(&str, &str)> = HOST_CALL_KINDS
+        .iter()
+        .copied()
+        .filter(|(k, _)| wanted.is_empty() || *k == "none" || wanted.iter().any(|w| w == k))
+        .collect();
+    let variants: Vec<Variant> = kinds
+        .iter()
+        .map(|(kind, _)| Variant {
+            name: kind,
+            baseline: "none",
+            addr: envoy.listen,
+            path: CHAT_PATH.into(),
+            body_file: body.clone(),
+            load: Load::Fixed {
+                auth: None,
+                extra_headers: format!("x-bench-kind: {kind}|x-bench-n: {n}"),
+            },
+            only_c: None,
+            envoy_pid: envoy.pid(),
+        })
+        .collect();
+    let keys = dir.join("no-keys.txt");
+    std::fs::write(&keys, "")?;
+    let mut wrk = Wrk {
+        lua_dir,
+        keys_file: &keys,
+        keys_total: 0,
+        key_offset: 0,
+    };
+    let (status, text) = post_once(
+        envoy.listen,
+        CHAT_PATH,
+        &[("x-bench-kind", "shared_get"), ("x-bench-n", "1")],
+        &std::fs::read(&body)?,
+    )?;
+    if status != 200 {
+        bail!("hostcall filter: POST {CHAT_PATH} → {status}: {text}");
+    }
+    log(format!(
+        "host-call prices: {n} calls per request, c={c}, warming up …"
+    ));
+    for v in &variants {
+        wrk.run(v, 8, 1)?;
+    }
+    let mut cpu: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut rps: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for round in 1..=args.rounds {
+        for v in &variants {
+            let r = wrk.run(v, c, args.seconds)?;
+            if r.errors > 0 || r.cpu_us <= 0.0 {
+                bail!("{}: {} errors, cpu {:.1} µs", v.name, r.errors, r.cpu_us);
+            }
+            log(format!(
+                "round {round}/{} {:<22} {:>8.0} req/s  Envoy CPU {:>7.1} µs/req",
+                args.rounds, v.name, r.rps, r.cpu_us
+            ));
+            cpu.entry(v.name).or_default().push(r.cpu_us);
+            rps.entry(v.name).or_default().push(r.rps);
+        }
+    }
+    let med = |k: &str| cpu.get(k).map_or(0.0, |v| median(v));
+    let base = med("none");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Host-call prices: `BENCH_SECONDS={} BENCH_ROUNDS={} BENCH_HOSTCALL_N={n} BENCH_HOSTCALL_KINDS={} ./scripts/bench.sh --only hostcalls` \
+         ({} UTC; Envoy one worker on CPU 0, wrk c={c} on CPU 1; medians over rounds)\n",
+        args.seconds,
+        args.rounds,
+        wanted.join(","),
+        chrono_like_now()
+    );
+    let _ = writeln!(
+        out,
+        "| kind | what | req/s | Envoy CPU µs / request | Δ vs none µs | µs per call |"
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
+    for (kind, what) in &kinds {
+        let m = med(kind);
+        let per_call = if *kind == "none" {
+            "—".to_string()
+        } else {
+            format!("{:.2}", (m - base) / f64::from(n))
+        };
+        let _ = writeln!(
+            out,
+            "| `{kind}` | {what} | {:.0} | {m:.1} | {:+.1} | {per_call} |",
+            rps.get(kind).map_or(0.0, |v| median(v)),
+            m - base
+        );
+    }
+    let derived = |a: &str, b: &str| (med(a) - med(b)) / f64::from(n);
+    if cpu.contains_key("shared_get_cas_set") && cpu.contains_key("body_write") {
+        let _ = writeln!(
+            out,
+            "\nDerived: CAS set alone ≈ {:.2} µs (`shared_get_cas_set` − `shared_get`); body write alone ≈ {:.2} µs (`body_write` − `body_read`).",
+            derived("shared_get_cas_set", "shared_get"),
+            derived("body_write", "body_read")
+        );
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1159,6 +1394,13 @@ fn run() -> Result<()> {
         dir: dir.clone(),
     };
     let pg_bin = tools::pg_bin_dir()?;
+    if args.only.iter().any(|o| o == "hostcalls") {
+        // Its own mode: prices of host calls, nothing else (printed, never written to BENCH_OUT).
+        let report = host_call_prices(&args, &inputs, &root, &lua_dir, &dir)?;
+        println!("{report}");
+        stack.shutdown();
+        return Ok(());
+    }
 
     // ---- keys ----
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -1221,6 +1463,29 @@ fn run() -> Result<()> {
         None
     };
 
+    // Other builds of the filter, measured side by side with this one (BENCH_COMPARE_WASM:
+    // `label=path,…`, e.g. `old=/tmp/old_filter.wasm`): variants `filter-cached:<label>`.
+    let mut compare = Vec::new();
+    for item in std::env::var("BENCH_COMPARE_WASM")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|i| !i.trim().is_empty())
+    {
+        let (label, path) = item
+            .split_once('=')
+            .with_context(|| format!("BENCH_COMPARE_WASM: `{item}` is not label=path"))?;
+        let envoy = start_envoy_wasm(
+            &inputs,
+            &format!("envoy-filter-{label}"),
+            Some(Path::new(path.trim())),
+            true,
+            (pool as u64 + 1000).max(100_000),
+        )?;
+        let name: &'static str =
+            Box::leak(format!("filter-cached:{}", label.trim()).into_boxed_str());
+        compare.push((name, envoy));
+    }
+
     let fixed = |auth: Option<&str>| Load::Fixed {
         auth: auth.map(str::to_string),
         extra_headers: String::new(),
@@ -1234,6 +1499,7 @@ fn run() -> Result<()> {
             body_file: body_json.clone(),
             load: fixed(Some(&cached_auth)),
             only_c: None,
+            envoy_pid: 0,
         },
         Variant {
             name: "envoy",
@@ -1243,6 +1509,7 @@ fn run() -> Result<()> {
             body_file: body_json.clone(),
             load: fixed(Some(&cached_auth)),
             only_c: None,
+            envoy_pid: bare.pid(),
         },
         Variant {
             name: "filter-cached",
@@ -1252,6 +1519,7 @@ fn run() -> Result<()> {
             body_file: body_json.clone(),
             load: fixed(Some(&cached_auth)),
             only_c: None,
+            envoy_pid: filtered.pid(),
         },
         Variant {
             name: "envoy-stream",
@@ -1261,6 +1529,7 @@ fn run() -> Result<()> {
             body_file: body_stream.clone(),
             load: fixed(Some(&cached_auth)),
             only_c: None,
+            envoy_pid: bare.pid(),
         },
         Variant {
             name: "filter-stream",
@@ -1270,6 +1539,7 @@ fn run() -> Result<()> {
             body_file: body_stream.clone(),
             load: fixed(Some(&cached_auth)),
             only_c: None,
+            envoy_pid: filtered.pid(),
         },
         Variant {
             name: "filter-miss",
@@ -1279,6 +1549,7 @@ fn run() -> Result<()> {
             body_file: body_json.clone(),
             load: Load::Miss,
             only_c: None,
+            envoy_pid: filtered.pid(),
         },
         Variant {
             name: "companion-auth",
@@ -1288,6 +1559,7 @@ fn run() -> Result<()> {
             body_file: body_auth.clone(),
             load: fixed(None),
             only_c: Some(vec![32]),
+            envoy_pid: 0,
         },
     ];
     let mut _litellm = None;
@@ -1303,6 +1575,7 @@ fn run() -> Result<()> {
             body_file: body_json.clone(),
             load: fixed(Some(&format!("Bearer {LITELLM_MASTER_KEY}"))),
             only_c: None,
+            envoy_pid: 0,
         });
     }
     if let Some(noop) = &noop {
@@ -1320,11 +1593,35 @@ fn run() -> Result<()> {
                 body_file: body_json.clone(),
                 load: fixed(Some(&cached_auth)),
                 only_c: None,
+                envoy_pid: noop.pid(),
+            },
+        );
+    }
+    for (name, envoy) in &compare {
+        let at = variants
+            .iter()
+            .position(|v| v.name == "filter-cached")
+            .map_or(variants.len(), |i| i + 1);
+        variants.insert(
+            at,
+            Variant {
+                name,
+                baseline: "envoy",
+                addr: envoy.listen,
+                path: CHAT_PATH.into(),
+                body_file: body_json.clone(),
+                load: fixed(Some(&cached_auth)),
+                only_c: None,
+                envoy_pid: envoy.pid(),
             },
         );
     }
     if !args.only.is_empty() {
-        variants.retain(|v| args.only.iter().any(|o| o == v.name));
+        variants.retain(|v| {
+            args.only.iter().any(|o| {
+                o == v.name || (o == "filter-cached" && v.name.starts_with("filter-cached:"))
+            })
+        });
     }
 
     // ---- sanity: each variant answers 200 with usage ----
@@ -1373,12 +1670,17 @@ fn run() -> Result<()> {
                 stack.check_alive()?;
                 let r = wrk.run(v, c, args.seconds)?;
                 log(format!(
-                    "round {round}/{} c={c:<3} {:<15} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms{}",
+                    "round {round}/{} c={c:<3} {:<15} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms{}{}",
                     args.rounds,
                     v.name,
                     r.rps,
                     r.p50_ms,
                     r.p99_ms,
+                    if r.cpu_us > 0.0 {
+                        format!("  Envoy CPU {:>6.1} µs/req", r.cpu_us)
+                    } else {
+                        String::new()
+                    },
                     if r.errors > 0 {
                         format!("  ERRORS {}", r.errors)
                     } else {
@@ -1387,6 +1689,33 @@ fn run() -> Result<()> {
                 ));
                 results.entry((v.name.to_string(), c)).or_default().push(r);
             }
+        }
+    }
+
+    // Envoy's CPU per request (robust on a shared machine: it does not depend on how much CPU
+    // Envoy got), with req/s against the baseline, per variant.
+    for &c in &args.concurrency {
+        for v in &variants {
+            let Some(rs) = results.get(&(v.name.to_string(), c)) else {
+                continue;
+            };
+            let cpu: Vec<f64> = rs.iter().map(|r| r.cpu_us).filter(|&x| x > 0.0).collect();
+            let rps = median(&rs.iter().map(|r| r.rps).collect::<Vec<_>>());
+            let base = results
+                .get(&(v.baseline.to_string(), c))
+                .map(|b| median(&b.iter().map(|r| r.rps).collect::<Vec<_>>()))
+                .unwrap_or(0.0);
+            log(format!(
+                "summary c={c:<3} {:<22} {rps:>8.0} req/s  {:.2}× {}  Envoy CPU {} µs/req",
+                v.name,
+                if base > 0.0 { rps / base } else { 0.0 },
+                v.baseline,
+                if cpu.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}", median(&cpu))
+                }
+            ));
         }
     }
 
@@ -1470,6 +1799,7 @@ fn run() -> Result<()> {
     drop(filtered);
     drop(bare);
     drop(noop);
+    drop(compare);
     let mut mem_rows = Vec::new();
     if max_cached > 0 && (args.only.is_empty() || args.only.iter().any(|o| o == "filter-miss")) {
         log("memory: fresh Envoy with the filter, filling its cache …");
