@@ -172,14 +172,8 @@ LAYOUT=$WORK/layout
 ROOTFS=$WORK/rootfs
 mkdir -p "$LAYOUT/blobs/sha256" "$ROOTFS/etc/ssl/certs" "$ROOTFS/usr/local/bin" "$ROOTFS/tmp"
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-size() { wc -c <"$1" | tr -d ' '; }
-add_blob() {
-  local digest
-  digest=$(sha256 "$1")
-  cp "$1" "$LAYOUT/blobs/sha256/$digest"
-  echo "$digest"
-}
+# shellcheck source=scripts/lib/oci.sh
+source "$ROOT/scripts/lib/oci.sh"
 
 # The layer. Modes are set explicitly (the umask of whoever builds does not matter), owners are
 # 0/0, mtimes 1970-01-01, entries sorted, ustar (no pax atime/ctime records).
@@ -195,8 +189,6 @@ chmod 0755 "$ROOTFS/usr/local/bin/maas-companion"
   --mtime='1970-01-01 00:00:00Z' -cf "$WORK/layer.tar" etc tmp usr)
 diff_id=$(sha256 "$WORK/layer.tar")
 gzip -9 -n -c "$WORK/layer.tar" >"$WORK/layer.tar.gz"
-layer_digest=$(add_blob "$WORK/layer.tar.gz")
-layer_size=$(size "$WORK/layer.tar.gz")
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)
 revision=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || true)
@@ -232,37 +224,6 @@ config = {
 }
 open(out, "w").write(json.dumps(config, sort_keys=True, separators=(",", ":")))
 PY
-config_digest=$(add_blob "$WORK/config.json")
-config_size=$(size "$WORK/config.json")
-
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
-  "$config_digest" "$config_size" "$layer_digest" "$layer_size" >"$WORK/manifest.json"
-manifest_digest=$(add_blob "$WORK/manifest.json")
-manifest_size=$(size "$WORK/manifest.json")
-
-printf '{"imageLayoutVersion":"1.0.0"}' >"$LAYOUT/oci-layout"
-printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.ref.name":"maas-companion"}}]}' \
-  "$manifest_digest" "$manifest_size" >"$LAYOUT/index.json"
-
 info "maas-companion $(size "$BINARY") bytes, sha256 $(sha256 "$BINARY")"
-info "image manifest sha256:$manifest_digest"
-if [ -n "$OCI_DIR" ]; then
-  rm -rf "$OCI_DIR"
-  mkdir -p "$(dirname "$OCI_DIR")"
-  cp -r "$LAYOUT" "$OCI_DIR"
-  info "OCI layout in $OCI_DIR (reference oci:$OCI_DIR:maas-companion)"
-fi
-
-if [ "$PUSH" = true ]; then
-  copy_args=(--quiet --preserve-digests --digestfile "$WORK/pushed-digest" "--dest-tls-verify=$TLS_VERIFY")
-  if [ -n "$AUTHFILE" ]; then copy_args+=(--dest-authfile "$AUTHFILE"); fi
-  info "pushing docker://$IMAGE"
-  skopeo copy "${copy_args[@]}" "oci:$LAYOUT:maas-companion" "docker://$IMAGE" >&2 || die "pushing to $IMAGE failed"
-  pushed=$(cat "$WORK/pushed-digest")
-  [ "$pushed" = "sha256:$manifest_digest" ] ||
-    die "the registry stored $pushed, not the built sha256:$manifest_digest"
-  info "pushed; deploy it with MAAS_API_IMAGE=${IMAGE%:*}@sha256:$manifest_digest"
-  echo "${IMAGE%:*}@sha256:$manifest_digest"
-else
-  echo "sha256:$manifest_digest"
-fi
+oci_publish maas-companion "$WORK/config.json" "$WORK/layer.tar.gz" "" \
+  "deploy it with MAAS_API_IMAGE="

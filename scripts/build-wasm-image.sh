@@ -105,15 +105,8 @@ trap 'rm -rf "$WORK"' EXIT
 LAYOUT=$WORK/layout
 mkdir -p "$WORK/rootfs" "$LAYOUT/blobs/sha256"
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-size() { wc -c <"$1" | tr -d ' '; }
-# add_blob FILE: stores FILE in the layout under its digest and prints the digest.
-add_blob() {
-  local digest
-  digest=$(sha256 "$1")
-  cp "$1" "$LAYOUT/blobs/sha256/$digest"
-  echo "$digest"
-}
+# shellcheck source=scripts/lib/oci.sh
+source "$ROOT/scripts/lib/oci.sh"
 
 # The layer: one file, plugin.wasm, at the root; nothing in it depends on when or by whom it was
 # built (ustar: no pax atime/ctime records).
@@ -122,42 +115,9 @@ tar --format=ustar --sort=name --owner=0 --group=0 --numeric-owner --mode=0644 \
   --mtime='1970-01-01 00:00:00Z' -C "$WORK/rootfs" -cf "$WORK/layer.tar" plugin.wasm
 diff_id=$(sha256 "$WORK/layer.tar")
 gzip -9 -n -c "$WORK/layer.tar" >"$WORK/layer.tar.gz"
-layer_digest=$(add_blob "$WORK/layer.tar.gz")
-layer_size=$(size "$WORK/layer.tar.gz")
-
 printf '{"architecture":"wasm","os":"wasip1","config":{},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
   "$diff_id" >"$WORK/config.json"
-config_digest=$(add_blob "$WORK/config.json")
-config_size=$(size "$WORK/config.json")
-
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.title":"plugin.wasm"}}]}' \
-  "$config_digest" "$config_size" "$layer_digest" "$layer_size" >"$WORK/manifest.json"
-manifest_digest=$(add_blob "$WORK/manifest.json")
-manifest_size=$(size "$WORK/manifest.json")
-
-printf '{"imageLayoutVersion":"1.0.0"}' >"$LAYOUT/oci-layout"
-printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.ref.name":"maas-filter"}}]}' \
-  "$manifest_digest" "$manifest_size" >"$LAYOUT/index.json"
-
 info "plugin.wasm $(size "$WASM") bytes, sha256 $(sha256 "$WASM")"
-info "image manifest sha256:$manifest_digest"
-if [ -n "$OCI_DIR" ]; then
-  rm -rf "$OCI_DIR"
-  mkdir -p "$(dirname "$OCI_DIR")"
-  cp -r "$LAYOUT" "$OCI_DIR"
-  info "OCI layout in $OCI_DIR (reference oci:$OCI_DIR:maas-filter)"
-fi
-
-if [ "$PUSH" = true ]; then
-  copy_args=(--quiet --preserve-digests --digestfile "$WORK/pushed-digest" "--dest-tls-verify=$TLS_VERIFY")
-  if [ -n "$AUTHFILE" ]; then copy_args+=(--dest-authfile "$AUTHFILE"); fi
-  info "pushing docker://$IMAGE"
-  skopeo copy "${copy_args[@]}" "oci:$LAYOUT:maas-filter" "docker://$IMAGE" >&2 || die "pushing to $IMAGE failed"
-  pushed=$(cat "$WORK/pushed-digest")
-  [ "$pushed" = "sha256:$manifest_digest" ] ||
-    die "the registry stored $pushed, not the built sha256:$manifest_digest"
-  info "pushed; pin it in the WasmPlugin: url: oci://${IMAGE%:*}@sha256:$manifest_digest"
-  echo "${IMAGE%:*}@sha256:$manifest_digest"
-else
-  echo "sha256:$manifest_digest"
-fi
+oci_publish maas-filter "$WORK/config.json" "$WORK/layer.tar.gz" \
+  ',"annotations":{"org.opencontainers.image.title":"plugin.wasm"}' \
+  "pin it in the WasmPlugin: url: oci://"
