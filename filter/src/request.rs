@@ -483,7 +483,8 @@ impl Request {
             && self.accepts_stream_options
             // Ask for usage so the stream can be counted (only APIs that accept
             // `stream_options`); the usage-only event is removed from what the client sees.
-            && let Ok(new_body) = request_body::with_include_usage(&bytes)
+            // `inspect` accepted the body just above: splice without parsing it again.
+            && let Ok(new_body) = request_body::splice_include_usage(&bytes)
         {
             host.set_body(Body::Request, body_size, &new_body);
             if self.hold_headers {

@@ -288,6 +288,12 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
 pub fn with_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
     // Validates the body (JSON object, no duplicates, right types) before splicing.
     inspect(body)?;
+    splice_include_usage(body)
+}
+
+/// As [`with_include_usage`], for a body [`inspect`] has already accepted (the request path reads
+/// the body once, not twice).
+pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
     let malformed = || BodyError::NotJson("malformed object".to_string());
     let open = skip_ws(body, 0);
     let members = object_members(body, open).ok_or_else(malformed)?;

@@ -59,19 +59,16 @@ pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> 
 
 impl Request {
     pub(super) fn on_response_headers(&mut self, host: &dyn Host) -> Action {
-        let Phase::Forwarding {
-            reservation: Some(_),
-            ..
-        } = &self.phase
-        else {
-            return Action::Continue;
-        };
-        let Phase::Forwarding {
-            reservation: Some(reservation),
-            rate_headers,
-        } = std::mem::replace(&mut self.phase, Phase::Settled)
-        else {
-            return Action::Continue;
+        // Only an admitted request with a reservation is scanned and settled.
+        let (reservation, rate_headers) = match std::mem::replace(&mut self.phase, Phase::Settled) {
+            Phase::Forwarding {
+                reservation: Some(reservation),
+                rate_headers,
+            } => (reservation, rate_headers),
+            other => {
+                self.phase = other;
+                return Action::Continue;
+            }
         };
         // One read of the whole map (a read costs what several writes do: its answer is copied
         // into the VM) for the three values needed.
