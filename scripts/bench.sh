@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Benchmark: the filter against bare Envoy (and optionally LiteLLM), side by side (issue 6).
 #
-#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~13 min
+#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~15 min
 #   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~3 min
 #   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
 #   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
 #   ./scripts/bench.sh --only hostcalls   price each kind of host call (µs per call; printed only)
+#   ./scripts/bench.sh --only two-replica global limits across two gateway replicas (two Envoys,
+#                                      two companions, one Redis): on vs off, Redis round trips per
+#                                      subject per replica per second (~2.5 min; part of the full run);
+#                                      replaces only its own section of docs/benchmarks.md
 #
 # Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
 # (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write),
 # BENCH_JUNK_TOKENS, BENCH_JUNK_ROUNDS, BENCH_JUNK_CACHE_ENTRIES (the junk-bound variant),
 # BENCH_HOSTCALL_N (calls per request in the hostcalls mode, default 50), BENCH_COMPARE_WASM
 # (`label=path,…`: other builds of the filter as variants `filter-cached:<label>` in the same run).
-# Installs what it needs (wrk, taskset, Envoy, PostgreSQL, the wasm target), builds the filter
+# Installs what it needs (wrk, taskset, Envoy, PostgreSQL, Redis, the wasm target), builds the filter
 # (release wasm) and the companion and benchmark harness (release, without LTO), then runs
 # target/release/maas-bench, which starts its own stack on loopback, prints the table and writes
 # docs/benchmarks.md. Needs at least 2 CPUs (Envoy pinned to CPU 0, wrk to CPU 1).

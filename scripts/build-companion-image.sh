@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # Builds the companion (maas-companion) as a static binary (x86_64-unknown-linux-musl) and packs it
 # into an OCI image without a container engine — the equivalent of `FROM scratch` + the binary +
-# /etc/passwd + a CA bundle — then pushes it with skopeo. Like scripts/build-wasm-image.sh, the
+# /etc/passwd + a CA bundle + the web UI — then pushes it with skopeo. Like scripts/build-wasm-image.sh, the
 # image is assembled byte for byte (tar with fixed mtime, owner and modes, gzip without name or
 # time, canonical JSON): the same binary and CA bundle always give the same digest.
 #
 # The image: /usr/local/bin/maas-companion (0755), /etc/passwd and /etc/group with the non-root
 # user maas (65532), /etc/ssl/certs/ca-certificates.crt (Debian's ca-certificates: the
-# Kubernetes API, OIDC issuers and PostgreSQL over TLS). No shell, no libc: nothing else.
+# Kubernetes API, OIDC issuers and PostgreSQL over TLS), /usr/share/maas-companion/ui (the web UI,
+# ui/ built with `npm ci && npm run build`; the config sets MAAS_UI_DIR to it, so the companion
+# serves it at /ui/). No shell, no libc: nothing else.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=x86_64-unknown-linux-musl
 UID_GID=65532
+UI_IN_IMAGE=/usr/share/maas-companion/ui
 CA_DEFAULT=/etc/ssl/certs/ca-certificates.crt
 
 usage() {
   cat <<'EOF'
 Usage: scripts/build-companion-image.sh [options] REGISTRY/REPOSITORY[:TAG]
 
-Builds target/x86_64-unknown-linux-musl/release/maas-companion (cargo, static), packs it with a
-CA bundle and a non-root /etc/passwd into a one-layer OCI image and pushes it with skopeo. The
+Builds target/x86_64-unknown-linux-musl/release/maas-companion (cargo, static) and the web UI
+(ui/: npm ci && npm run build, needs Node.js 18+ and npm), packs them with a CA bundle and a
+non-root /etc/passwd into a one-layer OCI image and pushes it with skopeo. The
 last line printed is the pinned reference REGISTRY/REPOSITORY@sha256:<digest>; put it in
 MAAS_API_IMAGE for scripts/deploy.sh.
 
@@ -30,6 +34,7 @@ target x86_64-unknown-linux-musl, musl-tools (ring's C code), ca-certificates.
 Options:
   --binary FILE        pack FILE (a static x86_64 ELF) instead of building the companion
   --no-build           pack the existing musl release build without running cargo
+  --ui-dir DIR         pack DIR (a built web UI with index.html) instead of building ui/
   --ca-bundle FILE     CA bundle for /etc/ssl/certs/ca-certificates.crt (default: Debian's)
   --oci-dir DIR        also keep the OCI image layout in DIR
   --no-push            build the image (and print its digest) without pushing it
@@ -51,6 +56,7 @@ need_value() {
 }
 
 BINARY=""
+UI_DIR=""
 BUILD=true
 CA_BUNDLE=$CA_DEFAULT
 OCI_DIR=""
@@ -70,6 +76,11 @@ while [ $# -gt 0 ]; do
     --ca-bundle)
       need_value "--ca-bundle" "a file" "$@"
       CA_BUNDLE=$2
+      shift 2
+      ;;
+    --ui-dir)
+      need_value "--ui-dir" "a directory" "$@"
+      UI_DIR=$2
       shift 2
       ;;
     --oci-dir)
@@ -172,6 +183,21 @@ LAYOUT=$WORK/layout
 ROOTFS=$WORK/rootfs
 mkdir -p "$LAYOUT/blobs/sha256" "$ROOTFS/etc/ssl/certs" "$ROOTFS/usr/local/bin" "$ROOTFS/tmp"
 
+# The web UI: built from ui/ into the work directory (ui/dist is left alone), unless given.
+if [ -z "$UI_DIR" ]; then
+  command -v npm >/dev/null 2>&1 ||
+    die "npm is required to build the web UI (apt-get install nodejs npm), or give a built one with --ui-dir DIR"
+  info "building the web UI: npm ci && npm run build (ui/)"
+  if [ ! -d "$ROOT/ui/node_modules" ] || [ "$ROOT/ui/package-lock.json" -nt "$ROOT/ui/node_modules/.package-lock.json" ]; then
+    (cd "$ROOT/ui" && npm ci --no-audit --no-fund --loglevel=error >&2) || die "npm ci in ui/ failed"
+  fi
+  (cd "$ROOT/ui" && npm run build --silent -- --outDir "$WORK/ui" >&2) || die "building the web UI failed (cd ui && npm run build)"
+  UI_DIR=$WORK/ui
+fi
+[ -f "$UI_DIR/index.html" ] || die "no index.html in the web UI $UI_DIR (build it: cd ui && npm ci && npm run build)"
+mkdir -p "$ROOTFS$(dirname "$UI_IN_IMAGE")"
+cp -R "$UI_DIR" "$ROOTFS$UI_IN_IMAGE"
+
 # shellcheck source=scripts/lib/oci.sh
 source "$ROOT/scripts/lib/oci.sh"
 
@@ -194,9 +220,9 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)
 revision=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || true)
 repository=$(sed -n 's/^repository = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)
 # Canonical JSON (sorted keys, no spaces) from python: the same inputs give the same bytes.
-python3 - "$WORK/config.json" "$diff_id" "$UID_GID" "${version:-0.0.0}" "$revision" "$repository" <<'PY'
+python3 - "$WORK/config.json" "$diff_id" "$UID_GID" "${version:-0.0.0}" "$revision" "$repository" "$UI_IN_IMAGE" <<'PY'
 import json, sys
-out, diff_id, uid, version, revision, repository = sys.argv[1:]
+out, diff_id, uid, version, revision, repository, ui_dir = sys.argv[1:]
 labels = {
     "org.opencontainers.image.title": "maas-companion",
     "org.opencontainers.image.description":
@@ -214,7 +240,7 @@ config = {
     "config": {
         "User": f"{uid}:{uid}",
         "Entrypoint": ["/usr/local/bin/maas-companion"],
-        "Env": ["PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],
+        "Env": ["PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", f"MAAS_UI_DIR={ui_dir}"],
         "WorkingDir": "/",
         "ExposedPorts": {"8080/tcp": {}, "8081/tcp": {}, "9090/tcp": {}},
         "Labels": labels,

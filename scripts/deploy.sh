@@ -28,6 +28,11 @@ MAAS_CONTROLLER_IMAGE=${MAAS_CONTROLLER_IMAGE:-}
 POSTGRES_CONNECTION=${POSTGRES_CONNECTION:-}
 POSTGRES_USER=${POSTGRES_USER:-maas}
 POSTGRES_DB=${POSTGRES_DB:-maas}
+# Budget leases (global limits across Gateway replicas): the companion's Redis. REDIS_URL is a
+# given Redis; DEV_REDIS=true deploys the development one (components/redis-dev). Neither: the
+# companion keeps the lease counters in process.
+REDIS_URL=${REDIS_URL:-}
+DEV_REDIS=${DEV_REDIS:-false}
 LOG_LEVEL=${LOG_LEVEL:-INFO}
 CERT_NAME=${CERT_NAME:-}
 CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-}
@@ -75,6 +80,18 @@ Options:
                              operator mode uses the operator's: opendatahub / redhat-ods-applications)
   --postgres-connection URL  use this PostgreSQL (postgres://...); without it a development
                              PostgreSQL with a PersistentVolumeClaim is deployed
+  --redis-url URL            the Redis that holds the budget-lease counters, so that limits hold
+                             across Gateway replicas (and companion replicas): redis://, or
+                             rediss:// for TLS, password (and user) in the URL:
+                             rediss://:PASSWORD@HOST:6380/0. One endpoint (a primary that follows
+                             failover; no Sentinel discovery), not Redis Cluster. Stored in
+                             Secret maas-redis (key url), never printed
+  --dev-redis                deploy a development Redis (one pod, no persistence, a generated
+                             password) and point the companion at it; not for production
+                             Without either, each companion replica keeps its own lease counters
+                             in process (limits exact only with one companion replica; counters
+                             lost on its restart). A Secret maas-redis from an earlier run stays
+                             in use until deleted.
   --images FILE              the MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines that
                              scripts/build-images.sh prints (required, or the two below)
   --maas-api-image IMG       companion image, repo@sha256:... or repo:tag (env MAAS_API_IMAGE)
@@ -90,7 +107,7 @@ Options:
 Environment: DEPLOYMENT_MODE, OPERATOR_TYPE, DEPLOYMENT_NAMESPACE, ENABLE_TLS_BACKEND, VERBOSE,
 DRY_RUN, OPERATOR_CATALOG, OPERATOR_IMAGE, OPERATOR_CHANNEL, OPERATOR_STARTING_CSV,
 MAAS_API_IMAGE, MAAS_WASM_IMAGE, MAAS_CONTROLLER_IMAGE (ignored, warns), POSTGRES_CONNECTION,
-POSTGRES_USER, POSTGRES_DB, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
+POSTGRES_USER, POSTGRES_DB, REDIS_URL, DEV_REDIS, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
 Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
 CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
 
@@ -126,6 +143,8 @@ parse_arguments() {
       --operator-image) require_flag_value "$@"; OPERATOR_IMAGE=$2; shift 2 ;;
       --channel) require_flag_value "$@"; OPERATOR_CHANNEL=$2; shift 2 ;;
       --postgres-connection) require_flag_value "$@"; POSTGRES_CONNECTION=$2; shift 2 ;;
+      --redis-url) require_flag_value "$@"; REDIS_URL=$2; shift 2 ;;
+      --dev-redis) DEV_REDIS=true; shift ;;
       --images) require_flag_value "$@"; read_images_file "$2"; shift 2 ;;
       --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
       --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
@@ -203,6 +222,13 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
   fi
   if [ -n "$POSTGRES_CONNECTION" ] && [[ ! $POSTGRES_CONNECTION =~ ^postgres(ql)?:// ]]; then
     die "--postgres-connection must start with postgres:// or postgresql://"
+  fi
+  if is_true "$DEV_REDIS"; then DEV_REDIS=true; else DEV_REDIS=false; fi
+  if [ -n "$REDIS_URL" ]; then
+    # Only the scheme is checked here (the companion parses the rest and refuses a bad URL by
+    # name): never echo the URL itself, it carries the password.
+    [[ $REDIS_URL =~ ^rediss?://[^[:space:]]+$ ]] || die "--redis-url must start with redis:// or rediss:// (and hold no whitespace)"
+    [ "$DEV_REDIS" = false ] || die "--redis-url and --dev-redis exclude each other: give a Redis, or deploy the development one"
   fi
   if [ "$DEPLOYMENT_MODE" = kustomize ] && { [ -n "$OPERATOR_CATALOG" ] || [ -n "$OPERATOR_IMAGE" ] || [ -n "$OPERATOR_CHANNEL" ]; }; then
     log_warn "--operator-catalog/--operator-image/--channel only apply to --deployment-mode operator; ignored"
@@ -510,7 +536,8 @@ image_kustomization() {
     name=${ref%:*}
   fi
   printf '    newName: %s\n' "$name"
-  if [ -n "$tag" ]; then printf '    newTag: %s\n' "$tag"; fi
+  # Quoted: a tag like 1 or 1.2 would otherwise be a YAML number, which kustomize refuses.
+  if [ -n "$tag" ]; then printf '    newTag: "%s"\n' "$tag"; fi
 }
 
 # render_manifests DIR: writes DIR/kustomization.yaml (the companion in DEPLOYMENT_NAMESPACE,
@@ -528,6 +555,10 @@ render_manifests() {
     echo "resources:"
     echo "  - $crs_rel_companion/base/companion"
     if [ -z "$POSTGRES_CONNECTION" ]; then echo "  - $crs_rel_companion/base/postgres"; fi
+    if [ "$DEV_REDIS" = true ]; then
+      echo "components:"
+      echo "  - $crs_rel_companion/components/redis-dev"
+    fi
   } >"$dir/companion/kustomization.yaml"
   case $LOG_LEVEL in DEBUG) rust_log=debug ;; WARN) rust_log=warn ;; ERROR) rust_log=error ;; *) rust_log=info ;; esac
   {
@@ -637,6 +668,63 @@ deploy_database() {
     run_stdin "Secret maas-db-config" oc apply -f -
 }
 
+# redis_display URL: scheme://host[:port] of a Redis URL, without user, password or database.
+redis_display() {
+  local rest=${1#*://}
+  rest=${rest##*@}
+  echo "${1%%://*}://${rest%%/*}"
+}
+
+# deploy_lease_store: the Secret maas-redis the companion reads MAAS_REDIS_URL from (optional in
+# the Deployment). --redis-url: that URL. --dev-redis: a generated password (kept across runs: the
+# running Redis was started with it) and the URL of the development Redis. Neither: nothing (an
+# existing Secret from an earlier run is left alone). A changed URL restarts the companion
+# afterwards (restart_companion_if_lease_store_changed): env from a Secret is read at start only.
+LEASE_STORE_CHANGED=false
+deploy_lease_store() {
+  local url="" password="" old=""
+  if [ -n "$REDIS_URL" ]; then
+    log_info "Lease store: the given Redis $(redis_display "$REDIS_URL") (Secret maas-redis)"
+    url=$REDIS_URL
+  elif [ "$DEV_REDIS" = true ]; then
+    log_info "Lease store: development Redis maas-redis (one pod, no persistence; Secret maas-redis)"
+    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      password=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.password}' | base64 -d)
+      [ -z "$password" ] || log_info "  reusing the password in the existing Secret maas-redis"
+    fi
+    password=${password:-$(random_password)}
+    url="redis://:$password@maas-redis.$DEPLOYMENT_NAMESPACE.svc:6379/0"
+  else
+    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      log_info "Lease store: Secret maas-redis from an earlier run stays in use (delete it for the in-process store)"
+    else
+      log_info "Lease store: in process in each companion replica (no --redis-url / --dev-redis)"
+    fi
+    return 0
+  fi
+  if [ "$DRY_RUN" != true ]; then
+    old=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.url}' 2>/dev/null | base64 -d 2>/dev/null || true)
+    if [ "$old" != "$url" ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      LEASE_STORE_CHANGED=true
+    fi
+  fi
+  if [ -n "$password" ]; then
+    secret_yaml maas-redis app.kubernetes.io/name=maas-redis url "$url" password "$password"
+  else
+    secret_yaml maas-redis app.kubernetes.io/name=maas-companion url "$url"
+  fi | run_stdin "Secret maas-redis" oc apply -f -
+}
+
+restart_companion_if_lease_store_changed() {
+  if [ "$DRY_RUN" = true ] && { [ -n "$REDIS_URL" ] || [ "$DEV_REDIS" = true ]; }; then
+    echo "+ oc rollout restart deployment/maas-companion -n $DEPLOYMENT_NAMESPACE  (only when Secret maas-redis changed on a running companion)"
+    return 0
+  fi
+  [ "$LEASE_STORE_CHANGED" = true ] || return 0
+  log_info "  the lease store changed: restarting the companion to read Secret maas-redis"
+  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+}
+
 # secret_yaml NAME LABEL KEY VALUE...: a Secret manifest on stdout (values never in argv of oc).
 secret_yaml() {
   local name=$1 label=$2
@@ -684,6 +772,9 @@ wait_for_readiness() {
   log_info "Waiting for readiness"
   if [ -z "$POSTGRES_CONNECTION" ]; then
     run oc rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+  fi
+  if [ "$DEV_REDIS" = true ]; then
+    run oc rollout status deployment/maas-redis -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   fi
   run oc rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   run oc wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
@@ -733,6 +824,13 @@ print_plan() {
   else
     log_info "  database:          development PostgreSQL with a PersistentVolumeClaim"
   fi
+  if [ -n "$REDIS_URL" ]; then
+    log_info "  lease store:       Redis $(redis_display "$REDIS_URL")"
+  elif [ "$DEV_REDIS" = true ]; then
+    log_info "  lease store:       development Redis (no persistence; not for production)"
+  else
+    log_info "  lease store:       in process (no Redis: limits exact across Gateway replicas only with one companion replica)"
+  fi
   if [ "$DEPLOYMENT_MODE" = operator ]; then
     log_info "  operator:          $(operator_package) from $(operator_source), channel $OPERATOR_CHANNEL"
   fi
@@ -768,7 +866,9 @@ main() {
   label_routes_namespace "$DEPLOYMENT_NAMESPACE"
   deploy_gateway
   deploy_database
+  deploy_lease_store
   apply_manifests
+  restart_companion_if_lease_store_changed
   configure_tls_backend
   wait_for_readiness
   print_next_steps

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole MaaS gateway on this machine: PostgreSQL (throwaway), the companion, the model
-# simulator and Envoy with the filter. Installs what is missing, builds, waits until everything
-# answers, prints READY <gateway URL> and what to type next. Ctrl-C stops everything.
+# simulator and Envoy with the filter (with --replicas N: N Envoys, each with its own companion,
+# sharing one Redis). Installs what is missing, builds, waits until everything answers, prints
+# READY <gateway URL>… and what to type next. Ctrl-C stops everything.
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -9,6 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 usage() {
   cat <<USAGE
 Usage: ./scripts/run-local.sh [--policy FILE] [--identities FILE] [--credentials FILE] [--port N]
+                              [--host ADDR] [--replicas N] [--keep]
 
   --policy FILE        tiers, models and each model's backend (simulator or http(s)://host:port)
                        default: config/local/policy.yaml
@@ -18,6 +20,10 @@ Usage: ./scripts/run-local.sh [--policy FILE] [--identities FILE] [--credentials
                        default: config/local/credentials.yaml
   --port N             gateway port (default 8080, or MAAS_GATEWAY_PORT)
   --host ADDR          gateway listen address (default 127.0.0.1)
+  --replicas N         N gateway replicas (Envoy + its own companion each, default 1) sharing
+                       one Redis, so limits hold across them; READY lists every gateway URL,
+                       the first being the default: READY http://127.0.0.1:8080 http://127.0.0.1:8081
+                       (replica i takes port + i when free, else a free port)
   --keep               keep the stack's directory (logs, database) after exit
   -h, --help           this help
 USAGE
@@ -34,4 +40,5 @@ done
 
 ensure_all
 build_all
-exec "$(target_dir)/debug/maas-local" "$@"
+build_ui
+MAAS_UI_DIR="${MAAS_UI_DIR:-$ROOT/ui/dist}" exec "$(target_dir)/debug/maas-local" "$@"

@@ -9,7 +9,10 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 ensure_all
+ensure_browser
 build_all
+# The web UI: built once here (tests/tests/ui_browser.rs builds it too when run alone).
+build_ui
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'

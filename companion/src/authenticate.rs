@@ -1,7 +1,9 @@
 //! `POST /internal/v1/authenticate`: the filter's question "who is this credential?".
 //!
 //! API keys: format check, hash lookup, status, expiry, then the tier from the stored groups
-//! with the CURRENT policy (so policy changes apply to existing keys). Cluster tokens: through
+//! with the CURRENT policy (so policy changes apply to existing keys). A key bound to a
+//! subscription is refused (403 `invalid_subscription`) once that subscription is gone or no
+//! longer lists the key's owner or groups; it needs no tier (`tier` is then empty). Cluster tokens: through
 //! the identity provider (cached). Every refusal says why; when it cannot decide (database or
 //! identity provider down) it answers 503 — never a pass.
 
@@ -39,6 +41,9 @@ pub enum AuthError {
     InvalidToken,
     #[error("no tier")]
     NoTier,
+    /// The key's subscription is gone or no longer has the key's owner (the selection's reason).
+    #[error("{}", .0.message())]
+    Subscription(maas_types::SelectError),
     #[error("cannot authenticate now: {0}")]
     Unavailable(String),
 }
@@ -54,6 +59,7 @@ impl AuthError {
             AuthError::KeyExpired => "key_expired",
             AuthError::InvalidToken => "invalid_token",
             AuthError::NoTier => "no_tier",
+            AuthError::Subscription(_) => "invalid_subscription",
             AuthError::Unavailable(_) => "unavailable",
         }
     }
@@ -108,6 +114,12 @@ impl IntoResponse for AuthError {
                 ErrorKind::Permission,
                 Some("no_tier"),
             ),
+            AuthError::Subscription(_) => error_response(
+                StatusCode::FORBIDDEN,
+                message,
+                ErrorKind::Permission,
+                Some("invalid_subscription"),
+            ),
             AuthError::Unavailable(reason) => {
                 tracing::warn!(%reason, "cannot authenticate");
                 crate::http::unavailable("authentication is temporarily unavailable")
@@ -159,16 +171,29 @@ impl Authenticator {
         let policy = self.policy.document();
         if maas_types::apikey::has_key_prefix(credential) {
             let key = self.api_key(credential).await?;
-            let tier = policy
-                .resolve_tier(&key.user_groups, key.tier.as_deref())
-                .ok_or(AuthError::NoTier)?;
+            let tier = policy.resolve_tier(&key.user_groups, key.tier.as_deref());
+            let tier = match &key.subscription {
+                None => tier.ok_or(AuthError::NoTier)?.name.clone(),
+                Some(sub) => {
+                    maas_types::subscription::select(
+                        &policy,
+                        &key.username,
+                        &key.user_groups,
+                        Some(sub),
+                        None,
+                    )
+                    .map_err(AuthError::Subscription)?;
+                    tier.map(|t| t.name.clone()).unwrap_or_default()
+                }
+            };
             let left = u64::try_from((key.expires_at - Utc::now()).num_seconds()).unwrap_or(0);
             return Ok(AuthenticateResponse {
                 subject: key.username,
-                tier: tier.name.clone(),
+                tier,
                 tier_pinned: key.tier.is_some(),
                 groups: key.user_groups,
                 key_id: Some(key.key_id),
+                subscription: key.subscription,
                 expires_at: Some(key.expires_at.timestamp()),
                 cache_ttl_seconds: self.key_cache_ttl.as_secs().min(left),
             });
@@ -187,6 +212,7 @@ impl Authenticator {
             tier_pinned: false,
             groups: identity.groups,
             key_id: None,
+            subscription: None,
             expires_at: identity.expires_at,
             cache_ttl_seconds: ttl,
         })

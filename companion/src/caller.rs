@@ -16,8 +16,14 @@ use maas_types::{Credential, CredentialError};
 pub enum CallerKind {
     /// A cluster identity (static token, TokenReview, OIDC): may mint keys.
     Cluster,
-    /// An API key: may read, never mint. `tier` is the key's pinned tier.
-    ApiKey { tier: Option<String> },
+    /// An API key: may read, never mint. `tier` is the key's pinned tier, `key_id` its public
+    /// id (the one the gateway reports usage under).
+    ApiKey {
+        tier: Option<String>,
+        key_id: String,
+        /// The subscription the key is bound to.
+        subscription: Option<String>,
+    },
 }
 
 /// The authenticated caller of a public endpoint.
@@ -34,7 +40,15 @@ pub struct Caller {
 impl Caller {
     pub fn pinned_tier(&self) -> Option<&str> {
         match &self.kind {
-            CallerKind::ApiKey { tier } => tier.as_deref(),
+            CallerKind::ApiKey { tier, .. } => tier.as_deref(),
+            CallerKind::Cluster => None,
+        }
+    }
+
+    /// The subscription of an API key caller's key.
+    pub fn bound_subscription(&self) -> Option<&str> {
+        match &self.kind {
+            CallerKind::ApiKey { subscription, .. } => subscription.as_deref(),
             CallerKind::Cluster => None,
         }
     }
@@ -67,7 +81,11 @@ where
                 Ok(Caller {
                     username: key.username,
                     groups: key.user_groups,
-                    kind: CallerKind::ApiKey { tier: key.tier },
+                    kind: CallerKind::ApiKey {
+                        tier: key.tier,
+                        key_id: key.key_id,
+                        subscription: key.subscription,
+                    },
                     is_admin: false,
                 })
             }

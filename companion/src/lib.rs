@@ -3,8 +3,8 @@
 //! Modules by capability, with no import cycles among them (a test checks:
 //! `tests/module_graph.rs`): `settings` (configuration, parsed once), `http` (shared HTTP
 //! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `credentials`, `identity`,
-//! `authenticate`, `caller`, `models`, `openapi`; `state` assembles the substates, `routes`
-//! the routers, `startup` the listeners. Only the settings and the application are public.
+//! `authenticate`, `caller`, `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`); `state` assembles
+//! the substates, `routes` the routers, `startup` the listeners. Only the settings and the application are public.
 
 mod authenticate;
 mod caller;
@@ -13,6 +13,7 @@ mod db;
 mod http;
 mod identity;
 mod keys;
+mod leases;
 mod metrics;
 mod models;
 mod openapi;
@@ -21,6 +22,8 @@ mod routes;
 pub mod settings;
 pub mod startup;
 mod state;
+mod ui;
+mod usage;
 
 pub use settings::{Cli, Settings};
 pub use startup::{Application, Overrides};

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
@@ -56,6 +57,120 @@ pub struct Metrics {
     pub policy_reloads: Family<ResultLabels, Counter>,
     pub last_used_rows_written: Counter,
     pub token_cache_hits: Counter,
+    pub leases: LeaseMetrics,
+    pub usage: UsageMetrics,
+}
+
+/// Labels of the usage series: `tier`, `model`, then `direction` or `reason` where they apply,
+/// then `user` only with `--usage-metrics-per-user` (capped: see `crate::usage`).
+pub type UsageLabels = Vec<(&'static str, String)>;
+
+/// The chargeback series fed by the gateways' usage reports (`maas_companion_usage_*`), and
+/// the ledger's own health.
+#[derive(Default)]
+pub struct UsageMetrics {
+    /// `{tier, model, direction="prompt"|"completion"[, user]}`.
+    pub tokens: Family<UsageLabels, Counter>,
+    /// Requests forwarded to a model: `{tier, model[, user]}`.
+    pub requests: Family<UsageLabels, Counter>,
+    /// Requests the gateway refused: `{tier, model, reason[, user]}`.
+    pub refused: Family<UsageLabels, Counter>,
+    /// Report batches by result (`applied`, `duplicate`, `invalid`, `unavailable`, `error`).
+    pub reports: Family<ResultLabels, Counter>,
+    /// Hourly ledger rows rolled up into daily rows.
+    pub rolled_up_rows: Counter,
+    /// 1 while the last ledger write (report or rollup) reached PostgreSQL, else 0.
+    pub database_up: Gauge,
+}
+
+impl UsageMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "maas_companion_usage_tokens",
+            "Tokens reported by the gateways, by tier, model and direction (prompt, completion)",
+            self.tokens.clone(),
+        );
+        registry.register(
+            "maas_companion_usage_requests",
+            "Requests forwarded to a model, reported by the gateways, by tier and model",
+            self.requests.clone(),
+        );
+        registry.register(
+            "maas_companion_usage_refused",
+            "Requests the gateways refused, by tier, model and reason (the refusal's error code)",
+            self.refused.clone(),
+        );
+        registry.register(
+            "maas_companion_usage_reports",
+            "Usage report batches by result (applied, duplicate, invalid, unavailable, error)",
+            self.reports.clone(),
+        );
+        registry.register(
+            "maas_companion_usage_rolled_up_rows",
+            "Hourly usage rows rolled up into daily rows",
+            self.rolled_up_rows.clone(),
+        );
+        registry.register(
+            "maas_companion_database_up",
+            "1 while the last usage ledger write (report or rollup) reached PostgreSQL, else 0",
+            self.database_up.clone(),
+        );
+    }
+}
+
+/// The budget-lease endpoint's series (`maas_companion_lease_*`, `…_redis_round_trips_total`).
+#[derive(Default)]
+pub struct LeaseMetrics {
+    pub batches: Counter,
+    pub items: Counter,
+    /// Items whose need could not be met (granted 0 with need > 0).
+    pub grants_denied: Counter,
+    /// Batches answered 503 because the store could not be reached or failed.
+    pub store_errors: Counter,
+    /// Every call to Redis (a batch, a readiness ping, a script load).
+    pub redis_round_trips: Counter,
+    /// 1 while the last contact with the store succeeded, else 0.
+    pub store_up: Gauge,
+}
+
+impl LeaseMetrics {
+    fn register(&self, registry: &mut Registry) {
+        let series: [(&str, &str, &Counter); 5] = [
+            (
+                "maas_companion_lease_batches",
+                "Lease batches applied",
+                &self.batches,
+            ),
+            (
+                "maas_companion_lease_items",
+                "Lease items applied",
+                &self.items,
+            ),
+            (
+                "maas_companion_lease_grants_denied",
+                "Lease items whose need could not be met",
+                &self.grants_denied,
+            ),
+            (
+                "maas_companion_lease_store_errors",
+                "Lease batches refused because the store was unreachable or failed",
+                &self.store_errors,
+            ),
+            (
+                "maas_companion_redis_round_trips",
+                "Calls to Redis (lease batches, readiness pings, script loads)",
+                &self.redis_round_trips,
+            ),
+        ];
+        for (name, help, counter) in series {
+            registry.register(name, help, counter.clone());
+        }
+        registry.register(
+            "maas_companion_lease_store_up",
+            "1 while the lease store answered its last call, else 0",
+            self.store_up.clone(),
+        );
+    }
 }
 
 impl Metrics {
@@ -111,6 +226,10 @@ impl Metrics {
             "Token checks answered from the cache",
             token_cache_hits.clone(),
         );
+        let leases = LeaseMetrics::default();
+        leases.register(&mut registry);
+        let usage = UsageMetrics::default();
+        usage.register(&mut registry);
         Arc::new(Metrics {
             registry,
             http_requests,
@@ -121,6 +240,8 @@ impl Metrics {
             policy_reloads,
             last_used_rows_written,
             token_cache_hits,
+            leases,
+            usage,
         })
     }
 

@@ -1,15 +1,18 @@
-//! `GET /v1/models` (OpenAI list of what the caller's tier may call) and `GET /v1/tiers`.
+//! `GET /v1/models` (OpenAI list of what the caller's tier, or its key's subscription, may
+//! call), `GET /v1/tiers`, and the subscription listings `GET /v1/subscriptions` and
+//! `GET /v1/model/{id}/subscriptions` (the reference's item shape, snake_case).
 
 use crate::caller::Caller;
 use crate::policy::PolicyHandle;
 use axum::Json;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{Path, State};
 use axum::http::header::{CACHE_CONTROL, HOST};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use maas_types::ErrorBody;
-use maas_types::Limits;
+use maas_types::subscription::Subscription;
+use maas_types::{ErrorBody, ErrorKind, Limits, Model, PolicyDocument};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -46,11 +49,12 @@ fn base_url(headers: &HeaderMap) -> Option<String> {
     Some(format!("{scheme}://{host}"))
 }
 
-#[utoipa::path(get, path = "/v1/models", summary = "Models the caller's tier may use (OpenAI list)",
+#[utoipa::path(get, path = "/v1/models", summary = "Models the caller may use (OpenAI list): an API key bound to a subscription, that subscription's; else the caller's tier's",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "models", body = ModelList),
-        (status = 401, description = "no valid credential", body = ErrorBody)
+        (status = 401, description = "no valid credential", body = ErrorBody),
+        (status = 403, description = "the key's subscription is gone or no longer has its owner", body = ErrorBody)
     )
 )]
 pub async fn list(
@@ -61,19 +65,42 @@ pub async fn list(
     let loaded = policy.current();
     let policy = &loaded.document;
     let base = base_url(&headers);
-    let data = match policy.resolve_tier(&caller.groups, caller.pinned_tier()) {
-        None => Vec::new(),
-        Some(tier) => policy
-            .models_for_tier(&tier.name)
-            .map(|m| ModelEntry {
-                id: m.name.clone(),
-                object: "model",
-                created: loaded.loaded_at,
-                owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
-                ready: true,
-                url: base.as_ref().map(|b| format!("{b}{}", m.path)),
-            })
-            .collect(),
+    let entry = |m: &Model| ModelEntry {
+        id: m.name.clone(),
+        object: "model",
+        created: loaded.loaded_at,
+        owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
+        ready: true,
+        url: base.as_ref().map(|b| format!("{b}{}", m.path)),
+    };
+    let data = if let Some(bound) = caller.bound_subscription() {
+        match maas_types::subscription::select(
+            policy,
+            &caller.username,
+            &caller.groups,
+            Some(bound),
+            None,
+        ) {
+            Ok(sub) => sub
+                .models
+                .iter()
+                .filter_map(|m| policy.model(&m.name))
+                .map(entry)
+                .collect(),
+            Err(e) => {
+                return crate::http::error_response(
+                    StatusCode::FORBIDDEN,
+                    e.message(),
+                    ErrorKind::Permission,
+                    Some("invalid_subscription"),
+                );
+            }
+        }
+    } else {
+        match policy.resolve_tier(&caller.groups, caller.pinned_tier()) {
+            None => Vec::new(),
+            Some(tier) => policy.models_for_tier(&tier.name).map(entry).collect(),
+        }
     };
     (
         [(CACHE_CONTROL, "no-store")],
@@ -149,4 +176,151 @@ pub async fn tiers(State(policy): State<PolicyHandle>, caller: Caller) -> Json<T
         object: "list",
         data,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET /v1/subscriptions, GET /v1/model/{id}/subscriptions
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenRateLimitInfo {
+    pub limit: u64,
+    /// `<n>s|m|h|d`.
+    pub window: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BillingRateInfo {
+    /// A decimal string.
+    pub per_token: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionModelRef {
+    pub name: String,
+    /// The model's `ownedBy`, else the first segment of its path (KServe: its namespace).
+    pub namespace: String,
+    pub token_rate_limits: Vec<TokenRateLimitInfo>,
+    /// Ours (the reference limits tokens only); absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub request_rate_limits: Vec<TokenRateLimitInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub billing_rate: Option<BillingRateInfo>,
+}
+
+/// One subscription, in the reference's shape.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubscriptionInfo {
+    /// The value to send in `X-MaaS-Subscription` (and to name at mint).
+    pub subscription_id_header: String,
+    /// `description`, else `displayName`, else the name.
+    pub subscription_description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    pub priority: i32,
+    pub model_refs: Vec<SubscriptionModelRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub organization_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_center: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+fn limits_info(limits: &[maas_types::Limit]) -> Vec<TokenRateLimitInfo> {
+    limits
+        .iter()
+        .map(|l| TokenRateLimitInfo {
+            limit: l.limit,
+            window: l.window.to_string(),
+        })
+        .collect()
+}
+
+fn model_namespace(policy: &PolicyDocument, name: &str) -> String {
+    policy
+        .model(name)
+        .and_then(|m| {
+            m.owned_by.clone().or_else(|| {
+                m.path
+                    .trim_start_matches('/')
+                    .split('/')
+                    .next()
+                    .map(str::to_string)
+            })
+        })
+        .unwrap_or_default()
+}
+
+fn subscription_info(policy: &PolicyDocument, s: &Subscription) -> SubscriptionInfo {
+    SubscriptionInfo {
+        subscription_id_header: s.name.clone(),
+        subscription_description: s
+            .description
+            .clone()
+            .filter(|d| !d.is_empty())
+            .or_else(|| s.display_name.clone())
+            .unwrap_or_else(|| s.name.clone()),
+        display_name: s.display_name.clone(),
+        priority: s.priority,
+        model_refs: s
+            .models
+            .iter()
+            .map(|m| SubscriptionModelRef {
+                name: m.name.clone(),
+                namespace: model_namespace(policy, &m.name),
+                token_rate_limits: limits_info(&m.token_rate_limits),
+                request_rate_limits: limits_info(&m.request_rate_limits),
+                billing_rate: m.billing_rate.as_ref().map(|b| BillingRateInfo {
+                    per_token: b.per_token.clone(),
+                }),
+            })
+            .collect(),
+        organization_id: s.token_metadata.organization_id.clone(),
+        cost_center: s.token_metadata.cost_center.clone(),
+        labels: Some(s.token_metadata.labels.clone()).filter(|l| !l.is_empty()),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/subscriptions", summary = "The subscriptions the caller has (sorted by name)",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "subscriptions", body = [SubscriptionInfo]),
+        (status = 401, description = "no valid credential", body = ErrorBody)
+    )
+)]
+pub async fn subscriptions(
+    State(policy): State<PolicyHandle>,
+    caller: Caller,
+) -> Json<Vec<SubscriptionInfo>> {
+    let policy = policy.document();
+    Json(
+        maas_types::subscription::accessible(&policy, &caller.username, &caller.groups)
+            .into_iter()
+            .map(|s| subscription_info(&policy, s))
+            .collect(),
+    )
+}
+
+#[utoipa::path(get, path = "/v1/model/{id}/subscriptions", summary = "The caller's subscriptions that include a model (sorted by name)",
+    params(("id" = String, Path, description = "the model's name")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "subscriptions", body = [SubscriptionInfo]),
+        (status = 401, description = "no valid credential", body = ErrorBody)
+    )
+)]
+pub async fn model_subscriptions(
+    State(policy): State<PolicyHandle>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Json<Vec<SubscriptionInfo>> {
+    let policy = policy.document();
+    Json(
+        maas_types::subscription::accessible(&policy, &caller.username, &caller.groups)
+            .into_iter()
+            .filter(|s| s.includes_model(&id))
+            .map(|s| subscription_info(&policy, s))
+            .collect(),
+    )
 }

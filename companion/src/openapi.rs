@@ -11,7 +11,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(
         title = "MaaS Gateway companion API",
-        description = "API keys, tiers and model listing. Through the gateway every path is under /maas-api. Authenticate with `Authorization: Bearer <cluster token | sk-oai-… key>`; only a cluster identity may mint or revoke keys."
+        description = "API keys, tiers, subscriptions, model listing, usage (`/v1/usage`) and remaining quota (`/v1/quota`). Through the gateway every path is under /maas-api. Authenticate with `Authorization: Bearer <cluster token | sk-oai-… key>`; only a cluster identity may mint or revoke keys."
     ),
     modifiers(&BearerScheme)
 )]

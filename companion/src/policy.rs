@@ -1,6 +1,7 @@
 //! The policy: loaded from a YAML file (the ConfigMap), reloaded when its content changes,
 //! served to the filter as JSON with an ETag and the list of recently revoked key ids.
 //!
+//! Warnings of a valid version (duplicate subscription priorities sharing an owner) are logged.
 //! A new version that does not validate is rejected (log line + `maas_policy_reload_total
 //! {result="rejected"}`) and the old one stays in force.
 
@@ -36,6 +37,13 @@ pub struct PolicyHandle {
     path: PathBuf,
 }
 
+/// Logs what is valid but probably a mistake.
+fn log_warnings(path: &Path, document: &PolicyDocument) {
+    for warning in document.warnings() {
+        tracing::warn!(path = %path.display(), %warning, "policy warning");
+    }
+}
+
 fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
@@ -47,6 +55,7 @@ impl PolicyHandle {
             std::fs::read(path).map_err(|e| format!("policy file {}: {e}", path.display()))?;
         let document =
             parse_yaml(&bytes).map_err(|e| format!("policy file {}: {e}", path.display()))?;
+        log_warnings(path, &document);
         let store = PolicyHandle {
             current: Arc::new(RwLock::new(LoadedPolicy {
                 document: Arc::new(document),
@@ -109,6 +118,7 @@ impl PolicyHandle {
                 last_seen = d;
                 match parse_yaml(&bytes) {
                     Ok(doc) => {
+                        log_warnings(&store.path, &doc);
                         store.replace(doc);
                         metrics
                             .policy_reloads
@@ -169,6 +179,21 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy.yaml");
         let doc = parse_yaml(&std::fs::read(path).unwrap()).unwrap();
         assert!(doc.tier("free").is_some());
+    }
+
+    #[test]
+    fn the_local_subscriptions_example_parses() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy-subscriptions.yaml");
+        let doc = parse_yaml(&std::fs::read(path).unwrap()).unwrap();
+        assert!(doc.subscription("team-a").is_some());
+        assert!(doc.subscription("premium-sub").is_some());
+        assert!(doc.warnings().is_empty(), "{:?}", doc.warnings());
+        // The tiers are the local policy's, unchanged.
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/local/policy.yaml");
+        let local = parse_yaml(&std::fs::read(local).unwrap()).unwrap();
+        assert_eq!(doc.tiers, local.tiers);
+        assert_eq!(doc.models, local.models);
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! one can read the provider credentials, which a scraper must not.
 
 use crate::keys::store::KeyStore;
+use crate::leases::Leases;
 use crate::state::AppState;
-use crate::{authenticate, credentials, http, keys, metrics, models, openapi, policy};
+use crate::{
+    authenticate, credentials, http, keys, leases, metrics, models, openapi, policy, ui, usage,
+};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,16 +31,22 @@ async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "healthy"}))
 }
 
-/// Ready when migrations are applied and PostgreSQL answers.
+/// Ready when migrations are applied and PostgreSQL answers. The lease store is reported, not
+/// required: authentication keeps working without Redis (the filters fall back to local shares).
 #[utoipa::path(get, path = "/ready", summary = "Readiness (PostgreSQL reachable, migrations applied)",
     responses(
         (status = 200, description = "ready"),
         (status = 503, description = "not ready", body = ErrorBody)
     )
 )]
-async fn ready(State(keys): State<KeyStore>) -> Response {
+async fn ready(State(keys): State<KeyStore>, State(leases): State<Leases>) -> Response {
     if keys.is_ready().await {
-        Json(serde_json::json!({"status": "ready"})).into_response()
+        let reachable = leases.reachable().await;
+        Json(serde_json::json!({
+            "status": "ready",
+            "leases": {"store": leases.store_kind(), "reachable": reachable},
+        }))
+        .into_response()
     } else {
         http::error_response(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -81,6 +90,10 @@ fn public_api() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::api::get, keys::api::revoke))
         .routes(routes!(models::list))
         .routes(routes!(models::tiers))
+        .routes(routes!(usage::api::usage))
+        .routes(routes!(usage::api::quota))
+        .routes(routes!(models::subscriptions))
+        .routes(routes!(models::model_subscriptions))
         .routes(routes!(health))
         .routes(routes!(ready))
         .routes(routes!(openapi_json))
@@ -97,9 +110,11 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(PUBLIC_API_DOC.as_ref().clone())
 }
 
-pub fn public_router(state: &AppState) -> Router {
+/// The public API, and the web UI at `/ui/` (served from `ui_dir`; `None`: a JSON 404
+/// `ui_not_installed`). The UI is not in the OpenAPI document: it is not an API.
+pub fn public_router(state: &AppState, ui_dir: Option<&std::path::Path>) -> Router {
     let (router, _) = public_api().split_for_parts();
-    layers(router, state, "public")
+    layers(router.merge(ui::router(ui_dir)), state, "public")
 }
 
 pub fn internal_router(state: &AppState) -> Router {
@@ -107,7 +122,9 @@ pub fn internal_router(state: &AppState) -> Router {
         .route("/internal/v1/authenticate", post(authenticate::handler))
         .route("/internal/v1/policy", get(policy::serve))
         .route("/internal/v1/credentials", get(credentials::serve))
-        .route("/internal/v1/api-keys/cleanup", post(keys::api::cleanup));
+        .route("/internal/v1/api-keys/cleanup", post(keys::api::cleanup))
+        .route(maas_types::lease::LEASES_PATH, post(leases::api::handler))
+        .route(maas_types::usage::USAGE_PATH, post(usage::ingest::handler));
     common_layers(router, state, "internal")
 }
 

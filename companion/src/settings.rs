@@ -157,6 +157,35 @@ pub struct Cli {
         default_value_t = 10_000
     )]
     pub last_used_flush_interval_ms: u64,
+    /// The self-service web UI's build (`ui/dist`, with `index.html`), served at `/ui/` on the
+    /// public listener. Unset: `/ui/` answers 404 `ui_not_installed`.
+    #[arg(long, env = "MAAS_UI_DIR")]
+    pub ui_dir: Option<PathBuf>,
+    /// Redis holding the budget-lease counters (`redis://` or `rediss://` for TLS; user and
+    /// password in the URL). Unset: the counters live in this process (one companion only).
+    #[arg(long, env = "MAAS_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<SecretString>,
+    /// How long one Redis call may take before the lease endpoint answers 503.
+    #[arg(long, env = "MAAS_REDIS_TIMEOUT_MS", default_value_t = 500)]
+    pub redis_timeout_ms: u64,
+    /// Usage ledger: hourly rows older than this many days are rolled up into daily rows.
+    #[arg(long, env = "MAAS_USAGE_HOURLY_RETENTION_DAYS", default_value_t = 31)]
+    pub usage_hourly_retention_days: u32,
+    /// How often the usage rollup runs (also once at start).
+    #[arg(
+        long,
+        env = "MAAS_USAGE_ROLLUP_INTERVAL_MS",
+        default_value_t = 3_600_000
+    )]
+    pub usage_rollup_interval_ms: u64,
+    /// Adds a `user` label to the `maas_companion_usage_*` series (capped by
+    /// `--usage-metrics-max-users`).
+    #[arg(long, env = "MAAS_USAGE_METRICS_PER_USER")]
+    pub usage_metrics_per_user: bool,
+    /// With `--usage-metrics-per-user`: distinct users labelled at most; later ones are
+    /// `user="other"`.
+    #[arg(long, env = "MAAS_USAGE_METRICS_MAX_USERS", default_value_t = 1000)]
+    pub usage_metrics_max_users: u32,
 }
 
 /// The configuration, checked: required values are present, ranges hold, named files exist.
@@ -168,7 +197,60 @@ pub struct Settings {
     pub identity: IdentitySettings,
     pub credentials: CredentialsSettings,
     pub keys: KeySettings,
+    pub leases: LeaseSettings,
+    pub usage: UsageSettings,
     pub log_format: LogFormat,
+}
+
+/// The usage ledger and its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageSettings {
+    /// At least 1.
+    pub hourly_retention_days: u32,
+    /// At least 100 ms.
+    pub rollup_interval: Duration,
+    /// `None`: no `user` label; `Some(n)`: at most `n` (≥ 1) distinct users labelled.
+    pub metrics_max_users: Option<u32>,
+}
+
+/// Where the budget-lease counters live.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// `None`: in process.
+    pub redis: Option<RedisSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// A `redis://` or `rediss://` URL that parses (it may hold a password: never logged).
+    pub url: SecretString,
+    /// `scheme://host:port` only: what logs may show.
+    pub endpoint: String,
+    /// Not zero.
+    pub timeout: Duration,
+}
+
+/// Checks a Redis URL without connecting: the scheme, then the crate's own parse. The message
+/// names the flag and never holds the URL (it may carry a password).
+fn redis_settings(url: SecretString, timeout_ms: u64) -> Result<RedisSettings, String> {
+    const BAD: &str = "--redis-url (MAAS_REDIS_URL) must be a redis:// or rediss:// URL";
+    let u = url.expose_secret();
+    if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+        return Err(BAD.into());
+    }
+    let client = redis::Client::open(u).map_err(|_| format!("{BAD} that parses"))?;
+    let addr = client.get_connection_info().addr();
+    let scheme = match addr {
+        redis::ConnectionAddr::TcpTls { .. } => "rediss",
+        _ => "redis",
+    };
+    let endpoint = format!("{scheme}://{addr}");
+    at_least("--redis-timeout-ms", timeout_ms, 1)?;
+    Ok(RedisSettings {
+        url,
+        endpoint,
+        timeout: Duration::from_millis(timeout_ms),
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +270,8 @@ pub struct ListenerSettings {
     pub metrics: SocketAddr,
     /// All three listeners serve TLS when set.
     pub tls: Option<TlsFiles>,
+    /// A directory holding `index.html`: the web UI, on the public listener at `/ui/`.
+    pub ui_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -401,9 +485,33 @@ impl Cli {
             (None, None) => None,
             _ => return Err("--tls-cert and --tls-key must be given together".into()),
         };
+        let ui_dir = match self.ui_dir {
+            Some(d) if !d.join("index.html").is_file() => {
+                return Err(format!(
+                    "--ui-dir {}: no index.html there (build the UI: cd ui && npm ci && npm run build, then give ui/dist)",
+                    d.display()
+                ));
+            }
+            d => d,
+        };
         at_least(
             "--last-used-flush-interval-ms",
             self.last_used_flush_interval_ms,
+            1,
+        )?;
+        at_least(
+            "--usage-hourly-retention-days",
+            self.usage_hourly_retention_days.into(),
+            1,
+        )?;
+        at_least(
+            "--usage-rollup-interval-ms",
+            self.usage_rollup_interval_ms,
+            100,
+        )?;
+        at_least(
+            "--usage-metrics-max-users",
+            self.usage_metrics_max_users.into(),
             1,
         )?;
         Ok(Settings {
@@ -417,6 +525,7 @@ impl Cli {
                 internal: self.internal_addr,
                 metrics: self.metrics_addr,
                 tls,
+                ui_dir,
             },
             policy: PolicySettings {
                 file: policy_file,
@@ -436,6 +545,19 @@ impl Cli {
                 max_expiration_days: self.api_key_max_expiration_days,
                 cache_ttl: Duration::from_secs(self.key_cache_ttl_seconds),
                 last_used_flush_interval: Duration::from_millis(self.last_used_flush_interval_ms),
+            },
+            leases: LeaseSettings {
+                redis: match self.redis_url {
+                    Some(url) => Some(redis_settings(url, self.redis_timeout_ms)?),
+                    None => None,
+                },
+            },
+            usage: UsageSettings {
+                hourly_retention_days: self.usage_hourly_retention_days,
+                rollup_interval: Duration::from_millis(self.usage_rollup_interval_ms),
+                metrics_max_users: self
+                    .usage_metrics_per_user
+                    .then_some(self.usage_metrics_max_users),
             },
             log_format: self.log_format,
         })
@@ -519,6 +641,29 @@ mod tests {
     }
 
     #[test]
+    fn a_ui_dir_must_hold_a_built_index_html() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        let policy = flag_path(&policy);
+        let ui = dir.path().join("dist");
+        std::fs::create_dir(&ui).unwrap();
+        let with = |args: &[&str]| {
+            let mut all = vec!["--database-url", "postgres://x/y", "--policy-file", &policy];
+            all.extend_from_slice(args);
+            parse(&all).into_settings()
+        };
+        let err = with(&["--ui-dir", &flag_path(&ui)]).unwrap_err();
+        assert!(
+            err.contains("--ui-dir") && err.contains("npm run build"),
+            "{err}"
+        );
+        std::fs::write(ui.join("index.html"), "<!doctype html>").unwrap();
+        let s = with(&["--ui-dir", &flag_path(&ui)]).unwrap();
+        assert_eq!(s.listeners.ui_dir.as_deref(), Some(ui.as_path()));
+    }
+
+    #[test]
     fn valid_flags_become_typed_settings_without_options_left_to_check() {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("p.yaml");
@@ -566,5 +711,68 @@ mod tests {
         );
         assert!(s.needs_kubernetes());
         assert_eq!(s.keys.max_expiration_days, 90);
+        assert!(
+            s.leases.redis.is_none(),
+            "no --redis-url: leases in process"
+        );
+        assert_eq!(s.usage.hourly_retention_days, 31);
+        assert_eq!(s.usage.rollup_interval, Duration::from_secs(3600));
+        assert_eq!(s.usage.metrics_max_users, None, "no user label by default");
+    }
+
+    #[test]
+    fn usage_metrics_per_user_are_capped_and_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        let policy = flag_path(&policy);
+        let with = |args: &[&str]| {
+            let mut all = vec!["--database-url", "postgres://x/y", "--policy-file", &policy];
+            all.extend_from_slice(args);
+            parse(&all).into_settings()
+        };
+        let s = with(&["--usage-metrics-per-user"]).unwrap();
+        assert_eq!(s.usage.metrics_max_users, Some(1000));
+        let s = with(&["--usage-metrics-per-user", "--usage-metrics-max-users", "2"]).unwrap();
+        assert_eq!(s.usage.metrics_max_users, Some(2));
+        for (flag, value) in [
+            ("--usage-metrics-max-users", "0"),
+            ("--usage-hourly-retention-days", "0"),
+            ("--usage-rollup-interval-ms", "99"),
+        ] {
+            let e = with(&[flag, value]).unwrap_err();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_redis_url_is_checked_and_only_its_endpoint_is_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        let policy = flag_path(&policy);
+        let with = |url: &str| {
+            parse(&[
+                "--database-url",
+                "postgres://x/y",
+                "--policy-file",
+                &policy,
+                "--redis-url",
+                url,
+            ])
+            .into_settings()
+        };
+        let s = with("rediss://user:hunter2@redis.example:6380/0").unwrap();
+        let redis = s.leases.redis.unwrap();
+        assert_eq!(redis.endpoint, "rediss://redis.example:6380");
+        assert_eq!(redis.timeout, Duration::from_millis(500));
+        assert!(!format!("{redis:?}").contains("hunter2"));
+        let s = with("redis://:pw@127.0.0.1:7000").unwrap();
+        assert_eq!(s.leases.redis.unwrap().endpoint, "redis://127.0.0.1:7000");
+        for bad in ["http://h:1", "redis://:hunter2@[::1", "hunter2"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("--redis-url"), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 }

@@ -12,11 +12,14 @@ use crate::identity::oidc::OidcVerifier;
 use crate::identity::providers::{AdminSar, StaticIdentities, TokenReviewer};
 use crate::identity::service::{IdentityService, Provider};
 use crate::keys::store::KeyStore;
+use crate::leases::{LeaseStore, Leases};
 use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
 use crate::routes::{internal_router, metrics_router, public_router};
 use crate::settings::{CredentialsSettings, IdentityProvider, OidcSettings, Settings};
 use crate::state::AppState;
+use crate::usage::Usage;
+use crate::usage::store::UsageStore;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +62,31 @@ fn kube_needed(client: Option<&kube::Client>) -> anyhow::Result<kube::Client> {
     client
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("no Kubernetes client"))
+}
+
+/// The lease store the settings name. Redis is connected lazily: an unreachable Redis is a
+/// warning, not a failed start (authentication must not depend on it).
+async fn lease_store(settings: &Settings, metrics: &Arc<Metrics>) -> anyhow::Result<Leases> {
+    let Some(redis) = &settings.leases.redis else {
+        tracing::info!("budget leases: in process (no --redis-url; one companion only)");
+        return Ok(Leases::new(
+            LeaseStore::Memory(crate::leases::memory::MemoryStore::new()),
+            metrics.clone(),
+        ));
+    };
+    let store =
+        crate::leases::redis::RedisStore::new(redis, metrics.leases.redis_round_trips.clone())
+            .map_err(anyhow::Error::msg)?;
+    let leases = Leases::new(LeaseStore::Redis(Box::new(store)), metrics.clone());
+    if leases.reachable().await {
+        tracing::info!(redis = %redis.endpoint, "budget leases: in Redis");
+    } else {
+        tracing::warn!(
+            redis = %redis.endpoint,
+            "budget leases: Redis unreachable at start; lease batches answer 503 until it answers (retried on each call)"
+        );
+    }
+    Ok(leases)
 }
 
 impl Application {
@@ -150,6 +178,13 @@ impl Application {
             }
         }
 
+        let leases = lease_store(&settings, &metrics).await?;
+
+        let usage = Usage::new(
+            UsageStore::new(pool.clone(), migrations.clone()),
+            metrics.clone(),
+            settings.usage,
+        );
         let keys = KeyStore::new(pool, migrations);
         let state = AppState {
             keys: keys.clone(),
@@ -163,6 +198,8 @@ impl Application {
             },
             credentials: Arc::new(credentials),
             metrics: metrics.clone(),
+            leases,
+            usage: usage.clone(),
         };
         background.push(policy.spawn_reloader(
             settings.policy.reload_interval,
@@ -171,6 +208,7 @@ impl Application {
         ));
         background
             .push(keys.spawn_flusher(settings.keys.last_used_flush_interval, metrics.clone()));
+        background.push(usage.spawn_rollup());
 
         let tls = match &listeners.tls {
             Some(files) => Some(
@@ -183,7 +221,11 @@ impl Application {
         let mut handles = Vec::new();
         let mut servers = Vec::new();
         for (name, listener, router) in [
-            ("public", public_listener, public_router(&state)),
+            (
+                "public",
+                public_listener,
+                public_router(&state, listeners.ui_dir.as_deref()),
+            ),
             ("internal", internal_listener, internal_router(&state)),
             ("metrics", metrics_listener, metrics_router(&state)),
         ] {

@@ -5,9 +5,11 @@
 use crate::authenticate::Authenticator;
 use crate::credentials::CredentialsSource;
 use crate::keys::store::KeyStore;
+use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
 use crate::settings::KeySettings;
+use crate::usage::Usage;
 use axum::extract::FromRef;
 use std::sync::Arc;
 
@@ -19,6 +21,8 @@ pub struct AppState {
     pub auth: Authenticator,
     pub credentials: Arc<CredentialsSource>,
     pub metrics: Arc<Metrics>,
+    pub leases: Leases,
+    pub usage: Usage,
 }
 
 macro_rules! substate {
@@ -37,3 +41,5 @@ substate!(policy: PolicyHandle);
 substate!(auth: Authenticator);
 substate!(credentials: Arc<CredentialsSource>);
 substate!(metrics: Arc<Metrics>);
+substate!(leases: Leases);
+substate!(usage: Usage);

@@ -486,6 +486,7 @@ mod tests {
             tier: "free".into(),
             tier_pinned: false,
             key_id: None,
+            subscription: None,
             expires_at,
             cache_ttl_seconds: ttl,
         }

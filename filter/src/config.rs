@@ -45,9 +45,52 @@ pub struct CacheConfig {
 }
 
 /// Counters (`limits.*`): subjects hash into `counter_slots` fixed shared-data keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LimitsConfig {
     pub counter_slots: u64,
+    pub global: GlobalConfig,
+}
+
+/// `limits.global`: limits that hold across gateway replicas (budget leases from the companion).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalConfig {
+    pub enabled: bool,
+    /// Each worker's batch of debts, releases and renewals, and the fallback probe.
+    pub report_interval_ms: u64,
+    /// Prefetch: a lease is sized by the replica's rate × this.
+    pub lease_horizon_ms: u64,
+    /// A subject unused this long hands its unused lease back.
+    pub idle_release_ms: u64,
+    pub on_unavailable: OnUnavailable,
+    /// Local share of a limit in fallback (0 < f ≤ 1); `None`: 1 ÷ known replicas.
+    pub fallback_fraction: Option<f64>,
+    /// This replica's id; `None`: Envoy's `node.id`, else an id drawn at start.
+    pub replica_id: Option<String>,
+}
+
+impl Default for GlobalConfig {
+    fn default() -> Self {
+        GlobalConfig {
+            enabled: true,
+            report_interval_ms: 1000,
+            lease_horizon_ms: 2000,
+            idle_release_ms: 3000,
+            on_unavailable: OnUnavailable::Fallback,
+            fallback_fraction: None,
+            replica_id: None,
+        }
+    }
+}
+
+/// `limits.global.onUnavailable`: what a replica does while the companion (or its store) cannot
+/// be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnavailable {
+    /// Admit within the local share of each limit.
+    Fallback,
+    /// 503 `limits_unavailable` for a request whose lease is short.
+    Refuse,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -122,6 +165,70 @@ struct RawCache {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawLimits {
     counter_slots: Option<u64>,
+    #[serde(default)]
+    global: RawGlobal,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawGlobal {
+    enabled: Option<bool>,
+    report_interval_ms: Option<u64>,
+    lease_horizon_ms: Option<u64>,
+    idle_release_ms: Option<u64>,
+    on_unavailable: Option<OnUnavailable>,
+    fallback_fraction: Option<f64>,
+    replica_id: Option<String>,
+}
+
+fn global_config(raw: RawGlobal) -> Result<GlobalConfig, ConfigError> {
+    let d = GlobalConfig::default();
+    let fallback_fraction = match raw.fallback_fraction {
+        Some(f) if !(f > 0.0 && f <= 1.0) => {
+            return Err(err(
+                "limits.global.fallbackFraction",
+                format!("must be above 0 and at most 1, got {f}"),
+            ));
+        }
+        f => f,
+    };
+    let replica_id = match raw.replica_id {
+        Some(id)
+            if id.is_empty()
+                || id.len() > 256
+                || id.bytes().any(|b| b.is_ascii_control() || b == b' ') =>
+        {
+            return Err(err(
+                "limits.global.replicaId",
+                "must be 1 to 256 bytes without spaces or control characters",
+            ));
+        }
+        id => id,
+    };
+    Ok(GlobalConfig {
+        enabled: raw.enabled.unwrap_or(d.enabled),
+        report_interval_ms: in_range(
+            "limits.global.reportIntervalMs",
+            raw.report_interval_ms.unwrap_or(d.report_interval_ms),
+            100,
+            60_000,
+        )?,
+        lease_horizon_ms: in_range(
+            "limits.global.leaseHorizonMs",
+            raw.lease_horizon_ms.unwrap_or(d.lease_horizon_ms),
+            100,
+            3_600_000,
+        )?,
+        idle_release_ms: in_range(
+            "limits.global.idleReleaseMs",
+            raw.idle_release_ms.unwrap_or(d.idle_release_ms),
+            100,
+            3_600_000,
+        )?,
+        on_unavailable: raw.on_unavailable.unwrap_or(d.on_unavailable),
+        fallback_fraction,
+        replica_id,
+    })
 }
 
 fn in_range(field: &str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
@@ -213,6 +320,7 @@ impl PluginConfig {
                 1,
                 10_000_000,
             )?,
+            global: global_config(raw.limits.global)?,
         };
         let mut remove_headers = Vec::with_capacity(raw.remove_headers.len());
         for (i, h) in raw.remove_headers.iter().enumerate() {
@@ -339,6 +447,82 @@ mod tests {
     }
 
     #[test]
+    fn global_limits_default_on_and_parse() {
+        let c = parse(json!({"companion": {"cluster": "c"}})).unwrap();
+        assert_eq!(c.limits.global, GlobalConfig::default());
+        assert!(c.limits.global.enabled);
+        assert_eq!(c.limits.global.report_interval_ms, 1000);
+        assert_eq!(c.limits.global.lease_horizon_ms, 2000);
+        assert_eq!(c.limits.global.idle_release_ms, 3000);
+        assert_eq!(c.limits.global.on_unavailable, OnUnavailable::Fallback);
+        let c = parse(json!({"companion": {"cluster": "c"}, "limits": {"global": {
+            "enabled": false, "reportIntervalMs": 250, "leaseHorizonMs": 5000,
+            "idleReleaseMs": 10000, "onUnavailable": "refuse", "fallbackFraction": 0.5,
+            "replicaId": "gw-1"}}}))
+        .unwrap();
+        let g = &c.limits.global;
+        assert!(!g.enabled);
+        assert_eq!(
+            (g.report_interval_ms, g.lease_horizon_ms, g.idle_release_ms),
+            (250, 5000, 10000)
+        );
+        assert_eq!(g.on_unavailable, OnUnavailable::Refuse);
+        assert_eq!(g.fallback_fraction, Some(0.5));
+        assert_eq!(g.replica_id.as_deref(), Some("gw-1"));
+    }
+
+    #[test]
+    fn every_bad_global_limits_field_is_refused_by_name() {
+        let g =
+            |v: serde_json::Value| json!({"companion": {"cluster": "c"}, "limits": {"global": v}});
+        fails_at(g(json!({"enabled": "yes"})), "limits.global.enabled");
+        fails_at(
+            g(json!({"reportIntervalMs": 0})),
+            "limits.global.reportIntervalMs",
+        );
+        fails_at(
+            g(json!({"reportIntervalMs": 60_001})),
+            "limits.global.reportIntervalMs",
+        );
+        fails_at(
+            g(json!({"leaseHorizonMs": 99})),
+            "limits.global.leaseHorizonMs",
+        );
+        fails_at(
+            g(json!({"idleReleaseMs": 3_600_001})),
+            "limits.global.idleReleaseMs",
+        );
+        fails_at(
+            g(json!({"onUnavailable": "open"})),
+            "limits.global.onUnavailable",
+        );
+        fails_at(
+            g(json!({"fallbackFraction": 0})),
+            "limits.global.fallbackFraction",
+        );
+        fails_at(
+            g(json!({"fallbackFraction": 1.5})),
+            "limits.global.fallbackFraction",
+        );
+        fails_at(
+            g(json!({"fallbackFraction": -0.1})),
+            "limits.global.fallbackFraction",
+        );
+        fails_at(
+            g(json!({"fallbackFraction": "half"})),
+            "limits.global.fallbackFraction",
+        );
+        fails_at(g(json!({"replicaId": ""})), "limits.global.replicaId");
+        fails_at(g(json!({"replicaId": "a b"})), "limits.global.replicaId");
+        fails_at(
+            g(json!({"replicaId": "x".repeat(257)})),
+            "limits.global.replicaId",
+        );
+        fails_at(g(json!({"leases": 1})), "limits.global.leases");
+        fails_at(g(json!("on")), "limits.global");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         fails_at(json!({}), "");
         fails_at(json!({"companion": {"cluster": ""}}), "companion.cluster");
@@ -425,7 +609,18 @@ mod tests {
                 "maxTtlSeconds": c.cache.max_ttl_seconds,
                 "negativeTtlSeconds": c.cache.negative_ttl_seconds,
             },
-            "limits": {"counterSlots": c.limits.counter_slots},
+            "limits": {"counterSlots": c.limits.counter_slots, "global": {
+                "enabled": c.limits.global.enabled,
+                "reportIntervalMs": c.limits.global.report_interval_ms,
+                "leaseHorizonMs": c.limits.global.lease_horizon_ms,
+                "idleReleaseMs": c.limits.global.idle_release_ms,
+                "onUnavailable": match c.limits.global.on_unavailable {
+                    OnUnavailable::Fallback => "fallback",
+                    OnUnavailable::Refuse => "refuse",
+                },
+                "fallbackFraction": c.limits.global.fallback_fraction,
+                "replicaId": c.limits.global.replica_id,
+            }},
             "removeHeaders": c.remove_headers,
             "managementPathPrefix": c.management_path_prefix,
             "failureMode": "closed",
@@ -574,6 +769,7 @@ mod tests {
                         },
                         limits: LimitsConfig {
                             counter_slots: slots,
+                            global: GlobalConfig::default(),
                         },
                         remove_headers,
                         management_path_prefix: prefix,

@@ -122,6 +122,7 @@ impl Host for ProxyHost {
         let kind = match kind {
             MetricKind::Counter => MetricType::Counter,
             MetricKind::Histogram => MetricType::Histogram,
+            MetricKind::Gauge => MetricType::Gauge,
         };
         hostcalls::define_metric(kind, name).unwrap_or(0)
     }
@@ -173,8 +174,8 @@ impl RootContext for RootCtx {
 }
 
 impl Context for Http {
-    fn on_http_call_response(&mut self, _token: u32, _h: usize, body_size: usize, _t: usize) {
-        Http::on_call_response(self, &ProxyHost, body_size);
+    fn on_http_call_response(&mut self, token: u32, _h: usize, body_size: usize, _t: usize) {
+        Http::on_call_response(self, &ProxyHost, token, body_size);
     }
 
     fn on_done(&mut self) -> bool {

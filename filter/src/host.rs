@@ -31,6 +31,8 @@ pub enum Body {
 pub enum MetricKind {
     Counter,
     Histogram,
+    /// Set with [`Host::record_metric`].
+    Gauge,
 }
 
 /// What the filter needs from Envoy. Every method is infallible from the caller's side: a host

@@ -14,6 +14,7 @@ pub mod decide;
 pub mod encoding;
 pub mod host;
 pub mod hygiene;
+pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod operations;

@@ -14,9 +14,18 @@
 //! never dropped (that would let someone escape a limit). Admitting a request is one read and
 //! one compare-and-swap write of its slot, and settling it likewise.
 //!
-//! Slot value: `version(1) = 2`, then per subject `len(u16 LE) subject n(u8)` and `n` 25-byte
-//! records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count (u64 LE). A record
-//! whose start is not the current window's counts 0.
+//! Slot value: `version(1) = 3`, then per subject `len(u16 LE) subject n(u8)` and `n` 41-byte
+//! records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count, granted, others
+//! (u64 LE). A record whose start is not the current window's counts 0 everywhere (count, lease,
+//! others). Version 2 slots (25-byte records, no lease) are still read (lease 0).
+//!
+//! **Global limits (budget leases).** With `limits.global` on, a counter also holds `granted`:
+//! the budget this replica (this Envoy, all its workers) was leased by the companion in this
+//! window, and `others`: the global `taken` minus `granted` as of the last answer (only for the
+//! `x-ratelimit-remaining-*` headers). A request fits when `count + add ≤ limit` and
+//! `count + add ≤ lease` (lease = `granted`; in fallback `max(granted, ⌊limit × share⌋)`); a short
+//! lease counts nothing and asks for one ([`Admission::NeedsLease`]). [`apply_grants`] adds the
+//! answer's grants; [`claim`] / [`unclaim`] take the debts and releases of the worker's batch.
 //!
 //! Tokens are reserved at admission and settled to the real usage when the response ends, so
 //! concurrent requests overshoot a budget by at most one reservation. A reservation larger than
@@ -37,8 +46,10 @@ pub const DEFAULT_COUNTER_SLOTS: u64 = 65_536;
 /// Subjects one counter slot holds at most (beyond: 503, never a dropped live count).
 pub const SLOT_SUBJECTS: usize = 16;
 
-const SLOT_VERSION: u8 = 2;
-const RECORD: usize = 25;
+const SLOT_VERSION: u8 = 3;
+const RECORD: usize = 41;
+/// Records of version 2 slots (no lease fields).
+const RECORD_V2: usize = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -58,6 +69,14 @@ impl Kind {
         match self {
             Kind::Requests => "requests",
             Kind::Tokens => "tokens",
+        }
+    }
+
+    /// The lease contract's kind.
+    pub fn lease_kind(self) -> maas_types::lease::LeaseKind {
+        match self {
+            Kind::Requests => maas_types::lease::LeaseKind::Requests,
+            Kind::Tokens => maas_types::lease::LeaseKind::Tokens,
         }
     }
 }
@@ -84,12 +103,18 @@ struct Record {
     window: u64,
     start: u64,
     count: u64,
+    /// Lease this replica holds in this window (global limits).
+    granted: u64,
+    /// Global taken minus `granted` as of the last answer (headers only).
+    others: u64,
 }
 
 impl Record {
-    /// Still counts at `now` (its window is not over and it holds something).
+    /// Still counts at `now` (its window is not over and it holds a count, a lease or what
+    /// other replicas took).
     fn live(&self, now: u64) -> bool {
-        self.count > 0 && self.start.saturating_add(self.window) > now
+        (self.count > 0 || self.granted > 0 || self.others > 0)
+            && self.start.saturating_add(self.window) > now
     }
 }
 
@@ -107,29 +132,40 @@ fn decode_slot(v: Option<&[u8]>) -> Option<Vec<Counters>> {
         Some(b) => b,
     };
     let (&version, mut rest) = b.split_first()?;
-    if version != SLOT_VERSION {
-        return None;
-    }
+    let size = match version {
+        SLOT_VERSION => RECORD,
+        2 => RECORD_V2,
+        _ => return None,
+    };
     let mut out = Vec::new();
     while !rest.is_empty() {
         let len = usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?));
         let subject = std::str::from_utf8(rest.get(2..2 + len)?).ok()?.to_string();
         let n = usize::from(*rest.get(2 + len)?);
         let at = 3 + len;
-        let recs = rest.get(at..at + n * RECORD)?;
+        let recs = rest.get(at..at + n * size)?;
         let records = recs
-            .chunks_exact(RECORD)
+            .chunks_exact(size)
             .map(|r| {
+                let lease = |at: usize| {
+                    if size == RECORD {
+                        read_u64(r, at)
+                    } else {
+                        Some(0)
+                    }
+                };
                 Some(Record {
                     kind: *r.first()?,
                     window: read_u64(r, 1)?,
                     start: read_u64(r, 9)?,
                     count: read_u64(r, 17)?,
+                    granted: lease(25)?,
+                    others: lease(33)?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
         out.push(Counters { subject, records });
-        rest = rest.get(at + n * RECORD..)?;
+        rest = rest.get(at + n * size..)?;
     }
     Some(out)
 }
@@ -148,6 +184,8 @@ fn encode_slot(entries: &[Counters]) -> Vec<u8> {
             out.extend_from_slice(&r.window.to_le_bytes());
             out.extend_from_slice(&r.start.to_le_bytes());
             out.extend_from_slice(&r.count.to_le_bytes());
+            out.extend_from_slice(&r.granted.to_le_bytes());
+            out.extend_from_slice(&r.others.to_le_bytes());
         }
     }
     out
@@ -202,14 +240,24 @@ impl SlotView {
     }
 }
 
-/// Count of `kind`/`window` in `records` at `now` (0 when absent or from an older window).
-fn used(records: &[Record], kind: Kind, window: Window, now: u64) -> u64 {
+/// The record of `kind`/`window` in `records` for the window current at `now` (none when absent
+/// or from an older window).
+fn current(records: &[Record], kind: Kind, window: Window, now: u64) -> Option<&Record> {
     let start = window.start_of(now);
     records
         .iter()
         .find(|r| r.kind == kind.code() && r.window == window.seconds())
         .filter(|r| r.start == start)
-        .map_or(0, |r| r.count)
+}
+
+/// Count of `kind`/`window` in `records` at `now` (0 when absent or from an older window).
+fn used(records: &[Record], kind: Kind, window: Window, now: u64) -> u64 {
+    current(records, kind, window, now).map_or(0, |r| r.count)
+}
+
+/// Used globally as far as this replica knows: its count plus the other replicas' taken.
+fn used_globally(records: &[Record], kind: Kind, window: Window, now: u64) -> u64 {
+    current(records, kind, window, now).map_or(0, |r| r.count.saturating_add(r.others))
 }
 
 /// State of one window after a decision, for the `x-ratelimit-*` headers.
@@ -258,7 +306,7 @@ impl RateHeaders {
         for (kind, l, _) in all_limits(tiers) {
             let w = WindowState {
                 limit: l.limit,
-                used: used(records, kind, l.window, now),
+                used: used_globally(records, kind, l.window, now),
                 reset_seconds: l.window.seconds_left(now),
             };
             match kind {
@@ -368,6 +416,69 @@ pub enum Admission {
     /// The counters cannot be updated (slot full of live subjects, unreadable, or persistent
     /// contention): 503, nothing counted.
     Unavailable { reason: &'static str },
+    /// Global limits: the replica's lease of a counter is short (the limit is not reached):
+    /// nothing counted; ask the companion for `items`, apply the grants, admit again.
+    NeedsLease {
+        items: Vec<LeaseNeed>,
+        /// The first short counter's kind and tier (for a 429 when the lease stays short).
+        kind: Kind,
+        tier: String,
+        headers: RateHeaders,
+    },
+}
+
+/// One short counter: what to ask the companion for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseNeed {
+    pub kind: Kind,
+    pub window: u64,
+    pub start: u64,
+    /// The tightest limit of the applicable tiers for this counter.
+    pub limit: u64,
+    /// count + add − granted.
+    pub need: u64,
+    /// The replica's rate in this window × the lease horizon, within `need..=limit`.
+    pub want: u64,
+}
+
+/// How leases bound admission (global limits on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeasePolicy {
+    /// Fallback (companion unreachable): each counter's lease is at least `⌊limit × share⌋`, and
+    /// a short lease is a 429 (no callout). `None`: the lease is what was granted.
+    pub fallback_share: Option<f64>,
+    /// `leaseHorizonMs`: prefetch sized by the rate × this.
+    pub horizon_ms: u64,
+    /// Retry-after (s) of a 429 for a short lease while the limit is not reached.
+    pub short_retry_s: u64,
+}
+
+impl LeasePolicy {
+    /// The lease of a counter with `limit` that holds `granted`.
+    fn lease(&self, granted: u64, limit: u64) -> u64 {
+        match self.fallback_share {
+            Some(share) => {
+                let share = share.clamp(0.0, 1.0);
+                // ⌊limit × share⌋ (as f64: exact enough below 2^53, clamped to the limit).
+                let local = ((limit as f64) * share).floor();
+                let local = if local >= limit as f64 {
+                    limit
+                } else {
+                    local as u64
+                };
+                granted.max(local)
+            }
+            None => granted,
+        }
+    }
+}
+
+/// Budget worth asking for: `count` used in a window that started `elapsed` s ago, over
+/// `horizon_ms`, within `need..=limit`.
+fn prefetch(count: u64, elapsed: u64, horizon_ms: u64, need: u64, limit: u64) -> u64 {
+    let rate = u128::from(count) * u128::from(horizon_ms) / (u128::from(elapsed.max(1)) * 1000);
+    let want = u64::try_from(rate).unwrap_or(u64::MAX);
+    want.max(need).min(limit.max(need))
 }
 
 impl Admission {
@@ -411,6 +522,20 @@ impl Admission {
                 "limits_unavailable",
                 format!("rate limit counters are unavailable ({reason}); retry shortly"),
             )),
+            // A short lease that is not asked for (the caller's choice) refuses like a window
+            // that is full for a moment.
+            Admission::NeedsLease {
+                kind,
+                tier,
+                headers,
+                ..
+            } => Admission::Limited {
+                kind,
+                retry_after: 1,
+                tier,
+                headers,
+            }
+            .into_refusal(),
         }
     }
 }
@@ -508,6 +633,75 @@ pub fn admit_from(
     now: u64,
     read: Option<SlotRead>,
 ) -> Admission {
+    let ask = Ask {
+        key,
+        tiers,
+        subject,
+        reserve,
+        now,
+    };
+    admit_leased(store, &ask, read, None)
+}
+
+/// One request to admit.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The subject's counter slot ([`counter_key`]).
+    pub key: &'a str,
+    /// The tier the request runs on first, then the subject's highest tier.
+    pub tiers: &'a [&'a Tier],
+    pub subject: &'a str,
+    pub reserve: u64,
+    /// Unix seconds.
+    pub now: u64,
+}
+
+/// The distinct counters of `tiers` with their tightest limit (and that limit's tier).
+fn lease_counters<'a>(tiers: &'a [&'a Tier]) -> Vec<(Kind, Window, u64, &'a str)> {
+    let mut out: Vec<(Kind, Window, u64, &str)> = Vec::new();
+    for (kind, l, tier) in all_limits(tiers) {
+        match out
+            .iter_mut()
+            .find(|(k, w, _, _)| *k == kind && *w == l.window)
+        {
+            Some(c) if l.limit < c.2 => {
+                c.2 = l.limit;
+                c.3 = tier;
+            }
+            Some(_) => {}
+            None => out.push((kind, l.window, l.limit, tier)),
+        }
+    }
+    out
+}
+
+/// The counters a tracked subject's batch reports: (kind, window seconds, tightest limit).
+pub fn tracked_counters(tiers: &[&Tier]) -> Vec<LeaseCounter> {
+    let tiers = distinct(tiers);
+    lease_counters(&tiers)
+        .into_iter()
+        .map(|(kind, window, limit, _)| LeaseCounter {
+            kind,
+            window: window.seconds(),
+            limit,
+        })
+        .collect()
+}
+
+/// [`admit_from`] with global limits (`lease`: `None` = off, exactly [`admit_from`]).
+pub fn admit_leased(
+    store: &dyn SharedStore,
+    ask: &Ask,
+    read: Option<SlotRead>,
+    lease: Option<&LeasePolicy>,
+) -> Admission {
+    let Ask {
+        key,
+        tiers,
+        subject,
+        reserve,
+        now,
+    } = *ask;
     let mut read = read.filter(|r| r.key == key);
     let tiers = distinct(tiers);
     let request_tier = tiers.first().map(|t| t.name.clone()).unwrap_or_default();
@@ -538,6 +732,7 @@ pub fn admit_from(
             tier: tier.to_string(),
         };
     }
+    let leased = lease.map(|_| lease_counters(&tiers)).unwrap_or_default();
     for _ in 0..CAS_ATTEMPTS {
         // A CAS write from an earlier read fails if the slot changed since: then read again.
         let (value, cas) = match read.take() {
@@ -569,6 +764,56 @@ pub fn admit_from(
                 headers: RateHeaders::from_records(&tiers, &view.mine, now),
             };
         }
+        // Global limits: every counter must fit in this replica's lease too.
+        if let Some(policy) = lease {
+            let mut items: Vec<LeaseNeed> = Vec::new();
+            let mut first: Option<(Kind, &str, u64)> = None;
+            for &(kind, window, limit, tier) in &leased {
+                let rec = current(&view.mine, kind, window, now);
+                let count = rec.map_or(0, |r| r.count);
+                let granted = rec.map_or(0, |r| r.granted);
+                let after = count.saturating_add(add(kind));
+                if after <= policy.lease(granted, limit) {
+                    continue;
+                }
+                let start = window.start_of(now);
+                let need = after.saturating_sub(granted);
+                items.push(LeaseNeed {
+                    kind,
+                    window: window.seconds(),
+                    start,
+                    limit,
+                    need,
+                    want: prefetch(
+                        after,
+                        now.saturating_sub(start),
+                        policy.horizon_ms,
+                        need,
+                        limit,
+                    ),
+                });
+                if first.is_none() {
+                    first = Some((kind, tier, window.seconds_left(now)));
+                }
+            }
+            if let Some((kind, tier, left)) = first {
+                let headers = RateHeaders::from_records(&tiers, &view.mine, now);
+                if policy.fallback_share.is_some() {
+                    return Admission::Limited {
+                        kind,
+                        retry_after: policy.short_retry_s.clamp(1, left.max(1)),
+                        tier: tier.to_string(),
+                        headers,
+                    };
+                }
+                return Admission::NeedsLease {
+                    items,
+                    kind,
+                    tier: tier.to_string(),
+                    headers,
+                };
+            }
+        }
         let mut next: Vec<Record> = view
             .mine
             .iter()
@@ -580,11 +825,15 @@ pub fn admit_from(
             .copied()
             .collect();
         for &(kind, window) in &counters {
+            let (granted, others) =
+                current(&view.mine, kind, window, now).map_or((0, 0), |r| (r.granted, r.others));
             next.push(Record {
                 kind: kind.code(),
                 window: window.seconds(),
                 start: window.start_of(now),
                 count: used(&view.mine, kind, window, now).saturating_add(add(kind)),
+                granted,
+                others,
             });
         }
         let headers = RateHeaders::from_records(&tiers, &next, now);
@@ -710,6 +959,11 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
             match rec {
                 Some(x) => {
                     if x.start != new_start || x.count != new_count {
+                        if x.start != new_start {
+                            // An older window's lease is over with it.
+                            x.granted = 0;
+                            x.others = 0;
+                        }
                         x.start = new_start;
                         x.count = new_count;
                         changed = true;
@@ -721,6 +975,8 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
                         window,
                         start: new_start,
                         count: new_count,
+                        granted: 0,
+                        others: 0,
                     });
                     changed = true;
                 }
@@ -738,6 +994,239 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
             return;
         }
     }
+}
+
+/// A counter a worker reports on: (kind, window seconds, tightest limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCounter {
+    pub kind: Kind,
+    pub window: u64,
+    pub limit: u64,
+}
+
+/// What the companion answered for one counter of a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub kind: Kind,
+    pub window: u64,
+    /// The window the item was for (a grant for a window that is over is dropped).
+    pub start: u64,
+    pub granted: u64,
+    /// The window's global taken after the item.
+    pub taken: u64,
+}
+
+/// Adds the companion's grants to `subject`'s records by CAS (a grant whose window is no longer
+/// the current one is dropped) and stores `others` = taken − granted. False when the slot could
+/// not be written (unreadable, full, contention): the grant is then lost to this replica (the
+/// companion counts it as taken until the window ends).
+pub fn apply_grants(
+    store: &dyn SharedStore,
+    key: &str,
+    subject: &str,
+    grants: &[Grant],
+    now: u64,
+) -> bool {
+    for _ in 0..CAS_ATTEMPTS {
+        let (value, cas) = store.get(key);
+        let Ok(view) = read_slot(value.as_deref(), subject) else {
+            return false;
+        };
+        let mut records = view.mine.clone();
+        let mut changed = false;
+        for g in grants {
+            let current_start = now - now % g.window.max(1);
+            if g.start != current_start {
+                continue;
+            }
+            let rec = records
+                .iter_mut()
+                .find(|r| r.kind == g.kind.code() && r.window == g.window);
+            match rec {
+                Some(r) if r.start == g.start => {
+                    r.granted = r.granted.saturating_add(g.granted);
+                    r.others = g.taken.saturating_sub(r.granted);
+                    changed = true;
+                }
+                Some(r) => {
+                    *r = Record {
+                        kind: g.kind.code(),
+                        window: g.window,
+                        start: g.start,
+                        count: 0,
+                        granted: g.granted,
+                        others: g.taken.saturating_sub(g.granted),
+                    };
+                    changed = true;
+                }
+                None if g.granted > 0 || g.taken > 0 => {
+                    records.push(Record {
+                        kind: g.kind.code(),
+                        window: g.window,
+                        start: g.start,
+                        count: 0,
+                        granted: g.granted,
+                        others: g.taken.saturating_sub(g.granted),
+                    });
+                    changed = true;
+                }
+                None => {}
+            }
+        }
+        if !changed {
+            return true;
+        }
+        let Ok(bytes) = view.write(subject, records, now) else {
+            return false;
+        };
+        if store.set(key, &bytes, cas).is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// One counter's part of a worker's batch, claimed in the slot before it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub kind: Kind,
+    pub window: u64,
+    pub start: u64,
+    pub limit: u64,
+    /// count − granted (usage above the lease): claimed as granted += debt.
+    pub debt: u64,
+    /// granted − count of an idle subject: claimed as granted −= release.
+    pub release: u64,
+    /// Renewal (prefetch) wanted; nothing claimed for it.
+    pub want: u64,
+}
+
+/// Claims `subject`'s debts (and its unused lease when `idle`) by CAS and sizes renewals:
+/// the items of the worker's batch for it (none when there is nothing to report).
+pub fn claim(
+    store: &dyn SharedStore,
+    key: &str,
+    subject: &str,
+    counters: &[LeaseCounter],
+    now: u64,
+    idle: bool,
+    horizon_ms: u64,
+) -> Vec<Claim> {
+    for _ in 0..CAS_ATTEMPTS {
+        let (value, cas) = store.get(key);
+        let Ok(view) = read_slot(value.as_deref(), subject) else {
+            return Vec::new();
+        };
+        let mut records = view.mine.clone();
+        let mut claims = Vec::new();
+        let mut changed = false;
+        for c in counters {
+            let start = now - now % c.window.max(1);
+            let Some(r) = records
+                .iter_mut()
+                .find(|r| r.kind == c.kind.code() && r.window == c.window && r.start == start)
+            else {
+                continue;
+            };
+            let debt = r.count.saturating_sub(r.granted);
+            let mut granted = r.granted.max(r.count);
+            let release = if idle {
+                granted.saturating_sub(r.count)
+            } else {
+                0
+            };
+            granted = granted.saturating_sub(release);
+            let mut want = 0;
+            if !idle && r.count < c.limit {
+                let target = prefetch(r.count, now.saturating_sub(start), horizon_ms, 0, c.limit);
+                if granted.saturating_sub(r.count).saturating_mul(2) < target {
+                    want = target;
+                }
+            }
+            if granted != r.granted {
+                r.granted = granted;
+                changed = true;
+            }
+            if debt > 0 || release > 0 || want > 0 {
+                claims.push(Claim {
+                    kind: c.kind,
+                    window: c.window,
+                    start,
+                    limit: c.limit,
+                    debt,
+                    release,
+                    want,
+                });
+            }
+        }
+        if !changed {
+            return claims;
+        }
+        let Ok(bytes) = view.write(subject, records, now) else {
+            return Vec::new();
+        };
+        if store.set(key, &bytes, cas).is_ok() {
+            return claims;
+        }
+    }
+    Vec::new()
+}
+
+/// Undoes `claims` after a failed batch (only in records still of the claimed window):
+/// granted −= debt, granted += release, so the next batch reports them again.
+pub fn unclaim(store: &dyn SharedStore, key: &str, subject: &str, claims: &[Claim], now: u64) {
+    if claims.iter().all(|c| c.debt == 0 && c.release == 0) {
+        return;
+    }
+    for _ in 0..CAS_ATTEMPTS {
+        let (value, cas) = store.get(key);
+        let Ok(view) = read_slot(value.as_deref(), subject) else {
+            return;
+        };
+        let mut records = view.mine.clone();
+        let mut changed = false;
+        for c in claims {
+            if let Some(r) = records
+                .iter_mut()
+                .find(|r| r.kind == c.kind.code() && r.window == c.window && r.start == c.start)
+            {
+                let granted = r.granted.saturating_sub(c.debt).saturating_add(c.release);
+                if granted != r.granted {
+                    r.granted = granted;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return;
+        }
+        let Ok(bytes) = view.write(subject, records, now) else {
+            return;
+        };
+        if store.set(key, &bytes, cas).is_ok() {
+            return;
+        }
+    }
+}
+
+/// (count, granted, others) of `subject`'s counter `kind`/`window` now (tests, diagnostics).
+pub fn lease_state(
+    store: &dyn SharedStore,
+    key: &str,
+    subject: &str,
+    kind: Kind,
+    window: u64,
+    now: u64,
+) -> (u64, u64, u64) {
+    let (value, _) = store.get(key);
+    let Ok(view) = read_slot(value.as_deref(), subject) else {
+        return (0, 0, 0);
+    };
+    let start = now - now % window.max(1);
+    view.mine
+        .iter()
+        .find(|r| r.kind == kind.code() && r.window == window && r.start == start)
+        .map_or((0, 0, 0), |r| (r.count, r.granted, r.others))
 }
 
 /// The tightest token window of `tiers` now (for tests and diagnostics).

@@ -14,6 +14,11 @@ pub const CALLOUTS: &str = "maas_auth_callouts";
 pub const POLICY_UPDATES: &str = "maas_policy_updates";
 pub const POLICY_REJECTED: &str = "maas_policy_rejected";
 pub const MALFORMED_UPSTREAM: &str = "maas_upstream_body_unreadable";
+/// Lease callouts (a request's and the worker's batches).
+pub const LEASE_CALLOUTS: &str = "maas_lease_callouts_total";
+pub const LEASE_FALLBACK_ENTERED: &str = "maas_lease_fallback_entered_total";
+/// Gauge: 1 while this replica is in fallback (lease service unreachable).
+pub const LEASE_FALLBACK: &str = "maas_lease_fallback";
 
 /// Keeps a name usable as one Envoy stat segment.
 pub fn sanitize(s: &str) -> String {

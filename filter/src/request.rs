@@ -15,7 +15,9 @@
 //!    │ body to read                          │ no body (or body already read while held)
 //!    ▼                                       │
 //! BodyBuffering ──END_STREAM / trailers──▶ admission (model field, limits) ─▶ Refused
-//!                                            │ allowed
+//!                                            │ lease short (global limits): ──▶ Leasing ──▶ Refused
+//!                                            │    one POST /internal/v1/leases    │ granted: admitted
+//!                                            │ allowed ◀──────────────────────────┘ (resumed)
 //!                                            ▼
 //!                      Forwarding ──response headers──▶ Responding
 //!                          │ end / client gone             │ end of body / on_log / on_done
@@ -28,17 +30,21 @@ use crate::credential::{self, CacheIdentity};
 use crate::decide;
 use crate::host::{Body, Headers, Host, read_body};
 use crate::hygiene;
-use crate::limits::{self, Admission, RateHeaders, Reservation};
+use crate::lease;
+use crate::limits::{self, Admission, LeaseNeed, RateHeaders, Reservation};
 use crate::operations;
 use crate::path::{self, PathClass};
 use crate::request_body::{self, RequestInfo};
 use crate::response::{Decision, Refusal};
 use crate::worker::SharedWorker;
+pub use leasing::{LeaseFlight, answer_flight, dispatch_pending};
 use maas_types::{AuthenticateRequest, Model, PolicyDocument};
 use proxy_wasm::types::Action;
-use std::rc::Rc;
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
 
 mod handle;
+mod leasing;
 mod respond;
 pub use handle::Http;
 pub use respond::Scan;
@@ -65,6 +71,10 @@ pub enum Phase {
     /// Authorised and the headers decided; the body is buffered until its end (END_STREAM or
     /// trailers). `headers_held`: the headers wait for the body decision (pauseHeadersForBody).
     BodyBuffering { headers_held: bool },
+    /// Global limits: the subject's lease is short; the request (headers or body, paused) waits
+    /// for the answer to a `POST /internal/v1/leases` (nothing counted yet): its own (`own`), or
+    /// the one another request of this worker made for the same subject.
+    Leasing,
     /// Admitted and forwarded (`reservation`: the tokens taken; none for discovery).
     Forwarding {
         reservation: Option<Reservation>,
@@ -140,6 +150,25 @@ pub struct Request {
     strip_usage_event: bool,
     /// The prompt estimate reserved at admission (settles an aborted stream).
     prompt_tokens_estimate: u64,
+    /// The 429 to answer when the lease stays short (kept by the last admission).
+    lease_limited: Option<Admission>,
+    /// What this request still needs while it waits for the root's flight.
+    lease_needs: Vec<LeaseNeed>,
+    /// Lease flights this request waited for (bounded: then 429).
+    lease_rounds: u8,
+    /// This request's own handle (set by [`Http::new`]): it joins the worker's lease flights.
+    me: Weak<RefCell<Request>>,
+}
+
+/// What admission decided when it did not refuse.
+enum Admitted {
+    /// Forward (the reservation; none for discovery).
+    Forward(Option<(Reservation, RateHeaders)>),
+    /// Global limits: the lease is short (nothing counted).
+    Short {
+        items: Vec<LeaseNeed>,
+        limited: Admission,
+    },
 }
 
 impl Request {
@@ -167,11 +196,22 @@ impl Request {
             buffered_body_bytes: 0,
             strip_usage_event: false,
             prompt_tokens_estimate: 0,
+            lease_limited: None,
+            lease_needs: Vec::new(),
+            lease_rounds: 0,
+            me: Weak::new(),
         }
     }
 
     pub fn phase(&self) -> &Phase {
         &self.phase
+    }
+
+    /// A callback of this request runs: a callout dispatched now answers here.
+    fn enter(&self) {
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            w.active = self.id;
+        }
     }
 
     fn config(&self) -> Option<Rc<crate::config::PluginConfig>> {
@@ -185,7 +225,10 @@ impl Request {
     fn decided(&self) -> bool {
         !matches!(
             self.phase,
-            Phase::Headers | Phase::Authenticating { .. } | Phase::BodyBuffering { .. }
+            Phase::Headers
+                | Phase::Authenticating { .. }
+                | Phase::BodyBuffering { .. }
+                | Phase::Leasing
         )
     }
 
@@ -417,23 +460,26 @@ impl Request {
     /// The body is known (or there is none): the model field and the limits.
     fn admit(&mut self, host: &dyn Host, now_s: u64) -> Step {
         match self.decide_body(host, now_s) {
-            Ok(reservation) => {
-                let (reservation, rate_headers) = match reservation {
-                    Some((r, h)) => (Some(r), h),
-                    None => (None, RateHeaders::default()),
-                };
-                self.phase = Phase::Forwarding {
-                    reservation,
-                    rate_headers,
-                };
-                self.worker.borrow().metrics.decision(Decision::Allowed);
-                Step::Continue
-            }
+            Ok(Admitted::Forward(reservation)) => self.forward(reservation),
+            Ok(Admitted::Short { items, .. }) => self.ask_lease(host, items, now_s),
             Err(r) => {
                 self.refuse(host, &r);
                 Step::Refused
             }
         }
+    }
+
+    fn forward(&mut self, reservation: Option<(Reservation, RateHeaders)>) -> Step {
+        let (reservation, rate_headers) = match reservation {
+            Some((r, h)) => (Some(r), h),
+            None => (None, RateHeaders::default()),
+        };
+        self.phase = Phase::Forwarding {
+            reservation,
+            rate_headers,
+        };
+        self.worker.borrow().metrics.decision(Decision::Allowed);
+        Step::Continue
     }
 
     /// Request body chunk (buffered until the end).
@@ -628,11 +674,7 @@ impl Request {
     }
 
     /// The model field and the limits; `Some` reservation unless discovery.
-    fn decide_body(
-        &mut self,
-        host: &dyn Host,
-        now_s: u64,
-    ) -> Result<Option<(Reservation, RateHeaders)>, Refusal> {
+    fn decide_body(&mut self, host: &dyn Host, now_s: u64) -> Result<Admitted, Refusal> {
         let policy = self.policy.clone();
         let model = self.model();
         let tier = policy
@@ -651,7 +693,7 @@ impl Request {
             }
         }
         if self.discovery {
-            return Ok(None);
+            return Ok(Admitted::Forward(None));
         }
         let info = match &self.body {
             BodyState::Done(Ok(info)) => Some(info),
@@ -663,19 +705,50 @@ impl Request {
             .as_ref()
             .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
             .unwrap_or(tier);
-        match limits::admit_from(
-            host,
-            &self.counter_key,
-            &[tier, highest],
-            &subject,
+        let lease_policy = {
+            let w = self.worker.borrow();
+            w.config
+                .as_ref()
+                .and_then(|c| lease::policy(c, &w.leases.state))
+        };
+        let tiers = [tier, highest];
+        let ask = limits::Ask {
+            key: &self.counter_key,
+            tiers: &tiers,
+            subject: &subject,
             reserve,
-            now_s,
-            self.slot_read.take(),
-        ) {
+            now: now_s,
+        };
+        match limits::admit_leased(host, &ask, self.slot_read.take(), lease_policy.as_ref()) {
             Admission::Allowed {
                 reservation,
                 headers,
-            } => Ok(Some((reservation, headers))),
+            } => {
+                if lease_policy.is_some() {
+                    // The worker's batch reports this subject's debts and releases (in-VM only).
+                    self.worker.borrow_mut().leases.track(
+                        &subject,
+                        &self.counter_key,
+                        || lease::counters(&tiers),
+                        now_s.saturating_mul(1000),
+                    );
+                }
+                Ok(Admitted::Forward(Some((reservation, headers))))
+            }
+            Admission::NeedsLease {
+                items,
+                kind,
+                tier,
+                headers,
+            } => Ok(Admitted::Short {
+                items,
+                limited: Admission::NeedsLease {
+                    items: Vec::new(),
+                    kind,
+                    tier,
+                    headers,
+                },
+            }),
             refused => Err(limited_refusal(refused)),
         }
     }
@@ -734,6 +807,7 @@ impl Request {
     /// The stream ends: settle from what was seen; hand waiters of our unanswered callout an
     /// answer (Envoy cancels a callout with its stream).
     fn on_done(&mut self, host: &dyn Host) {
+        self.leave_leasing();
         self.settle(host);
         if self.flight.take().is_some()
             && let Some(identity) = &self.identity
@@ -756,6 +830,14 @@ impl Request {
             host.set_effective_context(self.id);
         }
     }
+}
+
+/// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.
+fn lease_unavailable() -> Refusal {
+    Refusal::unavailable(
+        "limits_unavailable",
+        "global rate limits cannot be checked now (lease service unreachable); retry shortly",
+    )
 }
 
 /// The refusal (429, 400 or 503) for a refused admission.

@@ -6,6 +6,7 @@ use crate::cache;
 use crate::config::PluginConfig;
 use crate::credential;
 use crate::host::{Body, Headers, Host, MetricKind, read_body};
+use crate::lease;
 use crate::metrics;
 use crate::request::Request;
 use crate::response::Decision;
@@ -28,6 +29,10 @@ pub struct Metrics {
     pub policy_updates: u32,
     pub policy_rejected: u32,
     pub malformed_upstream: u32,
+    pub lease_callouts: u32,
+    pub lease_fallback_entered: u32,
+    /// Gauge.
+    pub lease_fallback: u32,
     /// (tier, model, prompt id, completion id), defined on first use.
     tokens: Vec<(String, String, u32, u32)>,
     pending: RefCell<Vec<(u32, u64)>>,
@@ -49,6 +54,9 @@ impl Metrics {
             policy_updates: c(metrics::POLICY_UPDATES),
             policy_rejected: c(metrics::POLICY_REJECTED),
             malformed_upstream: c(metrics::MALFORMED_UPSTREAM),
+            lease_callouts: c(metrics::LEASE_CALLOUTS),
+            lease_fallback_entered: c(metrics::LEASE_FALLBACK_ENTERED),
+            lease_fallback: host.define_metric(MetricKind::Gauge, metrics::LEASE_FALLBACK),
             tokens: Vec::new(),
             pending: RefCell::new(Vec::new()),
         }
@@ -134,6 +142,14 @@ pub struct Worker {
     /// This worker's copy of shared allows (see [`cache::LocalCache`]).
     pub local_cache: cache::LocalCache,
     pub metrics: Metrics,
+    /// Budget leases (global limits): replica id, fallback view, tracked subjects, batch.
+    pub leases: lease::Leases,
+    /// Lease callouts out (token → flight: the subject's requests waiting for it).
+    pub lease_flights: HashMap<u32, crate::request::LeaseFlight>,
+    /// Short requests waiting for the root's next lease flight.
+    pub lease_pending: Vec<std::rc::Weak<RefCell<Request>>>,
+    /// The context whose callback is running (the one a callout dispatched now answers to).
+    pub active: u32,
 }
 
 pub type SharedWorker = Rc<RefCell<Worker>>;
@@ -186,6 +202,10 @@ impl Root {
             w.revoked = p.revoked_key_ids.iter().cloned().collect();
             w.policy = Some(Rc::new(p.clone()));
         }
+        if cfg.limits.global.enabled && w.leases.replica.is_empty() {
+            w.leases.replica = lease::replica_id(host, &cfg.limits.global, self.id);
+            log::info!("maas: global limits on, replica id {:?}", w.leases.replica);
+        }
         w.config = Some(Rc::new(cfg));
         w.local_cache.clear();
         w.metrics = Metrics::define_all(host);
@@ -209,6 +229,9 @@ impl Root {
             )
         };
         let now = host.now_ms();
+        if cfg.limits.global.enabled {
+            self.lease_tick(host, &cfg, now);
+        }
         if now < self.next_poll_ms {
             return;
         }
@@ -230,17 +253,130 @@ impl Root {
 
     /// The answer to one of the root's polls.
     pub fn on_call_response(&mut self, host: &dyn Host, token: u32, body_size: usize) {
+        // A lease flight the root carried for pending requests (it reads its own answer).
+        let flight = {
+            let mut w = self.worker.borrow_mut();
+            if w.lease_flights.is_empty() {
+                None
+            } else {
+                w.lease_flights.remove(&token)
+            }
+        };
+        if let Some(f) = flight {
+            crate::request::answer_flight(host, &self.worker, f, body_size, None, self.id);
+            return;
+        }
         let status = host
             .header(Headers::CallResponse, ":status")
             .and_then(|s| s.parse::<u32>().ok());
         let etag = host.header(Headers::CallResponse, "etag");
         let body = (body_size > 0).then(|| read_body(host, Body::CallResponse, body_size));
+        let batch = {
+            let mut w = self.worker.borrow_mut();
+            match &w.leases.batch {
+                Some(b) if b.token == token => w.leases.batch.take(),
+                _ => None,
+            }
+        };
+        if let Some(batch) = batch {
+            self.on_batch_answer(host, batch, status, &body.unwrap_or_default());
+            return;
+        }
         if self.policy_call == Some(token) {
             self.policy_call = None;
             self.on_policy_response(host, status, etag, body);
         } else if self.credentials_call == Some(token) {
             self.credentials_call = None;
             self.on_credentials_response(host, status, etag, body);
+        }
+    }
+
+    /// Global limits, every tick: adopt the shared fallback state; every `reportIntervalMs`
+    /// (no batch in flight) send this worker's batch (in fallback even an empty one: the probe).
+    fn lease_tick(&mut self, host: &dyn Host, cfg: &PluginConfig, now: u64) {
+        {
+            let mut w = self.worker.borrow_mut();
+            let w = &mut *w;
+            lease::sync(host, &mut w.leases, w.metrics.lease_fallback);
+            // Callouts dispatched from here answer to the root context.
+            w.active = self.id;
+        }
+        crate::request::dispatch_pending(host, &self.worker, cfg, self.id);
+        let mut w = self.worker.borrow_mut();
+        let w = &mut *w;
+        if w.leases.batch.is_some() || now < w.leases.next_report_ms {
+            return;
+        }
+        let g = &cfg.limits.global;
+        w.leases.next_report_ms = now.saturating_add(g.report_interval_ms);
+        // In fallback the batch is an empty probe: a batch that timed out may still be applied
+        // by the companion later (its claims are undone here), so debts are not re-sent every
+        // tick of an outage; they go in the batch right after the probe's 200.
+        let (items, claims) = if w.leases.state.fallback {
+            (Vec::new(), Vec::new())
+        } else {
+            lease::build_batch(host, g, &mut w.leases, now)
+        };
+        if items.is_empty() && !w.leases.state.fallback {
+            return;
+        }
+        let replica = w.leases.replica.clone();
+        match lease::dispatch(host, cfg, &replica, items) {
+            Ok(token) => {
+                w.metrics.inc(w.metrics.lease_callouts, 1);
+                w.leases.batch = Some(lease::Batch { token, claims });
+            }
+            Err(e) => {
+                log::debug!("maas: cannot send the lease batch: {e}");
+                lease::undo(host, &claims, now / 1000);
+                if lease::enter_fallback(host, &mut w.leases, w.metrics.lease_fallback, now) {
+                    w.metrics.inc(w.metrics.lease_fallback_entered, 1);
+                }
+            }
+        }
+    }
+
+    /// The answer to this worker's batch: grants added and fallback left, or the claims undone
+    /// and fallback entered.
+    fn on_batch_answer(
+        &mut self,
+        host: &dyn Host,
+        batch: lease::Batch,
+        status: Option<u32>,
+        body: &[u8],
+    ) {
+        let items: usize = batch.claims.iter().map(|(_, _, c)| c.len()).sum();
+        let now = host.now_ms();
+        let mut w = self.worker.borrow_mut();
+        let w = &mut *w;
+        match lease::answer(status, body, items) {
+            Some(resp) => {
+                let mut grants = resp.grants.iter();
+                for (subject, key, claims) in &batch.claims {
+                    let mine: Vec<_> = grants.by_ref().take(claims.len()).copied().collect();
+                    let g = lease::grants_of(claims, &mine);
+                    crate::limits::apply_grants(host, key, subject, &g, now / 1000);
+                }
+                let was_fallback = w.leases.state.fallback;
+                lease::answered(
+                    host,
+                    &mut w.leases,
+                    w.metrics.lease_fallback,
+                    resp.replicas,
+                    true,
+                );
+                if was_fallback {
+                    // Fallback left: the debt accrued meanwhile goes at the next tick.
+                    w.leases.next_report_ms = now;
+                }
+            }
+            None => {
+                log::debug!("maas: lease batch failed (status {status:?})");
+                lease::undo(host, &batch.claims, now / 1000);
+                if lease::enter_fallback(host, &mut w.leases, w.metrics.lease_fallback, now) {
+                    w.metrics.inc(w.metrics.lease_fallback_entered, 1);
+                }
+            }
         }
     }
 

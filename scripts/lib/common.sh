@@ -143,11 +143,50 @@ ensure_node() {
     die "Node.js $(node --version 2>/dev/null || echo '?') is too old for scripts/wasi-run.mjs: install Node 18 or newer"
 }
 
+# redis-server (global limits across replicas: the local stack with --replicas and the tests).
+# Exports MAAS_REDIS_SERVER.
+ensure_redis() {
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  MAAS_REDIS_SERVER="$(command -v redis-server)" || die "redis-server installed but not on the PATH"
+  export MAAS_REDIS_SERVER
+}
+
+# Headless Chromium and chromedriver (Debian's) for the web UI's browser test
+# (tests/tests/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
+ensure_browser() {
+  if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    apt_install chromium chromium-driver
+  fi
+  MAAS_CHROMIUM="$(command -v chromium)" || die "chromium installed but not on the PATH"
+  MAAS_CHROMEDRIVER="$(command -v chromedriver)" || die "chromedriver installed but not on the PATH"
+  export MAAS_CHROMIUM MAAS_CHROMEDRIVER
+}
+
+# Builds the web UI (ui/ → ui/dist: npm ci && npm run build), unless ui/dist is newer than every
+# file it is built from. Installs npm (Debian's) when absent. The companion serves ui/dist at /ui/
+# (through the gateway: /maas-api/ui/) when given --ui-dir / MAAS_UI_DIR.
+build_ui() {
+  local ui="$ROOT/ui"
+  ensure_node
+  command -v npm >/dev/null 2>&1 || apt_install npm
+  if [ ! -d "$ui/node_modules" ] || [ "$ui/package-lock.json" -nt "$ui/node_modules/.package-lock.json" ]; then
+    log "npm ci (ui/) …"
+    (cd "$ui" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci in ui/ failed"
+  fi
+  if [ ! -f "$ui/dist/index.html" ] ||
+    [ -n "$(find "$ui/src" "$ui/public" "$ui/index.html" "$ui/package.json" "$ui/package-lock.json" \
+      "$ui/vite.config.ts" "$ui/tsconfig.json" -newer "$ui/dist/index.html" -print -quit 2>/dev/null)" ]; then
+    log "building the web UI (npm run build in ui/) …"
+    (cd "$ui" && npm run build --silent >/dev/null) || die "building ui/ failed (cd ui && npm run build)"
+  fi
+}
+
 ensure_all() {
   ensure_wasm_target
   ensure_node
   ensure_envoy
   ensure_postgres
+  ensure_redis
 }
 
 # Builds the companion and the stack binaries (debug) and the filter (release wasm), in one

@@ -12,11 +12,13 @@
    namespaces; the filter's companion cluster is the one the EnvoyFilter adds to the Gateway's
    Envoy (to the internal port, with TLS exactly when TLS is on); the ServiceMonitor, PodMonitor
    and PrometheusRules scrape the right ports and their alerts name only metrics the filter and
-   the companion export (read from their sources).
+   the companion export (read from their sources); the companion's Redis URL (budget leases)
+   comes from an optional Secret, and a development Redis, when rendered (--dev-redis yes|no),
+   is single, hardened, unpersisted, password-protected and reachable from the companion only.
 
 Prints `PASS <check>` / `FAIL <check>: <why>` lines; exits 1 if anything failed.
 Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|any]
-       [--kinds-only] [FILE]
+       [--dev-redis yes|no|any] [--kinds-only] [FILE]
 """
 
 import argparse
@@ -45,6 +47,10 @@ GATEWAY_POD_LABEL = ("gateway.networking.k8s.io/gateway-name", GATEWAY_NAME)
 MONITORING_NS = ("openshift-monitoring", "openshift-user-workload-monitoring")
 PROMETHEUS_POD_LABEL = ("app.kubernetes.io/name", "prometheus")
 CLEANUP_POD_LABEL = ("app.kubernetes.io/name", "maas-api-key-cleanup")
+# The lease store: the companion's optional Secret and the development Redis (components/redis-dev).
+REDIS = "maas-redis"
+REDIS_SECRET = "maas-redis"
+DEV_ONLY_LABEL = "maas.opendatahub.io/dev-only"
 # Namespaces whose HTTPRoutes the Gateway admits (deploy.sh labels the companion's namespace).
 ROUTES_NAMESPACE_LABEL = ("maas.opendatahub.io/gateway-routes", "true")
 
@@ -115,7 +121,7 @@ def check(name, fn):
         record(name, False, f"missing or malformed field: {e!r}")
 
 
-def check_wiring(docs, namespace, tls):
+def check_wiring(docs, namespace, tls, dev_redis_expected=None):
     svc = one(docs, "Service", COMPANION)
     ns = svc["metadata"].get("namespace")
     fqdn = f"{COMPANION}.{ns}.svc.cluster.local"
@@ -160,6 +166,10 @@ def check_wiring(docs, namespace, tls):
             f"cluster {companion['cluster']!r}, expected {COMPANION_CLUSTER!r} (the EnvoyFilter's cluster)"
         assert companion.get("authority") == fqdn, f"authority {companion.get('authority')!r}, expected {fqdn!r}"
         assert spec["pluginConfig"].get("failureMode", "closed") == "closed", "failureMode must stay closed"
+        glob = spec["pluginConfig"].get("limits", {}).get("global", {})
+        assert glob.get("enabled", True) is True, \
+            "limits.global.enabled is off: every Gateway replica counts alone (N replicas allow N× a tier)"
+        assert glob.get("onUnavailable", "fallback") in ("fallback", "refuse"), glob.get("onUnavailable")
         ports = {p["port"] for p in svc["spec"]["ports"]}
         assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
     check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the EnvoyFilter's companion cluster", wasmplugin)
@@ -233,7 +243,7 @@ def check_wiring(docs, namespace, tls):
                         assert metric in known, \
                             f"alert {rule.get('alert')} uses unknown metric {metric} (not exported by the filter or companion)"
         want = {"MaaSCompanionDown", "MaaSFilterUnavailableDecisionsRising", "MaaSFilterCalloutFailures",
-                "MaaSPolicyRejected", "MaaSFilterPolicyRejected"}
+                "MaaSPolicyRejected", "MaaSFilterPolicyRejected", "MaaSLeaseStoreDown", "MaaSGatewayLeaseFallback"}
         assert want <= alerts, f"missing alerts {sorted(want - alerts)}"
     check("monitoring: ServiceMonitor on the metrics port (HTTPS with TLS on), PodMonitor on the "
           "Gateway's Envoy, alerts on exported metrics only", monitoring)
@@ -356,6 +366,11 @@ def check_wiring(docs, namespace, tls):
         env = {e["name"]: e for e in c["env"]}
         ref = env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
         assert (ref["name"], ref["key"]) == ("maas-db-config", "DB_CONNECTION_URL"), ref
+        # The lease store is optional: without the Secret the companion keeps leases in process.
+        redis_ref = env["MAAS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert (redis_ref["name"], redis_ref["key"]) == (REDIS_SECRET, "url"), redis_ref
+        assert redis_ref.get("optional") is True, \
+            f"MAAS_REDIS_URL from Secret {REDIS_SECRET} is not optional: no companion starts without Redis"
         assert env["MAAS_IDENTITY_PROVIDER"]["value"] == "kubernetes"
         assert env["MAAS_CREDENTIALS_SOURCE"]["value"] == "kubernetes"
         assert env["MAAS_INTERNAL_ADDR"]["value"].endswith(f":{INTERNAL_PORT}")
@@ -379,6 +394,55 @@ def check_wiring(docs, namespace, tls):
         elif tls == "off":
             assert not tls_env and schemes == {"HTTP"}, "TLS off but the companion is given a certificate"
     check("companion Deployment: hardened, probes, resources, DB Secret, policy file from the ConfigMap", deployment)
+
+    def dev_redis():
+        redis = find(docs, "Deployment", REDIS)
+        if dev_redis_expected is not None:
+            assert bool(redis) == dev_redis_expected, \
+                f"development Redis rendered: {bool(redis)}, expected {dev_redis_expected}"
+        if not redis:
+            assert not find(docs, "Service", REDIS), "a Service maas-redis without the dev Redis"
+            return
+        d = redis[0]
+        for obj in [d] + find(docs, "Service", REDIS) + find(docs, "NetworkPolicy", REDIS):
+            assert obj["metadata"].get("labels", {}).get(DEV_ONLY_LABEL) == "true", \
+                f"{obj['kind']} {REDIS} is not labelled {DEV_ONLY_LABEL}=true"
+        assert d["spec"].get("replicas") == 1, f"dev Redis replicas {d['spec'].get('replicas')}, expected 1"
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"].get("runAsNonRoot") is True, "dev Redis pod not runAsNonRoot"
+        c = pod["containers"][0]
+        sc = c["securityContext"]
+        assert sc.get("readOnlyRootFilesystem") is True, "dev Redis root filesystem writable"
+        assert sc.get("allowPrivilegeEscalation") is False, "dev Redis privilege escalation allowed"
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], "dev Redis capabilities not dropped"
+        for k in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(c["resources"].get(k, {})), f"dev Redis resources.{k} incomplete"
+        assert c.get("readinessProbe"), "dev Redis has no readiness probe"
+        for v in pod.get("volumes", []):
+            assert "persistentVolumeClaim" not in v, f"dev Redis volume {v['name']} is persistent"
+        command = " ".join(c.get("command", []) + c.get("args", []))
+        assert "--save ''" in command and "--appendonly no" in command, \
+            f"dev Redis persists its data (expected --save '' --appendonly no): {command!r}"
+        assert "requirepass" in command and "$REDIS_PASSWORD" in command, "dev Redis runs without a password"
+        env = {e["name"]: e for e in c.get("env", [])}
+        ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (REDIS_SECRET, "password"), ref
+        svc_redis = one(docs, "Service", REDIS)
+        assert svc_redis["spec"]["selector"] == {"app.kubernetes.io/name": REDIS}, svc_redis["spec"]["selector"]
+        assert [p["port"] for p in svc_redis["spec"]["ports"]] == [6379], svc_redis["spec"]["ports"]
+        pod_labels = d["spec"]["template"]["metadata"]["labels"]
+        policies = [p for p in find(docs, "NetworkPolicy") if labels_match(p["spec"]["podSelector"], pod_labels)]
+        assert policies, "no NetworkPolicy guards the dev Redis"
+        for p in policies:
+            for rule in p["spec"].get("ingress", []):
+                peers = rule.get("from")
+                assert peers, f"{p['metadata']['name']} opens the dev Redis to everyone"
+                for peer in peers:
+                    assert set(peer) == {"podSelector"} and \
+                        peer["podSelector"].get("matchLabels") == {"app.kubernetes.io/name": COMPANION}, \
+                        f"{p['metadata']['name']} admits {peer} to the dev Redis"
+    check("lease store: MAAS_REDIS_URL from an optional Secret; a dev Redis only when asked, "
+          "single, hardened, unpersisted, password-protected, reachable from the companion only", dev_redis)
 
     def rbac():
         cr = one(docs, "ClusterRole", "maas-companion-tokenreview")
@@ -442,6 +506,8 @@ def main():
     ap.add_argument("--namespace")
     ap.add_argument("--tls", choices=["on", "off", "any"], default="any")
     ap.add_argument("--kinds-only", action="store_true", help="schemas only (samples, postgres)")
+    ap.add_argument("--dev-redis", choices=["yes", "no", "any"], default="any",
+                    help="whether the development Redis must (not) be rendered")
     ap.add_argument("file", nargs="?")
     args = ap.parse_args()
     text = open(args.file).read() if args.file else sys.stdin.read()
@@ -450,7 +516,7 @@ def main():
         record("render is not empty", False, "no objects")
     check_schemas(docs, args.schemas)
     if not args.kinds_only:
-        check_wiring(docs, args.namespace, args.tls)
+        check_wiring(docs, args.namespace, args.tls, {"yes": True, "no": False}.get(args.dev_redis))
     failed = 0
     for name, ok, why in results:
         print(f"PASS {name}" if ok else f"FAIL {name}: {why}")

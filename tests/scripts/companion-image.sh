@@ -2,9 +2,9 @@
 # scripts/build-images.sh and scripts/build-companion-image.sh against a real local registry
 # (Debian's docker-registry on 127.0.0.1): both images are built and pushed and both digests
 # printed; the companion image, pulled back by digest, has the static binary, a non-root user, the
-# CA bundle and the OCI config Kubernetes needs; the binary runs from the unpacked image (chroot:
-# no shell, no libc, nothing else there) and answers --help and /health; building again gives the
-# same digest.
+# CA bundle, the web UI and the OCI config Kubernetes needs; the binary runs from the unpacked
+# image (chroot: no shell, no libc, nothing else there) and answers --help, /health and the UI;
+# building again gives the same digest.
 # MAAS_IMAGES_NO_BUILD=1 packs the existing release builds (build-images.sh --no-build) instead of
 # running cargo.
 set -uo pipefail
@@ -115,6 +115,7 @@ labels = cfg.get("Labels", {})
 for k in ("title", "source", "licenses", "version", "revision", "description"):
     if not labels.get(f"org.opencontainers.image.{k}"): problems.append(f"no label org.opencontainers.image.{k}")
 if "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" not in cfg.get("Env", []): problems.append("no SSL_CERT_FILE")
+if "MAAS_UI_DIR=/usr/share/maas-companion/ui" not in cfg.get("Env", []): problems.append("no MAAS_UI_DIR")
 if problems: sys.exit("; ".join(problems))
 print(m["layers"][0]["digest"].split(":")[1])
 PY
@@ -126,7 +127,10 @@ else
   fail "image config" "$inspect"
   LAYER=/nonexistent
 fi
-listing=$(tar -tvzf "$LAYER" 2>&1 | awk '{print $1, $2, $4, $5, $6}')
+full_listing=$(tar -tvzf "$LAYER" 2>&1 | awk '{print $1, $2, $4, $5, $6}')
+# The web UI's files (their names hold content hashes) are checked apart, below.
+listing=$(grep -v ' usr/share/' <<<"$full_listing")
+ui_listing=$(grep ' usr/share/' <<<"$full_listing")
 expected="drwxr-xr-x 0/0 1970-01-01 00:00 etc/
 -rw-r--r-- 0/0 1970-01-01 00:00 etc/group
 -rw-r--r-- 0/0 1970-01-01 00:00 etc/passwd
@@ -142,6 +146,13 @@ if [ "$listing" = "$expected" ]; then
   pass "layer: the binary, passwd/group, the CA bundle and /tmp only; owners 0/0, mtime 1970-01-01, no shell"
 else
   fail "layer contents" "$(diff <(echo "$expected") <(echo "$listing") | head -n 10)"
+fi
+if grep -q ' usr/share/maas-companion/ui/index.html$' <<<"$ui_listing" &&
+  grep -Eq ' usr/share/maas-companion/ui/assets/index-[A-Za-z0-9_-]+\.js$' <<<"$ui_listing" &&
+  ! grep -Ev '^(-rw-r--r--|drwxr-xr-x) 0/0 1970-01-01 00:00 usr/share/' <<<"$ui_listing" | grep -q .; then
+  pass "layer: the web UI under /usr/share/maas-companion/ui (index.html, hashed assets; 0644/0755, 0/0, 1970-01-01)"
+else
+  fail "layer: the web UI" "$ui_listing"
 fi
 ROOTFS=$WORK/rootfs
 mkdir -p "$ROOTFS"
@@ -187,7 +198,8 @@ prefix=""
 run_in_image --database-url "postgres://maas@127.0.0.1:$DB/maas" \
   --public-addr "127.0.0.1:$P" --internal-addr "127.0.0.1:$I" --metrics-addr "127.0.0.1:$M" \
   --policy-file "$prefix/config/policy.yaml" --identity-provider static --identities-file "$prefix/config/identities.yaml" \
-  --credentials-source file --credentials-file "$prefix/config/credentials.yaml" >"$WORK/companion.log" 2>&1 &
+  --credentials-source file --credentials-file "$prefix/config/credentials.yaml" \
+  --ui-dir "$prefix/usr/share/maas-companion/ui" >"$WORK/companion.log" 2>&1 &
 COMPANION_PID=$!
 health=""
 for _ in $(seq 1 50); do
@@ -199,6 +211,12 @@ if grep -q '"healthy"' <<<"$health" && grep -q '"healthy"' <<<"$metrics_health";
   pass "the companion started $run_mode answers /health (public and metrics listeners)"
 else
   fail "the companion answers /health" "$health $(tail -n 5 "$WORK/companion.log")"
+fi
+ui_headers=$(curl -fsS -D - -o "$WORK/ui.html" "http://127.0.0.1:$P/ui/keys" 2>&1)
+if grep -qi "^content-security-policy: .*script-src 'self'" <<<"$ui_headers" && grep -q '<div id="root">' "$WORK/ui.html"; then
+  pass "the companion started $run_mode serves the packed web UI at /ui/ (with its Content-Security-Policy)"
+else
+  fail "the companion serves the packed web UI" "$ui_headers $(tail -n 5 "$WORK/companion.log")"
 fi
 kill "$COMPANION_PID" 2>/dev/null; wait "$COMPANION_PID" 2>/dev/null
 COMPANION_PID=""

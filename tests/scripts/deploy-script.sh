@@ -47,6 +47,15 @@ case "$1 ${2:-}" in
     if applied "name: rhods-operator"; then echo "rhods-operator.v3.4.0 3.4.0"; fi ;;
   "get secret")
     # Remembers the development database's Secret once applied (a second run must reuse it).
+    # ... and the lease store's Secret maas-redis (its url, and password for the dev Redis).
+    if [ "${3:-}" = maas-redis ] && applied "^  url: '"; then
+      key=url
+      case "$*" in *'{.data.password}'*) key=password ;; esac
+      case "$*" in
+        *jsonpath*) cat "$FAKE_STATE"/stdin.* | sed -n "s/^  $key: '\(.*\)'\$/\1/p" | tail -n 1 | tr -d '\n' | base64 ;;
+      esac
+      exit 0
+    fi
     if [ "${3:-}" = postgres-creds ] && applied "name: postgres-creds"; then
       case "$*" in
         *POSTGRES_PASSWORD*)
@@ -55,6 +64,7 @@ case "$1 ${2:-}" in
       exit 0
     fi
     echo "Error from server (NotFound)" >&2; exit 1 ;;
+  "get deployment") applied "^kind: Deployment" || { echo "Error from server (NotFound)" >&2; exit 1; } ;;
   "get configmap") printf -- '-----BEGIN CERTIFICATE-----\nFAKE\n-----END CERTIFICATE-----\n' ;;
   "get "*) exit 0 ;;
   *) exit 0 ;;
@@ -94,7 +104,7 @@ run_deploy() {
   fi
   RC=0
   env -u MAAS_API_IMAGE -u MAAS_WASM_IMAGE -u MAAS_CONTROLLER_IMAGE -u LOG_LEVEL -u POSTGRES_CONNECTION \
-    -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE \
+    -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE -u REDIS_URL -u DEV_REDIS \
     PATH="$WORK/bin:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
     MAAS_API_IMAGE="registry.example.com/team/maas-companion@$DIGEST_B" \
     MAAS_WASM_IMAGE="registry.example.com/team/maas-filter@$DIGEST_B" \
@@ -133,10 +143,12 @@ rendered() { sed -n '/^---- rendered manifests/,/^---- end of rendered manifests
 run_deploy help -- --help
 expect_exit help 0 "Usage: scripts/deploy.sh"
 expect_output help --deployment-mode --operator-type --enable-tls-backend --disable-tls-backend --namespace \
-  --verbose --dry-run --operator-catalog --operator-image --channel --postgres-connection MAAS_API_IMAGE MAAS_WASM_IMAGE
+  --verbose --dry-run --operator-catalog --operator-image --channel --postgres-connection MAAS_API_IMAGE MAAS_WASM_IMAGE \
+  --redis-url --dev-redis REDIS_URL DEV_REDIS
 run_deploy unknown-flag -- --dry-run --frobnicate
 expect_exit unknown-flag 1 "unknown option: --frobnicate"
-for flag in --deployment-mode --operator-type --namespace --operator-catalog --operator-image --channel --postgres-connection; do
+for flag in --deployment-mode --operator-type --namespace --operator-catalog --operator-image --channel --postgres-connection \
+  --redis-url; do
   run_deploy "missing-value${flag}" -- --dry-run "$flag"
   expect_exit "missing-value${flag}" 1 "$flag needs a value"
 done
@@ -150,11 +162,16 @@ run_deploy bad-namespace -- --dry-run --deployment-mode kustomize --namespace Ba
 expect_exit bad-namespace 1 "is not a valid namespace name"
 run_deploy bad-postgres -- --dry-run --postgres-connection mysql://db/maas
 expect_exit bad-postgres 1 "--postgres-connection must start with postgres://"
+run_deploy bad-redis-url -- --dry-run --redis-url 'https://:Pw0rdInBadUrl@redis.example.com'
+expect_exit bad-redis-url 1 "--redis-url must start with redis:// or rediss://"
+expect_absent bad-redis-url "Pw0rdInBadUrl"
+run_deploy redis-url-and-dev-redis -- --dry-run --dev-redis --redis-url redis://redis.example.com:6379
+expect_exit redis-url-and-dev-redis 1 "--redis-url and --dev-redis exclude each other"
 run_deploy bad-image MAAS_API_IMAGE='not an image' -- --dry-run
 expect_exit bad-image 1 "MAAS_API_IMAGE 'not an image' is not an image reference"
 run_deploy bad-log-level LOG_LEVEL=LOUD -- --dry-run
 expect_exit bad-log-level 1 "LOG_LEVEL must be DEBUG, INFO, WARN or ERROR"
-for name in unknown-flag missing-value--namespace bad-mode bad-postgres; do expect_no_mutation "$name"; done
+for name in unknown-flag missing-value--namespace bad-mode bad-postgres bad-redis-url redis-url-and-dev-redis; do expect_no_mutation "$name"; done
 
 # ---- images: no placeholder default; build-images.sh's output is taken as is --------------------
 run_deploy no-api-image MAAS_API_IMAGE= -- --deployment-mode kustomize
@@ -191,10 +208,13 @@ expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "
   "kind: PrometheusRule" "MAAS_API_IMAGE $API_IMG is a tag, not a digest" \
   "hostname: maas.apps.test.example.com" "+ oc apply --server-side --force-conflicts" \
   "+ oc rollout status deployment/maas-companion -n my-maas" "kind: PersistentVolumeClaim" \
-  "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)"
+  "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)" \
+  "lease store:       in process" "Lease store: in process in each companion replica"
+expect_absent dry-kustomize "<Secret maas-redis>"
+expect_absent dry-kustomize "oc rollout restart"
 rendered dry-kustomize >"$WORK/dry-kustomize.yaml"
 if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
-  --namespace my-maas --tls on "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
+  --namespace my-maas --tls on --dev-redis no "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
   pass "dry-kustomize: its rendered manifests pass the schema and wiring checks"
 else
   fail "dry-kustomize: its rendered manifests pass the schema and wiring checks" "$(grep '^FAIL' "$WORK/dry-checks.out" | head -5)"
@@ -210,6 +230,40 @@ expect_absent dry-operator-rhoai "S3cr3tPassw0rd"
 expect_absent dry-operator-rhoai "kind: DestinationRule"
 expect_absent dry-operator-rhoai "maas-postgres"
 expect_absent dry-operator-rhoai "MAAS_TLS_CERT"
+
+# ---- the lease store: --redis-url / --dev-redis ---------------------------------------------------
+# checks_pass NAME DEV-REDIS: the dry run's rendered manifests pass the checker with --dev-redis.
+checks_pass() {
+  rendered "$1" >"$WORK/$1.yaml"
+  if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
+    --namespace "$3" --tls on --dev-redis "$2" "$WORK/$1.yaml" >"$WORK/$1.checks" 2>&1; then
+    pass "$1: rendered manifests pass the checks with --dev-redis $2"
+  else
+    fail "$1: rendered manifests pass the checks with --dev-redis $2" "$(grep '^FAIL' "$WORK/$1.checks" | head -5)"
+  fi
+}
+REDIS_PW=S3cretRedisPw
+run_deploy dry-redis-url -- --dry-run --deployment-mode kustomize --namespace lease-ns \
+  --redis-url "rediss://maas:$REDIS_PW@redis.example.com:6380/0"
+expect_exit dry-redis-url 0 "DRY RUN MODE"
+expect_no_mutation dry-redis-url
+expect_output dry-redis-url "lease store:       Redis rediss://redis.example.com:6380" \
+  "Lease store: the given Redis rediss://redis.example.com:6380 (Secret maas-redis)" \
+  "+ oc apply -f - <<'<Secret maas-redis>'" "url: <redacted>" "+ oc rollout restart deployment/maas-companion -n lease-ns"
+expect_absent dry-redis-url "$REDIS_PW"
+checks_pass dry-redis-url no lease-ns
+
+run_deploy dry-dev-redis -- --dry-run --deployment-mode kustomize --namespace lease-ns --dev-redis
+expect_exit dry-dev-redis 0 "DRY RUN MODE"
+expect_no_mutation dry-dev-redis
+expect_output dry-dev-redis "lease store:       development Redis" "url: <redacted>" "password: <redacted>" \
+  "+ oc rollout status deployment/maas-redis -n lease-ns" "maas.opendatahub.io/dev-only"
+checks_pass dry-dev-redis yes lease-ns
+
+# A numeric tag stays a string for kustomize (unquoted, `newTag: 2` fails to render).
+run_deploy dry-numeric-tag MAAS_API_IMAGE=registry.example.com/team/maas-companion:2 -- --dry-run --deployment-mode kustomize
+expect_exit dry-numeric-tag 0 "DRY RUN MODE"
+expect_output dry-numeric-tag "image: registry.example.com/team/maas-companion:2"
 
 run_deploy dry-not-logged-in FAKE_NOT_LOGGED_IN=1 -- --dry-run --deployment-mode kustomize
 expect_exit dry-not-logged-in 0 "would stop here: not logged in"
@@ -296,6 +350,74 @@ if [ "$delta" = "< url: oci://$WASM_IMG
   pass "a new filter digest changes the WasmPlugin url and nothing else"
 else
   fail "a new filter digest changes the WasmPlugin url and nothing else" "$(head -n 6 <<<"$delta")"
+fi
+
+# A given Redis: the URL goes into Secret maas-redis on stdin, never onto a command line or the
+# output; re-applied unchanged it restarts nothing; a new URL restarts the running companion.
+REDIS_A="rediss://maas:$REDIS_PW@redis.example.com:6380/0"
+run_deploy full-redis -- --deployment-mode kustomize --namespace lease-ns --redis-url "$REDIS_A"
+expect_exit full-redis 0 "MaaS Gateway is deployed."
+redis_secret=$(grep -l "^  url: '" "$WORK/full-redis.state"/stdin.* 2>/dev/null | head -1)
+if [ -n "$redis_secret" ] && grep -q "name: maas-redis" "$redis_secret" && grep -qF "  url: '$REDIS_A'" "$redis_secret" &&
+  grep -q "namespace: lease-ns" "$redis_secret"; then
+  pass "full-redis: Secret maas-redis in lease-ns holds the given URL"
+else
+  fail "full-redis: Secret maas-redis holds the given URL" "$(sed 's/:[^@]*@/:<pw>@/' "${redis_secret:-/dev/null}")"
+fi
+expect_absent full-redis "$REDIS_PW"
+expect_absent full-redis "oc rollout restart"
+first_redis_calls=$(wc -l <"$WORK/full-redis.state/calls")
+KEEP_STATE=full-redis run_deploy full-redis-again -- --deployment-mode kustomize --namespace lease-ns --redis-url "$REDIS_A"
+expect_exit full-redis-again 0 "MaaS Gateway is deployed."
+if sed -n "$((first_redis_calls + 1)),\$p" "$WORK/full-redis.state/calls" | grep -q "rollout restart"; then
+  fail "full-redis-again: the same URL restarts nothing" "$(grep 'rollout restart' "$WORK/full-redis.state/calls")"
+else
+  pass "full-redis-again: the same URL restarts nothing"
+fi
+second_redis_calls=$(wc -l <"$WORK/full-redis.state/calls")
+KEEP_STATE=full-redis run_deploy full-redis-moved -- --deployment-mode kustomize --namespace lease-ns \
+  --redis-url "rediss://maas:$REDIS_PW@redis2.example.com:6380/0"
+expect_exit full-redis-moved 0 "the lease store changed: restarting the companion"
+order=$(sed -n "$((second_redis_calls + 1)),\$p" "$WORK/full-redis.state/calls" | awk '
+  /^oc apply --server-side --force-conflicts/ { all = NR }
+  /^oc rollout restart deployment\/maas-companion -n lease-ns/ { restart = NR }
+  END { print (all && restart > all) ? "ok" : "bad " all " " restart }')
+if [ "$order" = ok ]; then
+  pass "full-redis-moved: a new URL restarts the companion after the manifests are applied"
+else
+  fail "full-redis-moved: a new URL restarts the companion" "$order"
+fi
+
+# Deployed again without the flag: the Secret stays (and says so); nothing restarts.
+KEEP_STATE=full-redis run_deploy full-redis-then-none -- --deployment-mode kustomize --namespace lease-ns
+expect_exit full-redis-then-none 0 "Secret maas-redis from an earlier run stays in use"
+
+# The development Redis: a generated password, in the Secret only, kept across runs.
+run_deploy full-dev-redis -- --deployment-mode kustomize --namespace lease-ns --dev-redis
+expect_exit full-dev-redis 0 "MaaS Gateway is deployed."
+dev_pw=$(sed -n "s/^  password: '\([0-9a-f]\{48\}\)'\$/\1/p" "$WORK/full-dev-redis.state"/stdin.* | head -1)
+if [ -n "$dev_pw" ] && grep -qF "  url: 'redis://:$dev_pw@maas-redis.lease-ns.svc:6379/0'" "$WORK/full-dev-redis.state"/stdin.*; then
+  pass "full-dev-redis: Secret maas-redis has a generated password and the dev Redis URL with it"
+else
+  fail "full-dev-redis: Secret maas-redis has a generated password and the URL" "$(grep -h "^  \(url\|password\):" "$WORK/full-dev-redis.state"/stdin.* | sed 's/:[^@]*@/:<pw>@/')"
+fi
+if [ -n "$dev_pw" ] && ! grep -qF "$dev_pw" "$WORK/full-dev-redis.out" "$WORK/full-dev-redis.state/calls"; then
+  pass "full-dev-redis: the generated password is in no output and no command line"
+else
+  fail "full-dev-redis: the generated password is in no output and no command line" "${dev_pw:+leaked}${dev_pw:-no password}"
+fi
+if grep -q "^oc rollout status deployment/maas-redis -n lease-ns" "$WORK/full-dev-redis.state/calls"; then
+  pass "full-dev-redis: waits for the dev Redis"
+else
+  fail "full-dev-redis: waits for the dev Redis" "$(grep rollout "$WORK/full-dev-redis.state/calls")"
+fi
+KEEP_STATE=full-dev-redis run_deploy full-dev-redis-again -- --deployment-mode kustomize --namespace lease-ns --dev-redis
+expect_exit full-dev-redis-again 0 "reusing the password in the existing Secret maas-redis"
+pws=$(sed -n "s/^  password: '\(.*\)'\$/\1/p" "$WORK/full-dev-redis.state"/stdin.* | sort -u | wc -l)
+if [ "$pws" -eq 1 ] && ! grep -q "rollout restart" "$WORK/full-dev-redis.state/calls"; then
+  pass "full-dev-redis-again: the same password, no restart"
+else
+  fail "full-dev-redis-again: the same password, no restart" "$pws distinct passwords; $(grep -c 'rollout restart' "$WORK/full-dev-redis.state/calls") restarts"
 fi
 
 run_deploy old-openshift FAKE_OCP_VERSION=4.18.20 -- --deployment-mode kustomize

@@ -45,11 +45,38 @@ for spec in odh:opendatahub:on odh-tls-off:opendatahub:off rhoai:redhat-ods-appl
   IFS=: read -r overlay ns tls <<<"$spec"
   if render "$CRS/overlays/$overlay" "$WORK/$overlay.yaml"; then
     pass "overlays/$overlay renders"
-    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls"
+    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls" --dev-redis no
   else
     fail "overlays/$overlay renders" "$(cat "$WORK/$overlay.yaml.err")"
   fi
 done
+# The development Redis (components/redis-dev) is in no overlay; deploy.sh --dev-redis adds the
+# component to the companion's kustomization, as rendered here (odh, TLS on).
+mkdir -p "$WORK/dev-redis/companion"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: opendatahub\nresources:\n  - %s\ncomponents:\n  - %s\n' \
+  "$(realpath -m --relative-to="$WORK/dev-redis/companion" "$CRS/base/companion")" \
+  "$(realpath -m --relative-to="$WORK/dev-redis/companion" "$CRS/components/redis-dev")" >"$WORK/dev-redis/companion/kustomization.yaml"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n  - companion\ncomponents:\n  - %s\n  - %s\n' \
+  "$(realpath -m --relative-to="$WORK/dev-redis" "$CRS/base/gateway")" \
+  "$(realpath -m --relative-to="$WORK/dev-redis" "$CRS/components/tls-backend")" \
+  "$(realpath -m --relative-to="$WORK/dev-redis" "$CRS/components/wiring")" >"$WORK/dev-redis/kustomization.yaml"
+if render "$WORK/dev-redis" "$WORK/dev-redis.yaml"; then
+  pass "odh + components/redis-dev renders"
+  # (its objects in the companion's namespace: the checker's namespaces check)
+  run_checks "odh+dev-redis" "$WORK/dev-redis.yaml" --namespace opendatahub --tls on --dev-redis yes
+else
+  fail "odh + components/redis-dev renders" "$(cat "$WORK/dev-redis.yaml.err")"
+fi
+# ... and the default render is checked against it: the dev Redis must not appear uninvited.
+if [ -s "$WORK/dev-redis.yaml" ]; then
+  out=$("$PY" "$CHECKS" --schemas "$SCHEMAS" --namespace opendatahub --tls on --dev-redis no "$WORK/dev-redis.yaml" 2>&1)
+  if grep -q "^FAIL .*development Redis rendered: True, expected False" <<<"$out"; then
+    pass "a render with the dev Redis is refused where none is expected"
+  else
+    fail "a render with the dev Redis is refused where none is expected" "$(grep '^FAIL' <<<"$out" | head -3)"
+  fi
+fi
+
 # Envoy itself accepts the companion cluster the EnvoyFilter adds (TLS on and off): the cluster
 # goes into a bootstrap, with an ADS source for the SDS CA secret, and `envoy --mode validate`
 # checks it as the Gateway's Envoy would. Needs the project's Envoy (scripts/test.sh installs it
@@ -114,9 +141,10 @@ for dir in base/postgres samples; do
   fi
 done
 
-# The checks must refuse a broken render, and say why. mutate NAME writes a broken copy of odh.
+# The checks must refuse a broken render, and say why. mutate NAME writes a broken copy of odh
+# (of odh + the dev Redis with MUTATE_SRC=dev-redis).
 mutate() {
-  "$PY" - "$1" "$WORK/odh.yaml" "$WORK/broken.yaml" <<'PYEOF'
+  "$PY" - "$1" "$WORK/${MUTATE_SRC:-odh}.yaml" "$WORK/broken.yaml" <<'PYEOF'
 import sys, yaml
 name, src, dst = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(src)) if d]
@@ -183,6 +211,28 @@ elif name == "companion-cluster-on-every-proxy":
 elif name == "alert-on-unknown-metric":
     rule = get("PrometheusRule", "maas-gateway-alerts")["spec"]["groups"][0]["rules"][0]
     rule["expr"] = rule["expr"].replace("maas_requests_unavailable", "maas_requests_unavailble")
+elif name == "global-limits-off":
+    wp["spec"]["pluginConfig"]["limits"]["global"]["enabled"] = False
+elif name == "redis-secret-required":
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == "MAAS_REDIS_URL")["valueFrom"]["secretKeyRef"]["optional"] = False
+elif name == "no-lease-fallback-alert":
+    rules = get("PrometheusRule", "maas-gateway-alerts")["spec"]["groups"][0]["rules"]
+    rules[:] = [r for r in rules if r.get("alert") != "MaaSGatewayLeaseFallback"]
+elif name in ("dev-redis-persistent", "dev-redis-open-to-all", "dev-redis-two-replicas", "dev-redis-no-password",
+              "dev-redis-unlabelled"):
+    redis = get("Deployment", "maas-redis")
+    c = redis["spec"]["template"]["spec"]["containers"][0]
+    if name == "dev-redis-persistent":
+        c["command"][-1] = c["command"][-1].replace("--save ''", "--save '60 1'")
+    elif name == "dev-redis-open-to-all":
+        get("NetworkPolicy", "maas-redis")["spec"]["ingress"][0].pop("from")
+    elif name == "dev-redis-two-replicas":
+        redis["spec"]["replicas"] = 2
+    elif name == "dev-redis-no-password":
+        c["command"][-1] = "exec redis-server --save '' --appendonly no"
+    else:
+        redis["metadata"]["labels"].pop("maas.opendatahub.io/dev-only")
 elif name == "scrape-plain-http-with-tls":
     get("ServiceMonitor", "maas-companion")["spec"]["endpoints"][0]["scheme"] = "http"
 else:
@@ -226,6 +276,65 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused companion-cluster-on-every-proxy "EnvoyFilter selects None"
   expect_refused alert-on-unknown-metric "unknown metric envoy_wasmcustom_maas_requests_unavailble"
   expect_refused scrape-plain-http-with-tls "scrapes plain HTTP"
+  expect_refused global-limits-off "limits.global.enabled is off"
+  expect_refused redis-secret-required "is not optional"
+  expect_refused no-lease-fallback-alert "missing alerts \\['MaaSGatewayLeaseFallback'\\]"
+fi
+if [ -s "$WORK/dev-redis.yaml" ]; then
+  MUTATE_SRC=dev-redis expect_refused dev-redis-persistent "persists its data"
+  MUTATE_SRC=dev-redis expect_refused dev-redis-open-to-all "opens the dev Redis to everyone"
+  MUTATE_SRC=dev-redis expect_refused dev-redis-two-replicas "replicas 2, expected 1"
+  MUTATE_SRC=dev-redis expect_refused dev-redis-no-password "without a password"
+  MUTATE_SRC=dev-redis expect_refused dev-redis-unlabelled "is not labelled maas.opendatahub.io/dev-only=true"
+fi
+
+# The Grafana dashboard (base/companion/grafana-dashboard.json): valid JSON with panels whose
+# queries name only metrics the filter and the companion export, shipped as the ConfigMap with
+# Grafana's dashboard label. A copy naming an unknown metric is refused.
+check_dashboard() { # check_dashboard FILE RENDER
+  "$PY" - "$CHECKS" "$1" "$2" <<'PYEOF'
+import importlib.util, json, re, sys, yaml
+spec = importlib.util.spec_from_file_location("checks", sys.argv[1])
+checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checks)
+text = open(sys.argv[2]).read()
+dash = json.loads(text)
+assert dash.get("title") and dash.get("uid"), "no title or uid"
+panels = [p for p in dash["panels"] if p.get("type") != "row"]
+assert len(panels) >= 8, f"{len(panels)} panels"
+ids = [p["id"] for p in dash["panels"]]
+assert len(ids) == len(set(ids)), "panel ids repeat"
+known = checks.exported_metrics()
+exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+assert all(p.get("targets") for p in panels), "a panel without a query"
+for expr in exprs:
+    for metric in re.findall(r"\b(?:envoy_wasmcustom_)?maas_[a-z0-9_]+", expr):
+        assert metric in known, f"unknown metric {metric} in {expr!r}"
+for needed in ("maas_companion_usage_tokens_total", "maas_companion_usage_refused_total",
+               "envoy_wasmcustom_maas_auth_callout_latency_ms_bucket", "maas_companion_database_up"):
+    assert any(needed in e for e in exprs), f"no panel on {needed}"
+docs = [d for d in yaml.safe_load_all(open(sys.argv[3])) if d]
+cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "maas-grafana-dashboard"]
+assert len(cms) == 1, f"{len(cms)} ConfigMaps maas-grafana-dashboard"
+assert cms[0]["metadata"].get("labels", {}).get("grafana_dashboard") == "1", "no grafana_dashboard label"
+assert list(cms[0]["data"].values()) == [text], "the ConfigMap does not hold the dashboard file"
+PYEOF
+}
+DASHBOARD=$CRS/base/companion/grafana-dashboard.json
+if [ -s "$WORK/odh.yaml" ]; then
+  if out=$(check_dashboard "$DASHBOARD" "$WORK/odh.yaml" 2>&1); then
+    pass "Grafana dashboard: valid JSON, known metrics, shipped as a labelled ConfigMap"
+  else
+    fail "Grafana dashboard" "$(tail -n 3 <<<"$out")"
+  fi
+  sed 's/maas_companion_usage_tokens_total/maas_companion_usage_tokenz_total/' "$DASHBOARD" >"$WORK/broken-dashboard.json"
+  if out=$(check_dashboard "$WORK/broken-dashboard.json" "$WORK/odh.yaml" 2>&1); then
+    fail "a dashboard naming an unknown metric is refused" "accepted"
+  elif grep -q "unknown metric maas_companion_usage_tokenz_total" <<<"$out"; then
+    pass "a dashboard naming an unknown metric is refused"
+  else
+    fail "a dashboard naming an unknown metric is refused" "$(tail -n 3 <<<"$out")"
+  fi
 fi
 
 finish

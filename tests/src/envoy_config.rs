@@ -326,6 +326,20 @@ pub fn with_plugin_config_extra(rendered: &str, extra: &Value) -> Result<String>
     Ok(serde_json::to_string_pretty(&bootstrap)?)
 }
 
+/// Envoy's `node.cluster` for every gateway replica.
+pub const NODE_CLUSTER: &str = "maas-gateway";
+
+/// Sets Envoy's node in a rendered bootstrap: `node.id` = `id` (the filter's default replica id
+/// for global limits), `node.cluster` = [`NODE_CLUSTER`].
+pub fn with_node_id(rendered: &str, id: &str) -> Result<String> {
+    let mut bootstrap: Value = serde_json::from_str(rendered)?;
+    let Some(obj) = bootstrap.as_object_mut() else {
+        bail!("the bootstrap is not a JSON object");
+    };
+    obj.insert("node".into(), json!({"id": id, "cluster": NODE_CLUSTER}));
+    Ok(serde_json::to_string_pretty(&bootstrap)?)
+}
+
 /// Renders the Envoy bootstrap (JSON) for the stack.
 pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
     let mut clusters = vec![
@@ -756,6 +770,18 @@ mod tests {
         assert_eq!(routes(&v).len(), n + 1);
         assert_eq!(routes(&v)[0]["route"]["cluster"], "extra");
         assert!(add_addr_cluster(&mut v, "extra", SocketAddr::from(([127, 0, 0, 1], 9))).is_err());
+    }
+
+    #[test]
+    fn node_id_is_set_and_the_rest_kept() {
+        let p = policy();
+        let rendered = render(&input(&p, true)).unwrap();
+        let with = with_node_id(&rendered, "gateway-3").unwrap();
+        let mut v: Value = serde_json::from_str(&with).unwrap();
+        assert_eq!(v["node"]["id"], "gateway-3");
+        assert_eq!(v["node"]["cluster"], NODE_CLUSTER);
+        v.as_object_mut().unwrap().remove("node");
+        assert_eq!(v, serde_json::from_str::<Value>(&rendered).unwrap());
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! MaaS Gateway local stack and end-to-end harness.
 //!
 //! - [`sim`]: the OpenAI-compatible model simulator (also the `model-sim` binary);
-//! - [`stack`]: PostgreSQL + companion + simulator + Envoy with the filter, used by the
-//!   `maas-local` binary and by every e2e test ([`stack::Stack::shared`]);
+//! - [`stack`]: PostgreSQL + companion + simulator + Envoy with the filter (or several gateway
+//!   replicas, each an Envoy with its own companion, sharing a Redis), used by the `maas-local`
+//!   binary and by every e2e test ([`stack::Stack::shared`]);
+//! - [`redis`]: a throwaway redis-server (global limits across replicas) and a tiny RESP client;
 //! - [`envoy_config`]: the Envoy bootstrap generated from the policy;
 //! - [`extra_envoy`]: more Envoys beside a stack's, started again on fresh ports when one is taken;
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
@@ -14,6 +16,7 @@ pub mod extra_envoy;
 pub mod h2client;
 pub mod postgres;
 pub mod process;
+pub mod redis;
 pub mod sim;
 pub mod stack;
 pub mod tools;

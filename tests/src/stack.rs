@@ -2,6 +2,13 @@
 //! filter, on free ports, in one temp directory. Used by `maas-local` and by every e2e test
 //! (one implementation). Everything it starts dies with it (see [`crate::process`]).
 //!
+//! Replicas ([`StackOptions::replicas`]): ONE PostgreSQL, ONE Redis (global limits, see
+//! [`crate::redis`]), one simulator, and per replica `i` a companion and an Envoy (node id
+//! `gateway-<i>`) that talks to companion `i` only, so stopping one companion affects one
+//! replica. Replica 0 is what the single-replica accessors (`gateway_url`, `start_companion`, …)
+//! mean; the `*_of(i)` ones name a replica. Replicas start in parallel; each Envoy waits for its
+//! companion. [`Stack::add_replica`] adds one while the stack runs.
+//!
 //! Ports: the simulator runs in this process on a listener bound before anything else sees its
 //! address. PostgreSQL, the companion and Envoy are other programs that bind by address (the
 //! companion takes no inherited socket), so their ports are picked free and released; when one
@@ -11,6 +18,7 @@
 use crate::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
 use crate::postgres::Postgres;
 use crate::process::{ManagedProcess, is_addr_in_use, log_tail};
+use crate::redis::Redis;
 use crate::sim::{self, RecordedRequest, SimConfig, SimHandle};
 use crate::tools;
 use anyhow::{Context, Result, bail};
@@ -20,6 +28,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -59,6 +68,12 @@ pub struct StackOptions {
     pub keep_dir: bool,
     /// Merged (deeply) over the filter's pluginConfig, e.g. `{"removeHeaders":["cookie"]}`.
     pub plugin_config_extra: Option<Value>,
+    /// Gateway replicas: each an Envoy with its own companion (default 1). With a fixed
+    /// `gateway_port` P, replica i listens on P+i when that port is free, else on a free one.
+    pub replicas: usize,
+    /// Start a Redis and give every companion `MAAS_REDIS_URL` (global limits across replicas).
+    /// `None` (the default) = only when `replicas > 1`.
+    pub redis: Option<bool>,
 }
 
 impl Default for StackOptions {
@@ -78,6 +93,8 @@ impl Default for StackOptions {
             companion_env: Vec::new(),
             keep_dir: std::env::var_os("MAAS_KEEP_STACK").is_some(),
             plugin_config_extra: None,
+            replicas: 1,
+            redis: None,
         }
     }
 }
@@ -95,15 +112,25 @@ impl StackOptions {
         self.credentials = ConfigSource::Yaml(yaml.to_string());
         self
     }
+    /// `n` gateway replicas (and, unless `redis` says otherwise, a Redis when `n > 1`).
+    pub fn with_replicas(mut self, n: usize) -> Self {
+        self.replicas = n;
+        self
+    }
+    /// Whether a Redis runs (`replicas > 1` unless set).
+    pub fn redis_enabled(&self) -> bool {
+        self.redis.unwrap_or(self.replicas > 1)
+    }
 }
 
-struct Ports {
+/// The ports of one replica (its companion's and its Envoy's).
+#[derive(Debug, Clone, Copy)]
+struct ReplicaPorts {
     gateway: SocketAddr,
     admin: SocketAddr,
     companion_public: SocketAddr,
     companion_internal: SocketAddr,
     companion_metrics: SocketAddr,
-    postgres: u16,
 }
 
 /// A program that exits because its port was taken is started again on fresh ports, this many
@@ -183,12 +210,49 @@ pub fn http_request(
     Ok((status, body))
 }
 
+/// How every companion is started (each on its own ports, with its own log).
 struct CompanionSpec {
     bin: PathBuf,
-    /// Everything but the listen addresses (from the stack's current ports).
+    /// Everything but the listen addresses (from the replica's ports).
     args: Vec<String>,
     env: Vec<(String, String)>,
-    log: PathBuf,
+}
+
+/// How every Envoy's bootstrap is rendered and Envoy started.
+struct EnvoySpec {
+    bin: PathBuf,
+    concurrency: u32,
+    policy: PolicyDocument,
+    filter: Option<WasmFilterOptions>,
+    plugin_config_extra: Option<Value>,
+    gateway_host: std::net::IpAddr,
+    /// The user's gateway port: replica 0 listens there (it was checked free), replica i on
+    /// port + i when free.
+    gateway_port: Option<u16>,
+}
+
+/// One gateway replica: a companion and the Envoy that talks to it. Its ports stay its own
+/// across stops and starts.
+struct Replica {
+    index: usize,
+    node_id: String,
+    ports: ReplicaPorts,
+    companion: Mutex<Option<ManagedProcess>>,
+    envoy: Mutex<Option<ManagedProcess>>,
+    companion_log: PathBuf,
+    envoy_log: PathBuf,
+    envoy_config_path: PathBuf,
+}
+
+impl Replica {
+    fn gateway_connect_addr(&self) -> SocketAddr {
+        let g = self.ports.gateway;
+        if g.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], g.port()))
+        } else {
+            g
+        }
+    }
 }
 
 /// What must be stopped and removed. Registered globally (weakly) so that stacks kept in
@@ -196,8 +260,10 @@ struct CompanionSpec {
 struct Resources {
     dir: Mutex<Option<tempfile::TempDir>>,
     postgres: Mutex<Option<Postgres>>,
-    companion: Mutex<Option<ManagedProcess>>,
-    envoy: Mutex<Option<ManagedProcess>>,
+    redis: Mutex<Option<Redis>>,
+    replicas: Mutex<Vec<Arc<Replica>>>,
+    /// Set by [`Resources::shutdown`]: no replica may be added after it.
+    stopped: AtomicBool,
 }
 
 fn live_stacks() -> &'static Mutex<Vec<Weak<Resources>>> {
@@ -226,34 +292,85 @@ impl Resources {
         res
     }
 
-    /// Envoy, the companion, then PostgreSQL (gracefully); then the directory. Idempotent.
+    fn replicas(&self) -> Vec<Arc<Replica>> {
+        lock(&self.replicas).clone()
+    }
+
+    /// The Envoys, the companions, Redis, then PostgreSQL (gracefully); then the directory.
+    /// Idempotent.
     fn shutdown(&self) {
-        if let Some(mut p) = lock(&self.envoy).take() {
-            p.stop(Duration::from_secs(5));
+        let replicas = {
+            let replicas = lock(&self.replicas);
+            self.stopped.store(true, Ordering::SeqCst);
+            replicas.clone()
+        };
+        for r in &replicas {
+            if let Some(mut p) = lock(&r.envoy).take() {
+                p.stop(Duration::from_secs(5));
+            }
         }
-        if let Some(mut p) = lock(&self.companion).take() {
-            p.stop(Duration::from_secs(5));
+        for r in &replicas {
+            if let Some(mut p) = lock(&r.companion).take() {
+                p.stop(Duration::from_secs(5));
+            }
+        }
+        if let Some(mut redis) = lock(&self.redis).take() {
+            redis.stop();
         }
         if let Some(mut pg) = lock(&self.postgres).take() {
             pg.stop();
         }
         drop(lock(&self.dir).take());
     }
+
+    fn log_paths(&self) -> Vec<PathBuf> {
+        let mut paths = Vec::new();
+        for r in self.replicas() {
+            paths.push(r.companion_log.clone());
+            paths.push(r.envoy_log.clone());
+        }
+        if let Some(pg) = lock(&self.postgres).as_ref() {
+            paths.push(pg.log_path().to_path_buf());
+        }
+        if let Some(redis) = lock(&self.redis).as_ref() {
+            paths.push(redis.log_path().to_path_buf());
+        }
+        paths
+    }
+
+    fn log_tails(&self) -> String {
+        self.log_paths()
+            .iter()
+            .map(|p| format!("--- {} (tail) ---\n{}", p.display(), log_tail(p, 3000)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
-pub struct Stack {
+/// Everything a replica needs to start (shared by the replicas started at once, and by
+/// [`Stack::add_replica`] later).
+struct Core {
     /// Processes and directory, shared with the exit-time cleanup registry.
     res: Arc<Resources>,
     dir_path: PathBuf,
-    ports: Ports,
+    companion: CompanionSpec,
+    envoy: EnvoySpec,
+    sim_addr: SocketAddr,
+    ready_timeout: Duration,
+}
+
+pub struct Stack {
+    core: Core,
+    /// Replica 0 (also `res.replicas[0]`): what the single-replica accessors mean.
+    primary: Arc<Replica>,
+    /// Serialises [`Stack::add_replica`] (indexes and ports).
+    adding: Mutex<()>,
+    postgres_port: u16,
+    redis_addr: Option<SocketAddr>,
     policy_path: PathBuf,
     identities_path: PathBuf,
     credentials_path: PathBuf,
     sim: SimHandle,
-    companion_spec: CompanionSpec,
-    envoy_config_path: PathBuf,
-    envoy_log: PathBuf,
-    ready_timeout: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -287,13 +404,236 @@ fn load_policy(path: &Path) -> Result<PolicyDocument> {
     PolicyDocument::from_value(value).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// File name of replica `index`'s `stem.ext` (replica 0 keeps the single-replica names).
+fn replica_file(dir: &Path, stem: &str, ext: &str, index: usize) -> PathBuf {
+    if index == 0 {
+        dir.join(format!("{stem}.{ext}"))
+    } else {
+        dir.join(format!("{stem}-{index}.{ext}"))
+    }
+}
+
+impl Core {
+    /// Polls `check` until it returns true; fails with the log tails when `process` exits (as
+    /// [`crate::process::AddrInUse`] when its port was taken) or the timeout passes.
+    fn wait_for(
+        &self,
+        what: &str,
+        process: &mut ManagedProcess,
+        mut check: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + self.ready_timeout;
+        let mut last_err: String;
+        loop {
+            match check() {
+                Ok(true) => return Ok(()),
+                Ok(false) => last_err = "not ready yet".into(),
+                Err(e) => last_err = e.to_string(),
+            }
+            if let Some(taken) = process.exited_addr_in_use() {
+                return Err(anyhow::Error::new(taken)
+                    .context(format!("{} exited while waiting for {what}", process.name)));
+            }
+            if let Some(status) = process.exited() {
+                bail!(
+                    "{} exited ({status}) while waiting for {what}\n{}",
+                    process.name,
+                    self.res.log_tails()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{what} not ready after {:?} ({last_err})\n{}",
+                    self.ready_timeout,
+                    self.res.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts a companion on `ports` and waits until it answers.
+    fn spawn_companion(
+        &self,
+        index: usize,
+        ports: &ReplicaPorts,
+        log: &Path,
+    ) -> Result<ManagedProcess> {
+        let spec = &self.companion;
+        let mut cmd = Command::new(&spec.bin);
+        cmd.arg(format!("--public-addr={}", ports.companion_public))
+            .arg(format!("--internal-addr={}", ports.companion_internal))
+            .arg(format!("--metrics-addr={}", ports.companion_metrics))
+            .args(&spec.args);
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        let name = if index == 0 {
+            "companion".to_string()
+        } else {
+            format!("companion-{index}")
+        };
+        let mut process = ManagedProcess::spawn(&name, cmd, log, libc::SIGTERM, libc::SIGKILL)?;
+        let public = ports.companion_public;
+        let internal = ports.companion_internal;
+        self.wait_for(&format!("{name} /health"), &mut process, || {
+            Ok(
+                http_request(public, "GET", "/health", Duration::from_secs(1))?.0 == 200
+                    && TcpStream::connect_timeout(&internal, Duration::from_secs(1)).is_ok(),
+            )
+        })?;
+        Ok(process)
+    }
+
+    /// Writes replica `index`'s Envoy bootstrap for `ports` (its own companion, node id).
+    fn write_envoy_config(&self, ports: &ReplicaPorts, node_id: &str, path: &Path) -> Result<()> {
+        let spec = &self.envoy;
+        let rendered = envoy_config::render(&EnvoyConfigInput {
+            policy: &spec.policy,
+            listen: ports.gateway,
+            admin: ports.admin,
+            companion_public: ports.companion_public,
+            companion_internal: ports.companion_internal,
+            simulator: self.sim_addr,
+            filter: spec.filter.clone(),
+        })?;
+        let rendered = match &spec.plugin_config_extra {
+            Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
+            None => rendered,
+        };
+        let rendered = envoy_config::with_node_id(&rendered, node_id)?;
+        std::fs::write(path, rendered)?;
+        Ok(())
+    }
+
+    /// Starts Envoy with the bootstrap at `config` and waits until its admin says ready and its
+    /// gateway serves `/maas-api/health` (through its companion).
+    fn spawn_envoy(
+        &self,
+        index: usize,
+        ports: &ReplicaPorts,
+        config: &Path,
+        log: &Path,
+    ) -> Result<ManagedProcess> {
+        let mut cmd = Command::new(&self.envoy.bin);
+        cmd.arg("-c")
+            .arg(config)
+            .arg("--disable-hot-restart")
+            .args(["--concurrency", &self.envoy.concurrency.to_string()])
+            .args([
+                "-l",
+                &std::env::var("MAAS_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            ]);
+        let name = if index == 0 {
+            "envoy".to_string()
+        } else {
+            format!("envoy-{index}")
+        };
+        let mut process = ManagedProcess::spawn(&name, cmd, log, libc::SIGTERM, libc::SIGKILL)?;
+        let admin = ports.admin;
+        self.wait_for(&format!("{name} admin /ready"), &mut process, || {
+            Ok(http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200)
+        })?;
+        let g = ports.gateway;
+        let gateway = if g.ip().is_unspecified() {
+            local(g.port())
+        } else {
+            g
+        };
+        self.wait_for(
+            &format!("{name} gateway /maas-api/health"),
+            &mut process,
+            || {
+                Ok(
+                    http_request(gateway, "GET", "/maas-api/health", Duration::from_secs(2))?.0
+                        == 200,
+                )
+            },
+        )?;
+        Ok(process)
+    }
+
+    /// Starts replica `index`: its companion on fresh ports, then its Envoy (pointing at that
+    /// companion), each started again on fresh ports when one was taken meanwhile.
+    fn start_replica(&self, index: usize) -> Result<Arc<Replica>> {
+        let ip = self.envoy.gateway_host;
+        let companion_log = replica_file(&self.dir_path, "companion", "log", index);
+        let envoy_log = replica_file(&self.dir_path, "envoy", "log", index);
+        let envoy_config_path = replica_file(&self.dir_path, "envoy", "json", index);
+        let node_id = format!("gateway-{index}");
+        let mut ports = ReplicaPorts {
+            gateway: SocketAddr::new(ip, 0),
+            admin: local(0),
+            companion_public: local(0),
+            companion_internal: local(0),
+            companion_metrics: local(0),
+        };
+        let companion = retry_on_taken_port(
+            &mut ports,
+            |ports| {
+                let p = free_ports(3)?;
+                ports.companion_public = local(p[0]);
+                ports.companion_internal = local(p[1]);
+                ports.companion_metrics = local(p[2]);
+                Ok(())
+            },
+            |ports| self.spawn_companion(index, ports, &companion_log),
+        )?;
+        // Replica 0 takes the user's port (checked free before anything started) on every
+        // attempt; replica i takes port + i on its first attempt when it is free.
+        let fixed = (index == 0).then_some(self.envoy.gateway_port).flatten();
+        let preferred = self
+            .envoy
+            .gateway_port
+            .filter(|_| index > 0)
+            .and_then(|p| u16::try_from(usize::from(p) + index).ok())
+            .filter(|p| TcpListener::bind((ip, *p)).is_ok());
+        let mut state = (ports, preferred);
+        let envoy = retry_on_taken_port(
+            &mut state,
+            |(ports, preferred)| {
+                let p = free_ports(2)?;
+                ports.admin = local(p[0]);
+                ports.gateway = SocketAddr::new(ip, fixed.or(preferred.take()).unwrap_or(p[1]));
+                self.write_envoy_config(ports, &node_id, &envoy_config_path)
+            },
+            |(ports, _)| self.spawn_envoy(index, ports, &envoy_config_path, &envoy_log),
+        );
+        let envoy = match envoy {
+            Ok(envoy) => envoy,
+            Err(e) => {
+                let mut companion = companion;
+                companion.stop(Duration::from_secs(5));
+                return Err(e);
+            }
+        };
+        Ok(Arc::new(Replica {
+            index,
+            node_id,
+            ports: state.0,
+            companion: Mutex::new(Some(companion)),
+            envoy: Mutex::new(Some(envoy)),
+            companion_log,
+            envoy_log,
+            envoy_config_path,
+        }))
+    }
+}
+
 impl Stack {
     /// Starts everything and waits until every piece answers.
     pub fn start(options: StackOptions) -> Result<Stack> {
+        if options.replicas == 0 {
+            bail!("a stack needs at least one replica");
+        }
         // Find every tool first, so a missing one fails fast with a clear message.
         let pg_bin = tools::pg_bin_dir()?;
         let companion_bin = tools::companion_bin()?;
         let envoy_bin = tools::envoy_bin()?;
+        let with_redis = options.redis_enabled();
+        if with_redis {
+            crate::redis::redis_server_bin()?;
+        }
         let wasm = if options.with_filter {
             Some(tools::wasm_file()?)
         } else {
@@ -321,15 +661,6 @@ impl Stack {
                 "gateway port {p} is not free ({e}): choose another with --port N or MAAS_GATEWAY_PORT"
             );
         }
-        // Chosen for real just before each program starts (see `retry_on_taken_port`).
-        let ports = Ports {
-            gateway: SocketAddr::new(ip, options.gateway_port.unwrap_or(0)),
-            admin: local(0),
-            companion_public: local(0),
-            companion_internal: local(0),
-            postgres: 0,
-            companion_metrics: local(0),
-        };
 
         let sim_models = policy
             .models
@@ -347,19 +678,34 @@ impl Stack {
 
         let pg_dir = dir_path.join("postgres");
         std::fs::create_dir_all(&pg_dir)?;
-        let postgres =
-            Postgres::init_and_start_on_free_port(&pg_bin, &pg_dir, || Ok(free_ports(1)?[0]))?;
-        let ports = Ports {
-            postgres: postgres.port(),
-            ..ports
-        };
+        let redis_dir = dir_path.join("redis");
+        // PostgreSQL and Redis start side by side.
+        let (postgres, redis) = std::thread::scope(|s| {
+            let redis = s.spawn(|| {
+                with_redis
+                    .then(|| Redis::start_on_free_port(&redis_dir, || Ok(free_ports(1)?[0])))
+                    .transpose()
+            });
+            let postgres =
+                Postgres::init_and_start_on_free_port(&pg_bin, &pg_dir, || Ok(free_ports(1)?[0]));
+            let redis = redis
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("starting redis panicked")));
+            (postgres, redis)
+        });
+        let (postgres, redis) = (postgres?, redis?);
+        let postgres_port = postgres.port();
+        let redis_addr = redis.as_ref().map(Redis::addr);
 
         let mut env = vec![(
             "RUST_LOG".to_string(),
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         )];
+        if let Some(redis) = &redis {
+            env.push(("MAAS_REDIS_URL".to_string(), redis.url()));
+        }
         env.extend(options.companion_env.iter().cloned());
-        let companion_spec = CompanionSpec {
+        let companion = CompanionSpec {
             bin: companion_bin,
             args: vec![
                 format!("--database-url={}", postgres.url("maas")),
@@ -374,31 +720,6 @@ impl Stack {
                 format!("--credentials-file={}", credentials_path.display()),
             ],
             env,
-            log: dir_path.join("companion.log"),
-        };
-
-        let envoy_config_path = dir_path.join("envoy.json");
-        let sim_addr = sim.addr();
-        // Envoy's config names every port, so it is written again for each attempt.
-        let write_envoy_config = |ports: &Ports| -> Result<()> {
-            let rendered = envoy_config::render(&EnvoyConfigInput {
-                policy: &policy,
-                listen: ports.gateway,
-                admin: ports.admin,
-                companion_public: ports.companion_public,
-                companion_internal: ports.companion_internal,
-                simulator: sim_addr,
-                filter: wasm.clone().map(|wasm_path| WasmFilterOptions {
-                    wasm_path,
-                    poll_interval_ms: options.poll_interval_ms,
-                }),
-            })?;
-            let rendered = match &options.plugin_config_extra {
-                Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
-                None => rendered,
-            };
-            std::fs::write(&envoy_config_path, rendered)?;
-            Ok(())
         };
 
         let dir_slot = if options.keep_dir {
@@ -407,53 +728,80 @@ impl Stack {
         } else {
             Some(dir)
         };
-        let mut stack = Stack {
+        let core = Core {
             res: Resources::register(Resources {
                 dir: Mutex::new(dir_slot),
                 postgres: Mutex::new(Some(postgres)),
-                companion: Mutex::new(None),
-                envoy: Mutex::new(None),
+                redis: Mutex::new(redis),
+                replicas: Mutex::new(Vec::new()),
+                stopped: AtomicBool::new(false),
             }),
-            envoy_log: dir_path.join("envoy.log"),
             dir_path,
-            ports,
+            companion,
+            envoy: EnvoySpec {
+                bin: envoy_bin,
+                concurrency: options.envoy_concurrency,
+                policy,
+                filter: wasm.map(|wasm_path| WasmFilterOptions {
+                    wasm_path,
+                    poll_interval_ms: options.poll_interval_ms,
+                }),
+                plugin_config_extra: options.plugin_config_extra.clone(),
+                gateway_host: ip,
+                gateway_port: options.gateway_port,
+            },
+            sim_addr: sim.addr(),
+            ready_timeout: options.ready_timeout,
+        };
+        if options.keep_dir {
+            eprintln!("maas stack directory (kept): {}", core.dir_path.display());
+        }
+        // Replicas start side by side; each Envoy waits for its own companion. One replica
+        // starts on this thread.
+        let started: Vec<Result<Arc<Replica>>> = if options.replicas == 1 {
+            vec![core.start_replica(0)]
+        } else {
+            std::thread::scope(|s| {
+                let core = &core;
+                let handles: Vec<_> = (0..options.replicas)
+                    .map(|i| s.spawn(move || core.start_replica(i)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a replica panicked")))
+                    })
+                    .collect()
+            })
+        };
+        let mut replicas = Vec::with_capacity(started.len());
+        let mut first_err = None;
+        for r in started {
+            match r {
+                Ok(r) => replicas.push(r),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        *lock(&core.res.replicas) = replicas.clone();
+        if let Some(e) = first_err {
+            core.res.shutdown();
+            return Err(e);
+        }
+        let primary = replicas.first().cloned().context("no replica started")?;
+        Ok(Stack {
+            core,
+            primary,
+            adding: Mutex::new(()),
+            postgres_port,
+            redis_addr,
             policy_path,
             identities_path,
             credentials_path,
             sim,
-            companion_spec,
-            envoy_config_path: envoy_config_path.clone(),
-            ready_timeout: options.ready_timeout,
-        };
-        if options.keep_dir {
-            eprintln!("maas stack directory (kept): {}", stack.dir_path.display());
-        }
-        retry_on_taken_port(
-            &mut stack,
-            |stack| {
-                let p = free_ports(3)?;
-                stack.ports.companion_public = local(p[0]);
-                stack.ports.companion_internal = local(p[1]);
-                stack.ports.companion_metrics = local(p[2]);
-                Ok(())
-            },
-            Stack::start_companion,
-        )?;
-        let gateway_fixed = options.gateway_port.is_some();
-        retry_on_taken_port(
-            &mut stack,
-            |stack| {
-                let p = free_ports(2)?;
-                stack.ports.admin = local(p[0]);
-                if !gateway_fixed {
-                    stack.ports.gateway = SocketAddr::new(ip, p[1]);
-                }
-                write_envoy_config(&stack.ports)
-            },
-            |stack| stack.start_envoy(&envoy_bin, options.envoy_concurrency),
-        )?;
-        stack.wait_gateway_ready()?;
-        Ok(stack)
+        })
     }
 
     /// The stack shared by all tests of one test binary: started once, lazily, on a dedicated
@@ -477,143 +825,271 @@ impl Stack {
         }
     }
 
-    fn start_envoy(&self, envoy_bin: &Path, concurrency: u32) -> Result<()> {
-        let mut cmd = Command::new(envoy_bin);
-        cmd.arg("-c")
-            .arg(&self.envoy_config_path)
-            .arg("--disable-hot-restart")
-            .args(["--concurrency", &concurrency.to_string()])
-            .args([
-                "-l",
-                &std::env::var("MAAS_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
-            ]);
-        let process =
-            ManagedProcess::spawn("envoy", cmd, &self.envoy_log, libc::SIGTERM, libc::SIGKILL)?;
-        *lock(&self.res.envoy) = Some(process);
-        let admin = self.ports.admin;
-        self.wait_until("envoy admin /ready", || {
-            Ok(http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200)
-        })
-        .map_err(|e| self.addr_in_use_or(&self.res.envoy, e))
-    }
-
-    /// `e`, or [`crate::process::AddrInUse`] when the process in `slot` exited because its port was taken.
-    fn addr_in_use_or(
-        &self,
-        slot: &Mutex<Option<ManagedProcess>>,
-        e: anyhow::Error,
-    ) -> anyhow::Error {
-        match lock(slot)
-            .as_mut()
-            .and_then(ManagedProcess::exited_addr_in_use)
-        {
-            Some(taken) => anyhow::Error::new(taken).context(format!("{e:#}")),
-            None => e,
-        }
-    }
-
-    fn wait_gateway_ready(&self) -> Result<()> {
-        let gateway = self.gateway_connect_addr();
-        self.wait_until("gateway /maas-api/health", || {
-            Ok(http_request(gateway, "GET", "/maas-api/health", Duration::from_secs(2))?.0 == 200)
-        })
-    }
-
-    /// Polls `check` until it returns true; fails with the log tails when a process exits or
-    /// the timeout passes.
-    fn wait_until(&self, what: &str, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
-        let deadline = Instant::now() + self.ready_timeout;
-        let mut last_err: String;
-        loop {
-            match check() {
-                Ok(true) => return Ok(()),
-                Ok(false) => last_err = "not ready yet".into(),
-                Err(e) => last_err = e.to_string(),
-            }
-            for (name, slot) in [
-                ("companion", &self.res.companion),
-                ("envoy", &self.res.envoy),
-            ] {
+    /// Fails when an Envoy, a companion, PostgreSQL or Redis has exited on its own (ones
+    /// stopped on purpose do not count).
+    pub fn check_alive(&self) -> Result<()> {
+        for r in self.core.res.replicas() {
+            for (name, slot) in [("companion", &r.companion), ("envoy", &r.envoy)] {
                 if let Some(status) = lock(slot).as_mut().and_then(ManagedProcess::exited) {
                     bail!(
-                        "{name} exited ({status}) while waiting for {what}\n{}",
+                        "{name} of replica {} exited ({status})\n{}",
+                        r.index,
                         self.log_tails()
                     );
                 }
             }
-            if Instant::now() > deadline {
-                bail!(
-                    "{what} not ready after {:?} ({last_err})\n{}",
-                    self.ready_timeout,
-                    self.log_tails()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn log_tails(&self) -> String {
-        self.log_paths()
-            .iter()
-            .map(|p| format!("--- {} (tail) ---\n{}", p.display(), log_tail(p, 3000)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Fails when Envoy, the companion or PostgreSQL has exited on its own.
-    pub fn check_alive(&self) -> Result<()> {
-        for (name, slot) in [
-            ("companion", &self.res.companion),
-            ("envoy", &self.res.envoy),
-        ] {
-            if let Some(status) = lock(slot).as_mut().and_then(ManagedProcess::exited) {
-                bail!("{name} exited ({status})\n{}", self.log_tails());
-            }
-        }
-        if let Some(status) = lock(&self.res.postgres).as_mut().and_then(Postgres::exited) {
+        if let Some(status) = lock(&self.core.res.postgres)
+            .as_mut()
+            .and_then(Postgres::exited)
+        {
             bail!("postgres exited ({status})\n{}", self.log_tails());
+        }
+        if let Some(status) = lock(&self.core.res.redis).as_mut().and_then(Redis::exited) {
+            bail!("redis exited ({status})\n{}", self.log_tails());
         }
         Ok(())
     }
 
-    // ---- accessors ----
+    fn log_tails(&self) -> String {
+        self.core.res.log_tails()
+    }
 
-    fn gateway_connect_addr(&self) -> SocketAddr {
-        let g = self.ports.gateway;
-        if g.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], g.port()))
-        } else {
-            g
+    // ---- replicas ----
+
+    fn replica(&self, index: usize) -> Result<Arc<Replica>> {
+        lock(&self.core.res.replicas)
+            .get(index)
+            .cloned()
+            .with_context(|| format!("no replica {index}"))
+    }
+
+    /// How many replicas the stack has (stopped ones included).
+    pub fn replica_count(&self) -> usize {
+        lock(&self.core.res.replicas).len()
+    }
+
+    /// Every replica's gateway URL, replica 0 first.
+    pub fn gateway_urls(&self) -> Vec<String> {
+        self.core
+            .res
+            .replicas()
+            .iter()
+            .map(|r| format!("http://{}", r.gateway_connect_addr()))
+            .collect()
+    }
+
+    /// Replica `index`'s gateway URL (panics on a replica that does not exist).
+    pub fn gateway_url_of(&self, index: usize) -> String {
+        match self.replica(index) {
+            Ok(r) => format!("http://{}", r.gateway_connect_addr()),
+            Err(e) => panic!("{e}"),
         }
     }
+
+    fn replica_or_panic(&self, index: usize) -> Arc<Replica> {
+        self.replica(index).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub fn envoy_admin_url_of(&self, index: usize) -> String {
+        format!("http://{}", self.replica_or_panic(index).ports.admin)
+    }
+    pub fn companion_internal_url_of(&self, index: usize) -> String {
+        format!(
+            "http://{}",
+            self.replica_or_panic(index).ports.companion_internal
+        )
+    }
+    pub fn companion_public_url_of(&self, index: usize) -> String {
+        format!(
+            "http://{}",
+            self.replica_or_panic(index).ports.companion_public
+        )
+    }
+    pub fn companion_metrics_url_of(&self, index: usize) -> String {
+        format!(
+            "http://{}",
+            self.replica_or_panic(index).ports.companion_metrics
+        )
+    }
+    /// Replica `index`'s Envoy node id (`gateway-<index>`): the filter's default replica id.
+    pub fn node_id_of(&self, index: usize) -> String {
+        self.replica_or_panic(index).node_id.clone()
+    }
+
+    /// Starts replica `index`'s companion again (same ports) unless it runs.
+    pub fn start_companion_of(&self, index: usize) -> Result<()> {
+        let r = self.replica(index)?;
+        let mut slot = lock(&r.companion);
+        if slot.as_mut().is_some_and(ManagedProcess::is_running) {
+            return Ok(());
+        }
+        *slot = Some(
+            self.core
+                .spawn_companion(index, &r.ports, &r.companion_log)?,
+        );
+        Ok(())
+    }
+
+    /// Stops replica `index`'s companion (SIGTERM, then SIGKILL after 5 s).
+    pub fn stop_companion_of(&self, index: usize) {
+        if let Ok(r) = self.replica(index)
+            && let Some(mut p) = lock(&r.companion).take()
+        {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+
+    /// Kills replica `index`'s companion at once (SIGKILL: no graceful shutdown).
+    pub fn kill_companion_of(&self, index: usize) {
+        if let Ok(r) = self.replica(index)
+            && let Some(mut p) = lock(&r.companion).take()
+        {
+            p.stop(Duration::ZERO);
+        }
+    }
+
+    /// Starts replica `index`'s Envoy again (same ports and bootstrap) unless it runs; waits
+    /// until its gateway serves (which needs its companion).
+    pub fn start_envoy_of(&self, index: usize) -> Result<()> {
+        let r = self.replica(index)?;
+        let mut slot = lock(&r.envoy);
+        if slot.as_mut().is_some_and(ManagedProcess::is_running) {
+            return Ok(());
+        }
+        *slot = Some(
+            self.core
+                .spawn_envoy(index, &r.ports, &r.envoy_config_path, &r.envoy_log)?,
+        );
+        Ok(())
+    }
+
+    /// Stops replica `index`'s Envoy (SIGTERM, then SIGKILL after 5 s).
+    pub fn stop_envoy_of(&self, index: usize) {
+        if let Ok(r) = self.replica(index)
+            && let Some(mut p) = lock(&r.envoy).take()
+        {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+
+    /// Adds a replica (a companion and an Envoy) while the stack runs; returns its index.
+    pub fn add_replica(&self) -> Result<usize> {
+        let _adding = lock(&self.adding);
+        let index = self.replica_count();
+        let replica = self.core.start_replica(index)?;
+        let mut replicas = lock(&self.core.res.replicas);
+        if self.core.res.stopped.load(Ordering::SeqCst) {
+            // Shut down meanwhile.
+            drop(replicas);
+            if let Some(mut p) = lock(&replica.envoy).take() {
+                p.stop(Duration::from_secs(5));
+            }
+            if let Some(mut p) = lock(&replica.companion).take() {
+                p.stop(Duration::from_secs(5));
+            }
+            bail!("the stack is shut down");
+        }
+        replicas.push(replica);
+        Ok(index)
+    }
+
+    // ---- Redis ----
+
+    /// Whether the stack runs a Redis (its companions share it).
+    pub fn has_redis(&self) -> bool {
+        self.redis_addr.is_some()
+    }
+
+    /// `redis://127.0.0.1:PORT` when the stack has a Redis.
+    pub fn redis_url(&self) -> Option<String> {
+        self.redis_addr.map(|a| format!("redis://{a}"))
+    }
+
+    /// Stops Redis (its port stays reserved to it; its data is lost: no persistence).
+    pub fn stop_redis(&self) {
+        if let Some(redis) = lock(&self.core.res.redis).as_mut() {
+            redis.stop();
+        }
+    }
+
+    /// Starts Redis again on its port (empty).
+    pub fn start_redis(&self) -> Result<()> {
+        match lock(&self.core.res.redis).as_mut() {
+            Some(redis) => redis.start(),
+            None => bail!("the stack has no redis (or is shut down)"),
+        }
+    }
+
+    /// Freezes Redis (SIGSTOP): the companions' calls time out, its data is kept.
+    pub fn pause_redis(&self) -> Result<()> {
+        match lock(&self.core.res.redis).as_mut() {
+            Some(redis) => redis.pause(),
+            None => bail!("the stack has no redis (or is shut down)"),
+        }
+    }
+
+    /// Lets a paused Redis run again, with its data.
+    pub fn resume_redis(&self) -> Result<()> {
+        match lock(&self.core.res.redis).as_mut() {
+            Some(redis) => redis.resume(),
+            None => bail!("the stack has no redis (or is shut down)"),
+        }
+    }
+
+    /// One command to the stack's Redis (e.g. `["GET", key]`).
+    pub fn redis_command(&self, args: &[&str]) -> Result<crate::redis::Resp> {
+        let addr = self.redis_addr.context("the stack has no redis")?;
+        crate::redis::command(addr, args)
+    }
+
+    /// Calls per command since Redis (re)started (`INFO commandstats`), e.g. `{"evalsha": 12}`.
+    pub fn redis_command_calls(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        let info = self
+            .redis_command(&["INFO", "commandstats"])?
+            .text()
+            .context("INFO commandstats: not a string")?;
+        Ok(crate::redis::parse_commandstats(&info))
+    }
+
+    /// Keys matching `pattern` in the stack's Redis.
+    pub fn redis_keys(&self, pattern: &str) -> Result<Vec<String>> {
+        match lock(&self.core.res.redis).as_ref() {
+            Some(redis) => redis.keys(pattern),
+            None => bail!("the stack has no redis (or is shut down)"),
+        }
+    }
+
+    // ---- accessors (replica 0) ----
+
     pub fn gateway_url(&self) -> String {
-        format!("http://{}", self.gateway_connect_addr())
+        format!("http://{}", self.primary.gateway_connect_addr())
     }
     pub fn gateway_addr(&self) -> SocketAddr {
-        self.gateway_connect_addr()
+        self.primary.gateway_connect_addr()
     }
     pub fn companion_public_url(&self) -> String {
-        format!("http://{}", self.ports.companion_public)
+        format!("http://{}", self.primary.ports.companion_public)
     }
     pub fn companion_internal_url(&self) -> String {
-        format!("http://{}", self.ports.companion_internal)
+        format!("http://{}", self.primary.ports.companion_internal)
     }
     /// The companion's metrics listener (`GET /metrics`).
     pub fn companion_metrics_url(&self) -> String {
-        format!("http://{}", self.ports.companion_metrics)
+        format!("http://{}", self.primary.ports.companion_metrics)
     }
     pub fn sim_url(&self) -> String {
         self.sim.url()
     }
     pub fn envoy_admin_url(&self) -> String {
-        format!("http://{}", self.ports.admin)
+        format!("http://{}", self.primary.ports.admin)
     }
     /// `postgres://postgres@127.0.0.1:PORT/maas` (trust auth).
     pub fn database_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/maas", self.ports.postgres)
+        format!("postgres://postgres@127.0.0.1:{}/maas", self.postgres_port)
     }
     pub fn dir(&self) -> &Path {
-        &self.dir_path
+        &self.core.dir_path
     }
     pub fn policy_path(&self) -> &Path {
         &self.policy_path
@@ -625,71 +1101,41 @@ impl Stack {
         &self.credentials_path
     }
     pub fn envoy_config_path(&self) -> &Path {
-        &self.envoy_config_path
+        &self.primary.envoy_config_path
     }
     /// Envoy's pid while it runs.
     pub fn envoy_pid(&self) -> Option<u32> {
-        lock(&self.res.envoy).as_ref().and_then(ManagedProcess::pid)
+        lock(&self.primary.envoy)
+            .as_ref()
+            .and_then(ManagedProcess::pid)
     }
 
     // ---- process control (fault tests) ----
 
     pub fn start_companion(&self) -> Result<()> {
-        {
-            let mut slot = lock(&self.res.companion);
-            if slot.as_mut().is_some_and(ManagedProcess::is_running) {
-                return Ok(());
-            }
-            let spec = &self.companion_spec;
-            let mut cmd = Command::new(&spec.bin);
-            cmd.arg(format!("--public-addr={}", self.ports.companion_public))
-                .arg(format!("--internal-addr={}", self.ports.companion_internal))
-                .arg(format!("--metrics-addr={}", self.ports.companion_metrics))
-                .args(&spec.args);
-            for (k, v) in &spec.env {
-                cmd.env(k, v);
-            }
-            *slot = Some(ManagedProcess::spawn(
-                "companion",
-                cmd,
-                &spec.log,
-                libc::SIGTERM,
-                libc::SIGKILL,
-            )?);
-        }
-        let public = self.ports.companion_public;
-        let internal = self.ports.companion_internal;
-        self.wait_until("companion /health", || {
-            Ok(
-                http_request(public, "GET", "/health", Duration::from_secs(1))?.0 == 200
-                    && TcpStream::connect_timeout(&internal, Duration::from_secs(1)).is_ok(),
-            )
-        })
-        .map_err(|e| self.addr_in_use_or(&self.res.companion, e))
+        self.start_companion_of(0)
     }
 
     pub fn stop_companion(&self) {
-        if let Some(mut p) = lock(&self.res.companion).take() {
-            p.stop(Duration::from_secs(5));
-        }
+        self.stop_companion_of(0)
     }
 
     /// Stops PostgreSQL (fast shutdown), keeping its data.
     pub fn stop_postgres(&self) {
-        if let Some(pg) = lock(&self.res.postgres).as_mut() {
+        if let Some(pg) = lock(&self.core.res.postgres).as_mut() {
             pg.stop();
         }
     }
 
     pub fn start_postgres(&self) -> Result<()> {
-        match lock(&self.res.postgres).as_mut() {
+        match lock(&self.core.res.postgres).as_mut() {
             Some(pg) => pg.start(),
             None => bail!("the stack is shut down"),
         }
     }
 
-    /// Writes the policy file atomically; the companion reloads it (within its reload
-    /// interval) and the filter picks it up at its next poll.
+    /// Writes the policy file atomically; the companions reload it (within their reload
+    /// interval) and the filters pick it up at their next poll.
     pub fn replace_policy(&self, yaml: &str) -> Result<()> {
         let tmp = self.policy_path.with_extension("yaml.tmp");
         std::fs::write(&tmp, yaml)?;
@@ -760,12 +1206,9 @@ impl Stack {
 
     // ---- logs ----
 
+    /// Every replica's companion and Envoy log (replica 0 first), PostgreSQL's and Redis's.
     pub fn log_paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.companion_spec.log.clone(), self.envoy_log.clone()];
-        if let Some(pg) = lock(&self.res.postgres).as_ref() {
-            paths.push(pg.log_path().to_path_buf());
-        }
-        paths
+        self.core.res.log_paths()
     }
 
     /// Every process log, concatenated (tests scan it for leaked credentials).
@@ -777,10 +1220,10 @@ impl Stack {
             .join("\n")
     }
 
-    /// Stops everything (Envoy, companion, then PostgreSQL gracefully) and removes the
-    /// directory unless kept. Idempotent.
+    /// Stops everything (the Envoys, the companions, Redis, then PostgreSQL gracefully) and
+    /// removes the directory unless kept. Idempotent.
     pub fn shutdown(&self) {
-        self.res.shutdown();
+        self.core.res.shutdown();
     }
 }
 
@@ -832,13 +1275,14 @@ mod tests {
         let left = FORCED_PORTS.with_borrow_mut(std::mem::take);
         let stack = stack.unwrap();
         assert!(left.is_empty(), "every taken port was tried: {left:?}");
+        let ports = stack.primary.ports;
         let used = [
-            stack.ports.gateway.port(),
-            stack.ports.admin.port(),
-            stack.ports.companion_public.port(),
-            stack.ports.companion_internal.port(),
-            stack.ports.companion_metrics.port(),
-            stack.ports.postgres,
+            ports.gateway.port(),
+            ports.admin.port(),
+            ports.companion_public.port(),
+            ports.companion_internal.port(),
+            ports.companion_metrics.port(),
+            stack.postgres_port,
         ];
         for port in used {
             assert!(
@@ -864,6 +1308,90 @@ mod tests {
         assert_eq!(status, 200);
         stack.check_alive().unwrap();
         drop(taken);
+    }
+
+    /// Two replicas: one PostgreSQL and one Redis, each Envoy (own node id) talks to its own
+    /// companion only, so stopping companion 1 takes down replica 1's API and not replica 0's;
+    /// a replica added while running serves too, and stopping/starting Redis keeps its port.
+    #[test]
+    fn replicas_each_talk_to_their_own_companion_and_share_one_redis() {
+        let stack = Stack::start(StackOptions {
+            with_filter: false,
+            ..StackOptions::default().with_replicas(2)
+        })
+        .unwrap();
+        assert!(stack.has_redis(), "replicas > 1 start a Redis by default");
+        let urls = stack.gateway_urls();
+        assert_eq!(urls.len(), 2);
+        assert_eq!(urls[0], stack.gateway_url(), "replica 0 is the default");
+        let health = |url: &str| {
+            let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+            http_request(addr, "GET", "/maas-api/health", Duration::from_secs(5))
+                .map(|r| r.0)
+                .unwrap_or(0)
+        };
+        for i in 0..2 {
+            let r = stack.replica(i).unwrap();
+            let config: Value =
+                serde_json::from_str(&std::fs::read_to_string(&r.envoy_config_path).unwrap())
+                    .unwrap();
+            assert_eq!(config["node"]["id"], format!("gateway-{i}"));
+            let companion = config["static_resources"]["clusters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == envoy_config::COMPANION_INTERNAL_CLUSTER)
+                .unwrap()
+                .clone();
+            assert_eq!(
+                companion["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                    ["socket_address"]["port_value"],
+                r.ports.companion_internal.port(),
+                "replica {i} reaches its own companion"
+            );
+            let env = std::fs::read_to_string(format!(
+                "/proc/{}/environ",
+                lock(&r.companion).as_ref().unwrap().pid().unwrap()
+            ))
+            .unwrap();
+            assert!(
+                env.contains(&format!("MAAS_REDIS_URL={}", stack.redis_url().unwrap())),
+                "companion {i} has the shared Redis"
+            );
+        }
+        stack.stop_companion_of(1);
+        assert_eq!(health(&urls[1]), 503, "replica 1 lost its companion");
+        assert_eq!(health(&urls[0]), 200, "replica 0 did not");
+        stack.start_companion_of(1).unwrap();
+        assert_eq!(health(&urls[1]), 200, "replica 1 is back");
+
+        let added = stack.add_replica().unwrap();
+        assert_eq!(added, 2);
+        assert_eq!(stack.gateway_urls().len(), 3);
+        assert_eq!(health(&stack.gateway_url_of(2)), 200);
+        stack.stop_envoy_of(2);
+        assert_eq!(
+            health(&stack.gateway_url_of(2)),
+            0,
+            "replica 2's Envoy is stopped"
+        );
+        stack.start_envoy_of(2).unwrap();
+        assert_eq!(health(&stack.gateway_url_of(2)), 200);
+
+        stack.redis_command(&["SET", "k", "1"]).unwrap();
+        stack.stop_redis();
+        assert!(stack.redis_command(&["PING"]).is_err(), "Redis is down");
+        stack.start_redis().unwrap();
+        assert_eq!(
+            stack.redis_command(&["GET", "k"]).unwrap(),
+            crate::redis::Resp::Bulk(None),
+            "Redis came back empty on its port"
+        );
+        stack.check_alive().unwrap();
+        let dir = stack.dir().to_path_buf();
+        stack.shutdown();
+        assert!(!dir.exists(), "directory removed");
+        assert!(stack.add_replica().is_err(), "no replica after shutdown");
     }
 
     /// A fixed gateway port that is taken is the user's choice: no retry, a clear error.

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 struct Started {
     child: KillOnDrop,
     gateway: String,
+    /// Every URL of the READY line (the first is `gateway`).
+    gateways: Vec<String>,
     stack_dir: String,
     output: mpsc::Receiver<String>,
 }
@@ -45,6 +47,17 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A free port P whose successor P+1 is free too (replica 1 of `--replicas 2` takes P+1).
+fn free_port_pair() -> u16 {
+    loop {
+        let first = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// One maas-local at a time: two stacks starting together pick free ports concurrently and can
 /// race for the same one.
 fn one_at_a_time() -> MutexGuard<'static, ()> {
@@ -54,11 +67,17 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 /// Starts maas-local and reads its output until the next steps are printed.
 fn start_local() -> Started {
+    start_local_with(&[])
+}
+
+/// As [`start_local`], with extra arguments.
+fn start_local_with(extra: &[&str]) -> Started {
     // Not inherited: a leaked process would hold the test runner's pipe open. Kept in a file so
     // a failed start says why.
     let stderr_path = std::env::temp_dir().join(format!("maas-local-test-{}.err", free_port()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_maas-local"))
-        .args(["--port", &free_port().to_string()])
+        .args(["--port", &free_port_pair().to_string()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
@@ -72,7 +91,7 @@ fn start_local() -> Started {
             }
         }
     });
-    let mut gateway = None;
+    let mut gateways: Option<Vec<String>> = None;
     let mut stack_dir = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     while stack_dir.is_none() {
@@ -83,8 +102,8 @@ fn start_local() -> Started {
             let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
             panic!("maas-local printed no READY/Logs line in time; its stderr:\n{stderr}")
         });
-        if let Some(url) = line.strip_prefix("READY ") {
-            gateway = Some(url.trim().to_string());
+        if let Some(urls) = line.strip_prefix("READY ") {
+            gateways = Some(urls.split_whitespace().map(str::to_string).collect());
         }
         if let Some(dir) = line.strip_prefix("Logs: ") {
             stack_dir = Some(dir.trim().to_string());
@@ -92,9 +111,11 @@ fn start_local() -> Started {
     }
     // Started: the file was only needed to explain a failed start.
     let _ = std::fs::remove_file(&stderr_path);
+    let gateways = gateways.expect("READY line before Logs line");
     Started {
         child: KillOnDrop(child),
-        gateway: gateway.expect("READY line before Logs line"),
+        gateway: gateways.first().expect("READY names a URL").clone(),
+        gateways,
         stack_dir: stack_dir.unwrap(),
         output: rx,
     }
@@ -112,6 +133,30 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| String::from_utf8_lossy(&c).contains(needle))
                 .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// `(pid, program name)` of the processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid …`: the fields after the last ')'.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .filter_map(|pid| {
+            // comm, not exe: Debian's redis-server is a link to redis-check-rdb.
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            Some((pid, comm.trim().to_string()))
         })
         .collect()
 }
@@ -164,6 +209,71 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
         !std::path::Path::new(&started.stack_dir).exists(),
         "stack dir removed"
     );
+    drop(started.output);
+}
+
+/// `--replicas 2`: READY lists two gateway URLs (the first the default); a key minted through
+/// one replica works through the other (one database), each replica has its own companion, and
+/// the replicas share one Redis; Ctrl-C stops all of it.
+#[test]
+fn replicas_ready_lists_every_gateway_and_a_key_works_through_each() {
+    let _one = one_at_a_time();
+    let mut started = start_local_with(&["--replicas", "2"]);
+    assert_eq!(started.gateways.len(), 2, "READY {:?}", started.gateways);
+    assert_ne!(started.gateways[0], started.gateways[1]);
+    let port = |url: &str| -> u16 { url.rsplit(':').next().unwrap().parse().unwrap() };
+    assert_eq!(
+        port(&started.gateways[1]),
+        port(&started.gateways[0]) + 1,
+        "replica 1 takes --port + 1 when free: {:?}",
+        started.gateways
+    );
+    // maas-local's children, by program: one Redis, two companions, two Envoys.
+    let children = children_of(started.child.id());
+    let count = |name: &str| children.iter().filter(|(_, exe)| exe == name).count();
+    assert_eq!(
+        count("redis-server"),
+        1,
+        "one Redis for all replicas: {children:?}"
+    );
+    assert_eq!(
+        count("maas-companion"),
+        2,
+        "a companion per replica: {children:?}"
+    );
+    assert_eq!(count("envoy"), 2, "an Envoy per replica: {children:?}");
+
+    let client = reqwest::blocking::Client::new();
+    let minted: serde_json::Value = client
+        .post(format!("{}/maas-api/v1/api-keys", started.gateways[0]))
+        .bearer_auth("alice-token")
+        .json(&serde_json::json!({"name": "local-replicas"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let key = minted["key"].as_str().expect("key minted");
+    for gateway in &started.gateways {
+        let resp = client
+            .post(format!("{gateway}/llm/sim-model/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 200, "through {gateway}");
+    }
+
+    // SAFETY: kill(2) on our own, not yet reaped child.
+    unsafe { libc::kill(started.child.id() as libc::pid_t, libc::SIGINT) };
+    let status = started.child.wait().unwrap();
+    assert!(status.success(), "maas-local exit after Ctrl-C: {status}");
+    let left = wait_gone(&started.stack_dir, Duration::from_secs(15));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    let still: Vec<_> = children
+        .iter()
+        .filter(|(pid, _)| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    assert!(still.is_empty(), "children left behind: {still:?}");
     drop(started.output);
 }
 

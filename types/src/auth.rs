@@ -18,7 +18,9 @@ pub struct AuthenticateResponse {
     pub subject: String,
     /// Groups: the snapshot stored with the key, or the token's groups.
     pub groups: Vec<String>,
-    /// Tier resolved by the companion with its current policy.
+    /// Tier resolved by the companion with its current policy; empty for a key bound to a
+    /// subscription whose owner's groups qualify for no tier (a filter that does not know
+    /// subscriptions then refuses it: no tier).
     pub tier: String,
     /// True when the key was minted for an explicit tier: the filter then keeps that tier (while the
     /// groups still qualify) instead of taking the highest one.
@@ -27,6 +29,11 @@ pub struct AuthenticateResponse {
     /// For API keys: the key id (public half), used for the cache and the revocation list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// For API keys bound to a subscription: its name. The filter then limits the key by that
+    /// subscription (while it still grants access and holds the model) instead of the tiers.
+    /// Absent for tier keys and tokens, so a filter that predates subscriptions parses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
     /// Unix seconds after which the credential is no longer valid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
@@ -48,3 +55,25 @@ impl std::fmt::Debug for CredentialsDocumentRedacted<'_> {
 
 /// Debug view of a credentials document that shows only the names.
 pub struct CredentialsDocumentRedacted<'a>(pub &'a CredentialsDocument);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_subscription_field_is_optional_both_ways() {
+        // An answer of a companion that predates subscriptions parses.
+        let old = r#"{"subject":"a","groups":[],"tier":"free","cache_ttl_seconds":5}"#;
+        let r: AuthenticateResponse = serde_json::from_str(old).unwrap();
+        assert_eq!(r.subscription, None);
+        // None is left out, so a filter that predates subscriptions sees what it saw before.
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json.get("subscription").is_none(), "{json}");
+        let bound = AuthenticateResponse {
+            subscription: Some("team-a".into()),
+            ..r
+        };
+        let json = serde_json::to_value(&bound).unwrap();
+        assert_eq!(json["subscription"], "team-a");
+    }
+}

@@ -1,8 +1,8 @@
 //! Types and rules shared by `maas-filter` (wasm) and `maas-companion` (native).
 //!
 //! Everything that crosses the filter/companion boundary is defined here once: the policy
-//! document and its validation, tier resolution, the authenticate contract, the credentials
-//! document, the API key format and its hash, which credential a request carries (one
+//! document and its validation, tier resolution, subscription selection, the authenticate
+//! contract, the credentials document, the budget-lease contract, the usage-report contract, the API key format and its hash, which credential a request carries (one
 //! extraction rule), and the OpenAI-style error body and error types.
 //! The crate is `no I/O`, no clock: callers pass the time in.
 
@@ -10,15 +10,21 @@ pub mod apikey;
 pub mod auth;
 pub mod credential;
 pub mod error_body;
+pub mod lease;
 pub mod policy;
+pub mod subscription;
+pub mod usage;
 pub mod window;
 
 pub use apikey::{ApiKeyParts, KeyFormatError};
 pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
 pub use credential::{Credential, CredentialError};
 pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
+pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use policy::{
     ApiFamily, Limit, Limits, Model, OperationSpec, PolicyDocument, PolicyError, Provider,
     ProviderKind, Tier,
 };
+pub use subscription::{SelectError, Subscription};
+pub use usage::{UsageAccepted, UsageRecord, UsageReport};
 pub use window::Window;

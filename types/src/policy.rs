@@ -1,4 +1,5 @@
-//! The policy document: tiers, models and the recent revocations.
+//! The policy document: tiers, models, subscriptions ([`crate::subscription`]) and the recent
+//! revocations.
 //!
 //! The companion loads it from YAML (the ConfigMap) and serves it as JSON on
 //! `GET /internal/v1/policy`; the filter polls it and also accepts one in its pluginConfig as a
@@ -16,6 +17,10 @@ pub struct PolicyDocument {
     pub tiers: Vec<Tier>,
     #[serde(default)]
     pub models: Vec<Model>,
+    /// Subscriptions (owner, per-model token limits, priority). Left out of the served JSON when
+    /// empty, so a tier-only document is served exactly as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subscriptions: Vec<crate::subscription::Subscription>,
     /// Key ids (the `key_id` half of `sk-oai-{key_id}_{secret}`) revoked recently, kept longer
     /// than any cache TTL, so every cache evicts them within one poll interval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -448,12 +453,23 @@ impl PolicyDocument {
                 }
             }
         }
+        crate::subscription::validate(self)?;
         for (i, id) in self.revoked_key_ids.iter().enumerate() {
             if !crate::apikey::is_key_id(id) {
                 return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
             }
         }
         Ok(())
+    }
+
+    /// What is valid but probably a mistake (duplicate subscription priorities sharing an
+    /// owner), one line each, for the loader to log.
+    pub fn warnings(&self) -> Vec<String> {
+        crate::subscription::warnings(self)
+    }
+
+    pub fn subscription(&self, name: &str) -> Option<&crate::subscription::Subscription> {
+        self.subscriptions.iter().find(|s| s.name == name)
     }
 
     pub fn tier(&self, name: &str) -> Option<&Tier> {
@@ -715,11 +731,19 @@ mod tests {
         }
 
         fn policy() -> impl Strategy<Value = serde_json::Value> {
-            (tier(0), tier(1), 0usize..4).prop_map(|(a, b, models)| {
-                let models: Vec<_> = (0..models)
+            (tier(0), tier(1), 0usize..4).prop_map(|(a, b, models_len)| {
+                let models: Vec<_> = (0..models_len)
                     .map(|m| serde_json::json!({"name": format!("m{m}"), "path": format!("/ns/m{m}"), "tiers": ["t0"]}))
                     .collect();
-                serde_json::json!({"tiers": [a, b], "models": models})
+                let mut v = serde_json::json!({"tiers": [a, b], "models": models});
+                if models_len > 0 {
+                    v["subscriptions"] = serde_json::json!([{"name": "s0", "priority": 1,
+                        "owner": {"groups": ["g0"], "users": ["u"]},
+                        "models": [{"name": "m0", "tokenRateLimits": [{"limit": 5, "window": "1m"}],
+                                    "billingRate": {"perToken": "0.5"}}],
+                        "tokenMetadata": {"labels": {"k": "v"}}}]);
+                }
+                v
             })
         }
 

@@ -1,5 +1,9 @@
 //! The public key-management API: mint, get, revoke, search, bulk-revoke, config, cleanup.
 //!
+//! Subscriptions: a key is bound at mint to the subscription it names (which the caller must
+//! have), else to the caller's default one (`maas_types::subscription::default_for_mint`), else
+//! to none (it follows the tiers, as a key pinned to a tier does).
+//!
 //! Paths, camelCase fields and status codes follow the reference MaaS API. The plaintext key
 //! is in the mint response only. Mint is one INSERT, so a key is never half-written.
 //! `expired` is computed at read time.
@@ -26,6 +30,7 @@ use maas_types::{ErrorBody, ErrorKind};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -43,6 +48,10 @@ pub enum ApiKeyError {
     InvalidTier,
     #[error("no tier is available for your groups")]
     NoTier,
+    /// The reference's one message whether the subscription does not exist, the caller does
+    /// not have it, or there is none (no enumeration of subscriptions).
+    #[error("Unable to resolve a subscription for this API key")]
+    InvalidSubscription,
     #[error("API key not found")]
     NotFound,
     #[error("{0}")]
@@ -68,6 +77,12 @@ impl IntoResponse for ApiKeyError {
                 message,
                 ErrorKind::InvalidRequest,
                 Some("invalid_tier"),
+            ),
+            ApiKeyError::InvalidSubscription => error_response(
+                StatusCode::BAD_REQUEST,
+                message,
+                ErrorKind::InvalidRequest,
+                Some("invalid_subscription"),
             ),
             ApiKeyError::NoTier => error_response(
                 StatusCode::FORBIDDEN,
@@ -118,6 +133,10 @@ pub struct ApiKeyView {
     /// The pinned tier; absent when the key follows its owner's highest tier.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
+    /// The subscription the key is bound to; absent when it follows the tiers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
+    pub labels: BTreeMap<String, String>,
     pub key_prefix: String,
     pub creation_date: DateTime<Utc>,
     pub expiration_date: DateTime<Utc>,
@@ -148,6 +167,8 @@ impl From<KeyRow> for ApiKeyView {
             username: r.username,
             groups: r.user_groups,
             tier: r.tier,
+            subscription: r.subscription,
+            labels: serde_json::from_str(&r.labels).unwrap_or_default(),
             creation_date: r.created_at,
             expiration_date: r.expires_at,
             status,
@@ -182,9 +203,16 @@ pub struct CreateRequest {
     #[serde(default)]
     #[schema(schema_with = expires_in_schema)]
     pub expires_in: Option<Value>,
-    /// Pin the key to a tier the caller qualifies for.
+    /// Pin the key to a tier the caller qualifies for (then no subscription is bound).
     #[serde(default)]
     pub tier: Option<String>,
+    /// Bind the key to this subscription (`name` or `namespace/name`; the caller must have
+    /// it). Left out: the caller's default subscription (highest priority), if it has any.
+    #[serde(default)]
+    pub subscription: Option<String>,
+    /// At most 16; keys 1–63 of letters, digits, `.`, `_`, `-`, `/`; values ≤ 256 characters.
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub ephemeral: Option<bool>,
 }
@@ -217,7 +245,14 @@ pub struct CreateResponse {
     pub key_prefix: String,
     pub name: String,
     pub description: Option<String>,
-    pub tier: String,
+    /// The tier the key gets now; absent for a key bound to a subscription when the caller
+    /// qualifies for no tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// The subscription the key is bound to; absent when it follows the tiers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
+    pub labels: BTreeMap<String, String>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub ephemeral: bool,
@@ -259,21 +294,59 @@ pub async fn create(
         ephemeral,
         limits.max_expiration_days,
     )?;
+    let labels_map = req.labels.unwrap_or_default();
+    let labels = rules::check_labels(&labels_map, "labels")?;
     let policy = policy.document();
-    let pinned = match req.tier.as_deref().map(str::trim) {
-        Some(t) if !t.is_empty() => {
+    let requested_tier = req.tier.as_deref().map(str::trim).filter(|t| !t.is_empty());
+    let requested_sub = req
+        .subscription
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    if requested_tier.is_some() && requested_sub.is_some() {
+        return Err(invalid(
+            "tier and subscription cannot both be given: a key follows either a tier or a subscription",
+            "subscription",
+        )
+        .into());
+    }
+    let subscription = match requested_sub {
+        Some(r) => Some(
+            maas_types::subscription::select(
+                &policy,
+                &caller.username,
+                &caller.groups,
+                Some(r),
+                None,
+            )
+            .map_err(|e| {
+                tracing::info!(user = %caller.username, reason = e.code(), "mint refused: subscription");
+                ApiKeyError::InvalidSubscription
+            })?
+            .name
+            .clone(),
+        ),
+        None if requested_tier.is_none() => {
+            maas_types::subscription::default_for_mint(&policy, &caller.username, &caller.groups)
+                .map(|s| s.name.clone())
+        }
+        None => None,
+    };
+    let pinned = match requested_tier {
+        Some(t) => {
             if !policy.qualifying_tiers(&caller.groups).any(|q| q.name == t) {
                 return Err(ApiKeyError::InvalidTier);
             }
             Some(t.to_string())
         }
-        _ => None,
+        None => None,
     };
     let tier = policy
         .resolve_tier(&caller.groups, pinned.as_deref())
-        .ok_or(ApiKeyError::NoTier)?
-        .name
-        .clone();
+        .map(|t| t.name.clone());
+    if tier.is_none() && subscription.is_none() {
+        return Err(ApiKeyError::NoTier);
+    }
 
     let mut key_id_bytes = [0u8; maas_types::apikey::KEY_ID_BYTES];
     let mut secret_bytes = [0u8; maas_types::apikey::SECRET_BYTES];
@@ -302,6 +375,8 @@ pub async fn create(
             name: &name,
             description: description.as_deref(),
             pinned_tier: pinned.as_deref(),
+            subscription: subscription.as_deref(),
+            labels: &labels,
             groups: &caller.groups,
             created_at: now,
             expires_at,
@@ -309,7 +384,7 @@ pub async fn create(
         })
         .await?;
     metrics.keys_minted.inc();
-    tracing::info!(user = %caller.username, key_id = %key_id, %tier, ephemeral, "API key minted");
+    tracing::info!(user = %caller.username, key_id = %key_id, tier = tier.as_deref().unwrap_or(""), subscription = subscription.as_deref().unwrap_or(""), ephemeral, "API key minted");
     Ok((
         StatusCode::CREATED,
         Json(CreateResponse {
@@ -319,6 +394,8 @@ pub async fn create(
             name,
             description,
             tier,
+            subscription,
+            labels: labels_map,
             created_at,
             expires_at,
             ephemeral,
@@ -397,6 +474,10 @@ pub struct SearchRequest {
 #[serde(rename_all = "camelCase", default)]
 pub struct SearchFilters {
     pub username: Option<String>,
+    /// Only keys bound to this subscription.
+    pub subscription: Option<String>,
+    /// Only keys holding every one of these labels.
+    pub labels_contain: Option<BTreeMap<String, String>>,
     pub status: Option<Vec<String>>,
     pub include_ephemeral: bool,
 }
@@ -491,8 +572,23 @@ fn search_query(req: SearchRequest, caller: &Caller) -> Result<SearchQuery, ApiK
         None if caller.is_admin => None,
         None => Some(caller.username.clone()),
     };
+    let labels_contain = req
+        .filters
+        .labels_contain
+        .as_ref()
+        .filter(|l| !l.is_empty())
+        .map(|l| rules::check_labels(l, "filters.labelsContain"))
+        .transpose()?;
     Ok(SearchQuery {
         username,
+        subscription: req
+            .filters
+            .subscription
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        labels_contain,
         include_ephemeral: req.filters.include_ephemeral,
         statuses,
         sort,
@@ -534,20 +630,33 @@ pub async fn search(
 // POST /v1/api-keys/bulk-revoke
 // ---------------------------------------------------------------------------------------------
 
+/// At least one of `username` and `subscription`; both: the user's keys of that subscription.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct BulkRevokeRequest {
+    /// Whose keys (a non-admin: only their own).
     #[serde(default)]
     pub username: Option<String>,
+    /// Keys bound to this subscription (a non-admin: only their own keys of it).
+    #[serde(default)]
+    pub subscription: Option<String>,
+    /// Count what would be revoked, revoke nothing.
+    #[serde(default)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BulkRevokeResponse {
+    /// Keys revoked (0 in a dry run).
     pub revoked_count: u64,
+    /// Active keys that matched (revoked, or that a dry run would revoke).
+    pub matched_count: u64,
+    pub dry_run: bool,
     pub message: String,
 }
 
-#[utoipa::path(post, path = "/v1/api-keys/bulk-revoke", summary = "Revoke every active key of a user",
+#[utoipa::path(post, path = "/v1/api-keys/bulk-revoke", summary = "Revoke every active key of a user and/or a subscription (dryRun: count only)",
     request_body = BulkRevokeRequest,
     security(("bearer" = [])),
     responses(
@@ -564,23 +673,51 @@ pub async fn bulk_revoke(
     ApiJson(req): ApiJson<BulkRevokeRequest>,
 ) -> Result<Json<BulkRevokeResponse>, ApiKeyError> {
     require_cluster_identity(&caller)?;
-    let username = req
-        .username
-        .as_deref()
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| invalid("username is required", "username"))?
-        .to_string();
-    if username != caller.username && !caller.is_admin {
-        return Err(ApiKeyError::Forbidden(
-            "Access denied: you can only bulk revoke your own API keys",
-        ));
+    let trimmed = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+    };
+    let username = trimmed(&req.username);
+    let subscription = trimmed(&req.subscription);
+    if username.is_none() && subscription.is_none() {
+        return Err(invalid("username or subscription is required", "username").into());
     }
-    let n = store.revoke_all(&username).await?;
-    tracing::info!(user = %caller.username, owner = %username, revoked = n, "bulk revoke");
-    Ok(Json(BulkRevokeResponse {
-        revoked_count: n,
-        message: format!("Successfully revoked {n} active API key(s) for user {username}"),
+    let owner = match username {
+        Some(u) if u != caller.username && !caller.is_admin => {
+            return Err(ApiKeyError::Forbidden(
+                "Access denied: you can only bulk revoke your own API keys",
+            ));
+        }
+        Some(u) => Some(u),
+        None if caller.is_admin => None,
+        None => Some(caller.username.clone()),
+    };
+    let n = store
+        .revoke_all(owner.as_deref(), subscription.as_deref(), req.dry_run)
+        .await?;
+    let scope = match (&owner, &subscription) {
+        (Some(u), Some(s)) => format!("for user {u} in subscription {s}"),
+        (Some(u), None) => format!("for user {u}"),
+        (None, Some(s)) => format!("in subscription {s}"),
+        (None, None) => String::new(),
+    };
+    tracing::info!(user = %caller.username, owner = owner.as_deref().unwrap_or("*"), subscription = subscription.as_deref().unwrap_or("*"), matched = n, dry_run = req.dry_run, "bulk revoke");
+    Ok(Json(if req.dry_run {
+        BulkRevokeResponse {
+            revoked_count: 0,
+            matched_count: n,
+            dry_run: true,
+            message: format!("Dry run: {n} active API key(s) {scope} would be revoked"),
+        }
+    } else {
+        BulkRevokeResponse {
+            revoked_count: n,
+            matched_count: n,
+            dry_run: false,
+            message: format!("Successfully revoked {n} active API key(s) {scope}"),
+        }
     }))
 }
 

@@ -1,12 +1,20 @@
-//! The rules of a new key: its lifetime (`expiresIn`), name and description. Pure functions.
+//! The rules of a new key: its lifetime (`expiresIn`), name, description and labels. Pure
+//! functions.
 
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Ephemeral keys live at most this long.
 pub const EPHEMERAL_MAX: Duration = Duration::from_secs(3600);
 pub const NAME_MAX_CHARS: usize = 128;
 pub const DESCRIPTION_MAX_CHARS: usize = 1024;
+/// A key carries at most this many labels.
+pub const LABELS_MAX: usize = 16;
+/// Label keys: 1 to 63 of `A-Z a-z 0-9 . _ - /`, starting with a letter or digit.
+pub const LABEL_KEY_MAX_CHARS: usize = 63;
+/// Label values: at most this many characters, no control characters.
+pub const LABEL_VALUE_MAX_CHARS: usize = 256;
 
 /// A request field that breaks a rule; `param` names it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -176,6 +184,47 @@ pub fn check_description(d: Option<String>) -> Result<Option<String>, InvalidFie
     Ok(Some(d))
 }
 
+fn label_key_ok(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= LABEL_KEY_MAX_CHARS
+        && k.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+}
+
+/// Checks a key's labels (`labels` at mint, `filters.labelsContain` in search; `param` names
+/// the field) and answers them as JSON object text.
+pub fn check_labels(
+    labels: &BTreeMap<String, String>,
+    param: &'static str,
+) -> Result<String, InvalidField> {
+    if labels.len() > LABELS_MAX {
+        return Err(invalid(
+            format!("{param}: at most {LABELS_MAX} labels"),
+            param,
+        ));
+    }
+    for (k, v) in labels {
+        if !label_key_ok(k) {
+            return Err(invalid(
+                format!(
+                    "{param}: label key {k:?} must be 1 to {LABEL_KEY_MAX_CHARS} of letters, digits, '.', '_', '-', '/', starting with a letter or digit"
+                ),
+                param,
+            ));
+        }
+        if v.chars().count() > LABEL_VALUE_MAX_CHARS || v.chars().any(char::is_control) {
+            return Err(invalid(
+                format!(
+                    "{param}: the value of label {k:?} must be at most {LABEL_VALUE_MAX_CHARS} characters without control characters"
+                ),
+                param,
+            ));
+        }
+    }
+    Ok(serde_json::to_string(labels).unwrap_or_else(|_| "{}".to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +291,39 @@ mod tests {
         assert!(check_name("a\u{7}b").is_err());
         assert!(check_name(&"x".repeat(129)).is_err());
         assert!(check_name(&"é".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn labels_are_bounded_and_answered_as_json() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            check_labels(&map(&[("team", "a"), ("app.io/env", "dev")]), "labels").unwrap(),
+            r#"{"app.io/env":"dev","team":"a"}"#
+        );
+        assert_eq!(check_labels(&map(&[]), "labels").unwrap(), "{}");
+        let many: BTreeMap<String, String> = (0..17)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert!(check_labels(&many, "labels").is_err());
+        let sixteen: BTreeMap<String, String> = (0..16)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert!(check_labels(&sixteen, "labels").is_ok());
+        for bad_key in ["", "-x", "a b", "é", &"k".repeat(64)] {
+            assert!(
+                check_labels(&map(&[(bad_key, "v")]), "labels").is_err(),
+                "{bad_key:?}"
+            );
+        }
+        assert!(check_labels(&map(&[("k", &"v".repeat(257))]), "labels").is_err());
+        assert!(check_labels(&map(&[("k", "a\u{1}")]), "labels").is_err());
+        let e = check_labels(&map(&[("k", "a\n")]), "filters.labelsContain").unwrap_err();
+        assert_eq!(e.param, "filters.labelsContain");
     }
 
     proptest! {

@@ -50,10 +50,14 @@ pub struct KeyRow {
     pub last_used_at: Option<DateTime<Utc>>,
     pub revoked_at: Option<DateTime<Utc>>,
     pub ephemeral: bool,
+    pub subscription: Option<String>,
+    /// The labels as JSON text (`{"k":"v"}`).
+    pub labels: String,
 }
 
 const KEY_COLUMNS: &str = "id, key_id, username, name, description, tier, user_groups, status, \
-                           created_at, expires_at, last_used_at, revoked_at, ephemeral";
+                           created_at, expires_at, last_used_at, revoked_at, ephemeral, \
+                           subscription, labels::text AS labels";
 
 /// What a key is checked with when it is used.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -63,6 +67,7 @@ pub struct KeyCheck {
     pub username: String,
     pub user_groups: Vec<String>,
     pub tier: Option<String>,
+    pub subscription: Option<String>,
     pub status: String,
     pub expires_at: DateTime<Utc>,
 }
@@ -76,6 +81,9 @@ pub struct NewKey<'a> {
     pub name: &'a str,
     pub description: Option<&'a str>,
     pub pinned_tier: Option<&'a str>,
+    pub subscription: Option<&'a str>,
+    /// JSON object text.
+    pub labels: &'a str,
     pub groups: &'a [String],
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
@@ -101,6 +109,9 @@ pub enum SortColumn {
 pub struct SearchQuery {
     /// `None`: every user's keys (admins only).
     pub username: Option<String>,
+    pub subscription: Option<String>,
+    /// JSON object text: every pair must be among the key's labels.
+    pub labels_contain: Option<String>,
     pub include_ephemeral: bool,
     /// Empty: any status.
     pub statuses: Vec<KeyStatus>,
@@ -147,8 +158,8 @@ impl KeyStore {
     ) -> Result<(DateTime<Utc>, DateTime<Utc>), StoreError> {
         Ok(sqlx::query_as(
             "INSERT INTO api_keys (id, key_id, key_hash, username, name, description, tier, \
-             user_groups, status, created_at, expires_at, ephemeral) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'active', $9, $10, $11) \
+             user_groups, status, created_at, expires_at, ephemeral, subscription, labels) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'active', $9, $10, $11, $12, $13::jsonb) \
              RETURNING created_at, expires_at",
         )
         .bind(key.id)
@@ -162,6 +173,8 @@ impl KeyStore {
         .bind(key.created_at)
         .bind(key.expires_at)
         .bind(key.ephemeral)
+        .bind(key.subscription)
+        .bind(key.labels)
         .fetch_one(self.ready()?)
         .await?)
     }
@@ -202,6 +215,14 @@ impl KeyStore {
         if let Some(u) = &query.username {
             q.push(" AND username = ").push_bind(u.clone());
         }
+        if let Some(sub) = &query.subscription {
+            q.push(" AND subscription = ").push_bind(sub.clone());
+        }
+        if let Some(labels) = &query.labels_contain {
+            q.push(" AND labels @> ")
+                .push_bind(labels.clone())
+                .push("::jsonb");
+        }
         if !query.include_ephemeral {
             q.push(" AND NOT ephemeral");
         }
@@ -239,16 +260,32 @@ impl KeyStore {
         Ok(q.build_query_as().fetch_all(pool).await?)
     }
 
-    /// Revokes every active key of `owner`; answers how many.
-    pub async fn revoke_all(&self, owner: &str) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "UPDATE api_keys SET status = 'revoked', revoked_at = now() \
-             WHERE username = $1 AND status = 'active'",
-        )
-        .bind(owner)
-        .execute(self.ready()?)
-        .await?;
-        Ok(done.rows_affected())
+    /// Revokes every active key (ephemeral ones too) of `owner` and/or bound to `subscription`
+    /// (at least one is given by the caller); with `dry_run` only counts them. Answers how many.
+    pub async fn revoke_all(
+        &self,
+        owner: Option<&str>,
+        subscription: Option<&str>,
+        dry_run: bool,
+    ) -> Result<u64, StoreError> {
+        let pool = self.ready()?;
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(if dry_run {
+            "SELECT count(*) FROM api_keys WHERE status = 'active'"
+        } else {
+            "UPDATE api_keys SET status = 'revoked', revoked_at = now() WHERE status = 'active'"
+        });
+        if let Some(u) = owner {
+            q.push(" AND username = ").push_bind(u.to_string());
+        }
+        if let Some(s) = subscription {
+            q.push(" AND subscription = ").push_bind(s.to_string());
+        }
+        if dry_run {
+            let n: i64 = q.build_query_scalar().fetch_one(pool).await?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        } else {
+            Ok(q.build().execute(pool).await?.rows_affected())
+        }
     }
 
     /// Deletes ephemeral keys that expired more than 30 minutes ago; answers how many.
@@ -264,7 +301,7 @@ impl KeyStore {
     /// The key with this hash, if any (status and expiry are the caller's to judge).
     pub async fn find_by_hash(&self, hash: &str) -> Result<Option<KeyCheck>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT id, key_id, username, user_groups, tier, status, expires_at \
+            "SELECT id, key_id, username, user_groups, tier, subscription, status, expires_at \
              FROM api_keys WHERE key_hash = $1",
         )
         .bind(hash)

@@ -12,3 +12,4 @@ mod kubernetes;
 mod oidc;
 mod operations;
 mod policy;
+mod subscriptions;

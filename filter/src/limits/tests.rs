@@ -665,3 +665,5 @@ proptest::proptest! {
         proptest::prop_assert_eq!(decimal(n), n.to_string());
     }
 }
+
+mod leases;

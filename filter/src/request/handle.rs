@@ -17,12 +17,19 @@ pub struct Http(pub Rc<RefCell<Request>>);
 
 impl Http {
     pub fn new(id: u32, worker: SharedWorker) -> Self {
-        Http(Rc::new(RefCell::new(Request::new(id, worker))))
+        let req = Rc::new(RefCell::new(Request::new(id, worker)));
+        if let Ok(mut r) = req.try_borrow_mut() {
+            r.me = Rc::downgrade(&req);
+        }
+        Http(req)
     }
 
     pub fn on_request_headers(&self, host: &dyn Host, end_of_stream: bool) -> Action {
         let action = match self.0.try_borrow_mut() {
-            Ok(mut req) => req.on_headers(host, end_of_stream),
+            Ok(mut req) => {
+                req.enter();
+                req.on_headers(host, end_of_stream)
+            }
             Err(_) => return refuse_undecidable(host),
         };
         // A request that waits for another request's callout joins the worker's waiters for its
@@ -53,14 +60,20 @@ impl Http {
         end_of_stream: bool,
     ) -> Action {
         match self.0.try_borrow_mut() {
-            Ok(mut req) => req.on_body(host, body_size, end_of_stream),
+            Ok(mut req) => {
+                req.enter();
+                req.on_body(host, body_size, end_of_stream)
+            }
             Err(_) => refuse_undecidable(host),
         }
     }
 
     pub fn on_request_trailers(&self, host: &dyn Host) -> Action {
         match self.0.try_borrow_mut() {
-            Ok(mut req) => req.on_trailers(host),
+            Ok(mut req) => {
+                req.enter();
+                req.on_trailers(host)
+            }
             Err(_) => refuse_undecidable(host),
         }
     }
@@ -85,9 +98,23 @@ impl Http {
         }
     }
 
-    pub fn on_call_response(&self, host: &dyn Host, body_size: usize) {
+    /// A callout's answer: a lease flight this context carries (by its token), else this
+    /// request's authentication callout.
+    pub fn on_call_response(&self, host: &dyn Host, token: u32, body_size: usize) {
         if let Ok(mut req) = self.0.try_borrow_mut() {
-            req.on_auth_response(host, body_size);
+            req.enter();
+            let flight = {
+                let mut w = req.worker.borrow_mut();
+                if w.lease_flights.is_empty() {
+                    None
+                } else {
+                    w.lease_flights.remove(&token)
+                }
+            };
+            match flight {
+                Some(f) => req.on_lease_answer(host, f, body_size),
+                None => req.on_auth_response(host, body_size),
+            }
         }
     }
 

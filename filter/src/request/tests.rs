@@ -10,6 +10,7 @@ use maas_types::CredentialsDocument;
 use serde_json::{Value, json};
 
 mod body;
+mod lease;
 mod respond;
 
 pub(super) const COMPANION: &str = "maas-companion";
@@ -47,9 +48,11 @@ impl Fx {
     }
 
     pub fn with(extra: Value) -> Self {
+        // Global limits (leases) only where a test turns them on (`Fx::global`).
         let mut cfg = json!({
             "companion": {"cluster": COMPANION},
             "bootstrapPolicy": policy(),
+            "limits": {"global": {"enabled": false}},
         });
         for (k, v) in extra.as_object().unwrap() {
             cfg[k] = v.clone();
@@ -100,7 +103,9 @@ impl Fx {
             None => self.host.set_map(Headers::CallResponse, &[]),
         }
         self.host.set_buffer(Body::CallResponse, body);
-        h.on_call_response(&self.host, body.len());
+        // The latest callout's token (Envoy hands the token of the call answered).
+        let token = self.host.dispatched.borrow().last().map_or(0, |d| d.token);
+        h.on_call_response(&self.host, token, body.len());
     }
 
     /// Hands the pending counters to the host (as a tick does).

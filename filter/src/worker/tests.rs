@@ -7,7 +7,9 @@ use crate::host::recording::RecordingHost;
 use serde_json::json;
 
 fn configured(extra: serde_json::Value) -> (RecordingHost, Root) {
-    let mut cfg = json!({"companion": {"cluster": "maas-companion"}, "pollIntervalMs": 5000});
+    // Global limits (leases) only where a test turns them on.
+    let mut cfg = json!({"companion": {"cluster": "maas-companion"}, "pollIntervalMs": 5000,
+                         "limits": {"global": {"enabled": false}}});
     for (k, v) in extra.as_object().unwrap() {
         cfg[k] = v.clone();
     }
@@ -221,3 +223,5 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
     assert!(w.local_cache.get(&revoked, now).is_none());
     assert!(w.local_cache.get(&kept, now).is_some());
 }
+
+mod leases;

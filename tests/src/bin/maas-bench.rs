@@ -88,6 +88,13 @@ const MODEL: &str = "sim-model";
 const CHAT_PATH: &str = "/llm/sim-model/v1/chat/completions";
 const SIM_CHAT_PATH: &str = "/v1/chat/completions";
 const LITELLM_MASTER_KEY: &str = "sk-bench-master";
+/// `--only two-replica`: the variants `two-replica-off` and `two-replica-on`.
+const TWO_REPLICA: &str = "two-replica";
+/// Users (one key each) whose requests the two-replica variants rotate through.
+const TWO_REPLICA_SUBJECTS: usize = 4;
+const TWO_REPLICA_REPLICAS: usize = 2;
+/// The heading of the two-replica section (what `--only two-replica` replaces in BENCH_OUT).
+const TWO_REPLICA_HEADING: &str = "## Global limits across two gateway replicas (`two-replica`)";
 
 /// The benchmark's policy: one tier whose limits are on but can never trip during a run.
 const POLICY: &str = r#"
@@ -314,6 +321,29 @@ struct EnvoyInputs<'a> {
     wasm: PathBuf,
     envoy_bin: PathBuf,
     dir: PathBuf,
+    /// Merged (deeply) over the filter's pluginConfig.
+    plugin_extra: Option<Value>,
+}
+
+impl<'a> EnvoyInputs<'a> {
+    /// The same inputs for an Envoy that talks to another companion, with `plugin_extra`.
+    fn for_replica(
+        &self,
+        companion_public: SocketAddr,
+        companion_internal: SocketAddr,
+        plugin_extra: Value,
+    ) -> EnvoyInputs<'a> {
+        EnvoyInputs {
+            policy: self.policy,
+            companion_public,
+            companion_internal,
+            simulator: self.simulator,
+            wasm: self.wasm.clone(),
+            envoy_bin: self.envoy_bin.clone(),
+            dir: self.dir.clone(),
+            plugin_extra: Some(plugin_extra),
+        }
+    }
 }
 
 /// Renders the stack's Envoy config (with or without the filter) on fresh ports and starts it
@@ -380,6 +410,9 @@ fn start_envoy_wasm(
             "maxTtlSeconds": 3600,
             "negativeTtlSeconds": 5
         });
+        if let Some(extra) = &inp.plugin_extra {
+            envoy_config::merge_json(&mut plugin, extra);
+        }
         let value = config
             .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config/configuration/value")
             .context("rendered Envoy config has no wasm configuration where expected")?;
@@ -466,9 +499,15 @@ fn psql(pg_bin: &Path, db_url: &str, sql: &str, stdin: Option<&[u8]>) -> Result<
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Inserts `n` active keys for user `bench` with the stored hash (`maas_types::apikey`), and
-/// writes their plaintexts, one per fixed-width line, to `keys_file`.
-fn insert_keys(pg_bin: &Path, db_url: &str, n: usize, keys_file: &Path) -> Result<()> {
+/// Inserts `n` active keys (key `i` of user `username(i)`) with the stored hash
+/// (`maas_types::apikey`), and writes their plaintexts, one per fixed-width line, to `keys_file`.
+fn insert_keys(
+    pg_bin: &Path,
+    db_url: &str,
+    n: usize,
+    keys_file: &Path,
+    username: &dyn Fn(usize) -> String,
+) -> Result<()> {
     // The companion creates the table at start (it may still be migrating).
     let deadline = Instant::now() + Duration::from_secs(60);
     while psql(pg_bin, db_url, "SELECT 1 FROM api_keys LIMIT 1", None).is_err() {
@@ -512,7 +551,8 @@ fn insert_keys(pg_bin: &Path, db_url: &str, n: usize, keys_file: &Path) -> Resul
         );
         let _ = writeln!(
             rows,
-            "{uuid}\t{key_id}\t{hash}\tbench\tbench-{i}\t\\N\t{{system:authenticated,tier-bench-users}}\t{expires}"
+            "{uuid}\t{key_id}\t{hash}\t{}\tbench-{i}\t\\N\t{{system:authenticated,tier-bench-users}}\t{expires}",
+            username(i)
         );
         plain.push_str(&key);
         plain.push('\n');
@@ -542,6 +582,10 @@ struct WrkResult {
     errors: u64,
     /// Envoy's CPU time (user + system, all threads) per request, µs; 0 when unknown.
     cpu_us: f64,
+    /// Two-replica variants: the companions' Redis round trips and lease batches per second
+    /// during the run's steady state (all companions together).
+    redis_rt_per_s: Option<f64>,
+    lease_batches_per_s: Option<f64>,
 }
 
 #[derive(Clone)]
@@ -553,6 +597,8 @@ enum Load {
     },
     /// miss.lua: a new key every request.
     Miss,
+    /// rotate.lua: the keys of `keys_file` in turn (a handful of subjects, all busy).
+    Rotate { keys_file: PathBuf },
 }
 
 #[derive(Clone)]
@@ -568,6 +614,17 @@ struct Variant {
     only_c: Option<Vec<u32>>,
     /// The Envoy serving it (0: none of ours), whose CPU per request is measured.
     envoy_pid: u32,
+    /// Two gateways at once (`two-replica`): one wrk per gateway, both at the same time.
+    pair: Option<Pair>,
+}
+
+/// The second gateway of a two-replica variant, and where the companions count Redis calls.
+#[derive(Clone)]
+struct Pair {
+    addr: SocketAddr,
+    envoy_pid: u32,
+    /// Every companion's metrics listener (`maas_companion_redis_round_trips_total`, …).
+    companion_metrics: Vec<SocketAddr>,
 }
 
 struct Wrk<'a> {
@@ -578,10 +635,20 @@ struct Wrk<'a> {
 }
 
 impl Wrk<'_> {
-    fn run(&mut self, v: &Variant, c: u32, seconds: u64) -> Result<WrkResult> {
+    /// wrk (pinned to CPU 1) against `addr` with `v`'s load; `key_start`: where rotate.lua
+    /// starts in its keys (each wrk of a pair starts elsewhere).
+    fn command(
+        &self,
+        v: &Variant,
+        addr: SocketAddr,
+        c: u32,
+        seconds: u64,
+        key_start: usize,
+    ) -> Command {
         let script = match v.load {
             Load::Fixed { .. } => "post.lua",
             Load::Miss => "miss.lua",
+            Load::Rotate { .. } => "rotate.lua",
         };
         let mut cmd = Command::new("taskset");
         cmd.args(["-c", "1", "wrk", "-t1"])
@@ -589,7 +656,7 @@ impl Wrk<'_> {
             .arg(format!("-d{seconds}s"))
             .args(["--timeout", "10s", "-s"])
             .arg(self.lua_dir.join(script))
-            .arg(format!("http://{}{}", v.addr, v.path))
+            .arg(format!("http://{addr}{}", v.path))
             .env("BENCH_LUA_DIR", self.lua_dir)
             .env("BENCH_BODY_FILE", &v.body_file)
             .stdin(Stdio::null());
@@ -605,12 +672,97 @@ impl Wrk<'_> {
                 cmd.env("BENCH_KEYS_FILE", self.keys_file);
                 cmd.env("BENCH_KEY_OFFSET", self.key_offset.to_string());
             }
+            Load::Rotate { keys_file } => {
+                cmd.env("BENCH_KEYS_FILE", keys_file);
+                cmd.env("BENCH_KEY_START", key_start.to_string());
+            }
         }
+        cmd
+    }
+
+    fn run(&mut self, v: &Variant, c: u32, seconds: u64) -> Result<WrkResult> {
+        if let Some(pair) = &v.pair {
+            return self.run_pair(v, pair, c, seconds);
+        }
+        let mut cmd = self.command(v, v.addr, c, seconds, 0);
         let cpu_before = cpu_ticks(v.envoy_pid);
         let out = cmd
             .output()
             .context("cannot run wrk (taskset -c 1 wrk …)")?;
         let cpu_after = cpu_ticks(v.envoy_pid);
+        let run = WrkRun::parse(&out)?;
+        if let Load::Miss = v.load {
+            // Every key this run may have sent (completed + in flight at the end).
+            self.key_offset += run.requests as usize + 2 * c as usize + 8;
+            if self.key_offset > self.keys_total {
+                log(format!(
+                    "warning: filter-miss ran out of fresh keys ({} > {}): raise the pool",
+                    self.key_offset, self.keys_total
+                ));
+            }
+        }
+        let cpu = match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        Ok(combine_runs(&[run], cpu))
+    }
+
+    /// One wrk per gateway of the pair, at the same time (`c` connections each); the companions'
+    /// Redis round trips and lease batches are read after the first quarter of the run (at most
+    /// 2 s: leases settle) and shortly before its end — the steady state.
+    fn run_pair(&mut self, v: &Variant, pair: &Pair, c: u32, seconds: u64) -> Result<WrkResult> {
+        let pids = [v.envoy_pid, pair.envoy_pid];
+        let cpu_before = pids.map(cpu_ticks);
+        let t0 = Instant::now();
+        let mut children = Vec::with_capacity(2);
+        for (i, addr) in [v.addr, pair.addr].into_iter().enumerate() {
+            let child = self
+                .command(v, addr, c, seconds, i)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("cannot run wrk (taskset -c 1 wrk …)")?;
+            children.push(child);
+        }
+        let (from, to) = steady_window(seconds);
+        std::thread::sleep(from.saturating_sub(t0.elapsed()));
+        let first = lease_counters(&pair.companion_metrics);
+        let t_first = Instant::now();
+        std::thread::sleep(to.saturating_sub(t0.elapsed()));
+        let last = lease_counters(&pair.companion_metrics);
+        let steady_s = t_first.elapsed().as_secs_f64();
+        let mut runs = Vec::with_capacity(2);
+        for child in children {
+            runs.push(WrkRun::parse(&child.wait_with_output()?)?);
+        }
+        let cpu_after = pids.map(cpu_ticks);
+        let cpu = match (cpu_before, cpu_after) {
+            ([Some(a0), Some(a1)], [Some(b0), Some(b1)]) => {
+                Some(b0.saturating_sub(a0) + b1.saturating_sub(a1))
+            }
+            _ => None,
+        };
+        let mut r = combine_runs(&runs, cpu);
+        let (first, last) = (first?, last?);
+        r.redis_rt_per_s = Some((last.0 - first.0) / steady_s.max(1e-3));
+        r.lease_batches_per_s = Some((last.1 - first.1) / steady_s.max(1e-3));
+        Ok(r)
+    }
+}
+
+/// What one wrk printed (its `BENCH {…}` line).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct WrkRun {
+    requests: u64,
+    duration_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+}
+
+impl WrkRun {
+    fn parse(out: &std::process::Output) -> Result<WrkRun> {
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text
             .lines()
@@ -623,32 +775,75 @@ impl Wrk<'_> {
             })?;
         let j: Value = serde_json::from_str(line)?;
         let n = |k: &str| j[k].as_f64().unwrap_or(0.0);
-        let requests = n("requests") as u64;
-        if let Load::Miss = v.load {
-            // Every key this run may have sent (completed + in flight at the end).
-            self.key_offset += requests as usize + 2 * c as usize + 8;
-            if self.key_offset > self.keys_total {
-                log(format!(
-                    "warning: filter-miss ran out of fresh keys ({} > {}): raise the pool",
-                    self.key_offset, self.keys_total
-                ));
-            }
-        }
-        let errors = (n("connect") + n("read") + n("write") + n("status") + n("timeout")) as u64;
-        let cpu_us = match (cpu_before, cpu_after) {
-            (Some(a), Some(b)) if requests > 0 => {
-                b.saturating_sub(a) as f64 * 1e6 / clock_ticks_per_s() / requests as f64
-            }
-            _ => 0.0,
-        };
-        Ok(WrkResult {
-            rps: requests as f64 / (n("duration_us") / 1e6).max(1e-9),
-            p50_ms: n("p50_us") / 1000.0,
-            p99_ms: n("p99_us") / 1000.0,
-            errors,
-            cpu_us,
+        Ok(WrkRun {
+            requests: n("requests") as u64,
+            duration_us: n("duration_us"),
+            p50_us: n("p50_us"),
+            p99_us: n("p99_us"),
+            errors: (n("connect") + n("read") + n("write") + n("status") + n("timeout")) as u64,
         })
     }
+}
+
+/// Runs side by side as one result: req/s summed, p50 = the runs' p50s weighted by their
+/// requests, p99 = the highest, errors summed; `cpu_ticks`: the serving Envoys' CPU during them.
+fn combine_runs(runs: &[WrkRun], cpu_ticks: Option<u64>) -> WrkResult {
+    let requests: u64 = runs.iter().map(|r| r.requests).sum();
+    let weight = requests.max(1) as f64;
+    let cpu_us = match cpu_ticks {
+        Some(t) if requests > 0 => t as f64 * 1e6 / clock_ticks_per_s() / requests as f64,
+        _ => 0.0,
+    };
+    WrkResult {
+        rps: runs
+            .iter()
+            .map(|r| r.requests as f64 / (r.duration_us / 1e6).max(1e-9))
+            .sum(),
+        p50_ms: runs
+            .iter()
+            .map(|r| r.p50_us * r.requests as f64)
+            .sum::<f64>()
+            / weight
+            / 1000.0,
+        p99_ms: runs.iter().map(|r| r.p99_us).fold(0.0, f64::max) / 1000.0,
+        errors: runs.iter().map(|r| r.errors).sum(),
+        cpu_us,
+        redis_rt_per_s: None,
+        lease_batches_per_s: None,
+    }
+}
+
+/// The steady part of a run of `seconds` (from its start): from a quarter in (at most 2 s) to
+/// 0.3 s before its end.
+fn steady_window(seconds: u64) -> (Duration, Duration) {
+    let total = Duration::from_secs(seconds);
+    let from = (total / 4).min(Duration::from_secs(2));
+    let to = total.saturating_sub(Duration::from_millis(300)).max(from);
+    (from, to)
+}
+
+/// Redis round trips and lease batches so far, summed over the companions' `/metrics`.
+fn lease_counters(metrics: &[SocketAddr]) -> Result<(f64, f64)> {
+    let mut sum = (0.0, 0.0);
+    for &addr in metrics {
+        let text =
+            get_text(addr, "/metrics").with_context(|| format!("companion metrics at {addr}"))?;
+        sum.0 +=
+            metric_value(&text, "maas_companion_redis_round_trips_total").with_context(|| {
+                format!("{addr}/metrics has no maas_companion_redis_round_trips_total")
+            })?;
+        sum.1 += metric_value(&text, "maas_companion_lease_batches_total").unwrap_or(0.0);
+    }
+    Ok(sum)
+}
+
+/// The value of the sample `name` (no labels) in a Prometheus text exposition.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let value = rest.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
 }
 
 /// User + system CPU time of process `pid` (all threads), in clock ticks; None for pid 0 or
@@ -772,6 +967,7 @@ fn host_call_prices(
             },
             only_c: None,
             envoy_pid: envoy.pid(),
+            pair: None,
         })
         .collect();
     let keys = dir.join("no-keys.txt");
@@ -1367,11 +1563,26 @@ fn run() -> Result<()> {
     let root = tools::workspace_root();
     let lua_dir = root.join("tests/bench");
     let started_at = std::time::SystemTime::now();
+    let hostcalls = args.only.iter().any(|o| o == "hostcalls");
+    // two-replica: a second companion and a Redis that both companions share.
+    let two_replica = !hostcalls
+        && (args.only.is_empty() || args.only.iter().any(|o| o.starts_with(TWO_REPLICA)));
+    // Only two-replica: its section is replaced in BENCH_OUT, the rest of the file kept.
+    let two_replica_only =
+        !args.only.is_empty() && args.only.iter().all(|o| o.starts_with(TWO_REPLICA));
 
     // ---- the stack ----
-    log("starting the stack (PostgreSQL, companion, simulator) …");
+    log(format!(
+        "starting the stack (PostgreSQL, {}, simulator) …",
+        if two_replica {
+            "2 companions, Redis"
+        } else {
+            "companion"
+        }
+    ));
     let stack = Stack::start(StackOptions {
         envoy_concurrency: 1,
+        replicas: if two_replica { 2 } else { 1 },
         companion_env: vec![
             ("MAAS_KEY_CACHE_TTL_SECONDS".into(), "3600".into()),
             ("RUST_LOG".into(), "warn".into()),
@@ -1392,9 +1603,10 @@ fn run() -> Result<()> {
         wasm: tools::wasm_file()?,
         envoy_bin: tools::envoy_bin()?,
         dir: dir.clone(),
+        plugin_extra: None,
     };
     let pg_bin = tools::pg_bin_dir()?;
-    if args.only.iter().any(|o| o == "hostcalls") {
+    if hostcalls {
         // Its own mode: prices of host calls, nothing else (printed, never written to BENCH_OUT).
         let report = host_call_prices(&args, &inputs, &root, &lua_dir, &dir)?;
         println!("{report}");
@@ -1411,8 +1623,12 @@ fn run() -> Result<()> {
     let max_cached = args.cached_keys.iter().copied().max().unwrap_or(0);
     // filter-miss uses each key once: enough for the fastest plausible miss rate.
     let miss_runs: usize = args.rounds * args.seconds as usize;
-    let junk_only = !args.only.is_empty() && args.only.iter().all(|o| o == "junk-bound");
-    let pool = if junk_only {
+    let small_pool = !args.only.is_empty()
+        && args
+            .only
+            .iter()
+            .all(|o| o == "junk-bound" || o.starts_with(TWO_REPLICA));
+    let pool = if small_pool {
         1000
     } else {
         (miss_runs * 12_000).max(max_cached).max(1000)
@@ -1420,7 +1636,9 @@ fn run() -> Result<()> {
     let keys_file = dir.join("keys.txt");
     log(format!("inserting {pool} API keys into PostgreSQL …"));
     let t = Instant::now();
-    insert_keys(&pg_bin, &stack.database_url(), pool, &keys_file)?;
+    insert_keys(&pg_bin, &stack.database_url(), pool, &keys_file, &|_| {
+        "bench".to_string()
+    })?;
     log(format!("… done in {:.1} s", t.elapsed().as_secs_f64()));
 
     // ---- bodies ----
@@ -1500,6 +1718,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&cached_auth)),
             only_c: None,
             envoy_pid: 0,
+            pair: None,
         },
         Variant {
             name: "envoy",
@@ -1510,6 +1729,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&cached_auth)),
             only_c: None,
             envoy_pid: bare.pid(),
+            pair: None,
         },
         Variant {
             name: "filter-cached",
@@ -1520,6 +1740,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&cached_auth)),
             only_c: None,
             envoy_pid: filtered.pid(),
+            pair: None,
         },
         Variant {
             name: "envoy-stream",
@@ -1530,6 +1751,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&cached_auth)),
             only_c: None,
             envoy_pid: bare.pid(),
+            pair: None,
         },
         Variant {
             name: "filter-stream",
@@ -1540,6 +1762,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&cached_auth)),
             only_c: None,
             envoy_pid: filtered.pid(),
+            pair: None,
         },
         Variant {
             name: "filter-miss",
@@ -1550,6 +1773,7 @@ fn run() -> Result<()> {
             load: Load::Miss,
             only_c: None,
             envoy_pid: filtered.pid(),
+            pair: None,
         },
         Variant {
             name: "companion-auth",
@@ -1560,6 +1784,7 @@ fn run() -> Result<()> {
             load: fixed(None),
             only_c: Some(vec![32]),
             envoy_pid: 0,
+            pair: None,
         },
     ];
     let mut _litellm = None;
@@ -1576,6 +1801,7 @@ fn run() -> Result<()> {
             load: fixed(Some(&format!("Bearer {LITELLM_MASTER_KEY}"))),
             only_c: None,
             envoy_pid: 0,
+            pair: None,
         });
     }
     if let Some(noop) = &noop {
@@ -1594,6 +1820,7 @@ fn run() -> Result<()> {
                 load: fixed(Some(&cached_auth)),
                 only_c: None,
                 envoy_pid: noop.pid(),
+                pair: None,
             },
         );
     }
@@ -1613,13 +1840,65 @@ fn run() -> Result<()> {
                 load: fixed(Some(&cached_auth)),
                 only_c: None,
                 envoy_pid: envoy.pid(),
+                pair: None,
             },
         );
+    }
+    // Two gateways (each its own companion; one Redis), global limits off and on.
+    let mut two_replica_envoys = Vec::new();
+    if two_replica {
+        let keys_2r = dir.join("two-replica-keys.txt");
+        insert_keys(
+            &pg_bin,
+            &stack.database_url(),
+            TWO_REPLICA_SUBJECTS,
+            &keys_2r,
+            &|i| format!("bench-user-{i}"),
+        )?;
+        let companion_metrics = (0..2)
+            .map(|i| url_addr(&stack.companion_metrics_url_of(i)))
+            .collect::<Result<Vec<_>>>()?;
+        log("starting two-replica Envoys: 2 with global limits off, 2 on (CPU 0) …");
+        for (name, enabled) in [("two-replica-off", false), ("two-replica-on", true)] {
+            let mut pair = Vec::with_capacity(2);
+            for i in 0..2 {
+                let mut global = json!({"enabled": enabled});
+                if enabled {
+                    global["replicaId"] = json!(format!("bench-gateway-{i}"));
+                }
+                let inp = inputs.for_replica(
+                    url_addr(&stack.companion_public_url_of(i))?,
+                    url_addr(&stack.companion_internal_url_of(i))?,
+                    json!({"limits": {"global": global}}),
+                );
+                pair.push(start_envoy(&inp, &format!("envoy-{name}-{i}"), true, 1000)?);
+            }
+            variants.push(Variant {
+                name,
+                baseline: "two-replica-off",
+                addr: pair[0].listen,
+                path: CHAT_PATH.into(),
+                body_file: body_json.clone(),
+                load: Load::Rotate {
+                    keys_file: keys_2r.clone(),
+                },
+                only_c: None,
+                envoy_pid: pair[0].pid(),
+                pair: Some(Pair {
+                    addr: pair[1].listen,
+                    envoy_pid: pair[1].pid(),
+                    companion_metrics: companion_metrics.clone(),
+                }),
+            });
+            two_replica_envoys.push((name, pair));
+        }
     }
     if !args.only.is_empty() {
         variants.retain(|v| {
             args.only.iter().any(|o| {
-                o == v.name || (o == "filter-cached" && v.name.starts_with("filter-cached:"))
+                o == v.name
+                    || (o == "filter-cached" && v.name.starts_with("filter-cached:"))
+                    || (o == TWO_REPLICA && v.pair.is_some())
             })
         });
     }
@@ -1630,6 +1909,26 @@ fn run() -> Result<()> {
         let auth = match &v.load {
             Load::Fixed { auth, .. } => auth.clone(),
             Load::Miss => Some(cached_auth.clone()),
+            Load::Rotate { keys_file } => {
+                // Every key at every gateway of the pair.
+                let addrs = std::iter::once(v.addr).chain(v.pair.as_ref().map(|p| p.addr));
+                for addr in addrs {
+                    for key in std::fs::read_to_string(keys_file)?.lines() {
+                        let auth = format!("Bearer {key}");
+                        let (status, text) =
+                            post_once(addr, &v.path, &[("Authorization", &auth)], &body)?;
+                        if status != 200 || !text.contains("usage") {
+                            bail!(
+                                "{} at {addr}: POST {} → {status}: {}",
+                                v.name,
+                                v.path,
+                                text.chars().take(300).collect::<String>()
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
         };
         let headers: Vec<(&str, &str)> = auth
             .as_deref()
@@ -1800,6 +2099,18 @@ fn run() -> Result<()> {
     drop(bare);
     drop(noop);
     drop(compare);
+    // The two-replica Envoys' lease counters (global limits on: how often they called, whether
+    // they ever fell back to their local share).
+    let mut lease_stats = BTreeMap::new();
+    for (name, pair) in &two_replica_envoys {
+        for e in pair {
+            let stats = get_text(e.admin, "/stats?filter=maas_lease").unwrap_or_default();
+            for (k, v) in envoy_stats(&stats) {
+                *lease_stats.entry((*name, k)).or_insert(0.0) += v;
+            }
+        }
+    }
+    drop(two_replica_envoys);
     let mut mem_rows = Vec::new();
     if max_cached > 0 && (args.only.is_empty() || args.only.iter().any(|o| o == "filter-miss")) {
         log("memory: fresh Envoy with the filter, filling its cache …");
@@ -1860,6 +2171,25 @@ fn run() -> Result<()> {
     }
 
     // ---- report ----
+    let two_replica_section = variants
+        .iter()
+        .any(|v| v.pair.is_some())
+        .then(|| render_two_replica(&args, &results, &lease_stats));
+    if two_replica_only {
+        let section = two_replica_section.unwrap_or_default();
+        println!("{section}");
+        if !args.out.is_empty() {
+            let out = root.join(&args.out);
+            let old = std::fs::read_to_string(&out).unwrap_or_default();
+            std::fs::write(&out, splice_section(&old, &section))?;
+            log(format!(
+                "replaced the two-replica section of {}",
+                out.display()
+            ));
+        }
+        stack.shutdown();
+        return Ok(());
+    }
     let mut report = render_report(
         &args,
         started_at,
@@ -1872,6 +2202,10 @@ fn run() -> Result<()> {
     )?;
     if let Some(j) = &junk {
         report.push_str(&render_junk(j, &args));
+    }
+    if let Some(section) = &two_replica_section {
+        report.push('\n');
+        report.push_str(section);
     }
     if !profiles.is_empty() {
         let _ = writeln!(
@@ -1911,6 +2245,169 @@ fn run() -> Result<()> {
     }
     stack.shutdown();
     Ok(())
+}
+
+/// `name: value` lines of Envoy's admin `/stats` (the `wasmcustom.` prefix dropped).
+fn envoy_stats(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(": ")?;
+            let name = name.trim();
+            let name = name.strip_prefix("wasmcustom.").unwrap_or(name);
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn utc_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The two-replica section: on vs off per concurrency, and the Redis round trips per subject per
+/// replica per second against the target.
+fn render_two_replica(
+    args: &Args,
+    results: &BTreeMap<(String, u32), Vec<WrkResult>>,
+    lease_stats: &BTreeMap<(&str, String), f64>,
+) -> String {
+    let (s, r) = (TWO_REPLICA_SUBJECTS, TWO_REPLICA_REPLICAS);
+    let (from, to) = steady_window(args.seconds);
+    let mut o = String::new();
+    let _ = writeln!(o, "{TWO_REPLICA_HEADING}\n");
+    let _ = writeln!(
+        o,
+        "Two Envoys with the filter (one worker each, both pinned to CPU 0), each talking to its own companion; the two companions share one Redis (`MAAS_REDIS_URL`); PostgreSQL and the simulator are the stack's. One wrk per gateway at the same time (`c` connections each, both on CPU 1); every request carries the next of {s} API keys of {s} users (`tests/bench/rotate.lua`), so all {s} subjects are busy at both replicas. **on** = global limits with the defaults (`limits.global`: one lease batch per worker every `reportIntervalMs` = 1000 ms, leases sized for `leaseHorizonMs` = 2000 ms); **off** = `limits.global.enabled: false` (each replica counts alone). The tier's limits are the benchmark's (never tripping). off and on alternate within each round; {} rounds × {} s per run, medians over rounds. Command: `{}` ({}).\n",
+        args.rounds,
+        args.seconds,
+        args.command,
+        utc_now()
+    );
+    let _ = writeln!(
+        o,
+        "Redis round trips = Δ of the companions' `maas_companion_redis_round_trips_total` (summed) from {:.1} s to {:.1} s into each run (the steady state) ÷ that time; per subject per replica = ÷ ({s} subjects × {r} replicas). It counts every call to Redis (lease batches and the companions' own calls); the off rows show the floor: the companions' own calls and the on Envoys' releases of their idle leases after their run. Lease batches = the companions' `maas_companion_lease_batches_total`, the same way. req/s is both gateways together; p50 = the two gateways' p50s weighted by their requests, p99 = the higher.\n",
+        from.as_secs_f64(),
+        to.as_secs_f64()
+    );
+    let _ = writeln!(
+        o,
+        "| conc. per gateway | global limits | req/s (both gateways) | spread | p50 ms | p99 ms | req/s on ÷ off | p50 on ÷ off | Redis round trips / s | per subject per replica per s | lease batches / s | errors |"
+    );
+    let _ = writeln!(
+        o,
+        "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let of = |rs: &[WrkResult], f: &dyn Fn(&WrkResult) -> Option<f64>| {
+        median(&rs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    // (concurrency, req/s, round trips per subject per replica per second) of the on rows.
+    let mut on_rates: Vec<(u32, f64, f64)> = Vec::new();
+    let mut on_off: Vec<(u32, f64, f64)> = Vec::new();
+    for &c in &args.concurrency {
+        let off = results.get(&("two-replica-off".to_string(), c));
+        for (name, label) in [("two-replica-off", "off"), ("two-replica-on", "on")] {
+            let Some(rs) = results.get(&(name.to_string(), c)) else {
+                continue;
+            };
+            let rps = of(rs, &|x| Some(x.rps));
+            let (lo, hi) = min_max(&rs.iter().map(|x| x.rps).collect::<Vec<_>>());
+            let p50 = of(rs, &|x| Some(x.p50_ms));
+            let p99 = of(rs, &|x| Some(x.p99_ms));
+            let rt = of(rs, &|x| x.redis_rt_per_s);
+            let batches = of(rs, &|x| x.lease_batches_per_s);
+            let per = rt / (s * r) as f64;
+            let errors: u64 = rs.iter().map(|x| x.errors).sum();
+            let (ratio_rps, ratio_p50) = match off {
+                Some(off) if label == "on" => {
+                    let (orps, op50) = (of(off, &|x| Some(x.rps)), of(off, &|x| Some(x.p50_ms)));
+                    on_off.push((c, rps / orps, p50 / op50));
+                    (format!("{:.2}×", rps / orps), format!("{:.2}×", p50 / op50))
+                }
+                _ => ("—".into(), "—".into()),
+            };
+            if label == "on" {
+                on_rates.push((c, rps, per));
+            }
+            let _ = writeln!(
+                o,
+                "| {c} | {label} | {rps:.0} | {lo:.0}–{hi:.0} | {p50:.3} | {p99:.3} | {ratio_rps} | {ratio_p50} | {rt:.2} | {per:.3} | {batches:.2} | {errors} |"
+            );
+        }
+    }
+    let stat = |name: &str| {
+        lease_stats
+            .get(&("two-replica-on", name.to_string()))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let _ = writeln!(
+        o,
+        "\nThe on Envoys over the whole benchmark, warm-up included (admin `/stats`): {:.0} lease calls (`maas_lease_callouts_total`: requests that waited for a lease and the workers' periodic batches), fallback entered {:.0} times (`maas_lease_fallback_entered_total`; 0 = every call was answered).\n",
+        stat("maas_lease_callouts_total"),
+        stat("maas_lease_fallback_entered_total")
+    );
+    let _ = writeln!(o, "| target (issue 13) | measured | met |");
+    let _ = writeln!(o, "|---|---|---|");
+    if !on_rates.is_empty() {
+        let measured = on_rates
+            .iter()
+            .map(|(c, rps, per)| format!("{per:.3} at {rps:.0} req/s (c = {c} per gateway)"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let met = on_rates
+            .iter()
+            .all(|(_, _, per)| per.is_finite() && *per <= 1.0);
+        let _ = writeln!(
+            o,
+            "| ≤ 1 Redis round trip per subject per replica per second with global limits on, independent of the request rate | {measured} | {} |",
+            if met { "met" } else { "**missed**" }
+        );
+    }
+    for (c, rps, p50) in &on_off {
+        let _ = writeln!(
+            o,
+            "| global limits cost no callout per request: on ≈ off (c = {c} per gateway) | {rps:.2}× req/s, {p50:.2}× p50 | — |"
+        );
+    }
+    o
+}
+
+/// `old` (the results file) with its two-replica section replaced by `section` — or, when it has
+/// none, `section` inserted before "## How to run" (else appended). Nothing else changes.
+fn splice_section(old: &str, section: &str) -> String {
+    let section = format!("{}\n\n", section.trim_end_matches('\n'));
+    let at_line_start = |heading: &str| {
+        old.match_indices(heading)
+            .map(|(i, _)| i)
+            .find(|&i| i == 0 || old.get(..i).is_some_and(|b| b.ends_with('\n')))
+    };
+    if let Some(start) = at_line_start(TWO_REPLICA_HEADING) {
+        let head = old.get(..start).unwrap_or_default();
+        let after = start + TWO_REPLICA_HEADING.len();
+        return match old.get(after..).and_then(|rest| rest.find("\n## ")) {
+            // The next section's heading, after the blank line that ends this one.
+            Some(i) => format!(
+                "{head}{section}{}",
+                old.get(after + i + 1..).unwrap_or_default()
+            ),
+            None => format!("{head}{}\n", section.trim_end_matches('\n')),
+        };
+    }
+    if let Some(at) = at_line_start("## How to run") {
+        let (head, tail) = old.split_at(at);
+        return format!("{head}{section}{tail}");
+    }
+    let sep = if old.is_empty() || old.ends_with("\n\n") {
+        ""
+    } else if old.ends_with('\n') {
+        "\n"
+    } else {
+        "\n\n"
+    };
+    format!("{old}{sep}{}\n", section.trim_end_matches('\n'))
 }
 
 struct Profile {
@@ -2079,7 +2576,7 @@ fn render_report(
     );
     let _ = writeln!(o, "|---|---:|---:|---|---:|---:|---:|---:|---:|");
     for &c in &args.concurrency {
-        for v in variants {
+        for v in variants.iter().filter(|v| v.pair.is_none()) {
             let Some((rps, p50, p99, (lo, hi), errors)) = med(v.name, c) else {
                 continue;
             };
@@ -2277,4 +2774,112 @@ fn render_report(
         let _ = writeln!(o, "| {} | {} | {met} |", t.what, t.measured);
     }
     Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "# Benchmarks\n\n## Targets (issue 6)\n\n| a | b |\n\n## How to run, and how to read it\n\nnotes\n";
+
+    #[test]
+    fn splice_inserts_the_section_before_how_to_run_when_absent() {
+        let section = format!("{TWO_REPLICA_HEADING}\n\n| x |\n");
+        let out = splice_section(FILE, &section);
+        assert_eq!(
+            out,
+            format!(
+                "# Benchmarks\n\n## Targets (issue 6)\n\n| a | b |\n\n{TWO_REPLICA_HEADING}\n\n| x |\n\n## How to run, and how to read it\n\nnotes\n"
+            )
+        );
+    }
+
+    #[test]
+    fn splice_replaces_only_the_two_replica_section() {
+        let first = splice_section(FILE, &format!("{TWO_REPLICA_HEADING}\n\nold figures\n"));
+        let second = splice_section(&first, &format!("{TWO_REPLICA_HEADING}\n\nnew figures\n"));
+        assert!(second.contains("new figures"), "{second}");
+        assert!(!second.contains("old figures"), "{second}");
+        // Everything around it is as before, and the section is there once.
+        assert_eq!(second.replace("new figures", "old figures"), first);
+        assert_eq!(second.matches(TWO_REPLICA_HEADING).count(), 1);
+    }
+
+    #[test]
+    fn splice_replaces_a_last_section_and_appends_when_no_notes() {
+        let file = "# Benchmarks\n\n## Targets\n\nt\n";
+        let first = splice_section(file, &format!("{TWO_REPLICA_HEADING}\n\nA\n"));
+        assert_eq!(
+            first,
+            format!("# Benchmarks\n\n## Targets\n\nt\n\n{TWO_REPLICA_HEADING}\n\nA\n")
+        );
+        let second = splice_section(&first, &format!("{TWO_REPLICA_HEADING}\n\nB\n"));
+        assert_eq!(second, first.replace("\nA\n", "\nB\n"));
+    }
+
+    #[test]
+    fn pair_results_sum_rates_and_weight_the_median_latency() {
+        let a = WrkRun {
+            requests: 3000,
+            duration_us: 1e6,
+            p50_us: 100.0,
+            p99_us: 900.0,
+            errors: 1,
+        };
+        let b = WrkRun {
+            requests: 1000,
+            duration_us: 2e6,
+            p50_us: 500.0,
+            p99_us: 400.0,
+            errors: 2,
+        };
+        let r = combine_runs(&[a, b], None);
+        assert!((r.rps - 3500.0).abs() < 1e-6, "{}", r.rps);
+        assert!((r.p50_ms - 0.2).abs() < 1e-9, "{}", r.p50_ms);
+        assert!((r.p99_ms - 0.9).abs() < 1e-9, "{}", r.p99_ms);
+        assert_eq!(r.errors, 3);
+        assert_eq!(r.cpu_us, 0.0);
+    }
+
+    #[test]
+    fn metric_value_reads_only_the_named_sample() {
+        let text = "# HELP maas_companion_redis_round_trips Calls\n# TYPE maas_companion_redis_round_trips counter\nmaas_companion_redis_round_trips_total_created 1.7e9\nmaas_companion_redis_round_trips_total 42\nmaas_companion_lease_batches_total 7\n";
+        assert_eq!(
+            metric_value(text, "maas_companion_redis_round_trips_total"),
+            Some(42.0)
+        );
+        assert_eq!(
+            metric_value(text, "maas_companion_lease_batches_total"),
+            Some(7.0)
+        );
+        assert_eq!(metric_value(text, "maas_companion_lease_items_total"), None);
+    }
+
+    #[test]
+    fn steady_window_skips_the_start_and_the_end_of_a_run() {
+        assert_eq!(
+            steady_window(10),
+            (Duration::from_secs(2), Duration::from_millis(9700))
+        );
+        assert_eq!(
+            steady_window(2),
+            (Duration::from_millis(500), Duration::from_millis(1700))
+        );
+        let (from, to) = steady_window(1);
+        assert!(from <= to && to <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn envoy_stats_drop_the_wasmcustom_prefix() {
+        let s = envoy_stats(
+            "wasmcustom.maas_lease_callouts_total: 12\nwasmcustom.maas_lease_fallback: 0\nbad line\n",
+        );
+        assert_eq!(
+            s,
+            vec![
+                ("maas_lease_callouts_total".to_string(), 12.0),
+                ("maas_lease_fallback".to_string(), 0.0)
+            ]
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! `maas-local`: the whole gateway on this machine (PostgreSQL, companion, model simulator,
-//! Envoy with the filter). Started by ./scripts/run-local.sh; Ctrl-C stops everything.
+//! Envoy with the filter; with `--replicas N`, N Envoys each with its own companion, sharing a
+//! Redis for global limits). Started by ./scripts/run-local.sh; Ctrl-C stops everything.
 
 use clap::Parser;
 use maas_e2e::{ConfigSource, Stack, StackOptions, tools};
@@ -20,9 +21,13 @@ struct Args {
     /// Provider credentials file for external models. Default: config/local/credentials.yaml.
     #[arg(long)]
     credentials: Option<PathBuf>,
-    /// Gateway port.
+    /// Gateway port (replica i of --replicas takes port + i when free, else a free port).
     #[arg(long, env = "MAAS_GATEWAY_PORT", default_value_t = 8080)]
     port: u16,
+    /// Gateway replicas: N Envoys, each with its own companion, sharing one Redis so that limits
+    /// hold across them (1 = no Redis).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    replicas: u16,
     /// Gateway listen address (0.0.0.0 to reach it from other machines).
     #[arg(long, env = "MAAS_GATEWAY_HOST", default_value = "127.0.0.1")]
     host: std::net::IpAddr,
@@ -57,9 +62,17 @@ fn run() -> anyhow::Result<()> {
         poll_interval_ms: 1000,
         policy_reload_interval_ms: 1000,
         keep_dir: args.keep || StackOptions::default().keep_dir,
+        replicas: usize::from(args.replicas),
         ..StackOptions::default()
     };
-    eprintln!("maas-local: starting PostgreSQL, companion, model simulator and Envoy …");
+    if args.replicas > 1 {
+        eprintln!(
+            "maas-local: starting PostgreSQL, Redis, model simulator and {} replicas (companion + Envoy each) …",
+            args.replicas
+        );
+    } else {
+        eprintln!("maas-local: starting PostgreSQL, companion, model simulator and Envoy …");
+    }
     let stack = Stack::start(options)?;
     print_next_steps(&stack);
 
@@ -91,7 +104,21 @@ fn run() -> anyhow::Result<()> {
 fn print_next_steps(stack: &Stack) {
     let gw = stack.gateway_url();
     let root = tools::workspace_root();
-    println!("READY {gw}");
+    let urls = stack.gateway_urls();
+    println!("READY {}", urls.join(" "));
+    // The companion (it inherits the environment) serves the web UI from MAAS_UI_DIR, which
+    // ./scripts/run-local.sh sets to the ui/dist it builds.
+    if std::env::var_os("MAAS_UI_DIR").is_some_and(|d| !d.is_empty()) {
+        println!("UI {gw}/maas-api/ui/");
+    }
+    if urls.len() > 1 {
+        println!(
+            "\n{} gateway replicas: {} (each with its own companion; limits are global through Redis {}).",
+            urls.len(),
+            urls.join(", "),
+            stack.redis_url().unwrap_or_else(|| "(none)".into())
+        );
+    }
     println!(
         r#"
 The gateway, the companion's public API (under /maas-api) and the models share {gw}.

@@ -341,6 +341,58 @@ fn host_calls_per_request_stay_within_budget() {
     assert_eq!(by_kind(&json).get("header read"), None);
 }
 
+/// Global limits on and a lease held (the steady state): a request costs the same host calls
+/// as without global limits — the lease is in the counter slot admission reads and writes
+/// anyway, the fallback state and the subject's tracking are in the worker.
+#[test]
+fn host_calls_per_request_do_not_grow_with_global_limits_and_a_lease_held() {
+    let held = || {
+        let fx = Fx::with(serde_json::json!({"limits": {"global": {"replicaId": "gw-a"}}}));
+        let now = fx.host.now.get() / 1000;
+        let key = limits::counter_key("alice", limits::DEFAULT_COUNTER_SLOTS);
+        let grant = |kind, granted| limits::Grant {
+            kind,
+            window: 60,
+            start: now - now % 60,
+            granted,
+            taken: granted,
+        };
+        assert!(limits::apply_grants(
+            &fx.host.store,
+            &key,
+            "alice",
+            &[
+                grant(limits::Kind::Requests, 3),
+                grant(limits::Kind::Tokens, 1000)
+            ],
+            now,
+        ));
+        fx
+    };
+    let fx = held();
+    let (_, json) = calls_of(
+        &fx,
+        BODY,
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[JSON],
+    );
+    let fx2 = held();
+    let parts: Vec<&[u8]> = SSE.split_inclusive("\n\n").map(str::as_bytes).collect();
+    let (_, stream) = calls_of(
+        &fx2,
+        STREAM,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        &parts,
+    );
+    assert!(
+        !json.iter().any(|c| matches!(c, Call::Dispatch(_))),
+        "no callout"
+    );
+    assert_eq!(json.len(), 21, "{json:#?}");
+    assert_eq!(stream.len(), 26, "{stream:#?}");
+    assert!(fx.root.worker.borrow().leases.tracked.contains_key("alice"));
+}
+
 /// Not a test: the filter's own work per cached request, natively (for profiling with
 /// `perf record`; `cargo test -p maas-filter --release --lib -- --ignored native_cost --nocapture`).
 #[test]

@@ -1,0 +1,711 @@
+//! `GET /v1/usage` (the ledger) and `GET /v1/quota` (the lease store) on the public listener.
+//!
+//! Who sees what: a caller sees its own usage; an API key caller only its own key's; admins
+//! (cluster identities in an admin group) may pass `user=` (a name, or `*` for everyone) and
+//! `tier=`. A non-admin's `user=` naming someone else, or `tier=`, is a 403.
+
+use super::Usage;
+use super::store::{GroupBy, StoreError, UsageGroup, UsageQuery};
+use crate::caller::{Caller, CallerKind};
+use crate::http::error_response;
+use crate::leases::Leases;
+use crate::policy::PolicyHandle;
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::http::header::CACHE_CONTROL;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
+use maas_types::{ErrorBody, ErrorKind, LeaseKind, PolicyDocument, Window};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// Default period: the last 7 days.
+pub const DEFAULT_PERIOD: TimeDelta = TimeDelta::days(7);
+/// Longest period one query may cover.
+pub const MAX_PERIOD: TimeDelta = TimeDelta::days(366);
+/// Longest period of an hourly query.
+pub const MAX_HOURLY_PERIOD: TimeDelta = TimeDelta::days(31);
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsageApiError {
+    /// 400 naming the parameter.
+    #[error("{message}")]
+    Invalid {
+        param: &'static str,
+        message: String,
+    },
+    /// 403: the parameter is for admins.
+    #[error("only admins may pass {0}= (for anyone but yourself)")]
+    Forbidden(&'static str),
+    #[error("no tier is available for your groups")]
+    NoTier,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the lease store cannot be reached")]
+    LeaseStore,
+}
+
+impl IntoResponse for UsageApiError {
+    fn into_response(self) -> Response {
+        let message = self.to_string();
+        match self {
+            UsageApiError::Invalid { param, .. } => {
+                let mut body = ErrorBody::new(
+                    message,
+                    ErrorKind::InvalidRequest,
+                    Some("invalid_parameter"),
+                );
+                body.error.param = Some(param.to_string());
+                (StatusCode::BAD_REQUEST, Json(body)).into_response()
+            }
+            UsageApiError::Forbidden(param) => {
+                let mut body = ErrorBody::new(message, ErrorKind::Permission, Some("forbidden"));
+                body.error.param = Some(param.to_string());
+                (StatusCode::FORBIDDEN, Json(body)).into_response()
+            }
+            UsageApiError::NoTier => error_response(
+                StatusCode::FORBIDDEN,
+                message,
+                ErrorKind::Permission,
+                Some("no_tier"),
+            ),
+            UsageApiError::Store(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, "database unavailable");
+                crate::http::unavailable("database unavailable, try again")
+            }
+            UsageApiError::Store(e) => {
+                tracing::error!(error = %e, "database error");
+                error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error",
+                    ErrorKind::Server,
+                    Some("internal_error"),
+                )
+            }
+            UsageApiError::LeaseStore => error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the lease store (the limits' counters) cannot be reached; try again",
+                ErrorKind::ServiceUnavailable,
+                Some("lease_store_unavailable"),
+            ),
+        }
+    }
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> UsageApiError {
+    UsageApiError::Invalid {
+        param,
+        message: format!("{param}: {}", message.into()),
+    }
+}
+
+/// The parameters of `GET /v1/usage`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageParams {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: GroupBy,
+    pub user: Option<String>,
+    pub tier: Option<String>,
+}
+
+/// `from` / `to`: RFC 3339, a UTC date `YYYY-MM-DD` (as `to`: the end of that day, so the day is
+/// included), or Unix seconds.
+fn parse_time(
+    param: &'static str,
+    s: &str,
+    end_of_day: bool,
+) -> Result<DateTime<Utc>, UsageApiError> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.to_utc());
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        let d = if end_of_day {
+            d.succ_opt().unwrap_or(d)
+        } else {
+            d
+        };
+        return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+    }
+    if let Some(t) = s
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| DateTime::from_timestamp(n, 0))
+    {
+        return Ok(t);
+    }
+    Err(invalid(
+        param,
+        "must be an RFC 3339 time (2026-12-01T10:00:00Z), a date (2026-12-01) or Unix seconds",
+    ))
+}
+
+/// Checks the query string of `GET /v1/usage` (each parameter at most once, none unknown).
+pub fn parse_params(
+    pairs: &[(String, String)],
+    now: DateTime<Utc>,
+) -> Result<UsageParams, UsageApiError> {
+    const KNOWN: [&str; 5] = ["from", "to", "groupBy", "user", "tier"];
+    let mut seen: BTreeMap<&'static str, &str> = BTreeMap::new();
+    for (name, value) in pairs {
+        let Some(known) = KNOWN.iter().find(|k| **k == name.as_str()) else {
+            return Err(UsageApiError::Invalid {
+                param: "query",
+                message: format!(
+                    "unknown parameter {name:?} (known: from, to, groupBy, user, tier)"
+                ),
+            });
+        };
+        if seen.insert(known, value.as_str()).is_some() {
+            return Err(invalid(known, "given more than once"));
+        }
+    }
+    let to = match seen.get("to") {
+        Some(s) => parse_time("to", s, true)?,
+        None => now,
+    };
+    let from = match seen.get("from") {
+        Some(s) => parse_time("from", s, false)?,
+        None => to - DEFAULT_PERIOD,
+    };
+    if from >= to {
+        return Err(invalid("to", "must be after from"));
+    }
+    let group_by = match seen.get("groupBy") {
+        None => GroupBy::Day,
+        Some(s) => GroupBy::parse(s)
+            .ok_or_else(|| invalid("groupBy", "must be model, key, day, hour or user"))?,
+    };
+    let span = to - from;
+    if span > MAX_PERIOD {
+        return Err(invalid("from", "the period may cover at most 366 days"));
+    }
+    if group_by == GroupBy::Hour && span > MAX_HOURLY_PERIOD {
+        return Err(invalid(
+            "from",
+            "with groupBy=hour the period may cover at most 31 days",
+        ));
+    }
+    let text = |name: &'static str| -> Result<Option<String>, UsageApiError> {
+        match seen.get(name) {
+            None => Ok(None),
+            Some(v) if v.is_empty() || v.len() > 1024 => {
+                Err(invalid(name, "must be 1 to 1024 bytes"))
+            }
+            Some(v) => Ok(Some((*v).to_string())),
+        }
+    };
+    Ok(UsageParams {
+        from,
+        to,
+        group_by,
+        user: text("user")?,
+        tier: text("tier")?,
+    })
+}
+
+/// Who the caller is, for [`scope`].
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    pub username: &'a str,
+    pub is_admin: bool,
+    /// The caller's API key id (an API key caller), else `None`.
+    pub key_id: Option<&'a str>,
+}
+
+/// Whose rows a query covers: `(subject, key_id, tier)` (`subject` `None`: everyone).
+pub type Scope = (Option<String>, Option<String>, Option<String>);
+
+/// Who may see what (module doc). An admin's `tier=` without `user=` covers everyone in it.
+pub fn scope(who: Who<'_>, user: Option<&str>, tier: Option<&str>) -> Result<Scope, UsageApiError> {
+    let own = || Some(who.username.to_string());
+    if !who.is_admin {
+        if user.is_some_and(|u| u != who.username) {
+            return Err(UsageApiError::Forbidden("user"));
+        }
+        if tier.is_some() {
+            return Err(UsageApiError::Forbidden("tier"));
+        }
+        return Ok((own(), who.key_id.map(str::to_string), None));
+    }
+    let subject = match (user, tier) {
+        (Some("*"), _) | (None, Some(_)) => None,
+        (Some(u), _) => Some(u.to_string()),
+        (None, None) => own(),
+    };
+    Ok((subject, None, tier.map(str::to_string)))
+}
+
+/// One group of `GET /v1/usage`: the grouping fields present are those of `groupBy`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageRow {
+    /// `groupBy=day`: the UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2026-12-01")]
+    pub day: Option<String>,
+    /// `groupBy=hour`: the hour (rows rolled up to days: the day's 00:00).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2026-12-01T10:00:00Z")]
+    pub hour: Option<String>,
+    /// `groupBy=model`, `day` and `hour`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `groupBy=key`: the API key's id; `null` for usage with a token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub key_id: Option<Option<String>>,
+    /// `groupBy=key`: the key's name, while the key exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
+    /// `groupBy=user`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Requests forwarded to the model.
+    pub requests: u64,
+    /// Requests the gateway refused, by reason (`rate_limit_exceeded`, `tokens_exceed_limit`, …).
+    pub refused: BTreeMap<String, u64>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl UsageRow {
+    fn from_group(g: UsageGroup, by: GroupBy) -> UsageRow {
+        let mut row = UsageRow {
+            day: None,
+            hour: None,
+            model: g.model,
+            key_id: None,
+            key_name: g.key_name,
+            user: None,
+            requests: g.counts.requests,
+            refused: g.counts.refused,
+            prompt_tokens: g.counts.prompt_tokens,
+            completion_tokens: g.counts.completion_tokens,
+            total_tokens: g
+                .counts
+                .prompt_tokens
+                .saturating_add(g.counts.completion_tokens),
+        };
+        match by {
+            GroupBy::Day => row.day = Some(g.group),
+            GroupBy::Hour => row.hour = Some(g.group),
+            GroupBy::Model => row.model = Some(g.group),
+            GroupBy::Key => row.key_id = Some(Some(g.group).filter(|k| !k.is_empty())),
+            GroupBy::User => row.user = Some(g.group),
+        }
+        row
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageList {
+    #[schema(value_type = String)]
+    pub object: &'static str,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    #[schema(value_type = String)]
+    pub group_by: &'static str,
+    pub data: Vec<UsageRow>,
+}
+
+fn group_by_name(g: GroupBy) -> &'static str {
+    match g {
+        GroupBy::Day => "day",
+        GroupBy::Hour => "hour",
+        GroupBy::Model => "model",
+        GroupBy::Key => "key",
+        GroupBy::User => "user",
+    }
+}
+
+fn key_id_of(caller: &Caller) -> Option<&str> {
+    match &caller.kind {
+        CallerKind::ApiKey { key_id, .. } => Some(key_id),
+        CallerKind::Cluster => None,
+    }
+}
+
+#[utoipa::path(get, path = "/v1/usage", summary = "Usage from the ledger: requests, refusals and tokens, grouped",
+    description = "The caller's own usage (an API key: its own key's only), as the gateways reported it (at most one report interval behind). Rows older than the hourly retention are kept per day. Admins may pass user= (a name or *) and tier= (alone: everyone in the tier).",
+    security(("bearer" = [])),
+    params(
+        ("from" = Option<String>, Query, description = "Start (RFC 3339, YYYY-MM-DD or Unix seconds); default: 7 days before `to`"),
+        ("to" = Option<String>, Query, description = "End, exclusive (a date: the end of that day); default: now"),
+        ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key or user"),
+        ("user" = Option<String>, Query, description = "Admins: whose usage (`*`: everyone)"),
+        ("tier" = Option<String>, Query, description = "Admins: only rows of this tier")
+    ),
+    responses(
+        (status = 200, description = "usage", body = UsageList),
+        (status = 400, description = "a bad parameter (named in `param`)", body = ErrorBody),
+        (status = 401, description = "no valid credential", body = ErrorBody),
+        (status = 403, description = "user= or tier= from a non-admin", body = ErrorBody),
+        (status = 503, description = "database unavailable", body = ErrorBody)
+    )
+)]
+pub async fn usage(
+    State(usage): State<Usage>,
+    caller: Caller,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, UsageApiError> {
+    let Query(pairs) = query.map_err(|e| UsageApiError::Invalid {
+        param: "query",
+        message: format!("query: {}", e.body_text()),
+    })?;
+    let params = parse_params(&pairs, Utc::now())?;
+    let who = Who {
+        username: &caller.username,
+        is_admin: caller.is_admin,
+        key_id: key_id_of(&caller),
+    };
+    let (subject, key_id, tier) = scope(who, params.user.as_deref(), params.tier.as_deref())?;
+    let query = UsageQuery {
+        subject,
+        key_id,
+        tier,
+        from: params.from,
+        to: params.to,
+        group_by: params.group_by,
+    };
+    let groups = usage.store.query(&query).await?;
+    let data = groups
+        .into_iter()
+        .map(|g| UsageRow::from_group(g, params.group_by))
+        .collect();
+    Ok((
+        [(CACHE_CONTROL, "no-store")],
+        Json(UsageList {
+            object: "list",
+            from: params.from,
+            to: params.to,
+            group_by: group_by_name(params.group_by),
+            data,
+        }),
+    )
+        .into_response())
+}
+
+/// One limit window that applies to the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaWindow {
+    pub kind: LeaseKind,
+    pub window: Window,
+    /// The smallest limit among the applicable tiers for this (kind, window).
+    pub limit: u64,
+}
+
+/// The windows that apply to a caller, as the gateway counts them: those of the tier the
+/// request runs on (a key's pinned tier) and of the subject's own highest tier, one count per
+/// (kind, window length), each checked against its limit (so the smallest binds). `None`: no
+/// tier. Requests first, then tokens, shortest window first.
+pub fn quota_windows(
+    policy: &PolicyDocument,
+    groups: &[String],
+    pinned: Option<&str>,
+) -> Option<(String, Vec<QuotaWindow>)> {
+    let running = policy.resolve_tier(groups, pinned)?;
+    let own = policy.resolve_tier(groups, None);
+    let mut windows: BTreeMap<(u8, Window), u64> = BTreeMap::new();
+    for tier in std::iter::once(running).chain(own) {
+        for (rank, limits) in [(0, &tier.limits.requests), (1, &tier.limits.tokens)] {
+            for l in limits {
+                windows
+                    .entry((rank, l.window))
+                    .and_modify(|v| *v = (*v).min(l.limit))
+                    .or_insert(l.limit);
+            }
+        }
+    }
+    let list = windows
+        .into_iter()
+        .map(|((rank, window), limit)| QuotaWindow {
+            kind: if rank == 0 {
+                LeaseKind::Requests
+            } else {
+                LeaseKind::Tokens
+            },
+            window,
+            limit,
+        })
+        .collect();
+    Some((running.name.clone(), list))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaRow {
+    /// `requests` or `tokens`.
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    /// `1m`, `1h`, `1d`, …
+    pub window: String,
+    pub window_seconds: u64,
+    pub limit: u64,
+    /// Taken in the current window by the gateways (leases granted included): what they enforce
+    /// against, at most one report interval behind.
+    pub used: u64,
+    pub remaining: u64,
+    pub window_start: DateTime<Utc>,
+    pub resets_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaList {
+    #[schema(value_type = String)]
+    pub object: &'static str,
+    pub subject: String,
+    /// The tier requests with this credential run on.
+    pub tier: String,
+    /// Where the counters live: `redis` or `memory`.
+    #[schema(value_type = String)]
+    pub store: &'static str,
+    pub data: Vec<QuotaRow>,
+}
+
+fn at(unix: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp(i64::try_from(unix).unwrap_or(i64::MAX), 0).unwrap_or_default()
+}
+
+#[utoipa::path(get, path = "/v1/quota", summary = "What is left of each limit window now",
+    description = "For each request and token window of the caller's tier (and of the user's own highest tier, when an API key is pinned lower: both apply): the limit, what the gateways have taken in the current window (the global budget-lease counter they enforce against, within one report interval; leases granted to gateways but not used yet count as used until given back), what remains and when the window resets.",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "quota", body = QuotaList),
+        (status = 401, description = "no valid credential", body = ErrorBody),
+        (status = 403, description = "no tier for the caller's groups", body = ErrorBody),
+        (status = 503, description = "the lease store cannot be reached", body = ErrorBody)
+    )
+)]
+pub async fn quota(
+    State(policy): State<PolicyHandle>,
+    State(leases): State<Leases>,
+    caller: Caller,
+) -> Result<Response, UsageApiError> {
+    let policy = policy.document();
+    let (tier, windows) = quota_windows(&policy, &caller.groups, caller.pinned_tier())
+        .ok_or(UsageApiError::NoTier)?;
+    let now = u64::try_from(Utc::now().timestamp()).unwrap_or(0);
+    let mut data = Vec::with_capacity(windows.len());
+    for w in windows {
+        let seconds = w.window.seconds();
+        let start = w.window.start_of(now);
+        let used = leases
+            .taken(&caller.username, w.kind, seconds, start)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "quota: lease store unreachable");
+                UsageApiError::LeaseStore
+            })?;
+        data.push(QuotaRow {
+            kind: w.kind.as_str(),
+            window: w.window.to_string(),
+            window_seconds: seconds,
+            limit: w.limit,
+            used,
+            remaining: w.limit.saturating_sub(used),
+            window_start: at(start),
+            resets_at: at(start.saturating_add(seconds)),
+        });
+    }
+    Ok((
+        [(CACHE_CONTROL, "no-store")],
+        Json(QuotaList {
+            object: "list",
+            subject: caller.username,
+            tier,
+            store: leases.store_kind(),
+            data,
+        }),
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(q: &[(&str, &str)]) -> Vec<(String, String)> {
+        q.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-12-08T10:30:00Z")
+            .unwrap()
+            .to_utc()
+    }
+
+    fn param_of(q: &[(&str, &str)]) -> Option<&'static str> {
+        match parse_params(&pairs(q), now()) {
+            Err(UsageApiError::Invalid { param, .. }) => Some(param),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_last_7_days_by_day() {
+        let p = parse_params(&[], now()).unwrap();
+        assert_eq!(p.to, now());
+        assert_eq!(p.from, now() - TimeDelta::days(7));
+        assert_eq!(p.group_by, GroupBy::Day);
+    }
+
+    #[test]
+    fn dates_rfc3339_and_unix_seconds_are_accepted_and_a_to_date_includes_its_day() {
+        let p = parse_params(
+            &pairs(&[
+                ("from", "2026-12-01"),
+                ("to", "2026-12-07"),
+                ("groupBy", "model"),
+            ]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(p.from.to_rfc3339(), "2026-12-01T00:00:00+00:00");
+        assert_eq!(p.to.to_rfc3339(), "2026-12-08T00:00:00+00:00");
+        let p = parse_params(
+            &pairs(&[("from", "2026-12-01T10:00:00+01:00"), ("to", "1796119200")]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(p.from.to_rfc3339(), "2026-12-01T09:00:00+00:00");
+        assert_eq!(p.to.timestamp(), 1_796_119_200);
+    }
+
+    #[test]
+    fn a_bad_parameter_is_named() {
+        assert_eq!(param_of(&[("from", "yesterday")]), Some("from"));
+        assert_eq!(param_of(&[("to", "2026-13-01")]), Some("to"));
+        assert_eq!(param_of(&[("groupBy", "week")]), Some("groupBy"));
+        assert_eq!(
+            param_of(&[("from", "2026-12-09")]),
+            Some("to"),
+            "from after to"
+        );
+        assert_eq!(
+            param_of(&[("from", "2024-01-01")]),
+            Some("from"),
+            "too long"
+        );
+        assert_eq!(
+            param_of(&[("from", "2026-10-01"), ("groupBy", "hour")]),
+            Some("from")
+        );
+        assert_eq!(param_of(&[("user", "")]), Some("user"));
+        assert_eq!(param_of(&[("model", "m")]), Some("query"), "unknown");
+        assert_eq!(param_of(&[("tier", "a"), ("tier", "b")]), Some("tier"));
+        assert_eq!(param_of(&[("groupBy", "key"), ("user", "bob")]), None);
+    }
+
+    fn who<'a>(username: &'a str, is_admin: bool, key_id: Option<&'a str>) -> Who<'a> {
+        Who {
+            username,
+            is_admin,
+            key_id,
+        }
+    }
+
+    fn own(s: &str) -> Option<String> {
+        Some(s.to_string())
+    }
+
+    #[test]
+    fn callers_see_their_own_usage_keys_their_own_key_and_admins_whom_they_ask() {
+        let alice = who("alice", false, None);
+        assert_eq!(
+            scope(alice, None, None).unwrap(),
+            (own("alice"), None, None)
+        );
+        assert_eq!(
+            scope(alice, Some("alice"), None).unwrap(),
+            (own("alice"), None, None)
+        );
+        assert!(matches!(
+            scope(alice, Some("bob"), None),
+            Err(UsageApiError::Forbidden("user"))
+        ));
+        assert!(matches!(
+            scope(alice, Some("*"), None),
+            Err(UsageApiError::Forbidden("user"))
+        ));
+        assert!(matches!(
+            scope(alice, None, Some("free")),
+            Err(UsageApiError::Forbidden("tier"))
+        ));
+        let key = who("alice", false, Some("k1"));
+        assert_eq!(
+            scope(key, None, None).unwrap(),
+            (own("alice"), own("k1"), None)
+        );
+        let carol = who("carol", true, None);
+        assert_eq!(
+            scope(carol, None, None).unwrap(),
+            (own("carol"), None, None)
+        );
+        assert_eq!(
+            scope(carol, Some("alice"), None).unwrap(),
+            (own("alice"), None, None)
+        );
+        assert_eq!(scope(carol, Some("*"), None).unwrap(), (None, None, None));
+        assert_eq!(
+            scope(carol, None, Some("free")).unwrap(),
+            (None, None, own("free"))
+        );
+        assert_eq!(
+            scope(carol, Some("alice"), Some("free")).unwrap(),
+            (own("alice"), None, own("free"))
+        );
+    }
+
+    const POLICY: &str = r#"{"tiers":[
+        {"name":"free","level":0,"groups":["all"],
+         "limits":{"requests":[{"limit":30,"window":"1m"}],
+                   "tokens":[{"limit":2000,"window":"1m"},{"limit":100000,"window":"1d"}]}},
+        {"name":"premium","level":1,"groups":["premium"],
+         "limits":{"requests":[{"limit":300,"window":"1m"}],"tokens":[{"limit":50000,"window":"1m"}]}}],
+        "models":[]}"#;
+
+    #[test]
+    fn quota_windows_are_the_running_tier_and_the_own_tier_the_smallest_limit_binding() {
+        let policy: PolicyDocument = serde_json::from_str(POLICY).unwrap();
+        let groups = vec!["all".to_string(), "premium".to_string()];
+        let (tier, w) = quota_windows(&policy, &groups, None).unwrap();
+        assert_eq!(tier, "premium");
+        let shown: Vec<(LeaseKind, String, u64)> = w
+            .iter()
+            .map(|w| (w.kind, w.window.to_string(), w.limit))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (LeaseKind::Requests, "1m".into(), 300),
+                (LeaseKind::Tokens, "1m".into(), 50000)
+            ]
+        );
+        // A key pinned to free: free's windows, and premium's own (the same 1m count, free's
+        // smaller limit binds), plus free's daily token window.
+        let (tier, w) = quota_windows(&policy, &groups, Some("free")).unwrap();
+        assert_eq!(tier, "free");
+        let shown: Vec<(LeaseKind, String, u64)> = w
+            .iter()
+            .map(|w| (w.kind, w.window.to_string(), w.limit))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (LeaseKind::Requests, "1m".into(), 30),
+                (LeaseKind::Tokens, "1m".into(), 2000),
+                (LeaseKind::Tokens, "1d".into(), 100000)
+            ]
+        );
+        assert!(quota_windows(&policy, &["nobody".to_string()], None).is_none());
+    }
+}

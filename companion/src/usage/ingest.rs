@@ -1,0 +1,155 @@
+//! `POST /internal/v1/usage` (internal listener only): a gateway worker's usage report batch.
+
+use super::Usage;
+use super::store::Applied;
+use crate::http::{ApiJson, error_response};
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maas_types::usage::{HOUR_SECONDS, UsageAccepted, UsageInvalid, UsageReport, validate};
+use maas_types::{ErrorBody, ErrorKind};
+
+/// How far ahead of this companion's clock an `hourStart` may be (clock skew).
+pub const MAX_FUTURE_SECONDS: u64 = HOUR_SECONDS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// 400 naming the field: nothing applied, do not resend.
+    #[error("{}", .0.message)]
+    Invalid(UsageInvalid),
+    /// 503: nothing applied; resend the batch (same `batchId`).
+    #[error("the usage ledger cannot be written now")]
+    Unavailable,
+    /// 500: nothing applied.
+    #[error("internal error")]
+    Internal,
+}
+
+impl IntoResponse for ReportError {
+    fn into_response(self) -> Response {
+        match self {
+            ReportError::Invalid(invalid) => {
+                let mut body = ErrorBody::new(
+                    invalid.message,
+                    ErrorKind::InvalidRequest,
+                    Some("invalid_usage_report"),
+                );
+                body.error.param = Some(invalid.field);
+                (StatusCode::BAD_REQUEST, Json(body)).into_response()
+            }
+            ReportError::Unavailable => error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the usage ledger cannot be written now; nothing was applied, send the batch again",
+                ErrorKind::ServiceUnavailable,
+                Some("unavailable"),
+            ),
+            ReportError::Internal => error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; nothing was applied",
+                ErrorKind::Server,
+                Some("internal_error"),
+            ),
+        }
+    }
+}
+
+/// The contract's rules, and no hour beyond [`MAX_FUTURE_SECONDS`] ahead of `now_unix`.
+pub fn check(report: &UsageReport, now_unix: u64) -> Result<(), UsageInvalid> {
+    validate(report)?;
+    let latest = now_unix.saturating_add(MAX_FUTURE_SECONDS);
+    match report.records.iter().position(|r| r.hour_start > latest) {
+        Some(i) => {
+            let field = format!("records[{i}].hourStart");
+            Err(UsageInvalid {
+                message: format!(
+                    "{field}: is in the future (more than {MAX_FUTURE_SECONDS} s ahead of the companion's clock)"
+                ),
+                field,
+            })
+        }
+        None => Ok(()),
+    }
+}
+
+/// Checks the batch, applies it once (a known batch id adds nothing), counts it.
+pub async fn handler(
+    State(usage): State<Usage>,
+    ApiJson(report): ApiJson<UsageReport>,
+) -> Result<Json<UsageAccepted>, ReportError> {
+    let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+    if let Err(invalid) = check(&report, now) {
+        usage.count_report("invalid");
+        return Err(ReportError::Invalid(invalid));
+    }
+    let outcome = usage
+        .store
+        .apply(&report.replica, &report.batch_id, &report.records)
+        .await;
+    match outcome {
+        Ok(Applied::Rows(_)) => {
+            usage.database_up(true);
+            usage.count_report("applied");
+            usage.count_records(&report.records);
+            Ok(Json(UsageAccepted {
+                accepted: u64::try_from(report.records.len()).unwrap_or(u64::MAX),
+                duplicate: false,
+            }))
+        }
+        Ok(Applied::Duplicate) => {
+            usage.database_up(true);
+            usage.count_report("duplicate");
+            tracing::debug!(replica = %report.replica, batch_id = %report.batch_id, "usage batch already applied");
+            Ok(Json(UsageAccepted {
+                accepted: 0,
+                duplicate: true,
+            }))
+        }
+        Err(e) if e.is_unavailable() => {
+            usage.database_up(false);
+            usage.count_report("unavailable");
+            tracing::warn!(error = %e, "usage batch not applied (database unavailable)");
+            Err(ReportError::Unavailable)
+        }
+        Err(e) => {
+            usage.count_report("error");
+            tracing::error!(error = %e, "usage batch not applied");
+            Err(ReportError::Internal)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maas_types::usage::UsageRecord;
+
+    #[test]
+    fn an_hour_ahead_of_the_clock_is_refused_naming_the_record() {
+        let now = 1_764_565_000;
+        let record = |hour_start| UsageRecord {
+            subject: "alice".into(),
+            key_id: None,
+            tier: "free".into(),
+            model: "m".into(),
+            hour_start,
+            requests: 1,
+            refused: Default::default(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+        };
+        let report = |records| UsageReport {
+            replica: "r".into(),
+            batch_id: "b".into(),
+            records,
+        };
+        // The current hour and the next (skew) are fine; two hours ahead is not.
+        let ok = report(vec![record(1_764_561_600), record(1_764_565_200)]);
+        assert_eq!(check(&ok, now), Ok(()));
+        let bad = report(vec![record(1_764_561_600), record(1_764_572_400)]);
+        assert_eq!(
+            check(&bad, now).map_err(|e| e.field),
+            Err("records[1].hourStart".to_string())
+        );
+    }
+}

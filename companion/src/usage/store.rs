@@ -1,0 +1,455 @@
+//! The one place with SQL on the usage ledger (migration 0003): a report batch applied in one
+//! statement, the hourly → daily rollup in one statement, and the `GET /v1/usage` query.
+
+use crate::db::{self, MigrationState};
+use chrono::{DateTime, NaiveDate, Utc};
+use maas_types::usage::UsageRecord;
+use sqlx::{PgPool, Postgres, QueryBuilder, Row};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database not ready")]
+    NotReady,
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True when the database cannot be reached now (503), false for a real error (500).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::NotReady => true,
+            StoreError::Database(e) => db::is_unavailable(e),
+        }
+    }
+}
+
+/// One ledger row's dimensions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RowKey {
+    /// `''` for a token caller.
+    pub key_id: String,
+    pub subject: String,
+    pub tier: String,
+    pub model: String,
+    pub hour_start: u64,
+}
+
+/// One ledger row's counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub refused: BTreeMap<String, u64>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Counts {
+    fn add(&mut self, r: &UsageRecord) {
+        self.requests = self.requests.saturating_add(r.requests);
+        for (reason, n) in &r.refused {
+            let c = self.refused.entry(reason.clone()).or_default();
+            *c = c.saturating_add(*n);
+        }
+        self.prompt_tokens = self.prompt_tokens.saturating_add(r.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(r.completion_tokens);
+    }
+}
+
+/// The records of a batch added up per ledger row, in key order: one statement may not update
+/// a row twice, and a worker may send one row's usage in two records.
+pub fn merge(records: &[UsageRecord]) -> Vec<(RowKey, Counts)> {
+    let mut rows: BTreeMap<RowKey, Counts> = BTreeMap::new();
+    for r in records {
+        let key = RowKey {
+            key_id: r.key_id.clone().unwrap_or_default(),
+            subject: r.subject.clone(),
+            tier: r.tier.clone(),
+            model: r.model.clone(),
+            hour_start: r.hour_start,
+        };
+        rows.entry(key).or_default().add(r);
+    }
+    rows.into_iter().collect()
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// What the ledger answered to a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Added: this many ledger rows inserted or updated.
+    Rows(u64),
+    /// The batch id had been applied before: nothing added.
+    Duplicate,
+}
+
+/// What one rollup pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RolledUp {
+    /// Hourly rows deleted (all of them added to daily rows).
+    pub hourly_rows: u64,
+    /// Daily rows inserted or updated.
+    pub daily_rows: u64,
+    /// Applied batch ids forgotten (older than a day).
+    pub batch_ids: u64,
+}
+
+/// How `GET /v1/usage` groups rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    /// Per UTC day and model.
+    Day,
+    /// Per hour and model (rolled-up days at their 00:00).
+    Hour,
+    Model,
+    /// Per API key (`''`: token callers).
+    Key,
+    /// Per user.
+    User,
+}
+
+impl GroupBy {
+    pub fn parse(s: &str) -> Option<GroupBy> {
+        Some(match s {
+            "day" => GroupBy::Day,
+            "hour" => GroupBy::Hour,
+            "model" => GroupBy::Model,
+            "key" => GroupBy::Key,
+            "user" => GroupBy::User,
+            _ => return None,
+        })
+    }
+
+    /// The grouping SQL expressions (text) over the ledger union `u`.
+    fn columns(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            GroupBy::Day => (
+                "to_char(u.t AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+                Some("u.model"),
+            ),
+            GroupBy::Hour => (
+                "to_char(u.t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')",
+                Some("u.model"),
+            ),
+            GroupBy::Model => ("u.model", None),
+            GroupBy::Key => ("u.key_id", None),
+            GroupBy::User => ("u.subject", None),
+        }
+    }
+}
+
+/// A checked usage query: whose rows, which period, how grouped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageQuery {
+    /// `None`: every user (admins only).
+    pub subject: Option<String>,
+    /// An API key caller sees its own key's rows only.
+    pub key_id: Option<String>,
+    pub tier: Option<String>,
+    /// Rows whose hour (rolled-up rows: whose day) starts in `[from, to)`.
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: GroupBy,
+}
+
+/// One group of `GET /v1/usage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageGroup {
+    /// The day, hour, model, key id or user.
+    pub group: String,
+    /// The model, for day and hour groups.
+    pub model: Option<String>,
+    /// The key's name, for key groups (when the key still exists).
+    pub key_name: Option<String>,
+    pub counts: Counts,
+}
+
+#[derive(Clone)]
+pub struct UsageStore {
+    pool: PgPool,
+    migrations: MigrationState,
+}
+
+impl UsageStore {
+    pub fn new(pool: PgPool, migrations: MigrationState) -> UsageStore {
+        UsageStore { pool, migrations }
+    }
+
+    fn ready(&self) -> Result<&PgPool, StoreError> {
+        if self.migrations.is_done() {
+            Ok(&self.pool)
+        } else {
+            Err(StoreError::NotReady)
+        }
+    }
+
+    /// Records the batch id and adds the batch's rows, in one statement (so atomically): a
+    /// batch id already recorded adds nothing.
+    pub async fn apply(
+        &self,
+        replica: &str,
+        batch_id: &str,
+        records: &[UsageRecord],
+    ) -> Result<Applied, StoreError> {
+        let pool = self.ready()?;
+        let rows = merge(records);
+        let mut key_ids = Vec::with_capacity(rows.len());
+        let mut subjects = Vec::with_capacity(rows.len());
+        let mut tiers = Vec::with_capacity(rows.len());
+        let mut models = Vec::with_capacity(rows.len());
+        let mut hours = Vec::with_capacity(rows.len());
+        let mut requests = Vec::with_capacity(rows.len());
+        let mut refused = Vec::with_capacity(rows.len());
+        let mut prompt = Vec::with_capacity(rows.len());
+        let mut completion = Vec::with_capacity(rows.len());
+        for (k, c) in rows {
+            key_ids.push(k.key_id);
+            subjects.push(k.subject);
+            tiers.push(k.tier);
+            models.push(k.model);
+            hours.push(to_i64(k.hour_start));
+            requests.push(to_i64(c.requests));
+            refused.push(serde_json::to_string(&c.refused).unwrap_or_else(|_| "{}".into()));
+            prompt.push(to_i64(c.prompt_tokens));
+            completion.push(to_i64(c.completion_tokens));
+        }
+        let row = sqlx::query(
+            "WITH batch AS (
+                 INSERT INTO usage_batches (replica, batch_id) VALUES ($1, $2)
+                 ON CONFLICT DO NOTHING
+                 RETURNING 1
+             ), added AS (
+                 INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
+                     requests, refused, prompt_tokens, completion_tokens)
+                 SELECT k, s, t, m, to_timestamp(hs), r, f::jsonb, p, c
+                 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                             $8::int8[], $9::text[], $10::int8[], $11::int8[])
+                      AS u(k, s, t, m, hs, r, f, p, c)
+                 WHERE EXISTS (SELECT 1 FROM batch)
+                 ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
+                     requests = h.requests + EXCLUDED.requests,
+                     refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
+                     prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
+                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM batch) AS new_batch, (SELECT count(*) FROM added) AS rows",
+        )
+        .bind(replica)
+        .bind(batch_id)
+        .bind(key_ids)
+        .bind(subjects)
+        .bind(tiers)
+        .bind(models)
+        .bind(hours)
+        .bind(requests)
+        .bind(refused)
+        .bind(prompt)
+        .bind(completion)
+        .fetch_one(pool)
+        .await?;
+        let new_batch: i64 = row.try_get("new_batch")?;
+        let rows: i64 = row.try_get("rows")?;
+        Ok(if new_batch == 0 {
+            Applied::Duplicate
+        } else {
+            Applied::Rows(to_u64(rows))
+        })
+    }
+
+    /// Moves hourly rows older than `cutoff` (a UTC midnight) into daily rows, in one statement,
+    /// and forgets batch ids applied before `batches_before`.
+    pub async fn roll_up(
+        &self,
+        cutoff: DateTime<Utc>,
+        batches_before: DateTime<Utc>,
+    ) -> Result<RolledUp, StoreError> {
+        let pool = self.ready()?;
+        let row = sqlx::query(
+            "WITH moved AS (
+                 DELETE FROM usage_hourly WHERE hour_start < $1 RETURNING *
+             ), added AS (
+                 INSERT INTO usage_daily AS d (key_id, subject, tier, model, day, requests,
+                     refused, prompt_tokens, completion_tokens)
+                 SELECT key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date,
+                        SUM(requests)::bigint, maas_usage_sum_counts(refused),
+                        SUM(prompt_tokens)::bigint, SUM(completion_tokens)::bigint
+                 FROM moved
+                 GROUP BY key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date
+                 ON CONFLICT (subject, key_id, tier, model, day) DO UPDATE SET
+                     requests = d.requests + EXCLUDED.requests,
+                     refused = maas_usage_add_counts(d.refused, EXCLUDED.refused),
+                     prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
+                     completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens
+                 RETURNING 1
+             ), forgotten AS (
+                 DELETE FROM usage_batches WHERE applied_at < $2 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM moved) AS hourly, (SELECT count(*) FROM added) AS daily,
+                    (SELECT count(*) FROM forgotten) AS batches",
+        )
+        .bind(cutoff)
+        .bind(batches_before)
+        .fetch_one(pool)
+        .await?;
+        Ok(RolledUp {
+            hourly_rows: to_u64(row.try_get("hourly")?),
+            daily_rows: to_u64(row.try_get("daily")?),
+            batch_ids: to_u64(row.try_get("batches")?),
+        })
+    }
+
+    /// The groups of a usage query, ordered by group (then model).
+    pub async fn query(&self, q: &UsageQuery) -> Result<Vec<UsageGroup>, StoreError> {
+        let pool = self.ready()?;
+        let (first, second) = q.group_by.columns();
+        let mut b: QueryBuilder<Postgres> = QueryBuilder::new("SELECT ");
+        b.push(first).push(" AS g1, ");
+        b.push(second.unwrap_or("NULL::text")).push(" AS g2, ");
+        b.push(
+            "SUM(u.requests)::bigint AS requests, maas_usage_sum_counts(u.refused)::text AS refused, \
+             SUM(u.prompt_tokens)::bigint AS prompt_tokens, \
+             SUM(u.completion_tokens)::bigint AS completion_tokens \
+             FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
+                          prompt_tokens, completion_tokens FROM usage_hourly \
+                   UNION ALL \
+                   SELECT key_id, subject, tier, model, (day::timestamp AT TIME ZONE 'UTC') AS t, \
+                          requests, refused, prompt_tokens, completion_tokens FROM usage_daily) AS u \
+             WHERE u.t >= ",
+        );
+        b.push_bind(q.from).push(" AND u.t < ").push_bind(q.to);
+        if let Some(subject) = &q.subject {
+            b.push(" AND u.subject = ").push_bind(subject.clone());
+        }
+        if let Some(key_id) = &q.key_id {
+            b.push(" AND u.key_id = ").push_bind(key_id.clone());
+        }
+        if let Some(tier) = &q.tier {
+            b.push(" AND u.tier = ").push_bind(tier.clone());
+        }
+        b.push(" GROUP BY g1, g2 ORDER BY g1, g2");
+        let rows = b.build().fetch_all(pool).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let refused: Option<String> = row.try_get("refused")?;
+            out.push(UsageGroup {
+                group: row.try_get::<Option<String>, _>("g1")?.unwrap_or_default(),
+                model: row.try_get("g2")?,
+                key_name: None,
+                counts: Counts {
+                    requests: to_u64(row.try_get("requests")?),
+                    refused: refused
+                        .and_then(|r| serde_json::from_str(&r).ok())
+                        .unwrap_or_default(),
+                    prompt_tokens: to_u64(row.try_get("prompt_tokens")?),
+                    completion_tokens: to_u64(row.try_get("completion_tokens")?),
+                },
+            });
+        }
+        if q.group_by == GroupBy::Key {
+            let ids: Vec<String> = out
+                .iter()
+                .map(|g| g.group.clone())
+                .filter(|g| !g.is_empty())
+                .collect();
+            let names = self.key_names(pool, ids).await?;
+            for g in &mut out {
+                g.key_name = names.get(&g.group).cloned();
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of the keys still in `api_keys`, by key id.
+    async fn key_names(
+        &self,
+        pool: &PgPool,
+        ids: Vec<String>,
+    ) -> Result<HashMap<String, String>, StoreError> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = sqlx::query("SELECT key_id, name FROM api_keys WHERE key_id = ANY($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
+        let mut names = HashMap::new();
+        for row in rows {
+            names.insert(row.try_get("key_id")?, row.try_get("name")?);
+        }
+        Ok(names)
+    }
+}
+
+/// The oldest hour kept hourly at `now`: UTC midnight `retention_days` days before today's
+/// (so a day is rolled up whole, never half).
+pub fn rollup_cutoff(now: DateTime<Utc>, retention_days: u32) -> DateTime<Utc> {
+    let today = now.date_naive();
+    let day = today
+        .checked_sub_days(chrono::Days::new(u64::from(retention_days)))
+        .unwrap_or(NaiveDate::MIN);
+    day.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: Option<&str>, hour: u64, requests: u64, reason: Option<&str>) -> UsageRecord {
+        UsageRecord {
+            subject: "alice".into(),
+            key_id: key.map(Into::into),
+            tier: "free".into(),
+            model: "m".into(),
+            hour_start: hour,
+            requests,
+            refused: reason
+                .map(|r| BTreeMap::from([(r.to_string(), 1)]))
+                .unwrap_or_default(),
+            prompt_tokens: requests * 10,
+            completion_tokens: requests * 20,
+        }
+    }
+
+    #[test]
+    fn records_of_one_row_are_added_before_the_statement() {
+        let rows = merge(&[
+            record(Some("k1"), 3600, 1, Some("rate_limit_exceeded")),
+            record(None, 3600, 5, None),
+            record(Some("k1"), 3600, 2, Some("rate_limit_exceeded")),
+            record(Some("k1"), 7200, 4, None),
+        ]);
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        let (key, counts) = &rows[0];
+        assert_eq!((key.key_id.as_str(), key.hour_start), ("", 3600));
+        assert_eq!(counts.requests, 5);
+        let (key, counts) = &rows[1];
+        assert_eq!((key.key_id.as_str(), key.hour_start), ("k1", 3600));
+        assert_eq!(counts.requests, 3);
+        assert_eq!(counts.prompt_tokens, 30);
+        assert_eq!(counts.refused.get("rate_limit_exceeded"), Some(&2));
+    }
+
+    #[test]
+    fn the_rollup_cutoff_is_a_midnight_retention_days_back() {
+        let now = DateTime::parse_from_rfc3339("2026-12-31T17:45:00Z")
+            .unwrap()
+            .to_utc();
+        assert_eq!(
+            rollup_cutoff(now, 31).to_rfc3339(),
+            "2026-11-30T00:00:00+00:00"
+        );
+        assert_eq!(
+            rollup_cutoff(now, 1).to_rfc3339(),
+            "2026-12-30T00:00:00+00:00"
+        );
+    }
+}

@@ -1,0 +1,474 @@
+//! Budget leases (global limits across gateway replicas), the worker's side: the replica id,
+//! the fallback state all workers of this Envoy share, the subjects a worker admitted recently,
+//! and each worker's batch of debts, releases and renewals (`POST /internal/v1/leases`).
+//!
+//! ```text
+//!  request: lease short ──one callout (need, want)──▶ 200: grants added (CAS) ─▶ admit again
+//!                 │                                    │ else (dispatch error, timeout, non-200)
+//!                 │                                    ▼
+//!                 │                              FALLBACK (shared `maas/g/state`): no callout,
+//!                 │                              lease = max(granted, ⌊limit × share⌋)
+//!  every reportIntervalMs, per worker: claim (CAS) debt = count − granted, release of idle
+//!  subjects, renewals → one batch ─▶ 200: grants added │ else: claims undone, fallback
+//!  in fallback: an empty probe ─▶ 200: fallback left, the debt goes at the next tick
+//! ```
+//!
+//! The counters themselves (count, granted, others per window) are in `limits`.
+
+use crate::config::{GlobalConfig, OnUnavailable, PluginConfig};
+use crate::host::Host;
+use crate::limits::{self, Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy};
+use crate::store::{SharedStore, read_u64};
+use maas_types::lease::{LEASES_PATH, LeaseItem, LeaseRequest, LeaseResponse, MAX_BATCH_ITEMS};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+/// Shared-data key of the fallback state (one per Envoy: every worker reads it each tick).
+pub const STATE_KEY: &str = "maas/g/state";
+/// Shared-data key of a drawn replica id (the first worker's draw wins).
+pub const REPLICA_KEY: &str = "maas/g/replica";
+
+/// Subjects a worker tracks at most (beyond: the least recently reported idle ones go first).
+pub const MAX_TRACKED: usize = 100_000;
+
+/// The fallback state of this Envoy (shared data; each worker keeps its last view).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GlobalState {
+    pub fallback: bool,
+    /// When fallback was entered (ms).
+    pub since_ms: u64,
+    /// Active replicas as of the last answer (at least 1).
+    pub replicas: u32,
+}
+
+impl Default for GlobalState {
+    fn default() -> Self {
+        GlobalState {
+            fallback: false,
+            since_ms: 0,
+            replicas: 1,
+        }
+    }
+}
+
+impl GlobalState {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = vec![1, u8::from(self.fallback)];
+        out.extend_from_slice(&self.since_ms.to_le_bytes());
+        out.extend_from_slice(&self.replicas.to_le_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 14 || b.first() != Some(&1) {
+            return None;
+        }
+        let replicas = u32::from_le_bytes(b.get(10..14)?.try_into().ok()?);
+        Some(GlobalState {
+            fallback: *b.get(1)? == 1,
+            since_ms: read_u64(b, 2)?,
+            replicas: replicas.max(1),
+        })
+    }
+}
+
+/// A subject this worker admitted recently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    /// Its counter slot key.
+    pub key: String,
+    pub counters: Vec<LeaseCounter>,
+    /// Last admission (ms).
+    pub last_ms: u64,
+    /// Last time a batch looked at it (ms).
+    pub reported_ms: u64,
+}
+
+/// What a batch claimed for one subject: (subject, counter slot key, claims in item order).
+pub type Claimed = (String, String, Vec<Claim>);
+
+/// A batch in flight: its token and what it claimed, per subject.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub token: u32,
+    pub claims: Vec<Claimed>,
+}
+
+/// One worker's lease state.
+#[derive(Debug, Default)]
+pub struct Leases {
+    pub replica: String,
+    pub state: GlobalState,
+    pub tracked: HashMap<String, Tracked>,
+    pub batch: Option<Batch>,
+    pub next_report_ms: u64,
+}
+
+impl Leases {
+    /// Notes an admission of `subject` (in-VM only: no host call).
+    pub fn track(
+        &mut self,
+        subject: &str,
+        key: &str,
+        counters: impl FnOnce() -> Vec<LeaseCounter>,
+        now_ms: u64,
+    ) {
+        if let Some(t) = self.tracked.get_mut(subject) {
+            t.last_ms = now_ms;
+            return;
+        }
+        if self.tracked.len() >= MAX_TRACKED {
+            // Full: the subject is still limited locally, its debts are reported once there is
+            // room (the tick drops idle subjects).
+            return;
+        }
+        self.tracked.insert(
+            subject.to_string(),
+            Tracked {
+                key: key.to_string(),
+                counters: counters(),
+                last_ms: now_ms,
+                reported_ms: 0,
+            },
+        );
+    }
+}
+
+/// How admission uses leases now (`None`: global limits off).
+pub fn policy(cfg: &PluginConfig, state: &GlobalState) -> Option<LeasePolicy> {
+    let g = &cfg.limits.global;
+    if !g.enabled {
+        return None;
+    }
+    let fallback_share =
+        (state.fallback && g.on_unavailable == OnUnavailable::Fallback).then(|| {
+            g.fallback_fraction
+                .unwrap_or(1.0 / f64::from(state.replicas.max(1)))
+        });
+    Some(LeasePolicy {
+        fallback_share,
+        horizon_ms: g.lease_horizon_ms,
+        short_retry_s: short_retry_s(g),
+    })
+}
+
+/// Retry-after of a 429 for a short lease while the limit is not reached globally: other
+/// replicas hand back idle leases within idleReleaseMs + reportIntervalMs.
+pub fn short_retry_s(g: &GlobalConfig) -> u64 {
+    g.idle_release_ms
+        .saturating_add(g.report_interval_ms)
+        .div_ceil(1000)
+        .max(1)
+}
+
+/// A request's lease items.
+pub fn items_for(subject: &str, needs: &[LeaseNeed]) -> Vec<LeaseItem> {
+    needs
+        .iter()
+        .map(|n| LeaseItem {
+            subject: subject.to_string(),
+            kind: n.kind.lease_kind(),
+            window_seconds: n.window,
+            window_start: n.start,
+            limit: n.limit,
+            need: n.need,
+            want: n.want,
+            debt: 0,
+            release: 0,
+        })
+        .collect()
+}
+
+/// Dispatches one `POST /internal/v1/leases`.
+pub fn dispatch(
+    host: &dyn Host,
+    cfg: &PluginConfig,
+    replica: &str,
+    items: Vec<LeaseItem>,
+) -> Result<u32, String> {
+    let body = serde_json::to_vec(&LeaseRequest {
+        replica: replica.to_string(),
+        items,
+    })
+    .map_err(|e| e.to_string())?;
+    host.dispatch(
+        &cfg.companion.cluster,
+        &[
+            (":method", "POST"),
+            (":path", LEASES_PATH),
+            (":authority", cfg.companion.authority.as_str()),
+            ("content-type", "application/json"),
+        ],
+        Some(&body),
+        cfg.companion.timeout_ms,
+    )
+}
+
+/// The companion's answer for `items` items: `None` unless a 200 with one grant per item.
+pub fn answer(status: Option<u32>, body: &[u8], items: usize) -> Option<LeaseResponse> {
+    if status != Some(200) {
+        return None;
+    }
+    let r: LeaseResponse = serde_json::from_slice(body).ok()?;
+    (r.grants.len() == items).then_some(r)
+}
+
+/// The replica id: pluginConfig, else Envoy's `node.id`, else an id drawn at start (the first
+/// worker's draw, through shared data).
+pub fn replica_id(host: &dyn Host, cfg: &GlobalConfig, context_id: u32) -> String {
+    if let Some(id) = &cfg.replica_id {
+        return id.clone();
+    }
+    if let Some(id) = host.property(&["node", "id"]).filter(|s| !s.is_empty()) {
+        return id;
+    }
+    let (value, cas) = host.get(REPLICA_KEY);
+    if let Some(v) = value.filter(|v| !v.is_empty()) {
+        return String::from_utf8_lossy(&v).into_owned();
+    }
+    // Seeded by the OS's randomness (WASI random_get in Envoy).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(host.now_ms());
+    h.write_u32(context_id);
+    let drawn = format!("maas-{:016x}", h.finish());
+    let _ = host.set(REPLICA_KEY, drawn.as_bytes(), cas);
+    // Whoever wrote first wins: read back what is there.
+    host.get(REPLICA_KEY)
+        .0
+        .filter(|v| !v.is_empty())
+        .map_or(drawn, |v| String::from_utf8_lossy(&v).into_owned())
+}
+
+/// The shared fallback state (default when never written or unreadable).
+pub fn read_state(store: &dyn SharedStore) -> (GlobalState, Option<u32>) {
+    let (value, cas) = store.get(STATE_KEY);
+    (
+        value
+            .as_deref()
+            .and_then(GlobalState::decode)
+            .unwrap_or_default(),
+        cas,
+    )
+}
+
+/// Updates the shared state with `f` (CAS; a few attempts); the state now in shared data.
+fn update_state(store: &dyn SharedStore, f: impl Fn(GlobalState) -> GlobalState) -> GlobalState {
+    let mut last = GlobalState::default();
+    for _ in 0..crate::cache::CAS_ATTEMPTS {
+        let (cur, cas) = read_state(store);
+        let next = f(cur);
+        if next == cur {
+            return cur;
+        }
+        last = next;
+        if store.set(STATE_KEY, &next.encode(), cas).is_ok() {
+            return next;
+        }
+    }
+    last
+}
+
+/// What a worker does when its view of the state changes: one log line, the gauge.
+fn adopt(host: &dyn Host, leases: &mut Leases, gauge: u32, st: GlobalState) {
+    if st.fallback != leases.state.fallback {
+        if st.fallback {
+            log::warn!(
+                "maas: lease service unreachable: limits fall back to this replica's local share"
+            );
+        } else {
+            log::info!("maas: lease service reachable again: global limits restored");
+        }
+        if gauge != 0 {
+            host.record_metric(gauge, u64::from(st.fallback));
+        }
+    }
+    leases.state = st;
+}
+
+/// A callout failed: this Envoy enters fallback (if not already in it). True when this call
+/// made the transition.
+pub fn enter_fallback(host: &dyn Host, leases: &mut Leases, gauge: u32, now_ms: u64) -> bool {
+    let (before, _) = read_state(host);
+    let st = update_state(host, |s| GlobalState {
+        fallback: true,
+        since_ms: if s.fallback { s.since_ms } else { now_ms },
+        replicas: s.replicas,
+    });
+    adopt(host, leases, gauge, st);
+    !before.fallback && st.fallback
+}
+
+/// A 200: leave fallback (when `leave`) and remember the number of replicas.
+pub fn answered(host: &dyn Host, leases: &mut Leases, gauge: u32, replicas: u32, leave: bool) {
+    let replicas = replicas.max(1);
+    if leases.state.replicas == replicas && (!leave || !leases.state.fallback) {
+        return;
+    }
+    let st = update_state(host, |s| GlobalState {
+        fallback: s.fallback && !leave,
+        since_ms: s.since_ms,
+        replicas,
+    });
+    adopt(host, leases, gauge, st);
+}
+
+/// Every tick: adopt the shared state (another worker may have entered or left fallback).
+pub fn sync(host: &dyn Host, leases: &mut Leases, gauge: u32) {
+    let (st, _) = read_state(host);
+    adopt(host, leases, gauge, st);
+}
+
+/// The grants of a 200 answer for `claims` (same order as the items sent).
+pub fn grants_of(claims: &[Claim], resp: &[maas_types::lease::LeaseGrant]) -> Vec<Grant> {
+    claims
+        .iter()
+        .zip(resp)
+        .map(|(c, g)| Grant {
+            kind: c.kind,
+            window: c.window,
+            start: c.start,
+            granted: g.granted,
+            taken: g.taken,
+        })
+        .collect()
+}
+
+/// Builds this tick's batch: claims debts and releases of the tracked subjects (those looked at
+/// least recently first), at most [`MAX_BATCH_ITEMS`] items; subjects idle with nothing left to
+/// report are dropped. Returns the items and the claims (per subject, same order).
+pub fn build_batch(
+    host: &dyn Host,
+    g: &GlobalConfig,
+    leases: &mut Leases,
+    now_ms: u64,
+) -> (Vec<LeaseItem>, Vec<Claimed>) {
+    let now_s = now_ms / 1000;
+    let mut order: Vec<(u64, String)> = leases
+        .tracked
+        .iter()
+        .map(|(s, t)| (t.reported_ms, s.clone()))
+        .collect();
+    order.sort_unstable();
+    let mut items = Vec::new();
+    let mut claimed = Vec::new();
+    for (_, subject) in order {
+        if items.len() >= MAX_BATCH_ITEMS {
+            break;
+        }
+        let Some(t) = leases.tracked.get_mut(&subject) else {
+            continue;
+        };
+        let idle = now_ms.saturating_sub(t.last_ms) >= g.idle_release_ms;
+        let claims = limits::claim(
+            host,
+            &t.key,
+            &subject,
+            &t.counters,
+            now_s,
+            idle,
+            g.lease_horizon_ms,
+        );
+        t.reported_ms = now_ms;
+        if claims.is_empty() {
+            if idle {
+                leases.tracked.remove(&subject);
+            }
+            continue;
+        }
+        if items.len() + claims.len() > MAX_BATCH_ITEMS {
+            // No room left in this batch: the next tick takes it.
+            limits::unclaim(host, &t.key, &subject, &claims, now_s);
+            break;
+        }
+        for c in &claims {
+            items.push(LeaseItem {
+                subject: subject.clone(),
+                kind: c.kind.lease_kind(),
+                window_seconds: c.window,
+                window_start: c.start,
+                limit: c.limit,
+                need: 0,
+                want: c.want,
+                debt: c.debt,
+                release: c.release,
+            });
+        }
+        claimed.push((subject, t.key.clone(), claims));
+    }
+    (items, claimed)
+}
+
+/// Undoes every claim of a failed batch.
+pub fn undo(host: &dyn Host, claims: &[Claimed], now_s: u64) {
+    for (subject, key, c) in claims {
+        limits::unclaim(host, key, subject, c, now_s);
+    }
+}
+
+/// The counters of a request's tiers (for [`Leases::track`]).
+pub fn counters(tiers: &[&maas_types::Tier]) -> Vec<LeaseCounter> {
+    limits::tracked_counters(tiers)
+}
+
+/// Seconds to the end of the window of the first item whose limit is reached globally
+/// (`taken ≥ limit` and nothing granted), if any.
+pub fn exhausted_retry(needs: &[LeaseNeed], resp: &LeaseResponse, now_s: u64) -> Option<u64> {
+    needs
+        .iter()
+        .zip(&resp.grants)
+        .filter(|(n, g)| g.granted < n.need && g.taken >= n.limit)
+        .map(|(n, _)| {
+            n.start
+                .saturating_add(n.window)
+                .saturating_sub(now_s)
+                .max(1)
+        })
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::indexing_slicing, clippy::unwrap_used)]
+    use super::*;
+    use crate::store::MemStore;
+
+    #[test]
+    fn state_roundtrips_and_garbage_reads_as_default() {
+        let s = GlobalState {
+            fallback: true,
+            since_ms: 42,
+            replicas: 3,
+        };
+        assert_eq!(GlobalState::decode(&s.encode()), Some(s));
+        assert_eq!(GlobalState::decode(b"xx"), None);
+        let store = MemStore::new();
+        store.set(STATE_KEY, b"garbage", None).unwrap();
+        assert_eq!(read_state(&store).0, GlobalState::default());
+    }
+
+    #[test]
+    fn short_retry_is_idle_release_plus_report_interval_rounded_up() {
+        let g = GlobalConfig {
+            idle_release_ms: 3000,
+            report_interval_ms: 1000,
+            ..GlobalConfig::default()
+        };
+        assert_eq!(short_retry_s(&g), 4);
+        let g = GlobalConfig {
+            idle_release_ms: 100,
+            report_interval_ms: 150,
+            ..GlobalConfig::default()
+        };
+        assert_eq!(short_retry_s(&g), 1);
+    }
+
+    #[test]
+    fn an_answer_must_be_a_200_with_one_grant_per_item() {
+        let body = br#"{"replicas":2,"store":"memory","grants":[{"granted":5,"taken":9}]}"#;
+        assert_eq!(answer(Some(200), body, 1).unwrap().replicas, 2);
+        assert!(answer(Some(200), body, 2).is_none());
+        assert!(answer(Some(503), body, 1).is_none());
+        assert!(answer(None, body, 1).is_none());
+        assert!(answer(Some(200), b"{}", 1).is_none());
+    }
+}

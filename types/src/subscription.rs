@@ -1,0 +1,983 @@
+//! Subscriptions: who may use which models with which token budgets (the reference's
+//! `MaaSSubscription`), beside the tiers of the policy document.
+//!
+//! How they combine with tiers: a tier is a subscription that every member of its groups has,
+//! with `level` as its priority; they are kept apart in the document so a tier-only policy
+//! behaves exactly as before. An API key bound to a subscription (at mint: named, or
+//! [`default_for_mint`]) is limited by that subscription's per-model limits; a key bound to none
+//! (no subscription the owner may use, or a tier pinned at mint) and a token caller that names
+//! no subscription use the tiers as before. A token caller may name one with
+//! `X-MaaS-Subscription` ([`requested_from_header`]), checked with [`select`].
+//!
+//! Every function here is pure: the document, the caller's name and groups in; a decision out.
+
+use crate::policy::{Limit, PolicyDocument, PolicyError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The namespace of a subscription that names none (the reference's default
+/// `MAAS_SUBSCRIPTION_NAMESPACE`): `models-as-a-service/<name>` selects it.
+pub const DEFAULT_NAMESPACE: &str = "models-as-a-service";
+/// Longest subscription name and namespace (a DNS label).
+pub const MAX_NAME_LEN: usize = 63;
+/// Largest token limit of a subscription (the reference's CRD bound).
+pub const MAX_TOKEN_LIMIT: u64 = 1_000_000_000;
+const MAX_TEXT_LEN: usize = 1024;
+const MAX_LABELS: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Subscription {
+    /// Unique in the document; `[a-z0-9-]`, at most 63, starts and ends with a letter or digit.
+    pub name: String,
+    /// Default [`DEFAULT_NAMESPACE`]; only used to match `namespace/name` requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Higher wins when a key is minted without naming a subscription.
+    #[serde(default)]
+    pub priority: i32,
+    pub owner: Owner,
+    pub models: Vec<SubscriptionModel>,
+    #[serde(default, skip_serializing_if = "TokenMetadata::is_empty")]
+    pub token_metadata: TokenMetadata,
+}
+
+/// Who has the subscription: any listed user, or any member of a listed group.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Owner {
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub users: Vec<String>,
+}
+
+/// A model of a subscription and its limits (per subject, per subscription, per model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionModel {
+    /// A `models[].name` of the document.
+    pub name: String,
+    /// At least one (as the reference's CRD requires: no silent default).
+    pub token_rate_limits: Vec<Limit>,
+    /// Ours (the reference meters tokens only); optional.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_rate_limits: Vec<Limit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing_rate: Option<BillingRate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BillingRate {
+    /// A non-negative decimal string, e.g. `"0.000002"` (kept as text: no float rounding).
+    pub per_token: String,
+}
+
+/// Attribution carried with the usage of the subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub organization_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_center: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl TokenMetadata {
+    pub fn is_empty(&self) -> bool {
+        self.organization_id.is_none() && self.cost_center.is_none() && self.labels.is_empty()
+    }
+}
+
+impl Subscription {
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// The user is listed, or one of the groups is.
+    pub fn has_access(&self, user: &str, groups: &[String]) -> bool {
+        self.owner.users.iter().any(|u| u == user)
+            || self
+                .owner
+                .groups
+                .iter()
+                .any(|g| groups.iter().any(|ug| ug.trim() == g))
+    }
+
+    pub fn model(&self, name: &str) -> Option<&SubscriptionModel> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    pub fn includes_model(&self, name: &str) -> bool {
+        self.model(name).is_some()
+    }
+
+    /// The largest token limit over its models and windows (the mint tie-break).
+    pub fn max_token_limit(&self) -> u64 {
+        self.models
+            .iter()
+            .flat_map(|m| m.token_rate_limits.iter().map(|l| l.limit))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection
+// ---------------------------------------------------------------------------------------------
+
+/// Why no subscription was selected; [`SelectError::code`] is the reference's error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectError {
+    /// None was requested and the caller has none (containing the model).
+    NoSubscription,
+    /// The requested one does not exist.
+    NotFound,
+    /// The requested one exists but the caller is neither listed nor in a listed group.
+    AccessDenied,
+    /// None was requested and the caller has several containing the model.
+    MultipleSubscriptions,
+    /// The requested one does not include the model.
+    ModelNotInSubscription,
+}
+
+impl SelectError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            SelectError::NoSubscription | SelectError::NotFound => "not_found",
+            SelectError::AccessDenied => "access_denied",
+            SelectError::MultipleSubscriptions => "multiple_subscriptions",
+            SelectError::ModelNotInSubscription => "model_not_in_subscription",
+        }
+    }
+
+    /// The reference's messages (they name nothing the caller did not send).
+    pub fn message(&self) -> &'static str {
+        match self {
+            SelectError::NoSubscription => "no matching subscription found for user",
+            SelectError::NotFound => "requested subscription not found",
+            SelectError::AccessDenied => "access denied to requested subscription",
+            SelectError::MultipleSubscriptions => {
+                "user has access to multiple subscriptions, must specify subscription using X-MaaS-Subscription header"
+            }
+            SelectError::ModelNotInSubscription => {
+                "requested subscription does not include the requested model"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SelectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for SelectError {}
+
+/// Mint order: priority descending, then the largest token limit descending, then name ascending.
+fn mint_order(a: &Subscription, b: &Subscription) -> std::cmp::Ordering {
+    b.priority
+        .cmp(&a.priority)
+        .then_with(|| b.max_token_limit().cmp(&a.max_token_limit()))
+        .then_with(|| a.name.cmp(&b.name))
+}
+
+/// The subscriptions the caller has, sorted by name.
+pub fn accessible<'a>(
+    doc: &'a PolicyDocument,
+    user: &str,
+    groups: &[String],
+) -> Vec<&'a Subscription> {
+    let mut subs: Vec<&Subscription> = doc
+        .subscriptions
+        .iter()
+        .filter(|s| s.has_access(user, groups))
+        .collect();
+    subs.sort_by(|a, b| a.name.cmp(&b.name));
+    subs
+}
+
+/// The subscription a key minted without naming one is bound to: the caller's highest
+/// priority, tie → largest token limit, tie → name ascending. `None`: the caller has none (the
+/// key then follows the tiers).
+pub fn default_for_mint<'a>(
+    doc: &'a PolicyDocument,
+    user: &str,
+    groups: &[String],
+) -> Option<&'a Subscription> {
+    doc.subscriptions
+        .iter()
+        .filter(|s| s.has_access(user, groups))
+        .min_by(|a, b| mint_order(a, b))
+}
+
+/// The subscription with this name (`name`, or `namespace/name` matched exactly).
+pub fn find<'a>(doc: &'a PolicyDocument, requested: &str) -> Option<&'a Subscription> {
+    match requested.split_once('/') {
+        Some((ns, name)) => doc
+            .subscriptions
+            .iter()
+            .find(|s| s.name == name && s.namespace() == ns),
+        None => doc.subscriptions.iter().find(|s| s.name == requested),
+    }
+}
+
+/// The reference's selection. `requested` (bare `name` or `namespace/name`; blank = none):
+/// it must exist, the caller must have it, and it must include `model` when one is given.
+/// Nothing requested: the caller's subscriptions that include `model` (all of them when `None`);
+/// exactly one is selected, none → [`SelectError::NoSubscription`], several →
+/// [`SelectError::MultipleSubscriptions`].
+pub fn select<'a>(
+    doc: &'a PolicyDocument,
+    user: &str,
+    groups: &[String],
+    requested: Option<&str>,
+    model: Option<&str>,
+) -> Result<&'a Subscription, SelectError> {
+    let includes = |s: &Subscription| model.is_none_or(|m| s.includes_model(m));
+    match requested.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(r) => {
+            let sub = find(doc, r).ok_or(SelectError::NotFound)?;
+            if !sub.has_access(user, groups) {
+                return Err(SelectError::AccessDenied);
+            }
+            if !includes(sub) {
+                return Err(SelectError::ModelNotInSubscription);
+            }
+            Ok(sub)
+        }
+        None => {
+            let mut found = doc
+                .subscriptions
+                .iter()
+                .filter(|s| s.has_access(user, groups) && includes(s));
+            match (found.next(), found.next()) {
+                (Some(one), None) => Ok(one),
+                (None, _) => Err(SelectError::NoSubscription),
+                (Some(_), Some(_)) => Err(SelectError::MultipleSubscriptions),
+            }
+        }
+    }
+}
+
+/// The subscription a request names in `X-MaaS-Subscription`: the last non-empty value (a
+/// gateway may append its own value to the client's; values may also arrive comma-joined).
+pub fn requested_from_header<'a>(values: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    values
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .last()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// `[a-z0-9-]`, 1..=63, starting and ending with a letter or digit (a DNS label).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_NAME_LEN
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+fn check_label_name(path: String, s: &str) -> Result<(), PolicyError> {
+    if is_dns_label(s) {
+        Ok(())
+    } else {
+        Err(err(
+            path,
+            format!(
+                "must be 1 to {MAX_NAME_LEN} of a-z, 0-9 and '-', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+fn check_text(path: String, s: &str, blank_ok: bool) -> Result<(), PolicyError> {
+    if !blank_ok && s.trim().is_empty() {
+        return Err(err(path, "must not be blank when given"));
+    }
+    if s.chars().count() > MAX_TEXT_LEN {
+        return Err(err(
+            path,
+            format!("must be at most {MAX_TEXT_LEN} characters"),
+        ));
+    }
+    if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return Err(err(path, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+fn check_subject(path: String, s: &str) -> Result<(), PolicyError> {
+    if s.trim().is_empty()
+        || s.len() > 253
+        || s.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(err(
+            path,
+            "must be 1 to 253 characters without whitespace or control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// A non-negative decimal: digits, optionally `.` and digits.
+fn is_decimal(s: &str) -> bool {
+    let (int, frac) = match s.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (s, None),
+    };
+    !int.is_empty()
+        && int.len() <= 20
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac
+            .is_none_or(|f| !f.is_empty() && f.len() <= 20 && f.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn check_limits(path: &str, limits: &[Limit], max: Option<u64>) -> Result<(), PolicyError> {
+    let mut windows = BTreeSet::new();
+    for (i, l) in limits.iter().enumerate() {
+        if l.limit == 0 {
+            return Err(err(format!("{path}[{i}].limit"), "must be at least 1"));
+        }
+        if let Some(max) = max
+            && l.limit > max
+        {
+            return Err(err(
+                format!("{path}[{i}].limit"),
+                format!("must be at most {max}"),
+            ));
+        }
+        if !windows.insert(l.window) {
+            return Err(err(
+                format!("{path}[{i}].window"),
+                format!("window {} is listed twice", l.window),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks `subscriptions` against the rest of the document (called by
+/// [`PolicyDocument::validate`]).
+pub(crate) fn validate(doc: &PolicyDocument) -> Result<(), PolicyError> {
+    let mut names = BTreeSet::new();
+    for (i, s) in doc.subscriptions.iter().enumerate() {
+        let at = format!("subscriptions[{i}]");
+        check_label_name(format!("{at}.name"), &s.name)?;
+        if !names.insert(s.name.as_str()) {
+            return Err(err(
+                format!("{at}.name"),
+                format!("subscription {:?} is defined twice", s.name),
+            ));
+        }
+        if let Some(ns) = &s.namespace {
+            check_label_name(format!("{at}.namespace"), ns)?;
+        }
+        if let Some(d) = &s.display_name {
+            check_text(format!("{at}.displayName"), d, false)?;
+        }
+        if let Some(d) = &s.description {
+            check_text(format!("{at}.description"), d, true)?;
+        }
+        if s.owner.groups.is_empty() && s.owner.users.is_empty() {
+            return Err(err(
+                format!("{at}.owner"),
+                "at least one group or user is required",
+            ));
+        }
+        for (g, group) in s.owner.groups.iter().enumerate() {
+            check_subject(format!("{at}.owner.groups[{g}]"), group)?;
+        }
+        for (u, user) in s.owner.users.iter().enumerate() {
+            check_subject(format!("{at}.owner.users[{u}]"), user)?;
+        }
+        if s.models.is_empty() {
+            return Err(err(
+                format!("{at}.models"),
+                "at least one model is required",
+            ));
+        }
+        let mut models = BTreeSet::new();
+        for (m, model) in s.models.iter().enumerate() {
+            let mat = format!("{at}.models[{m}]");
+            if doc.model(&model.name).is_none() {
+                return Err(err(
+                    format!("{mat}.name"),
+                    format!("unknown model {:?}", model.name),
+                ));
+            }
+            if !models.insert(model.name.as_str()) {
+                return Err(err(
+                    format!("{mat}.name"),
+                    format!("model {:?} is listed twice", model.name),
+                ));
+            }
+            if model.token_rate_limits.is_empty() {
+                return Err(err(
+                    format!("{mat}.tokenRateLimits"),
+                    "at least one token limit is required",
+                ));
+            }
+            check_limits(
+                &format!("{mat}.tokenRateLimits"),
+                &model.token_rate_limits,
+                Some(MAX_TOKEN_LIMIT),
+            )?;
+            check_limits(
+                &format!("{mat}.requestRateLimits"),
+                &model.request_rate_limits,
+                None,
+            )?;
+            if let Some(rate) = &model.billing_rate
+                && !is_decimal(&rate.per_token)
+            {
+                return Err(err(
+                    format!("{mat}.billingRate.perToken"),
+                    "must be a non-negative decimal string, e.g. \"0.000002\"",
+                ));
+            }
+        }
+        let meta = &s.token_metadata;
+        if let Some(o) = &meta.organization_id {
+            check_text(format!("{at}.tokenMetadata.organizationId"), o, false)?;
+        }
+        if let Some(c) = &meta.cost_center {
+            check_text(format!("{at}.tokenMetadata.costCenter"), c, false)?;
+        }
+        if meta.labels.len() > MAX_LABELS {
+            return Err(err(
+                format!("{at}.tokenMetadata.labels"),
+                format!("at most {MAX_LABELS} labels"),
+            ));
+        }
+        for (k, v) in &meta.labels {
+            check_subject(format!("{at}.tokenMetadata.labels.{k}"), k)?;
+            check_text(format!("{at}.tokenMetadata.labels.{k}"), v, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// What is allowed but probably a mistake, one line each (the companion logs them): two
+/// subscriptions with the same priority sharing an owner group or user (a key minted without
+/// naming one then depends on the tie-breaks).
+pub fn warnings(doc: &PolicyDocument) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, a) in doc.subscriptions.iter().enumerate() {
+        for (j, b) in doc.subscriptions.iter().enumerate().skip(i + 1) {
+            if a.priority != b.priority {
+                continue;
+            }
+            let shared = a
+                .owner
+                .groups
+                .iter()
+                .find(|g| b.owner.groups.contains(g))
+                .map(|g| format!("group {g:?}"))
+                .or_else(|| {
+                    a.owner
+                        .users
+                        .iter()
+                        .find(|u| b.owner.users.contains(u))
+                        .map(|u| format!("user {u:?}"))
+                });
+            if let Some(shared) = shared {
+                out.push(format!(
+                    "subscriptions[{i}] ({}) and subscriptions[{j}] ({}) share owner {shared} and priority {}: a key minted without naming a subscription takes the one with the larger token limit, then the first by name",
+                    a.name, b.name, a.priority
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn sample() -> Value {
+        json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["system:authenticated"]}],
+            "models": [
+                {"name": "sim", "path": "/llm/sim", "tiers": ["free"]},
+                {"name": "big", "path": "/llm/big", "tiers": ["free"]}
+            ],
+            "subscriptions": [
+                {"name": "team-a", "displayName": "Team A", "priority": 1,
+                 "owner": {"groups": ["team-a"]},
+                 "models": [{"name": "sim", "tokenRateLimits": [{"limit": 1000, "window": "1m"}]}],
+                 "tokenMetadata": {"organizationId": "org-1", "costCenter": "cc-7", "labels": {"env": "dev"}}},
+                {"name": "premium-sub", "namespace": "tenant-x", "priority": 5,
+                 "owner": {"users": ["bob"]},
+                 "models": [
+                    {"name": "sim", "tokenRateLimits": [{"limit": 5000, "window": "1m"}, {"limit": 100000, "window": "1d"}],
+                     "requestRateLimits": [{"limit": 60, "window": "1m"}], "billingRate": {"perToken": "0.000002"}},
+                    {"name": "big", "tokenRateLimits": [{"limit": 2000, "window": "1h"}]}
+                 ]}
+            ]
+        })
+    }
+
+    fn doc(v: Value) -> PolicyDocument {
+        PolicyDocument::from_value(v).unwrap()
+    }
+
+    fn fails_at(v: Value, path: &str) {
+        match PolicyDocument::from_value(v) {
+            Ok(_) => panic!("expected an error at {path}"),
+            Err(e) => assert_eq!(e.path, path, "{e}"),
+        }
+    }
+
+    fn groups(g: &[&str]) -> Vec<String> {
+        g.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn sub(name: &str, priority: i32, owner_group: &str, limit: u64) -> Value {
+        json!({"name": name, "priority": priority, "owner": {"groups": [owner_group]},
+               "models": [{"name": "sim", "tokenRateLimits": [{"limit": limit, "window": "1m"}]}]})
+    }
+
+    fn with_subs(subs: Vec<Value>) -> PolicyDocument {
+        let mut v = sample();
+        v["subscriptions"] = Value::Array(subs);
+        doc(v)
+    }
+
+    #[test]
+    fn a_document_with_subscriptions_parses_and_roundtrips() {
+        let d = doc(sample());
+        assert_eq!(d.subscriptions.len(), 2);
+        assert_eq!(d.subscriptions[0].namespace(), DEFAULT_NAMESPACE);
+        assert_eq!(d.subscriptions[1].namespace(), "tenant-x");
+        assert_eq!(d.subscriptions[0].priority, 1);
+        assert_eq!(d.subscriptions[1].max_token_limit(), 100_000);
+        let bytes = serde_json::to_vec(&d).unwrap();
+        assert_eq!(PolicyDocument::from_json(&bytes).unwrap(), d);
+    }
+
+    #[test]
+    fn a_tier_only_document_serializes_without_subscriptions() {
+        let mut v = sample();
+        v.as_object_mut().unwrap().remove("subscriptions");
+        let d = doc(v);
+        let json = serde_json::to_value(&d).unwrap();
+        assert!(json.get("subscriptions").is_none(), "{json}");
+    }
+
+    #[test]
+    fn priority_defaults_to_zero() {
+        let mut v = sample();
+        v["subscriptions"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("priority");
+        assert_eq!(doc(v).subscriptions[0].priority, 0);
+    }
+
+    #[test]
+    fn validation_errors_name_the_field() {
+        type Mutation = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            (
+                "subscriptions[1].name",
+                Box::new(|v| v["subscriptions"][1]["name"] = json!("team-a")),
+            ),
+            (
+                "subscriptions[0].name",
+                Box::new(|v| v["subscriptions"][0]["name"] = json!("Team-A")),
+            ),
+            (
+                "subscriptions[0].name",
+                Box::new(|v| v["subscriptions"][0]["name"] = json!("a_b")),
+            ),
+            (
+                "subscriptions[0].name",
+                Box::new(|v| v["subscriptions"][0]["name"] = json!("-ab")),
+            ),
+            (
+                "subscriptions[0].name",
+                Box::new(|v| v["subscriptions"][0]["name"] = json!("x".repeat(64))),
+            ),
+            (
+                "subscriptions[0].name",
+                Box::new(|v| v["subscriptions"][0]["name"] = json!("")),
+            ),
+            (
+                "subscriptions[1].namespace",
+                Box::new(|v| v["subscriptions"][1]["namespace"] = json!("Tenant")),
+            ),
+            (
+                "subscriptions[0].displayName",
+                Box::new(|v| v["subscriptions"][0]["displayName"] = json!("  ")),
+            ),
+            (
+                "subscriptions[0].owner",
+                Box::new(|v| v["subscriptions"][0]["owner"] = json!({"groups": [], "users": []})),
+            ),
+            (
+                "subscriptions[0].owner.groups[0]",
+                Box::new(|v| v["subscriptions"][0]["owner"]["groups"][0] = json!("a b")),
+            ),
+            (
+                "subscriptions[1].owner.users[0]",
+                Box::new(|v| v["subscriptions"][1]["owner"]["users"][0] = json!("")),
+            ),
+            (
+                "subscriptions[0].models",
+                Box::new(|v| v["subscriptions"][0]["models"] = json!([])),
+            ),
+            (
+                "subscriptions[0].models[0].name",
+                Box::new(|v| v["subscriptions"][0]["models"][0]["name"] = json!("nope")),
+            ),
+            (
+                "subscriptions[1].models[1].name",
+                Box::new(|v| v["subscriptions"][1]["models"][1]["name"] = json!("sim")),
+            ),
+            (
+                "subscriptions[0].models[0].tokenRateLimits",
+                Box::new(|v| v["subscriptions"][0]["models"][0]["tokenRateLimits"] = json!([])),
+            ),
+            (
+                "subscriptions[0].models[0]",
+                Box::new(|v| {
+                    v["subscriptions"][0]["models"][0]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("tokenRateLimits");
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].tokenRateLimits[0].limit",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["tokenRateLimits"][0]["limit"] = json!(0)
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].tokenRateLimits[0].limit",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["tokenRateLimits"][0]["limit"] =
+                        json!(1_000_000_001u64)
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].tokenRateLimits[1].window",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["tokenRateLimits"][1]["window"] = json!("0m")
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].tokenRateLimits[1].window",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["tokenRateLimits"][1]["window"] = json!("1m")
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].requestRateLimits[0].limit",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["requestRateLimits"][0]["limit"] = json!(0)
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].billingRate.perToken",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["billingRate"]["perToken"] = json!("-1")
+                }),
+            ),
+            (
+                "subscriptions[1].models[0].billingRate.perToken",
+                Box::new(|v| {
+                    v["subscriptions"][1]["models"][0]["billingRate"]["perToken"] = json!("1e-6")
+                }),
+            ),
+            (
+                "subscriptions[0].tokenMetadata.costCenter",
+                Box::new(|v| v["subscriptions"][0]["tokenMetadata"]["costCenter"] = json!("")),
+            ),
+            (
+                "subscriptions[0].tokenMetadata.colour",
+                Box::new(|v| v["subscriptions"][0]["tokenMetadata"]["colour"] = json!("red")),
+            ),
+            (
+                "subscriptions[0].priority",
+                Box::new(|v| v["subscriptions"][0]["priority"] = json!(3_000_000_000u64)),
+            ),
+            (
+                "subscriptions[0].extra",
+                Box::new(|v| v["subscriptions"][0]["extra"] = json!(1)),
+            ),
+        ];
+        for (path, mutate) in cases {
+            let mut v = sample();
+            mutate(&mut v);
+            fails_at(v, path);
+        }
+        // Accepted edge values.
+        let mut v = sample();
+        v["subscriptions"][0]["name"] = json!("a".repeat(63));
+        v["subscriptions"][1]["models"][0]["tokenRateLimits"][0]["limit"] = json!(MAX_TOKEN_LIMIT);
+        v["subscriptions"][1]["models"][0]["billingRate"]["perToken"] = json!("12");
+        v["subscriptions"][0]["priority"] = json!(-3);
+        assert!(PolicyDocument::from_value(v).is_ok());
+    }
+
+    #[test]
+    fn duplicate_priorities_with_a_shared_owner_are_a_warning_not_an_error() {
+        let d = with_subs(vec![
+            sub("a", 1, "g", 10),
+            sub("b", 1, "g", 20),
+            sub("c", 1, "h", 10),
+        ]);
+        let w = warnings(&d);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("subscriptions[0] (a)") && w[0].contains("subscriptions[1] (b)"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("group \"g\""), "{}", w[0]);
+        assert!(warnings(&doc(sample())).is_empty());
+    }
+
+    #[test]
+    fn access_is_by_user_or_group() {
+        let d = doc(sample());
+        let names = |u: &str, g: &[&str]| -> Vec<String> {
+            accessible(&d, u, &groups(g))
+                .iter()
+                .map(|s| s.name.clone())
+                .collect()
+        };
+        assert_eq!(names("alice", &["team-a"]), ["team-a"]);
+        assert_eq!(names("bob", &["other"]), ["premium-sub"]);
+        assert_eq!(
+            names("bob", &["team-a"]),
+            ["premium-sub", "team-a"],
+            "sorted by name"
+        );
+        assert!(names("eve", &["other"]).is_empty());
+        // A group named like the user does not grant a user-owned subscription.
+        assert!(names("eve", &["bob"]).is_empty());
+    }
+
+    #[test]
+    fn default_for_mint_takes_priority_then_largest_limit_then_name() {
+        let d = with_subs(vec![sub("low", 0, "g", 999_999), sub("high", 2, "g", 1)]);
+        assert_eq!(
+            default_for_mint(&d, "u", &groups(&["g"])).unwrap().name,
+            "high"
+        );
+        let d = with_subs(vec![sub("small", 1, "g", 10), sub("large", 1, "g", 20)]);
+        assert_eq!(
+            default_for_mint(&d, "u", &groups(&["g"])).unwrap().name,
+            "large"
+        );
+        let d = with_subs(vec![sub("zeta", 1, "g", 10), sub("alpha", 1, "g", 10)]);
+        assert_eq!(
+            default_for_mint(&d, "u", &groups(&["g"])).unwrap().name,
+            "alpha"
+        );
+        // Only the caller's own.
+        let d = with_subs(vec![sub("theirs", 9, "other", 10), sub("mine", 0, "g", 10)]);
+        assert_eq!(
+            default_for_mint(&d, "u", &groups(&["g"])).unwrap().name,
+            "mine"
+        );
+        assert!(default_for_mint(&d, "u", &groups(&["none"])).is_none());
+    }
+
+    #[test]
+    fn select_named_checks_existence_access_and_model() {
+        let d = doc(sample());
+        let bob = groups(&["x"]);
+        let alice = groups(&["team-a"]);
+        assert_eq!(
+            select(&d, "bob", &bob, Some("premium-sub"), Some("big"))
+                .unwrap()
+                .name,
+            "premium-sub"
+        );
+        assert_eq!(
+            select(&d, "bob", &bob, Some(" tenant-x/premium-sub "), None)
+                .unwrap()
+                .name,
+            "premium-sub"
+        );
+        assert_eq!(
+            select(
+                &d,
+                "alice",
+                &alice,
+                Some("models-as-a-service/team-a"),
+                Some("sim")
+            )
+            .unwrap()
+            .name,
+            "team-a"
+        );
+        assert_eq!(
+            select(&d, "bob", &bob, Some("other-ns/premium-sub"), None),
+            Err(SelectError::NotFound)
+        );
+        assert_eq!(
+            select(&d, "bob", &bob, Some("gold"), None),
+            Err(SelectError::NotFound)
+        );
+        assert_eq!(
+            select(&d, "bob", &bob, Some("team-a"), None),
+            Err(SelectError::AccessDenied)
+        );
+        assert_eq!(
+            select(&d, "alice", &alice, Some("team-a"), Some("big")),
+            Err(SelectError::ModelNotInSubscription)
+        );
+        // Blank is "none requested".
+        assert_eq!(
+            select(&d, "alice", &alice, Some("  "), Some("sim"))
+                .unwrap()
+                .name,
+            "team-a"
+        );
+    }
+
+    #[test]
+    fn select_without_a_request_needs_exactly_one_match() {
+        let d = doc(sample());
+        let both = groups(&["team-a"]);
+        assert_eq!(
+            select(&d, "bob", &both, None, Some("big")).unwrap().name,
+            "premium-sub",
+            "only one has the model"
+        );
+        assert_eq!(
+            select(&d, "bob", &both, None, Some("sim")),
+            Err(SelectError::MultipleSubscriptions)
+        );
+        assert_eq!(
+            select(&d, "bob", &both, None, None),
+            Err(SelectError::MultipleSubscriptions)
+        );
+        assert_eq!(
+            select(&d, "alice", &both, None, Some("big")),
+            Err(SelectError::NoSubscription)
+        );
+        assert_eq!(
+            select(&d, "eve", &[], None, None),
+            Err(SelectError::NoSubscription)
+        );
+    }
+
+    #[test]
+    fn error_codes_are_the_references() {
+        assert_eq!(SelectError::NoSubscription.code(), "not_found");
+        assert_eq!(SelectError::NotFound.code(), "not_found");
+        assert_eq!(SelectError::AccessDenied.code(), "access_denied");
+        assert_eq!(
+            SelectError::MultipleSubscriptions.code(),
+            "multiple_subscriptions"
+        );
+        assert_eq!(
+            SelectError::ModelNotInSubscription.code(),
+            "model_not_in_subscription"
+        );
+        assert!(
+            SelectError::MultipleSubscriptions
+                .message()
+                .contains("X-MaaS-Subscription")
+        );
+    }
+
+    #[test]
+    fn the_last_non_empty_header_value_wins() {
+        assert_eq!(requested_from_header(["a", "b"]), Some("b"));
+        assert_eq!(requested_from_header(["a", " "]), Some("a"));
+        assert_eq!(requested_from_header(["a, b ,"]), Some("b"));
+        assert_eq!(requested_from_header(["", ","]), None);
+        assert_eq!(requested_from_header([]), None);
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn subs() -> impl Strategy<Value = Vec<(i32, u64, u8)>> {
+            prop::collection::vec((-2i32..3, 1u64..5, 0u8..3), 0..6)
+        }
+
+        fn build(specs: &[(i32, u64, u8)]) -> PolicyDocument {
+            with_subs(
+                specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (p, l, g))| sub(&format!("s{i}"), *p, &format!("g{g}"), *l))
+                    .collect(),
+            )
+        }
+
+        proptest! {
+            /// The default is accessible and no accessible subscription beats it in the mint order.
+            #[test]
+            fn default_for_mint_is_the_best_accessible(specs in subs(), g in 0u8..3) {
+                let d = build(&specs);
+                let gs = vec![format!("g{g}")];
+                let all = accessible(&d, "u", &gs);
+                match default_for_mint(&d, "u", &gs) {
+                    None => prop_assert!(all.is_empty()),
+                    Some(best) => {
+                        prop_assert!(best.has_access("u", &gs));
+                        for s in all {
+                            prop_assert!(mint_order(best, s) != std::cmp::Ordering::Greater);
+                        }
+                    }
+                }
+            }
+
+            /// Selecting by name succeeds exactly for accessible subscriptions, and selecting
+            /// without a name succeeds exactly when one is accessible.
+            #[test]
+            fn select_agrees_with_accessible(specs in subs(), g in 0u8..3, pick in 0usize..6) {
+                let d = build(&specs);
+                let gs = vec![format!("g{g}")];
+                let all = accessible(&d, "u", &gs);
+                let name = format!("s{pick}");
+                let by_name = select(&d, "u", &gs, Some(&name), Some("sim"));
+                prop_assert_eq!(by_name.is_ok(), all.iter().any(|s| s.name == name));
+                if pick >= specs.len() {
+                    prop_assert_eq!(by_name, Err(SelectError::NotFound));
+                }
+                let auto = select(&d, "u", &gs, None, None);
+                match all.len() {
+                    0 => prop_assert_eq!(auto, Err(SelectError::NoSubscription)),
+                    1 => prop_assert_eq!(auto.map(|s| s.name.clone()), Ok(all[0].name.clone())),
+                    _ => prop_assert_eq!(auto, Err(SelectError::MultipleSubscriptions)),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+import { useCallback, useEffect, useState } from "react";
+import { ApiError, call, fmtDate, type ApiKey, type MintedKey } from "../api";
+import type { Ctx } from "../App";
+import { CopyButton, ErrorBox, asApiError } from "../widgets";
+
+const EXPIRIES = [
+  ["1h", "1 hour"],
+  ["1d", "1 day"],
+  ["7d", "7 days"],
+  ["30d", "30 days"],
+  ["", "the maximum (90 days by default)"],
+] as const;
+
+const STATUSES = ["active", "expired", "revoked"] as const;
+
+export function KeysPage({ ctx }: { ctx: Ctx }) {
+  const [minted, setMinted] = useState<MintedKey | null>(null);
+  const [reload, setReload] = useState(0);
+  return (
+    <>
+      <h2>My API keys</h2>
+      <MintForm ctx={ctx} onMinted={(k) => { setMinted(k); setReload((n) => n + 1); }} />
+      {minted && <ShownOnce minted={minted} onDone={() => setMinted(null)} />}
+      <KeyList ctx={ctx} reload={reload} />
+    </>
+  );
+}
+
+function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => void }) {
+  const [name, setName] = useState("");
+  const [description, setDescription] = useState("");
+  const [expiresIn, setExpiresIn] = useState("30d");
+  const [tier, setTier] = useState("");
+  const [error, setError] = useState<ApiError | null>(null);
+  const [busy, setBusy] = useState(false);
+  const qualified = ctx.tiers.filter((t) => t.qualified);
+  return (
+    <form
+      className="card mint"
+      onSubmit={async (e) => {
+        e.preventDefault();
+        setBusy(true);
+        setError(null);
+        try {
+          const body: Record<string, unknown> = { name: name.trim() };
+          if (description.trim()) body.description = description.trim();
+          if (expiresIn) body.expiresIn = expiresIn;
+          if (tier) body.tier = tier;
+          onMinted(await call<MintedKey>(ctx.prefix, ctx.token, "POST", "/v1/api-keys", body));
+          setName("");
+          setDescription("");
+        } catch (err) {
+          setError(asApiError(err));
+        } finally {
+          setBusy(false);
+        }
+      }}
+    >
+      <h3>Mint a key</h3>
+      <label>
+        Name
+        <input id="mint-name" value={name} onChange={(e) => setName(e.target.value)} placeholder="laptop" />
+      </label>
+      <label>
+        Description
+        <input id="mint-description" value={description} onChange={(e) => setDescription(e.target.value)} placeholder="optional" />
+      </label>
+      <label>
+        Expires in
+        <select id="mint-expiry" value={expiresIn} onChange={(e) => setExpiresIn(e.target.value)}>
+          {EXPIRIES.map(([v, label]) => (
+            <option key={v} value={v}>{label}</option>
+          ))}
+        </select>
+      </label>
+      <label>
+        Tier
+        <select id="mint-tier" value={tier} onChange={(e) => setTier(e.target.value)}>
+          <option value="">follow my highest tier</option>
+          {qualified.map((t) => (
+            <option key={t.name} value={t.name}>{t.displayName ?? t.name}</option>
+          ))}
+        </select>
+      </label>
+      <button id="mint" type="submit" disabled={busy}>Mint</button>
+      <ErrorBox error={error} />
+    </form>
+  );
+}
+
+function ShownOnce({ minted, onDone }: { minted: MintedKey; onDone: () => void }) {
+  return (
+    <div className="card once" id="new-key-panel">
+      <h3>Your new key “{minted.name}”</h3>
+      <p>
+        Copy it now: <b>it is shown only once</b> and cannot be shown again. Tier{" "}
+        <b>{minted.tier}</b>, expires {fmtDate(minted.expiresAt)}.
+      </p>
+      <div className="secret">
+        <code id="new-key">{minted.key}</code>
+        <CopyButton text={minted.key} id="copy-new-key" />
+      </div>
+      <button id="new-key-done" className="secondary" onClick={onDone}>I have saved it</button>
+    </div>
+  );
+}
+
+function KeyList({ ctx, reload }: { ctx: Ctx; reload: number }) {
+  const [status, setStatus] = useState<string[]>(["active"]);
+  const [includeEphemeral, setIncludeEphemeral] = useState(false);
+  const [query, setQuery] = useState("");
+  const [keys, setKeys] = useState<ApiKey[] | null>(null);
+  const [error, setError] = useState<ApiError | null>(null);
+  const [tick, setTick] = useState(0);
+
+  const load = useCallback(async () => {
+    setError(null);
+    try {
+      const r = await call<{ data: ApiKey[] }>(ctx.prefix, ctx.token, "POST", "/v1/api-keys/search", {
+        filters: { status, includeEphemeral },
+        sort: { by: "created_at", order: "desc" },
+        pagination: { limit: 100, offset: 0 },
+      });
+      setKeys(r.data);
+    } catch (e) {
+      setError(asApiError(e));
+    }
+  }, [ctx.prefix, ctx.token, status, includeEphemeral]);
+
+  useEffect(() => {
+    void load();
+  }, [load, reload, tick]);
+
+  const q = query.trim().toLowerCase();
+  const shown = (keys ?? []).filter(
+    (k) => !q || k.name.toLowerCase().includes(q) || k.keyPrefix.toLowerCase().includes(q),
+  );
+  return (
+    <section className="card">
+      <h3>Keys</h3>
+      <div className="filters">
+        <input id="key-search" placeholder="search name or prefix" value={query} onChange={(e) => setQuery(e.target.value)} />
+        {STATUSES.map((s) => (
+          <label key={s} className="check">
+            <input
+              type="checkbox"
+              id={`status-${s}`}
+              checked={status.includes(s)}
+              onChange={(e) => setStatus(e.target.checked ? [...status, s] : status.filter((x) => x !== s))}
+            />
+            {s}
+          </label>
+        ))}
+        <label className="check">
+          <input type="checkbox" checked={includeEphemeral} onChange={(e) => setIncludeEphemeral(e.target.checked)} />
+          ephemeral
+        </label>
+      </div>
+      <ErrorBox error={error} />
+      <KeyTable keys={shown} ctx={ctx} onChanged={() => setTick((n) => n + 1)} showUser={false} />
+      {keys && shown.length === 0 && <p className="muted" id="no-keys">No keys match.</p>}
+    </section>
+  );
+}
+
+/** A table of keys, each active one with a two-step Revoke. Shared with the admin page. */
+export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => void; showUser: boolean }) {
+  const [confirming, setConfirming] = useState<string | null>(null);
+  const [error, setError] = useState<ApiError | null>(null);
+  if (props.keys.length === 0) return <ErrorBox error={error} />;
+  return (
+    <>
+      <ErrorBox error={error} />
+      <table className="keys">
+        <thead>
+          <tr>
+            {props.showUser && <th>User</th>}
+            <th>Name</th>
+            <th>Prefix</th>
+            <th>Tier</th>
+            <th>Created</th>
+            <th>Expires</th>
+            <th>Last used</th>
+            <th>Status</th>
+            <th />
+          </tr>
+        </thead>
+        <tbody>
+          {props.keys.map((k) => (
+            <tr key={k.id} data-key-id={k.id} data-key-name={k.name}>
+              {props.showUser && <td>{k.username}</td>}
+              <td title={k.description ?? ""}>{k.name}</td>
+              <td><code>{k.keyPrefix}</code></td>
+              <td>{k.tier ?? <span className="muted">highest</span>}</td>
+              <td>{fmtDate(k.creationDate)}</td>
+              <td>{fmtDate(k.expirationDate)}</td>
+              <td>{fmtDate(k.lastUsedAt)}</td>
+              <td><span className={`status ${k.status}`}>{k.status}</span></td>
+              <td>
+                {k.status === "active" &&
+                  (confirming === k.id ? (
+                    <>
+                      <button
+                        className="danger revoke-confirm"
+                        onClick={async () => {
+                          setError(null);
+                          try {
+                            await call(props.ctx.prefix, props.ctx.token, "DELETE", `/v1/api-keys/${encodeURIComponent(k.id)}`);
+                          } catch (e) {
+                            setError(asApiError(e));
+                          }
+                          setConfirming(null);
+                          props.onChanged();
+                        }}
+                      >
+                        Confirm revoke
+                      </button>
+                      <button className="link" onClick={() => setConfirming(null)}>cancel</button>
+                    </>
+                  ) : (
+                    <button className="secondary revoke" onClick={() => setConfirming(k.id)}>Revoke</button>
+                  ))}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </>
+  );
+}
