@@ -2,7 +2,7 @@
 //!
 //! Modules by capability, with no import cycles among them (a test checks:
 //! `tests/module_graph.rs`): `settings` (configuration, parsed once), `http` (shared HTTP
-//! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `credentials`, `identity`,
+//! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `policy_source` (the policy from the reference's Kubernetes resources), `credentials`, `identity`,
 //! `authenticate`, `caller`, `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`); `state` assembles
 //! the substates, `routes` the routers, `startup` the listeners. Only the settings and the application are public.
 
@@ -18,6 +18,7 @@ mod metrics;
 mod models;
 mod openapi;
 mod policy;
+mod policy_source;
 mod routes;
 pub mod settings;
 pub mod startup;
@@ -26,4 +27,4 @@ mod ui;
 mod usage;
 
 pub use settings::{Cli, Settings};
-pub use startup::{Application, Overrides};
+pub use startup::{Application, Overrides, shutdown_signal};

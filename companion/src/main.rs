@@ -39,11 +39,13 @@ async fn main() -> ExitCode {
             );
         }
     };
+    // Before anything is logged as listening: a SIGTERM from then on stops gracefully.
+    let stop = maas_companion::shutdown_signal();
     let app = match Application::build(settings).await {
         Ok(app) => app,
         Err(e) => return fail(ExitCode::FAILURE, format_args!("cannot start: {e:#}")),
     };
-    match app.run_until_stopped().await {
+    match app.run_until(stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(ExitCode::FAILURE, format_args!("{e:#}")),
     }

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub validations: Family<ResultLabels, Counter>,
     pub validation_duration: HistogramFamily<ResultLabels>,
     pub policy_reloads: Family<ResultLabels, Counter>,
+    /// Reference resources (`--policy-source kubernetes`) left out as invalid, by `kind`.
+    pub policy_resources_invalid: Family<Vec<(&'static str, String)>, Gauge>,
     pub last_used_rows_written: Counter,
     pub token_cache_hits: Counter,
     pub leases: LeaseMetrics,
@@ -208,6 +210,12 @@ impl Metrics {
             "Credential validation latency by result",
             validation_duration.clone(),
         );
+        let policy_resources_invalid = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        registry.register(
+            "maas_companion_policy_resources_invalid",
+            "Reference resources (--policy-source kubernetes) left out of the policy as invalid, by kind",
+            policy_resources_invalid.clone(),
+        );
         let policy_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "maas_policy_reload",
@@ -238,6 +246,7 @@ impl Metrics {
             validations,
             validation_duration,
             policy_reloads,
+            policy_resources_invalid,
             last_used_rows_written,
             token_cache_hits,
             leases,

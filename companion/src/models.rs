@@ -241,13 +241,19 @@ fn model_namespace(policy: &PolicyDocument, name: &str) -> String {
     policy
         .model(name)
         .and_then(|m| {
-            m.owned_by.clone().or_else(|| {
-                m.path
-                    .trim_start_matches('/')
-                    .split('/')
-                    .next()
-                    .map(str::to_string)
-            })
+            // `ownedBy` is a namespace, or (models from the reference's resources, as the
+            // reference's `owned_by`) `namespace/name`.
+            m.owned_by
+                .as_deref()
+                .and_then(|o| o.split('/').next())
+                .map(str::to_string)
+                .or_else(|| {
+                    m.path
+                        .trim_start_matches('/')
+                        .split('/')
+                        .next()
+                        .map(str::to_string)
+                })
         })
         .unwrap_or_default()
 }

@@ -77,7 +77,20 @@ impl PolicyHandle {
         self.current().document
     }
 
-    fn replace(&self, document: PolicyDocument) {
+    /// A handle over a document built elsewhere (the Kubernetes resources: `crate::policy_source`);
+    /// no file reloader is started for it.
+    pub fn from_document(document: PolicyDocument, path: PathBuf) -> PolicyHandle {
+        log_warnings(&path, &document);
+        PolicyHandle {
+            current: Arc::new(RwLock::new(LoadedPolicy {
+                document: Arc::new(document),
+                loaded_at: chrono::Utc::now().timestamp(),
+            })),
+            path,
+        }
+    }
+
+    pub(crate) fn replace(&self, document: PolicyDocument) {
         let loaded = LoadedPolicy {
             document: Arc::new(document),
             loaded_at: chrono::Utc::now().timestamp(),

@@ -31,6 +31,15 @@ pub enum CredentialsSourceKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicySourceKind {
+    /// The YAML policy file (the ConfigMap), reloaded when it changes.
+    File,
+    /// The reference's resources (MaaSModelRef, ExternalModel, MaaSAuthPolicy,
+    /// MaaSSubscription) through kube watches, over the policy file's tiers when given.
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -72,6 +81,18 @@ pub struct Cli {
     pub policy_file: Option<PathBuf>,
     #[arg(long, env = "MAAS_POLICY_RELOAD_INTERVAL_MS", default_value_t = 2000)]
     pub policy_reload_interval_ms: u64,
+    /// Where the policy comes from. `kubernetes`: the reference's resources (the policy file,
+    /// optional then, gives the tiers and defaults).
+    #[arg(long, env = "MAAS_POLICY_SOURCE", value_enum, default_value = "file")]
+    pub policy_source: PolicySourceKind,
+    /// With `--policy-source kubernetes`: the namespace of the MaaSSubscriptions and
+    /// MaaSAuthPolicies (MaaSModelRefs and ExternalModels are read in all namespaces).
+    #[arg(
+        long,
+        env = "MAAS_POLICY_NAMESPACE",
+        default_value = maas_types::subscription::DEFAULT_NAMESPACE
+    )]
+    pub policy_namespace: String,
     #[arg(
         long,
         env = "MAAS_IDENTITY_PROVIDER",
@@ -282,10 +303,20 @@ pub struct TlsFiles {
 
 #[derive(Debug, Clone)]
 pub struct PolicySettings {
-    /// An existing file.
-    pub file: PathBuf,
+    /// An existing file; always given with [`PolicySource::File`].
+    pub file: Option<PathBuf>,
+    pub source: PolicySource,
     /// At least 100 ms.
     pub reload_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    File,
+    /// The reference's resources; subscriptions and auth policies in `namespace` (a DNS label).
+    Kubernetes {
+        namespace: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -353,6 +384,7 @@ impl Settings {
         matches!(self.identity.provider, IdentityProvider::Kubernetes { .. })
             || matches!(self.credentials, CredentialsSettings::Kubernetes { .. })
             || self.identity.admin_sar.is_some()
+            || matches!(self.policy.source, PolicySource::Kubernetes { .. })
     }
 }
 
@@ -392,11 +424,37 @@ impl Cli {
         }
         at_least("--db-max-connections", self.db_max_connections.into(), 1)?;
         at_least("--db-acquire-timeout-ms", self.db_acquire_timeout_ms, 1)?;
-        let policy_file = existing_file(
-            "--policy-file",
-            self.policy_file,
-            "(MAAS_POLICY_FILE) is required",
-        )?;
+        let (policy_file, policy_source) = match self.policy_source {
+            PolicySourceKind::File => (
+                Some(existing_file(
+                    "--policy-file",
+                    self.policy_file,
+                    "(MAAS_POLICY_FILE) is required",
+                )?),
+                PolicySource::File,
+            ),
+            PolicySourceKind::Kubernetes => {
+                if !maas_types::subscription::is_dns_label(&self.policy_namespace) {
+                    return Err(
+                        "--policy-namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into(),
+                    );
+                }
+                let file = match self.policy_file {
+                    None => None,
+                    Some(p) => Some(existing_file(
+                        "--policy-file",
+                        Some(p),
+                        "(MAAS_POLICY_FILE)",
+                    )?),
+                };
+                (
+                    file,
+                    PolicySource::Kubernetes {
+                        namespace: self.policy_namespace,
+                    },
+                )
+            }
+        };
         at_least(
             "--policy-reload-interval-ms",
             self.policy_reload_interval_ms,
@@ -529,6 +587,7 @@ impl Cli {
             },
             policy: PolicySettings {
                 file: policy_file,
+                source: policy_source,
                 reload_interval: Duration::from_millis(self.policy_reload_interval_ms),
             },
             identity: IdentitySettings {
@@ -590,6 +649,40 @@ mod tests {
         assert_eq!(c.credentials_source, CredentialsSourceKind::Kubernetes);
         assert_eq!(c.admin_groups, vec!["maas-admins".to_string()]);
         assert_eq!(c.api_key_max_expiration_days, 90);
+    }
+
+    #[test]
+    fn the_kubernetes_policy_source_needs_no_file_and_a_dns_label_namespace() {
+        let c = parse(&["--database-url", "postgres://x/y"]);
+        assert_eq!(c.policy_source, PolicySourceKind::File);
+        assert_eq!(c.policy_namespace, "models-as-a-service");
+        let s = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-source",
+            "kubernetes",
+        ])
+        .into_settings()
+        .unwrap();
+        assert_eq!(s.policy.file, None);
+        assert_eq!(
+            s.policy.source,
+            PolicySource::Kubernetes {
+                namespace: "models-as-a-service".into()
+            }
+        );
+        assert!(s.needs_kubernetes());
+        let e = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-source",
+            "kubernetes",
+            "--policy-namespace",
+            "Not_A_Label",
+        ])
+        .into_settings()
+        .unwrap_err();
+        assert!(e.contains("--policy-namespace"), "{e}");
     }
 
     #[test]
@@ -693,7 +786,7 @@ mod tests {
         .into_settings()
         .unwrap();
         assert_eq!(s.database.url.expose_secret(), "postgresql://u@h/db");
-        assert_eq!(s.policy.file, policy);
+        assert_eq!(s.policy.file, Some(policy));
         assert_eq!(s.policy.reload_interval, Duration::from_millis(500));
         assert!(matches!(s.credentials, CredentialsSettings::File(ref p) if *p == creds));
         match &s.identity.provider {

@@ -25,6 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
+/// How long the start waits for the first listing of the policy resources
+/// (`--policy-source kubernetes`).
+const POLICY_RESOURCES_WAIT: Duration = Duration::from_secs(10);
+
 /// Overrides for embedding and tests.
 #[derive(Default)]
 pub struct Overrides {
@@ -101,8 +105,16 @@ impl Application {
         // One TLS crypto provider for every rustls user in the process (kube, axum-server).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let metrics = Metrics::new();
-        let (policy, policy_digest) =
-            PolicyHandle::load(&settings.policy.file).map_err(anyhow::Error::msg)?;
+        // The file policy is loaded (and refused when invalid) before anything else starts.
+        let file_policy = match (&settings.policy.source, &settings.policy.file) {
+            (crate::settings::PolicySource::File, Some(file)) => {
+                Some(PolicyHandle::load(file).map_err(anyhow::Error::msg)?)
+            }
+            (crate::settings::PolicySource::File, None) => {
+                anyhow::bail!("--policy-file is required with --policy-source file")
+            }
+            (crate::settings::PolicySource::Kubernetes { .. }, _) => None,
+        };
 
         let kube_client = match (overrides.kube_client, settings.needs_kubernetes()) {
             (Some(c), _) => Some(c),
@@ -112,6 +124,39 @@ impl Application {
                 )
             })?),
             (None, false) => None,
+        };
+        let mut policy_tasks = Vec::new();
+        let (policy, policy_digest) = match (file_policy, &settings.policy.source) {
+            (Some(loaded), _) => (loaded.0, Some(loaded.1)),
+            (None, crate::settings::PolicySource::Kubernetes { namespace }) => {
+                let source = crate::policy_source::KubernetesPolicy {
+                    client: kube_needed(kube_client.as_ref())?,
+                    namespace: namespace.clone(),
+                    base_file: settings.policy.file.clone(),
+                    reload_interval: settings.policy.reload_interval,
+                };
+                let initial = source.initial().map_err(anyhow::Error::msg)?;
+                let handle = PolicyHandle::from_document(
+                    initial,
+                    std::path::PathBuf::from(format!("kubernetes:{namespace}")),
+                );
+                let (tasks, ready) = source.spawn(handle.clone(), metrics.clone());
+                policy_tasks = tasks;
+                // Serve the resources' policy from the first answer when the API server lists
+                // them in time; else start with the base document and catch up.
+                if tokio::time::timeout(POLICY_RESOURCES_WAIT, ready)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        "policy resources not listed yet: starting with the base document"
+                    );
+                }
+                (handle, None)
+            }
+            (None, crate::settings::PolicySource::File) => {
+                anyhow::bail!("--policy-file is required with --policy-source file")
+            }
         };
         let identity_settings = &settings.identity;
         let provider = match &identity_settings.provider {
@@ -201,11 +246,14 @@ impl Application {
             leases,
             usage: usage.clone(),
         };
-        background.push(policy.spawn_reloader(
-            settings.policy.reload_interval,
-            policy_digest,
-            metrics.clone(),
-        ));
+        if let Some(digest) = policy_digest {
+            background.push(policy.spawn_reloader(
+                settings.policy.reload_interval,
+                digest,
+                metrics.clone(),
+            ));
+        }
+        background.extend(policy_tasks);
         background
             .push(keys.spawn_flusher(settings.keys.last_used_flush_interval, metrics.clone()));
         background.push(usage.spawn_rollup());
@@ -356,24 +404,33 @@ async fn supervise(
     outcome
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or SIGINT. The handlers are installed when this is called, not when the future is
+/// first polled: a signal that arrives between the "listening" log line and the first poll
+/// must stop the service gracefully, not kill it with the default action.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let terminate = signal(SignalKind::terminate()).ok();
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(terminate) => {},
+                () = wait(interrupt) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -283,7 +283,35 @@ async fn fair_share_and_replica_count(app: &TestApp) {
     assert_eq!(grants(&r)[0], (3, 88), "15 left ÷ 4");
 }
 
+/// A batch re-sent with the same `batchId` (its first answer lost) is applied once and gets the
+/// first answer again; another id, or no id, is applied.
+async fn a_repeated_batch_id_is_applied_once(app: &TestApp) {
+    let user = subject();
+    let body = json!({"replica": "r1", "batchId": "w1-0001",
+                      "items": [item(&user, 100, 10, 0, 3, 0), item(&user, 100, 0, 5, 0, 0)]});
+    let first = app.internal_post(LEASES_PATH, &body).await;
+    let again = app.internal_post(LEASES_PATH, &body).await;
+    assert_eq!(grants(&first), vec![(10, 13), (5, 18)]);
+    assert_eq!(again.body, first.body, "the same answer, byte for byte");
+    let now = grants(&lease(app, "r1", vec![item(&user, 100, 0, 0, 0, 0)]).await);
+    assert_eq!(now[0], (0, 18), "applied once");
+    // The same id from another replica is its own batch.
+    let other = json!({"replica": "r2", "batchId": "w1-0001",
+                       "items": [item(&user, 100, 0, 0, 2, 0)]});
+    assert_eq!(
+        grants(&app.internal_post(LEASES_PATH, &other).await)[0],
+        (0, 20)
+    );
+    let bad = json!({"replica": "r1", "batchId": "no spaces", "items": []});
+    let r = app.internal_post(LEASES_PATH, &bad).await;
+    assert_eq!(
+        (r.status, r.body["error"]["param"].as_str()),
+        (400, Some("batchId"))
+    );
+}
+
 async fn all_rules(app: &TestApp) {
+    a_repeated_batch_id_is_applied_once(app).await;
     grants_never_exceed_the_limit_under_concurrency(app).await;
     debt_counts_and_release_returns(app).await;
 }

@@ -15,7 +15,8 @@ use crate::store::{SharedStore, read_u64};
 use maas_types::AuthenticateResponse;
 use sha2::{Digest, Sha256};
 
-const VERSION: u8 = 2;
+/// 3: an allow carries the key's subscription (version 2 entries are misses: re-asked).
+const VERSION: u8 = 3;
 const KIND_ALLOW: u8 = 1;
 const KIND_DENY: u8 = 2;
 /// Attempts at a CAS update before giving up (contention is between a handful of workers).
@@ -75,6 +76,8 @@ pub struct CachedIdentity {
     pub groups: Vec<String>,
     /// The tier the key was pinned to (`tier_pinned`), else empty.
     pub pinned_tier: Option<String>,
+    /// The subscription the API key is bound to (the authenticate answer's `subscription`).
+    pub subscription: Option<String>,
 }
 
 impl CachedIdentity {
@@ -83,6 +86,7 @@ impl CachedIdentity {
             subject: r.subject.clone(),
             groups: r.groups.clone(),
             pinned_tier: r.tier_pinned.then(|| r.tier.clone()),
+            subscription: r.subscription.clone().filter(|s| !s.is_empty()),
         }
     }
 }
@@ -160,6 +164,13 @@ pub fn encode(
             for g in id.groups.iter().take(n) {
                 put_str(&mut out, g);
             }
+            match &id.subscription {
+                Some(s) => {
+                    out.push(1);
+                    put_str(&mut out, s);
+                }
+                None => out.push(0),
+            }
         }
         CachedAnswer::Deny { status, message } => {
             out.extend_from_slice(&status.to_le_bytes());
@@ -199,10 +210,15 @@ pub fn decode(bytes: &[u8]) -> Option<Entry> {
             for _ in 0..n {
                 groups.push(r.string()?);
             }
+            let subscription = match r.u8()? {
+                0 => None,
+                _ => Some(r.string()?),
+            };
             CachedAnswer::Allow(CachedIdentity {
                 subject,
                 groups,
                 pinned_tier,
+                subscription,
             })
         }
         KIND_DENY => {
@@ -440,6 +456,7 @@ mod tests {
             subject: "s".into(),
             groups: vec![],
             pinned_tier: None,
+            subscription: None,
         };
         let id = |n: u32| CacheIdentity {
             cache_key: format!("maas/c/t/{n}"),
@@ -476,6 +493,7 @@ mod tests {
             subject: subject.into(),
             groups: vec!["system:authenticated".into(), "tier-premium-users".into()],
             pinned_tier: Some("premium".into()),
+            subscription: None,
         })
     }
 
@@ -504,6 +522,13 @@ mod tests {
                 subject: "system:serviceaccount:ns:sa".into(),
                 groups: vec![],
                 pinned_tier: None,
+                subscription: None,
+            }),
+            CachedAnswer::Allow(CachedIdentity {
+                subject: "alice".into(),
+                groups: vec!["team-a".into()],
+                pinned_tier: None,
+                subscription: Some("team-a".into()),
             }),
         ] {
             let bytes = encode(&a, &[3; 16], &[7; 32], 1234);
@@ -519,6 +544,27 @@ mod tests {
         }
         assert!(decode(&[]).is_none());
         assert!(decode(&[9, 1]).is_none());
+    }
+
+    #[test]
+    fn the_cached_identity_carries_the_keys_subscription() {
+        let mut bound = resp(60, None);
+        bound.subscription = Some("team-a".into());
+        let id = CachedIdentity::from_response(&bound);
+        assert_eq!(id.subscription.as_deref(), Some("team-a"));
+        let bytes = encode(&CachedAnswer::Allow(id.clone()), &[1; 16], &[2; 32], 99);
+        assert_eq!(decode(&bytes).unwrap().answer, CachedAnswer::Allow(id));
+        assert_eq!(
+            CachedIdentity::from_response(&resp(60, None)).subscription,
+            None
+        );
+        // An entry of the previous version (no subscription field) is a miss, never read as a
+        // key without a subscription.
+        let mut old = bytes.clone();
+        old[0] = 2;
+        // Without the flag byte, the length and the name.
+        old.truncate(old.len() - (1 + 2 + "team-a".len()));
+        assert!(decode(&old).is_none());
     }
 
     #[test]

@@ -26,6 +26,28 @@ pub struct PluginConfig {
     /// body-stage refusals reset that upstream request.
     pub pause_headers_for_body: bool,
     pub bootstrap_policy: Option<PolicyDocument>,
+    pub usage: UsageConfig,
+}
+
+/// `usage`: each worker's usage reports to the companion's ledger (`POST /internal/v1/usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageConfig {
+    pub enabled: bool,
+    /// One report (at most 1024 records) per worker per interval.
+    pub report_interval_ms: u64,
+    /// Records a worker holds at most (open, in flight or kept for a resend): beyond, the
+    /// oldest open ones are dropped (`maas_usage_records_dropped_total`).
+    pub max_pending_records: usize,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            enabled: true,
+            report_interval_ms: 5000,
+            max_pending_records: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +165,37 @@ struct RawConfig {
     #[serde(default)]
     pause_headers_for_body: bool,
     bootstrap_policy: Option<serde_json::Value>,
+    #[serde(default)]
+    usage: RawUsage,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawUsage {
+    enabled: Option<bool>,
+    report_interval_ms: Option<u64>,
+    max_pending_records: Option<u64>,
+}
+
+fn usage_config(raw: RawUsage) -> Result<UsageConfig, ConfigError> {
+    let d = UsageConfig::default();
+    let max_pending = in_range(
+        "usage.maxPendingRecords",
+        raw.max_pending_records
+            .unwrap_or(d.max_pending_records as u64),
+        maas_types::usage::MAX_USAGE_RECORDS as u64,
+        1_000_000,
+    )?;
+    Ok(UsageConfig {
+        enabled: raw.enabled.unwrap_or(d.enabled),
+        report_interval_ms: in_range(
+            "usage.reportIntervalMs",
+            raw.report_interval_ms.unwrap_or(d.report_interval_ms),
+            100,
+            3_600_000,
+        )?,
+        max_pending_records: usize::try_from(max_pending).unwrap_or(d.max_pending_records),
+    })
 }
 
 #[derive(Deserialize)]
@@ -386,6 +439,7 @@ impl PluginConfig {
             max_request_body_bytes,
             pause_headers_for_body: raw.pause_headers_for_body,
             bootstrap_policy,
+            usage: usage_config(raw.usage)?,
         })
     }
 }
@@ -444,6 +498,40 @@ mod tests {
         assert_eq!(c.remove_headers, vec!["cookie".to_string()]);
         assert_eq!(c.companion.timeout_ms, 250);
         assert_eq!(c.bootstrap_policy.unwrap().tiers[0].name, "free");
+    }
+
+    #[test]
+    fn usage_reports_default_on_every_5_s_and_bad_fields_are_refused_by_name() {
+        let c = parse(json!({"companion": {"cluster": "c"}})).unwrap();
+        assert_eq!(c.usage, UsageConfig::default());
+        assert!(c.usage.enabled);
+        assert_eq!(c.usage.report_interval_ms, 5000);
+        assert_eq!(c.usage.max_pending_records, 10_000);
+        let c = parse(json!({"companion": {"cluster": "c"}, "usage": {
+            "enabled": false, "reportIntervalMs": 250, "maxPendingRecords": 2048}}))
+        .unwrap();
+        assert_eq!(
+            c.usage,
+            UsageConfig {
+                enabled: false,
+                report_interval_ms: 250,
+                max_pending_records: 2048
+            }
+        );
+        let u = |v: serde_json::Value| json!({"companion": {"cluster": "c"}, "usage": v});
+        fails_at(u(json!({"enabled": 1})), "usage.enabled");
+        fails_at(u(json!({"reportIntervalMs": 99})), "usage.reportIntervalMs");
+        fails_at(u(json!({"reportIntervalMs": -1})), "usage.reportIntervalMs");
+        fails_at(
+            u(json!({"reportIntervalMs": 3_600_001})),
+            "usage.reportIntervalMs",
+        );
+        fails_at(
+            u(json!({"maxPendingRecords": 1023})),
+            "usage.maxPendingRecords",
+        );
+        fails_at(u(json!({"interval": 1})), "usage.interval");
+        fails_at(u(json!(true)), "usage");
     }
 
     #[test]
@@ -626,6 +714,11 @@ mod tests {
             "failureMode": "closed",
             "maxRequestBodyBytes": c.max_request_body_bytes,
             "pauseHeadersForBody": c.pause_headers_for_body,
+            "usage": {
+                "enabled": c.usage.enabled,
+                "reportIntervalMs": c.usage.report_interval_ms,
+                "maxPendingRecords": c.usage.max_pending_records,
+            },
         });
         if let Some(p) = &c.bootstrap_policy {
             v["bootstrapPolicy"] = serde_json::to_value(p).unwrap();
@@ -777,6 +870,7 @@ mod tests {
                         max_request_body_bytes: body,
                         pause_headers_for_body: pause,
                         bootstrap_policy,
+                        usage: UsageConfig::default(),
                     })
                 },
             )

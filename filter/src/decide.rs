@@ -1,11 +1,61 @@
-//! Decisions once the caller is known: authorisation, body checks, and what to settle.
+//! Decisions once the caller is known: authorisation (subscription, else tier), body checks,
+//! and what to settle.
 
 use crate::cache::CachedIdentity;
 use crate::limits;
 use crate::request_body::RequestInfo;
 use crate::response::Refusal;
 use crate::usage::Usage;
+use maas_types::subscription::{self, SelectError, Subscription};
 use maas_types::{Model, PolicyDocument, Tier};
+
+/// The subscription a request on `model` runs under, when one applies (`None`: the tiers, as
+/// before subscriptions):
+/// - an API key bound to a subscription (`identity.subscription`): that one, while it exists,
+///   still lists the key's owner (user or group) and includes the model; else 403
+///   (`invalid_subscription` when it is gone or no longer the owner's,
+///   `model_not_in_subscription`);
+/// - another API key: the tiers (a client's `X-MaaS-Subscription` is ignored);
+/// - a token with `requested` (`X-MaaS-Subscription`): the reference's selection of it, its
+///   refusals as 403 `permission_error` with the reference's codes;
+/// - a token without: the one accessible subscription that includes the model; several → 403
+///   `multiple_subscriptions` (name one in `X-MaaS-Subscription`); none → the tiers.
+///
+/// A policy without subscriptions ignores the header (tier-only policies behave as before).
+pub fn subscription<'p>(
+    policy: &'p PolicyDocument,
+    identity: &CachedIdentity,
+    api_key: bool,
+    requested: Option<&str>,
+    model: &Model,
+) -> Result<Option<&'p Subscription>, Refusal> {
+    let (user, groups) = (identity.subject.as_str(), identity.groups.as_slice());
+    if let Some(bound) = identity.subscription.as_deref() {
+        return match subscription::select(policy, user, groups, Some(bound), Some(&model.name)) {
+            Ok(s) => Ok(Some(s)),
+            Err(SelectError::ModelNotInSubscription) => Err(Refusal::forbidden(
+                "model_not_in_subscription",
+                format!(
+                    "the subscription of this API key does not include model {}",
+                    model.name
+                ),
+            )),
+            Err(_) => Err(Refusal::forbidden(
+                "invalid_subscription",
+                "the subscription of this API key no longer exists or no longer includes you",
+            )),
+        };
+    }
+    if api_key || policy.subscriptions.is_empty() {
+        return Ok(None);
+    }
+    match subscription::select(policy, user, groups, requested, Some(&model.name)) {
+        Ok(s) => Ok(Some(s)),
+        // Nothing requested and no subscription of the caller holds the model: the tiers.
+        Err(SelectError::NoSubscription) if requested.is_none() => Ok(None),
+        Err(e) => Err(Refusal::forbidden(e.code(), e.message())),
+    }
+}
 
 /// The caller's tier, which must be allowed on the model.
 pub fn authorize<'p>(
@@ -112,7 +162,166 @@ mod tests {
             subject: "alice".into(),
             groups: groups.iter().map(|s| s.to_string()).collect(),
             pinned_tier: pinned.map(str::to_string),
+            subscription: None,
         }
+    }
+
+    /// The tier policy plus two subscriptions: team-a (group team-a: sim) and premium-sub (user
+    /// bob: sim and big).
+    fn with_subscriptions() -> PolicyDocument {
+        let mut v = serde_json::to_value(policy()).unwrap();
+        v["subscriptions"] = json!([
+            {"name": "team-a", "priority": 1, "owner": {"groups": ["team-a"]},
+             "models": [{"name": "sim", "tokenRateLimits": [{"limit": 100, "window": "1m"}]}]},
+            {"name": "premium-sub", "priority": 5, "owner": {"users": ["bob"]},
+             "models": [{"name": "sim", "tokenRateLimits": [{"limit": 500, "window": "1m"}]},
+                        {"name": "big", "tokenRateLimits": [{"limit": 900, "window": "1h"}]}]}
+        ]);
+        PolicyDocument::from_value(v).unwrap()
+    }
+
+    fn caller(subject: &str, groups: &[&str], bound: Option<&str>) -> CachedIdentity {
+        CachedIdentity {
+            subject: subject.into(),
+            groups: groups.iter().map(|s| s.to_string()).collect(),
+            pinned_tier: None,
+            subscription: bound.map(str::to_string),
+        }
+    }
+
+    /// The selected subscription's name, or the refusal's (status, code).
+    fn picked(
+        p: &PolicyDocument,
+        who: &CachedIdentity,
+        api_key: bool,
+        requested: Option<&str>,
+        model: &str,
+    ) -> Result<Option<String>, (u32, &'static str)> {
+        subscription(p, who, api_key, requested, p.model(model).unwrap())
+            .map(|s| s.map(|s| s.name.clone()))
+            .map_err(|r| (r.status, r.code))
+    }
+
+    #[test]
+    fn a_key_bound_to_a_subscription_runs_under_it_while_it_holds() {
+        let p = with_subscriptions();
+        let alice = caller("alice", &["system:authenticated", "team-a"], Some("team-a"));
+        assert_eq!(
+            picked(&p, &alice, true, None, "sim"),
+            Ok(Some("team-a".into()))
+        );
+        // The client's header cannot move a bound key to another subscription.
+        assert_eq!(
+            picked(&p, &alice, true, Some("premium-sub"), "sim"),
+            Ok(Some("team-a".into()))
+        );
+        assert_eq!(
+            picked(&p, &alice, true, None, "big"),
+            Err((403, "model_not_in_subscription"))
+        );
+        // The owner left the group: the key's subscription is no longer theirs.
+        let left = caller("alice", &["system:authenticated"], Some("team-a"));
+        assert_eq!(
+            picked(&p, &left, true, None, "sim"),
+            Err((403, "invalid_subscription"))
+        );
+        // The subscription is gone from the policy (even a tier-only one now).
+        let gone = caller("alice", &["team-a"], Some("old-sub"));
+        assert_eq!(
+            picked(&p, &gone, true, None, "sim"),
+            Err((403, "invalid_subscription"))
+        );
+        assert_eq!(
+            picked(&policy(), &alice, true, None, "sim"),
+            Err((403, "invalid_subscription"))
+        );
+    }
+
+    #[test]
+    fn a_key_without_a_subscription_follows_the_tiers_whatever_the_header_says() {
+        let p = with_subscriptions();
+        let bob = caller("bob", &["system:authenticated"], None);
+        assert_eq!(picked(&p, &bob, true, None, "sim"), Ok(None));
+        assert_eq!(picked(&p, &bob, true, Some("premium-sub"), "sim"), Ok(None));
+    }
+
+    #[test]
+    fn a_token_selects_with_the_header_or_the_single_match() {
+        let p = with_subscriptions();
+        let bob = caller("bob", &["system:authenticated", "team-a"], None);
+        // Two of bob's subscriptions hold sim: he must name one.
+        assert_eq!(
+            picked(&p, &bob, false, None, "sim"),
+            Err((403, "multiple_subscriptions"))
+        );
+        assert_eq!(
+            picked(&p, &bob, false, Some("team-a"), "sim"),
+            Ok(Some("team-a".into()))
+        );
+        assert_eq!(
+            picked(
+                &p,
+                &bob,
+                false,
+                Some("models-as-a-service/premium-sub"),
+                "sim"
+            ),
+            Ok(Some("premium-sub".into()))
+        );
+        // Only one holds big.
+        assert_eq!(
+            picked(&p, &bob, false, None, "big"),
+            Ok(Some("premium-sub".into()))
+        );
+        assert_eq!(
+            picked(&p, &bob, false, Some("team-a"), "big"),
+            Err((403, "model_not_in_subscription"))
+        );
+        assert_eq!(
+            picked(&p, &bob, false, Some("gold"), "sim"),
+            Err((403, "not_found"))
+        );
+        let alice = caller("alice", &["team-a"], None);
+        assert_eq!(
+            picked(&p, &alice, false, Some("premium-sub"), "sim"),
+            Err((403, "access_denied"))
+        );
+        // No subscription of the caller holds the model, or none at all: the tiers.
+        assert_eq!(picked(&p, &alice, false, None, "big"), Ok(None));
+        let carol = caller("carol", &["system:authenticated"], None);
+        assert_eq!(picked(&p, &carol, false, None, "sim"), Ok(None));
+        // A tier-only policy ignores the header.
+        assert_eq!(
+            picked(&policy(), &carol, false, Some("gold"), "sim"),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn the_companions_refusal_of_a_keys_subscription_is_invalid_subscription() {
+        // The companion refuses a key whose subscription no longer resolves with the
+        // selection's message (cached as status + message): the code follows it.
+        for e in SelectError::ALL {
+            let r = Refusal::from_companion(403, e.message());
+            assert_eq!((r.status, r.code), (403, "invalid_subscription"), "{e:?}");
+        }
+        assert_eq!(Refusal::from_companion(403, "no tier").code, "no_tier");
+    }
+
+    #[test]
+    fn the_multiple_subscriptions_refusal_asks_for_the_header() {
+        let p = with_subscriptions();
+        let bob = caller("bob", &["team-a"], None);
+        let r = subscription(&p, &bob, false, None, p.model("sim").unwrap()).unwrap_err();
+        let body: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+        assert_eq!(body["error"]["type"], "permission_error");
+        assert_eq!(body["error"]["code"], "multiple_subscriptions");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("X-MaaS-Subscription")
+        );
     }
 
     #[test]

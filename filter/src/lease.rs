@@ -9,9 +9,20 @@
 //!                 │                              FALLBACK (shared `maas/g/state`): no callout,
 //!                 │                              lease = max(granted, ⌊limit × share⌋)
 //!  every reportIntervalMs, per worker: claim (CAS) debt = count − granted, release of idle
-//!  subjects, renewals → one batch ─▶ 200: grants added │ else: claims undone, fallback
-//!  in fallback: an empty probe ─▶ 200: fallback left, the debt goes at the next tick
+//!  subjects, renewals → one batch (a `batchId`) ─▶ 200: grants added
+//!                                                 │ else: fallback; the batch is kept, claims
+//!                                                 ▼ and all, and re-sent VERBATIM (same id)
+//!  outbox (per worker): one batch out at a time;  every reportIntervalMs until a 200 (it is the
+//!  new claims only once it is answered           probe in fallback: debts go in it too)
 //! ```
+//!
+//! **Exactly once.** The companion answers a repeated `batchId` with its first answer and
+//! applies nothing again, so a batch that timed out but was applied late (Redis paused) is
+//! counted once and its grants still reach this replica. A request's lease callout carries an
+//! id too: when its answer never comes (timeout, error, or its stream was cancelled with the
+//! callout), it joins the outbox and is re-sent the same way — the grants the companion may
+//! have made are then added here (and released when idle) instead of stranded until the
+//! window's end.
 //!
 //! The counters themselves (count, granted, others per window) are in `limits`.
 
@@ -30,6 +41,10 @@ pub const REPLICA_KEY: &str = "maas/g/replica";
 
 /// Subjects a worker tracks at most (beyond: the least recently reported idle ones go first).
 pub const MAX_TRACKED: usize = 100_000;
+
+/// Unanswered lease callouts of request paths a worker keeps to re-send at most (beyond: their
+/// grants, if any were made, stay taken until their window ends).
+pub const MAX_ORPHANS: usize = 256;
 
 /// The fallback state of this Envoy (shared data; each worker keeps its last view).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,11 +102,23 @@ pub struct Tracked {
 /// What a batch claimed for one subject: (subject, counter slot key, claims in item order).
 pub type Claimed = (String, String, Vec<Claim>);
 
-/// A batch in flight: its token and what it claimed, per subject.
+/// A batch of the outbox: sent, and re-sent verbatim until a 200.
 #[derive(Debug, Clone)]
 pub struct Batch {
-    pub token: u32,
+    /// Its `batchId`.
+    pub id: String,
+    /// The request body, exactly as sent the first time.
+    pub body: Vec<u8>,
+    /// What it claimed (or, for a request's callout, asked), per subject, in item order.
     pub claims: Vec<Claimed>,
+    /// The callout out for it; `None`: to send (again) at the next report.
+    pub token: Option<u32>,
+}
+
+impl Batch {
+    pub fn items(&self) -> usize {
+        self.claims.iter().map(|(_, _, c)| c.len()).sum()
+    }
 }
 
 /// One worker's lease state.
@@ -100,11 +127,65 @@ pub struct Leases {
     pub replica: String,
     pub state: GlobalState,
     pub tracked: HashMap<String, Tracked>,
-    pub batch: Option<Batch>,
+    /// Batches not answered with a 200 yet, oldest first; only the first is ever out.
+    pub outbox: std::collections::VecDeque<Batch>,
     pub next_report_ms: u64,
+    /// Drawn per worker at start: batch ids are `<nonce>-<seq>` (unique per replica, also
+    /// across restarts with the same replica id).
+    pub nonce: u64,
+    pub seq: u64,
 }
 
 impl Leases {
+    /// A fresh batch id.
+    pub fn next_batch_id(&mut self) -> String {
+        self.seq = self.seq.wrapping_add(1);
+        format!("{:016x}-{}", self.nonce, self.seq)
+    }
+
+    /// The outbox's first batch when it is out as callout `token`: taken out of the outbox.
+    pub fn take_answered(&mut self, token: u32) -> Option<Batch> {
+        match self.outbox.front() {
+            Some(b) if b.token == Some(token) => self.outbox.pop_front(),
+            _ => None,
+        }
+    }
+
+    /// A request's lease callout that got no answer: re-sent by the outbox (see the module).
+    pub fn orphan(&mut self, batch: Batch) {
+        let orphans = self.outbox.len();
+        if orphans >= MAX_ORPHANS {
+            log::debug!("maas: too many unanswered lease callouts; one is not re-sent");
+            return;
+        }
+        self.outbox.push_back(Batch {
+            token: None,
+            ..batch
+        });
+    }
+
+    /// Starts tracking `subject` unless it is (no admission noted: idle release runs as usual).
+    pub fn track_quietly(
+        &mut self,
+        subject: &str,
+        key: &str,
+        counters: Vec<LeaseCounter>,
+        now_ms: u64,
+    ) {
+        if self.tracked.contains_key(subject) || self.tracked.len() >= MAX_TRACKED {
+            return;
+        }
+        self.tracked.insert(
+            subject.to_string(),
+            Tracked {
+                key: key.to_string(),
+                counters,
+                last_ms: now_ms,
+                reported_ms: 0,
+            },
+        );
+    }
+
     /// Notes an admission of `subject` (in-VM only: no host call).
     pub fn track(
         &mut self,
@@ -161,6 +242,34 @@ pub fn short_retry_s(g: &GlobalConfig) -> u64 {
         .max(1)
 }
 
+/// A request's needs as the claims of an outbox batch (nothing claimed: only asked).
+pub fn asked(needs: &[LeaseNeed]) -> Vec<Claim> {
+    needs
+        .iter()
+        .map(|n| Claim {
+            kind: n.kind,
+            window: n.window,
+            start: n.start,
+            limit: n.limit,
+            debt: 0,
+            release: 0,
+            want: n.want,
+        })
+        .collect()
+}
+
+/// The counters an outbox batch's claims are about (to track a subject it brought grants for).
+pub fn counters_of(claims: &[Claim]) -> Vec<LeaseCounter> {
+    claims
+        .iter()
+        .map(|c| LeaseCounter {
+            kind: c.kind,
+            window: c.window,
+            limit: c.limit,
+        })
+        .collect()
+}
+
 /// A request's lease items.
 pub fn items_for(subject: &str, needs: &[LeaseNeed]) -> Vec<LeaseItem> {
     needs
@@ -179,18 +288,18 @@ pub fn items_for(subject: &str, needs: &[LeaseNeed]) -> Vec<LeaseItem> {
         .collect()
 }
 
-/// Dispatches one `POST /internal/v1/leases`.
-pub fn dispatch(
-    host: &dyn Host,
-    cfg: &PluginConfig,
-    replica: &str,
-    items: Vec<LeaseItem>,
-) -> Result<u32, String> {
-    let body = serde_json::to_vec(&LeaseRequest {
+/// The body of one `POST /internal/v1/leases`.
+pub fn encode(replica: &str, batch_id: &str, items: Vec<LeaseItem>) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(&LeaseRequest {
         replica: replica.to_string(),
+        batch_id: Some(batch_id.to_string()),
         items,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// Dispatches one `POST /internal/v1/leases` with `body` ([`encode`]).
+pub fn dispatch(host: &dyn Host, cfg: &PluginConfig, body: &[u8]) -> Result<u32, String> {
     host.dispatch(
         &cfg.companion.cluster,
         &[
@@ -199,7 +308,7 @@ pub fn dispatch(
             (":authority", cfg.companion.authority.as_str()),
             ("content-type", "application/json"),
         ],
-        Some(&body),
+        Some(body),
         cfg.companion.timeout_ms,
     )
 }
@@ -213,24 +322,35 @@ pub fn answer(status: Option<u32>, body: &[u8], items: usize) -> Option<LeaseRes
     (r.grants.len() == items).then_some(r)
 }
 
+/// Where Envoy's node id is read from, in this order.
+pub const NODE_ID_PATHS: [&[&str]; 2] = [&["xds", "node", "id"], &["node", "id"]];
+
+/// A random number, seeded by the OS's randomness (WASI random_get in Envoy).
+pub fn draw(host: &dyn Host, context_id: u32) -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(host.now_ms());
+    h.write_u32(context_id);
+    h.finish()
+}
+
 /// The replica id: pluginConfig, else Envoy's `node.id`, else an id drawn at start (the first
 /// worker's draw, through shared data).
 pub fn replica_id(host: &dyn Host, cfg: &GlobalConfig, context_id: u32) -> String {
     if let Some(id) = &cfg.replica_id {
         return id.clone();
     }
-    if let Some(id) = host.property(&["node", "id"]).filter(|s| !s.is_empty()) {
-        return id;
+    // Envoy's attribute is `xds.node` (a `config.core.v3.Node`); older Envoys had a top-level
+    // `node`.
+    for path in NODE_ID_PATHS {
+        if let Some(id) = host.property(path).filter(|s| !s.is_empty()) {
+            return id;
+        }
     }
     let (value, cas) = host.get(REPLICA_KEY);
     if let Some(v) = value.filter(|v| !v.is_empty()) {
         return String::from_utf8_lossy(&v).into_owned();
     }
-    // Seeded by the OS's randomness (WASI random_get in Envoy).
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(host.now_ms());
-    h.write_u32(context_id);
-    let drawn = format!("maas-{:016x}", h.finish());
+    let drawn = format!("maas-{:016x}", draw(host, context_id));
     let _ = host.set(REPLICA_KEY, drawn.as_bytes(), cas);
     // Whoever wrote first wins: read back what is there.
     host.get(REPLICA_KEY)
@@ -273,10 +393,10 @@ fn adopt(host: &dyn Host, leases: &mut Leases, gauge: u32, st: GlobalState) {
     if st.fallback != leases.state.fallback {
         if st.fallback {
             log::warn!(
-                "maas: lease service unreachable: limits fall back to this replica's local share"
+                "maas: lease service not answering: limits fall back to this replica's local share"
             );
         } else {
-            log::info!("maas: lease service reachable again: global limits restored");
+            log::info!("maas: lease service answering again: global limits restored");
         }
         if gauge != 0 {
             host.record_metric(gauge, u64::from(st.fallback));
@@ -398,7 +518,7 @@ pub fn build_batch(
     (items, claimed)
 }
 
-/// Undoes every claim of a failed batch.
+/// Undoes every claim of a batch the companion refused (400: it will never be applied).
 pub fn undo(host: &dyn Host, claims: &[Claimed], now_s: u64) {
     for (subject, key, c) in claims {
         limits::unclaim(host, key, subject, c, now_s);

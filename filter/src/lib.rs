@@ -15,6 +15,7 @@ pub mod encoding;
 pub mod host;
 pub mod hygiene;
 pub mod lease;
+pub mod ledger;
 pub mod limits;
 pub mod metrics;
 pub mod operations;

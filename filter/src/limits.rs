@@ -14,10 +14,12 @@
 //! never dropped (that would let someone escape a limit). Admitting a request is one read and
 //! one compare-and-swap write of its slot, and settling it likewise.
 //!
-//! Slot value: `version(1) = 3`, then per subject `len(u16 LE) subject n(u8)` and `n` 41-byte
-//! records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count, granted, others
-//! (u64 LE). A record whose start is not the current window's counts 0 everywhere (count, lease,
-//! others). Version 2 slots (25-byte records, no lease) are still read (lease 0).
+//! Slot value: `version(1) = 4`, then per subject `len(u16 LE) subject n(u8)` and `n` 49-byte
+//! records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count, granted, others,
+//! since (u64 LE; `since`: when this replica first admitted in this window, 0 before). A record
+//! whose start is not the current window's counts 0 everywhere (count, lease, others). Version 3
+//! slots (41-byte records, no `since`) and version 2 slots (25-byte records, no lease) are still
+//! read (since 0, lease 0).
 //!
 //! **Global limits (budget leases).** With `limits.global` on, a counter also holds `granted`:
 //! the budget this replica (this Envoy, all its workers) was leased by the companion in this
@@ -46,8 +48,10 @@ pub const DEFAULT_COUNTER_SLOTS: u64 = 65_536;
 /// Subjects one counter slot holds at most (beyond: 503, never a dropped live count).
 pub const SLOT_SUBJECTS: usize = 16;
 
-const SLOT_VERSION: u8 = 3;
-const RECORD: usize = 41;
+const SLOT_VERSION: u8 = 4;
+const RECORD: usize = 49;
+/// Records of version 3 slots (no `since`).
+const RECORD_V3: usize = 41;
 /// Records of version 2 slots (no lease fields).
 const RECORD_V2: usize = 25;
 
@@ -107,6 +111,9 @@ struct Record {
     granted: u64,
     /// Global taken minus `granted` as of the last answer (headers only).
     others: u64,
+    /// When this replica first admitted in this window (Unix s; 0: not yet): its rate in the
+    /// window is count ÷ (now − since), whenever in the window it started.
+    since: u64,
 }
 
 impl Record {
@@ -134,6 +141,7 @@ fn decode_slot(v: Option<&[u8]>) -> Option<Vec<Counters>> {
     let (&version, mut rest) = b.split_first()?;
     let size = match version {
         SLOT_VERSION => RECORD,
+        3 => RECORD_V3,
         2 => RECORD_V2,
         _ => return None,
     };
@@ -147,8 +155,9 @@ fn decode_slot(v: Option<&[u8]>) -> Option<Vec<Counters>> {
         let records = recs
             .chunks_exact(size)
             .map(|r| {
+                // Fields a smaller (older) record does not have read 0.
                 let lease = |at: usize| {
-                    if size == RECORD {
+                    if size >= at + 8 {
                         read_u64(r, at)
                     } else {
                         Some(0)
@@ -161,6 +170,7 @@ fn decode_slot(v: Option<&[u8]>) -> Option<Vec<Counters>> {
                     count: read_u64(r, 17)?,
                     granted: lease(25)?,
                     others: lease(33)?,
+                    since: lease(41)?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -186,6 +196,7 @@ fn encode_slot(entries: &[Counters]) -> Vec<u8> {
             out.extend_from_slice(&r.count.to_le_bytes());
             out.extend_from_slice(&r.granted.to_le_bytes());
             out.extend_from_slice(&r.others.to_le_bytes());
+            out.extend_from_slice(&r.since.to_le_bytes());
         }
     }
     out
@@ -473,8 +484,10 @@ impl LeasePolicy {
     }
 }
 
-/// Budget worth asking for: `count` used in a window that started `elapsed` s ago, over
-/// `horizon_ms`, within `need..=limit`.
+/// Budget worth asking for: `count` used by this replica since it first admitted in this window
+/// `elapsed` s ago (its own rate, whenever in the window it started: a daily window that
+/// started hours before the first request does not dilute it), over `horizon_ms`, within
+/// `need..=limit`.
 fn prefetch(count: u64, elapsed: u64, horizon_ms: u64, need: u64, limit: u64) -> u64 {
     let rate = u128::from(count) * u128::from(horizon_ms) / (u128::from(elapsed.max(1)) * 1000);
     let want = u64::try_from(rate).unwrap_or(u64::MAX);
@@ -778,6 +791,8 @@ pub fn admit_leased(
                 }
                 let start = window.start_of(now);
                 let need = after.saturating_sub(granted);
+                let since = rec.map_or(0, |r| r.since);
+                let since = if since > 0 { since } else { now };
                 items.push(LeaseNeed {
                     kind,
                     window: window.seconds(),
@@ -786,7 +801,7 @@ pub fn admit_leased(
                     need,
                     want: prefetch(
                         after,
-                        now.saturating_sub(start),
+                        now.saturating_sub(since),
                         policy.horizon_ms,
                         need,
                         limit,
@@ -825,8 +840,8 @@ pub fn admit_leased(
             .copied()
             .collect();
         for &(kind, window) in &counters {
-            let (granted, others) =
-                current(&view.mine, kind, window, now).map_or((0, 0), |r| (r.granted, r.others));
+            let (granted, others, since) = current(&view.mine, kind, window, now)
+                .map_or((0, 0, 0), |r| (r.granted, r.others, r.since));
             next.push(Record {
                 kind: kind.code(),
                 window: window.seconds(),
@@ -834,6 +849,7 @@ pub fn admit_leased(
                 count: used(&view.mine, kind, window, now).saturating_add(add(kind)),
                 granted,
                 others,
+                since: if since > 0 { since } else { now },
             });
         }
         let headers = RateHeaders::from_records(&tiers, &next, now);
@@ -963,6 +979,9 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
                             // An older window's lease is over with it.
                             x.granted = 0;
                             x.others = 0;
+                            x.since = now;
+                        } else if x.since == 0 {
+                            x.since = now;
                         }
                         x.start = new_start;
                         x.count = new_count;
@@ -977,6 +996,7 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
                         count: new_count,
                         granted: 0,
                         others: 0,
+                        since: now,
                     });
                     changed = true;
                 }
@@ -1056,6 +1076,7 @@ pub fn apply_grants(
                         count: 0,
                         granted: g.granted,
                         others: g.taken.saturating_sub(g.granted),
+                        since: 0,
                     };
                     changed = true;
                 }
@@ -1067,6 +1088,7 @@ pub fn apply_grants(
                         count: 0,
                         granted: g.granted,
                         others: g.taken.saturating_sub(g.granted),
+                        since: 0,
                     });
                     changed = true;
                 }
@@ -1138,7 +1160,8 @@ pub fn claim(
             granted = granted.saturating_sub(release);
             let mut want = 0;
             if !idle && r.count < c.limit {
-                let target = prefetch(r.count, now.saturating_sub(start), horizon_ms, 0, c.limit);
+                let since = if r.since > 0 { r.since } else { start };
+                let target = prefetch(r.count, now.saturating_sub(since), horizon_ms, 0, c.limit);
                 if granted.saturating_sub(r.count).saturating_mul(2) < target {
                     want = target;
                 }

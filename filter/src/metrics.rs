@@ -17,8 +17,10 @@ pub const MALFORMED_UPSTREAM: &str = "maas_upstream_body_unreadable";
 /// Lease callouts (a request's and the worker's batches).
 pub const LEASE_CALLOUTS: &str = "maas_lease_callouts_total";
 pub const LEASE_FALLBACK_ENTERED: &str = "maas_lease_fallback_entered_total";
-/// Gauge: 1 while this replica is in fallback (lease service unreachable).
+/// Gauge: 1 while this replica is in fallback (lease service not answering).
 pub const LEASE_FALLBACK: &str = "maas_lease_fallback";
+/// Usage records a worker dropped (its bound reached, or a report the companion refused).
+pub const USAGE_RECORDS_DROPPED: &str = "maas_usage_records_dropped_total";
 
 /// Keeps a name usable as one Envoy stat segment.
 pub fn sanitize(s: &str) -> String {

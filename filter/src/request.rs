@@ -38,7 +38,7 @@ use crate::request_body::{self, RequestInfo};
 use crate::response::{Decision, Refusal};
 use crate::worker::SharedWorker;
 pub use leasing::{LeaseFlight, answer_flight, dispatch_pending};
-use maas_types::{AuthenticateRequest, Model, PolicyDocument};
+use maas_types::{AuthenticateRequest, Model, PolicyDocument, Tier};
 use proxy_wasm::types::Action;
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
@@ -127,6 +127,16 @@ pub struct Request {
     tier_idx: Option<usize>,
     /// The subject's own highest tier (its windows apply to every request of the subject).
     highest_tier_idx: Option<usize>,
+    /// Whose counters the request counts in: under a subscription
+    /// `maas_types::subscription::counter_subject` (per subject, subscription and model);
+    /// `None`: the subject's own.
+    counter_subject: Option<String>,
+    /// The subscription the request runs under (`decide::subscription`), if any: its limits on
+    /// the model as a tier (`sub_tier`) replace the tiers' windows.
+    subscription: Option<String>,
+    sub_tier: Option<Tier>,
+    /// `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
+    requested_subscription: Option<String>,
     subject: Option<String>,
     /// The shared-data key of the subject's counter slot (hashed once per request).
     counter_key: String,
@@ -181,6 +191,10 @@ impl Request {
             model_idx: None,
             tier_idx: None,
             highest_tier_idx: None,
+            counter_subject: None,
+            subscription: None,
+            sub_tier: None,
+            requested_subscription: None,
             subject: None,
             counter_key: String::new(),
             slot_read: None,
@@ -232,10 +246,20 @@ impl Request {
         )
     }
 
+    /// Whose counters this request counts in (and whose lease it asks for): the counter subject
+    /// of its subscription, else the subject's own.
+    fn limits_subject(&self) -> Option<String> {
+        self.counter_subject
+            .clone()
+            .or_else(|| self.subject.clone())
+    }
+
     /// Answers the request with an error (on the effective context).
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
         self.worker.borrow().metrics.decision(r.decision);
+        // The usage ledger counts refusals of a known subject (in the VM only).
+        self.ledger_refused(r.code);
         host.send_response(r.status, &r.response_headers(), &r.body());
     }
 
@@ -299,6 +323,13 @@ impl Request {
                 self.client_anthropic_version = true;
             }
         }
+        self.requested_subscription = maas_types::subscription::requested_from_header(
+            headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(SUBSCRIPTION_HEADER))
+                .map(|(_, v)| v.as_str()),
+        )
+        .map(str::to_string);
         let cred = match credential::extract(find("authorization"), find("x-api-key")) {
             Ok(c) => c,
             Err(e) => return self.refused(host, &e.into()),
@@ -438,10 +469,12 @@ impl Request {
                 return Step::Refused;
             }
         };
-        if let Err(r) = self.decide_headers(host, identity, now_s) {
+        if let Err(r) = self.decide_headers(host, &identity, now_s) {
+            self.ledger_refused_as(&identity, r.code);
             self.refuse(host, &r);
             return Step::Refused;
         }
+        self.subject = Some(identity.subject);
         if matches!(self.body, BodyState::Buffering) {
             // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
             // over only after the headers continue: they go on now, unless held for the body.
@@ -569,7 +602,7 @@ impl Request {
     fn decide_headers(
         &mut self,
         host: &dyn Host,
-        identity: CachedIdentity,
+        identity: &CachedIdentity,
         now_s: u64,
     ) -> Result<(), Refusal> {
         let (policy, credentials) = {
@@ -595,17 +628,59 @@ impl Request {
         let Some(model) = policy.models.get(model_idx) else {
             return Err(Refusal::model_not_found());
         };
-        let tier = decide::authorize(&policy, &identity, model)?;
-        let tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, tier));
-        // One budget per person: the subject's own highest tier's windows apply to every
-        // request, a pinned (lower) tier's too.
-        let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
-        let highest_tier_idx = policy.tiers.iter().position(|t| std::ptr::eq(t, highest));
-        // The subject's counter slot, hashed once for the whole request (or known from the
-        // worker's copy of the credential).
-        let counter_key = if self.counter_key.is_empty() {
+        // A subscription's limits on the model (as a tier), counted per (subject, subscription,
+        // model); else the tiers, one budget per person.
+        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id.is_some());
+        let selected = decide::subscription(
+            &policy,
+            identity,
+            api_key,
+            self.requested_subscription.as_deref(),
+            model,
+        )?;
+        let sub_tier = match selected {
+            Some(sub) => Some((
+                sub.name.clone(),
+                sub.limits_tier(&model.name).ok_or_else(|| {
+                    Refusal::forbidden("model_not_in_subscription", "model not in subscription")
+                })?,
+                maas_types::subscription::counter_subject(
+                    &identity.subject,
+                    &sub.name,
+                    &model.name,
+                ),
+            )),
+            None => None,
+        };
+        let (tier_idx, highest_tier_idx) = match &sub_tier {
+            Some(_) => (None, None),
+            None => {
+                let tier = decide::authorize(&policy, identity, model)?;
+                // One budget per person: the subject's own highest tier's windows apply to every
+                // request, a pinned (lower) tier's too.
+                let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
+                (
+                    policy.tiers.iter().position(|t| std::ptr::eq(t, tier)),
+                    policy.tiers.iter().position(|t| std::ptr::eq(t, highest)),
+                )
+            }
+        };
+        let counter_subject = sub_tier
+            .as_ref()
+            .map_or(identity.subject.as_str(), |(_, _, c)| c.as_str());
+        let tier_of = |idx: Option<usize>| idx.and_then(|i| policy.tiers.get(i));
+        let windows: Vec<&Tier> = match &sub_tier {
+            Some((_, t, _)) => vec![t],
+            None => tier_of(tier_idx)
+                .into_iter()
+                .chain(tier_of(highest_tier_idx))
+                .collect(),
+        };
+        // The counter slot, hashed once for the whole request (or known from the worker's copy
+        // of the credential: the subject's own, so not under a subscription).
+        let counter_key = if self.counter_key.is_empty() || sub_tier.is_some() {
             limits::counter_key(
-                &identity.subject,
+                counter_subject,
                 self.config().map_or(1, |c| c.limits.counter_slots),
             )
         } else {
@@ -628,13 +703,8 @@ impl Request {
         // Headers are about to leave before the body is read: refuse now what is certain
         // (a full request or token window), so that such a 429 starts no upstream request.
         if buffering && !self.hold_headers && !self.discovery {
-            let (limited, read) = limits::precheck_read(
-                host,
-                &counter_key,
-                &[tier, highest],
-                &identity.subject,
-                now_s,
-            );
+            let (limited, read) =
+                limits::precheck_read(host, &counter_key, &windows, counter_subject, now_s);
             if let Some(limited) = limited {
                 return Err(limited_refusal(limited));
             }
@@ -659,16 +729,25 @@ impl Request {
                 host.set_header(Headers::Request, name, Some(&value));
             }
         }
+        // The backend learns the subscription the gateway selected (as the reference's gateway
+        // injects it), never the client's value (stripped above).
+        if let Some((name, _, _)) = &sub_tier {
+            host.set_header(Headers::Request, SUBSCRIPTION_HEADER, Some(name));
+        }
         if buffering && !self.discovery && !self.hold_headers {
             // The body may be rewritten (stream_options.include_usage) after the headers left:
             // let the upstream codec frame it (chunked) instead of a length that may change.
             host.set_header(Headers::Request, "content-length", None);
         }
-        self.subject = Some(identity.subject);
+        drop(windows);
         self.counter_key = counter_key;
         self.model_idx = Some(model_idx);
         self.tier_idx = tier_idx;
         self.highest_tier_idx = highest_tier_idx;
+        (self.subscription, self.sub_tier, self.counter_subject) = match sub_tier {
+            Some((name, tier, counter)) => (Some(name), Some(tier), Some(counter)),
+            None => (None, None, None),
+        };
         self.policy = Some(policy);
         Ok(())
     }
@@ -676,11 +755,15 @@ impl Request {
     /// The model field and the limits; `Some` reservation unless discovery.
     fn decide_body(&mut self, host: &dyn Host, now_s: u64) -> Result<Admitted, Refusal> {
         let policy = self.policy.clone();
+        let sub_tier = self.sub_tier.clone();
         let model = self.model();
-        let tier = policy
-            .as_ref()
-            .and_then(|p| p.tiers.get(self.tier_idx.unwrap_or(usize::MAX)));
-        let (Some(model), Some(tier), Some(subject)) = (model, tier, self.subject.clone()) else {
+        let tier = match &sub_tier {
+            Some(t) => Some(t),
+            None => policy
+                .as_ref()
+                .and_then(|p| p.tiers.get(self.tier_idx.unwrap_or(usize::MAX))),
+        };
+        let (Some(model), Some(tier), Some(subject)) = (model, tier, self.limits_subject()) else {
             return Err(Refusal::no_policy());
         };
         if let BodyState::Done(info) = &self.body {
@@ -701,9 +784,11 @@ impl Request {
         };
         self.prompt_tokens_estimate = info.map_or(0, |i| i.prompt_tokens_estimate);
         let reserve = decide::reservation(info, tier);
+        // Under a subscription only its windows apply (highest: the same tier).
         let highest = policy
             .as_ref()
             .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
+            .filter(|_| sub_tier.is_none())
             .unwrap_or(tier);
         let lease_policy = {
             let w = self.worker.borrow();
@@ -832,11 +917,14 @@ impl Request {
     }
 }
 
+/// The request header that names a subscription (client → gateway, and gateway → backend).
+pub const SUBSCRIPTION_HEADER: &str = "x-maas-subscription";
+
 /// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.
 fn lease_unavailable() -> Refusal {
     Refusal::unavailable(
         "limits_unavailable",
-        "global rate limits cannot be checked now (lease service unreachable); retry shortly",
+        "global rate limits cannot be checked now (lease service not answering); retry shortly",
     )
 }
 

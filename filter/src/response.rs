@@ -151,8 +151,12 @@ impl Refusal {
     }
 
     /// A refusal for a status the filter got from the companion (401 / 403 with its message).
+    /// A 403 for a key whose subscription no longer resolves is `invalid_subscription`.
     pub fn from_companion(status: u32, message: &str) -> Self {
         match status {
+            403 if maas_types::SelectError::from_message(message).is_some() => {
+                Self::forbidden("invalid_subscription", message)
+            }
             403 => Self::forbidden("no_tier", message),
             _ => Self::unauthenticated(message),
         }

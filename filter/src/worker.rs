@@ -33,6 +33,8 @@ pub struct Metrics {
     pub lease_fallback_entered: u32,
     /// Gauge.
     pub lease_fallback: u32,
+    /// Usage records dropped (ledger bound, or a batch the companion refused).
+    pub usage_dropped: u32,
     /// (tier, model, prompt id, completion id), defined on first use.
     tokens: Vec<(String, String, u32, u32)>,
     pending: RefCell<Vec<(u32, u64)>>,
@@ -57,6 +59,7 @@ impl Metrics {
             lease_callouts: c(metrics::LEASE_CALLOUTS),
             lease_fallback_entered: c(metrics::LEASE_FALLBACK_ENTERED),
             lease_fallback: host.define_metric(MetricKind::Gauge, metrics::LEASE_FALLBACK),
+            usage_dropped: c(metrics::USAGE_RECORDS_DROPPED),
             tokens: Vec::new(),
             pending: RefCell::new(Vec::new()),
         }
@@ -150,6 +153,8 @@ pub struct Worker {
     pub lease_pending: Vec<std::rc::Weak<RefCell<Request>>>,
     /// The context whose callback is running (the one a callout dispatched now answers to).
     pub active: u32,
+    /// Usage records for the companion's ledger (`crate::ledger`).
+    pub ledger: crate::ledger::Ledger,
 }
 
 pub type SharedWorker = Rc<RefCell<Worker>>;
@@ -204,7 +209,17 @@ impl Root {
         }
         if cfg.limits.global.enabled && w.leases.replica.is_empty() {
             w.leases.replica = lease::replica_id(host, &cfg.limits.global, self.id);
+            w.leases.nonce = lease::draw(host, self.id);
             log::info!("maas: global limits on, replica id {:?}", w.leases.replica);
+        }
+        if w.ledger.replica.is_empty() {
+            let now = host.now_ms();
+            let worker = crate::ledger::draw_worker_id(now, self.id);
+            let replica = crate::ledger::replica(host, &cfg, &w.leases.replica, &worker);
+            w.ledger.configure(&cfg.usage, replica, worker, now);
+        } else {
+            w.ledger.enabled = cfg.usage.enabled;
+            w.ledger.config = cfg.usage;
         }
         w.config = Some(Rc::new(cfg));
         w.local_cache.clear();
@@ -232,6 +247,7 @@ impl Root {
         if cfg.limits.global.enabled {
             self.lease_tick(host, &cfg, now);
         }
+        crate::ledger::tick(host, &self.worker, &cfg, self.id, now);
         if now < self.next_poll_ms {
             return;
         }
@@ -269,14 +285,15 @@ impl Root {
         let status = host
             .header(Headers::CallResponse, ":status")
             .and_then(|s| s.parse::<u32>().ok());
+        if self.worker.borrow().ledger.is_batch(token) {
+            crate::ledger::on_answer(host, &self.worker, status);
+            return;
+        }
         let etag = host.header(Headers::CallResponse, "etag");
         let body = (body_size > 0).then(|| read_body(host, Body::CallResponse, body_size));
         let batch = {
             let mut w = self.worker.borrow_mut();
-            match &w.leases.batch {
-                Some(b) if b.token == token => w.leases.batch.take(),
-                _ => None,
-            }
+            w.leases.take_answered(token)
         };
         if let Some(batch) = batch {
             self.on_batch_answer(host, batch, status, &body.unwrap_or_default());
@@ -292,7 +309,8 @@ impl Root {
     }
 
     /// Global limits, every tick: adopt the shared fallback state; every `reportIntervalMs`
-    /// (no batch in flight) send this worker's batch (in fallback even an empty one: the probe).
+    /// (no batch out) send the outbox's first batch again (unanswered: verbatim, same id), else
+    /// a new batch of this worker's claims (in fallback even an empty one: the probe).
     fn lease_tick(&mut self, host: &dyn Host, cfg: &PluginConfig, now: u64) {
         {
             let mut w = self.worker.borrow_mut();
@@ -304,31 +322,44 @@ impl Root {
         crate::request::dispatch_pending(host, &self.worker, cfg, self.id);
         let mut w = self.worker.borrow_mut();
         let w = &mut *w;
-        if w.leases.batch.is_some() || now < w.leases.next_report_ms {
+        let out = w.leases.outbox.front().is_some_and(|b| b.token.is_some());
+        if out || now < w.leases.next_report_ms {
             return;
         }
         let g = &cfg.limits.global;
         w.leases.next_report_ms = now.saturating_add(g.report_interval_ms);
-        // In fallback the batch is an empty probe: a batch that timed out may still be applied
-        // by the companion later (its claims are undone here), so debts are not re-sent every
-        // tick of an outage; they go in the batch right after the probe's 200.
-        let (items, claims) = if w.leases.state.fallback {
-            (Vec::new(), Vec::new())
-        } else {
-            lease::build_batch(host, g, &mut w.leases, now)
-        };
-        if items.is_empty() && !w.leases.state.fallback {
-            return;
+        if w.leases.outbox.is_empty() {
+            // Debts go in probes too: a batch is applied once however often it is re-sent.
+            let (items, claims) = lease::build_batch(host, g, &mut w.leases, now);
+            if items.is_empty() && !w.leases.state.fallback {
+                return;
+            }
+            let id = w.leases.next_batch_id();
+            match lease::encode(&w.leases.replica, &id, items) {
+                Ok(body) => w.leases.outbox.push_back(lease::Batch {
+                    id,
+                    body,
+                    claims,
+                    token: None,
+                }),
+                Err(e) => {
+                    log::warn!("maas: cannot encode the lease batch: {e}");
+                    lease::undo(host, &claims, now / 1000);
+                    return;
+                }
+            }
         }
-        let replica = w.leases.replica.clone();
-        match lease::dispatch(host, cfg, &replica, items) {
+        let Some(batch) = w.leases.outbox.front_mut() else {
+            return;
+        };
+        match lease::dispatch(host, cfg, &batch.body) {
             Ok(token) => {
+                batch.token = Some(token);
                 w.metrics.inc(w.metrics.lease_callouts, 1);
-                w.leases.batch = Some(lease::Batch { token, claims });
             }
             Err(e) => {
+                // Kept (claims and all): sent again at the next report.
                 log::debug!("maas: cannot send the lease batch: {e}");
-                lease::undo(host, &claims, now / 1000);
                 if lease::enter_fallback(host, &mut w.leases, w.metrics.lease_fallback, now) {
                     w.metrics.inc(w.metrics.lease_fallback_entered, 1);
                 }
@@ -336,26 +367,31 @@ impl Root {
         }
     }
 
-    /// The answer to this worker's batch: grants added and fallback left, or the claims undone
-    /// and fallback entered.
+    /// The answer to the outbox's first batch: a 200 adds its grants and leaves fallback; a 400
+    /// (refused: never applied) undoes its claims and drops it; anything else enters fallback
+    /// and keeps it, to be re-sent verbatim.
     fn on_batch_answer(
         &mut self,
         host: &dyn Host,
-        batch: lease::Batch,
+        mut batch: lease::Batch,
         status: Option<u32>,
         body: &[u8],
     ) {
-        let items: usize = batch.claims.iter().map(|(_, _, c)| c.len()).sum();
         let now = host.now_ms();
         let mut w = self.worker.borrow_mut();
         let w = &mut *w;
-        match lease::answer(status, body, items) {
+        match lease::answer(status, body, batch.items()) {
             Some(resp) => {
                 let mut grants = resp.grants.iter();
                 for (subject, key, claims) in &batch.claims {
                     let mine: Vec<_> = grants.by_ref().take(claims.len()).copied().collect();
                     let g = lease::grants_of(claims, &mine);
                     crate::limits::apply_grants(host, key, subject, &g, now / 1000);
+                    if mine.iter().any(|g| g.granted > 0) {
+                        // A request's callout answered late: its grants are released when idle.
+                        w.leases
+                            .track_quietly(subject, key, lease::counters_of(claims), now);
+                    }
                 }
                 let was_fallback = w.leases.state.fallback;
                 lease::answered(
@@ -365,14 +401,22 @@ impl Root {
                     resp.replicas,
                     true,
                 );
-                if was_fallback {
-                    // Fallback left: the debt accrued meanwhile goes at the next tick.
+                if was_fallback || !w.leases.outbox.is_empty() {
+                    // Fallback left, or more waiting: the next batch goes at the next tick.
                     w.leases.next_report_ms = now;
                 }
             }
-            None => {
-                log::debug!("maas: lease batch failed (status {status:?})");
+            None if status == Some(400) => {
+                log::warn!(
+                    "maas: lease batch {} refused by the companion (400)",
+                    batch.id
+                );
                 lease::undo(host, &batch.claims, now / 1000);
+            }
+            None => {
+                log::debug!("maas: lease batch failed (status {status:?}); kept to re-send");
+                batch.token = None;
+                w.leases.outbox.push_front(batch);
                 if lease::enter_fallback(host, &mut w.leases, w.metrics.lease_fallback, now) {
                     w.metrics.inc(w.metrics.lease_fallback_entered, 1);
                 }

@@ -134,7 +134,7 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
                         ("DestinationRule", "maas-companion-tls"),
                         ("EnvoyFilter", COMPANION_CLUSTER_FILTER), ("PodMonitor", "maas-gateway-envoy"),
                         ("PrometheusRule", "maas-gateway-alerts")}
-        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "GatewayClass"}
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "GatewayClass", "CustomResourceDefinition"}
         for d in docs:
             key = (d["kind"], d["metadata"]["name"])
             got = d["metadata"].get("namespace")
@@ -454,6 +454,37 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         for rule in role["rules"]:
             assert sorted(rule["verbs"]) == ["get", "list", "watch"], rule
     check("RBAC: tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace", rbac)
+
+    def policy_resources():
+        # components/maas-resources: the companion reads the reference's resources.
+        dep = one(docs, "Deployment", COMPANION)
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        crds = find(docs, "CustomResourceDefinition")
+        if env.get("MAAS_POLICY_SOURCE") != "kubernetes":
+            assert not crds and not find(docs, "ClusterRole", "maas-companion-resources"), \
+                "reference CRDs or their RBAC rendered without MAAS_POLICY_SOURCE=kubernetes"
+            return
+        assert env.get("MAAS_POLICY_NAMESPACE"), "MAAS_POLICY_NAMESPACE is not set"
+        plurals = {"maasmodelrefs": "MaaSModelRef", "externalmodels": "ExternalModel",
+                   "maasauthpolicies": "MaaSAuthPolicy", "maassubscriptions": "MaaSSubscription"}
+        got = {c["spec"]["names"]["plural"]: c for c in crds}
+        assert set(got) == set(plurals), f"CRDs {sorted(got)}, expected {sorted(plurals)}"
+        for plural, kind in plurals.items():
+            c = got[plural]
+            assert c["metadata"]["name"] == f"{plural}.maas.opendatahub.io", c["metadata"]["name"]
+            assert c["spec"]["group"] == "maas.opendatahub.io" and c["spec"]["names"]["kind"] == kind, \
+                f"{plural}: group {c['spec']['group']}, kind {c['spec']['names']['kind']}"
+            assert [v["name"] for v in c["spec"]["versions"]] == ["v1alpha1"], c["spec"]["versions"]
+        cr = one(docs, "ClusterRole", "maas-companion-resources")
+        assert cr["rules"] == [
+            {"apiGroups": ["maas.opendatahub.io"], "resources": sorted(plurals, key=list(plurals).index),
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}], cr["rules"]
+        crb = one(docs, "ClusterRoleBinding", "maas-companion-resources")
+        assert crb["roleRef"]["name"] == "maas-companion-resources" and \
+            [s["name"] for s in crb["subjects"]] == [COMPANION], crb
+    check("policy resources: with MAAS_POLICY_SOURCE=kubernetes the four maas.opendatahub.io/v1alpha1 CRDs, "
+          "read-only access to them and Event writing; none without", policy_resources)
 
     def tls_objects():
         drs = find(docs, "DestinationRule", "maas-companion-tls")

@@ -77,6 +77,21 @@ if [ -s "$WORK/dev-redis.yaml" ]; then
   fi
 fi
 
+# The policy from the reference's resources (components/maas-resources) is in no overlay either:
+# added to the companion's kustomization (odh, TLS on) as docs/deploy.md shows.
+mkdir -p "$WORK/maas-resources/companion"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: opendatahub\nresources:\n  - %s\ncomponents:\n  - %s\n' \
+  "$(realpath -m --relative-to="$WORK/maas-resources/companion" "$CRS/base/companion")" \
+  "$(realpath -m --relative-to="$WORK/maas-resources/companion" "$CRS/components/maas-resources")" >"$WORK/maas-resources/companion/kustomization.yaml"
+# (the same gateway side as the dev-Redis render; the paths are relative to a sibling directory)
+cp "$WORK/dev-redis/kustomization.yaml" "$WORK/maas-resources/kustomization.yaml"
+if render "$WORK/maas-resources" "$WORK/maas-resources.yaml"; then
+  pass "odh + components/maas-resources renders"
+  run_checks "odh+maas-resources" "$WORK/maas-resources.yaml" --namespace opendatahub --tls on --dev-redis no
+else
+  fail "odh + components/maas-resources renders" "$(cat "$WORK/maas-resources.yaml.err")"
+fi
+
 # Envoy itself accepts the companion cluster the EnvoyFilter adds (TLS on and off): the cluster
 # goes into a bootstrap, with an ADS source for the SDS CA secret, and `envoy --mode validate`
 # checks it as the Gateway's Envoy would. Needs the project's Envoy (scripts/test.sh installs it
@@ -233,6 +248,10 @@ elif name in ("dev-redis-persistent", "dev-redis-open-to-all", "dev-redis-two-re
         c["command"][-1] = "exec redis-server --save '' --appendonly no"
     else:
         redis["metadata"]["labels"].pop("maas.opendatahub.io/dev-only")
+elif name == "resources-no-watch":
+    get("ClusterRole", "maas-companion-resources")["rules"][0]["verbs"] = ["get", "list"]
+elif name == "resources-crd-wrong-group":
+    get("CustomResourceDefinition", "maassubscriptions.maas.opendatahub.io")["spec"]["group"] = "maas.example.com"
 elif name == "scrape-plain-http-with-tls":
     get("ServiceMonitor", "maas-companion")["spec"]["endpoints"][0]["scheme"] = "http"
 else:
@@ -286,6 +305,10 @@ if [ -s "$WORK/dev-redis.yaml" ]; then
   MUTATE_SRC=dev-redis expect_refused dev-redis-two-replicas "replicas 2, expected 1"
   MUTATE_SRC=dev-redis expect_refused dev-redis-no-password "without a password"
   MUTATE_SRC=dev-redis expect_refused dev-redis-unlabelled "is not labelled maas.opendatahub.io/dev-only=true"
+fi
+if [ -s "$WORK/maas-resources.yaml" ]; then
+  MUTATE_SRC=maas-resources expect_refused resources-no-watch "policy resources"
+  MUTATE_SRC=maas-resources expect_refused resources-crd-wrong-group "group maas.example.com"
 fi
 
 # The Grafana dashboard (base/companion/grafana-dashboard.json): valid JSON with panels whose

@@ -374,6 +374,45 @@ async fn a_user_alternating_between_replicas_is_held_to_one_request_budget() {
     stop_stack(stack).await;
 }
 
+/// Each replica calls the companion under its Envoy's node id (`xds.node.id`, set to
+/// `gateway-<i>` by the harness): the companion counts two replicas, and the filter says so.
+#[tokio::test]
+async fn each_replica_is_known_to_the_companion_by_its_envoy_node_id() {
+    let _one = serial().await;
+    let stack = start_stack(None).await;
+    window_with_room(60, Duration::from_secs(10)).await;
+    let mut t = Tally::new("node ids (10/1m, 2 replicas)", 10, 1);
+    alternate(&stack, &mut t, "alt-token", "nodes", 4).await;
+    let ids: Vec<String> = (0..REPLICAS).map(|i| stack.node_id_of(i)).collect();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        seen = stack
+            .redis_command(&["ZRANGE", "maas:lease:v1:replicas", "0", "-1"])
+            .map(|r| r.items().iter().filter_map(|i| i.text()).collect())
+            .unwrap_or_default();
+        seen.sort();
+        if seen == ids {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("global-limits figure: replica ids the companion saw: {seen:?}");
+    assert_eq!(
+        seen, ids,
+        "the companion's replicas are the Envoys' node ids"
+    );
+    let logs = stack.logs_text();
+    for id in &ids {
+        assert!(
+            logs.contains(&format!("global limits on, replica id \"{id}\"")),
+            "the filter logs its replica id {id}"
+        );
+    }
+    assert!(!logs.contains("replica id \"maas-"), "no drawn id");
+    stop_stack(stack).await;
+}
+
 /// The control: the same traffic with `limits.global.enabled: false` admits the limit on EACH
 /// replica (2× in all). It proves the test above detects per-replica counting.
 #[tokio::test]
@@ -600,6 +639,21 @@ async fn redis_paused_mid_traffic_no_fail_open_then_debt_reported() {
     assert!(
         taken >= total,
         "Redis's count covers all that was admitted: {taken} < {total}"
+    );
+    // Exactly once: the batches that timed out while Redis was frozen were applied when it
+    // thawed, and their re-sends (same batchId) were answered without applying them again.
+    // Once the idle leases are handed back (idleReleaseMs 3 s + reportIntervalMs 1 s), Redis
+    // holds what was admitted, within a lease or two per replica still out.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let settled = redis_taken(&stack, "requests", 86_400);
+    eprintln!(
+        "global-limits figure: redis paused: Redis taken after idle release {settled} for {total} \
+         admitted (over by {})",
+        settled.saturating_sub(total)
+    );
+    assert!(
+        settled >= total && settled - total <= 2 * REPLICAS as u64,
+        "taken {settled} within admitted {total} + 2 per replica (no batch applied twice)"
     );
     let mut after = Tally::new("redis paused: after", limit - total, 1);
     alternate(

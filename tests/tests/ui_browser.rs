@@ -3,8 +3,9 @@
 //! filter, the companion serving `ui/dist`, PostgreSQL, the model simulator).
 //!
 //! Alice signs in with her token, mints a key and sees it once, the key calls a model through
-//! the gateway (and so does the models page's curl snippet, pasted into a shell), the usage and
-//! quota pages answer (today: "not available yet", their API being a 404), she revokes the key
+//! the gateway (and so does the models page's curl snippet, pasted into a shell), the usage page
+//! shows those two calls once the gateway reported them to the ledger (within a report interval)
+//! and the quota page the windows' real numbers, she revokes the key
 //! in the UI and the gateway refuses it; Carol (admin) finds Alice's keys and bulk-revokes them.
 //! Every page is saved as a PNG under `target/ui-screenshots/` (docs/ui.md shows copies).
 //!
@@ -252,6 +253,19 @@ async fn chat(client: &reqwest::Client, gateway: &str, key: &str) -> (u16, Strin
     (status, resp.text().await.unwrap_or_default())
 }
 
+/// `n` as the page prints it (`toLocaleString` in en-US: 1,234).
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The first row of the key table for `name`.
 fn row(name: &str) -> String {
     format!("tr[data-key-name='{name}']")
@@ -390,6 +404,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     // The key calls a model through the gateway.
     let (status, body) = chat(&client, &gw, &browser_key).await;
     assert_eq!(status, 200, "{body}");
+    let first: Value = serde_json::from_str(&body).unwrap();
 
     // The models page's curl snippet, pasted into a shell with the key, works too.
     nav(&b, "models").await;
@@ -417,53 +432,68 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
         .unwrap_or_else(|e| panic!("snippet output not JSON ({e}): {out:?}"));
     assert_eq!(answer["object"], "chat.completion", "{answer}");
 
-    // Usage and quota: the ledger's API is not served yet (404) → "not available yet"; once
-    // it is, the page shows the day's usage of sim-model.
+    // Usage: the gateway reports the two calls to the ledger within its report interval
+    // (`usage.reportIntervalMs`, 5 s by default): reload until the day's row of sim-model shows
+    // exactly them — the simulator's usage numbers.
+    let tokens = |v: &Value, name: &str| v["usage"][name].as_u64().unwrap();
+    let (prompt, completion) = (
+        tokens(&first, "prompt_tokens") + tokens(&answer, "prompt_tokens"),
+        tokens(&first, "completion_tokens") + tokens(&answer, "completion_tokens"),
+    );
+    let want = format!(
+        "sim-model 2 {} {} {}",
+        grouped(prompt),
+        grouped(completion),
+        grouped(prompt + completion)
+    );
     nav(&b, "usage").await;
-    let usage_api = client
-        .get(format!("{gw}/maas-api/v1/usage?groupBy=day"))
-        .bearer_auth("alice-token")
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16();
-    if usage_api == 404 {
-        let note = wait_for(&b, "#not-available").await.text().await.unwrap();
-        assert!(note.contains("not available yet"), "{note}");
-    } else {
-        // The ledger may record a moment after the answer: reload until the call shows.
-        let deadline = Instant::now() + WAIT;
-        loop {
-            b.goto(format!("{ui}usage")).await.unwrap();
-            wait_for(&b, "#usage-table, #usage-empty, .error").await;
-            let page = b.find(By::Tag("main")).await.unwrap().text().await.unwrap();
-            if page.contains("sim-model") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "usage never showed sim-model: {page}"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = Instant::now() + WAIT;
+    let reported = Instant::now();
+    loop {
+        b.goto(format!("{ui}usage")).await.unwrap();
+        wait_for(&b, "#usage-table, #usage-empty, .error").await;
+        let page = b.find(By::Tag("main")).await.unwrap().text().await.unwrap();
+        if page.contains(&want) {
+            break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "usage never showed {want:?}: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    eprintln!(
+        "ui figure: the usage page showed the calls {} ms after the check began",
+        reported.elapsed().as_millis()
+    );
+    assert_eq!(
+        b.find_all(By::Css("#usage-chart .bar"))
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "one bar: today"
+    );
     shots.take(&b, "05-usage").await;
+    // Quota: alice's free tier's windows with the real counters (`used` is what the gateway
+    // enforces against: leased budget included, so at least the two calls while in the window).
     nav(&b, "quota").await;
     wait_for(&b, "#tier-limits").await;
-    let quota_api = client
-        .get(format!("{gw}/maas-api/v1/quota"))
-        .bearer_auth("alice-token")
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16();
-    if quota_api == 404 {
-        wait_for(&b, "#not-available").await;
-    } else {
-        wait_for(&b, "#quota-table").await;
+    let quota = wait_for(&b, "#quota-table").await.text().await.unwrap();
+    for limit in ["30 requests 1m", "2,000 tokens 1m", "100,000 tokens 1d"] {
+        assert!(quota.contains(limit), "{limit:?} not in {quota}");
     }
+    let daily_used: u64 = quota
+        .lines()
+        .find(|l| l.starts_with("100,000 tokens 1d"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .map(|n| n.replace(',', "").parse().unwrap())
+        .unwrap();
+    assert!(
+        daily_used >= prompt + completion,
+        "the day's tokens used {daily_used} < the calls' {}",
+        prompt + completion
+    );
     shots.take(&b, "06-quota").await;
 
     // The two pages render the ledger's documented shapes once it is served: the page's fetch

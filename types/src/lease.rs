@@ -19,6 +19,14 @@
 //!
 //! `replicas` is the number of distinct replica ids that called in the last
 //! [`REPLICA_TTL_SECONDS`] (the caller included).
+//!
+//! **Exactly once.** A batch may carry a `batchId` (unique per replica). The companion remembers
+//! the answer of an applied batch id per replica for [`BATCH_MEMORY_SECONDS`] and answers a
+//! repeated id with the SAME answer without applying anything again. A replica whose batch got
+//! no answer (timeout, 503, connection lost) re-sends it verbatim — same id, same items — until
+//! a 200: a batch the store applied late (Redis paused) is then counted once, and the grants it
+//! made reach the replica instead of being stranded until the window's end. Without a
+//! `batchId` every call is applied.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +38,12 @@ pub const REPLICA_TTL_SECONDS: u64 = 30;
 
 /// Items one batch may carry at most (the companion refuses larger batches with 400).
 pub const MAX_BATCH_ITEMS: usize = 1024;
+
+/// How long the companion remembers the answer of an applied `batchId` (per replica).
+pub const BATCH_MEMORY_SECONDS: u64 = 300;
+
+/// Longest `batchId`, in bytes (ASCII letters, digits, `-`, `_`, `.`, `:`).
+pub const MAX_BATCH_ID_BYTES: usize = 128;
 
 /// Which counter of a subject's window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -55,6 +69,10 @@ pub struct LeaseRequest {
     /// The asking replica (Envoy's node id, or an id the filter drew at start). Only counted, to
     /// size grants and to tell replicas their number.
     pub replica: String,
+    /// Idempotency key of this batch (unique per replica): a repeated id gets the first
+    /// answer again, nothing applied twice. Absent: applied every time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
     pub items: Vec<LeaseItem>,
 }
 
@@ -163,11 +181,17 @@ mod tests {
     fn wire_shape_is_camel_case() {
         let r = LeaseRequest {
             replica: "r1".into(),
+            batch_id: Some("b-1".into()),
             items: vec![item(100, 1, 2, 3, 4)],
         };
         let v = serde_json::to_value(&r).unwrap_or_default();
         assert_eq!(v["items"][0]["windowSeconds"], 60);
         assert_eq!(v["items"][0]["kind"], "tokens");
+        assert_eq!(v["batchId"], "b-1");
+        let old: LeaseRequest =
+            serde_json::from_value(serde_json::json!({"replica": "r1", "items": []}))
+                .unwrap_or_else(|_| r.clone());
+        assert_eq!(old.batch_id, None, "batchId is optional");
         let back: LeaseItem = serde_json::from_value(serde_json::json!({
             "subject": "s", "kind": "requests", "windowSeconds": 60, "windowStart": 0, "limit": 5
         }))

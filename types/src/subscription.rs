@@ -11,7 +11,7 @@
 //!
 //! Every function here is pure: the document, the caller's name and groups in; a decision out.
 
-use crate::policy::{Limit, PolicyDocument, PolicyError};
+use crate::policy::{Limit, Limits, PolicyDocument, PolicyError, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -149,6 +149,20 @@ pub enum SelectError {
 }
 
 impl SelectError {
+    pub const ALL: [SelectError; 5] = [
+        SelectError::NoSubscription,
+        SelectError::NotFound,
+        SelectError::AccessDenied,
+        SelectError::MultipleSubscriptions,
+        SelectError::ModelNotInSubscription,
+    ];
+
+    /// The error whose [`SelectError::message`] this is (the companion's authenticate refusal of
+    /// a key whose subscription no longer resolves carries only the message).
+    pub fn from_message(message: &str) -> Option<SelectError> {
+        Self::ALL.into_iter().find(|e| e.message() == message)
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             SelectError::NoSubscription | SelectError::NotFound => "not_found",
@@ -277,6 +291,58 @@ pub fn requested_from_header<'a>(values: impl IntoIterator<Item = &'a str>) -> O
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .last()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits
+// ---------------------------------------------------------------------------------------------
+
+/// Separates the parts of a [`counter_subject`]: a control character, which neither a
+/// subscription name (a DNS label) nor a model name (no control characters) may hold, so the
+/// parts are never ambiguous.
+pub const COUNTER_SEPARATOR: char = '\u{1f}';
+
+/// The counter subject of `subject`'s requests on `model` under `subscription`: a subscription's
+/// budgets are per (subject, subscription, model), as the reference counts them. The gateway's
+/// counters, its budget leases and the companion's `/v1/quota` all use this one function, so
+/// they name the same counter. Subscription and model come first (neither holds the separator),
+/// the subject last.
+pub fn counter_subject(subject: &str, subscription: &str, model: &str) -> String {
+    let mut out = String::with_capacity(subscription.len() + model.len() + subject.len() + 2);
+    out.push_str(subscription);
+    out.push(COUNTER_SEPARATOR);
+    out.push_str(model);
+    out.push(COUNTER_SEPARATOR);
+    out.push_str(subject);
+    out
+}
+
+/// The name of the tier that stands for a subscription's limits ([`Subscription::limits_tier`]):
+/// `subscription:<name>` (shown in 429 messages and metric labels).
+pub fn limits_tier_name(subscription: &str) -> String {
+    format!("subscription:{subscription}")
+}
+
+impl Subscription {
+    /// This subscription's limits on `model` as a tier (named [`limits_tier_name`], level =
+    /// priority, no groups), so the gateway's tier-based limits apply them unchanged: its
+    /// `tokenRateLimits` as token windows and `requestRateLimits` as request windows. `None`:
+    /// the subscription does not include the model.
+    pub fn limits_tier(&self, model: &str) -> Option<Tier> {
+        let m = self.model(model)?;
+        Some(Tier {
+            name: limits_tier_name(&self.name),
+            display_name: self.display_name.clone(),
+            description: None,
+            level: i64::from(self.priority),
+            groups: Vec::new(),
+            limits: Limits {
+                requests: m.request_rate_limits.clone(),
+                tokens: m.token_rate_limits.clone(),
+            },
+            default_max_tokens: None,
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -910,6 +976,52 @@ mod tests {
             SelectError::MultipleSubscriptions
                 .message()
                 .contains("X-MaaS-Subscription")
+        );
+    }
+
+    #[test]
+    fn counter_subjects_are_distinct_per_subscription_model_and_subject() {
+        let a = counter_subject("alice", "team-a", "sim");
+        assert_eq!(a, "team-a\u{1f}sim\u{1f}alice");
+        assert_ne!(a, counter_subject("alice", "team-a", "big"));
+        assert_ne!(a, counter_subject("alice", "premium-sub", "sim"));
+        assert_ne!(a, counter_subject("bob", "team-a", "sim"));
+        assert_ne!(a, "alice", "never a plain subject's counter");
+        // A model name with the characters a readable separator would use stays unambiguous.
+        assert_ne!(
+            counter_subject("c/d", "s", "b"),
+            counter_subject("d", "s", "b/c")
+        );
+    }
+
+    #[test]
+    fn a_subscription_model_becomes_a_tier_with_its_windows() {
+        let d = doc(sample());
+        let premium = d.subscription("premium-sub").unwrap();
+        let t = premium.limits_tier("sim").unwrap();
+        assert_eq!(t.name, "subscription:premium-sub");
+        assert_eq!(t.level, 5);
+        assert!(t.groups.is_empty());
+        assert_eq!(
+            t.limits.tokens.iter().map(|l| l.limit).collect::<Vec<_>>(),
+            [5000, 100_000]
+        );
+        assert_eq!(
+            t.limits
+                .requests
+                .iter()
+                .map(|l| l.limit)
+                .collect::<Vec<_>>(),
+            [60]
+        );
+        let big = premium.limits_tier("big").unwrap();
+        assert_eq!(big.limits.tokens.len(), 1);
+        assert!(big.limits.requests.is_empty());
+        assert!(
+            d.subscription("team-a")
+                .unwrap()
+                .limits_tier("big")
+                .is_none()
         );
     }
 

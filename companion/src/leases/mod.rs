@@ -12,7 +12,9 @@ pub mod memory;
 pub mod redis;
 
 use crate::metrics::Metrics;
-use maas_types::lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, MAX_BATCH_ITEMS};
+use maas_types::lease::{
+    LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, MAX_BATCH_ID_BYTES, MAX_BATCH_ITEMS,
+};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -56,15 +58,10 @@ impl LeaseStore {
         }
     }
 
-    async fn apply(
-        &self,
-        replica: &str,
-        items: &[LeaseItem],
-        now_ms: u64,
-    ) -> Result<Applied, StoreError> {
+    async fn apply(&self, batch: &Batch<'_>, now_ms: u64) -> Result<Applied, StoreError> {
         match self {
-            LeaseStore::Redis(r) => r.apply(replica, items, now_ms).await,
-            LeaseStore::Memory(m) => Ok(m.apply(replica, items, now_ms)),
+            LeaseStore::Redis(r) => r.apply(batch, now_ms).await,
+            LeaseStore::Memory(m) => Ok(m.apply(batch, now_ms)),
         }
     }
 
@@ -79,6 +76,25 @@ impl LeaseStore {
         match self {
             LeaseStore::Redis(r) => r.taken(counter).await,
             LeaseStore::Memory(m) => Ok(m.taken(counter, now_ms)),
+        }
+    }
+}
+
+/// A checked batch as the stores take it.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub replica: &'a str,
+    /// Its idempotency key: a repeated id is answered from memory, nothing applied again.
+    pub id: Option<&'a str>,
+    pub items: &'a [LeaseItem],
+}
+
+impl<'a> Batch<'a> {
+    pub fn of(request: &'a LeaseRequest) -> Batch<'a> {
+        Batch {
+            replica: &request.replica,
+            id: request.batch_id.as_deref(),
+            items: &request.items,
         }
     }
 }
@@ -141,10 +157,7 @@ impl Leases {
 
     /// Applies a checked batch: the grants in item order, or the store's failure.
     pub async fn apply(&self, request: &LeaseRequest) -> Result<Applied, StoreError> {
-        let outcome = self
-            .store
-            .apply(&request.replica, &request.items, now_ms())
-            .await;
+        let outcome = self.store.apply(&Batch::of(request), now_ms()).await;
         let m = &self.metrics.leases;
         match &outcome {
             Ok(applied) => {
@@ -218,6 +231,17 @@ pub fn validate(request: &LeaseRequest) -> Result<(), Invalid> {
             "replica",
             format!("must be at most {MAX_ID_BYTES} bytes"),
         ));
+    }
+    if let Some(id) = &request.batch_id {
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+        if id.is_empty() || id.len() > MAX_BATCH_ID_BYTES || !id.chars().all(ok) {
+            return Err(invalid(
+                "batchId",
+                format!(
+                    "must be 1 to {MAX_BATCH_ID_BYTES} ASCII letters, digits, '-', '_', '.' or ':'"
+                ),
+            ));
+        }
     }
     if request.items.len() > MAX_BATCH_ITEMS {
         return Err(invalid(
@@ -294,6 +318,7 @@ mod tests {
     fn field_of(items: Vec<LeaseItem>, replica: &str) -> Option<String> {
         validate(&LeaseRequest {
             replica: replica.into(),
+            batch_id: None,
             items,
         })
         .err()
@@ -324,6 +349,23 @@ mod tests {
                 Some(field),
                 "{field}"
             );
+        }
+    }
+
+    #[test]
+    fn a_bad_batch_id_is_refused() {
+        let with = |id: &str| {
+            validate(&LeaseRequest {
+                replica: "r1".into(),
+                batch_id: Some(id.into()),
+                items: vec![item()],
+            })
+            .err()
+            .map(|e| e.field)
+        };
+        assert_eq!(with("0a1b-7:3"), None);
+        for bad in ["", "a b", "x/y", &"x".repeat(MAX_BATCH_ID_BYTES + 1)] {
+            assert_eq!(with(bad).as_deref(), Some("batchId"), "{bad:?}");
         }
     }
 

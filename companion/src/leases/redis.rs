@@ -7,9 +7,9 @@
 //! lazily (the companion starts, and authenticates, without Redis), and is replaced after any
 //! other failure (a refused password, a handshake error) so that nothing sticks.
 
-use super::{Applied, CounterId, StoreError, expires_at_ms};
+use super::{Applied, Batch, CounterId, StoreError, expires_at_ms};
 use crate::settings::RedisSettings;
-use maas_types::lease::{LeaseGrant, LeaseItem, REPLICA_TTL_SECONDS};
+use maas_types::lease::{BATCH_MEMORY_SECONDS, LeaseGrant, LeaseItem, REPLICA_TTL_SECONDS};
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisFuture, Value};
@@ -23,6 +23,18 @@ pub const SCRIPT: &str = include_str!("script.lua");
 
 /// The ZSET of replica ids by last call.
 pub const REPLICAS_KEY: &str = "maas:lease:v1:replicas";
+
+/// Where the answer of batch `id` of `replica` is remembered (the replica hashed: ids are only
+/// unique per replica).
+pub fn batch_key(replica: &str, id: &str) -> String {
+    format!(
+        "maas:lease:v1:batch:{}:{id}",
+        hex::encode(Sha256::digest(replica.as_bytes()))
+    )
+}
+
+/// The KEYS[2] of a batch without an id (never read nor written by the script).
+const NO_BATCH_KEY: &str = "maas:lease:v1:batch:-";
 
 /// An item's counter key: the subject hashed (no user name in Redis, fixed length).
 pub fn counter_key(item: &LeaseItem) -> String {
@@ -190,21 +202,26 @@ impl RedisStore {
     }
 
     /// Runs the batch script once (a second time only when the first never reached Redis).
-    pub async fn apply(
-        &self,
-        replica: &str,
-        items: &[LeaseItem],
-        now_ms: u64,
-    ) -> Result<Applied, StoreError> {
+    pub async fn apply(&self, batch: &Batch<'_>, now_ms: u64) -> Result<Applied, StoreError> {
+        let (replica, items) = (batch.replica, batch.items);
         let mut invocation = self.script.prepare_invoke();
         invocation.key(REPLICAS_KEY);
+        match batch.id {
+            Some(id) => invocation.key(batch_key(replica, id)),
+            None => invocation.key(NO_BATCH_KEY),
+        };
         for item in items {
             invocation.key(counter_key(item));
         }
         invocation
             .arg(now_ms)
             .arg(replica)
-            .arg(REPLICA_TTL_SECONDS * 1000);
+            .arg(REPLICA_TTL_SECONDS * 1000)
+            .arg(if batch.id.is_some() {
+                BATCH_MEMORY_SECONDS * 1000
+            } else {
+                0
+            });
         for item in items {
             invocation
                 .arg(item.limit)

@@ -1,22 +1,37 @@
 -- One budget-lease batch, atomically (maas_types::lease::apply_item, item by item).
 -- KEYS[1]      the replicas ZSET (member: replica id, score: last call in Unix ms)
--- KEYS[1 + i]  item i's counter: maas:lease:v1:<sha256(subject) hex>:<kind>:<windowSeconds>:<windowStart>
--- ARGV[1] now (Unix ms), ARGV[2] replica id, ARGV[3] replica TTL (ms), then per item i, from
--- ARGV[3 + 6(i-1) + 1]: limit, need, want, debt, release, expire-at (Unix ms).
--- Answers {replicas, granted_1, taken_1, granted_2, taken_2, ...}.
+-- KEYS[2]      the batch's memory: maas:lease:v1:batch:<sha256(replica) hex>:<batchId>
+--              (unused when ARGV[4] is 0: a batch without an id)
+-- KEYS[2 + i]  item i's counter: maas:lease:v1:<sha256(subject) hex>:<kind>:<windowSeconds>:<windowStart>
+-- ARGV[1] now (Unix ms), ARGV[2] replica id, ARGV[3] replica TTL (ms), ARGV[4] how long the
+-- batch's answer is remembered (ms; 0: no batch id), then per item i, from
+-- ARGV[4 + 6(i-1) + 1]: limit, need, want, debt, release, expire-at (Unix ms).
+-- Answers {replicas, granted_1, taken_1, granted_2, taken_2, ...}; a batch id already applied
+-- gets its first answer again and nothing is applied (exactly once across re-sends).
 -- Numbers are doubles here: the companion refuses items above 2^53 so that all is exact.
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[3])
+local remember = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[1], now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
 redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+if remember > 0 then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then
+    local again = {}
+    for n in string.gmatch(seen, '%d+') do
+      again[#again + 1] = tonumber(n)
+    end
+    return again
+  end
+end
 local replicas = redis.call('ZCARD', KEYS[1])
 if replicas < 1 then
   replicas = 1
 end
 local out = {replicas}
-for i = 2, #KEYS do
-  local a = 3 + 6 * (i - 2)
+for i = 3, #KEYS do
+  local a = 4 + 6 * (i - 3)
   local limit = tonumber(ARGV[a + 1])
   local need = tonumber(ARGV[a + 2])
   local want = tonumber(ARGV[a + 3])
@@ -47,5 +62,12 @@ for i = 2, #KEYS do
   redis.call('PEXPIREAT', KEYS[i], expire_at)
   out[#out + 1] = granted
   out[#out + 1] = taken
+end
+if remember > 0 then
+  local parts = {}
+  for j = 1, #out do
+    parts[j] = string.format('%d', out[j])
+  end
+  redis.call('SET', KEYS[2], table.concat(parts, ' '), 'PX', string.format('%d', remember))
 end
 return out

@@ -42,6 +42,9 @@ pub enum UsageApiError {
     Forbidden(&'static str),
     #[error("no tier is available for your groups")]
     NoTier,
+    /// An API key whose subscription is gone from the policy.
+    #[error("the subscription of this API key no longer exists")]
+    NoSubscription,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("the lease store cannot be reached")]
@@ -71,6 +74,12 @@ impl IntoResponse for UsageApiError {
                 message,
                 ErrorKind::Permission,
                 Some("no_tier"),
+            ),
+            UsageApiError::NoSubscription => error_response(
+                StatusCode::FORBIDDEN,
+                message,
+                ErrorKind::Permission,
+                Some("invalid_subscription"),
             ),
             UsageApiError::Store(e) if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
@@ -398,6 +407,36 @@ pub struct QuotaWindow {
     pub window: Window,
     /// The smallest limit among the applicable tiers for this (kind, window).
     pub limit: u64,
+    /// Under a subscription: the model whose window it is (counted per subject, subscription
+    /// and model); `None`: the subject's own (tier) counter.
+    pub model: Option<String>,
+}
+
+/// The windows of a key bound to `subscription`, as the gateway counts them: for each of its
+/// models, its request windows then its token windows (shortest first), each its own counter
+/// ([`maas_types::subscription::counter_subject`]). `None`: no such subscription.
+pub fn subscription_quota_windows(
+    policy: &PolicyDocument,
+    subscription: &str,
+) -> Option<Vec<QuotaWindow>> {
+    let sub = policy.subscription(subscription)?;
+    let mut out = Vec::new();
+    for m in &sub.models {
+        for (kind, limits) in [
+            (LeaseKind::Requests, &m.request_rate_limits),
+            (LeaseKind::Tokens, &m.token_rate_limits),
+        ] {
+            let mut limits = limits.clone();
+            limits.sort_by_key(|l| l.window);
+            out.extend(limits.into_iter().map(|l| QuotaWindow {
+                kind,
+                window: l.window,
+                limit: l.limit,
+                model: Some(m.name.clone()),
+            }));
+        }
+    }
+    Some(out)
 }
 
 /// The windows that apply to a caller, as the gateway counts them: those of the tier the
@@ -432,6 +471,7 @@ pub fn quota_windows(
             },
             window,
             limit,
+            model: None,
         })
         .collect();
     Some((running.name.clone(), list))
@@ -453,6 +493,10 @@ pub struct QuotaRow {
     pub remaining: u64,
     pub window_start: DateTime<Utc>,
     pub resets_at: DateTime<Utc>,
+    /// A key bound to a subscription: the model this window is for (each model of the
+    /// subscription has its own budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -461,8 +505,12 @@ pub struct QuotaList {
     #[schema(value_type = String)]
     pub object: &'static str,
     pub subject: String,
-    /// The tier requests with this credential run on.
+    /// The tier requests with this credential run on (`subscription:<name>` for a key bound to
+    /// a subscription, as the gateway names it).
     pub tier: String,
+    /// The subscription of an API key bound to one: the rows are its windows per model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
     /// Where the counters live: `redis` or `memory`.
     #[schema(value_type = String)]
     pub store: &'static str,
@@ -489,15 +537,29 @@ pub async fn quota(
     caller: Caller,
 ) -> Result<Response, UsageApiError> {
     let policy = policy.document();
-    let (tier, windows) = quota_windows(&policy, &caller.groups, caller.pinned_tier())
-        .ok_or(UsageApiError::NoTier)?;
+    let subscription = caller.bound_subscription().map(str::to_string);
+    let (tier, windows) = match &subscription {
+        Some(sub) => (
+            maas_types::subscription::limits_tier_name(sub),
+            subscription_quota_windows(&policy, sub).ok_or(UsageApiError::NoSubscription)?,
+        ),
+        None => quota_windows(&policy, &caller.groups, caller.pinned_tier())
+            .ok_or(UsageApiError::NoTier)?,
+    };
     let now = u64::try_from(Utc::now().timestamp()).unwrap_or(0);
     let mut data = Vec::with_capacity(windows.len());
     for w in windows {
         let seconds = w.window.seconds();
         let start = w.window.start_of(now);
+        // The counter the gateways enforce against (the same function as theirs).
+        let counter = match (&subscription, &w.model) {
+            (Some(sub), Some(model)) => {
+                maas_types::subscription::counter_subject(&caller.username, sub, model)
+            }
+            _ => caller.username.clone(),
+        };
         let used = leases
-            .taken(&caller.username, w.kind, seconds, start)
+            .taken(&counter, w.kind, seconds, start)
             .await
             .map_err(|e| {
                 tracing::warn!(error = %e, "quota: lease store unreachable");
@@ -512,6 +574,7 @@ pub async fn quota(
             remaining: w.limit.saturating_sub(used),
             window_start: at(start),
             resets_at: at(start.saturating_add(seconds)),
+            model: w.model,
         });
     }
     Ok((
@@ -520,6 +583,7 @@ pub async fn quota(
             object: "list",
             subject: caller.username,
             tier,
+            subscription,
             store: leases.store_kind(),
             data,
         }),

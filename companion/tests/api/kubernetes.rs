@@ -1,6 +1,8 @@
 //! The Kubernetes paths (TokenReview identity, Secret credentials) through the real `kube`
 //! client, against a small local HTTPS stand-in for the API server that speaks the real
-//! `authentication.k8s.io/v1` TokenReview and `v1` Secret JSON.
+//! `authentication.k8s.io/v1` TokenReview and `v1` Secret JSON, and (for the policy from the
+//! reference's resources, `resources.rs`) list + watch of `maas.opendatahub.io/v1alpha1`
+//! resources with resource versions, and `events.k8s.io/v1` Event creation.
 
 use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_config};
 use axum::extract::{Path, State};
@@ -15,8 +17,20 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// The `maas.opendatahub.io` resources held by the stand-in: objects, and every change with its
+/// resource version (what a watch from a version replays), plus the Events written.
 #[derive(Default)]
-struct Calls {
+pub(crate) struct Cluster {
+    version: u64,
+    /// (plural, namespace, name) → object.
+    objects: std::collections::BTreeMap<(String, String, String), Value>,
+    /// (resource version, plural, namespace, ADDED|MODIFIED|DELETED, object).
+    history: Vec<(u64, String, String, &'static str, Value)>,
+    pub events: Vec<Value>,
+}
+
+#[derive(Default)]
+pub(crate) struct Calls {
     token_reviews: AtomicUsize,
     secret_gets: AtomicUsize,
     access_reviews: AtomicUsize,
@@ -26,6 +40,184 @@ struct Calls {
     fail_secrets: std::sync::atomic::AtomicBool,
     /// `spec.audiences` of the last TokenReview.
     requested_audiences: std::sync::Mutex<Value>,
+    pub cluster: std::sync::Mutex<Cluster>,
+    /// Wakes the open watches when the cluster changes.
+    changed: tokio::sync::Notify,
+}
+
+fn plural_of(kind: &str) -> String {
+    match kind {
+        "MaaSModelRef" => "maasmodelrefs",
+        "ExternalModel" => "externalmodels",
+        "MaaSAuthPolicy" => "maasauthpolicies",
+        "MaaSSubscription" => "maassubscriptions",
+        other => panic!("the stand-in does not serve kind {other}"),
+    }
+    .to_string()
+}
+
+impl Calls {
+    /// Creates or replaces an object (as `kubectl apply`): new resource version, a watch event.
+    pub(crate) fn apply(&self, mut object: Value) {
+        let plural = plural_of(object["kind"].as_str().unwrap());
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        {
+            let mut c = self.cluster.lock().unwrap();
+            c.version += 1;
+            let version = c.version;
+            let key = (plural.clone(), ns.clone(), name.clone());
+            let uid = match c.objects.get(&key) {
+                Some(old) => old["metadata"]["uid"].clone(),
+                None => json!(uuid::Uuid::new_v4().to_string()),
+            };
+            object["metadata"]["uid"] = uid;
+            object["metadata"]["resourceVersion"] = json!(version.to_string());
+            let kind = if c.objects.contains_key(&key) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            c.objects.insert(key, object.clone());
+            c.history.push((version, plural, ns, kind, object));
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Applies every YAML document of `text`.
+    pub(crate) fn apply_yaml(&self, text: &str) {
+        for doc in text.split("\n---\n").filter(|d| !d.trim().is_empty()) {
+            self.apply(yaml_serde::from_str(doc).unwrap());
+        }
+    }
+
+    pub(crate) fn delete(&self, kind: &str, ns: &str, name: &str) {
+        let plural = plural_of(kind);
+        {
+            let mut c = self.cluster.lock().unwrap();
+            let key = (plural.clone(), ns.to_string(), name.to_string());
+            let mut object = c.objects.remove(&key).expect("deleting an existing object");
+            c.version += 1;
+            let version = c.version;
+            object["metadata"]["resourceVersion"] = json!(version.to_string());
+            c.history
+                .push((version, plural, ns.to_string(), "DELETED", object));
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// The query of a list or watch request.
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    watch: Option<bool>,
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: Option<String>,
+}
+
+async fn list_all(
+    State(calls): State<Arc<Calls>>,
+    Path(plural): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ListQuery>,
+) -> axum::response::Response {
+    list_or_watch(calls, plural, None, q).await
+}
+
+async fn list_namespaced(
+    State(calls): State<Arc<Calls>>,
+    Path((namespace, plural)): Path<(String, String)>,
+    axum::extract::Query(q): axum::extract::Query<ListQuery>,
+) -> axum::response::Response {
+    list_or_watch(calls, plural, Some(namespace), q).await
+}
+
+/// A list (items + the current resource version), or a watch: the changes after the given
+/// version, then each new one as it happens, one JSON line per event (as the API server
+/// streams them).
+async fn list_or_watch(
+    calls: Arc<Calls>,
+    plural: String,
+    namespace: Option<String>,
+    q: ListQuery,
+) -> axum::response::Response {
+    let in_scope =
+        move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
+    let watching = q.watch.unwrap_or(false);
+    let c = calls.cluster.lock().unwrap();
+    if !watching {
+        let items: Vec<Value> = c
+            .objects
+            .iter()
+            .filter(|((p, ns, _), _)| in_scope(p, ns))
+            .map(|(_, o)| o.clone())
+            .collect();
+        let version = c.version.to_string();
+        let kind = items
+            .first()
+            .and_then(|o| o["kind"].as_str())
+            .map(|k| format!("{k}List"))
+            .unwrap_or_else(|| "List".into());
+        return Json(json!({
+            "apiVersion": "maas.opendatahub.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"resourceVersion": version},
+            "items": items
+        }))
+        .into_response();
+    }
+    drop(c);
+    let from: u64 = q
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stream = futures::stream::unfold(
+        (calls, from, in_scope),
+        |(calls, mut seen, in_scope)| async move {
+            loop {
+                let waker = calls.clone();
+                let notified = waker.changed.notified();
+                let lines: String = {
+                    let c = calls.cluster.lock().unwrap();
+                    let mut out = String::new();
+                    for (v, p, ns, kind, object) in &c.history {
+                        if *v > seen && in_scope(p, ns) {
+                            out.push_str(&json!({"type": kind, "object": object}).to_string());
+                            out.push('\n');
+                        }
+                    }
+                    seen = c.version.max(seen);
+                    out
+                };
+                if !lines.is_empty() {
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(lines)),
+                        (calls, seen, in_scope),
+                    ));
+                }
+                notified.await;
+            }
+        },
+    );
+    axum::response::Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap()
+}
+
+async fn create_event(
+    State(calls): State<Arc<Calls>>,
+    Path(_namespace): Path<String>,
+    Json(event): Json<Value>,
+) -> impl IntoResponse {
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(event["kind"], "Event");
+    calls.cluster.lock().unwrap().events.push(event.clone());
+    (StatusCode::CREATED, Json(event))
 }
 
 /// Only the `builder` service account may create MaaSAuthPolicies in `maas` (admin by SAR).
@@ -162,7 +354,7 @@ async fn get_secret(
 
 /// Starts the stand-in on 127.0.0.1 with a certificate from a throwaway CA; returns a kube
 /// client that trusts that CA only.
-async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
+pub(crate) async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -188,6 +380,15 @@ async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             post(subject_access_review),
         )
+        .route("/apis/maas.opendatahub.io/v1alpha1/{plural}", get(list_all))
+        .route(
+            "/apis/maas.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}",
+            get(list_namespaced),
+        )
+        .route(
+            "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+            post(create_event),
+        )
         .with_state(calls);
     let tls = axum_server::tls_rustls::RustlsConfig::from_pem(
         leaf.pem().into_bytes(),
@@ -206,7 +407,7 @@ async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-async fn spawn_kube_app(
+pub(crate) async fn spawn_kube_app(
     calls: Arc<Calls>,
     adjust: impl FnOnce(&mut maas_companion::Settings),
 ) -> crate::helpers::TestApp {

@@ -12,4 +12,5 @@ mod kubernetes;
 mod oidc;
 mod operations;
 mod policy;
+mod resources;
 mod subscriptions;

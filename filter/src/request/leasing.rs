@@ -10,6 +10,11 @@
 //! while it was out), or left by a carrier whose client went away — is *pending*: the root
 //! context (never cancelled) dispatches one flight per subject for them at its next tick
 //! (≤ 200 ms). Answers are found by token (`Worker::lease_flights`) wherever they arrive.
+//!
+//! A flight carries a `batchId`. When its answer never comes (timeout, error, or its carrier's
+//! stream cancelled it), the companion may still have applied it: the flight joins the worker's
+//! lease outbox and is re-sent verbatim by the root until a 200 — the grants made then reach
+//! this replica (and are released when idle) instead of staying taken to the window's end.
 
 use super::{Admitted, Phase, Request, Step, lease_unavailable, limited_refusal};
 use crate::config::PluginConfig;
@@ -34,6 +39,25 @@ pub struct LeaseFlight {
     /// The context that dispatched it (a request, or the root context).
     pub carrier: u32,
     pub members: Vec<Weak<RefCell<Request>>>,
+    /// Its `batchId` and body as sent (re-sent by the outbox when unanswered).
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+impl LeaseFlight {
+    /// This flight as a batch of the outbox (its answer never came).
+    pub fn orphan(&self) -> lease::Batch {
+        lease::Batch {
+            id: self.id.clone(),
+            body: self.body.clone(),
+            claims: vec![(
+                self.subject.clone(),
+                self.key.clone(),
+                lease::asked(&self.needs),
+            )],
+            token: None,
+        }
+    }
 }
 
 /// `needs` summed per counter (several requests' needs in one item).
@@ -54,6 +78,29 @@ fn summed(all: &[Vec<LeaseNeed>]) -> Vec<LeaseNeed> {
     out
 }
 
+/// A flight for `needs` of `subject` (its batch id drawn, its body encoded).
+fn flight(
+    worker: &SharedWorker,
+    subject: String,
+    key: String,
+    needs: Vec<LeaseNeed>,
+    carrier: u32,
+    members: Vec<Weak<RefCell<Request>>>,
+) -> Result<LeaseFlight, String> {
+    let mut w = worker.borrow_mut();
+    let id = w.leases.next_batch_id();
+    let body = lease::encode(&w.leases.replica, &id, lease::items_for(&subject, &needs))?;
+    Ok(LeaseFlight {
+        subject,
+        key,
+        needs,
+        carrier,
+        members,
+        id,
+        body,
+    })
+}
+
 /// Dispatches `flight` on the context that is running (and effective); registers it.
 fn dispatch(
     host: &dyn Host,
@@ -61,13 +108,7 @@ fn dispatch(
     cfg: &PluginConfig,
     flight: LeaseFlight,
 ) -> Result<(), String> {
-    let replica = worker.borrow().leases.replica.clone();
-    let token = lease::dispatch(
-        host,
-        cfg,
-        &replica,
-        lease::items_for(&flight.subject, &flight.needs),
-    )?;
+    let token = lease::dispatch(host, cfg, &flight.body)?;
     let mut w = worker.borrow_mut();
     w.metrics.inc(w.metrics.lease_callouts, 1);
     w.lease_flights.insert(token, flight);
@@ -163,7 +204,10 @@ pub fn answer_flight(
             (any, lease::exhausted_retry(&flight.needs, &resp, now_s))
         }
         None => {
-            log::warn!("maas: lease callout failed (status {status:?})");
+            log::warn!(
+                "maas: lease callout failed (status {status:?}); re-sent by the next report"
+            );
+            worker.borrow_mut().leases.orphan(flight.orphan());
             enter_fallback(host, worker, now_s);
             (false, None)
         }
@@ -228,7 +272,7 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
             continue;
         }
         req.lease_rounds = req.lease_rounds.saturating_add(1);
-        let subject = req.subject.clone().unwrap_or_default();
+        let subject = req.limits_subject().unwrap_or_default();
         let needs = std::mem::take(&mut req.lease_needs);
         match groups.iter_mut().find(|g| g.subject == subject) {
             Some(g) => {
@@ -245,15 +289,10 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
     }
     host.set_effective_context(root);
     for g in groups {
-        let flight = LeaseFlight {
-            subject: g.subject,
-            key: g.key,
-            needs: summed(&g.needs),
-            carrier: root,
-            members: g.members,
-        };
-        let members = flight.members.clone();
-        if let Err(e) = dispatch(host, worker, cfg, flight) {
+        let members = g.members.clone();
+        let sent = flight(worker, g.subject, g.key, summed(&g.needs), root, g.members)
+            .and_then(|f| dispatch(host, worker, cfg, f));
+        if let Err(e) = sent {
             log::warn!("maas: cannot call the companion for a lease: {e}");
             enter_fallback(host, worker, now_s);
             for m in &members {
@@ -283,7 +322,7 @@ impl Request {
             self.refuse(host, &lease_unavailable());
             return Step::Refused;
         }
-        let subject = self.subject.clone().unwrap_or_default();
+        let subject = self.limits_subject().unwrap_or_default();
         self.phase = Phase::Leasing;
         // Kept: asked for again by the root when this request ends up pending.
         self.lease_needs = items.clone();
@@ -299,14 +338,16 @@ impl Request {
                 return Step::Wait;
             }
         }
-        let flight = LeaseFlight {
+        let sent = flight(
+            &self.worker,
             subject,
-            key: self.counter_key.clone(),
-            needs: items,
-            carrier: self.id,
-            members: vec![self.me.clone()],
-        };
-        match dispatch(host, &self.worker, &cfg, flight) {
+            self.counter_key.clone(),
+            items,
+            self.id,
+            vec![self.me.clone()],
+        )
+        .and_then(|f| dispatch(host, &self.worker, &cfg, f));
+        match sent {
             Ok(()) => Step::Wait,
             Err(e) => {
                 log::warn!("maas: cannot call the companion for a lease: {e}");
@@ -412,6 +453,8 @@ impl Request {
             .collect();
         for t in tokens {
             if let Some(f) = w.lease_flights.remove(&t) {
+                // Cancelled with this stream: the companion may have answered it all the same.
+                w.leases.orphan(f.orphan());
                 w.lease_pending.extend(f.members);
             }
         }

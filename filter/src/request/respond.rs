@@ -5,6 +5,7 @@ use super::{Phase, Request};
 use crate::decide::{self, Seen};
 use crate::encoding::{self, Coding, DecodingScanner};
 use crate::host::{Body, Headers, Host, read_body};
+use crate::ledger::Event;
 use crate::limits;
 use crate::sse::{self, SseScanner};
 use crate::usage::JsonUsageScanner;
@@ -177,6 +178,16 @@ impl Request {
         };
         let actual = decide::settle_amount(&seen, res.reserved);
         limits::settle(host, &res, actual, host.now_ms() / 1000);
+        // The usage ledger (in the VM): the response's usage, else what was settled (the
+        // prompt estimate as prompt tokens, the rest as completion).
+        let (prompt, completion) = match usage {
+            Some(u) => (u.prompt_tokens, u.completion_tokens),
+            None => {
+                let prompt = self.prompt_tokens_estimate.min(actual);
+                (prompt, actual - prompt)
+            }
+        };
+        self.ledger_add(&res.tier, Event::Settled { prompt, completion });
         if let (Some(u), Some(m)) = (usage, self.model()) {
             let model = m.name.clone();
             self.worker.borrow_mut().metrics.tokens(
@@ -185,6 +196,81 @@ impl Request {
                 &model,
                 u.prompt_tokens,
                 u.completion_tokens,
+            );
+        }
+    }
+}
+
+/// The usage ledger's side of a request (in the VM: no host call).
+impl Request {
+    fn ledger_add(&self, tier: &str, event: Event<'_>) {
+        let (Some(subject), Some(model)) = (self.subject.as_deref(), self.model()) else {
+            return;
+        };
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        if let Ok(mut w) = self.worker.try_borrow_mut()
+            && w.ledger.enabled
+        {
+            w.ledger.add(subject, key_id, tier, &model.name, event);
+        }
+    }
+
+    /// A refusal of a request whose subject and tier are known.
+    pub(super) fn ledger_refused(&self, code: &str) {
+        // Under a subscription its stand-in tier (`subscription:<S>`), as settlements are.
+        let tier = match &self.sub_tier {
+            Some(t) => Some(t.name.as_str()),
+            None => self
+                .policy
+                .as_ref()
+                .and_then(|p| p.tiers.get(self.tier_idx?))
+                .map(|t| t.name.as_str()),
+        };
+        if let Some(tier) = tier {
+            self.ledger_add(tier, Event::Refused(code));
+        }
+    }
+
+    /// A refusal while the headers were decided (the subject is known, not kept yet): counted
+    /// under the tier the caller resolves to, when there is one.
+    pub(super) fn ledger_refused_as(&self, identity: &crate::cache::CachedIdentity, code: &str) {
+        let (Some(policy), Some(model)) = (self.policy.as_ref(), self.model()) else {
+            return;
+        };
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        // Under a subscription its stand-in tier (`subscription:<S>`), as settlements are;
+        // else the tier the caller resolves to.
+        let sub_tier = crate::decide::subscription(
+            policy,
+            identity,
+            key_id.is_some(),
+            self.requested_subscription.as_deref(),
+            model,
+        )
+        .ok()
+        .flatten()
+        .and_then(|s| s.limits_tier(&model.name))
+        .map(|t| t.name);
+        let tier = match sub_tier {
+            Some(t) => t,
+            None => {
+                let Some(tier) =
+                    policy.resolve_tier(&identity.groups, identity.pinned_tier.as_deref())
+                else {
+                    return;
+                };
+                tier.name.clone()
+            }
+        };
+        if let Ok(mut w) = self.worker.try_borrow_mut()
+            && w.ledger.enabled
+        {
+            w.ledger.add(
+                &identity.subject,
+                key_id,
+                &tier,
+                &model.name,
+                Event::Refused(code),
             );
         }
     }

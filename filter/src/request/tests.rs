@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 mod body;
 mod lease;
+mod ledger;
 mod respond;
+mod subscriptions;
 
 pub(super) const COMPANION: &str = "maas-companion";
 pub(super) const CHAT: &str = "/llm/sim/v1/chat/completions";
@@ -193,6 +195,7 @@ pub(super) fn allow_alice() -> CachedAnswer {
         subject: "alice".into(),
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
+        subscription: None,
     })
 }
 

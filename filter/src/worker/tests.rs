@@ -108,6 +108,7 @@ fn a_polled_policy_replaces_the_bootstrap_one_and_evicts_newly_revoked_keys() {
             subject: "s".into(),
             groups: vec![],
             pinned_tier: None,
+            subscription: None,
         }),
         60,
         host.now.get() / 1000,
@@ -195,6 +196,7 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
         subject: "s".into(),
         groups: vec![],
         pinned_tier: None,
+        subscription: None,
     };
     let now = host.now.get() / 1000;
     let copy = |key_id: &str, verifier: u8| credential::CacheIdentity {

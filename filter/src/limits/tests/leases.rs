@@ -82,13 +82,14 @@ fn a_short_lease_counts_nothing_and_asks_for_need_and_want() {
     assert_eq!(s.key_count(), 0, "nothing written");
     assert_eq!(items.len(), 2);
     let req = items.iter().find(|i| i.kind == Kind::Requests).unwrap();
-    // 1 request in 10 s of the window, 2 s horizon: want 0.2 → at least the need.
+    // This replica's first request in the window (its rate: 1 in at least 1 s), 2 s horizon:
+    // want 2, however long ago the window started.
     assert_eq!(
         (req.need, req.want, req.limit, req.start),
-        (1, 1, 10, 6_000_000)
+        (1, 2, 10, 6_000_000)
     );
     let tok = items.iter().find(|i| i.kind == Kind::Tokens).unwrap();
-    assert_eq!((tok.need, tok.want, tok.limit), (100, 100, 1000));
+    assert_eq!((tok.need, tok.want, tok.limit), (100, 200, 1000));
 }
 
 #[test]

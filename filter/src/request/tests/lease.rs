@@ -505,3 +505,35 @@ fn an_auth_waiter_short_of_lease_waits_for_the_roots_flight() {
     assert!(fx.resumed(id2));
     assert_eq!(requests(&fx), (2, 2));
 }
+
+/// A request's lease callout that got no answer (the companion may have applied it all the
+/// same: Redis paused) is re-sent by the root, verbatim, until a 200 — whose grants are then
+/// added to this replica's lease (not stranded until the window's end).
+#[test]
+fn an_unanswered_lease_callout_is_resent_verbatim_by_the_root_and_its_grants_kept() {
+    let mut fx = global(json!({}));
+    let (id, h, _) = to_body_end(&fx);
+    let first = lease_calls(&fx).pop().unwrap();
+    let req: LeaseRequest = serde_json::from_slice(first.body.as_deref().unwrap()).unwrap();
+    assert!(req.batch_id.is_some(), "the callout carries a batch id");
+    fx.answer(id, &h, None, b"");
+    assert!(shared_state(&fx).fallback);
+    // The next report re-sends the same bytes (the probe), until a 200.
+    fx.host.now.set(fx.host.now.get() + 1000);
+    fx.root.tick(&fx.host);
+    let again = lease_calls(&fx).pop().unwrap();
+    assert_ne!(again.token, first.token);
+    assert_eq!(again.body, first.body, "verbatim: same id, same items");
+    root_answer(&mut fx, 200, &grants(&req, |i| (i.want, i.want)));
+    assert!(!shared_state(&fx).fallback);
+    let want = req.items[0].want;
+    assert_eq!(
+        requests(&fx),
+        (1, want),
+        "its grant is this replica's lease"
+    );
+    assert!(
+        fx.root.worker.borrow().leases.tracked.contains_key("alice"),
+        "tracked: released when idle"
+    );
+}

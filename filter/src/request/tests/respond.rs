@@ -407,6 +407,7 @@ fn native_cost_of_a_cached_request() {
         subject: "alice".into(),
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
+        subscription: None,
     });
     let id = credential::extract(None, Some(&key(2)))
         .unwrap()

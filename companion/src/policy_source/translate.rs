@@ -1,0 +1,1029 @@
+//! The reference's resources (group `maas.opendatahub.io/v1alpha1`) translated into our
+//! [`PolicyDocument`]: a pure function over plain data, so every rule is unit-tested here.
+//!
+//! - `MaaSModelRef` (any namespace) → a model named after the MaaSModelRef, `ownedBy`
+//!   `<namespace>/<name>`, path `/<namespace>/<spec.modelRef.name>` (KServe's and the reference's
+//!   HTTPRoute prefix), `backend` = `status.endpoint` when set. Kind `ExternalModel`: the
+//!   ExternalModel of that name in the same namespace gives `provider` (`type` = `spec.provider`,
+//!   `credentialRef` = `spec.credentialRef.name`) and `upstreamCluster`
+//!   `outbound|<port>||<spec.endpoint>` (Istio's ServiceEntry cluster; port from the annotation
+//!   `maas.opendatahub.io/port`, default 443).
+//! - `MaaSAuthPolicy` (policy namespace) = **access**: who may use which models.
+//! - `MaaSSubscription` (policy namespace) = **quota**: a subscription (owner, priority,
+//!   per-model `tokenRateLimits`, `billingRate`, `tokenMetadata`; display name and description
+//!   from the `openshift.io/display-name` / `openshift.io/description` annotations).
+//!
+//! How access and quota combine (as the reference: a request needs both a MaaSAuthPolicy that
+//! admits the caller on the model and a subscription of the caller holding the model):
+//! a subscription keeps a model only when the MaaSAuthPolicies naming that model admit **every**
+//! owner of the subscription (the same group or user, or the group `system:authenticated`);
+//! otherwise the model is left out of that subscription (a note is logged), since our document
+//! cannot express "owner AND subject" for a subset of owners — refusing is the safe side.
+//! Tiers of the base document are given a resource model the same way: a tier is listed in
+//! `models[].tiers` only when the model's MaaSAuthPolicies admit all the tier's groups. A model
+//! that no tier may use gets [`SUBSCRIPTION_ONLY_TIER`], a tier with no members, so it is
+//! reachable through subscriptions only (the reference's behaviour: no subscription, no access).
+//!
+//! Invalid resources (a field that does not translate, or a document the shared validation
+//! refuses once the resource is added) are left out and returned in [`Translation::invalid`]
+//! with the field named; every other resource still applies.
+
+use kube::api::DynamicObject;
+use maas_types::policy::{Limit, Model, Provider, ProviderKind, Tier};
+use maas_types::subscription::{
+    BillingRate, Owner, Subscription, SubscriptionModel, TokenMetadata,
+};
+use maas_types::{PolicyDocument, PolicyError, Window};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The tier given to resource models that no tier of the base document may use: no member
+/// can have its group, so such a model is reachable through subscriptions only.
+pub const SUBSCRIPTION_ONLY_TIER: &str = "subscription-only";
+/// The group of [`SUBSCRIPTION_ONLY_TIER`].
+pub const SUBSCRIPTION_ONLY_GROUP: &str = "maas.opendatahub.io/subscription-only";
+/// The group every authenticated subject has: a MaaSAuthPolicy naming it admits everyone.
+pub const ALL_AUTHENTICATED: &str = "system:authenticated";
+
+pub const KIND_MODEL_REF: &str = "MaaSModelRef";
+pub const KIND_EXTERNAL_MODEL: &str = "ExternalModel";
+pub const KIND_AUTH_POLICY: &str = "MaaSAuthPolicy";
+pub const KIND_SUBSCRIPTION: &str = "MaaSSubscription";
+
+/// The resources as listed (any order; translated sorted by namespace and name).
+#[derive(Debug, Clone, Default)]
+pub struct Resources {
+    pub model_refs: Vec<DynamicObject>,
+    pub external_models: Vec<DynamicObject>,
+    pub auth_policies: Vec<DynamicObject>,
+    pub subscriptions: Vec<DynamicObject>,
+}
+
+/// A resource left out: which, the field at fault (`spec.modelRefs[0].tokenRateLimits[0].window`)
+/// and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Invalid {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{}: {}: {}",
+            self.kind, self.namespace, self.name, self.field, self.message
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Translation {
+    /// Valid (the shared validation passed).
+    pub document: PolicyDocument,
+    pub invalid: Vec<Invalid>,
+    /// Valid but with a part left out (a model reference that resolves to nothing, a model the
+    /// access policies do not open to every owner): logged, not reported as invalid.
+    pub notes: Vec<String>,
+}
+
+fn ns_name(o: &DynamicObject) -> (String, String) {
+    (
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn sorted(list: &[DynamicObject]) -> Vec<&DynamicObject> {
+    let mut v: Vec<&DynamicObject> = list.iter().collect();
+    v.sort_by_key(|o| ns_name(o));
+    v
+}
+
+fn annotation<'a>(o: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    o.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+        .filter(|s| !s.trim().is_empty())
+}
+
+fn bad(
+    kind: &'static str,
+    o: &DynamicObject,
+    field: impl Into<String>,
+    message: impl Into<String>,
+) -> Invalid {
+    let (namespace, name) = ns_name(o);
+    Invalid {
+        kind,
+        namespace,
+        name,
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// `groups: [{name}]`, `users: [string]` (owner of a subscription, subjects of a policy).
+fn subjects(v: &Value, at: &str) -> Result<Owner, (String, String)> {
+    let mut owner = Owner::default();
+    if let Some(groups) = v.get("groups").filter(|g| !g.is_null()) {
+        let list = groups
+            .as_array()
+            .ok_or_else(|| (format!("{at}.groups"), "must be a list".to_string()))?;
+        for (i, g) in list.iter().enumerate() {
+            let name = str_at(g, "name").ok_or_else(|| {
+                (
+                    format!("{at}.groups[{i}].name"),
+                    "required: a group name".to_string(),
+                )
+            })?;
+            owner.groups.push(name.to_string());
+        }
+    }
+    if let Some(users) = v.get("users").filter(|u| !u.is_null()) {
+        let list = users
+            .as_array()
+            .ok_or_else(|| (format!("{at}.users"), "must be a list".to_string()))?;
+        for (i, u) in list.iter().enumerate() {
+            let name = u.as_str().filter(|s| !s.is_empty()).ok_or_else(|| {
+                (
+                    format!("{at}.users[{i}]"),
+                    "must be a non-empty user name".to_string(),
+                )
+            })?;
+            owner.users.push(name.to_string());
+        }
+    }
+    if owner.groups.is_empty() && owner.users.is_empty() {
+        return Err((
+            at.to_string(),
+            "at least one group or user must be specified".to_string(),
+        ));
+    }
+    Ok(owner)
+}
+
+/// The union of the MaaSAuthPolicies naming one model.
+#[derive(Debug, Default, Clone)]
+struct Access {
+    groups: BTreeSet<String>,
+    users: BTreeSet<String>,
+}
+
+impl Access {
+    fn everyone(&self) -> bool {
+        self.groups.contains(ALL_AUTHENTICATED)
+    }
+    /// Every member of every listed group, and every listed user, is admitted.
+    fn admits_all(&self, groups: &[String], users: &[String]) -> bool {
+        self.everyone()
+            || (groups.iter().all(|g| self.groups.contains(g))
+                && users.iter().all(|u| self.users.contains(u)))
+    }
+}
+
+/// `(namespace, name)` of each model a policy admits, with the subjects; invalid policies out.
+fn access_map(
+    policies: &[DynamicObject],
+    invalid: &mut Vec<Invalid>,
+) -> BTreeMap<(String, String), Access> {
+    let mut map: BTreeMap<(String, String), Access> = BTreeMap::new();
+    for p in sorted(policies) {
+        let spec = p.data.get("spec").cloned().unwrap_or(Value::Null);
+        let parsed = (|| {
+            let refs = spec
+                .get("modelRefs")
+                .and_then(Value::as_array)
+                .filter(|r| !r.is_empty())
+                .ok_or_else(|| {
+                    (
+                        "spec.modelRefs".to_string(),
+                        "at least one model reference {name, namespace} is required".to_string(),
+                    )
+                })?;
+            let mut models = Vec::new();
+            for (i, r) in refs.iter().enumerate() {
+                let name = str_at(r, "name").ok_or_else(|| {
+                    (
+                        format!("spec.modelRefs[{i}].name"),
+                        "required: the MaaSModelRef name".to_string(),
+                    )
+                })?;
+                let namespace = str_at(r, "namespace").ok_or_else(|| {
+                    (
+                        format!("spec.modelRefs[{i}].namespace"),
+                        "required: the MaaSModelRef namespace".to_string(),
+                    )
+                })?;
+                models.push((namespace.to_string(), name.to_string()));
+            }
+            let who = subjects(
+                spec.get("subjects").unwrap_or(&Value::Null),
+                "spec.subjects",
+            )?;
+            Ok::<_, (String, String)>((models, who))
+        })();
+        match parsed {
+            Ok((models, who)) => {
+                for m in models {
+                    let a = map.entry(m).or_default();
+                    a.groups.extend(who.groups.iter().cloned());
+                    a.users.extend(who.users.iter().cloned());
+                }
+            }
+            Err((field, message)) => invalid.push(bad(KIND_AUTH_POLICY, p, field, message)),
+        }
+    }
+    map
+}
+
+fn provider_kind(s: &str) -> Option<ProviderKind> {
+    match s {
+        "openai" => Some(ProviderKind::Openai),
+        "anthropic" => Some(ProviderKind::Anthropic),
+        "azure-openai" => Some(ProviderKind::AzureOpenai),
+        "vertex" => Some(ProviderKind::Vertex),
+        _ => None,
+    }
+}
+
+/// One MaaSModelRef as a model (tiers filled in by the caller).
+fn model_of(
+    r: &DynamicObject,
+    externals: &BTreeMap<(String, String), &DynamicObject>,
+) -> Result<Model, Invalid> {
+    let (namespace, name) = ns_name(r);
+    let spec = r.data.get("spec").cloned().unwrap_or(Value::Null);
+    let model_ref = spec.get("modelRef").cloned().unwrap_or(Value::Null);
+    let kind = str_at(&model_ref, "kind").ok_or_else(|| {
+        bad(
+            KIND_MODEL_REF,
+            r,
+            "spec.modelRef.kind",
+            "required: LLMInferenceService or ExternalModel",
+        )
+    })?;
+    let target = str_at(&model_ref, "name")
+        .ok_or_else(|| bad(KIND_MODEL_REF, r, "spec.modelRef.name", "required"))?;
+    // The reference's older samples name the model's namespace here; the current shape has the
+    // MaaSModelRef in the model's namespace.
+    let target_ns = str_at(&model_ref, "namespace").unwrap_or(&namespace);
+    let mut model = Model {
+        name: name.clone(),
+        path: format!("/{target_ns}/{target}"),
+        tiers: Vec::new(),
+        backend: r
+            .data
+            .get("status")
+            .and_then(|s| str_at(s, "endpoint"))
+            .or_else(|| str_at(&spec, "endpointOverride"))
+            .map(str::to_string),
+        owned_by: Some(format!("{namespace}/{name}")),
+        provider: None,
+        api: None,
+        operations: None,
+        upstream_cluster: None,
+    };
+    match kind {
+        "LLMInferenceService" => {}
+        "ExternalModel" => {
+            let ext = externals
+                .get(&(target_ns.to_string(), target.to_string()))
+                .ok_or_else(|| {
+                    bad(
+                        KIND_MODEL_REF,
+                        r,
+                        "spec.modelRef.name",
+                        format!("no ExternalModel {target_ns}/{target}"),
+                    )
+                })?;
+            let es = ext.data.get("spec").cloned().unwrap_or(Value::Null);
+            let provider = str_at(&es, "provider")
+                .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.provider", "required"))?;
+            let kind = provider_kind(provider).ok_or_else(|| {
+                bad(
+                    KIND_EXTERNAL_MODEL,
+                    ext,
+                    "spec.provider",
+                    format!(
+                        "{provider:?} is not supported (openai, anthropic, azure-openai, vertex)"
+                    ),
+                )
+            })?;
+            let endpoint = str_at(&es, "endpoint")
+                .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.endpoint", "required"))?;
+            let credential = es
+                .get("credentialRef")
+                .and_then(|c| str_at(c, "name"))
+                .ok_or_else(|| {
+                    bad(
+                        KIND_EXTERNAL_MODEL,
+                        ext,
+                        "spec.credentialRef.name",
+                        "required",
+                    )
+                })?;
+            let port = match annotation(ext, "maas.opendatahub.io/port") {
+                None => 443,
+                Some(p) => p
+                    .trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| {
+                        bad(
+                            KIND_EXTERNAL_MODEL,
+                            ext,
+                            "metadata.annotations[maas.opendatahub.io/port]",
+                            "must be a port number",
+                        )
+                    })?,
+            };
+            model.provider = Some(Provider {
+                kind,
+                credential_ref: credential.to_string(),
+            });
+            model.upstream_cluster = Some(format!("outbound|{port}||{endpoint}"));
+            if model.backend.is_none() {
+                model.backend = Some(format!("https://{endpoint}"));
+            }
+        }
+        other => {
+            return Err(bad(
+                KIND_MODEL_REF,
+                r,
+                "spec.modelRef.kind",
+                format!("{other:?} is not supported: LLMInferenceService or ExternalModel"),
+            ));
+        }
+    }
+    Ok(model)
+}
+
+/// A model-level validation error's field, on the resource.
+fn model_field(e: &PolicyError) -> String {
+    let rest = e.path.split_once("].").map(|(_, r)| r).unwrap_or("");
+    match rest.split('.').next().unwrap_or("") {
+        "name" | "path" => "metadata.name".into(),
+        "provider" => "spec.credentialRef.name (ExternalModel)".into(),
+        "upstreamCluster" => "spec.endpoint (ExternalModel)".into(),
+        _ => "spec".into(),
+    }
+}
+
+/// A subscription-level validation error's field, on the resource (`index` maps our model
+/// positions back to `spec.modelRefs`).
+fn subscription_field(e: &PolicyError, index: &[usize]) -> String {
+    let rest = e.path.split_once("].").map(|(_, r)| r).unwrap_or("");
+    if let Some((i, tail)) = rest.strip_prefix("models[").and_then(|m| m.split_once(']')) {
+        let orig = i
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| index.get(i).copied())
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| i.to_string());
+        return format!("spec.modelRefs[{orig}]{tail}");
+    }
+    match rest {
+        "name" => "metadata.name".into(),
+        "namespace" => "metadata.namespace".into(),
+        "displayName" => "metadata.annotations[openshift.io/display-name]".into(),
+        "description" => "metadata.annotations[openshift.io/description]".into(),
+        r if r.starts_with("owner.groups[") => format!("spec.{r}.name"),
+        "" => "spec".into(),
+        r => format!("spec.{r}"),
+    }
+}
+
+fn limits(v: Option<&Value>, at: &str) -> Result<Vec<Limit>, (String, String)> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(v) => v
+            .as_array()
+            .ok_or_else(|| (at.to_string(), "must be a list".to_string()))?,
+    };
+    let mut out = Vec::new();
+    for (i, l) in list.iter().enumerate() {
+        let limit = l.get("limit").and_then(Value::as_u64).ok_or_else(|| {
+            (
+                format!("{at}[{i}].limit"),
+                "must be a positive integer".to_string(),
+            )
+        })?;
+        let window = l
+            .get("window")
+            .and_then(Value::as_str)
+            .ok_or_else(|| (format!("{at}[{i}].window"), "required, e.g. 1m".to_string()))?;
+        let window = Window::parse(window).map_err(|e| (format!("{at}[{i}].window"), e))?;
+        out.push(Limit { limit, window });
+    }
+    Ok(out)
+}
+
+/// One MaaSSubscription, its models resolved and filtered by access; the second value maps
+/// each kept model to its index in `spec.modelRefs`.
+fn subscription_of(
+    s: &DynamicObject,
+    doc: &PolicyDocument,
+    access: &BTreeMap<(String, String), Access>,
+    notes: &mut Vec<String>,
+) -> Result<(Subscription, Vec<usize>), (String, String)> {
+    let (namespace, name) = ns_name(s);
+    let spec = s.data.get("spec").cloned().unwrap_or(Value::Null);
+    let owner = subjects(spec.get("owner").unwrap_or(&Value::Null), "spec.owner")?;
+    let priority = match spec.get("priority") {
+        None | Some(Value::Null) => 0,
+        Some(p) => p
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| {
+                (
+                    "spec.priority".to_string(),
+                    "must be a 32-bit integer".to_string(),
+                )
+            })?,
+    };
+    let refs = spec
+        .get("modelRefs")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            (
+                "spec.modelRefs".to_string(),
+                "at least one model reference is required".to_string(),
+            )
+        })?;
+    let mut models = Vec::new();
+    let mut index = Vec::new();
+    for (i, r) in refs.iter().enumerate() {
+        let at = format!("spec.modelRefs[{i}]");
+        let mname = str_at(r, "name").ok_or_else(|| {
+            (
+                format!("{at}.name"),
+                "required: the MaaSModelRef name".to_string(),
+            )
+        })?;
+        let mns = str_at(r, "namespace").ok_or_else(|| {
+            (
+                format!("{at}.namespace"),
+                "required: the MaaSModelRef namespace".to_string(),
+            )
+        })?;
+        let token_rate_limits = limits(r.get("tokenRateLimits"), &format!("{at}.tokenRateLimits"))?;
+        if token_rate_limits.is_empty() {
+            return Err((
+                format!("{at}.tokenRateLimits"),
+                "at least one token limit is required".to_string(),
+            ));
+        }
+        let billing_rate = match r.get("billingRate") {
+            None | Some(Value::Null) => None,
+            Some(b) => Some(BillingRate {
+                per_token: str_at(b, "perToken")
+                    .ok_or_else(|| {
+                        (
+                            format!("{at}.billingRate.perToken"),
+                            "required: a decimal string".to_string(),
+                        )
+                    })?
+                    .to_string(),
+            }),
+        };
+        let owned = format!("{mns}/{mname}");
+        if !doc
+            .models
+            .iter()
+            .any(|m| m.name == mname && m.owned_by.as_deref() == Some(owned.as_str()))
+        {
+            notes.push(format!(
+                "MaaSSubscription {namespace}/{name}: {at} names MaaSModelRef {owned}, which is not in the policy: left out"
+            ));
+            continue;
+        }
+        let admitted = access
+            .get(&(mns.to_string(), mname.to_string()))
+            .is_some_and(|a| a.admits_all(&owner.groups, &owner.users));
+        if !admitted {
+            notes.push(format!(
+                "MaaSSubscription {namespace}/{name}: model {owned} left out: no MaaSAuthPolicy admits every owner of the subscription"
+            ));
+            continue;
+        }
+        models.push(SubscriptionModel {
+            name: mname.to_string(),
+            token_rate_limits,
+            request_rate_limits: Vec::new(),
+            billing_rate,
+        });
+        index.push(i);
+    }
+    let meta = spec.get("tokenMetadata").cloned().unwrap_or(Value::Null);
+    let mut labels = BTreeMap::new();
+    if let Some(l) = meta.get("labels").and_then(Value::as_object) {
+        for (k, v) in l {
+            let v = v.as_str().ok_or_else(|| {
+                (
+                    format!("spec.tokenMetadata.labels.{k}"),
+                    "must be a string".to_string(),
+                )
+            })?;
+            labels.insert(k.clone(), v.to_string());
+        }
+    }
+    Ok((
+        Subscription {
+            name,
+            namespace: Some(namespace),
+            display_name: annotation(s, "openshift.io/display-name").map(str::to_string),
+            description: annotation(s, "openshift.io/description").map(str::to_string),
+            priority,
+            owner,
+            models,
+            token_metadata: TokenMetadata {
+                organization_id: str_at(&meta, "organizationId").map(str::to_string),
+                cost_center: str_at(&meta, "costCenter").map(str::to_string),
+                labels,
+            },
+        },
+        index,
+    ))
+}
+
+/// Base document (tiers, defaults, models and subscriptions of the file, if any) plus the
+/// resources. `base` must be valid; `None` = no file (no tiers: subscriptions only).
+pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation {
+    let mut invalid = Vec::new();
+    let mut notes = Vec::new();
+    let mut doc = base.cloned().unwrap_or(PolicyDocument {
+        tiers: Vec::new(),
+        models: Vec::new(),
+        subscriptions: Vec::new(),
+        revoked_key_ids: Vec::new(),
+    });
+    let only_tier = Tier {
+        name: SUBSCRIPTION_ONLY_TIER.into(),
+        display_name: Some("Subscriptions only".into()),
+        description: Some(
+            "Models opened by MaaSAuthPolicies to no tier: reachable through subscriptions only"
+                .into(),
+        ),
+        level: -1,
+        groups: vec![SUBSCRIPTION_ONLY_GROUP.into()],
+        limits: Default::default(),
+        default_max_tokens: None,
+    };
+    if doc.tiers.is_empty() {
+        doc.tiers.push(only_tier.clone());
+    }
+    let access = access_map(&res.auth_policies, &mut invalid);
+    let externals: BTreeMap<(String, String), &DynamicObject> = res
+        .external_models
+        .iter()
+        .map(|e| (ns_name(e), e))
+        .collect();
+
+    for r in sorted(&res.model_refs) {
+        let mut model = match model_of(r, &externals) {
+            Ok(m) => m,
+            Err(e) => {
+                invalid.push(e);
+                continue;
+            }
+        };
+        let key = ns_name(r);
+        let a = access.get(&key).cloned().unwrap_or_default();
+        model.tiers = doc
+            .tiers
+            .iter()
+            .filter(|t| t.name != SUBSCRIPTION_ONLY_TIER && a.admits_all(&t.groups, &[]))
+            .map(|t| t.name.clone())
+            .collect();
+        if model.tiers.is_empty() {
+            if doc.tier(SUBSCRIPTION_ONLY_TIER).is_none() {
+                doc.tiers.push(only_tier.clone());
+            }
+            model.tiers.push(SUBSCRIPTION_ONLY_TIER.into());
+        }
+        doc.models.push(model);
+        if let Err(e) = doc.validate() {
+            doc.models.pop();
+            let field = model_field(&e);
+            // The provider's fields belong to the ExternalModel; the rest to the MaaSModelRef.
+            invalid.push(bad(KIND_MODEL_REF, r, field, e.to_string()));
+        }
+    }
+
+    for s in sorted(&res.subscriptions) {
+        match subscription_of(s, &doc, &access, &mut notes) {
+            Err((field, message)) => invalid.push(bad(KIND_SUBSCRIPTION, s, field, message)),
+            Ok((sub, _)) if sub.models.is_empty() => {
+                let (ns, name) = ns_name(s);
+                notes.push(format!(
+                    "MaaSSubscription {ns}/{name}: no model left: not in the policy"
+                ));
+            }
+            Ok((sub, index)) => {
+                doc.subscriptions.push(sub);
+                if let Err(e) = doc.validate() {
+                    doc.subscriptions.pop();
+                    invalid.push(bad(
+                        KIND_SUBSCRIPTION,
+                        s,
+                        subscription_field(&e, &index),
+                        e.message.clone(),
+                    ));
+                }
+            }
+        }
+    }
+    invalid.sort();
+    Translation {
+        document: doc,
+        invalid,
+        notes,
+    }
+}
+
+/// The reference's own example resources, shared by the unit tests here and the stand-in tests
+/// (`tests/api/resources.rs` keeps its own copy: it cannot see this module).
+#[cfg(test)]
+pub(crate) mod samples {
+    /// opendatahub-io/models-as-a-service `docs/samples/maas-system/free/maas/`
+    /// (maas-model.yaml in the current shape — the MaaSModelRef in the model's namespace,
+    /// `maasmodelref_types.go` — maas-auth-policy.yaml with the policy in the subscription
+    /// namespace, maas-subscription.yaml verbatim), `docs/samples/maas-system/premium/maas/`
+    /// (likewise) and `docs/content/install/external-model-setup.md` steps 4 and 5 (gpt-4o).
+    pub const REFERENCE: &str = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: facebook-opt-125m-simulated
+  namespace: llm
+spec:
+  modelRef:
+    kind: LLMInferenceService
+    name: facebook-opt-125m-simulated
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: simulator-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+    - name: facebook-opt-125m-simulated
+      namespace: llm
+  subjects:
+    groups:
+      - name: system:authenticated
+    users: []
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: simulator-subscription
+  namespace: models-as-a-service
+  annotations:
+    openshift.io/display-name: "Simulator Subscription (Free)"
+    openshift.io/description: "Free-tier subscription with 100 tokens/min rate limit"
+spec:
+  owner:
+    groups:
+      - name: system:authenticated
+    users: []
+  modelRefs:
+    - name: facebook-opt-125m-simulated
+      namespace: llm
+      tokenRateLimits:
+        - limit: 100
+          window: 1m
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: premium-simulated-simulated-premium
+  namespace: llm
+spec:
+  modelRef:
+    kind: LLMInferenceService
+    name: premium-simulated-simulated-premium
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: premium-simulator-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+    - name: premium-simulated-simulated-premium
+      namespace: llm
+  subjects:
+    groups:
+      - name: premium-user
+    users: []
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: premium-simulator-subscription
+  namespace: models-as-a-service
+spec:
+  owner:
+    groups:
+      - name: premium-user
+    users: []
+  modelRefs:
+    - name: premium-simulated-simulated-premium
+      namespace: llm
+      tokenRateLimits:
+        - limit: 1000
+          window: 1m
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata:
+  name: gpt-4o
+  namespace: llm
+spec:
+  provider: openai
+  endpoint: api.openai.com
+  targetModel: gpt-4o
+  credentialRef:
+    name: openai-api-key
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: gpt-4o
+  namespace: llm
+spec:
+  modelRef:
+    kind: ExternalModel
+    name: gpt-4o
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: gpt-4o-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+  - name: gpt-4o
+    namespace: llm
+  subjects:
+    groups:
+    - name: "system:authenticated"
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: gpt-4o-subscription
+  namespace: models-as-a-service
+spec:
+  owner:
+    groups:
+    - name: "system:authenticated"
+  modelRefs:
+  - name: gpt-4o
+    namespace: llm
+    tokenRateLimits:
+    - limit: 100000
+      window: "1h"
+"#;
+
+    /// The YAML documents of `text` as objects.
+    pub fn objects(text: &str) -> Vec<kube::api::DynamicObject> {
+        text.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| yaml_serde::from_str(d).unwrap())
+            .collect()
+    }
+
+    pub fn resources(text: &str) -> super::Resources {
+        let mut r = super::Resources::default();
+        for o in objects(text) {
+            let kind = o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+            match kind.as_str() {
+                "MaaSModelRef" => r.model_refs.push(o),
+                "ExternalModel" => r.external_models.push(o),
+                "MaaSAuthPolicy" => r.auth_policies.push(o),
+                "MaaSSubscription" => r.subscriptions.push(o),
+                other => panic!("unexpected kind {other}"),
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::samples::{REFERENCE, resources};
+    use super::*;
+
+    fn expected_reference_document() -> PolicyDocument {
+        PolicyDocument::from_json(
+            serde_json::json!({
+                "tiers": [{
+                    "name": "subscription-only",
+                    "displayName": "Subscriptions only",
+                    "description": "Models opened by MaaSAuthPolicies to no tier: reachable through subscriptions only",
+                    "level": -1,
+                    "groups": ["maas.opendatahub.io/subscription-only"]
+                }],
+                "models": [
+                    {"name": "facebook-opt-125m-simulated", "path": "/llm/facebook-opt-125m-simulated",
+                     "tiers": ["subscription-only"], "ownedBy": "llm/facebook-opt-125m-simulated"},
+                    {"name": "gpt-4o", "path": "/llm/gpt-4o", "tiers": ["subscription-only"],
+                     "backend": "https://api.openai.com", "ownedBy": "llm/gpt-4o",
+                     "provider": {"type": "openai", "credentialRef": "openai-api-key"},
+                     "upstreamCluster": "outbound|443||api.openai.com"},
+                    {"name": "premium-simulated-simulated-premium", "path": "/llm/premium-simulated-simulated-premium",
+                     "tiers": ["subscription-only"], "ownedBy": "llm/premium-simulated-simulated-premium"}
+                ],
+                "subscriptions": [
+                    {"name": "gpt-4o-subscription", "namespace": "models-as-a-service", "priority": 0,
+                     "owner": {"groups": ["system:authenticated"], "users": []},
+                     "models": [{"name": "gpt-4o", "tokenRateLimits": [{"limit": 100000, "window": "1h"}]}]},
+                    {"name": "premium-simulator-subscription", "namespace": "models-as-a-service", "priority": 0,
+                     "owner": {"groups": ["premium-user"], "users": []},
+                     "models": [{"name": "premium-simulated-simulated-premium", "tokenRateLimits": [{"limit": 1000, "window": "1m"}]}]},
+                    {"name": "simulator-subscription", "namespace": "models-as-a-service",
+                     "displayName": "Simulator Subscription (Free)",
+                     "description": "Free-tier subscription with 100 tokens/min rate limit", "priority": 0,
+                     "owner": {"groups": ["system:authenticated"], "users": []},
+                     "models": [{"name": "facebook-opt-125m-simulated", "tokenRateLimits": [{"limit": 100, "window": "1m"}]}]}
+                ]
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_reference_samples_translate_into_the_expected_document() {
+        let t = translate(None, &resources(REFERENCE));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        assert_eq!(t.document, expected_reference_document());
+        // Access and quota both hold: the premium subscription's owner may use its model.
+        let doc = &t.document;
+        let groups = vec!["premium-user".to_string()];
+        let sub = maas_types::subscription::select(
+            doc,
+            "someone",
+            &groups,
+            Some("premium-simulator-subscription"),
+            Some("premium-simulated-simulated-premium"),
+        )
+        .unwrap();
+        assert_eq!(sub.name, "premium-simulator-subscription");
+        // Nobody qualifies for a tier: no subscription, no model (the reference's behaviour).
+        assert!(
+            doc.resolve_tier(&["system:authenticated".into()], None)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn base_tiers_are_opened_only_where_the_auth_policies_admit_all_their_groups() {
+        let base = crate::policy::parse_yaml(
+            b"tiers:\n  - {name: free, level: 0, groups: [system:authenticated]}\n  - {name: premium, level: 1, groups: [premium-user]}\n",
+        )
+        .unwrap();
+        let t = translate(Some(&base), &resources(REFERENCE));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let doc = &t.document;
+        // system:authenticated admits every tier.
+        assert_eq!(
+            doc.model("facebook-opt-125m-simulated").unwrap().tiers,
+            ["free", "premium"]
+        );
+        // premium-user admits the premium tier only.
+        assert_eq!(
+            doc.model("premium-simulated-simulated-premium")
+                .unwrap()
+                .tiers,
+            ["premium"]
+        );
+        // Every model has a base tier: no subscription-only tier is added.
+        assert!(doc.tier(SUBSCRIPTION_ONLY_TIER).is_none());
+    }
+
+    #[test]
+    fn a_subscription_keeps_only_models_whose_auth_policies_admit_every_owner() {
+        // The free subscription's owner (everyone) is wider than the premium model's policy.
+        let extra = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: wide, namespace: models-as-a-service}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs:
+    - {name: facebook-opt-125m-simulated, namespace: llm, tokenRateLimits: [{limit: 5, window: 1m}]}
+    - {name: premium-simulated-simulated-premium, namespace: llm, tokenRateLimits: [{limit: 5, window: 1m}]}
+    - {name: not-there, namespace: llm, tokenRateLimits: [{limit: 5, window: 1m}]}
+"#;
+        let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{extra}")));
+        let wide = t.document.subscription("wide").unwrap();
+        let names: Vec<&str> = wide.models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["facebook-opt-125m-simulated"]);
+        assert_eq!(t.notes.len(), 2, "{:?}", t.notes);
+        assert!(t.invalid.is_empty());
+    }
+
+    #[test]
+    fn invalid_resources_are_left_out_with_the_field_named_and_the_rest_applies() {
+        let bad = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: bad-window, namespace: models-as-a-service}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs:
+    - {name: facebook-opt-125m-simulated, namespace: llm, tokenRateLimits: [{limit: 5, window: 1w}]}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: too-much, namespace: models-as-a-service}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs:
+    - {name: facebook-opt-125m-simulated, namespace: llm, tokenRateLimits: [{limit: 5000000000, window: 1m}]}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata: {name: nobody, namespace: models-as-a-service}
+spec:
+  modelRefs: [{name: gpt-4o, namespace: llm}]
+  subjects: {groups: [], users: []}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: odd, namespace: llm}
+spec:
+  modelRef: {kind: InferenceService, name: odd}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: bedrock, namespace: llm}
+spec:
+  modelRef: {kind: ExternalModel, name: bedrock}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: bedrock, namespace: llm}
+spec: {provider: bedrock-openai, endpoint: bedrock-mantle.us-east-2.api.aws, targetModel: x, credentialRef: {name: k}}
+"#;
+        let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{bad}")));
+        let found: Vec<(&str, &str, &str)> = t
+            .invalid
+            .iter()
+            .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("ExternalModel", "bedrock", "spec.provider"),
+                ("MaaSAuthPolicy", "nobody", "spec.subjects"),
+                ("MaaSModelRef", "odd", "spec.modelRef.kind"),
+                (
+                    "MaaSSubscription",
+                    "bad-window",
+                    "spec.modelRefs[0].tokenRateLimits[0].window"
+                ),
+                (
+                    "MaaSSubscription",
+                    "too-much",
+                    "spec.modelRefs[0].tokenRateLimits[0].limit"
+                ),
+            ]
+        );
+        // The valid resources still apply, exactly as without the invalid ones.
+        assert_eq!(t.document, expected_reference_document());
+    }
+
+    #[test]
+    fn a_model_ref_clashing_with_a_base_model_path_is_left_out() {
+        let base = crate::policy::parse_yaml(
+            b"tiers:\n  - {name: free, level: 0, groups: [system:authenticated]}\nmodels:\n  - {name: sim, path: /llm/gpt-4o, tiers: [free]}\n",
+        )
+        .unwrap();
+        let t = translate(Some(&base), &resources(REFERENCE));
+        assert_eq!(t.invalid.len(), 1, "{:?}", t.invalid);
+        assert_eq!(t.invalid[0].name, "gpt-4o");
+        assert_eq!(t.invalid[0].field, "metadata.name");
+        assert!(t.document.model("gpt-4o").is_none());
+        assert!(t.document.subscription("gpt-4o-subscription").is_none());
+        assert!(t.document.model("sim").is_some());
+    }
+}

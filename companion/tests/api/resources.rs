@@ -1,0 +1,462 @@
+//! `--policy-source kubernetes`: the reference's own example resources, served by the local
+//! Kubernetes stand-in (`kubernetes.rs`: list + watch with resource versions, Events), become
+//! the policy the filter polls, follow watch updates, and leave invalid resources out.
+
+use crate::kubernetes::{Calls, spawn_kube_app};
+use maas_companion::settings::PolicySource;
+use maas_types::PolicyDocument;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// opendatahub-io/models-as-a-service `docs/samples/maas-system/free/maas/` (maas-model.yaml in
+/// the current shape — the MaaSModelRef in the model's namespace, as
+/// `maas-controller/api/maas/v1alpha1/maasmodelref_types.go` requires; maas-auth-policy.yaml with
+/// the policy in the subscription namespace; maas-subscription.yaml verbatim),
+/// `docs/samples/maas-system/premium/maas/` (likewise) and
+/// `docs/content/install/external-model-setup.md` steps 4 and 5 (gpt-4o).
+const REFERENCE: &str = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: facebook-opt-125m-simulated
+  namespace: llm
+spec:
+  modelRef:
+    kind: LLMInferenceService
+    name: facebook-opt-125m-simulated
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: simulator-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+    - name: facebook-opt-125m-simulated
+      namespace: llm
+  subjects:
+    groups:
+      - name: system:authenticated
+    users: []
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: simulator-subscription
+  namespace: models-as-a-service
+  annotations:
+    openshift.io/display-name: "Simulator Subscription (Free)"
+    openshift.io/description: "Free-tier subscription with 100 tokens/min rate limit"
+spec:
+  owner:
+    groups:
+      - name: system:authenticated
+    users: []
+  modelRefs:
+    - name: facebook-opt-125m-simulated
+      namespace: llm
+      tokenRateLimits:
+        - limit: 100
+          window: 1m
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: premium-simulated-simulated-premium
+  namespace: llm
+spec:
+  modelRef:
+    kind: LLMInferenceService
+    name: premium-simulated-simulated-premium
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: premium-simulator-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+    - name: premium-simulated-simulated-premium
+      namespace: llm
+  subjects:
+    groups:
+      - name: premium-user
+    users: []
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: premium-simulator-subscription
+  namespace: models-as-a-service
+spec:
+  owner:
+    groups:
+      - name: premium-user
+    users: []
+  modelRefs:
+    - name: premium-simulated-simulated-premium
+      namespace: llm
+      tokenRateLimits:
+        - limit: 1000
+          window: 1m
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata:
+  name: gpt-4o
+  namespace: llm
+spec:
+  provider: openai
+  endpoint: api.openai.com
+  targetModel: gpt-4o
+  credentialRef:
+    name: openai-api-key
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata:
+  name: gpt-4o
+  namespace: llm
+spec:
+  modelRef:
+    kind: ExternalModel
+    name: gpt-4o
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSAuthPolicy
+metadata:
+  name: gpt-4o-access
+  namespace: models-as-a-service
+spec:
+  modelRefs:
+  - name: gpt-4o
+    namespace: llm
+  subjects:
+    groups:
+    - name: "system:authenticated"
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: gpt-4o-subscription
+  namespace: models-as-a-service
+spec:
+  owner:
+    groups:
+    - name: "system:authenticated"
+  modelRefs:
+  - name: gpt-4o
+    namespace: llm
+    tokenRateLimits:
+    - limit: 100000
+      window: "1h"
+"#;
+
+/// A subscription in another namespace than `--policy-namespace`: never read.
+const ELSEWHERE: &str = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: elsewhere, namespace: opendatahub}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs: [{name: gpt-4o, namespace: llm, tokenRateLimits: [{limit: 1, window: 1m}]}]
+"#;
+
+/// What the reference resources translate to (no base file: no tiers but the member-less
+/// `subscription-only` one).
+fn expected() -> PolicyDocument {
+    PolicyDocument::from_json(
+        json!({
+            "tiers": [{
+                "name": "subscription-only",
+                "displayName": "Subscriptions only",
+                "description": "Models opened by MaaSAuthPolicies to no tier: reachable through subscriptions only",
+                "level": -1,
+                "groups": ["maas.opendatahub.io/subscription-only"]
+            }],
+            "models": [
+                {"name": "facebook-opt-125m-simulated", "path": "/llm/facebook-opt-125m-simulated",
+                 "tiers": ["subscription-only"], "ownedBy": "llm/facebook-opt-125m-simulated"},
+                {"name": "gpt-4o", "path": "/llm/gpt-4o", "tiers": ["subscription-only"],
+                 "backend": "https://api.openai.com", "ownedBy": "llm/gpt-4o",
+                 "provider": {"type": "openai", "credentialRef": "openai-api-key"},
+                 "upstreamCluster": "outbound|443||api.openai.com"},
+                {"name": "premium-simulated-simulated-premium", "path": "/llm/premium-simulated-simulated-premium",
+                 "tiers": ["subscription-only"], "ownedBy": "llm/premium-simulated-simulated-premium"}
+            ],
+            "subscriptions": [
+                {"name": "gpt-4o-subscription", "namespace": "models-as-a-service",
+                 "owner": {"groups": ["system:authenticated"]},
+                 "models": [{"name": "gpt-4o", "tokenRateLimits": [{"limit": 100000, "window": "1h"}]}]},
+                {"name": "premium-simulator-subscription", "namespace": "models-as-a-service",
+                 "owner": {"groups": ["premium-user"]},
+                 "models": [{"name": "premium-simulated-simulated-premium", "tokenRateLimits": [{"limit": 1000, "window": "1m"}]}]},
+                {"name": "simulator-subscription", "namespace": "models-as-a-service",
+                 "displayName": "Simulator Subscription (Free)",
+                 "description": "Free-tier subscription with 100 tokens/min rate limit",
+                 "owner": {"groups": ["system:authenticated"]},
+                 "models": [{"name": "facebook-opt-125m-simulated", "tokenRateLimits": [{"limit": 100, "window": "1m"}]}]}
+            ]
+        })
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+/// The companion reading the resources of the stand-in (no base policy file).
+async fn spawn_with_resources(calls: Arc<Calls>) -> crate::helpers::TestApp {
+    spawn_kube_app(calls, |s| {
+        s.policy.source = PolicySource::Kubernetes {
+            namespace: "models-as-a-service".into(),
+        };
+        s.policy.file = None;
+    })
+    .await
+}
+
+async fn served(app: &crate::helpers::TestApp) -> PolicyDocument {
+    let r = app.internal_get("/internal/v1/policy").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    PolicyDocument::from_json(r.body.to_string().as_bytes()).unwrap()
+}
+
+/// Polls the served policy until `check` holds; returns how long it took (panics after 5 s).
+async fn until(
+    app: &crate::helpers::TestApp,
+    what: &str,
+    check: impl Fn(&PolicyDocument) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        if check(&served(app).await) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{what}: not served after 5 s: {:?}",
+            served(app).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The companion's policy reload interval in these tests (`--policy-reload-interval-ms=200`).
+const ONE_RELOAD: Duration = Duration::from_millis(200);
+
+#[tokio::test]
+async fn the_reference_resources_translate_into_the_served_policy() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(REFERENCE);
+    calls.apply_yaml(ELSEWHERE);
+    let app = spawn_with_resources(calls.clone()).await;
+    // Served from the first answer: the start waits for the first listing.
+    assert_eq!(served(&app).await, expected());
+    // Nothing was invalid: no Event, the gauge at 0.
+    assert!(calls.cluster.lock().unwrap().events.is_empty());
+    assert_eq!(
+        app.metric("maas_companion_policy_resources_invalid{kind=\"MaaSSubscription\"}")
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn watch_updates_reach_the_served_policy_within_one_reload() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(REFERENCE);
+    let app = spawn_with_resources(calls.clone()).await;
+    assert_eq!(served(&app).await, expected());
+
+    // A new subscription.
+    calls.apply_yaml(
+        r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: team-b, namespace: models-as-a-service}
+spec:
+  owner: {users: [dev], groups: []}
+  priority: 5
+  modelRefs: [{name: gpt-4o, namespace: llm, tokenRateLimits: [{limit: 10, window: 1m}, {limit: 500, window: 1d}]}]
+  tokenMetadata: {costCenter: cc-42}
+"#,
+    );
+    let took = until(&app, "new subscription", |d| {
+        d.subscription("team-b").is_some_and(|s| {
+            s.priority == 5
+                && s.owner.users == ["dev"]
+                && s.models[0].token_rate_limits.len() == 2
+                && s.token_metadata.cost_center.as_deref() == Some("cc-42")
+        })
+    })
+    .await;
+    assert!(took <= ONE_RELOAD, "new subscription took {took:?}");
+
+    // A changed limit.
+    calls.apply_yaml(&REFERENCE.replace("limit: 100\n", "limit: 250\n"));
+    let took = until(&app, "changed limit", |d| {
+        d.subscription("simulator-subscription")
+            .is_some_and(|s| s.models[0].token_rate_limits[0].limit == 250)
+    })
+    .await;
+    assert!(took <= ONE_RELOAD, "changed limit took {took:?}");
+
+    // A deleted model: gone, and so is the subscription that held only it.
+    calls.delete("MaaSModelRef", "llm", "premium-simulated-simulated-premium");
+    let took = until(&app, "deleted model", |d| {
+        d.model("premium-simulated-simulated-premium").is_none()
+            && d.subscription("premium-simulator-subscription").is_none()
+    })
+    .await;
+    assert!(took <= ONE_RELOAD, "deleted model took {took:?}");
+    // The rest stays.
+    let d = served(&app).await;
+    assert!(d.model("gpt-4o").is_some() && d.subscription("gpt-4o-subscription").is_some());
+}
+
+const INVALID: &str = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata: {name: weekly, namespace: models-as-a-service}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs:
+    - {name: gpt-4o, namespace: llm, tokenRateLimits: [{limit: 5, window: 1w}]}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: isvc, namespace: llm}
+spec:
+  modelRef: {kind: InferenceService, name: isvc}
+"#;
+
+#[tokio::test]
+async fn an_invalid_resource_is_reported_and_left_out_while_the_others_apply() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(REFERENCE);
+    calls.apply_yaml(INVALID);
+    let app = spawn_with_resources(calls.clone()).await;
+    // Exactly the valid resources' policy.
+    assert_eq!(served(&app).await, expected());
+    // One Warning Event per invalid resource, reason InvalidSpec, the field named.
+    let events = calls.cluster.lock().unwrap().events.clone();
+    let mut seen: Vec<(String, String, String)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["reason"], "InvalidSpec", "{e}");
+            assert_eq!(e["type"], "Warning", "{e}");
+            assert_eq!(e["reportingController"], "maas-companion", "{e}");
+            (
+                e["regarding"]["kind"].as_str().unwrap().to_string(),
+                e["regarding"]["name"].as_str().unwrap().to_string(),
+                e["note"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen.len(), 2, "{events:?}");
+    assert_eq!(
+        (seen[0].0.as_str(), seen[0].1.as_str()),
+        ("MaaSModelRef", "isvc")
+    );
+    assert!(
+        seen[0].2.starts_with("spec.modelRef.kind: "),
+        "{}",
+        seen[0].2
+    );
+    assert_eq!(
+        (seen[1].0.as_str(), seen[1].1.as_str()),
+        ("MaaSSubscription", "weekly")
+    );
+    assert!(
+        seen[1]
+            .2
+            .starts_with("spec.modelRefs[0].tokenRateLimits[0].window: "),
+        "{}",
+        seen[1].2
+    );
+    assert_eq!(
+        app.metric("maas_companion_policy_resources_invalid{kind=\"MaaSSubscription\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        app.metric("maas_companion_policy_resources_invalid{kind=\"MaaSModelRef\"}")
+            .await,
+        1.0
+    );
+
+    // Fixed: it applies, the gauge goes back to 0, no new Event (the MaaSModelRef, unchanged,
+    // is not reported again: once per resource version).
+    let subscription = INVALID.split("\n---\n").next().unwrap();
+    calls.apply_yaml(&subscription.replace("window: 1w", "window: 7d"));
+    until(&app, "fixed subscription", |d| {
+        d.subscription("weekly").is_some()
+    })
+    .await;
+    let start = Instant::now();
+    while app
+        .metric("maas_companion_policy_resources_invalid{kind=\"MaaSSubscription\"}")
+        .await
+        != 0.0
+    {
+        assert!(start.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(calls.cluster.lock().unwrap().events.len(), 2);
+}
+
+#[tokio::test]
+async fn the_key_api_works_from_resource_defined_subscriptions() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(REFERENCE);
+    let app = spawn_with_resources(calls.clone()).await;
+    // `kube-other` is `dev`, groups [system:authenticated] (TokenReview of the stand-in).
+    let r = app
+        .public_get("/v1/subscriptions", Some("kube-other"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let names: Vec<&str> = r
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["subscription_id_header"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpt-4o-subscription", "simulator-subscription"]);
+    let sim = &r.body.as_array().unwrap()[1];
+    assert_eq!(sim["display_name"], "Simulator Subscription (Free)");
+    assert_eq!(
+        sim["model_refs"],
+        json!([{"name": "facebook-opt-125m-simulated", "namespace": "llm",
+                "token_rate_limits": [{"limit": 100, "window": "1m"}]}])
+    );
+
+    // Mint bound to a named resource subscription, and one the caller does not own.
+    let key = app
+        .mint(
+            "kube-other",
+            json!({"name": "k", "subscription": "models-as-a-service/simulator-subscription"}),
+        )
+        .await;
+    assert_eq!(key["subscription"], "simulator-subscription", "{key}");
+    let refused = app
+        .public_post(
+            "/v1/api-keys",
+            Some("kube-other"),
+            &json!({"name": "p", "subscription": "premium-simulator-subscription"}),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.code(), "invalid_subscription");
+    // The key authenticates with its subscription.
+    let auth = app.authenticate(key["key"].as_str().unwrap()).await;
+    assert_eq!(auth.status, 200, "{}", auth.body);
+    assert_eq!(
+        auth.body["subscription"], "simulator-subscription",
+        "{}",
+        auth.body
+    );
+    let _: Value = auth.body;
+}
