@@ -58,12 +58,14 @@ models:
     backend: simulator
 "#;
 
-/// One user per test (and per protocol where a test spends a budget per protocol).
+/// One user per test (and per protocol and gateway where a test spends a budget per protocol:
+/// the two gateways share one companion, so their limits are one global budget per user).
 const IDENTITIES: &str = r#"
 identities:
   - {token: ana-token, username: ana, groups: [g-open]}
   - {token: mia-token, username: mia, groups: [g-open]}
   - {token: tim-token, username: tim, groups: [g-tight]}
+  - {token: tim-hold-token, username: tim-hold, groups: [g-tight]}
   - {token: cody-token, username: cody, groups: [g-open]}
   - {token: stella-token, username: stella, groups: [g-open]}
   - {token: fran-token, username: fran, groups: [g-open]}
@@ -71,6 +73,9 @@ identities:
   - {token: pat-http1-token, username: pat-http1, groups: [g-few]}
   - {token: pat-h2c-token, username: pat-h2c, groups: [g-few]}
   - {token: pat-h2-tls-token, username: pat-h2-tls, groups: [g-few]}
+  - {token: pat-http1-hold-token, username: pat-http1-hold, groups: [g-few]}
+  - {token: pat-h2c-hold-token, username: pat-h2c-hold, groups: [g-few]}
+  - {token: pat-h2-tls-hold-token, username: pat-h2-tls-hold, groups: [g-few]}
   - {token: sue-http1-token, username: sue-http1, groups: [g-open]}
   - {token: sue-h2c-token, username: sue-h2c, groups: [g-open]}
   - {token: sue-h2-tls-token, username: sue-h2-tls, groups: [g-open]}
@@ -93,6 +98,16 @@ enum Mode {
     Default,
     /// `pauseHeadersForBody`: headers wait for the body decision.
     HoldHeaders,
+}
+
+impl Mode {
+    /// Suffix of the users whose budget a test spends on this gateway.
+    fn user_suffix(self) -> &'static str {
+        match self {
+            Mode::Default => "",
+            Mode::HoldHeaders => "-hold",
+        }
+    }
 }
 
 struct Gateway {
@@ -406,10 +421,11 @@ async fn trailers_request_that_does_not_fit_the_token_window_gets_429() {
         let body = json!({"model": "sim-model", "max_tokens": 90,
                           "messages": [{"role": "user", "content": "x"}]});
         let setup = id("tight", gw, Wire::H2c, "setup");
+        let tim = format!("tim{}-token", gw.mode.user_suffix());
         let r = call(
             gw,
             Wire::H2c,
-            &chat_request(&setup, "tim-token", &body).header("x-sim-completion-tokens", "90"),
+            &chat_request(&setup, &tim, &body).header("x-sim-completion-tokens", "90"),
         )
         .await;
         assert_eq!(r.status, 200, "{setup}: {}", r.body);
@@ -420,7 +436,8 @@ async fn trailers_request_that_does_not_fit_the_token_window_gets_429() {
                     let test_id = id("tight", gw, wire, "429");
                     let body = json!({"model": "sim-model", "max_tokens": 50,
                                   "messages": [{"role": "user", "content": "x"}]});
-                    let req = with_trailers(chat_request(&test_id, "tim-token", &body));
+                    let tim = format!("tim{}-token", gw.mode.user_suffix());
+                    let req = with_trailers(chat_request(&test_id, &tim, &body));
                     let r = call(gw, wire, &req).await;
                     assert_eq!(
                         r.status, 429,
@@ -759,7 +776,7 @@ async fn same_over_both_protocols_request_limit_gives_429_with_headers() {
         for wire in Wire::PROTOCOLS {
             combos.run(gw, wire, async move {
                 let body = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]});
-                let user = format!("pat-{}-token", wire.name());
+                let user = format!("pat-{}{}-token", wire.name(), gw.mode.user_suffix());
                 for expected_remaining in [1, 0] {
                     let test_id = id("limit", gw, wire, &format!("ok-{expected_remaining}"));
                     let r = call(gw, wire, &chat_request(&test_id, &user, &body)).await;
