@@ -465,8 +465,11 @@ pub struct LeasePolicy {
 }
 
 impl LeasePolicy {
-    /// The lease of a counter with `limit` that holds `granted`.
-    fn lease(&self, granted: u64, limit: u64) -> u64 {
+    /// The lease of a counter with `limit` that holds `granted`, when the other replicas held
+    /// `others` at the last answer. In fallback the local share is also capped by what the
+    /// others did not hold (so that a replica that held a large lease and one that held little
+    /// do not both add a full share on top), never below what this replica was granted.
+    fn lease(&self, granted: u64, limit: u64, others: u64) -> u64 {
         match self.fallback_share {
             Some(share) => {
                 let share = share.clamp(0.0, 1.0);
@@ -477,7 +480,7 @@ impl LeasePolicy {
                 } else {
                     local as u64
                 };
-                granted.max(local)
+                granted.max(local.min(limit.saturating_sub(others)))
             }
             None => granted,
         }
@@ -785,8 +788,9 @@ pub fn admit_leased(
                 let rec = current(&view.mine, kind, window, now);
                 let count = rec.map_or(0, |r| r.count);
                 let granted = rec.map_or(0, |r| r.granted);
+                let others = rec.map_or(0, |r| r.others);
                 let after = count.saturating_add(add(kind));
-                if after <= policy.lease(granted, limit) {
+                if after <= policy.lease(granted, limit, others) {
                     continue;
                 }
                 let start = window.start_of(now);
@@ -1162,8 +1166,11 @@ pub fn claim(
             if !idle && r.count < c.limit {
                 let since = if r.since > 0 { r.since } else { start };
                 let target = prefetch(r.count, now.saturating_sub(since), horizon_ms, 0, c.limit);
-                if granted.saturating_sub(r.count).saturating_mul(2) < target {
-                    want = target;
+                // Renew while a horizon's worth is still left, for two horizons: the rate is an
+                // average over the window (idle gaps included), and a burst above it must not
+                // run dry before the next tick (a request waiting for a lease pays a callout).
+                if granted.saturating_sub(r.count) < target {
+                    want = target.saturating_mul(2).min(c.limit);
                 }
             }
             if granted != r.granted {

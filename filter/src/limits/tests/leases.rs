@@ -213,6 +213,32 @@ fn fallback_admits_within_the_local_share_then_429_with_a_short_retry() {
 }
 
 #[test]
+fn in_fallback_the_local_share_is_capped_by_what_the_other_replicas_held() {
+    let s = MemStore::new();
+    let t = small();
+    // This replica holds 2 of 10 requests; the others held 6 at the last answer (taken 8).
+    assert!(grant(&s, Kind::Requests, 2, 8, NOW));
+    // Share ½ would be 5, but only 10 − 6 = 4 were not held by the others.
+    for _ in 0..4 {
+        allowed(admit_g(&s, &t, 1, NOW, &fallback(0.5)));
+    }
+    assert!(matches!(
+        admit_g(&s, &t, 1, NOW, &fallback(0.5)),
+        Admission::Limited { .. }
+    ));
+    // Never below what this replica was granted: others holding everything leaves its own.
+    let s = MemStore::new();
+    assert!(grant(&s, Kind::Requests, 3, 13, NOW));
+    for _ in 0..3 {
+        allowed(admit_g(&s, &t, 1, NOW, &fallback(0.5)));
+    }
+    assert!(matches!(
+        admit_g(&s, &t, 1, NOW, &fallback(0.5)),
+        Admission::Limited { .. }
+    ));
+}
+
+#[test]
 fn a_version_2_slot_is_read_with_no_lease() {
     let s = MemStore::new();
     let t = small();
@@ -280,7 +306,7 @@ fn claims_take_debt_and_idle_release_by_cas_and_undo_restores_them() {
 }
 
 #[test]
-fn renewals_are_asked_when_the_lease_left_is_below_half_the_rate_times_horizon() {
+fn renewals_are_asked_when_the_lease_left_is_below_the_rate_times_horizon() {
     let s = MemStore::new();
     let t = small();
     let key = counter_key("alice", SLOTS);
@@ -292,7 +318,7 @@ fn renewals_are_asked_when_the_lease_left_is_below_half_the_rate_times_horizon()
     // 9 used 10 s in with a 20 s horizon → 18 wanted.
     let c = claim(&s, &key, "alice", &counters_of(&t), NOW, false, 20_000);
     let req = c.iter().find(|c| c.kind == Kind::Requests).unwrap();
-    // 9 of 10 used: 1 left < 18 / 2 → renewal of 10 (at most the limit).
+    // 9 of 10 used: 1 left < 18 → renewal of 2 × 18, at most the limit: 10.
     assert_eq!((req.want, req.debt, req.release), (10, 0, 0));
     // Plenty left: no renewal.
     let s = MemStore::new();
