@@ -199,16 +199,29 @@ impl Authenticator {
             });
         }
         let identity = self.identity.verify_token(credential).await?;
-        let tier = policy
-            .resolve_tier(&identity.groups, None)
-            .ok_or(AuthError::NoTier)?;
+        // No tier but a subscription (a policy from the reference's resources: models reachable
+        // through subscriptions only): authenticated with no tier, the filter selects the
+        // subscription per request (as for a key bound to one).
+        let tier = match policy.resolve_tier(&identity.groups, None) {
+            Some(t) => t.name.clone(),
+            None if !maas_types::subscription::accessible(
+                &policy,
+                &identity.username,
+                &identity.groups,
+            )
+            .is_empty() =>
+            {
+                String::new()
+            }
+            None => return Err(AuthError::NoTier),
+        };
         let mut ttl = self.identity.positive_ttl().as_secs();
         if let Some(exp) = identity.expires_at {
             ttl = ttl.min(u64::try_from(exp - Utc::now().timestamp()).unwrap_or(0));
         }
         Ok(AuthenticateResponse {
             subject: identity.username,
-            tier: tier.name.clone(),
+            tier,
             tier_pinned: false,
             groups: identity.groups,
             key_id: None,

@@ -114,6 +114,34 @@ async fn a_report_is_added_to_the_ledger_and_a_resent_batch_id_is_not_counted_tw
 }
 
 #[tokio::test]
+async fn cached_input_tokens_are_optional_added_up_and_shown_in_usage() {
+    let app = spawn_app().await;
+    let h = this_hour();
+    // An older filter's record has no cachedInputTokens: it counts none.
+    let old = record("alice", None, "free", "sim-model", h);
+    let mut cached = record("alice", None, "free", "sim-model", h);
+    cached["cachedInputTokens"] = json!(6);
+    let r = report(&app, "c1", json!([old, cached.clone()])).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = report(&app, "c2", json!([cached])).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let sum: i64 = sqlx::query_scalar("SELECT SUM(cached_input_tokens)::bigint FROM usage_hourly")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(sum, 12);
+    let u = app
+        .public_get(
+            &format!("/v1/usage?groupBy=model&{}", period()),
+            Some("alice-token"),
+        )
+        .await;
+    assert_eq!(u.status, 200, "{}", u.body);
+    assert_eq!(u.body["data"][0]["promptTokens"], 30, "{}", u.body);
+    assert_eq!(u.body["data"][0]["cachedInputTokens"], 12, "{}", u.body);
+}
+
+#[tokio::test]
 async fn a_bad_report_is_a_400_naming_the_field_and_applies_nothing() {
     let app = spawn_app().await;
     let h = this_hour();
@@ -145,6 +173,16 @@ async fn a_bad_report_is_a_400_naming_the_field_and_applies_nothing() {
         assert_eq!(r.body["error"]["param"], field, "{}", r.body);
         assert_eq!(r.code(), "invalid_usage_report");
     }
+    // Cached input tokens are part of the prompt tokens: never more.
+    let mut too_cached = record("alice", None, "free", "m", h);
+    too_cached["cachedInputTokens"] = json!(11);
+    let r = report(&app, "b", json!([too_cached])).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(
+        r.body["error"]["param"], "records[0].cachedInputTokens",
+        "{}",
+        r.body
+    );
     let mut bad_reason = record("alice", None, "free", "m", h);
     bad_reason["refused"] = json!({"Not A Code": 1});
     let r = report(&app, "b", json!([bad_reason])).await;
@@ -207,6 +245,7 @@ async fn ledger_for_queries(app: &TestApp) -> (String, String, String) {
         yesterday + 5 * HOUR,
     );
     big["promptTokens"] = json!(100);
+    big["cachedInputTokens"] = json!(64);
     let records = json!([
         record("alice", None, "free", "sim-model", today),
         record("alice", None, "free", "sim-model", today + HOUR),
@@ -256,11 +295,11 @@ async fn usage_is_grouped_by_day_hour_model_key_and_user() {
         by_day["data"],
         json!([
             {"day": day_of(today - DAY), "model": "sim-model", "requests": 2, "refused": {},
-             "promptTokens": 100, "completionTokens": 20, "totalTokens": 120},
+             "promptTokens": 100, "completionTokens": 20, "totalTokens": 120, "cachedInputTokens": 64},
             {"day": day_of(today), "model": "sim-model", "requests": 6, "refused": {},
-             "promptTokens": 30, "completionTokens": 60, "totalTokens": 90},
+             "promptTokens": 30, "completionTokens": 60, "totalTokens": 90, "cachedInputTokens": 0},
             {"day": day_of(today), "model": "sim-premium", "requests": 2, "refused": {},
-             "promptTokens": 10, "completionTokens": 20, "totalTokens": 30},
+             "promptTokens": 10, "completionTokens": 20, "totalTokens": 30, "cachedInputTokens": 0},
         ]),
         "{by_day}"
     );
@@ -333,7 +372,7 @@ async fn usage_is_grouped_by_day_hour_model_key_and_user() {
     assert_eq!(
         by_user["data"],
         json!([{"user": "alice", "requests": 10, "refused": {}, "promptTokens": 140,
-                "completionTokens": 100, "totalTokens": 240}])
+                "completionTokens": 100, "totalTokens": 240, "cachedInputTokens": 64}])
     );
 
     // A period with nothing in it.
@@ -670,8 +709,10 @@ async fn hours_past_the_retention_are_rolled_up_into_days_once() {
     let day = now() - now() % DAY - 40 * DAY;
     let mut refused = record("alice", None, "free", "sim-model", day + 2 * HOUR);
     refused["refused"] = json!({"rate_limit_exceeded": 4});
+    let mut cached = record("alice", None, "free", "sim-model", day + HOUR);
+    cached["cachedInputTokens"] = json!(4);
     let records = json!([
-        record("alice", None, "free", "sim-model", day + HOUR),
+        cached,
         refused,
         record("alice", None, "free", "sim-model", day + 23 * HOUR),
         record(
@@ -746,6 +787,18 @@ async fn hours_past_the_retention_are_rolled_up_into_days_once() {
     assert_eq!(after.status, 200, "{}", after.body);
     assert_eq!(before.body["data"], json!([]), "nothing before the report");
     assert_eq!(after.body["data"][0]["requests"], 10, "{}", after.body);
+    // Cached input tokens are rolled up with the rest.
+    let daily_cached: i64 =
+        sqlx::query_scalar("SELECT COALESCE(SUM(cached_input_tokens),0)::bigint FROM usage_daily")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(daily_cached, 4);
+    assert_eq!(
+        after.body["data"][0]["cachedInputTokens"], 4,
+        "{}",
+        after.body
+    );
     assert_eq!(
         after.body["data"][0]["refused"],
         json!({"rate_limit_exceeded": 4})

@@ -7,7 +7,7 @@ use crate::request_body::RequestInfo;
 use crate::response::Refusal;
 use crate::usage::Usage;
 use maas_types::subscription::{self, SelectError, Subscription};
-use maas_types::{Model, PolicyDocument, Tier};
+use maas_types::{Model, PolicyDocument, Tier, TokenWeights};
 
 /// The subscription a request on `model` runs under, when one applies (`None`: the tiers, as
 /// before subscriptions):
@@ -89,14 +89,43 @@ pub fn check_body_model(info: &RequestInfo, model: &Model) -> Result<(), Refusal
     }
 }
 
-/// Tokens reserved at admission: the prompt estimate (from the body's text, see
-/// [`crate::request_body::PROMPT_BYTES_PER_TOKEN`]) plus the completion budget — `max_tokens`
-/// (else the tier default, else a fallback) for every choice asked for (`n` / `best_of`). A request
-/// without a readable body (uploads, discovery) reserves the completion budget only.
-pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> u64 {
+/// Raw (unweighted) token counts: input (prompt, cached and cache-written included) and output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+}
+
+impl Tokens {
+    /// In the limits' unit: `input × weights.input + output × weights.output`.
+    pub fn weighted(&self, weights: TokenWeights) -> u64 {
+        weights.weigh(self.input, self.output)
+    }
+}
+
+/// Tokens reserved at admission (raw): the prompt estimate (from the body's text, see
+/// [`crate::request_body::PROMPT_BYTES_PER_TOKEN`]) as input, and the completion budget —
+/// `max_tokens` (else the tier default, else a fallback) for every choice asked for (`n` /
+/// `best_of`) — as output. A request without a readable body (uploads, discovery) reserves the
+/// completion budget only. The limits take it weighted ([`Tokens::weighted`], [`weights`]).
+pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> Tokens {
     let completion = limits::reservation_for(info.and_then(|i| i.max_tokens), tier);
     let (prompt, choices) = info.map_or((0, 1), |i| (i.prompt_tokens_estimate, i.choices.max(1)));
-    prompt.saturating_add(completion.saturating_mul(choices))
+    Tokens {
+        input: prompt,
+        output: completion.saturating_mul(choices),
+    }
+}
+
+/// The token weights of a request counted against the windows of `tiers` (the tier it runs
+/// on and the subject's highest tier; a subscription's stand-in tier alone): the larger weight
+/// of each kind, so that, as with the windows, a pinned lower tier only restricts.
+pub fn weights(tiers: &[&Tier]) -> TokenWeights {
+    tiers
+        .iter()
+        .map(|t| t.token_weights)
+        .reduce(TokenWeights::max)
+        .unwrap_or_default()
 }
 
 /// What the response showed of token use.
@@ -111,31 +140,39 @@ pub struct Seen {
     pub prompt_tokens_estimate: u64,
 }
 
-/// Tokens to settle a reservation to. Work the backend started is never free:
-/// - the usage, when the response carried it;
-/// - a stream cut short (client gone, upstream reset) after content: the prompt estimate plus one
-///   token per content event forwarded;
+/// Raw tokens to settle a reservation to. Work the backend started is never free:
+/// - the usage, when the response carried it (input = prompt tokens; output = completion
+///   tokens, or whatever the total holds beyond the prompt when that is more);
+/// - a stream cut short (client gone, upstream reset) after content: the prompt estimate as
+///   input plus one output token per content event forwarded;
 /// - no response at all (the client went away, or the upstream reset, before the response
 ///   headers: the backend may have done the whole work): the reservation;
 /// - a successful response without readable usage: the reservation;
 /// - an upstream error status (≥ 400) without content: nothing (the backend refused the work).
-pub fn settle_amount(seen: &Seen, reserved: u64) -> u64 {
+pub fn settled_tokens(seen: &Seen, reserved: Tokens) -> Tokens {
     if let Some(u) = seen.usage {
-        let total = u
-            .total_tokens
-            .max(u.prompt_tokens.saturating_add(u.completion_tokens));
-        return total;
+        return Tokens {
+            input: u.prompt_tokens,
+            output: u
+                .completion_tokens
+                .max(u.total_tokens.saturating_sub(u.prompt_tokens)),
+        };
     }
     if seen.content_events > 0 {
-        return seen
-            .content_events
-            .saturating_add(seen.prompt_tokens_estimate)
-            .max(1);
+        return Tokens {
+            input: seen.prompt_tokens_estimate,
+            output: seen.content_events,
+        };
     }
     if seen.status >= 400 {
-        return 0;
+        return Tokens::default();
     }
     reserved
+}
+
+/// What to settle a reservation to in the limits' unit: [`settled_tokens`] weighted.
+pub fn settle_amount(seen: &Seen, reserved: Tokens, weights: TokenWeights) -> u64 {
+    settled_tokens(seen, reserved).weighted(weights)
 }
 
 #[cfg(test)]
@@ -358,48 +395,140 @@ mod tests {
         assert_eq!(check_body_model(&info, sim).unwrap_err().status, 400);
     }
 
+    const ONE: TokenWeights = TokenWeights {
+        input: 1,
+        output: 1,
+    };
+    const OUT4: TokenWeights = TokenWeights {
+        input: 1,
+        output: 4,
+    };
+
+    fn toks(input: u64, output: u64) -> Tokens {
+        Tokens { input, output }
+    }
+
     #[test]
     fn settlement() {
         let usage = Usage {
             prompt_tokens: 3,
             completion_tokens: 5,
             total_tokens: 8,
+            cached_input_tokens: 0,
         };
         let seen = Seen {
             usage: Some(usage),
             status: 200,
             ..Default::default()
         };
-        assert_eq!(settle_amount(&seen, 100), 8);
+        let reserved = toks(40, 60);
+        assert_eq!(settle_amount(&seen, reserved, ONE), 8);
         let streamed = Seen {
             content_events: 7,
             status: 200,
             prompt_tokens_estimate: 10,
             ..Default::default()
         };
-        assert_eq!(settle_amount(&streamed, 100), 17);
+        assert_eq!(settle_amount(&streamed, reserved, ONE), 17);
         assert_eq!(
             settle_amount(
                 &Seen {
                     status: 500,
                     ..Default::default()
                 },
-                100
+                reserved,
+                ONE
             ),
             0
         );
         // The client went away before the response: the backend's work is charged.
-        assert_eq!(settle_amount(&Seen::default(), 100), 100);
+        assert_eq!(settle_amount(&Seen::default(), reserved, ONE), 100);
         assert_eq!(
             settle_amount(
                 &Seen {
                     status: 200,
                     ..Default::default()
                 },
-                100
+                reserved,
+                ONE
             ),
             100
         );
+    }
+
+    #[test]
+    fn weighted_settlement_weighs_input_and_output_of_every_outcome() {
+        let reserved = toks(40, 60);
+        // 10 prompt + 20 completion tokens with output × 4: 10 + 80.
+        let seen = Seen {
+            usage: Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 20,
+                total_tokens: 30,
+                cached_input_tokens: 0,
+            }),
+            status: 200,
+            ..Default::default()
+        };
+        assert_eq!(settle_amount(&seen, reserved, OUT4), 90);
+        // Anthropic: cache creation and reads are input (part of prompt_tokens already).
+        let anthropic = crate::usage::parse_usage(
+            br#"{"input_tokens":2,"cache_creation_input_tokens":3,"cache_read_input_tokens":5,"output_tokens":1}"#,
+        );
+        let seen = Seen {
+            usage: anthropic,
+            status: 200,
+            ..Default::default()
+        };
+        assert_eq!(settle_amount(&seen, reserved, OUT4), 10 + 4);
+        // A total beyond prompt + completion is output (never less than before weights).
+        let seen = Seen {
+            usage: Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 0,
+                total_tokens: 15,
+                cached_input_tokens: 0,
+            }),
+            status: 200,
+            ..Default::default()
+        };
+        assert_eq!(settle_amount(&seen, reserved, OUT4), 10 + 20);
+        assert_eq!(settle_amount(&seen, reserved, ONE), 15);
+        // An aborted stream: the estimate as input, each content event as output.
+        let streamed = Seen {
+            content_events: 7,
+            status: 200,
+            prompt_tokens_estimate: 10,
+            ..Default::default()
+        };
+        assert_eq!(settle_amount(&streamed, reserved, OUT4), 10 + 28);
+        // No response: the reservation, weighted as it was reserved.
+        assert_eq!(
+            settle_amount(&Seen::default(), reserved, OUT4),
+            reserved.weighted(OUT4)
+        );
+        assert_eq!(settled_tokens(&Seen::default(), reserved), reserved);
+    }
+
+    #[test]
+    fn the_weights_of_several_tiers_are_the_larger_of_each() {
+        let mut a = policy().tiers[0].clone();
+        let mut b = policy().tiers[1].clone();
+        assert_eq!(weights(&[&a, &b]), ONE);
+        a.token_weights = OUT4;
+        b.token_weights = TokenWeights {
+            input: 2,
+            output: 1,
+        };
+        assert_eq!(
+            weights(&[&a, &b]),
+            TokenWeights {
+                input: 2,
+                output: 4
+            }
+        );
+        assert_eq!(weights(&[&a]), OUT4);
+        assert_eq!(weights(&[]), ONE);
     }
 
     #[test]
@@ -413,15 +542,22 @@ mod tests {
             ..Default::default()
         };
         // A huge prompt with max_tokens 1 reserves the prompt too.
-        assert_eq!(reservation(Some(&info), free), 60_001);
+        assert_eq!(reservation(Some(&info), free), toks(60_000, 1));
+        assert_eq!(reservation(Some(&info), free).weighted(ONE), 60_001);
+        assert_eq!(reservation(Some(&info), free).weighted(OUT4), 60_004);
         let n3 = RequestInfo {
             max_tokens: Some(100),
             prompt_tokens_estimate: 5,
             choices: 3,
             ..Default::default()
         };
-        assert_eq!(reservation(Some(&n3), free), 305);
-        assert_eq!(reservation(None, free), limits::reservation_for(None, free));
+        assert_eq!(reservation(Some(&n3), free), toks(5, 300));
+        // Output × 4: the prompt estimate plus max_tokens × n × 4.
+        assert_eq!(reservation(Some(&n3), free).weighted(OUT4), 1205);
+        assert_eq!(
+            reservation(None, free),
+            toks(0, limits::reservation_for(None, free))
+        );
     }
 
     proptest::proptest! {
@@ -435,21 +571,28 @@ mod tests {
             content_events in 0u64..10_000,
             prompt in 0u64..100_000,
             usage in proptest::option::of((0u64..100_000, 0u64..100_000)),
+            wi in 1u32..=1000, wo in 1u32..=1000,
         ) {
             let seen = Seen {
-                usage: usage.map(|(p, c)| Usage { prompt_tokens: p, completion_tokens: c, total_tokens: p + c }),
+                usage: usage.map(|(p, c)| Usage { prompt_tokens: p, completion_tokens: c, total_tokens: p + c, cached_input_tokens: 0 }),
                 content_events,
                 status,
                 prompt_tokens_estimate: prompt,
             };
-            let amount = settle_amount(&seen, reserved);
+            let w = TokenWeights { input: wi, output: wo };
+            let (wi, wo) = (u64::from(wi), u64::from(wo));
+            let reserved = toks(reserved / 2, reserved - reserved / 2);
+            let amount = settle_amount(&seen, reserved, w);
             match (usage, content_events, status) {
-                (Some((p, c)), _, _) => proptest::prop_assert_eq!(amount, p + c),
-                (None, n, _) if n > 0 => proptest::prop_assert_eq!(amount, n + prompt),
-                (None, 0, 0) => proptest::prop_assert_eq!(amount, reserved),
+                (Some((p, c)), _, _) => proptest::prop_assert_eq!(amount, p * wi + c * wo),
+                (None, n, _) if n > 0 => proptest::prop_assert_eq!(amount, prompt * wi + n * wo),
+                (None, 0, 0) => proptest::prop_assert_eq!(amount, reserved.weighted(w)),
                 (None, 0, s) if s >= 400 => proptest::prop_assert_eq!(amount, 0),
-                (None, 0, _) => proptest::prop_assert_eq!(amount, reserved),
+                (None, 0, _) => proptest::prop_assert_eq!(amount, reserved.weighted(w)),
                 _ => {}
+            }
+            if status < 400 || content_events > 0 {
+                proptest::prop_assert!(amount > 0 || usage.is_some());
             }
         }
     }

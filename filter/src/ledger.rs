@@ -26,7 +26,10 @@
 //! - `promptTokens` / `completionTokens`: the usage the response carried; without one, the
 //!   settled amount (what the limits were charged: the reservation when no response or no
 //!   readable usage came, content events + the prompt estimate for an aborted stream, 0 for an
-//!   upstream error) with the prompt estimate as prompt tokens and the rest as completion;
+//!   upstream error) with the prompt estimate as prompt tokens and the rest as completion —
+//!   raw tokens, never the weighted amount the limits count (tier / subscription `tokenWeights`);
+//! - `cachedInputTokens`: the part of `promptTokens` the response said was served from the
+//!   provider's prompt cache (0 without usage);
 //! - `refused`: refusals after authentication (the subject and its tier known), by the
 //!   refusal's error code (`rate_limit_exceeded`, `tokens_exceed_limit`, `model_mismatch`, …).
 //!
@@ -58,8 +61,12 @@ pub struct RecordKey {
 /// What happened to one request, as the ledger counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event<'a> {
-    /// Forwarded and settled with these tokens.
-    Settled { prompt: u64, completion: u64 },
+    /// Forwarded and settled with these (raw) tokens; `cached` is part of `prompt`.
+    Settled {
+        prompt: u64,
+        completion: u64,
+        cached: u64,
+    },
     /// Refused after authentication, with this error code.
     Refused(&'a str),
 }
@@ -70,6 +77,7 @@ pub struct Counts {
     pub refused: BTreeMap<String, u64>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    pub cached_input_tokens: u64,
 }
 
 /// A batch sent or kept for a resend: its exact bytes.
@@ -172,10 +180,17 @@ impl Ledger {
             return;
         };
         match event {
-            Event::Settled { prompt, completion } => {
+            Event::Settled {
+                prompt,
+                completion,
+                cached,
+            } => {
                 c.requests = add_capped(c.requests, 1);
                 c.prompt_tokens = add_capped(c.prompt_tokens, prompt);
                 c.completion_tokens = add_capped(c.completion_tokens, completion);
+                // Part of the prompt: never more than it (the contract refuses that).
+                c.cached_input_tokens =
+                    add_capped(c.cached_input_tokens, cached.min(prompt)).min(c.prompt_tokens);
             }
             Event::Refused(reason) => {
                 if !is_reason(reason) {
@@ -260,6 +275,7 @@ impl Ledger {
                 refused: c.refused,
                 prompt_tokens: c.prompt_tokens,
                 completion_tokens: c.completion_tokens,
+                cached_input_tokens: c.cached_input_tokens,
             });
         }
         let seq = self.next_batch;

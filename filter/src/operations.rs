@@ -28,6 +28,8 @@ pub enum Operation {
     Responses,
     /// `POST /v1/messages` (Anthropic)
     Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic): generates nothing, so unmetered.
+    CountTokens,
     /// `GET /v1/models`, `GET /v1/models/{id}` (discovery)
     Models,
     /// Any other operation the policy lists for the model.
@@ -45,6 +47,13 @@ impl Operation {
         self == Operation::Models
     }
 
+    /// Generates no tokens (Anthropic `count_tokens`): counted as a request in the request
+    /// windows (as Anthropic rate-limits it by requests, not tokens), no token reserved or
+    /// settled, its response not scanned for usage.
+    pub fn is_unmetered(self) -> bool {
+        self == Operation::CountTokens
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::ChatCompletions => "chat_completions",
@@ -52,6 +61,7 @@ impl Operation {
             Operation::Embeddings => "embeddings",
             Operation::Responses => "responses",
             Operation::Messages => "messages",
+            Operation::CountTokens => "count_tokens",
             Operation::Models => "models",
             Operation::Custom => "custom",
         }
@@ -70,6 +80,7 @@ const OPENAI_DEFAULTS: &[(&str, &str)] = &[
 
 const ANTHROPIC_DEFAULTS: &[(&str, &str)] = &[
     ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/*"),
 ];
@@ -105,6 +116,7 @@ fn kind(method: &str, rest: &str) -> Operation {
         ("POST", "/v1/embeddings") => Operation::Embeddings,
         ("POST", "/v1/responses") => Operation::Responses,
         ("POST", "/v1/messages") => Operation::Messages,
+        ("POST", "/v1/messages/count_tokens") => Operation::CountTokens,
         ("GET", r) if path_matches("/v1/models", r) || path_matches("/v1/models/*", r) => {
             Operation::Models
         }
@@ -298,10 +310,16 @@ mod tests {
             check(&p, "claude", "GET", "/v1/models/claude-x"),
             Ok(Operation::Models)
         );
+        assert_eq!(
+            check(&p, "claude", "POST", "/v1/messages/count_tokens"),
+            Ok(Operation::CountTokens)
+        );
+        assert!(Operation::CountTokens.is_unmetered());
+        assert!(!Operation::Messages.is_unmetered());
         for (method, rest) in [
             ("POST", "/v1/chat/completions"),
             ("POST", "/v1/messages/batches"),
-            ("POST", "/v1/messages/count_tokens"),
+            ("GET", "/v1/messages/count_tokens"),
             ("GET", "/v1/files"),
         ] {
             assert_eq!(

@@ -160,6 +160,13 @@ pub struct Request {
     strip_usage_event: bool,
     /// The prompt estimate reserved at admission (settles an aborted stream).
     prompt_tokens_estimate: u64,
+    /// The raw tokens reserved at admission (input: the prompt estimate, output: the completion
+    /// budget), and the weights that turned them into the limits' unit.
+    reserved_tokens: decide::Tokens,
+    token_weights: maas_types::TokenWeights,
+    /// An operation that generates nothing (Anthropic `count_tokens`): a request in the
+    /// request windows, no token reserved or settled, its response not scanned.
+    unmetered: bool,
     /// The 429 to answer when the lease stays short (kept by the last admission).
     lease_limited: Option<Admission>,
     /// What this request still needs while it waits for the root's flight.
@@ -210,6 +217,9 @@ impl Request {
             buffered_body_bytes: 0,
             strip_usage_event: false,
             prompt_tokens_estimate: 0,
+            reserved_tokens: decide::Tokens::default(),
+            token_weights: maas_types::TokenWeights::default(),
+            unmetered: false,
             lease_limited: None,
             lease_needs: Vec::new(),
             lease_rounds: 0,
@@ -310,6 +320,7 @@ impl Request {
             Err(r) => return self.refused(host, &r),
         };
         self.discovery = operation.is_discovery();
+        self.unmetered = operation.is_unmetered();
         self.accepts_stream_options = operation.accepts_stream_options();
         // The metered JSON APIs are read whatever content-type the client claims (a backend may
         // parse the body as JSON anyway); only custom operations may stream uploads unread.
@@ -782,14 +793,24 @@ impl Request {
             BodyState::Done(Ok(info)) => Some(info),
             _ => None,
         };
-        self.prompt_tokens_estimate = info.map_or(0, |i| i.prompt_tokens_estimate);
-        let reserve = decide::reservation(info, tier);
         // Under a subscription only its windows apply (highest: the same tier).
         let highest = policy
             .as_ref()
             .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
             .filter(|_| sub_tier.is_none())
             .unwrap_or(tier);
+        // Tokens in the limits' unit: input and output weighted (the larger weights of the
+        // tiers whose windows apply). An unmetered operation reserves none.
+        self.token_weights = decide::weights(&[tier, highest]);
+        (self.prompt_tokens_estimate, self.reserved_tokens) = if self.unmetered {
+            (0, decide::Tokens::default())
+        } else {
+            (
+                info.map_or(0, |i| i.prompt_tokens_estimate),
+                decide::reservation(info, tier),
+            )
+        };
+        let reserve = self.reserved_tokens.weighted(self.token_weights);
         let lease_policy = {
             let w = self.worker.borrow();
             w.config

@@ -19,6 +19,10 @@ pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
+    /// The part of `prompt_tokens` served from the provider's prompt cache (OpenAI
+    /// `prompt_tokens_details.cached_tokens` / Responses `input_tokens_details.cached_tokens`,
+    /// Anthropic `cache_read_input_tokens`); never more than `prompt_tokens`.
+    pub cached_input_tokens: u64,
 }
 
 /// Longest top-level key remembered (longer keys cannot be `usage`, even escaped).
@@ -370,6 +374,9 @@ pub struct UsageCounts {
     pub output_tokens: Option<u64>,
     pub cache_creation_input_tokens: Option<u64>,
     pub cache_read_input_tokens: Option<u64>,
+    /// `cached_tokens` of `prompt_tokens_details` (OpenAI) or `input_tokens_details`
+    /// (Responses): part of the prompt / input count already.
+    pub cached_tokens: Option<u64>,
 }
 
 impl UsageCounts {
@@ -382,6 +389,7 @@ impl UsageCounts {
             && self.output_tokens.is_none()
             && self.cache_creation_input_tokens.is_none()
             && self.cache_read_input_tokens.is_none()
+            && self.cached_tokens.is_none()
     }
 
     /// Folds in the counts of a later event: every count it states replaces the earlier one
@@ -409,6 +417,7 @@ impl UsageCounts {
             &mut self.cache_read_input_tokens,
             later.cache_read_input_tokens,
         );
+        take(&mut self.cached_tokens, later.cached_tokens);
         self.total_tokens = later.total_tokens;
     }
 
@@ -436,10 +445,17 @@ impl UsageCounts {
         let total_tokens = self
             .total_tokens
             .unwrap_or(prompt_tokens.saturating_add(completion_tokens));
+        // OpenAI names: the details' cached count; Anthropic names: the cache reads.
+        let cached = if self.prompt_tokens.is_some() {
+            self.cached_tokens.or(self.cache_read_input_tokens)
+        } else {
+            self.cache_read_input_tokens.or(self.cached_tokens)
+        };
         Some(Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens,
+            cached_input_tokens: cached.unwrap_or(0).min(prompt_tokens),
         })
     }
 }
@@ -472,6 +488,8 @@ enum UsageKey {
     OutputTokens,
     CacheCreationInputTokens,
     CacheReadInputTokens,
+    PromptTokensDetails,
+    InputTokensDetails,
     #[serde(other)]
     Other,
 }
@@ -496,6 +514,12 @@ impl<'de> Visitor<'de> for UsageVisitor {
                 UsageKey::OutputTokens => &mut c.output_tokens,
                 UsageKey::CacheCreationInputTokens => &mut c.cache_creation_input_tokens,
                 UsageKey::CacheReadInputTokens => &mut c.cache_read_input_tokens,
+                UsageKey::PromptTokensDetails | UsageKey::InputTokensDetails => {
+                    if let Some(n) = map.next_value::<CachedDetails>()?.0 {
+                        c.cached_tokens = Some(n);
+                    }
+                    continue;
+                }
                 UsageKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
@@ -531,6 +555,62 @@ impl<'de> Visitor<'de> for UsageVisitor {
     }
     fn visit_str<E: de::Error>(self, _: &str) -> Result<UsageCounts, E> {
         Ok(UsageCounts::default())
+    }
+}
+
+/// The `cached_tokens` count of a `prompt_tokens_details` / `input_tokens_details` object;
+/// `None` for anything else (never fails on a well-formed JSON value).
+struct CachedDetails(Option<u64>);
+
+impl<'de> Deserialize<'de> for CachedDetails {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CachedDetailsVisitor)
+    }
+}
+
+struct CachedDetailsVisitor;
+
+impl<'de> Visitor<'de> for CachedDetailsVisitor {
+    type Value = CachedDetails;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a token details object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CachedDetails, A::Error> {
+        let mut cached = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "cached_tokens" {
+                cached = map.next_value::<TokenCount>()?.0;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(CachedDetails(cached))
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CachedDetails, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(CachedDetails(None))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<CachedDetails, E> {
+        Ok(CachedDetails(None))
     }
 }
 

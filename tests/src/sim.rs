@@ -300,6 +300,56 @@ const MESSAGES_FIELDS: &[&str] = &[
     "top_p",
 ];
 
+/// Top-level fields of Anthropic `POST /v1/messages/count_tokens` (no `max_tokens`, no
+/// `stream`: it generates nothing).
+const COUNT_TOKENS_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "context_management",
+    "mcp_servers",
+    "system",
+    "thinking",
+    "tool_choice",
+    "tools",
+];
+
+/// Anthropic `POST /v1/messages/count_tokens`, as strictly as the real API: a JSON object with
+/// `model` and `messages` and no other field than the API's; the answer is
+/// `{"input_tokens": n}` (the prompt's words, as the other operations count them).
+fn count_tokens(method: &Method, bytes: &[u8]) -> Response {
+    if method != Method::POST {
+        return anthropic_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "use POST",
+        );
+    }
+    let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(bytes) else {
+        return anthropic_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "body must be a JSON object",
+        );
+    };
+    let message = match request
+        .keys()
+        .find(|k| !COUNT_TOKENS_FIELDS.contains(&k.as_str()))
+    {
+        Some(k) => Some(format!("{k}: Extra inputs are not permitted")),
+        None => ["model", "messages"]
+            .iter()
+            .find(|r| !request.contains_key(**r))
+            .map(|r| format!("{r}: Field required")),
+    };
+    if let Some(message) = message {
+        return anthropic_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({"input_tokens": prompt_tokens(&Value::Object(request))}),
+    )
+}
+
 /// Top-level fields of `POST /v1/embeddings`.
 const EMBEDDINGS_FIELDS: &[&str] = &["input", "model", "dimensions", "encoding_format", "user"];
 
@@ -488,6 +538,9 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
             "simulated failure",
             "server_error",
         );
+    }
+    if only_path.ends_with("/messages/count_tokens") {
+        return count_tokens(&parts.method, &bytes);
     }
     let kind = if only_path.ends_with("/chat/completions") {
         Kind::Chat
@@ -1185,6 +1238,41 @@ mod tests {
         ));
         let embeddings_stream = json!({"model": "m", "input": "x", "stream": true});
         assert!(refused(Kind::Embeddings, embeddings_stream));
+    }
+
+    #[tokio::test]
+    async fn count_tokens_answers_input_tokens_and_refuses_what_the_api_refuses() {
+        let body = |v: Value| serde_json::to_vec(&v).unwrap();
+        let read = |r: Response| async move {
+            let status = r.status();
+            let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        };
+        let ok = count_tokens(
+            &Method::POST,
+            &body(
+                json!({"model": "m", "messages": [{"role": "user", "content": "one two three"}]}),
+            ),
+        );
+        assert_eq!(read(ok).await, (StatusCode::OK, json!({"input_tokens": 3})));
+        for (v, message) in [
+            (
+                json!({"model": "m", "messages": [], "max_tokens": 5}),
+                "max_tokens: Extra inputs are not permitted",
+            ),
+            (
+                json!({"model": "m", "messages": [], "stream": true}),
+                "stream: Extra inputs are not permitted",
+            ),
+            (json!({"model": "m"}), "messages: Field required"),
+        ] {
+            let (status, b) = read(count_tokens(&Method::POST, &body(v))).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST);
+            assert_eq!(b["error"]["message"], message);
+            assert_eq!(b["type"], "error");
+        }
+        let (status, _) = read(count_tokens(&Method::GET, b"")).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub struct StackOptions {
     /// Start a Redis and give every companion `MAAS_REDIS_URL` (global limits across replicas).
     /// `None` (the default) = only when `replicas > 1`.
     pub redis: Option<bool>,
+    /// Envoy's routes and the simulator's models from this policy YAML instead of the
+    /// companion's policy file: for a companion whose models come from elsewhere (the
+    /// reference's Kubernetes resources, `MAAS_POLICY_SOURCE=kubernetes`).
+    pub envoy_policy: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -95,6 +99,7 @@ impl Default for StackOptions {
             plugin_config_extra: None,
             replicas: 1,
             redis: None,
+            envoy_policy: None,
         }
     }
 }
@@ -651,7 +656,14 @@ impl Stack {
         let policy_path = place_config(&options.policy, "policy.yaml", &dir_path)?;
         let identities_path = place_config(&options.identities, "identities.yaml", &dir_path)?;
         let credentials_path = place_config(&options.credentials, "credentials.yaml", &dir_path)?;
-        let policy = load_policy(&policy_path)?;
+        let policy = match &options.envoy_policy {
+            None => load_policy(&policy_path)?,
+            Some(yaml) => {
+                let path = dir_path.join("envoy-policy.yaml");
+                std::fs::write(&path, yaml)?;
+                load_policy(&path)?
+            }
+        };
 
         let ip = options.gateway_host;
         if let Some(p) = options.gateway_port

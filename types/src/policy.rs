@@ -44,6 +44,73 @@ pub struct Tier {
     /// Tokens reserved for a request that names no `max_tokens` (settled to the real usage later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_max_tokens: Option<u64>,
+    /// How input and output tokens count against the tier's token windows (default 1 and 1).
+    #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
+    pub token_weights: TokenWeights,
+}
+
+/// Largest token weight.
+pub const MAX_TOKEN_WEIGHT: u32 = 1000;
+
+/// Weights of input and output tokens in token limits (positive integers up to
+/// [`MAX_TOKEN_WEIGHT`], default 1 each): a request costs `input × input tokens + output × output
+/// tokens` "weighted tokens" in every token window it counts against. Input tokens include cached
+/// ones (OpenAI `prompt_tokens`; Anthropic `input_tokens` + cache creation + cache read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenWeights {
+    #[serde(default = "one")]
+    pub input: u32,
+    #[serde(default = "one")]
+    pub output: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for TokenWeights {
+    fn default() -> Self {
+        TokenWeights {
+            input: 1,
+            output: 1,
+        }
+    }
+}
+
+impl TokenWeights {
+    pub fn is_default(&self) -> bool {
+        *self == TokenWeights::default()
+    }
+
+    /// `input × input_tokens + output × output_tokens` (saturating).
+    pub fn weigh(&self, input_tokens: u64, output_tokens: u64) -> u64 {
+        input_tokens
+            .saturating_mul(u64::from(self.input))
+            .saturating_add(output_tokens.saturating_mul(u64::from(self.output)))
+    }
+
+    /// The larger weight of each kind (a request counted against several tiers' windows is
+    /// weighed by the stricter of their weights).
+    pub fn max(self, other: TokenWeights) -> TokenWeights {
+        TokenWeights {
+            input: self.input.max(other.input),
+            output: self.output.max(other.output),
+        }
+    }
+}
+
+/// Checks a `tokenWeights` object (`path` names it).
+pub fn check_token_weights(path: &str, w: &TokenWeights) -> Result<(), PolicyError> {
+    for (field, v) in [("input", w.input), ("output", w.output)] {
+        if v == 0 || v > MAX_TOKEN_WEIGHT {
+            return Err(err(
+                format!("{path}.{field}"),
+                format!("must be an integer from 1 to {MAX_TOKEN_WEIGHT}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -381,6 +448,7 @@ impl PolicyDocument {
                     "must be at least 1",
                 ));
             }
+            check_token_weights(&format!("tiers[{i}].tokenWeights"), &t.token_weights)?;
         }
         let mut model_names = BTreeSet::new();
         let mut model_paths = BTreeSet::new();
@@ -587,6 +655,69 @@ mod tests {
         let mut v = sample();
         v["tiers"][0]["colour"] = json!("red");
         fails_at(v, "tiers[0].colour");
+    }
+
+    #[test]
+    fn token_weights_default_to_one_and_are_validated_by_field() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert_eq!(doc.tiers[0].token_weights, TokenWeights::default());
+        // Left out of the served document when default: a tier-only policy is served as before.
+        let served = serde_json::to_value(&doc).unwrap();
+        assert!(served["tiers"][0].get("tokenWeights").is_none());
+        let mut v = sample();
+        v["tiers"][0]["tokenWeights"] = json!({"output": 4});
+        let doc = PolicyDocument::from_value(v).unwrap();
+        assert_eq!(
+            doc.tiers[0].token_weights,
+            TokenWeights {
+                input: 1,
+                output: 4
+            }
+        );
+        assert_eq!(doc.tiers[0].token_weights.weigh(10, 20), 90);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            served["tiers"][0]["tokenWeights"],
+            json!({"input": 1, "output": 4})
+        );
+        for (weights, field) in [
+            (json!({"input": 0}), "tiers[1].tokenWeights.input"),
+            (json!({"output": 1001}), "tiers[1].tokenWeights.output"),
+        ] {
+            let mut v = sample();
+            v["tiers"][1]["tokenWeights"] = weights;
+            fails_at(v, field);
+        }
+        for (weights, field) in [
+            (json!({"input": -1}), "tiers[1].tokenWeights.input"),
+            (json!({"input": 1.5}), "tiers[1].tokenWeights.input"),
+            (json!({"inputs": 2}), "tiers[1].tokenWeights.inputs"),
+        ] {
+            let mut v = sample();
+            v["tiers"][1]["tokenWeights"] = weights;
+            fails_at(v, field);
+        }
+    }
+
+    #[test]
+    fn weights_weigh_and_combine() {
+        let w = TokenWeights {
+            input: 2,
+            output: 4,
+        };
+        assert_eq!(w.weigh(3, 5), 26);
+        assert_eq!(w.weigh(u64::MAX, 1), u64::MAX);
+        let other = TokenWeights {
+            input: 3,
+            output: 1,
+        };
+        assert_eq!(
+            w.max(other),
+            TokenWeights {
+                input: 3,
+                output: 4
+            }
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //!
 //! Every function here is pure: the document, the caller's name and groups in; a decision out.
 
-use crate::policy::{Limit, Limits, PolicyDocument, PolicyError, Tier};
+use crate::policy::{Limit, Limits, PolicyDocument, PolicyError, Tier, TokenWeights};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -69,6 +69,9 @@ pub struct SubscriptionModel {
     pub request_rate_limits: Vec<Limit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub billing_rate: Option<BillingRate>,
+    /// Ours: how input and output tokens count against `tokenRateLimits` (default 1 and 1).
+    #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
+    pub token_weights: TokenWeights,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -341,6 +344,7 @@ impl Subscription {
                 tokens: m.token_rate_limits.clone(),
             },
             default_max_tokens: None,
+            token_weights: m.token_weights,
         })
     }
 }
@@ -516,6 +520,10 @@ pub(crate) fn validate(doc: &PolicyDocument) -> Result<(), PolicyError> {
                 &format!("{mat}.requestRateLimits"),
                 &model.request_rate_limits,
                 None,
+            )?;
+            crate::policy::check_token_weights(
+                &format!("{mat}.tokenWeights"),
+                &model.token_weights,
             )?;
             if let Some(rate) = &model.billing_rate
                 && !is_decimal(&rate.per_token)
@@ -1023,6 +1031,38 @@ mod tests {
                 .limits_tier("big")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_subscription_models_token_weights_go_into_its_tier_and_are_validated() {
+        let mut v = sample();
+        v["subscriptions"][1]["models"][0]["tokenWeights"] = json!({"input": 2, "output": 4});
+        let d = doc(v.clone());
+        let premium = d.subscription("premium-sub").unwrap();
+        let sim = premium.limits_tier("sim").unwrap();
+        assert_eq!(
+            sim.token_weights,
+            TokenWeights {
+                input: 2,
+                output: 4
+            }
+        );
+        // Per model: the other model keeps the default.
+        assert!(
+            premium
+                .limits_tier("big")
+                .unwrap()
+                .token_weights
+                .is_default()
+        );
+        let bytes = serde_json::to_vec(&d).unwrap();
+        assert_eq!(PolicyDocument::from_json(&bytes).unwrap(), d);
+        let mut bad = v.clone();
+        bad["subscriptions"][1]["models"][0]["tokenWeights"] = json!({"output": 0});
+        fails_at(bad, "subscriptions[1].models[0].tokenWeights.output");
+        let mut bad = v;
+        bad["subscriptions"][1]["models"][1]["tokenWeights"] = json!({"input": 5000});
+        fails_at(bad, "subscriptions[1].models[1].tokenWeights.input");
     }
 
     #[test]

@@ -74,6 +74,16 @@ pub struct UsageRecord {
     pub prompt_tokens: u64,
     #[serde(default)]
     pub completion_tokens: u64,
+    /// The part of `promptTokens` the provider served from its prompt cache (OpenAI
+    /// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`,
+    /// Anthropic `cache_read_input_tokens`). Optional: a filter that does not report it sends
+    /// none (0), and 0 is left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_input_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// 200 answer: how many records were applied (0 for a duplicate batch).
@@ -153,6 +163,7 @@ pub fn validate(report: &UsageReport) -> Result<(), UsageInvalid> {
             ("requests", r.requests),
             ("promptTokens", r.prompt_tokens),
             ("completionTokens", r.completion_tokens),
+            ("cachedInputTokens", r.cached_input_tokens),
         ] {
             if value > MAX_USAGE_COUNT {
                 return Err(invalid(
@@ -160,6 +171,12 @@ pub fn validate(report: &UsageReport) -> Result<(), UsageInvalid> {
                     format_args!("must be at most {MAX_USAGE_COUNT}"),
                 ));
             }
+        }
+        if r.cached_input_tokens > r.prompt_tokens {
+            return Err(invalid(
+                at("cachedInputTokens"),
+                "must not exceed promptTokens (cached input tokens are part of them)",
+            ));
         }
         if r.refused.len() > MAX_REFUSAL_REASONS {
             return Err(invalid(
@@ -207,6 +224,7 @@ mod tests {
             refused: BTreeMap::from([("rate_limit_exceeded".to_string(), 2)]),
             prompt_tokens: 10,
             completion_tokens: 20,
+            cached_input_tokens: 4,
         }
     }
 
@@ -247,6 +265,21 @@ mod tests {
     }
 
     #[test]
+    fn cached_input_tokens_are_optional_and_left_out_when_zero() {
+        let v = serde_json::to_value(record()).unwrap_or_default();
+        assert_eq!(v["cachedInputTokens"], 4);
+        let mut r = record();
+        r.cached_input_tokens = 0;
+        let v = serde_json::to_value(r).unwrap_or_default();
+        assert!(v.get("cachedInputTokens").is_none(), "{v}");
+        // An older filter's record (no cachedInputTokens) is read as 0.
+        let old: Result<UsageRecord, _> = serde_json::from_str(
+            r#"{"subject":"a","tier":"free","model":"m","hourStart":3600,"promptTokens":5}"#,
+        );
+        assert_eq!(old.map(|r| r.cached_input_tokens).ok(), Some(0));
+    }
+
+    #[test]
     fn a_bad_report_names_the_field() {
         assert_eq!(field_of(vec![record()]), None);
         assert_eq!(
@@ -255,7 +288,18 @@ mod tests {
         );
         assert_eq!(field_of(vec![record(); MAX_USAGE_RECORDS]), None);
         type Spoil = fn(&mut UsageRecord);
-        let cases: [(Spoil, &str); 9] = [
+        let cases: [(Spoil, &str); 11] = [
+            (
+                |r| r.cached_input_tokens = r.prompt_tokens + 1,
+                "records[1].cachedInputTokens",
+            ),
+            (
+                |r| {
+                    r.prompt_tokens = 1 << 53;
+                    r.cached_input_tokens = 1 << 53;
+                },
+                "records[1].promptTokens",
+            ),
             (|r| r.subject.clear(), "records[1].subject"),
             (|r| r.key_id = Some(String::new()), "records[1].keyId"),
             (|r| r.tier = "x".repeat(1025), "records[1].tier"),

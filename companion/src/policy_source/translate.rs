@@ -523,6 +523,7 @@ fn subscription_of(
             token_rate_limits,
             request_rate_limits: Vec::new(),
             billing_rate,
+            token_weights: Default::default(),
         });
         index.push(i);
     }
@@ -580,6 +581,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         groups: vec![SUBSCRIPTION_ONLY_GROUP.into()],
         limits: Default::default(),
         default_max_tokens: None,
+        token_weights: Default::default(),
     };
     if doc.tiers.is_empty() {
         doc.tiers.push(only_tier.clone());

@@ -280,6 +280,10 @@ pub struct UsageRow {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
+    /// The part of `promptTokens` served from the provider's prompt cache (OpenAI cached
+    /// tokens, Anthropic cache reads); 0 when the provider said none or the gateway did not
+    /// report it.
+    pub cached_input_tokens: u64,
 }
 
 impl UsageRow {
@@ -299,6 +303,7 @@ impl UsageRow {
                 .counts
                 .prompt_tokens
                 .saturating_add(g.counts.completion_tokens),
+            cached_input_tokens: g.counts.cached_input_tokens,
         };
         match by {
             GroupBy::Day => row.day = Some(g.group),

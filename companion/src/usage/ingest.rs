@@ -137,6 +137,7 @@ mod tests {
             refused: Default::default(),
             prompt_tokens: 1,
             completion_tokens: 1,
+            cached_input_tokens: 0,
         };
         let report = |records| UsageReport {
             replica: "r".into(),

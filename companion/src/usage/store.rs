@@ -43,6 +43,8 @@ pub struct Counts {
     pub refused: BTreeMap<String, u64>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// The part of `prompt_tokens` served from the provider's prompt cache.
+    pub cached_input_tokens: u64,
 }
 
 impl Counts {
@@ -54,6 +56,9 @@ impl Counts {
         }
         self.prompt_tokens = self.prompt_tokens.saturating_add(r.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(r.completion_tokens);
+        self.cached_input_tokens = self
+            .cached_input_tokens
+            .saturating_add(r.cached_input_tokens);
     }
 }
 
@@ -210,6 +215,7 @@ impl UsageStore {
         let mut refused = Vec::with_capacity(rows.len());
         let mut prompt = Vec::with_capacity(rows.len());
         let mut completion = Vec::with_capacity(rows.len());
+        let mut cached = Vec::with_capacity(rows.len());
         for (k, c) in rows {
             key_ids.push(k.key_id);
             subjects.push(k.subject);
@@ -220,6 +226,7 @@ impl UsageStore {
             refused.push(serde_json::to_string(&c.refused).unwrap_or_else(|_| "{}".into()));
             prompt.push(to_i64(c.prompt_tokens));
             completion.push(to_i64(c.completion_tokens));
+            cached.push(to_i64(c.cached_input_tokens));
         }
         let row = sqlx::query(
             "WITH batch AS (
@@ -228,17 +235,18 @@ impl UsageStore {
                  RETURNING 1
              ), added AS (
                  INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
-                     requests, refused, prompt_tokens, completion_tokens)
-                 SELECT k, s, t, m, to_timestamp(hs), r, f::jsonb, p, c
+                     requests, refused, prompt_tokens, completion_tokens, cached_input_tokens)
+                 SELECT k, s, t, m, to_timestamp(hs), r, f::jsonb, p, c, ci
                  FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
-                             $8::int8[], $9::text[], $10::int8[], $11::int8[])
-                      AS u(k, s, t, m, hs, r, f, p, c)
+                             $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[])
+                      AS u(k, s, t, m, hs, r, f, p, c, ci)
                  WHERE EXISTS (SELECT 1 FROM batch)
                  ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
                      requests = h.requests + EXCLUDED.requests,
                      refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
                      prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
-                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens
+                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens,
+                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens
                  RETURNING 1
              )
              SELECT (SELECT count(*) FROM batch) AS new_batch, (SELECT count(*) FROM added) AS rows",
@@ -254,6 +262,7 @@ impl UsageStore {
         .bind(refused)
         .bind(prompt)
         .bind(completion)
+        .bind(cached)
         .fetch_one(pool)
         .await?;
         let new_batch: i64 = row.try_get("new_batch")?;
@@ -278,17 +287,19 @@ impl UsageStore {
                  DELETE FROM usage_hourly WHERE hour_start < $1 RETURNING *
              ), added AS (
                  INSERT INTO usage_daily AS d (key_id, subject, tier, model, day, requests,
-                     refused, prompt_tokens, completion_tokens)
+                     refused, prompt_tokens, completion_tokens, cached_input_tokens)
                  SELECT key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date,
                         SUM(requests)::bigint, maas_usage_sum_counts(refused),
-                        SUM(prompt_tokens)::bigint, SUM(completion_tokens)::bigint
+                        SUM(prompt_tokens)::bigint, SUM(completion_tokens)::bigint,
+                        SUM(cached_input_tokens)::bigint
                  FROM moved
                  GROUP BY key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date
                  ON CONFLICT (subject, key_id, tier, model, day) DO UPDATE SET
                      requests = d.requests + EXCLUDED.requests,
                      refused = maas_usage_add_counts(d.refused, EXCLUDED.refused),
                      prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
-                     completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens
+                     completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
+                     cached_input_tokens = d.cached_input_tokens + EXCLUDED.cached_input_tokens
                  RETURNING 1
              ), forgotten AS (
                  DELETE FROM usage_batches WHERE applied_at < $2 RETURNING 1
@@ -317,12 +328,14 @@ impl UsageStore {
         b.push(
             "SUM(u.requests)::bigint AS requests, maas_usage_sum_counts(u.refused)::text AS refused, \
              SUM(u.prompt_tokens)::bigint AS prompt_tokens, \
-             SUM(u.completion_tokens)::bigint AS completion_tokens \
+             SUM(u.completion_tokens)::bigint AS completion_tokens, \
+             SUM(u.cached_input_tokens)::bigint AS cached_input_tokens \
              FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
-                          prompt_tokens, completion_tokens FROM usage_hourly \
+                          prompt_tokens, completion_tokens, cached_input_tokens FROM usage_hourly \
                    UNION ALL \
                    SELECT key_id, subject, tier, model, (day::timestamp AT TIME ZONE 'UTC') AS t, \
-                          requests, refused, prompt_tokens, completion_tokens FROM usage_daily) AS u \
+                          requests, refused, prompt_tokens, completion_tokens, cached_input_tokens \
+                   FROM usage_daily) AS u \
              WHERE u.t >= ",
         );
         b.push_bind(q.from).push(" AND u.t < ").push_bind(q.to);
@@ -351,6 +364,7 @@ impl UsageStore {
                         .unwrap_or_default(),
                     prompt_tokens: to_u64(row.try_get("prompt_tokens")?),
                     completion_tokens: to_u64(row.try_get("completion_tokens")?),
+                    cached_input_tokens: to_u64(row.try_get("cached_input_tokens")?),
                 },
             });
         }
@@ -416,6 +430,7 @@ mod tests {
                 .unwrap_or_default(),
             prompt_tokens: requests * 10,
             completion_tokens: requests * 20,
+            cached_input_tokens: requests * 3,
         }
     }
 
@@ -435,6 +450,7 @@ mod tests {
         assert_eq!((key.key_id.as_str(), key.hour_start), ("k1", 3600));
         assert_eq!(counts.requests, 3);
         assert_eq!(counts.prompt_tokens, 30);
+        assert_eq!(counts.cached_input_tokens, 9);
         assert_eq!(counts.refused.get("rate_limit_exceeded"), Some(&2));
     }
 

@@ -26,7 +26,34 @@ fn report(b: &Batch) -> UsageReport {
 }
 
 fn settled(prompt: u64, completion: u64) -> Event<'static> {
-    Event::Settled { prompt, completion }
+    Event::Settled {
+        prompt,
+        completion,
+        cached: 0,
+    }
+}
+
+#[test]
+fn cached_input_tokens_add_up_in_the_record_and_the_report() {
+    let mut l = ledger(10_000);
+    let cached = |prompt, cached| Event::Settled {
+        prompt,
+        completion: 1,
+        cached,
+    };
+    l.add("alice", Some("k1"), "free", "sim", cached(100, 64));
+    l.add("alice", Some("k1"), "free", "sim", settled(10, 1));
+    // A count beyond the prompt (a malformed usage) is capped at the prompt.
+    l.add("alice", Some("k1"), "free", "sim", cached(5, 9));
+    let b = l.due(T0_MS + 1000).unwrap().clone();
+    let r = report(&b);
+    assert!(validate(&r).is_ok());
+    assert_eq!(
+        (r.records[0].prompt_tokens, r.records[0].cached_input_tokens),
+        (115, 69)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&b.body).unwrap();
+    assert_eq!(v["records"][0]["cachedInputTokens"], 69);
 }
 
 #[test]
@@ -149,6 +176,7 @@ fn one_batch_per_interval_with_at_most_1024_records_the_oldest_first_and_the_res
             refused: BTreeMap::new(),
             prompt_tokens: 0,
             completion_tokens: 1,
+            cached_input_tokens: 0,
         }
     );
     assert_eq!(r.records[1023].subject, "u1023");

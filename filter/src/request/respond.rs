@@ -88,7 +88,12 @@ impl Request {
         for (name, value) in rate_headers.headers() {
             host.set_header(Headers::Response, name, Some(&value));
         }
-        let scan = scan_for(&content_type, coding, self.strip_usage_event);
+        // An unmetered operation (count_tokens) generates nothing: its answer is not read.
+        let scan = if self.unmetered {
+            Scan::None
+        } else {
+            scan_for(&content_type, coding, self.strip_usage_event)
+        };
         if matches!(scan, Scan::Sse(_)) && self.strip_usage_event {
             host.set_header(Headers::Response, "content-length", None);
         }
@@ -176,18 +181,24 @@ impl Request {
             status,
             prompt_tokens_estimate: self.prompt_tokens_estimate,
         };
-        let actual = decide::settle_amount(&seen, res.reserved);
+        // The limits count weighted tokens; the ledger and the metrics the raw ones.
+        let settled = decide::settled_tokens(&seen, self.reserved_tokens);
+        let actual = settled.weighted(self.token_weights);
         limits::settle(host, &res, actual, host.now_ms() / 1000);
         // The usage ledger (in the VM): the response's usage, else what was settled (the
-        // prompt estimate as prompt tokens, the rest as completion).
-        let (prompt, completion) = match usage {
-            Some(u) => (u.prompt_tokens, u.completion_tokens),
-            None => {
-                let prompt = self.prompt_tokens_estimate.min(actual);
-                (prompt, actual - prompt)
-            }
+        // prompt estimate as prompt tokens, the rest as completion), unweighted.
+        let (prompt, completion, cached) = match usage {
+            Some(u) => (u.prompt_tokens, u.completion_tokens, u.cached_input_tokens),
+            None => (settled.input, settled.output, 0),
         };
-        self.ledger_add(&res.tier, Event::Settled { prompt, completion });
+        self.ledger_add(
+            &res.tier,
+            Event::Settled {
+                prompt,
+                completion,
+                cached,
+            },
+        );
         if let (Some(u), Some(m)) = (usage, self.model()) {
             let model = m.name.clone();
             self.worker.borrow_mut().metrics.tokens(

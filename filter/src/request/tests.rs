@@ -14,6 +14,7 @@ mod lease;
 mod ledger;
 mod respond;
 mod subscriptions;
+mod weights;
 
 pub(super) const COMPANION: &str = "maas-companion";
 pub(super) const CHAT: &str = "/llm/sim/v1/chat/completions";

@@ -72,10 +72,15 @@ fn feed_all(strip: bool, parts: &[&[u8]]) -> (Vec<u8>, Option<Usage>, u64, SseSc
 }
 
 fn usage(p: u64, c: u64, t: u64) -> Option<Usage> {
+    usage_cached(p, c, t, 0)
+}
+
+fn usage_cached(p: u64, c: u64, t: u64, cached: u64) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: p,
         completion_tokens: c,
         total_tokens: t,
+        cached_input_tokens: cached,
     })
 }
 

@@ -43,10 +43,16 @@ fn scan(parts: &[&[u8]]) -> Option<Usage> {
 }
 
 fn u(p: u64, c: u64, t: u64) -> Option<Usage> {
+    uc(p, c, t, 0)
+}
+
+/// With cached input tokens.
+fn uc(p: u64, c: u64, t: u64, cached: u64) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: p,
         completion_tokens: c,
         total_tokens: t,
+        cached_input_tokens: cached,
     })
 }
 
@@ -140,14 +146,14 @@ const EMBEDDINGS: &str = r#"{"object":"list","data":[{"object":"embedding","inde
 
 #[test]
 fn responses_api_body() {
-    assert_eq!(scan(&[RESPONSES.as_bytes()]), u(36, 87, 123));
+    assert_eq!(scan(&[RESPONSES.as_bytes()]), uc(36, 87, 123, 30));
 }
 
 #[test]
 fn anthropic_body_counts_cache_tokens_as_prompt() {
     assert_eq!(
         scan(&[ANTHROPIC.as_bytes()]),
-        u(21 + 188_086 + 12, 393, 21 + 188_086 + 12 + 393)
+        uc(21 + 188_086 + 12, 393, 21 + 188_086 + 12 + 393, 12)
     );
 }
 
@@ -160,7 +166,32 @@ fn embeddings_body_has_no_completion() {
 fn openai_names_win_over_anthropic_names() {
     // A gateway that reports both (OpenAI counts already include the cache) is not double counted.
     let body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12,"cache_read_input_tokens":8,"input_tokens":99}}"#;
-    assert_eq!(scan(&[body]), u(10, 2, 12));
+    assert_eq!(scan(&[body]), uc(10, 2, 12, 8));
+    // The details' count wins over Anthropic's cache reads under OpenAI names.
+    let body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":3},"cache_read_input_tokens":8}}"#;
+    assert_eq!(scan(&[body]), uc(10, 2, 12, 3));
+}
+
+#[test]
+fn cached_input_tokens_of_every_family() {
+    // OpenAI chat/completions: prompt_tokens_details.cached_tokens (part of prompt_tokens).
+    let body = br#"{"usage":{"prompt_tokens":100,"completion_tokens":5,"total_tokens":105,"prompt_tokens_details":{"cached_tokens":64,"audio_tokens":0}}}"#;
+    assert_eq!(scan(&[body]), uc(100, 5, 105, 64));
+    // Responses: input_tokens_details.cached_tokens.
+    let body = br#"{"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2,"total_tokens":42}}"#;
+    assert_eq!(scan(&[body]), uc(40, 2, 42, 32));
+    // Anthropic: cache_read_input_tokens (added to the prompt, and the cached part of it).
+    let body = br#"{"usage":{"input_tokens":3,"cache_creation_input_tokens":10,"cache_read_input_tokens":20,"output_tokens":4}}"#;
+    assert_eq!(scan(&[body]), uc(33, 4, 37, 20));
+    // Details that are not objects, or a cached count that is not a count: none; never more
+    // than the prompt.
+    let body =
+        br#"{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":null}}"#;
+    assert_eq!(scan(&[body]), uc(10, 1, 11, 0));
+    let body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":"x"}}}"#;
+    assert_eq!(scan(&[body]), uc(10, 1, 11, 0));
+    let body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":50}}}"#;
+    assert_eq!(scan(&[body]), uc(10, 1, 11, 10));
 }
 
 #[test]
@@ -173,29 +204,29 @@ fn merge_keeps_input_and_takes_the_last_output() {
     };
     let mut c = UsageCounts::default();
     c.merge(&start);
-    assert_eq!(c.usage(), u(30, 1, 31));
+    assert_eq!(c.usage(), uc(30, 1, 31, 5));
     c.merge(&UsageCounts::default());
     assert_eq!(
         c.usage(),
-        u(30, 1, 31),
+        uc(30, 1, 31, 5),
         "an event without counts changes nothing"
     );
     c.merge(&UsageCounts {
         output_tokens: Some(15),
         ..UsageCounts::default()
     });
-    assert_eq!(c.usage(), u(30, 15, 45));
+    assert_eq!(c.usage(), uc(30, 15, 45, 5));
     // A later total replaces the computed one; a still later event without total drops it.
     c.merge(&UsageCounts {
         total_tokens: Some(50),
         ..UsageCounts::default()
     });
-    assert_eq!(c.usage(), u(30, 15, 50));
+    assert_eq!(c.usage(), uc(30, 15, 50, 5));
     c.merge(&UsageCounts {
         output_tokens: Some(20),
         ..UsageCounts::default()
     });
-    assert_eq!(c.usage(), u(30, 20, 50));
+    assert_eq!(c.usage(), uc(30, 20, 50, 5));
 }
 
 #[test]
@@ -394,8 +425,8 @@ proptest! {
         let (a, b, c, d) = (u64::from(a), u64::from(b), u64::from(c), u64::from(d));
         let (usage, expected) = match family {
             0 => (serde_json::json!({"prompt_tokens": a, "completion_tokens": b, "total_tokens": a + b}), u(a, b, a + b)),
-            1 => (serde_json::json!({"input_tokens": a, "input_tokens_details": {"cached_tokens": c}, "output_tokens": b, "output_tokens_details": {"reasoning_tokens": d}, "total_tokens": a + b}), u(a, b, a + b)),
-            2 => (serde_json::json!({"input_tokens": a, "cache_creation_input_tokens": c, "cache_read_input_tokens": d, "output_tokens": b, "service_tier": "standard"}), u(a + c + d, b, a + b + c + d)),
+            1 => (serde_json::json!({"input_tokens": a, "input_tokens_details": {"cached_tokens": c}, "output_tokens": b, "output_tokens_details": {"reasoning_tokens": d}, "total_tokens": a + b}), uc(a, b, a + b, c.min(a))),
+            2 => (serde_json::json!({"input_tokens": a, "cache_creation_input_tokens": c, "cache_read_input_tokens": d, "output_tokens": b, "service_tier": "standard"}), uc(a + c + d, b, a + b + c + d, d)),
             _ => (serde_json::json!({"prompt_tokens": a, "total_tokens": a}), u(a, 0, a)),
         };
         let mut obj = serde_json::Map::new();

@@ -284,8 +284,8 @@ fn anthropic_stream_cache_tokens_thinking_and_tool_deltas() {
         assert_eq!(out, ANTHROPIC_TOOLS_CACHE.as_bytes());
         assert_eq!(
             u,
-            usage(472 + 100 + 1000, 89, 472 + 100 + 1000 + 89),
-            "cache tokens are prompt; the last message_delta wins"
+            super::usage_cached(472 + 100 + 1000, 89, 472 + 100 + 1000 + 89, 1000),
+            "cache tokens are prompt (the reads its cached part); the last message_delta wins"
         );
         assert_eq!(
             ce, 3,
