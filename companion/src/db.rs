@@ -25,6 +25,41 @@ pub fn pool(settings: &DatabaseSettings) -> Result<PgPool, String> {
         .connect_lazy_with(options))
 }
 
+/// A failed database call of a store (the keys, the usage ledger).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database not ready")]
+    NotReady,
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True when the database cannot be reached now (503), false for a real error (500).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::NotReady => true,
+            StoreError::Database(e) => is_unavailable(e),
+        }
+    }
+
+    /// The answer: 503 while the database cannot be reached (retry), else 500 (logged here;
+    /// the body never carries the database's message).
+    pub fn response(&self) -> axum::response::Response {
+        if self.is_unavailable() {
+            tracing::warn!(error = %self, "database unavailable");
+            return crate::http::unavailable("database unavailable, try again");
+        }
+        tracing::error!(error = %self, "database error");
+        crate::http::error_response(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error",
+            maas_types::ErrorKind::Server,
+            Some("internal_error"),
+        )
+    }
+}
+
 /// True for database errors that mean "cannot reach it now" (answer 503, not 500).
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
     matches!(

@@ -386,6 +386,37 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
             .unwrap();
         wait_gone(&b, "#new-key").await;
     }
+    // The local policy gives alice no subscription: the mint form has no subscription select
+    // (it appears with one, below) and her keys show none.
+    let subs: Value = client
+        .get(format!("{gw}/maas-api/v1/subscriptions"))
+        .bearer_auth("alice-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        subs,
+        json!([]),
+        "alice has no subscription in the local policy"
+    );
+    assert!(
+        b.find_all(By::Id("mint-subscription"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no subscription select without subscriptions"
+    );
+    assert_eq!(
+        wait_for(&b, &format!("{} td.subscription", row("browser-key")))
+            .await
+            .text()
+            .await
+            .unwrap(),
+        "—"
+    );
     // Never again, not even after a reload.
     b.refresh().await.unwrap();
     wait_for(&b, &row("browser-key")).await;
@@ -508,12 +539,17 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
         window.fetch = (url, init) => {
             const u = String(url);
             if (u.includes('/v1/usage?')) return answer({data: [
-                {day: '2026-11-30', model: 'sim-model', promptTokens: 1200, completionTokens: 800, requests: 9},
+                {day: '2026-11-30', model: 'sim-model', promptTokens: 1200, completionTokens: 800, requests: 9,
+                 refused: {rate_limit_exceeded: 2, tokens_exceed_limit: 1}, cachedInputTokens: 500},
                 {day: '2026-12-01', model: 'sim-model', promptTokens: 300, completionTokens: 200, requests: 3},
-                {day: '2026-12-01', model: 'sim-premium', promptTokens: 40, completionTokens: 60, requests: 1}]});
+                {day: '2026-12-01', model: 'sim-premium', promptTokens: 40, completionTokens: 60, requests: 1,
+                 refused: {}, cachedInputTokens: 0}]});
             if (u.endsWith('/v1/quota')) return answer({data: [
                 {kind: 'tokens', window: '1m', limit: 2000, used: 500, remaining: 1500, resetsAt: '2026-12-01T05:01:00Z'},
                 {kind: 'requests', window: '1m', limit: 30, used: 4, remaining: 26, resetsAt: '2026-12-01T05:01:00Z'}]});
+            if (u.endsWith('/v1/subscriptions')) return answer([
+                {subscription_id_header: 'team-a', display_name: 'Team A', priority: 1,
+                 model_refs: [{name: 'sim-model', namespace: 'llm'}]}]);
             return real(url, init);
         };
         "#,
@@ -522,14 +558,33 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     .await
     .unwrap();
     nav(&b, "keys").await;
+    // With a subscription, the mint form offers it (and "default", which omits the field).
+    let select = wait_for(&b, "#mint-subscription").await;
+    let options = select.text().await.unwrap();
+    assert!(
+        options.contains("default") && options.contains("Team A"),
+        "{options}"
+    );
+    shots.take(&b, "03b-keys-with-subscription").await;
     nav(&b, "usage").await;
     let table = wait_for(&b, "#usage-table").await.text().await.unwrap();
+    // Requests, prompt, completion, total, refused (all reasons), cached input tokens.
     for want in [
-        "2026-11-30 sim-model 9 1,200 800 2,000",
-        "2026-12-01 sim-premium 1 40 60 100",
+        "2026-11-30 sim-model 9 1,200 800 2,000 3 500",
+        "2026-12-01 sim-premium 1 40 60 100 0 0",
     ] {
         assert!(table.contains(want), "{want:?} not in {table}");
     }
+    let reasons = wait_for(&b, "#usage-table td.refused")
+        .await
+        .attr("title")
+        .await
+        .unwrap();
+    assert_eq!(
+        reasons.as_deref(),
+        Some("rate_limit_exceeded: 2, tokens_exceed_limit: 1"),
+        "the refused count's tooltip names its reasons"
+    );
     let bars = b.find_all(By::Css("#usage-chart .bar")).await.unwrap();
     assert_eq!(bars.len(), 2, "one bar per day");
     shots.take(&b, "05b-usage-with-data").await;

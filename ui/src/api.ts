@@ -101,6 +101,18 @@ export interface ApiKey {
   revokedAt?: string | null;
   status: string;
   ephemeral: boolean;
+  /** The subscription the key is bound to (none: it follows the tiers). */
+  subscription?: string | null;
+  labels?: Record<string, string>;
+}
+
+/** `GET /v1/subscriptions` (the reference's item shape, snake_case). */
+export interface Subscription {
+  subscription_id_header: string;
+  subscription_description?: string | null;
+  display_name?: string | null;
+  priority?: number | null;
+  model_refs?: { name: string; namespace?: string | null }[];
 }
 
 export interface MintedKey {
@@ -126,6 +138,10 @@ export interface UsageRow {
   promptTokens: number;
   completionTokens: number;
   requests: number;
+  /** Requests the gateway refused, by reason. */
+  refused?: Record<string, number>;
+  /** The part of `promptTokens` served from the provider's prompt cache. */
+  cachedInputTokens?: number;
 }
 
 /** `GET /v1/quota` */
@@ -136,6 +152,8 @@ export interface QuotaRow {
   used: number;
   remaining: number;
   resetsAt?: string | null;
+  /** A key bound to a subscription: the model this window is for. */
+  model?: string | null;
 }
 
 export function fmtDate(s: string | null | undefined): string {

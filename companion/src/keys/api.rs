@@ -102,19 +102,7 @@ impl IntoResponse for ApiKeyError {
                 ErrorKind::Permission,
                 Some("forbidden"),
             ),
-            ApiKeyError::Store(e) if e.is_unavailable() => {
-                tracing::warn!(error = %e, "database unavailable");
-                crate::http::unavailable("database unavailable, try again")
-            }
-            ApiKeyError::Store(e) => {
-                tracing::error!(error = %e, "database error");
-                error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal error",
-                    ErrorKind::Server,
-                    Some("internal_error"),
-                )
-            }
+            ApiKeyError::Store(e) => e.response(),
         }
     }
 }

@@ -16,23 +16,7 @@ use uuid::Uuid;
 /// How long a revoked key stays in the served revocation list (longer than any cache TTL).
 pub const REVOCATION_LIST_WINDOW_HOURS: i32 = 24;
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database not ready")]
-    NotReady,
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-}
-
-impl StoreError {
-    /// True when the database cannot be reached now (503), false for a real error (500).
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            StoreError::NotReady => true,
-            StoreError::Database(e) => db::is_unavailable(e),
-        }
-    }
-}
+pub use crate::db::StoreError;
 
 /// A key's row (never the key itself).
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -81,19 +81,7 @@ impl IntoResponse for UsageApiError {
                 ErrorKind::Permission,
                 Some("invalid_subscription"),
             ),
-            UsageApiError::Store(e) if e.is_unavailable() => {
-                tracing::warn!(error = %e, "database unavailable");
-                crate::http::unavailable("database unavailable, try again")
-            }
-            UsageApiError::Store(e) => {
-                tracing::error!(error = %e, "database error");
-                error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal error",
-                    ErrorKind::Server,
-                    Some("internal_error"),
-                )
-            }
+            UsageApiError::Store(e) => e.response(),
             UsageApiError::LeaseStore => error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the lease store (the limits' counters) cannot be reached; try again",

@@ -1,29 +1,13 @@
 //! The one place with SQL on the usage ledger (migration 0003): a report batch applied in one
 //! statement, the hourly → daily rollup in one statement, and the `GET /v1/usage` query.
 
-use crate::db::{self, MigrationState};
+use crate::db::MigrationState;
 use chrono::{DateTime, NaiveDate, Utc};
 use maas_types::usage::UsageRecord;
 use sqlx::{PgPool, Postgres, QueryBuilder, Row};
 use std::collections::{BTreeMap, HashMap};
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database not ready")]
-    NotReady,
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-}
-
-impl StoreError {
-    /// True when the database cannot be reached now (503), false for a real error (500).
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            StoreError::NotReady => true,
-            StoreError::Database(e) => db::is_unavailable(e),
-        }
-    }
-}
+pub use crate::db::StoreError;
 
 /// One ledger row's dimensions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,5 +1,5 @@
 import { useCallback, useEffect, useState } from "react";
-import { ApiError, call, fmtDate, type ApiKey, type MintedKey } from "../api";
+import { ApiError, call, fmtDate, type ApiKey, type MintedKey, type Subscription } from "../api";
 import type { Ctx } from "../App";
 import { CopyButton, ErrorBox, asApiError } from "../widgets";
 
@@ -31,9 +31,17 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
   const [description, setDescription] = useState("");
   const [expiresIn, setExpiresIn] = useState("30d");
   const [tier, setTier] = useState("");
+  const [subscription, setSubscription] = useState("");
+  const [subscriptions, setSubscriptions] = useState<Subscription[]>([]);
   const [error, setError] = useState<ApiError | null>(null);
   const [busy, setBusy] = useState(false);
   const qualified = ctx.tiers.filter((t) => t.qualified);
+  useEffect(() => {
+    // The caller's subscriptions; none (or a companion without the listing): no select.
+    call<Subscription[]>(ctx.prefix, ctx.token, "GET", "/v1/subscriptions")
+      .then((r) => setSubscriptions(Array.isArray(r) ? r : []))
+      .catch(() => setSubscriptions([]));
+  }, [ctx.prefix, ctx.token]);
   return (
     <form
       className="card mint"
@@ -46,6 +54,7 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
           if (description.trim()) body.description = description.trim();
           if (expiresIn) body.expiresIn = expiresIn;
           if (tier) body.tier = tier;
+          if (subscription) body.subscription = subscription;
           onMinted(await call<MintedKey>(ctx.prefix, ctx.token, "POST", "/v1/api-keys", body));
           setName("");
           setDescription("");
@@ -82,6 +91,19 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
           ))}
         </select>
       </label>
+      {subscriptions.length > 0 && (
+        <label>
+          Subscription
+          <select id="mint-subscription" value={subscription} onChange={(e) => setSubscription(e.target.value)}>
+            <option value="">default</option>
+            {subscriptions.map((s) => (
+              <option key={s.subscription_id_header} value={s.subscription_id_header}>
+                {s.display_name ?? s.subscription_id_header}
+              </option>
+            ))}
+          </select>
+        </label>
+      )}
       <button id="mint" type="submit" disabled={busy}>Mint</button>
       <ErrorBox error={error} />
     </form>
@@ -178,6 +200,7 @@ export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => voi
             <th>Name</th>
             <th>Prefix</th>
             <th>Tier</th>
+            <th>Subscription</th>
             <th>Created</th>
             <th>Expires</th>
             <th>Last used</th>
@@ -192,6 +215,7 @@ export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => voi
               <td title={k.description ?? ""}>{k.name}</td>
               <td><code>{k.keyPrefix}</code></td>
               <td>{k.tier ?? <span className="muted">highest</span>}</td>
+              <td className="subscription">{k.subscription ?? <span className="muted">—</span>}</td>
               <td>{fmtDate(k.creationDate)}</td>
               <td>{fmtDate(k.expirationDate)}</td>
               <td>{fmtDate(k.lastUsedAt)}</td>

@@ -7,6 +7,18 @@ function isoDay(d: Date): string {
   return d.toISOString().slice(0, 10);
 }
 
+/** Requests the gateway refused for the row, all reasons together. */
+function refusedCount(r: UsageRow): number {
+  return Object.values(r.refused ?? {}).reduce((s, n) => s + n, 0);
+}
+
+/** The reasons behind the count, for its tooltip: `rate_limit_exceeded: 2, …`. */
+function refusedReasons(r: UsageRow): string {
+  return Object.entries(r.refused ?? {})
+    .map(([reason, n]) => `${reason}: ${n}`)
+    .join(", ");
+}
+
 /** Tokens per day by model, from `GET /v1/usage?from=&to=&groupBy=day`. */
 export function UsagePage({ ctx }: { ctx: Ctx }) {
   const today = new Date();
@@ -74,6 +86,8 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
                 <th>Prompt tokens</th>
                 <th>Completion tokens</th>
                 <th>Total</th>
+                <th>Refused</th>
+                <th>Cached input tokens</th>
               </tr>
             </thead>
             <tbody>
@@ -89,6 +103,8 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
                         <td>{r.promptTokens.toLocaleString()}</td>
                         <td>{r.completionTokens.toLocaleString()}</td>
                         <td>{total(r).toLocaleString()}</td>
+                        <td className="refused" title={refusedReasons(r)}>{refusedCount(r).toLocaleString()}</td>
+                        <td>{(r.cachedInputTokens ?? 0).toLocaleString()}</td>
                       </tr>
                     )),
                 ),
