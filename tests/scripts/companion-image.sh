@@ -176,11 +176,14 @@ fi
 
 # 3. The binary runs from the unpacked image alone: chroot into it as uid 65532 (nothing else is
 #    there: a dynamically linked binary or one needing a shell would not start).
+# `exec`: the companion replaces the (sub)shell it is started in, so the PID of `run_in_image … &`
+# is the companion's own and cleanup's kill stops it (without exec the subshell died and the
+# companion ran on). Only ever called in a subshell: `$(…)` or `&`.
 if [ "$(id -u)" -eq 0 ] && command -v chroot >/dev/null 2>&1; then
-  run_in_image() { chroot --userspec=65532:65532 "$ROOTFS" /usr/local/bin/maas-companion "$@"; }
+  run_in_image() { exec chroot --userspec=65532:65532 "$ROOTFS" /usr/local/bin/maas-companion "$@"; }
   run_mode="chroot into the image as 65532"
 else
-  run_in_image() { "$ROOTFS/usr/local/bin/maas-companion" "$@"; }
+  run_in_image() { exec "$ROOTFS/usr/local/bin/maas-companion" "$@"; }
   run_mode="from the unpacked image (not root: no chroot)"
 fi
 if help=$(run_in_image --help 2>&1) && grep -q -- "--database-url" <<<"$help" && grep -q -- "--metrics-addr" <<<"$help"; then
