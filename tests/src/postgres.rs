@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Postgres {
     bin_dir: PathBuf,
@@ -223,32 +223,13 @@ impl Postgres {
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.pg_isready() {
-                return Ok(());
-            }
-            if let Some(taken) = self
-                .process
-                .as_mut()
-                .and_then(ManagedProcess::exited_addr_in_use)
-            {
-                return Err(taken.into());
-            }
-            if let Some(status) = self.process.as_mut().and_then(ManagedProcess::exited) {
-                bail!(
-                    "postgres exited ({status}):\n{}",
-                    crate::process::log_tail(&self.log_path, 3000)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "postgres not ready after {timeout:?}:\n{}",
-                    crate::process::log_tail(&self.log_path, 3000)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut process = self.process.take();
+        let waited = match process.as_mut() {
+            Some(p) => p.wait_ready(timeout, Duration::from_millis(50), || self.pg_isready()),
+            None => Ok(()),
+        };
+        self.process = process;
+        waited
     }
 
     fn create_database(&self, name: &str) -> Result<()> {

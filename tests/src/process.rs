@@ -129,6 +129,41 @@ impl ManagedProcess {
         })
     }
 
+    /// Polls `ready` every `every` until it answers, the process exits (its port taken:
+    /// [`AddrInUse`], for the caller to retry elsewhere; else an error with its log's tail) or
+    /// `timeout` passes.
+    pub fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        every: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if let Some(taken) = self.exited_addr_in_use() {
+                return Err(taken.into());
+            }
+            if let Some(status) = self.exited() {
+                anyhow::bail!(
+                    "{} exited ({status}):\n{}",
+                    self.name,
+                    log_tail(&self.log_path, 3000)
+                );
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{} not ready after {timeout:?}:\n{}",
+                    self.name,
+                    log_tail(&self.log_path, 3000)
+                );
+            }
+            std::thread::sleep(every);
+        }
+    }
+
     /// What this child (not an earlier run with the same log) has logged so far.
     pub fn log_since_start(&self) -> String {
         match std::fs::read(&self.log_path) {

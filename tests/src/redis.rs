@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Starts on a port taken in between are retried this many times in all.
 const START_ATTEMPTS: usize = 5;
@@ -208,32 +208,15 @@ impl Redis {
             libc::SIGTERM,
             libc::SIGKILL,
         )?);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if self.ping() {
-                return Ok(());
-            }
-            if let Some(taken) = self
-                .process
-                .as_mut()
-                .and_then(ManagedProcess::exited_addr_in_use)
-            {
-                return Err(taken.into());
-            }
-            if let Some(status) = self.exited() {
-                bail!(
-                    "redis exited ({status}):\n{}",
-                    crate::process::log_tail(&self.log_path, 3000)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "redis not ready after 30s:\n{}",
-                    crate::process::log_tail(&self.log_path, 3000)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(30));
-        }
+        let mut process = self.process.take();
+        let waited = match process.as_mut() {
+            Some(p) => p.wait_ready(Duration::from_secs(30), Duration::from_millis(30), || {
+                self.ping()
+            }),
+            None => Ok(()),
+        };
+        self.process = process;
+        waited
     }
 
     /// Stops the server (SIGTERM, then SIGKILL); its port stays this server's for [`Redis::start`].
