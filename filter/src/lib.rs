@@ -30,3 +30,9 @@ pub mod worker;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;
+
+#[cfg(test)]
+pub mod alloc_count;
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: alloc_count::Counting = alloc_count::Counting;

@@ -98,6 +98,7 @@ impl RecordingHost {
     }
 
     pub fn set_map(&self, map: Headers, headers: &[(&str, &str)]) {
+        let _host_side = crate::alloc_count::pause();
         self.maps.borrow_mut().insert(
             map,
             headers
@@ -116,6 +117,7 @@ impl RecordingHost {
     }
 
     pub fn set_buffer(&self, buf: Body, bytes: &[u8]) {
+        let _host_side = crate::alloc_count::pause();
         self.buffers.borrow_mut().insert(buf, bytes.to_vec());
     }
 
@@ -145,40 +147,39 @@ impl RecordingHost {
         self.sent.borrow().last().cloned()
     }
 
-    fn record(&self, c: Call) {
-        self.calls.borrow_mut().push(c);
+    fn record(&self, c: impl FnOnce() -> Call) {
+        let _not_the_filters = crate::alloc_count::pause();
+        self.calls.borrow_mut().push(c());
     }
 }
 
 impl SharedStore for RecordingHost {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        self.record(Call::SharedGet(key.to_string()));
+        self.record(|| Call::SharedGet(key.to_string()));
         self.store.get(key)
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch> {
-        self.record(Call::SharedSet(key.to_string()));
+        self.record(|| Call::SharedSet(key.to_string()));
+        let _host_side = crate::alloc_count::pause();
         self.store.set(key, value, cas)
     }
 }
 
 impl Host for RecordingHost {
     fn headers(&self, map: Headers) -> Vec<(String, String)> {
-        self.record(Call::Headers(map));
+        self.record(|| Call::Headers(map));
         self.maps.borrow().get(&map).cloned().unwrap_or_default()
     }
 
     fn header(&self, map: Headers, name: &str) -> Option<String> {
-        self.record(Call::Header(map, name.to_string()));
+        self.record(|| Call::Header(map, name.to_string()));
         self.map_value(map, name)
     }
 
     fn set_header(&self, map: Headers, name: &str, value: Option<&str>) {
-        self.record(Call::SetHeader(
-            map,
-            name.to_string(),
-            value.map(str::to_string),
-        ));
+        self.record(|| Call::SetHeader(map, name.to_string(), value.map(str::to_string)));
+        let _host_side = crate::alloc_count::pause();
         let mut maps = self.maps.borrow_mut();
         let m = maps.entry(map).or_default();
         m.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
@@ -188,13 +189,17 @@ impl Host for RecordingHost {
     }
 
     fn body(&self, buf: Body, size: usize) -> Vec<u8> {
-        self.record(Call::Body(buf));
-        let b = self.buffer(buf);
+        self.record(|| Call::Body(buf));
+        let b = {
+            let _host_side = crate::alloc_count::pause();
+            self.buffer(buf)
+        };
         b.get(..size.min(b.len())).unwrap_or_default().to_vec()
     }
 
     fn set_body(&self, buf: Body, size: usize, value: &[u8]) {
-        self.record(Call::SetBody(buf));
+        self.record(|| Call::SetBody(buf));
+        let _host_side = crate::alloc_count::pause();
         let mut bufs = self.buffers.borrow_mut();
         let b = bufs.entry(buf).or_default();
         let rest = b.split_off(size.min(b.len()));
@@ -209,7 +214,7 @@ impl Host for RecordingHost {
         body: Option<&[u8]>,
         timeout_ms: u64,
     ) -> Result<u32, String> {
-        self.record(Call::Dispatch(cluster.to_string()));
+        self.record(|| Call::Dispatch(cluster.to_string()));
         if self.dispatch_fails.get() {
             return Err("BadArgument".to_string());
         }
@@ -229,7 +234,7 @@ impl Host for RecordingHost {
     }
 
     fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
-        self.record(Call::SendResponse(status));
+        self.record(|| Call::SendResponse(status));
         self.sent.borrow_mut().push(Sent {
             context: self.effective.get(),
             status,
@@ -242,12 +247,12 @@ impl Host for RecordingHost {
     }
 
     fn resume_request(&self) {
-        self.record(Call::Resume);
+        self.record(|| Call::Resume);
         self.resumed.borrow_mut().push(self.effective.get());
     }
 
     fn set_effective_context(&self, context_id: u32) -> bool {
-        self.record(Call::SetEffectiveContext(context_id));
+        self.record(|| Call::SetEffectiveContext(context_id));
         if self.gone.borrow().contains(&context_id) {
             return false;
         }
@@ -256,12 +261,12 @@ impl Host for RecordingHost {
     }
 
     fn now_ms(&self) -> u64 {
-        self.record(Call::Now);
+        self.record(|| Call::Now);
         self.now.get()
     }
 
     fn define_metric(&self, _kind: MetricKind, name: &str) -> u32 {
-        self.record(Call::DefineMetric(name.to_string()));
+        self.record(|| Call::DefineMetric(name.to_string()));
         let mut names = self.metric_names.borrow_mut();
         match names.iter().position(|n| n == name) {
             Some(i) => i as u32 + 1,
@@ -273,18 +278,18 @@ impl Host for RecordingHost {
     }
 
     fn increment_metric(&self, id: u32, by: i64) {
-        self.record(Call::IncrementMetric(id, by));
+        self.record(|| Call::IncrementMetric(id, by));
         *self.metric_values.borrow_mut().entry(id).or_default() += by;
     }
 
     fn record_metric(&self, id: u32, value: u64) {
-        self.record(Call::RecordMetric(id, value));
+        self.record(|| Call::RecordMetric(id, value));
         self.recorded.borrow_mut().push((id, value));
     }
 
     fn property(&self, path: &[&str]) -> Option<String> {
         let key = path.join(".");
-        self.record(Call::Property(key.clone()));
+        self.record(|| Call::Property(key.clone()));
         self.properties.borrow().get(&key).cloned()
     }
 }

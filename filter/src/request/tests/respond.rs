@@ -341,6 +341,86 @@ fn host_calls_per_request_stay_within_budget() {
     assert_eq!(by_kind(&json).get("header read"), None);
 }
 
+/// Heap allocations (count, bytes, count per callback) of one cached request's callbacks, from its headers to `on_done` (the
+/// fixture's and the recording host's bookkeeping not counted; what the host hands over —
+/// header maps, bodies, shared-data values — counted, as the SDK allocates them in the VM).
+fn allocations_of(
+    fx: &Fx,
+    body: &[u8],
+    response_headers: &[(&str, &str)],
+    chunks: &[&[u8]],
+) -> (u64, u64, Vec<u64>) {
+    fx.cache(&key(2), allow_alice());
+    // The worker's first request of the credential takes its copy; the steady state is the next.
+    one_request(fx, body, response_headers, chunks);
+    let (id, h) = fx.http();
+    let headers = chat(&key(2));
+    let headers = refs(&headers);
+    let mut spent = (0, 0, Vec::new());
+    let mut count = |f: &mut dyn FnMut()| {
+        let (a0, b0) = crate::alloc_count::snapshot();
+        f();
+        let (a1, b1) = crate::alloc_count::snapshot();
+        spent.0 += a1 - a0;
+        spent.1 += b1 - b0;
+        spent.2.push(a1 - a0);
+    };
+    fx.host.enter(id);
+    fx.host.set_map(Headers::Request, &headers);
+    count(&mut || {
+        h.on_request_headers(&fx.host, false);
+    });
+    fx.host.set_buffer(Body::Request, body);
+    count(&mut || {
+        h.on_request_body(&fx.host, body.len(), true);
+    });
+    fx.host.set_map(Headers::Response, response_headers);
+    count(&mut || {
+        h.on_response_headers(&fx.host);
+    });
+    for (i, c) in chunks.iter().enumerate() {
+        fx.host.set_buffer(Body::Response, c);
+        count(&mut || {
+            h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
+        });
+    }
+    count(&mut || {
+        h.on_log(&fx.host);
+        h.on_done(&fx.host);
+    });
+    spent
+}
+
+/// Every allocation is work in the VM on every request (allocator, copy, free): the budget
+/// holds what a cached request costs (`cargo test -p maas-filter allocations_per_request --
+/// --nocapture` prints it).
+#[test]
+fn allocations_per_request_stay_within_budget() {
+    let json = allocations_of(
+        &Fx::new(),
+        BODY,
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[JSON],
+    );
+    let parts: Vec<&[u8]> = SSE.split_inclusive("\n\n").map(str::as_bytes).collect();
+    let stream = allocations_of(
+        &Fx::new(),
+        STREAM,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        &parts,
+    );
+    eprintln!(
+        "cached JSON: {} allocations, {} bytes; per callback {:?}",
+        json.0, json.1, json.2
+    );
+    eprintln!(
+        "cached stream: {} allocations, {} bytes; per callback {:?}",
+        stream.0, stream.1, stream.2
+    );
+    assert!(json.0 <= 91, "{json:?}");
+    assert!(stream.0 <= 94, "{stream:?}");
+}
+
 /// Global limits on and a lease held (the steady state): a request costs the same host calls
 /// as without global limits — the lease is in the counter slot admission reads and writes
 /// anyway, the fallback state and the subject's tracking are in the worker.
