@@ -38,6 +38,7 @@ use crate::response::Refusal;
 use crate::store::{SharedStore, read_u64};
 use maas_types::{Limit, Tier, Window};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 /// Reserved when neither the request nor the tier names a max_tokens.
 pub const FALLBACK_RESERVATION: u64 = 256;
@@ -100,6 +101,37 @@ pub fn counter_key(subject: &str, slots: u64) -> String {
     format!("maas/l/{}", slot_of(subject, slots))
 }
 
+/// A counter slot's key held inline (a [`counter_key`] is at most 27 bytes): a reservation
+/// and a slot read carry it without allocating.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SlotKey {
+    bytes: [u8; 32],
+    len: u8,
+}
+
+impl SlotKey {
+    /// `None` for a key longer than 32 bytes (never a [`counter_key`]).
+    fn new(key: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        bytes.get_mut(..key.len())?.copy_from_slice(key.as_bytes());
+        Some(SlotKey {
+            bytes,
+            len: u8::try_from(key.len()).ok()?,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        let bytes = self.bytes.get(..usize::from(self.len)).unwrap_or_default();
+        std::str::from_utf8(bytes).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for SlotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// One window's counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Record {
@@ -125,81 +157,123 @@ impl Record {
     }
 }
 
-/// The counters of one subject in a slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Counters {
-    subject: String,
-    records: Vec<Record>,
-}
+/// One subject's records, inline (a subject has a few windows: no allocation per request).
+type Records = SmallVec<[Record; 4]>;
 
-/// Decodes a slot value; `None` when it is not one this version wrote (never guessed at).
-fn decode_slot(v: Option<&[u8]>) -> Option<Vec<Counters>> {
-    let b = match v {
-        None | Some([]) => return Some(Vec::new()),
-        Some(b) => b,
-    };
-    let (&version, mut rest) = b.split_first()?;
-    let size = match version {
-        SLOT_VERSION => RECORD,
-        3 => RECORD_V3,
-        2 => RECORD_V2,
-        _ => return None,
-    };
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        let len = usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?));
-        let subject = std::str::from_utf8(rest.get(2..2 + len)?).ok()?.to_string();
-        let n = usize::from(*rest.get(2 + len)?);
-        let at = 3 + len;
-        let recs = rest.get(at..at + n * size)?;
-        let records = recs
-            .chunks_exact(size)
-            .map(|r| {
-                // Fields a smaller (older) record does not have read 0.
-                let lease = |at: usize| {
-                    if size >= at + 8 {
-                        read_u64(r, at)
-                    } else {
-                        Some(0)
-                    }
-                };
-                Some(Record {
-                    kind: *r.first()?,
-                    window: read_u64(r, 1)?,
-                    start: read_u64(r, 9)?,
-                    count: read_u64(r, 17)?,
-                    granted: lease(25)?,
-                    others: lease(33)?,
-                    since: lease(41)?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        out.push(Counters { subject, records });
-        rest = rest.get(at + n * size..)?;
+impl Record {
+    /// A stored record of `size` bytes; fields a smaller (older) record does not have read 0.
+    fn read(r: &[u8], size: usize) -> Option<Record> {
+        let field = |at: usize| {
+            if size >= at + 8 {
+                read_u64(r, at)
+            } else {
+                Some(0)
+            }
+        };
+        Some(Record {
+            kind: *r.first()?,
+            window: read_u64(r, 1)?,
+            start: read_u64(r, 9)?,
+            count: read_u64(r, 17)?,
+            granted: field(25)?,
+            others: field(33)?,
+            since: field(41)?,
+        })
     }
-    Some(out)
-}
 
-fn encode_slot(entries: &[Counters]) -> Vec<u8> {
-    let mut out = vec![SLOT_VERSION];
-    for e in entries {
-        let subject = e.subject.as_bytes();
-        let len = subject.len().min(usize::from(u16::MAX));
-        let n = e.records.len().min(usize::from(u8::MAX));
-        out.extend_from_slice(&(len as u16).to_le_bytes());
-        out.extend_from_slice(subject.get(..len).unwrap_or_default());
-        out.push(n as u8);
-        for r in e.records.iter().take(n) {
-            out.push(r.kind);
-            out.extend_from_slice(&r.window.to_le_bytes());
-            out.extend_from_slice(&r.start.to_le_bytes());
-            out.extend_from_slice(&r.count.to_le_bytes());
-            out.extend_from_slice(&r.granted.to_le_bytes());
-            out.extend_from_slice(&r.others.to_le_bytes());
-            out.extend_from_slice(&r.since.to_le_bytes());
+    fn write(&self, out: &mut Vec<u8>) {
+        out.push(self.kind);
+        for v in [
+            self.window,
+            self.start,
+            self.count,
+            self.granted,
+            self.others,
+            self.since,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
         }
     }
-    out
+}
+
+/// One subject's entry of a slot value, read in place.
+#[derive(Debug, Clone, Copy)]
+struct Entry<'a> {
+    subject: &'a str,
+    /// Its `n` records.
+    records: &'a [u8],
+    /// The whole entry as stored (length, subject, n, records).
+    raw: &'a [u8],
+}
+
+/// A slot value checked whole (every entry readable: one that is not makes the value
+/// unreadable, never guessed at), read in place: nothing is copied out but the records of the
+/// subject being updated.
+#[derive(Debug, Clone, Copy)]
+struct Slot<'a> {
+    /// The entries (the value after its version byte).
+    entries: &'a [u8],
+    /// Record size of the value's version.
+    size: usize,
+}
+
+impl<'a> Slot<'a> {
+    /// `None` when the value is not one this version wrote.
+    fn parse(v: Option<&'a [u8]>) -> Option<Self> {
+        let b = match v {
+            None | Some([]) => {
+                return Some(Slot {
+                    entries: &[],
+                    size: RECORD,
+                });
+            }
+            Some(b) => b,
+        };
+        let (&version, entries) = b.split_first()?;
+        let size = match version {
+            SLOT_VERSION => RECORD,
+            3 => RECORD_V3,
+            2 => RECORD_V2,
+            _ => return None,
+        };
+        let slot = Slot { entries, size };
+        let mut rest = entries;
+        while !rest.is_empty() {
+            rest = slot.entry(rest)?.1;
+        }
+        Some(slot)
+    }
+
+    /// The entry at the start of `rest`, and what follows it.
+    fn entry(&self, rest: &'a [u8]) -> Option<(Entry<'a>, &'a [u8])> {
+        let len = usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?));
+        let subject = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+        let n = usize::from(*rest.get(2 + len)?);
+        let at = 3 + len;
+        let end = at + n * self.size;
+        let entry = Entry {
+            subject,
+            records: rest.get(at..end)?,
+            raw: rest.get(..end)?,
+        };
+        Some((entry, rest.get(end..)?))
+    }
+
+    fn entries(self) -> impl Iterator<Item = Entry<'a>> {
+        let mut rest = self.entries;
+        std::iter::from_fn(move || {
+            let (entry, next) = self.entry(rest)?;
+            rest = next;
+            Some(entry)
+        })
+    }
+
+    fn records(self, e: Entry<'a>) -> impl Iterator<Item = Record> + Clone + 'a {
+        let size = self.size;
+        e.records
+            .chunks_exact(size)
+            .filter_map(move |r| Record::read(r, size))
+    }
 }
 
 /// Why counters could not be updated.
@@ -211,43 +285,115 @@ enum SlotError {
     Full,
 }
 
-/// A slot read for an update: the other subjects and `subject`'s records.
-struct SlotView {
-    others: Vec<Counters>,
-    mine: Vec<Record>,
+/// A slot read for an update: the value in place and `subject`'s records.
+struct SlotView<'a> {
+    slot: Slot<'a>,
+    /// The position of `subject`'s entry (replaced when the slot is written).
+    mine_at: Option<usize>,
+    mine: Records,
 }
 
-fn read_slot(value: Option<&[u8]>, subject: &str) -> Result<SlotView, SlotError> {
-    let mut others = decode_slot(value).ok_or(SlotError::Unreadable)?;
-    let mine = match others.iter().position(|c| c.subject == subject) {
-        Some(i) => others.swap_remove(i).records,
-        None => Vec::new(),
+fn read_slot<'a>(value: Option<&'a [u8]>, subject: &str) -> Result<SlotView<'a>, SlotError> {
+    let slot = Slot::parse(value).ok_or(SlotError::Unreadable)?;
+    let mut view = SlotView {
+        slot,
+        mine_at: None,
+        mine: Records::new(),
     };
-    Ok(SlotView { others, mine })
+    if let Some((i, e)) = slot
+        .entries()
+        .enumerate()
+        .find(|(_, e)| e.subject == subject)
+    {
+        view.mine_at = Some(i);
+        view.mine = slot.records(e).collect();
+    }
+    Ok(view)
 }
 
-impl SlotView {
-    /// The slot value with `subject`'s records replaced by `records`; subjects (and records)
-    /// whose windows are all over are dropped; no room for a subject with live counts → Full.
+thread_local! {
+    /// The worker's buffer for slot values being written (a write allocates nothing once it
+    /// has grown to the largest slot; bounded by [`SLOT_SUBJECTS`] entries).
+    static SLOT_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with the worker's slot buffer (a fresh one if it is in use).
+fn with_slot_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    SLOT_BUFFER.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => f(&mut buf),
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+impl SlotView<'_> {
+    /// Writes into `out` the slot value with `subject`'s records replaced by `records`;
+    /// subjects (and records) whose windows are all over are dropped; no room for a subject
+    /// with live counts → Full.
     fn write(
-        mut self,
+        &self,
         subject: &str,
-        records: Vec<Record>,
+        records: &[Record],
         now: u64,
-    ) -> Result<Vec<u8>, SlotError> {
-        self.others
-            .retain(|c| c.records.iter().any(|r| r.live(now)));
-        let records: Vec<Record> = records.into_iter().filter(|r| r.live(now)).collect();
-        if !records.is_empty() {
-            if self.others.len() >= SLOT_SUBJECTS {
+        out: &mut Vec<u8>,
+    ) -> Result<(), SlotError> {
+        out.clear();
+        out.reserve(
+            1 + self.slot.entries.len() / self.slot.size * RECORD
+                + 3
+                + subject.len()
+                + records.len() * RECORD,
+        );
+        out.push(SLOT_VERSION);
+        let mut others = 0usize;
+        for (i, e) in self.slot.entries().enumerate() {
+            if Some(i) == self.mine_at || !self.slot.records(e).any(|r| r.live(now)) {
+                continue;
+            }
+            others += 1;
+            if self.slot.size == RECORD {
+                out.extend_from_slice(e.raw);
+            } else {
+                push_entry(out, e.subject, self.slot.records(e));
+            }
+        }
+        let live = records.iter().copied().filter(|r| r.live(now));
+        if live.clone().next().is_some() {
+            if others >= SLOT_SUBJECTS {
                 return Err(SlotError::Full);
             }
-            self.others.push(Counters {
-                subject: subject.to_string(),
-                records,
-            });
+            push_entry(out, subject, live);
         }
-        Ok(encode_slot(&self.others))
+        Ok(())
+    }
+}
+
+/// Writes `view` with `subject`'s `records` by CAS: `Ok(false)` when the slot changed since it
+/// was read (read it again).
+fn write_slot(
+    store: &dyn SharedStore,
+    key: &str,
+    view: &SlotView,
+    subject: &str,
+    records: &[Record],
+    now: u64,
+    cas: Option<u32>,
+) -> Result<bool, SlotError> {
+    with_slot_buffer(|buf| {
+        view.write(subject, records, now, buf)?;
+        Ok(store.set(key, buf, cas).is_ok())
+    })
+}
+
+/// Appends one subject's entry (at most 255 records, the subject cut to 65535 bytes).
+fn push_entry(out: &mut Vec<u8>, subject: &str, records: impl Iterator<Item = Record> + Clone) {
+    let subject = subject.as_bytes();
+    let len = subject.len().min(usize::from(u16::MAX));
+    let n = records.clone().count().min(usize::from(u8::MAX));
+    out.extend_from_slice(&(len as u16).to_le_bytes());
+    out.extend_from_slice(subject.get(..len).unwrap_or_default());
+    out.push(n as u8);
+    for r in records.take(n) {
+        r.write(out);
     }
 }
 
@@ -328,65 +474,117 @@ impl RateHeaders {
         h
     }
 
-    /// `x-ratelimit-*` headers as OpenAI sends them.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(6);
+    /// `x-ratelimit-*` headers as OpenAI sends them, each handed to `f` (formatted on the
+    /// stack: per request on every response, nothing allocated).
+    pub fn each(&self, mut f: impl FnMut(&'static str, &str)) {
         if let Some(r) = self.requests {
-            out.push(("x-ratelimit-limit-requests", decimal(r.limit)));
-            out.push(("x-ratelimit-remaining-requests", decimal(r.remaining())));
-            out.push(("x-ratelimit-reset-requests", duration(r.reset_seconds)));
+            f(
+                "x-ratelimit-limit-requests",
+                Short::decimal(r.limit).as_str(),
+            );
+            f(
+                "x-ratelimit-remaining-requests",
+                Short::decimal(r.remaining()).as_str(),
+            );
+            f(
+                "x-ratelimit-reset-requests",
+                Short::duration(r.reset_seconds).as_str(),
+            );
         }
         if let Some(t) = self.tokens {
-            out.push(("x-ratelimit-limit-tokens", decimal(t.limit)));
-            out.push(("x-ratelimit-remaining-tokens", decimal(t.remaining())));
-            out.push(("x-ratelimit-reset-tokens", duration(t.reset_seconds)));
+            f("x-ratelimit-limit-tokens", Short::decimal(t.limit).as_str());
+            f(
+                "x-ratelimit-remaining-tokens",
+                Short::decimal(t.remaining()).as_str(),
+            );
+            f(
+                "x-ratelimit-reset-tokens",
+                Short::duration(t.reset_seconds).as_str(),
+            );
         }
+    }
+
+    /// [`Self::each`] as owned pairs (a refusal's headers).
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(6);
+        self.each(|name, value| out.push((name, value.to_string())));
         out
     }
 }
 
-/// Appends `n` in decimal (per request on every response: without the formatting machinery,
-/// which is slow inside the VM).
-fn push_decimal(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        if let Some(d) = digits.get_mut(at) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || at == 0 {
-            break;
-        }
-    }
-    for &d in digits.get(at..).unwrap_or_default() {
-        out.push(char::from(d));
-    }
+/// A short ASCII text on the stack: a number or a duration (without the formatting machinery,
+/// which is slow inside the VM, and without allocating). Holds the longest duration of a u64.
+struct Short {
+    bytes: [u8; 32],
+    len: usize,
 }
 
-fn decimal(n: u64) -> String {
-    let mut s = String::with_capacity(20);
-    push_decimal(&mut s, n);
-    s
+impl Short {
+    fn new() -> Self {
+        Short {
+            bytes: [0; 32],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, b: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    /// Appends `n` in decimal.
+    fn push_decimal(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = n;
+        loop {
+            at -= 1;
+            if let Some(d) = digits.get_mut(at) {
+                *d = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 || at == 0 {
+                break;
+            }
+        }
+        for &d in digits.get(at..).unwrap_or_default() {
+            self.push(d);
+        }
+    }
+
+    fn decimal(n: u64) -> Self {
+        let mut out = Short::new();
+        out.push_decimal(n);
+        out
+    }
+
+    /// OpenAI-style duration: `59s`, `6m0s`, `1h2m3s`.
+    fn duration(seconds: u64) -> Self {
+        let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
+        let mut out = Short::new();
+        if h > 0 {
+            out.push_decimal(h);
+            out.push(b'h');
+        }
+        if h > 0 || m > 0 {
+            out.push_decimal(m);
+            out.push(b'm');
+        }
+        out.push_decimal(s);
+        out.push(b's');
+        out
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
+    }
 }
 
 /// OpenAI-style duration: `59s`, `6m0s`, `1h2m3s`.
 pub fn duration(seconds: u64) -> String {
-    let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
-    let mut out = String::with_capacity(16);
-    if h > 0 {
-        push_decimal(&mut out, h);
-        out.push('h');
-    }
-    if h > 0 || m > 0 {
-        push_decimal(&mut out, m);
-        out.push('m');
-    }
-    push_decimal(&mut out, s);
-    out.push('s');
-    out
+    Short::duration(seconds).as_str().to_string()
 }
 
 /// What was taken at admission, to settle at the end of the response.
@@ -395,11 +593,11 @@ pub struct Reservation {
     /// The tier the request ran on (for metrics).
     pub tier: String,
     pub subject: String,
-    /// The shared-data key of the subject's counter slot.
-    pub key: String,
+    /// The subject's counter slot.
+    pub key: SlotKey,
     pub reserved: u64,
     /// (window seconds, window start) of each token counter the reservation went into.
-    pub token_windows: Vec<(u64, u64)>,
+    pub token_windows: SmallVec<[(u64, u64); 4]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -565,8 +763,8 @@ pub fn reservation_for(max_tokens: Option<u64>, tier: &Tier) -> u64 {
 }
 
 /// `tiers` without repeats (by name), order kept.
-fn distinct<'a>(tiers: &[&'a Tier]) -> Vec<&'a Tier> {
-    let mut out: Vec<&Tier> = Vec::with_capacity(tiers.len());
+fn distinct<'a>(tiers: &[&'a Tier]) -> SmallVec<[&'a Tier; 2]> {
+    let mut out: SmallVec<[&Tier; 2]> = SmallVec::new();
     for t in tiers {
         if !out.iter().any(|o| o.name == t.name) {
             out.push(t);
@@ -576,8 +774,8 @@ fn distinct<'a>(tiers: &[&'a Tier]) -> Vec<&'a Tier> {
 }
 
 /// The distinct (kind, window) counters of `tiers`.
-fn windows(tiers: &[&Tier]) -> Vec<(Kind, Window)> {
-    let mut out: Vec<(Kind, Window)> = Vec::new();
+fn windows(tiers: &[&Tier]) -> SmallVec<[(Kind, Window); 8]> {
+    let mut out: SmallVec<[(Kind, Window); 8]> = SmallVec::new();
     for (kind, l, _) in all_limits(tiers) {
         if !out.contains(&(kind, l.window)) {
             out.push((kind, l.window));
@@ -634,7 +832,7 @@ pub fn admit_in(
 /// something was, the update reads the slot again (so nothing is ever decided on a stale count).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRead {
-    key: String,
+    key: SlotKey,
     value: Option<Vec<u8>>,
     cas: u32,
 }
@@ -672,9 +870,12 @@ pub struct Ask<'a> {
     pub now: u64,
 }
 
+/// (kind, window, tightest limit, that limit's tier) of each distinct counter.
+type LeaseCounters<'a> = SmallVec<[(Kind, Window, u64, &'a str); 8]>;
+
 /// The distinct counters of `tiers` with their tightest limit (and that limit's tier).
-fn lease_counters<'a>(tiers: &'a [&'a Tier]) -> Vec<(Kind, Window, u64, &'a str)> {
-    let mut out: Vec<(Kind, Window, u64, &str)> = Vec::new();
+fn lease_counters<'a>(tiers: &'a [&'a Tier]) -> LeaseCounters<'a> {
+    let mut out = LeaseCounters::new();
     for (kind, l, tier) in all_limits(tiers) {
         match out
             .iter_mut()
@@ -718,19 +919,23 @@ pub fn admit_leased(
         reserve,
         now,
     } = *ask;
-    let mut read = read.filter(|r| r.key == key);
+    let Some(slot_key) = SlotKey::new(key) else {
+        return Admission::Unavailable {
+            reason: "counter key too long",
+        };
+    };
+    let mut read = read.filter(|r| r.key == slot_key);
     let tiers = distinct(tiers);
     let request_tier = tiers.first().map(|t| t.name.clone()).unwrap_or_default();
-    let key = key.to_string();
     let counters = windows(&tiers);
     if counters.is_empty() {
         return Admission::Allowed {
             reservation: Reservation {
                 tier: request_tier,
                 subject: subject.to_string(),
-                key,
+                key: slot_key,
                 reserved: reserve,
-                token_windows: Vec::new(),
+                token_windows: SmallVec::new(),
             },
             headers: RateHeaders::default(),
         };
@@ -753,7 +958,7 @@ pub fn admit_leased(
         // A CAS write from an earlier read fails if the slot changed since: then read again.
         let (value, cas) = match read.take() {
             Some(r) => (r.value, Some(r.cas)),
-            None => store.get(&key),
+            None => store.get(key),
         };
         let view = match read_slot(value.as_deref(), subject) {
             Ok(v) => v,
@@ -833,7 +1038,7 @@ pub fn admit_leased(
                 };
             }
         }
-        let mut next: Vec<Record> = view
+        let mut next: Records = view
             .mine
             .iter()
             .filter(|r| {
@@ -857,16 +1062,16 @@ pub fn admit_leased(
             });
         }
         let headers = RateHeaders::from_records(&tiers, &next, now);
-        let bytes = match view.write(subject, next, now) {
-            Ok(b) => b,
+        let written = match write_slot(store, key, &view, subject, &next, now, cas) {
+            Ok(w) => w,
             Err(e) => return slot_error(e),
         };
-        if store.set(&key, &bytes, cas).is_ok() {
+        if written {
             return Admission::Allowed {
                 reservation: Reservation {
                     tier: request_tier,
                     subject: subject.to_string(),
-                    key,
+                    key: slot_key,
                     reserved: reserve,
                     token_windows: counters
                         .iter()
@@ -941,11 +1146,11 @@ pub fn precheck_read(
         tier: tier.to_string(),
         headers: RateHeaders::from_records(&tiers, &view.mine, now),
     });
-    let read = cas.map(|cas| SlotRead {
-        key: key.to_string(),
-        value,
-        cas,
-    });
+    // A key too long to hold inline is read again by admission.
+    let read = match (cas, SlotKey::new(key)) {
+        (Some(cas), Some(key)) => Some(SlotRead { key, value, cas }),
+        _ => None,
+    };
     (refusal, read)
 }
 
@@ -957,7 +1162,8 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
         return;
     }
     for _ in 0..CAS_ATTEMPTS {
-        let (value, cas) = store.get(&r.key);
+        let key = r.key.as_str();
+        let (value, cas) = store.get(key);
         let Ok(view) = read_slot(value.as_deref(), &r.subject) else {
             return;
         };
@@ -1011,11 +1217,9 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
         }
         // A full slot (the subject's counters had all expired and others took the room) cannot
         // take the tokens: they go uncounted rather than displace a live count.
-        let Ok(bytes) = view.write(&r.subject, records, now) else {
-            return;
-        };
-        if store.set(&r.key, &bytes, cas).is_ok() {
-            return;
+        match write_slot(store, key, &view, &r.subject, &records, now, cas) {
+            Ok(true) | Err(_) => return,
+            Ok(false) => {}
         }
     }
 }
@@ -1102,11 +1306,10 @@ pub fn apply_grants(
         if !changed {
             return true;
         }
-        let Ok(bytes) = view.write(subject, records, now) else {
-            return false;
-        };
-        if store.set(key, &bytes, cas).is_ok() {
-            return true;
+        match write_slot(store, key, &view, subject, &records, now, cas) {
+            Ok(true) => return true,
+            Err(_) => return false,
+            Ok(false) => {}
         }
     }
     false
@@ -1192,11 +1395,10 @@ pub fn claim(
         if !changed {
             return claims;
         }
-        let Ok(bytes) = view.write(subject, records, now) else {
-            return Vec::new();
-        };
-        if store.set(key, &bytes, cas).is_ok() {
-            return claims;
+        match write_slot(store, key, &view, subject, &records, now, cas) {
+            Ok(true) => return claims,
+            Err(_) => return Vec::new(),
+            Ok(false) => {}
         }
     }
     Vec::new()
@@ -1230,11 +1432,9 @@ pub fn unclaim(store: &dyn SharedStore, key: &str, subject: &str, claims: &[Clai
         if !changed {
             return;
         }
-        let Ok(bytes) = view.write(subject, records, now) else {
-            return;
-        };
-        if store.set(key, &bytes, cas).is_ok() {
-            return;
+        match write_slot(store, key, &view, subject, &records, now, cas) {
+            Ok(true) | Err(_) => return,
+            Ok(false) => {}
         }
     }
 }

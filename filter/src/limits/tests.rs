@@ -405,9 +405,9 @@ fn unreadable_slot_refuses() {
     let key = counter_key("alice", SLOTS);
     let v = s.get(&key).0.unwrap();
     for cut in 2..v.len() {
-        assert!(decode_slot(Some(&v[..cut])).is_none(), "cut {cut}");
+        assert!(Slot::parse(Some(&v[..cut])).is_none(), "cut {cut}");
     }
-    assert_eq!(decode_slot(Some(&v)).unwrap().len(), 1);
+    assert_eq!(Slot::parse(Some(&v)).unwrap().entries().count(), 1);
 }
 
 #[test]
@@ -662,7 +662,8 @@ fn a_never_written_slot_gives_no_read_to_start_from() {
 proptest::proptest! {
     #[test]
     fn decimal_is_to_string(n in proptest::prelude::any::<u64>()) {
-        proptest::prop_assert_eq!(decimal(n), n.to_string());
+        let decimal = Short::decimal(n);
+        proptest::prop_assert_eq!(decimal.as_str(), n.to_string());
     }
 }
 

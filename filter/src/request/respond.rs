@@ -34,9 +34,12 @@ impl std::fmt::Debug for Scan {
     }
 }
 
-/// The scanner for a response, from its `content-type` and `content-encoding`.
+/// The scanner for a response, from its `content-type` (any case) and `content-encoding`.
 pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> Scan {
-    let sse = content_type.starts_with("text/event-stream");
+    const SSE: &str = "text/event-stream";
+    let sse = content_type
+        .get(..SSE.len())
+        .is_some_and(|t| t.eq_ignore_ascii_case(SSE));
     if coding != Coding::Identity {
         // Asked for identity, compressed anyway: read the usage from a decoded copy.
         let scanner = if sse {
@@ -51,7 +54,11 @@ pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> 
     }
     if sse {
         Scan::Sse(SseScanner::new(strip_usage_event))
-    } else if content_type.contains("json") {
+    } else if content_type
+        .as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"json"))
+    {
         Scan::Json(JsonUsageScanner::new())
     } else {
         Scan::None
@@ -81,18 +88,14 @@ impl Request {
                 .map(|(_, v)| v.as_str())
         };
         let status = find(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let content_type = find("content-type")
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let content_type = find("content-type").unwrap_or_default();
         let coding = encoding::coding(find("content-encoding"));
-        for (name, value) in rate_headers.headers() {
-            host.set_header(Headers::Response, name, Some(&value));
-        }
+        rate_headers.each(|name, value| host.set_header(Headers::Response, name, Some(value)));
         // An unmetered operation (count_tokens) generates nothing: its answer is not read.
         let scan = if self.unmetered {
             Scan::None
         } else {
-            scan_for(&content_type, coding, self.strip_usage_event)
+            scan_for(content_type, coding, self.strip_usage_event)
         };
         if matches!(scan, Scan::Sse(_)) && self.strip_usage_event {
             host.set_header(Headers::Response, "content-length", None);
@@ -200,11 +203,10 @@ impl Request {
             },
         );
         if let (Some(u), Some(m)) = (usage, self.model()) {
-            let model = m.name.clone();
             self.worker.borrow_mut().metrics.tokens(
                 host,
                 &res.tier,
-                &model,
+                &m.name,
                 u.prompt_tokens,
                 u.completion_tokens,
             );
