@@ -49,13 +49,74 @@ use std::hash::{BuildHasher, Hasher};
 const DROP_LOG_INTERVAL_MS: u64 = 60_000;
 
 /// What a record is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RecordKey {
     pub subject: String,
     pub key_id: Option<String>,
     pub tier: String,
     pub model: String,
     pub hour_start: u64,
+}
+
+/// A [`RecordKey`] borrowed: a request finds its open record without copying the key (only a
+/// new record owns one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct KeyRef<'a> {
+    subject: &'a str,
+    key_id: Option<&'a str>,
+    tier: &'a str,
+    model: &'a str,
+    hour_start: u64,
+}
+
+/// A record key, owned or borrowed: what the open records are looked up by.
+trait AsKeyRef {
+    fn key_ref(&self) -> KeyRef<'_>;
+}
+
+impl AsKeyRef for RecordKey {
+    fn key_ref(&self) -> KeyRef<'_> {
+        KeyRef {
+            subject: &self.subject,
+            key_id: self.key_id.as_deref(),
+            tier: &self.tier,
+            model: &self.model,
+            hour_start: self.hour_start,
+        }
+    }
+}
+
+impl AsKeyRef for KeyRef<'_> {
+    fn key_ref(&self) -> KeyRef<'_> {
+        *self
+    }
+}
+
+// Owned and borrowed keys hash and compare as their `KeyRef`, so the map's `Borrow` holds.
+impl std::hash::Hash for RecordKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key_ref().hash(state);
+    }
+}
+
+impl std::hash::Hash for dyn AsKeyRef + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key_ref().hash(state);
+    }
+}
+
+impl PartialEq for dyn AsKeyRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_ref() == other.key_ref()
+    }
+}
+
+impl Eq for dyn AsKeyRef + '_ {}
+
+impl<'a> std::borrow::Borrow<dyn AsKeyRef + 'a> for RecordKey {
+    fn borrow(&self) -> &(dyn AsKeyRef + 'a) {
+        self
+    }
 }
 
 /// What happened to one request, as the ledger counts it.
@@ -162,23 +223,33 @@ impl Ledger {
         {
             return;
         }
-        let key = RecordKey {
+        let key = KeyRef {
+            subject,
+            key_id,
+            tier,
+            model,
+            hour_start: hour_start_of(self.now_s),
+        };
+        if let Some(c) = self.open.get_mut(&key as &dyn AsKeyRef) {
+            Self::count(c, event);
+            return;
+        }
+        self.make_room();
+        let owned = RecordKey {
             subject: subject.to_string(),
             key_id: key_id.map(str::to_string),
             tier: tier.to_string(),
             model: model.to_string(),
-            hour_start: hour_start_of(self.now_s),
+            hour_start: key.hour_start,
         };
-        if !self.open.contains_key(&key) {
-            self.make_room();
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.order.insert(seq, key.clone());
-            self.open.insert(key.clone(), Counts::default());
-        }
-        let Some(c) = self.open.get_mut(&key) else {
-            return;
-        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.order.insert(seq, owned.clone());
+        Self::count(self.open.entry(owned).or_default(), event);
+    }
+
+    /// Counts one request's outcome in its record.
+    fn count(c: &mut Counts, event: Event<'_>) {
         match event {
             Event::Settled {
                 prompt,

@@ -590,8 +590,6 @@ pub fn duration(seconds: u64) -> String {
 /// What was taken at admission, to settle at the end of the response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    /// The tier the request ran on (for metrics).
-    pub tier: String,
     pub subject: String,
     /// The subject's counter slot.
     pub key: SlotKey,
@@ -926,12 +924,10 @@ pub fn admit_leased(
     };
     let mut read = read.filter(|r| r.key == slot_key);
     let tiers = distinct(tiers);
-    let request_tier = tiers.first().map(|t| t.name.clone()).unwrap_or_default();
     let counters = windows(&tiers);
     if counters.is_empty() {
         return Admission::Allowed {
             reservation: Reservation {
-                tier: request_tier,
                 subject: subject.to_string(),
                 key: slot_key,
                 reserved: reserve,
@@ -1069,7 +1065,6 @@ pub fn admit_leased(
         if written {
             return Admission::Allowed {
                 reservation: Reservation {
-                    tier: request_tier,
                     subject: subject.to_string(),
                     key: slot_key,
                     reserved: reserve,

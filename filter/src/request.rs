@@ -766,15 +766,17 @@ impl Request {
     /// The model field and the limits; `Some` reservation unless discovery.
     fn decide_body(&mut self, host: &dyn Host, now_s: u64) -> Result<Admitted, Refusal> {
         let policy = self.policy.clone();
-        let sub_tier = self.sub_tier.clone();
         let model = self.model();
-        let tier = match &sub_tier {
+        // Borrowed field by field (no copy of the subject or the subscription's tier).
+        let tier = match &self.sub_tier {
             Some(t) => Some(t),
             None => policy
                 .as_ref()
                 .and_then(|p| p.tiers.get(self.tier_idx.unwrap_or(usize::MAX))),
         };
-        let (Some(model), Some(tier), Some(subject)) = (model, tier, self.limits_subject()) else {
+        // The limits' subject, as `limits_subject` says.
+        let subject = self.counter_subject.as_deref().or(self.subject.as_deref());
+        let (Some(model), Some(tier), Some(subject)) = (model, tier, subject) else {
             return Err(Refusal::no_policy());
         };
         if let BodyState::Done(info) = &self.body {
@@ -797,7 +799,7 @@ impl Request {
         let highest = policy
             .as_ref()
             .and_then(|p| p.tiers.get(self.highest_tier_idx.unwrap_or(usize::MAX)))
-            .filter(|_| sub_tier.is_none())
+            .filter(|_| self.sub_tier.is_none())
             .unwrap_or(tier);
         // Tokens in the limits' unit: input and output weighted (the larger weights of the
         // tiers whose windows apply). An unmetered operation reserves none.
@@ -821,7 +823,7 @@ impl Request {
         let ask = limits::Ask {
             key: &self.counter_key,
             tiers: &tiers,
-            subject: &subject,
+            subject,
             reserve,
             now: now_s,
         };
@@ -833,7 +835,7 @@ impl Request {
                 if lease_policy.is_some() {
                     // The worker's batch reports this subject's debts and releases (in-VM only).
                     self.worker.borrow_mut().leases.track(
-                        &subject,
+                        subject,
                         &self.counter_key,
                         || lease::counters(&tiers),
                         now_s.saturating_mul(1000),

@@ -44,6 +44,8 @@ use std::borrow::Cow;
 pub const LINE_CAP: usize = 64 * 1024;
 /// Most data bytes kept for one event; an event with more is only scanned for usage, never stripped.
 pub const DATA_CAP: usize = 64 * 1024;
+/// First capacity of the event data buffer (a chat chunk is a few hundred bytes).
+const DATA_START: usize = 512;
 /// Largest event (raw bytes) that may be held back to be stripped; a larger one is forwarded.
 pub const EVENT_CAP: usize = 64 * 1024;
 
@@ -410,6 +412,11 @@ impl SseScanner {
             self.spill_bytes(value);
             self.spill_bytes(b"\n");
             return false;
+        }
+        if self.data.capacity() == 0 {
+            // Sized once for the stream's usual events (kept from event to event).
+            self.data
+                .reserve(value.len().saturating_add(1).max(DATA_START));
         }
         self.data.extend_from_slice(value);
         self.data.push(b'\n');

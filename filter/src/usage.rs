@@ -11,6 +11,7 @@
 //! [`Usage`]; the SSE scanner uses the same tolerant deserializer ([`UsageCounts`], [`UsageField`]).
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use smallvec::SmallVec;
 use std::fmt;
 
 /// Token counts of one response.
@@ -29,6 +30,12 @@ pub struct Usage {
 pub const KEY_CAP: usize = 64;
 /// Longest `usage` value kept; a longer one is ignored (real ones are a few hundred bytes).
 pub const USAGE_CAP: usize = 16 * 1024;
+/// Top-level keys up to this size are kept inline (`system_fingerprint` is 18).
+const KEY_INLINE: usize = 32;
+/// A `usage` value up to this size is kept inline (a plain OpenAI one is ~60 bytes, one with
+/// its details ~230: then one allocation); the scanner stays small enough to sit unboxed next
+/// to the SSE scanner.
+const USAGE_INLINE: usize = 192;
 
 /// Where the scanner is, relative to the top-level object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,11 +65,13 @@ pub struct JsonUsageScanner {
     depth: u32,
     in_string: bool,
     escape: bool,
-    key: Vec<u8>,
+    /// Inline up to [`KEY_INLINE`] bytes (every key of a real response): no allocation per key.
+    key: SmallVec<[u8; KEY_INLINE]>,
     key_overflow: bool,
     /// Copying the value of a top-level `usage` key.
     capture: bool,
-    captured: Vec<u8>,
+    /// Inline up to [`USAGE_INLINE`] bytes (a usual `usage`): no allocation per response.
+    captured: SmallVec<[u8; USAGE_INLINE]>,
     capture_overflow: bool,
     /// Counts of the last well-formed `usage` (one that states a count).
     counts: Option<UsageCounts>,
@@ -86,10 +95,10 @@ impl JsonUsageScanner {
             depth: 0,
             in_string: false,
             escape: false,
-            key: Vec::new(),
+            key: SmallVec::new(),
             key_overflow: false,
             capture: false,
-            captured: Vec::new(),
+            captured: SmallVec::new(),
             capture_overflow: false,
             counts: None,
             nested_keys: false,
@@ -217,7 +226,7 @@ impl JsonUsageScanner {
         }
         if self.captured.len().saturating_add(bytes.len()) > USAGE_CAP {
             self.capture_overflow = true;
-            self.captured = Vec::new();
+            self.captured = SmallVec::new();
         } else {
             self.captured.extend_from_slice(bytes);
         }
@@ -257,7 +266,7 @@ impl JsonUsageScanner {
                     if !self.capture
                         && self.nested_keys
                         && !self.key_overflow
-                        && (self.key == b"response" || self.key == b"message")
+                        && (self.key.as_slice() == b"response" || self.key.as_slice() == b"message")
                     {
                         self.nested = Some(Box::new(JsonUsageScanner::new()));
                     }
@@ -314,7 +323,7 @@ impl JsonUsageScanner {
         if self.key_overflow {
             return false;
         }
-        if self.key == b"usage" {
+        if self.key.as_slice() == b"usage" {
             return true;
         }
         if !self.key.contains(&b'\\') {

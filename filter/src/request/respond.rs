@@ -194,8 +194,10 @@ impl Request {
             Some(u) => (u.prompt_tokens, u.completion_tokens, u.cached_input_tokens),
             None => (settled.input, settled.output, 0),
         };
+        // The tier the request ran on (the first of the tiers admission counted in).
+        let tier = self.tier_name().unwrap_or_default();
         self.ledger_add(
-            &res.tier,
+            tier,
             Event::Settled {
                 prompt,
                 completion,
@@ -205,7 +207,7 @@ impl Request {
         if let (Some(u), Some(m)) = (usage, self.model()) {
             self.worker.borrow_mut().metrics.tokens(
                 host,
-                &res.tier,
+                tier,
                 &m.name,
                 u.prompt_tokens,
                 u.completion_tokens,
@@ -228,18 +230,22 @@ impl Request {
         }
     }
 
-    /// A refusal of a request whose subject and tier are known.
-    pub(super) fn ledger_refused(&self, code: &str) {
-        // Under a subscription its stand-in tier (`subscription:<S>`), as settlements are.
-        let tier = match &self.sub_tier {
+    /// The tier the request runs on: under a subscription its stand-in tier
+    /// (`subscription:<S>`), else its tier in the policy it was decided with.
+    fn tier_name(&self) -> Option<&str> {
+        match &self.sub_tier {
             Some(t) => Some(t.name.as_str()),
             None => self
                 .policy
                 .as_ref()
                 .and_then(|p| p.tiers.get(self.tier_idx?))
                 .map(|t| t.name.as_str()),
-        };
-        if let Some(tier) = tier {
+        }
+    }
+
+    /// A refusal of a request whose subject and tier are known.
+    pub(super) fn ledger_refused(&self, code: &str) {
+        if let Some(tier) = self.tier_name() {
             self.ledger_add(tier, Event::Refused(code));
         }
     }
