@@ -101,32 +101,24 @@ pub fn counter_key(subject: &str, slots: u64) -> String {
     format!("maas/l/{}", slot_of(subject, slots))
 }
 
-/// A counter slot's key held inline (a [`counter_key`] is at most 27 bytes): a reservation
-/// and a slot read carry it without allocating.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct SlotKey {
-    bytes: [u8; 32],
-    len: u8,
-}
+/// Text held inline up to 32 bytes (a [`counter_key`] is at most 27, most subjects fit), on
+/// the heap beyond: a reservation and a slot read carry their key and subject without
+/// allocating.
+#[derive(Clone, PartialEq, Eq)]
+pub struct InlineStr(SmallVec<[u8; 32]>);
 
-impl SlotKey {
-    /// `None` for a key longer than 32 bytes (never a [`counter_key`]).
-    fn new(key: &str) -> Option<Self> {
-        let mut bytes = [0u8; 32];
-        bytes.get_mut(..key.len())?.copy_from_slice(key.as_bytes());
-        Some(SlotKey {
-            bytes,
-            len: u8::try_from(key.len()).ok()?,
-        })
+impl InlineStr {
+    fn new(s: &str) -> Self {
+        InlineStr(SmallVec::from_slice(s.as_bytes()))
     }
 
     pub fn as_str(&self) -> &str {
-        let bytes = self.bytes.get(..usize::from(self.len)).unwrap_or_default();
-        std::str::from_utf8(bytes).unwrap_or_default()
+        // Always UTF-8: made from a `str`.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
-impl std::fmt::Debug for SlotKey {
+impl std::fmt::Debug for InlineStr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Debug::fmt(self.as_str(), f)
     }
@@ -590,9 +582,9 @@ pub fn duration(seconds: u64) -> String {
 /// What was taken at admission, to settle at the end of the response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    pub subject: String,
+    pub subject: InlineStr,
     /// The subject's counter slot.
-    pub key: SlotKey,
+    pub key: InlineStr,
     pub reserved: u64,
     /// (window seconds, window start) of each token counter the reservation went into.
     pub token_windows: SmallVec<[(u64, u64); 4]>,
@@ -830,7 +822,7 @@ pub fn admit_in(
 /// something was, the update reads the slot again (so nothing is ever decided on a stale count).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRead {
-    key: SlotKey,
+    key: InlineStr,
     value: Option<Vec<u8>>,
     cas: u32,
 }
@@ -917,19 +909,14 @@ pub fn admit_leased(
         reserve,
         now,
     } = *ask;
-    let Some(slot_key) = SlotKey::new(key) else {
-        return Admission::Unavailable {
-            reason: "counter key too long",
-        };
-    };
-    let mut read = read.filter(|r| r.key == slot_key);
+    let mut read = read.filter(|r| r.key.as_str() == key);
     let tiers = distinct(tiers);
     let counters = windows(&tiers);
     if counters.is_empty() {
         return Admission::Allowed {
             reservation: Reservation {
-                subject: subject.to_string(),
-                key: slot_key,
+                subject: InlineStr::new(subject),
+                key: InlineStr::new(key),
                 reserved: reserve,
                 token_windows: SmallVec::new(),
             },
@@ -1065,8 +1052,8 @@ pub fn admit_leased(
         if written {
             return Admission::Allowed {
                 reservation: Reservation {
-                    subject: subject.to_string(),
-                    key: slot_key,
+                    subject: InlineStr::new(subject),
+                    key: InlineStr::new(key),
                     reserved: reserve,
                     token_windows: counters
                         .iter()
@@ -1141,11 +1128,11 @@ pub fn precheck_read(
         tier: tier.to_string(),
         headers: RateHeaders::from_records(&tiers, &view.mine, now),
     });
-    // A key too long to hold inline is read again by admission.
-    let read = match (cas, SlotKey::new(key)) {
-        (Some(cas), Some(key)) => Some(SlotRead { key, value, cas }),
-        _ => None,
-    };
+    let read = cas.map(|cas| SlotRead {
+        key: InlineStr::new(key),
+        value,
+        cas,
+    });
     (refusal, read)
 }
 
@@ -1159,7 +1146,7 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
     for _ in 0..CAS_ATTEMPTS {
         let key = r.key.as_str();
         let (value, cas) = store.get(key);
-        let Ok(view) = read_slot(value.as_deref(), &r.subject) else {
+        let Ok(view) = read_slot(value.as_deref(), r.subject.as_str()) else {
             return;
         };
         let mut records = view.mine.clone();
@@ -1212,7 +1199,7 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
         }
         // A full slot (the subject's counters had all expired and others took the room) cannot
         // take the tokens: they go uncounted rather than displace a live count.
-        match write_slot(store, key, &view, &r.subject, &records, now, cas) {
+        match write_slot(store, key, &view, r.subject.as_str(), &records, now, cas) {
             Ok(true) | Err(_) => return,
             Ok(false) => {}
         }

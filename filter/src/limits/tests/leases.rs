@@ -262,6 +262,33 @@ fn a_version_2_slot_is_read_with_no_lease() {
     );
 }
 
+/// Another subject's entry of an older slot is rewritten in this version's layout, its counts
+/// kept (the slot is read in place, not decoded whole).
+#[test]
+fn a_version_2_slot_keeps_the_other_subjects_counts_when_written() {
+    let s = MemStore::new();
+    let t = small();
+    let key = counter_key("alice", SLOTS);
+    let mut v = vec![2u8];
+    for (who, count) in [("bob", 7u64), ("alice", 4)] {
+        v.extend_from_slice(&(who.len() as u16).to_le_bytes());
+        v.extend_from_slice(who.as_bytes());
+        v.push(1);
+        v.push(0);
+        v.extend_from_slice(&60u64.to_le_bytes());
+        v.extend_from_slice(&6_000_000u64.to_le_bytes());
+        v.extend_from_slice(&count.to_le_bytes());
+    }
+    s.set(&key, &v, None).unwrap();
+    allowed(admit_in(&s, &key, &[&t], "alice", 1, NOW));
+    assert_eq!(s.get(&key).0.unwrap()[0], SLOT_VERSION);
+    assert_eq!(state(&s, Kind::Requests, NOW), (5, 0, 0));
+    assert_eq!(
+        lease_state(&s, &key, "bob", Kind::Requests, 60, NOW),
+        (7, 0, 0)
+    );
+}
+
 fn counters_of(t: &Tier) -> Vec<LeaseCounter> {
     tracked_counters(&[t])
 }
