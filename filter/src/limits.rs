@@ -305,14 +305,21 @@ fn read_slot<'a>(value: Option<&'a [u8]>, subject: &str) -> Result<SlotView<'a>,
 
 thread_local! {
     /// The worker's buffer for slot values being written (a write allocates nothing once it
-    /// has grown to the largest slot; bounded by [`SLOT_SUBJECTS`] entries).
+    /// has grown to the slots' usual size).
     static SLOT_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with the worker's slot buffer (a fresh one if it is in use).
 fn with_slot_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     SLOT_BUFFER.with(|b| match b.try_borrow_mut() {
-        Ok(mut buf) => f(&mut buf),
+        Ok(mut buf) => {
+            let out = f(&mut buf);
+            // A rare large slot does not stay held by the worker.
+            if buf.capacity() > 16 * 1024 {
+                *buf = Vec::new();
+            }
+            out
+        }
         Err(_) => f(&mut Vec::new()),
     })
 }
