@@ -28,7 +28,7 @@ use crate::authenticate::{self, AUTHENTICATE_PATH};
 use crate::cache::{self, CachedAnswer, CachedIdentity};
 use crate::credential::{self, CacheIdentity};
 use crate::decide;
-use crate::host::{Body, Headers, Host, read_body};
+use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::hygiene;
 use crate::lease;
 use crate::limits::{self, Admission, LeaseNeed, RateHeaders, Reservation};
@@ -135,16 +135,14 @@ pub struct Request {
     /// the model as a tier (`sub_tier`) replace the tiers' windows.
     subscription: Option<String>,
     sub_tier: Option<Tier>,
-    /// `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
-    requested_subscription: Option<String>,
     subject: Option<String>,
     /// The shared-data key of the subject's counter slot (hashed once per request).
     counter_key: String,
     /// The counter slot as the precheck read it (admission starts from it).
     slot_read: Option<limits::SlotRead>,
-    /// Client headers to remove before forwarding (found in the one header scan).
-    strip_headers: Vec<String>,
-    client_anthropic_version: bool,
+    /// The request headers as read once (the client's `X-MaaS-Subscription`, what to strip),
+    /// kept until the headers are decided (possibly after the companion answered).
+    request_headers: HeaderMap,
     discovery: bool,
     /// The operation accepts `stream_options` (OpenAI chat/completions and completions).
     accepts_stream_options: bool,
@@ -201,12 +199,10 @@ impl Request {
             counter_subject: None,
             subscription: None,
             sub_tier: None,
-            requested_subscription: None,
             subject: None,
             counter_key: String::new(),
             slot_read: None,
-            strip_headers: Vec::new(),
-            client_anthropic_version: false,
+            request_headers: HeaderMap::default(),
             discovery: false,
             accepts_stream_options: false,
             always_inspect_body: false,
@@ -285,18 +281,12 @@ impl Request {
         };
         // One host call for every header (the path, the credential, what to strip).
         let headers = host.headers(Headers::Request);
-        let find = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
-        let full_path = find(":path").unwrap_or_default();
+        let full_path = headers.get(":path").unwrap_or_default();
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
                 // The companion authenticates these itself; only the reserved namespace goes.
-                for (name, _) in &headers {
+                for (name, _) in headers.iter() {
                     if hygiene::is_reserved(name) {
                         host.set_header(Headers::Request, name, None);
                     }
@@ -314,7 +304,7 @@ impl Request {
             return self.refused(host, &Refusal::model_not_found());
         };
         // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
-        let method = find(":method").unwrap_or_default();
+        let method = headers.get(":method").unwrap_or_default();
         let operation = match operations::allowed(model, method, model_path) {
             Ok(op) => op,
             Err(r) => return self.refused(host, &r),
@@ -327,21 +317,8 @@ impl Request {
         self.always_inspect_body = operation != operations::Operation::Custom;
         self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
         self.policy = Some(policy.clone());
-        for (name, _) in &headers {
-            if hygiene::strip_for_model(name, &cfg.remove_headers) {
-                self.strip_headers.push(name.clone());
-            } else if name.eq_ignore_ascii_case("anthropic-version") {
-                self.client_anthropic_version = true;
-            }
-        }
-        self.requested_subscription = maas_types::subscription::requested_from_header(
-            headers
-                .iter()
-                .filter(|(k, _)| k.eq_ignore_ascii_case(SUBSCRIPTION_HEADER))
-                .map(|(_, v)| v.as_str()),
-        )
-        .map(str::to_string);
-        let cred = match credential::extract(find("authorization"), find("x-api-key")) {
+        let cred = match credential::extract(headers.get("authorization"), headers.get("x-api-key"))
+        {
             Ok(c) => c,
             Err(e) => return self.refused(host, &e.into()),
         };
@@ -355,7 +332,7 @@ impl Request {
             return self.refused(host, &Refusal::unauthenticated("key revoked"));
         }
         if !end_of_stream
-            && (self.always_inspect_body || hygiene::inspect_body(find("content-type")))
+            && (self.always_inspect_body || hygiene::inspect_body(headers.get("content-type")))
         {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
@@ -401,6 +378,7 @@ impl Request {
                     w.metrics.inc(w.metrics.cache_hit, 1);
                 }
                 self.identity = Some(identity);
+                self.request_headers = headers;
                 self.authenticated(host, authenticate::cached_result(answer), now_s)
             }
             None => {
@@ -455,6 +433,7 @@ impl Request {
                     }
                 }
                 self.identity = Some(identity);
+                self.request_headers = headers;
                 Step::Wait
             }
         };
@@ -485,6 +464,8 @@ impl Request {
             self.refuse(host, &r);
             return Step::Refused;
         }
+        // Decided: the headers are not read again.
+        self.request_headers = HeaderMap::default();
         self.subject = Some(identity.subject);
         if matches!(self.body, BodyState::Buffering) {
             // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
@@ -609,20 +590,45 @@ impl Request {
         }
     }
 
-    /// Once the caller is known: authorise, check the provider credential, clean the headers.
+    /// `X-MaaS-Subscription` as the client sent it.
+    pub(super) fn requested_subscription(&self) -> Option<&str> {
+        requested_subscription(&self.request_headers)
+    }
+
+    /// Once the caller is known: authorise, check the provider credential, clean the headers
+    /// (read once at the request headers, kept in the request until then).
     fn decide_headers(
         &mut self,
         host: &dyn Host,
         identity: &CachedIdentity,
         now_s: u64,
     ) -> Result<(), Refusal> {
-        let (policy, credentials) = {
+        let headers = std::mem::take(&mut self.request_headers);
+        let decided = self.decide_headers_from(host, identity, &headers, now_s);
+        // Still read by a refusal's ledger record (the subscription asked for).
+        self.request_headers = headers;
+        decided
+    }
+
+    fn decide_headers_from(
+        &mut self,
+        host: &dyn Host,
+        identity: &CachedIdentity,
+        headers: &HeaderMap,
+        now_s: u64,
+    ) -> Result<(), Refusal> {
+        let (cfg, policy, credentials) = {
             let w = self.worker.borrow();
-            (w.policy.clone(), w.credentials.clone())
+            (w.config.clone(), w.policy.clone(), w.credentials.clone())
+        };
+        let Some(cfg) = cfg else {
+            return Err(Refusal::not_configured());
         };
         let Some(policy) = policy else {
             return Err(Refusal::no_policy());
         };
+        // `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
+        let requested_subscription = requested_subscription(headers);
         // The policy may have changed while we waited: find the model again by name (the same
         // policy document: the model found at the headers stands).
         let same_policy = self.policy.as_ref().is_some_and(|p| Rc::ptr_eq(p, &policy));
@@ -642,13 +648,8 @@ impl Request {
         // A subscription's limits on the model (as a tier), counted per (subject, subscription,
         // model); else the tiers, one budget per person.
         let api_key = self.identity.as_ref().is_some_and(|i| i.key_id.is_some());
-        let selected = decide::subscription(
-            &policy,
-            identity,
-            api_key,
-            self.requested_subscription.as_deref(),
-            model,
-        )?;
+        let selected =
+            decide::subscription(&policy, identity, api_key, requested_subscription, model)?;
         let sub_tier = match selected {
             Some(sub) => Some((
                 sub.name.clone(),
@@ -690,10 +691,7 @@ impl Request {
         // The counter slot, hashed once for the whole request (or known from the worker's copy
         // of the credential: the subject's own, so not under a subscription).
         let counter_key = if self.counter_key.is_empty() || sub_tier.is_some() {
-            limits::counter_key(
-                counter_subject,
-                self.config().map_or(1, |c| c.limits.counter_slots),
-            )
+            limits::counter_key(counter_subject, cfg.limits.counter_slots)
         } else {
             std::mem::take(&mut self.counter_key)
         };
@@ -728,15 +726,19 @@ impl Request {
         operations::check_upstream(model, || host.property(&operations::CLUSTER_PROPERTY))?;
 
         // Hygiene: nothing the client sent reaches the backend as identity.
-        for name in &self.strip_headers {
-            host.set_header(Headers::Request, name, None);
+        let mut client_anthropic_version = false;
+        for (name, _) in headers.iter() {
+            if hygiene::strip_for_model(name, &cfg.remove_headers) {
+                host.set_header(Headers::Request, name, None);
+            } else if name.eq_ignore_ascii_case("anthropic-version") {
+                client_anthropic_version = true;
+            }
         }
         // Usage is read from the response body: ask the backend for it uncompressed (Envoy may
         // compress towards the client). A backend that compresses anyway is decoded for reading.
         host.set_header(Headers::Request, "accept-encoding", Some("identity"));
         if let Some((kind, key)) = provider_key {
-            for (name, value) in hygiene::provider_headers(kind, key, self.client_anthropic_version)
-            {
+            for (name, value) in hygiene::provider_headers(kind, key, client_anthropic_version) {
                 host.set_header(Headers::Request, name, Some(&value));
             }
         }
@@ -940,6 +942,11 @@ impl Request {
 
 /// The request header that names a subscription (client → gateway, and gateway → backend).
 pub const SUBSCRIPTION_HEADER: &str = "x-maas-subscription";
+
+/// The subscription the client's `X-MaaS-Subscription` names (last non-empty value).
+fn requested_subscription(headers: &HeaderMap) -> Option<&str> {
+    maas_types::subscription::requested_from_header(headers.get_all(SUBSCRIPTION_HEADER))
+}
 
 /// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.
 fn lease_unavailable() -> Refusal {

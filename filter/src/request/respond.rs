@@ -74,12 +74,7 @@ impl Request {
         // One read of the whole map (a read costs what several writes do: its answer is copied
         // into the VM) for the three values needed.
         let headers = host.headers(Headers::Response);
-        let find = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
+        let find = |name: &str| headers.get(name);
         let status = find(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
         let content_type = find("content-type")
             .unwrap_or_default()
@@ -255,7 +250,7 @@ impl Request {
             policy,
             identity,
             key_id.is_some(),
-            self.requested_subscription.as_deref(),
+            self.requested_subscription(),
             model,
         )
         .ok()
