@@ -25,7 +25,7 @@
 //! ```
 
 use crate::authenticate::{self, AUTHENTICATE_PATH};
-use crate::cache::{self, CachedAnswer, CachedIdentity};
+use crate::cache::{self, CachedAnswer, CachedIdentity, Caller};
 use crate::credential::{self, CacheIdentity};
 use crate::decide;
 use crate::host::{Body, HeaderMap, Headers, Host, read_body};
@@ -130,14 +130,15 @@ pub struct Request {
     /// Whose counters the request counts in: under a subscription
     /// `maas_types::subscription::counter_subject` (per subject, subscription and model);
     /// `None`: the subject's own.
-    counter_subject: Option<String>,
+    counter_subject: Option<Rc<str>>,
     /// The subscription the request runs under (`decide::subscription`), if any: its limits on
     /// the model as a tier (`sub_tier`) replace the tiers' windows.
     subscription: Option<String>,
     sub_tier: Option<Tier>,
-    subject: Option<String>,
-    /// The shared-data key of the subject's counter slot (hashed once per request).
-    counter_key: String,
+    subject: Option<Rc<str>>,
+    /// The shared-data key of the subject's counter slot (hashed once per request, or shared
+    /// with the worker's copy of the credential).
+    counter_key: SlotKey,
     /// The counter slot as the precheck read it (admission starts from it).
     slot_read: Option<limits::SlotRead>,
     /// The request headers as read once (the client's `X-MaaS-Subscription`, what to strip),
@@ -200,7 +201,7 @@ impl Request {
             subscription: None,
             sub_tier: None,
             subject: None,
-            counter_key: String::new(),
+            counter_key: SlotKey::default(),
             slot_read: None,
             request_headers: HeaderMap::default(),
             discovery: false,
@@ -254,7 +255,7 @@ impl Request {
 
     /// Whose counters this request counts in (and whose lease it asks for): the counter subject
     /// of its subscription, else the subject's own.
-    fn limits_subject(&self) -> Option<String> {
+    fn limits_subject(&self) -> Option<Rc<str>> {
         self.counter_subject
             .clone()
             .or_else(|| self.subject.clone())
@@ -324,8 +325,7 @@ impl Request {
         };
         let identity = cred.cache_identity();
         let revoked = identity
-            .key_id
-            .as_ref()
+            .key_id()
             .is_some_and(|id| self.worker.borrow().revoked.contains(id));
         if revoked {
             cache::evict(host, &identity.cache_key, cfg.cache.max_entries);
@@ -338,48 +338,46 @@ impl Request {
             self.hold_headers = cfg.pause_headers_for_body;
         }
         let now_s = host.now_ms() / 1000;
-        // This worker's copy first (no shared-data read, no hashing), then the shared cache.
-        let local = self
-            .worker
-            .borrow()
-            .local_cache
-            .get(&identity, now_s)
-            .map(|(id, key)| (id.clone(), key.to_string()));
+        // This worker's copy first (no shared-data read, no hashing, nothing copied), then the
+        // shared cache.
+        let local = self.worker.borrow().local_cache.get(&identity, now_s);
         let cached = match local {
-            Some((id, counter_key)) => {
-                self.counter_key = counter_key;
-                Some(CachedAnswer::Allow(id))
+            Some((caller, counter_key)) => {
+                self.counter_key = SlotKey::Shared(counter_key);
+                Some(Ok(caller))
             }
-            None => {
-                let found = cache::lookup_entry(
-                    host,
-                    &identity.cache_key,
-                    &identity.verifier,
-                    now_s,
-                    cfg.cache.max_entries,
-                );
-                if let Some((CachedAnswer::Allow(id), expires_at)) = &found {
+            None => match cache::lookup_entry(
+                host,
+                &identity.cache_key,
+                &identity.verifier,
+                now_s,
+                cfg.cache.max_entries,
+            ) {
+                Some((CachedAnswer::Allow(id), expires_at)) => {
+                    let caller = Caller::new(id);
                     self.worker.borrow_mut().local_cache.put(
                         &identity,
-                        id,
-                        limits::counter_key(&id.subject, cfg.limits.counter_slots),
-                        *expires_at,
+                        &caller,
+                        || limits::counter_key(&caller.subject, cfg.limits.counter_slots),
+                        expires_at,
                         cfg.poll_interval_ms / 1000,
                         now_s,
                     );
+                    Some(Ok(caller))
                 }
-                found.map(|(answer, _)| answer)
-            }
+                Some((answer, _)) => Some(authenticate::cached_result(answer)),
+                None => None,
+            },
         };
         let step = match cached {
-            Some(answer) => {
+            Some(result) => {
                 {
                     let w = self.worker.borrow();
                     w.metrics.inc(w.metrics.cache_hit, 1);
                 }
                 self.identity = Some(identity);
                 self.request_headers = headers;
-                self.authenticated(host, authenticate::cached_result(answer), now_s)
+                self.authenticated(host, result, now_s)
             }
             None => {
                 let flight_key = identity.flight_key();
@@ -449,24 +447,24 @@ impl Request {
     fn authenticated(
         &mut self,
         host: &dyn Host,
-        result: Result<CachedIdentity, Refusal>,
+        result: Result<Caller, Refusal>,
         now_s: u64,
     ) -> Step {
-        let identity = match result {
-            Ok(id) => id,
+        let caller = match result {
+            Ok(c) => c,
             Err(r) => {
                 self.refuse(host, &r);
                 return Step::Refused;
             }
         };
-        if let Err(r) = self.decide_headers(host, &identity, now_s) {
-            self.ledger_refused_as(&identity, r.code);
+        if let Err(r) = self.decide_headers(host, &caller.identity, now_s) {
+            self.ledger_refused_as(&caller.identity, r.code);
             self.refuse(host, &r);
             return Step::Refused;
         }
         // Decided: the headers are not read again.
         self.request_headers = HeaderMap::default();
-        self.subject = Some(identity.subject);
+        self.subject = Some(caller.subject);
         if matches!(self.body, BodyState::Buffering) {
             // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
             // over only after the headers continue: they go on now, unless held for the body.
@@ -580,7 +578,7 @@ impl Request {
     }
 
     /// The answer for this request's credential (its own callout's, or another request's).
-    fn apply_auth(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>, now_s: u64) {
+    fn apply_auth(&mut self, host: &dyn Host, result: Result<Caller, Refusal>, now_s: u64) {
         if !matches!(self.phase, Phase::Authenticating { .. }) {
             return;
         }
@@ -647,7 +645,7 @@ impl Request {
         };
         // A subscription's limits on the model (as a tier), counted per (subject, subscription,
         // model); else the tiers, one budget per person.
-        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id.is_some());
+        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id().is_some());
         let selected =
             decide::subscription(&policy, identity, api_key, requested_subscription, model)?;
         let sub_tier = match selected {
@@ -681,17 +679,30 @@ impl Request {
             .as_ref()
             .map_or(identity.subject.as_str(), |(_, _, c)| c.as_str());
         let tier_of = |idx: Option<usize>| idx.and_then(|i| policy.tiers.get(i));
-        let windows: Vec<&Tier> = match &sub_tier {
-            Some((_, t, _)) => vec![t],
-            None => tier_of(tier_idx)
-                .into_iter()
-                .chain(tier_of(highest_tier_idx))
-                .collect(),
+        // The windows that apply (one or two tiers; no allocation for them).
+        let (first, second) = match &sub_tier {
+            Some((_, t, _)) => (Some(t), None),
+            None => (tier_of(tier_idx), tier_of(highest_tier_idx)),
+        };
+        let (two, one): ([&Tier; 2], [&Tier; 1]);
+        let windows: &[&Tier] = match (first, second) {
+            (Some(a), Some(b)) => {
+                two = [a, b];
+                &two
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                one = [a];
+                &one
+            }
+            (None, None) => &[],
         };
         // The counter slot, hashed once for the whole request (or known from the worker's copy
         // of the credential: the subject's own, so not under a subscription).
         let counter_key = if self.counter_key.is_empty() || sub_tier.is_some() {
-            limits::counter_key(counter_subject, cfg.limits.counter_slots)
+            SlotKey::Own(limits::counter_key(
+                counter_subject,
+                cfg.limits.counter_slots,
+            ))
         } else {
             std::mem::take(&mut self.counter_key)
         };
@@ -713,7 +724,7 @@ impl Request {
         // (a full request or token window), so that such a 429 starts no upstream request.
         if buffering && !self.hold_headers && !self.discovery {
             let (limited, read) =
-                limits::precheck_read(host, &counter_key, &windows, counter_subject, now_s);
+                limits::precheck_read(host, &counter_key, windows, counter_subject, now_s);
             if let Some(limited) = limited {
                 return Err(limited_refusal(limited));
             }
@@ -752,13 +763,12 @@ impl Request {
             // let the upstream codec frame it (chunked) instead of a length that may change.
             host.set_header(Headers::Request, "content-length", None);
         }
-        drop(windows);
         self.counter_key = counter_key;
         self.model_idx = Some(model_idx);
         self.tier_idx = tier_idx;
         self.highest_tier_idx = highest_tier_idx;
         (self.subscription, self.sub_tier, self.counter_subject) = match sub_tier {
-            Some((name, tier, counter)) => (Some(name), Some(tier), Some(counter)),
+            Some((name, tier, counter)) => (Some(name), Some(tier), Some(Rc::from(counter))),
             None => (None, None, None),
         };
         self.policy = Some(policy);
@@ -936,6 +946,31 @@ impl Request {
                 }
             }
             host.set_effective_context(self.id);
+        }
+    }
+}
+
+/// A counter slot's shared-data key: the worker's copy of the credential shares its own (no
+/// copy per request); one hashed for this request (under a subscription) is owned.
+#[derive(Debug, Clone)]
+enum SlotKey {
+    Shared(Rc<str>),
+    Own(String),
+}
+
+impl Default for SlotKey {
+    fn default() -> Self {
+        SlotKey::Own(String::new())
+    }
+}
+
+impl std::ops::Deref for SlotKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            SlotKey::Shared(k) => k,
+            SlotKey::Own(k) => k,
         }
     }
 }

@@ -186,14 +186,38 @@ impl<'de> Visitor<'de> for TextBytesVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextBytes, A::Error> {
         let mut total: u64 = 0;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if MEDIA_FIELDS.contains(&key.as_ref()) {
+        while let Some(MediaKey(media)) = map.next_key::<MediaKey>()? {
+            if media {
                 map.next_value::<IgnoredAny>()?;
             } else {
                 total = total.saturating_add(map.next_value::<TextBytes>()?.0);
             }
         }
         Ok(TextBytes(total))
+    }
+}
+
+/// An object key, only as "is it a media field" (read in place: no copy of the key).
+struct MediaKey(bool);
+
+impl<'de> Deserialize<'de> for MediaKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(MediaKeyVisitor)
+    }
+}
+
+struct MediaKeyVisitor;
+
+impl<'de> Visitor<'de> for MediaKeyVisitor {
+    type Value = MediaKey;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    // Borrowed from the body, or (a key with escapes) from the parser's scratch buffer.
+    fn visit_str<E>(self, key: &str) -> Result<MediaKey, E> {
+        Ok(MediaKey(MEDIA_FIELDS.contains(&key)))
     }
 }
 
@@ -296,55 +320,37 @@ pub fn with_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
 pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
     let malformed = || BodyError::NotJson("malformed object".to_string());
     let open = skip_ws(body, 0);
-    let members = object_members(body, open).ok_or_else(malformed)?;
-    let stream_options = members
-        .iter()
-        .rev()
-        .find(|m| key_is(body, m.key, "stream_options"));
-    let (at, remove_to, insert): (usize, usize, Vec<u8>) = match stream_options {
-        None => {
-            // Insert as the first member.
-            let mut ins = br#""stream_options":{"include_usage":true}"#.to_vec();
-            if !members.is_empty() {
-                ins.push(b',');
+    // What goes in at `at` (replacing up to `remove_to`), and whether a comma follows it.
+    let (at, remove_to, insert, comma): (usize, usize, &[u8], bool) =
+        match find_member(body, open, "stream_options").ok_or_else(malformed)? {
+            (members, None) => {
+                // Insert as the first member.
+                let at = open.checked_add(1).ok_or_else(malformed)?;
+                let ins = br#""stream_options":{"include_usage":true}"#;
+                (at, at, ins, members > 0)
             }
-            let at = open.checked_add(1).ok_or_else(malformed)?;
-            (at, at, ins)
-        }
-        Some(m) if body.get(m.value.0) == Some(&b'{') => {
-            let inner = object_members(body, m.value.0).ok_or_else(malformed)?;
-            match inner
-                .iter()
-                .rev()
-                .find(|i| key_is(body, i.key, "include_usage"))
-            {
-                Some(i) => (i.value.0, i.value.1, b"true".to_vec()),
-                None => {
-                    let mut ins = br#""include_usage":true"#.to_vec();
-                    if !inner.is_empty() {
-                        ins.push(b',');
+            (_, Some((start, _))) if body.get(start) == Some(&b'{') => {
+                match find_member(body, start, "include_usage").ok_or_else(malformed)? {
+                    (_, Some((value, value_end))) => (value, value_end, b"true", false),
+                    (inner, None) => {
+                        let at = start.checked_add(1).ok_or_else(malformed)?;
+                        (at, at, br#""include_usage":true"#, inner > 0)
                     }
-                    let at = m.value.0.checked_add(1).ok_or_else(malformed)?;
-                    (at, at, ins)
                 }
             }
-        }
-        // null (inspect refused every other type)
-        Some(m) => (m.value.0, m.value.1, br#"{"include_usage":true}"#.to_vec()),
-    };
+            // null (inspect refused every other type)
+            (_, Some((start, end))) => (start, end, br#"{"include_usage":true}"#, false),
+        };
     let head = body.get(..at).ok_or_else(malformed)?;
     let tail = body.get(remove_to..).ok_or_else(malformed)?;
-    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len()));
+    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len() + 1));
     out.extend_from_slice(head);
-    out.extend_from_slice(&insert);
+    out.extend_from_slice(insert);
+    if comma {
+        out.push(b',');
+    }
     out.extend_from_slice(tail);
     Ok(out)
-}
-
-/// A member of an object: byte ranges (start, end) of its key (with quotes) and of its value.
-struct Member {
-    key: (usize, usize),
-    value: (usize, usize),
 }
 
 fn key_is(body: &[u8], key: (usize, usize), name: &str) -> bool {
@@ -418,14 +424,17 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
 }
 
 /// `open` at a `{`: the members of that object (the body is already known to be valid JSON).
-fn object_members(b: &[u8], open: usize) -> Option<Vec<Member>> {
+/// The object at `open`: how many members it has, and the byte range (start, end) of the value
+/// of the last member named `name` (a duplicated key: the last one is what most parsers read).
+/// `None` when malformed.
+fn find_member(b: &[u8], open: usize, name: &str) -> Option<(usize, Option<(usize, usize)>)> {
     if b.get(open) != Some(&b'{') {
         return None;
     }
-    let mut members = Vec::new();
+    let (mut count, mut found) = (0usize, None);
     let mut i = skip_ws(b, open.checked_add(1)?);
     if b.get(i) == Some(&b'}') {
-        return Some(members);
+        return Some((count, found));
     }
     loop {
         if b.get(i) != Some(&b'"') {
@@ -438,14 +447,14 @@ fn object_members(b: &[u8], open: usize) -> Option<Vec<Member>> {
         }
         let v = skip_ws(b, colon.checked_add(1)?);
         let v_end = skip_value(b, v)?;
-        members.push(Member {
-            key: (i, key_end),
-            value: (v, v_end),
-        });
+        count = count.saturating_add(1);
+        if key_is(b, (i, key_end), name) {
+            found = Some((v, v_end));
+        }
         let next = skip_ws(b, v_end);
         match b.get(next)? {
             b',' => i = skip_ws(b, next.checked_add(1)?),
-            b'}' => return Some(members),
+            b'}' => return Some((count, found)),
             _ => return None,
         }
     }
@@ -524,6 +533,10 @@ mod tests {
         );
         let responses = inspect(br#"{"input":"abcdefghijkl","instructions":"abcd"}"#).unwrap();
         assert_eq!(responses.prompt_tokens_estimate, 4);
+        // A media key spelled with escapes is still a media key (its value not counted).
+        let escaped =
+            inspect(br#"{"messages":[{"d\u0061ta":"AAAAAAAAAAAAAAAA","text":"abcd"}]}"#).unwrap();
+        assert_eq!(escaped.prompt_tokens_estimate, 1);
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Request {
         let (Some(subject), Some(model)) = (self.subject.as_deref(), self.model()) else {
             return;
         };
-        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id());
         if let Ok(mut w) = self.worker.try_borrow_mut()
             && w.ledger.enabled
         {
@@ -243,7 +243,7 @@ impl Request {
         let (Some(policy), Some(model)) = (self.policy.as_ref(), self.model()) else {
             return;
         };
-        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id());
         // Under a subscription its stand-in tier (`subscription:<S>`), as settlements are;
         // else the tier the caller resolves to.
         let sub_tier = crate::decide::subscription(

@@ -526,8 +526,9 @@ fn a_revoked_key_is_refused_401_and_its_cache_entry_evicted() {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id
-        .unwrap();
+        .key_id()
+        .unwrap()
+        .to_string();
     fx.root.worker.borrow_mut().revoked.insert(key_id);
     let (id, h) = fx.http();
     assert_eq!(
@@ -746,8 +747,9 @@ fn a_revoked_key_is_refused_even_with_a_workers_copy() {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id
-        .unwrap();
+        .key_id()
+        .unwrap()
+        .to_string();
     fx.root.worker.borrow_mut().revoked.insert(key_id);
     assert_eq!(cached_request(&fx, &key(2)), 401);
 }
