@@ -195,12 +195,12 @@ impl HeaderMap {
 
     /// Every (name, value), in the host's order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        // Checked (or made) UTF-8 in `from_wire`.
-        let text = |b| std::str::from_utf8(b).unwrap_or_default();
-        Pairs::new(&self.wire)
-            .into_iter()
-            .flatten()
-            .map(move |(name, value)| (text(name), text(value)))
+        self.pairs().map(|(name, value)| (text(name), text(value)))
+    }
+
+    /// Every name, in the host's order (values not looked at).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.pairs().map(|(name, _)| text(name))
     }
 
     /// The first value of header `name` (any case).
@@ -208,16 +208,27 @@ impl HeaderMap {
         self.get_all(name).next()
     }
 
-    /// Every value of header `name` (any case), in order.
+    /// Every value of header `name` (any case), in order. Names are compared as bytes: only
+    /// the values returned are looked at as text.
     pub fn get_all<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
-        self.iter()
-            .filter(move |(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.pairs()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| text(v))
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        Pairs::new(&self.wire).into_iter().flatten()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.iter().next().is_none()
+        self.pairs().next().is_none()
     }
+}
+
+/// A name or value of a [`HeaderMap`]: checked (or made) UTF-8 in [`HeaderMap::from_wire`], so
+/// never the empty fallback.
+fn text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
 }
 
 /// The wire format of `pairs` (as the host serializes a map). A length beyond u32 is written as

@@ -287,7 +287,7 @@ impl Request {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
                 // The companion authenticates these itself; only the reserved namespace goes.
-                for (name, _) in headers.iter() {
+                for name in headers.names() {
                     if hygiene::is_reserved(name) {
                         host.set_header(Headers::Request, name, None);
                     }
@@ -738,7 +738,7 @@ impl Request {
 
         // Hygiene: nothing the client sent reaches the backend as identity.
         let mut client_anthropic_version = false;
-        for (name, _) in headers.iter() {
+        for name in headers.names() {
             if hygiene::strip_for_model(name, &cfg.remove_headers) {
                 host.set_header(Headers::Request, name, None);
             } else if name.eq_ignore_ascii_case("anthropic-version") {
