@@ -208,6 +208,19 @@ impl HeaderMap {
         self.get_all(name).next()
     }
 
+    /// The first value of each of `names` (any case), in one pass over the map.
+    pub fn get_each<const N: usize>(&self, names: [&str; N]) -> [Option<&str>; N] {
+        let mut found = [None; N];
+        for (k, v) in self.pairs() {
+            for (name, slot) in names.iter().zip(found.iter_mut()) {
+                if slot.is_none() && k.eq_ignore_ascii_case(name.as_bytes()) {
+                    *slot = Some(text(v));
+                }
+            }
+        }
+        found
+    }
+
     /// Every value of header `name` (any case), in order. Names are compared as bytes: only
     /// the values returned are looked at as text.
     pub fn get_all<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
@@ -303,6 +316,10 @@ mod tests {
         assert_eq!(m.get("authorization"), Some("Bearer x"));
         assert_eq!(m.get("AUTHORIZATION"), Some("Bearer x"));
         assert_eq!(m.get("x-api-key"), None);
+        assert_eq!(
+            m.get_each([":path", "x-api-key", "x-maas-subscription", "AUTHORIZATION"]),
+            [Some("/v1/chat"), None, Some("a"), Some("Bearer x")]
+        );
         assert_eq!(
             m.get_all("x-maas-subscription").collect::<Vec<_>>(),
             ["a", "b"]

@@ -282,7 +282,14 @@ impl Request {
         };
         // One host call for every header (the path, the credential, what to strip).
         let headers = host.headers(Headers::Request);
-        let full_path = headers.get(":path").unwrap_or_default();
+        let [full_path, method, authorization, x_api_key, content_type] = headers.get_each([
+            ":path",
+            ":method",
+            "authorization",
+            "x-api-key",
+            "content-type",
+        ]);
+        let full_path = full_path.unwrap_or_default();
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
@@ -305,7 +312,7 @@ impl Request {
             return self.refused(host, &Refusal::model_not_found());
         };
         // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
-        let method = headers.get(":method").unwrap_or_default();
+        let method = method.unwrap_or_default();
         let operation = match operations::allowed(model, method, model_path) {
             Ok(op) => op,
             Err(r) => return self.refused(host, &r),
@@ -318,8 +325,7 @@ impl Request {
         self.always_inspect_body = operation != operations::Operation::Custom;
         self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
         self.policy = Some(policy.clone());
-        let cred = match credential::extract(headers.get("authorization"), headers.get("x-api-key"))
-        {
+        let cred = match credential::extract(authorization, x_api_key) {
             Ok(c) => c,
             Err(e) => return self.refused(host, &e.into()),
         };
@@ -331,9 +337,7 @@ impl Request {
             cache::evict(host, &identity.cache_key, cfg.cache.max_entries);
             return self.refused(host, &Refusal::unauthenticated("key revoked"));
         }
-        if !end_of_stream
-            && (self.always_inspect_body || hygiene::inspect_body(headers.get("content-type")))
-        {
+        if !end_of_stream && (self.always_inspect_body || hygiene::inspect_body(content_type)) {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
         }

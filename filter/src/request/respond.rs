@@ -74,12 +74,11 @@ impl Request {
         // One read of the whole map (a read costs what several writes do: its answer is copied
         // into the VM) for the three values needed.
         let headers = host.headers(Headers::Response);
-        let find = |name: &str| headers.get(name);
-        let status = find(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let content_type = find("content-type")
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        let coding = encoding::coding(find("content-encoding"));
+        let [status, content_type, coding] =
+            headers.get_each([":status", "content-type", "content-encoding"]);
+        let status = status.and_then(|s| s.parse().ok()).unwrap_or(0);
+        let content_type = content_type.unwrap_or_default().to_ascii_lowercase();
+        let coding = encoding::coding(coding);
         for (name, value) in rate_headers.headers() {
             host.set_header(Headers::Response, name, Some(&value));
         }
