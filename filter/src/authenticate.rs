@@ -1,7 +1,7 @@
 //! The companion's answer to `POST /internal/v1/authenticate`, interpreted: what to cache and
 //! what the waiting requests get. Plain code over the shared store.
 
-use crate::cache::{self, CachedAnswer, CachedIdentity};
+use crate::cache::{self, CachedAnswer, CachedIdentity, Caller};
 use crate::config::CacheConfig;
 use crate::credential::CacheIdentity;
 use crate::response::Refusal;
@@ -13,7 +13,8 @@ pub const AUTHENTICATE_PATH: &str = "/internal/v1/authenticate";
 /// What the requests waiting for a callout are answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    pub result: Result<CachedIdentity, Refusal>,
+    /// (Shared by every waiter: cloned without copying the identity.)
+    pub result: Result<Caller, Refusal>,
     /// The companion did not answer usefully (counted in `maas_auth_callout_failed`).
     pub failed: bool,
 }
@@ -45,7 +46,7 @@ pub fn interpret(
                     now_s,
                     cfg.max_entries,
                 );
-                Ok(id)
+                Ok(Caller::new(id))
             }
             Err(e) => {
                 log::error!("maas: unreadable authenticate answer from the companion: {e}");
@@ -105,9 +106,9 @@ pub fn interpret(
 }
 
 /// A cache hit as the request's authentication result.
-pub fn cached_result(answer: CachedAnswer) -> Result<CachedIdentity, Refusal> {
+pub fn cached_result(answer: CachedAnswer) -> Result<Caller, Refusal> {
     match answer {
-        CachedAnswer::Allow(id) => Ok(id),
+        CachedAnswer::Allow(id) => Ok(Caller::new(id)),
         CachedAnswer::Deny { status, message } => {
             Err(Refusal::from_companion(u32::from(status), &message))
         }
@@ -129,7 +130,6 @@ mod tests {
         CacheIdentity {
             cache_key: "maas/c/t/x".into(),
             verifier: [1; 32],
-            key_id: None,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::credential::CacheIdentity;
 use crate::store::{SharedStore, read_u64};
 use maas_types::AuthenticateResponse;
 use sha2::{Digest, Sha256};
+use std::rc::Rc;
 
 /// 3: an allow carries the key's subscription (version 2 entries are misses: re-asked).
 const VERSION: u8 = 3;
@@ -78,6 +79,24 @@ pub struct CachedIdentity {
     pub pinned_tier: Option<String>,
     /// The subscription the API key is bound to (the authenticate answer's `subscription`).
     pub subscription: Option<String>,
+}
+
+/// An allowed caller as a request holds it: shared with the worker's copy and the other
+/// requests of the same answer, never copied per request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub identity: Rc<CachedIdentity>,
+    /// The identity's subject, shared (the request's counters and usage records name it).
+    pub subject: Rc<str>,
+}
+
+impl Caller {
+    pub fn new(identity: CachedIdentity) -> Self {
+        Caller {
+            subject: Rc::from(identity.subject.as_str()),
+            identity: Rc::new(identity),
+        }
+    }
 }
 
 impl CachedIdentity {
@@ -284,22 +303,22 @@ pub struct LocalCache {
 
 #[derive(Debug, Clone)]
 struct LocalEntry {
+    /// The credential's cache key (its key id, for API keys).
     cache_key: String,
-    key_id: Option<String>,
-    identity: CachedIdentity,
+    caller: Caller,
     /// The subject's counter slot key (hashed once per copy, not per request).
-    counter_key: String,
+    counter_key: Rc<str>,
     expires_at: u64,
 }
 
 impl LocalCache {
-    /// The identity of this very credential and its subject's counter slot key, when copied and
-    /// not expired at `now` (unix s).
-    pub fn get(&self, id: &CacheIdentity, now: u64) -> Option<(&CachedIdentity, &str)> {
+    /// The caller behind this very credential and its subject's counter slot key, when copied and
+    /// not expired at `now` (unix s). Shared, not copied.
+    pub fn get(&self, id: &CacheIdentity, now: u64) -> Option<(Caller, Rc<str>)> {
         self.entries
             .get(&id.verifier)
             .filter(|e| e.expires_at > now && e.cache_key == id.cache_key)
-            .map(|e| (&e.identity, e.counter_key.as_str()))
+            .map(|e| (e.caller.clone(), e.counter_key.clone()))
     }
 
     /// Copies a shared allow that expires at `shared_expires_at`, for at most `max_age_s`
@@ -307,8 +326,8 @@ impl LocalCache {
     pub fn put(
         &mut self,
         id: &CacheIdentity,
-        identity: &CachedIdentity,
-        counter_key: String,
+        caller: &Caller,
+        counter_key: impl FnOnce() -> String,
         shared_expires_at: u64,
         max_age_s: u64,
         now: u64,
@@ -327,9 +346,8 @@ impl LocalCache {
             id.verifier,
             LocalEntry {
                 cache_key: id.cache_key.clone(),
-                key_id: id.key_id.clone(),
-                identity: identity.clone(),
-                counter_key,
+                caller: caller.clone(),
+                counter_key: Rc::from(counter_key()),
                 expires_at,
             },
         );
@@ -338,7 +356,7 @@ impl LocalCache {
     /// Drops every entry of API key `key_id` (revoked).
     pub fn revoke(&mut self, key_id: &str) {
         self.entries
-            .retain(|_, e| e.key_id.as_deref() != Some(key_id));
+            .retain(|_, e| crate::credential::key_id_of(&e.cache_key) != Some(key_id));
     }
 
     pub fn clear(&mut self) {
@@ -452,12 +470,12 @@ mod tests {
 
     #[test]
     fn the_local_copy_is_bounded_and_never_outlives_its_bounds() {
-        let allow = CachedIdentity {
+        let allow = Caller::new(CachedIdentity {
             subject: "s".into(),
             groups: vec![],
             pinned_tier: None,
             subscription: None,
-        };
+        });
         let id = |n: u32| CacheIdentity {
             cache_key: format!("maas/c/t/{n}"),
             verifier: {
@@ -465,17 +483,16 @@ mod tests {
                 v[..4].copy_from_slice(&n.to_le_bytes());
                 v
             },
-            key_id: None,
         };
         let mut c = LocalCache::default();
         // No longer than the shared entry, nor than the poll interval; 0 s: not copied.
-        c.put(&id(1), &allow, String::new(), 1003, 60, 1000);
+        c.put(&id(1), &allow, String::new, 1003, 60, 1000);
         assert!(c.get(&id(1), 1002).is_some());
         assert!(c.get(&id(1), 1003).is_none());
-        c.put(&id(2), &allow, String::new(), 5000, 2, 1000);
+        c.put(&id(2), &allow, String::new, 5000, 2, 1000);
         assert!(c.get(&id(2), 1001).is_some());
         assert!(c.get(&id(2), 1002).is_none());
-        c.put(&id(3), &allow, String::new(), 5000, 0, 1000);
+        c.put(&id(3), &allow, String::new, 5000, 0, 1000);
         assert!(c.get(&id(3), 1000).is_none());
         // The cache key is compared too.
         let mut other = id(1);
@@ -483,7 +500,7 @@ mod tests {
         assert!(c.get(&other, 1000).is_none());
         // Bounded.
         for n in 0..(LOCAL_ENTRIES as u32 * 2) {
-            c.put(&id(n + 10), &allow, String::new(), 5000, 60, 1000);
+            c.put(&id(n + 10), &allow, String::new, 5000, 60, 1000);
             assert!(c.len() <= LOCAL_ENTRIES);
         }
     }

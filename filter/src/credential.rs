@@ -29,13 +29,18 @@ pub struct CacheIdentity {
     /// SHA-256 proving the entry belongs to this very credential (an API key: of
     /// `key_id\0secret`; a token: of the token).
     pub verifier: [u8; 32],
-    /// The key id, for API keys (matched against the revocation list).
-    pub key_id: Option<String>,
 }
 
 pub const CACHE_KEY_PREFIX: &str = "maas/c/";
+/// The cache key prefix of API keys (then the key id).
+const API_KEY_PREFIX: &str = "maas/c/k/";
 
 impl CacheIdentity {
+    /// The key id, for API keys (matched against the revocation list): the cache key names it.
+    pub fn key_id(&self) -> Option<&str> {
+        key_id_of(&self.cache_key)
+    }
+
     /// Key under which concurrent cache misses of one worker share one companion callout: the
     /// whole credential (cache key and verifier), never the key id alone. Key ids are public, so
     /// a request with a real key id and a wrong secret must never receive the owner's answer, nor
@@ -54,11 +59,15 @@ impl CacheIdentity {
     }
 }
 
+/// The key id a cache key names (API keys only).
+pub fn key_id_of(cache_key: &str) -> Option<&str> {
+    cache_key.strip_prefix(API_KEY_PREFIX)
+}
+
 /// Cache key of an API key id (also used to evict revoked keys).
 pub fn api_key_cache_key(key_id: &str) -> String {
-    let mut k = String::with_capacity(CACHE_KEY_PREFIX.len() + 2 + key_id.len());
-    k.push_str(CACHE_KEY_PREFIX);
-    k.push_str("k/");
+    let mut k = String::with_capacity(API_KEY_PREFIX.len() + key_id.len());
+    k.push_str(API_KEY_PREFIX);
     k.push_str(key_id);
     k
 }
@@ -73,14 +82,12 @@ impl Credential<'_> {
             maas_types::Credential::ApiKey { parts, .. } => CacheIdentity {
                 cache_key: api_key_cache_key(parts.key_id),
                 verifier: apikey::hash_bytes(parts),
-                key_id: Some(parts.key_id.to_string()),
             },
             maas_types::Credential::Token(t) => {
                 let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
                 CacheIdentity {
                     cache_key: format!("{CACHE_KEY_PREFIX}t/{}", hex::encode(digest)),
                     verifier: digest,
-                    key_id: None,
                 }
             }
         }
@@ -102,7 +109,7 @@ mod tests {
         let a = extract(None, Some(&owner)).unwrap().cache_identity();
         let b = extract(None, Some(&wrong)).unwrap().cache_identity();
         // Same key id, same cache key…
-        assert_eq!(a.key_id, b.key_id);
+        assert_eq!(a.key_id(), b.key_id());
         assert_eq!(a.cache_key, b.cache_key);
         // …but never the same flight, and never the same credential.
         assert_ne!(a.flight_key(), b.flight_key());
@@ -149,6 +156,7 @@ mod tests {
         let id = c.cache_identity();
         let parts = apikey::parse(&k).unwrap();
         assert_eq!(id.cache_key, format!("maas/c/k/{}", parts.key_id));
+        assert_eq!(id.key_id(), Some(parts.key_id));
         assert!(!id.cache_key.contains(parts.secret));
         assert_eq!(id.verifier, apikey::hash_bytes(parts));
         let t = extract(Some("Bearer cluster-token"), None)
@@ -156,7 +164,7 @@ mod tests {
             .cache_identity();
         assert!(t.cache_key.starts_with("maas/c/t/"));
         assert!(!t.cache_key.contains("cluster-token"));
-        assert_eq!(t.key_id, None);
+        assert_eq!(t.key_id(), None);
     }
 
     proptest::proptest! {

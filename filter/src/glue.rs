@@ -2,7 +2,7 @@
 //! request state machine (`request::Http`); [`ProxyHost`] implements the [`Host`] seam with
 //! `proxy_wasm::hostcalls`. No decision lives here.
 
-use crate::host::{Body, Headers, Host, MetricKind, lossy};
+use crate::host::{Body, HeaderMap, Headers, Host, MetricKind, lossy};
 use crate::request::Http;
 use crate::store::{CasMismatch, SharedStore};
 use crate::worker::{Root, TICK_MS};
@@ -21,6 +21,20 @@ proxy_wasm::main! {{
 
 /// Envoy, through the proxy-wasm ABI.
 struct ProxyHost;
+
+#[link(wasm_import_module = "env")]
+unsafe extern "C" {
+    /// The whole header map `map_type`, serialized (see [`HeaderMap`]) into memory the host
+    /// allocates in the VM.
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+}
+
+/// The ABI's `Ok` status (any other: no map).
+const STATUS_OK: u32 = 0;
 
 fn map(m: Headers) -> MapType {
     match m {
@@ -50,13 +64,23 @@ impl SharedStore for ProxyHost {
 }
 
 impl Host for ProxyHost {
-    // Values are read as bytes: the SDK's string getters panic (trap the VM) on non-UTF-8.
-    fn headers(&self, m: Headers) -> Vec<(String, String)> {
-        hostcalls::get_map_bytes(map(m))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, lossy(v)))
-            .collect()
+    // The raw call, not the SDK's `get_map_bytes`: that one copies every name and value into a
+    // `String` and a `Vec` of its own (2 allocations per header), panics (traps the VM) on an
+    // unexpected status and on a name that is not UTF-8. Here the host's one buffer is the map.
+    fn headers(&self, m: Headers) -> HeaderMap {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host writes a pointer and a size into the two locals; the pointer is
+        // memory it allocated in this VM through the SDK's exported `proxy_on_memory_allocate`
+        // (a boxed `[u8]` of exactly `size` bytes), whose ownership passes to us: the SDK's own
+        // `get_map_bytes` takes it back with `Vec::from_raw_parts(data, size, size)` the same way.
+        let status = unsafe { proxy_get_header_map_pairs(map(m), &mut data, &mut size) };
+        if status != STATUS_OK || data.is_null() {
+            return HeaderMap::default();
+        }
+        // SAFETY: see above (allocated with this size and capacity, owned by us from here).
+        let wire = unsafe { Vec::from_raw_parts(data, size, size) };
+        HeaderMap::from_wire(wire)
     }
 
     fn header(&self, m: Headers, name: &str) -> Option<String> {

@@ -7,6 +7,7 @@
 //! through the `log` facade (backed by the proxy-wasm SDK in Envoy), not through the host.
 
 use crate::store::SharedStore;
+use std::borrow::Cow;
 
 /// A header map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,8 +40,8 @@ pub enum MetricKind {
 /// error reads as "nothing" (no value, empty buffer, metric id 0), and the decisions over it fail
 /// closed.
 pub trait Host: SharedStore {
-    /// Every header of `map`; values that are not UTF-8 become U+FFFD (never a trap).
-    fn headers(&self, map: Headers) -> Vec<(String, String)>;
+    /// Every header of `map`, in one buffer (empty when the host's answer is malformed).
+    fn headers(&self, map: Headers) -> HeaderMap;
     /// One header value (U+FFFD for invalid bytes).
     fn header(&self, map: Headers, name: &str) -> Option<String>;
     /// Sets (`Some`) or removes (`None`) a header.
@@ -73,6 +74,198 @@ pub trait Host: SharedStore {
     fn property(&self, path: &[&str]) -> Option<String>;
 }
 
+/// A header map as the host hands it over (the proxy-wasm map wire format), read in place: one
+/// buffer for the whole map, not a `String` and a `Vec` per header. The layout, all little
+/// endian: a u32 pair count; per pair a u32 name length and a u32 value length; then each name
+/// and each value, each followed by a NUL byte.
+///
+/// The whole layout is checked once, when the map is made: lengths in bounds and names UTF-8
+/// (Envoy's header names are tokens), else the map reads as empty (and the decisions over an
+/// empty map fail closed: no `:path`, no credential). A value that is not UTF-8 reads with U+FFFD
+/// for its invalid bytes, never a trap (the map is then rebuilt once, in that rare case only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderMap {
+    /// The host's bytes, every name and value UTF-8; empty when they were malformed.
+    wire: Vec<u8>,
+}
+
+/// Bytes of the pair count, and of each pair's two lengths.
+const COUNT_BYTES: usize = 4;
+const PAIR_BYTES: usize = 8;
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<usize> {
+    let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    usize::try_from(u32::from_le_bytes(b)).ok()
+}
+
+/// Walks the wire format: each pair's name and value bytes, ending early at the first
+/// inconsistency (a length out of bounds).
+struct Pairs<'a> {
+    wire: &'a [u8],
+    /// Pairs left to read.
+    left: usize,
+    /// Where the next pair's two lengths are.
+    table: usize,
+    /// Where the next pair's name starts.
+    data: usize,
+}
+
+impl<'a> Pairs<'a> {
+    /// `None` when the pair count does not fit; no bytes at all is the empty map.
+    fn new(wire: &'a [u8]) -> Option<Self> {
+        let left = if wire.is_empty() {
+            0
+        } else {
+            read_u32(wire, 0)?
+        };
+        let data = left.checked_mul(PAIR_BYTES)?.checked_add(COUNT_BYTES)?;
+        (wire.is_empty() || data <= wire.len()).then_some(Pairs {
+            wire,
+            left,
+            table: COUNT_BYTES,
+            data,
+        })
+    }
+
+    fn pair(&self) -> Option<(&'a [u8], &'a [u8], usize)> {
+        let name_len = read_u32(self.wire, self.table)?;
+        let value_len = read_u32(self.wire, self.table.checked_add(4)?)?;
+        let name_end = self.data.checked_add(name_len)?;
+        // Each name and value is followed by a NUL.
+        let value_at = name_end.checked_add(1)?;
+        let value_end = value_at.checked_add(value_len)?;
+        let next = value_end.checked_add(1)?;
+        if next > self.wire.len() {
+            return None;
+        }
+        let name = self.wire.get(self.data..name_end)?;
+        let value = self.wire.get(value_at..value_end)?;
+        Some((name, value, next))
+    }
+}
+
+impl<'a> Iterator for Pairs<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let Some((name, value, next)) = self.pair() else {
+            self.left = 0;
+            return None;
+        };
+        self.left -= 1;
+        self.table = self.table.saturating_add(PAIR_BYTES);
+        self.data = next;
+        Some((name, value))
+    }
+}
+
+impl HeaderMap {
+    /// The map in `wire` (the host's answer); empty when malformed.
+    pub fn from_wire(wire: Vec<u8>) -> Self {
+        let Some(pairs) = Pairs::new(&wire) else {
+            return HeaderMap::default();
+        };
+        let declared = pairs.left;
+        let (mut read, mut values_utf8) = (0usize, true);
+        for (name, value) in pairs {
+            if std::str::from_utf8(name).is_err() {
+                return HeaderMap::default();
+            }
+            values_utf8 &= std::str::from_utf8(value).is_ok();
+            read += 1;
+        }
+        if read != declared {
+            return HeaderMap::default();
+        }
+        if values_utf8 {
+            return HeaderMap { wire };
+        }
+        let lossy: Vec<(&[u8], Cow<'_, str>)> = Pairs::new(&wire)
+            .into_iter()
+            .flatten()
+            .map(|(name, value)| (name, String::from_utf8_lossy(value)))
+            .collect();
+        HeaderMap {
+            wire: encode(lossy.iter().map(|(k, v)| (*k, v.as_bytes()))),
+        }
+    }
+
+    /// Every (name, value), in the host's order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs().map(|(name, value)| (text(name), text(value)))
+    }
+
+    /// Every name, in the host's order (values not looked at).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.pairs().map(|(name, _)| text(name))
+    }
+
+    /// The first value of header `name` (any case).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.get_all(name).next()
+    }
+
+    /// The first value of each of `names` (any case), in one pass over the map.
+    pub fn get_each<const N: usize>(&self, names: [&str; N]) -> [Option<&str>; N] {
+        let mut found = [None; N];
+        for (k, v) in self.pairs() {
+            for (name, slot) in names.iter().zip(found.iter_mut()) {
+                if slot.is_none() && k.eq_ignore_ascii_case(name.as_bytes()) {
+                    *slot = Some(text(v));
+                }
+            }
+        }
+        found
+    }
+
+    /// Every value of header `name` (any case), in order. Names are compared as bytes: only
+    /// the values returned are looked at as text.
+    pub fn get_all<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
+        self.pairs()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| text(v))
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        Pairs::new(&self.wire).into_iter().flatten()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs().next().is_none()
+    }
+}
+
+/// A name or value of a [`HeaderMap`]: checked (or made) UTF-8 in [`HeaderMap::from_wire`], so
+/// never the empty fallback.
+fn text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
+}
+
+/// The wire format of `pairs` (as the host serializes a map). A length beyond u32 is written as
+/// u32::MAX, which no buffer holds: the map then reads as empty.
+pub fn encode<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {
+    let len32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    let (count, bytes) = pairs.clone().fold((0usize, 0usize), |(c, b), (k, v)| {
+        (c + 1, b + PAIR_BYTES + k.len() + v.len() + 2)
+    });
+    let mut out = Vec::with_capacity(COUNT_BYTES + bytes);
+    out.extend_from_slice(&len32(count));
+    for (k, v) in pairs.clone() {
+        out.extend_from_slice(&len32(k.len()));
+        out.extend_from_slice(&len32(v.len()));
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k);
+        out.push(0);
+        out.extend_from_slice(v);
+        out.push(0);
+    }
+    out
+}
+
 /// The first `size` bytes of a buffer, without a host call when there are none.
 pub fn read_body(host: &dyn Host, buf: Body, size: usize) -> Vec<u8> {
     if size == 0 {
@@ -88,3 +281,135 @@ pub fn lossy(bytes: Vec<u8>) -> String {
 
 #[cfg(test)]
 pub mod recording;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(pairs: &[(&str, &[u8])]) -> Vec<u8> {
+        encode(pairs.iter().map(|(k, v)| (k.as_bytes(), *v)))
+    }
+
+    fn pairs(m: &HeaderMap) -> Vec<(String, String)> {
+        m.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    #[test]
+    fn a_map_reads_back_as_written_in_order_and_by_name_in_any_case() {
+        let bytes = wire(&[
+            (":path", b"/v1/chat"),
+            ("Authorization", b"Bearer x"),
+            ("x-maas-subscription", b"a"),
+            ("empty", b""),
+            ("X-MaaS-Subscription", b"b"),
+        ]);
+        // The exact layout Envoy writes: count, lengths, then NUL-terminated names and values.
+        assert_eq!(
+            bytes.get(..12),
+            Some(&[5, 0, 0, 0, 5, 0, 0, 0, 8, 0, 0, 0][..])
+        );
+        assert_eq!(bytes.get(44..51), Some(&b":path\0/"[..]));
+        let m = HeaderMap::from_wire(bytes);
+        assert_eq!(pairs(&m).len(), 5);
+        assert_eq!(m.iter().nth(3), Some(("empty", "")));
+        assert_eq!(m.get(":path"), Some("/v1/chat"));
+        assert_eq!(m.get("authorization"), Some("Bearer x"));
+        assert_eq!(m.get("AUTHORIZATION"), Some("Bearer x"));
+        assert_eq!(m.get("x-api-key"), None);
+        assert_eq!(
+            m.get_each([":path", "x-api-key", "x-maas-subscription", "AUTHORIZATION"]),
+            [Some("/v1/chat"), None, Some("a"), Some("Bearer x")]
+        );
+        assert_eq!(
+            m.get_all("x-maas-subscription").collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(!m.is_empty());
+    }
+
+    #[test]
+    fn no_headers_and_no_bytes_are_the_empty_map() {
+        for bytes in [vec![], vec![0, 0, 0, 0]] {
+            let m = HeaderMap::from_wire(bytes);
+            assert!(m.is_empty());
+            assert_eq!(m.get(":path"), None);
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_reads_with_replacement_characters() {
+        let m = HeaderMap::from_wire(wire(&[
+            ("a", b"ok"),
+            ("authorization", b"Bearer \xff\xfe"),
+            ("b", b"x\xc3"),
+        ]));
+        assert_eq!(m.get("a"), Some("ok"));
+        assert_eq!(m.get("authorization"), Some("Bearer \u{fffd}\u{fffd}"));
+        assert_eq!(m.get("b"), Some("x\u{fffd}"));
+        assert_eq!(pairs(&m).len(), 3);
+    }
+
+    #[test]
+    fn a_malformed_map_reads_as_empty() {
+        let good = wire(&[(":path", b"/v1/chat"), ("authorization", b"Bearer x")]);
+        assert_eq!(pairs(&HeaderMap::from_wire(good.clone())).len(), 2);
+        // Every truncation: a length points past the end (or the count does not fit).
+        for cut in 1..good.len() {
+            let m = HeaderMap::from_wire(good.get(..cut).unwrap().to_vec());
+            assert!(m.is_empty(), "cut at {cut}");
+        }
+        let with = |at: usize, value: u32| {
+            let mut b = good.clone();
+            b.splice(at..at + 4, value.to_le_bytes());
+            HeaderMap::from_wire(b)
+        };
+        // A count larger than the pairs written, one too large for any buffer.
+        assert!(with(0, 3).is_empty());
+        assert!(with(0, u32::MAX).is_empty());
+        // A name or value length past the end, or overflowing.
+        assert!(with(4, 1000).is_empty());
+        assert!(with(8, u32::MAX).is_empty());
+        assert!(with(16, 100).is_empty());
+        // A length that leaves no room for the NUL terminator.
+        assert!(with(16, 9).is_empty());
+        // A name that is not UTF-8 (Envoy's names are tokens): the whole map is refused.
+        assert!(HeaderMap::from_wire(wire(&[(":path", b"/"), ("x", b"y")])).get("x") == Some("y"));
+        let mut bad_name = wire(&[(":path", b"/"), ("x", b"y")]);
+        let at = bad_name.len() - 4;
+        bad_name[at] = 0xff;
+        assert!(HeaderMap::from_wire(bad_name).is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_read_without_panicking(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..128)) {
+            let m = HeaderMap::from_wire(bytes);
+            for (k, v) in m.iter() {
+                let _ = (k.len(), v.len());
+            }
+            let _ = m.get(":path");
+        }
+
+        #[test]
+        fn any_count_with_valid_lengths_reads_without_panicking(
+            count in proptest::num::u32::ANY,
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+        ) {
+            let mut bytes = count.to_le_bytes().to_vec();
+            bytes.extend(tail);
+            let _ = HeaderMap::from_wire(bytes).iter().count();
+        }
+
+        #[test]
+        fn every_map_round_trips(pairs_in in proptest::collection::vec(("[a-zA-Z:-]{1,12}", proptest::collection::vec(proptest::num::u8::ANY, 0..24)), 0..12)) {
+            let list: Vec<(&str, &[u8])> = pairs_in.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+            let m = HeaderMap::from_wire(wire(&list));
+            let read = pairs(&m);
+            proptest::prop_assert_eq!(read.len(), list.len());
+            for ((k, v), (rk, rv)) in list.iter().zip(&read) {
+                proptest::prop_assert_eq!(k, rk);
+                proptest::prop_assert_eq!(&String::from_utf8_lossy(v), rv);
+            }
+        }
+    }
+}

@@ -42,14 +42,56 @@ fn under_ci(path: &str, prefix: &str) -> bool {
         && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/'))
 }
 
-fn has_encoded_separator(path: &str) -> bool {
-    let b = path.as_bytes();
-    b.windows(3).any(|w| {
-        matches!(w, [b'%', hi, lo] if matches!(
-            (hi.to_ascii_uppercase(), lo.to_ascii_uppercase()),
-            (b'2', b'F') | (b'2', b'E') | (b'5', b'C') | (b'0', b'0')
-        ))
-    })
+/// What one pass over a path finds; the rules are then applied in their order, so a path
+/// breaking several gets the same refusal whatever their positions.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Findings {
+    /// A byte outside visible ASCII.
+    invalid_byte: bool,
+    /// `\`, `;` or `#`.
+    separator: bool,
+    /// `//`.
+    empty_segment: bool,
+    /// A `.` or `..` segment.
+    dot_segment: bool,
+    /// `%2F`, `%2E`, `%5C` or `%00` (any case).
+    encoded_separator: bool,
+}
+
+fn is_dot_segment(segment: &[u8]) -> bool {
+    matches!(segment, b"." | b"..")
+}
+
+fn is_encoded_separator(hex: &[u8]) -> bool {
+    matches!(hex, [hi, lo] if matches!(
+        (hi.to_ascii_uppercase(), lo.to_ascii_uppercase()),
+        (b'2', b'F') | (b'2', b'E') | (b'5', b'C') | (b'0', b'0')
+    ))
+}
+
+fn scan(path: &[u8]) -> Findings {
+    let mut f = Findings::default();
+    let mut segment_start = 0usize;
+    let mut previous = 0u8;
+    for (i, &b) in path.iter().enumerate() {
+        f.invalid_byte |= !(0x21..=0x7e).contains(&b);
+        match b {
+            b'\\' | b';' | b'#' => f.separator = true,
+            b'/' => {
+                f.empty_segment |= previous == b'/';
+                f.dot_segment |= is_dot_segment(path.get(segment_start..i).unwrap_or_default());
+                segment_start = i.saturating_add(1);
+            }
+            b'%' => {
+                let hex = path.get(i.saturating_add(1)..i.saturating_add(3));
+                f.encoded_separator |= is_encoded_separator(hex.unwrap_or_default());
+            }
+            _ => {}
+        }
+        previous = b;
+    }
+    f.dot_segment |= is_dot_segment(path.get(segment_start..).unwrap_or_default());
+    f
 }
 
 /// Classifies `:path` (with its query). Checks come first so that no later decision sees an
@@ -65,19 +107,21 @@ pub fn classify<'a>(
     if !path.starts_with('/') {
         return Err(PathError::Invalid("path must be absolute"));
     }
-    if path.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+    // One pass over the path for every check below.
+    let found = scan(path.as_bytes());
+    if found.invalid_byte {
         return Err(PathError::Invalid("path holds invalid characters"));
     }
-    if path.contains('\\') || path.contains(';') || path.contains('#') {
+    if found.separator {
         return Err(PathError::Invalid("path holds '\\', ';' or '#'"));
     }
-    if path.contains("//") {
+    if found.empty_segment {
         return Err(PathError::Invalid("path holds an empty segment"));
     }
-    if path.split('/').any(|s| s == "." || s == "..") {
+    if found.dot_segment {
         return Err(PathError::Invalid("path holds a '.' or '..' segment"));
     }
-    if has_encoded_separator(path) {
+    if found.encoded_separator {
         return Err(PathError::Invalid(
             "path holds an encoded '/', '.', '\\' or NUL",
         ));
@@ -180,7 +224,100 @@ mod tests {
         assert!(!is_discovery("/llm/sim/v1/chat/completions", "/llm/sim"));
     }
 
+    /// The checks as they were written first, one pass each: the single pass must agree.
+    fn classify_by_each_rule<'a>(
+        full_path: &'a str,
+        management_prefix: &str,
+    ) -> Result<PathClass<'a>, PathError> {
+        let path = match full_path.find('?') {
+            Some(i) => &full_path[..i],
+            None => full_path,
+        };
+        if !path.starts_with('/') {
+            return Err(PathError::Invalid("path must be absolute"));
+        }
+        if path.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(PathError::Invalid("path holds invalid characters"));
+        }
+        if path.contains('\\') || path.contains(';') || path.contains('#') {
+            return Err(PathError::Invalid("path holds '\\', ';' or '#'"));
+        }
+        if path.contains("//") {
+            return Err(PathError::Invalid("path holds an empty segment"));
+        }
+        if path.split('/').any(|s| s == "." || s == "..") {
+            return Err(PathError::Invalid("path holds a '.' or '..' segment"));
+        }
+        let encoded = path.as_bytes().windows(3).any(|w| {
+            matches!(w, [b'%', hi, lo] if matches!(
+                (hi.to_ascii_uppercase(), lo.to_ascii_uppercase()),
+                (b'2', b'F') | (b'2', b'E') | (b'5', b'C') | (b'0', b'0')
+            ))
+        });
+        if encoded {
+            return Err(PathError::Invalid(
+                "path holds an encoded '/', '.', '\\' or NUL",
+            ));
+        }
+        if under_ci(path, "/internal") {
+            return Err(PathError::Internal);
+        }
+        if under_ci(path, management_prefix) {
+            let rest = &path[management_prefix.len()..];
+            if under_ci(rest, "/internal") {
+                return Err(PathError::Internal);
+            }
+            if path.starts_with(management_prefix) {
+                return Ok(PathClass::Management);
+            }
+        }
+        Ok(PathClass::Model(path))
+    }
+
+    #[test]
+    fn one_pass_finds_what_each_rule_finds() {
+        for p in [
+            "/",
+            "/.",
+            "/..",
+            "/a/.",
+            "/a/..",
+            "/./a",
+            "/a/.b",
+            "/a/..b",
+            "/...",
+            "//",
+            "/a//",
+            "/%",
+            "/%2",
+            "/%2f",
+            "/a%5c",
+            "/%00",
+            "/%2e%2E",
+            "/a;b#c\\d",
+            "/a b",
+            "/\u{e9}",
+            "/a/%2",
+            "/a?/..",
+            "/?%2F",
+        ] {
+            assert_eq!(classify(p, P), classify_by_each_rule(p, P), "{p:?}");
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn the_single_pass_agrees_with_each_rule(p in "[/.%;#?\\\\ a-zA-Z0-9\u{e9}\u{0}]{0,24}") {
+            proptest::prop_assert_eq!(classify(&p, P), classify_by_each_rule(&p, P));
+        }
+
+        #[test]
+        fn the_single_pass_agrees_on_any_text(p in "\\PC{0,40}") {
+            proptest::prop_assert_eq!(classify(&p, P), classify_by_each_rule(&p, P));
+            let slash = format!("/{p}");
+            proptest::prop_assert_eq!(classify(&slash, P), classify_by_each_rule(&slash, P));
+        }
+
         #[test]
         fn classify_never_panics_and_model_paths_are_clean(p in "[ -~]{0,40}") {
             if let Ok(PathClass::Model(m)) = classify(&p, P) {

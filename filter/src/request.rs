@@ -25,10 +25,10 @@
 //! ```
 
 use crate::authenticate::{self, AUTHENTICATE_PATH};
-use crate::cache::{self, CachedAnswer, CachedIdentity};
+use crate::cache::{self, CachedAnswer, CachedIdentity, Caller};
 use crate::credential::{self, CacheIdentity};
 use crate::decide;
-use crate::host::{Body, Headers, Host, read_body};
+use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::hygiene;
 use crate::lease;
 use crate::limits::{self, Admission, LeaseNeed, RateHeaders, Reservation};
@@ -130,21 +130,20 @@ pub struct Request {
     /// Whose counters the request counts in: under a subscription
     /// `maas_types::subscription::counter_subject` (per subject, subscription and model);
     /// `None`: the subject's own.
-    counter_subject: Option<String>,
+    counter_subject: Option<Rc<str>>,
     /// The subscription the request runs under (`decide::subscription`), if any: its limits on
     /// the model as a tier (`sub_tier`) replace the tiers' windows.
     subscription: Option<String>,
     sub_tier: Option<Tier>,
-    /// `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
-    requested_subscription: Option<String>,
-    subject: Option<String>,
-    /// The shared-data key of the subject's counter slot (hashed once per request).
-    counter_key: String,
+    subject: Option<Rc<str>>,
+    /// The shared-data key of the subject's counter slot (hashed once per request, or shared
+    /// with the worker's copy of the credential).
+    counter_key: SlotKey,
     /// The counter slot as the precheck read it (admission starts from it).
     slot_read: Option<limits::SlotRead>,
-    /// Client headers to remove before forwarding (found in the one header scan).
-    strip_headers: Vec<String>,
-    client_anthropic_version: bool,
+    /// The request headers as read once (the client's `X-MaaS-Subscription`, what to strip),
+    /// kept until the headers are decided (possibly after the companion answered).
+    request_headers: HeaderMap,
     discovery: bool,
     /// The operation accepts `stream_options` (OpenAI chat/completions and completions).
     accepts_stream_options: bool,
@@ -201,12 +200,10 @@ impl Request {
             counter_subject: None,
             subscription: None,
             sub_tier: None,
-            requested_subscription: None,
             subject: None,
-            counter_key: String::new(),
+            counter_key: SlotKey::default(),
             slot_read: None,
-            strip_headers: Vec::new(),
-            client_anthropic_version: false,
+            request_headers: HeaderMap::default(),
             discovery: false,
             accepts_stream_options: false,
             always_inspect_body: false,
@@ -258,7 +255,7 @@ impl Request {
 
     /// Whose counters this request counts in (and whose lease it asks for): the counter subject
     /// of its subscription, else the subject's own.
-    fn limits_subject(&self) -> Option<String> {
+    fn limits_subject(&self) -> Option<Rc<str>> {
         self.counter_subject
             .clone()
             .or_else(|| self.subject.clone())
@@ -285,18 +282,19 @@ impl Request {
         };
         // One host call for every header (the path, the credential, what to strip).
         let headers = host.headers(Headers::Request);
-        let find = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
-        let full_path = find(":path").unwrap_or_default();
+        let [full_path, method, authorization, x_api_key, content_type] = headers.get_each([
+            ":path",
+            ":method",
+            "authorization",
+            "x-api-key",
+            "content-type",
+        ]);
+        let full_path = full_path.unwrap_or_default();
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
                 // The companion authenticates these itself; only the reserved namespace goes.
-                for (name, _) in &headers {
+                for name in headers.names() {
                     if hygiene::is_reserved(name) {
                         host.set_header(Headers::Request, name, None);
                     }
@@ -314,7 +312,7 @@ impl Request {
             return self.refused(host, &Refusal::model_not_found());
         };
         // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
-        let method = find(":method").unwrap_or_default();
+        let method = method.unwrap_or_default();
         let operation = match operations::allowed(model, method, model_path) {
             Ok(op) => op,
             Err(r) => return self.refused(host, &r),
@@ -327,81 +325,63 @@ impl Request {
         self.always_inspect_body = operation != operations::Operation::Custom;
         self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
         self.policy = Some(policy.clone());
-        for (name, _) in &headers {
-            if hygiene::strip_for_model(name, &cfg.remove_headers) {
-                self.strip_headers.push(name.clone());
-            } else if name.eq_ignore_ascii_case("anthropic-version") {
-                self.client_anthropic_version = true;
-            }
-        }
-        self.requested_subscription = maas_types::subscription::requested_from_header(
-            headers
-                .iter()
-                .filter(|(k, _)| k.eq_ignore_ascii_case(SUBSCRIPTION_HEADER))
-                .map(|(_, v)| v.as_str()),
-        )
-        .map(str::to_string);
-        let cred = match credential::extract(find("authorization"), find("x-api-key")) {
+        let cred = match credential::extract(authorization, x_api_key) {
             Ok(c) => c,
             Err(e) => return self.refused(host, &e.into()),
         };
         let identity = cred.cache_identity();
         let revoked = identity
-            .key_id
-            .as_ref()
+            .key_id()
             .is_some_and(|id| self.worker.borrow().revoked.contains(id));
         if revoked {
             cache::evict(host, &identity.cache_key, cfg.cache.max_entries);
             return self.refused(host, &Refusal::unauthenticated("key revoked"));
         }
-        if !end_of_stream
-            && (self.always_inspect_body || hygiene::inspect_body(find("content-type")))
-        {
+        if !end_of_stream && (self.always_inspect_body || hygiene::inspect_body(content_type)) {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
         }
         let now_s = host.now_ms() / 1000;
-        // This worker's copy first (no shared-data read, no hashing), then the shared cache.
-        let local = self
-            .worker
-            .borrow()
-            .local_cache
-            .get(&identity, now_s)
-            .map(|(id, key)| (id.clone(), key.to_string()));
+        // This worker's copy first (no shared-data read, no hashing, nothing copied), then the
+        // shared cache.
+        let local = self.worker.borrow().local_cache.get(&identity, now_s);
         let cached = match local {
-            Some((id, counter_key)) => {
-                self.counter_key = counter_key;
-                Some(CachedAnswer::Allow(id))
+            Some((caller, counter_key)) => {
+                self.counter_key = SlotKey::Shared(counter_key);
+                Some(Ok(caller))
             }
-            None => {
-                let found = cache::lookup_entry(
-                    host,
-                    &identity.cache_key,
-                    &identity.verifier,
-                    now_s,
-                    cfg.cache.max_entries,
-                );
-                if let Some((CachedAnswer::Allow(id), expires_at)) = &found {
+            None => match cache::lookup_entry(
+                host,
+                &identity.cache_key,
+                &identity.verifier,
+                now_s,
+                cfg.cache.max_entries,
+            ) {
+                Some((CachedAnswer::Allow(id), expires_at)) => {
+                    let caller = Caller::new(id);
                     self.worker.borrow_mut().local_cache.put(
                         &identity,
-                        id,
-                        limits::counter_key(&id.subject, cfg.limits.counter_slots),
-                        *expires_at,
+                        &caller,
+                        || limits::counter_key(&caller.subject, cfg.limits.counter_slots),
+                        expires_at,
                         cfg.poll_interval_ms / 1000,
                         now_s,
                     );
+                    Some(Ok(caller))
                 }
-                found.map(|(answer, _)| answer)
-            }
+                Some((answer, _)) => Some(authenticate::cached_result(answer)),
+                None => None,
+            },
         };
         let step = match cached {
-            Some(answer) => {
+            Some(result) => {
                 {
                     let w = self.worker.borrow();
                     w.metrics.inc(w.metrics.cache_hit, 1);
                 }
                 self.identity = Some(identity);
-                self.authenticated(host, authenticate::cached_result(answer), now_s)
+                self.request_headers = headers;
+                self.authenticated(host, result, now_s)
             }
             None => {
                 let flight_key = identity.flight_key();
@@ -455,6 +435,7 @@ impl Request {
                     }
                 }
                 self.identity = Some(identity);
+                self.request_headers = headers;
                 Step::Wait
             }
         };
@@ -470,22 +451,24 @@ impl Request {
     fn authenticated(
         &mut self,
         host: &dyn Host,
-        result: Result<CachedIdentity, Refusal>,
+        result: Result<Caller, Refusal>,
         now_s: u64,
     ) -> Step {
-        let identity = match result {
-            Ok(id) => id,
+        let caller = match result {
+            Ok(c) => c,
             Err(r) => {
                 self.refuse(host, &r);
                 return Step::Refused;
             }
         };
-        if let Err(r) = self.decide_headers(host, &identity, now_s) {
-            self.ledger_refused_as(&identity, r.code);
+        if let Err(r) = self.decide_headers(host, &caller.identity, now_s) {
+            self.ledger_refused_as(&caller.identity, r.code);
             self.refuse(host, &r);
             return Step::Refused;
         }
-        self.subject = Some(identity.subject);
+        // Decided: the headers are not read again.
+        self.request_headers = HeaderMap::default();
+        self.subject = Some(caller.subject);
         if matches!(self.body, BodyState::Buffering) {
             // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
             // over only after the headers continue: they go on now, unless held for the body.
@@ -599,7 +582,7 @@ impl Request {
     }
 
     /// The answer for this request's credential (its own callout's, or another request's).
-    fn apply_auth(&mut self, host: &dyn Host, result: Result<CachedIdentity, Refusal>, now_s: u64) {
+    fn apply_auth(&mut self, host: &dyn Host, result: Result<Caller, Refusal>, now_s: u64) {
         if !matches!(self.phase, Phase::Authenticating { .. }) {
             return;
         }
@@ -609,20 +592,45 @@ impl Request {
         }
     }
 
-    /// Once the caller is known: authorise, check the provider credential, clean the headers.
+    /// `X-MaaS-Subscription` as the client sent it.
+    pub(super) fn requested_subscription(&self) -> Option<&str> {
+        requested_subscription(&self.request_headers)
+    }
+
+    /// Once the caller is known: authorise, check the provider credential, clean the headers
+    /// (read once at the request headers, kept in the request until then).
     fn decide_headers(
         &mut self,
         host: &dyn Host,
         identity: &CachedIdentity,
         now_s: u64,
     ) -> Result<(), Refusal> {
-        let (policy, credentials) = {
+        let headers = std::mem::take(&mut self.request_headers);
+        let decided = self.decide_headers_from(host, identity, &headers, now_s);
+        // Still read by a refusal's ledger record (the subscription asked for).
+        self.request_headers = headers;
+        decided
+    }
+
+    fn decide_headers_from(
+        &mut self,
+        host: &dyn Host,
+        identity: &CachedIdentity,
+        headers: &HeaderMap,
+        now_s: u64,
+    ) -> Result<(), Refusal> {
+        let (cfg, policy, credentials) = {
             let w = self.worker.borrow();
-            (w.policy.clone(), w.credentials.clone())
+            (w.config.clone(), w.policy.clone(), w.credentials.clone())
+        };
+        let Some(cfg) = cfg else {
+            return Err(Refusal::not_configured());
         };
         let Some(policy) = policy else {
             return Err(Refusal::no_policy());
         };
+        // `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
+        let requested_subscription = requested_subscription(headers);
         // The policy may have changed while we waited: find the model again by name (the same
         // policy document: the model found at the headers stands).
         let same_policy = self.policy.as_ref().is_some_and(|p| Rc::ptr_eq(p, &policy));
@@ -641,14 +649,9 @@ impl Request {
         };
         // A subscription's limits on the model (as a tier), counted per (subject, subscription,
         // model); else the tiers, one budget per person.
-        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id.is_some());
-        let selected = decide::subscription(
-            &policy,
-            identity,
-            api_key,
-            self.requested_subscription.as_deref(),
-            model,
-        )?;
+        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id().is_some());
+        let selected =
+            decide::subscription(&policy, identity, api_key, requested_subscription, model)?;
         let sub_tier = match selected {
             Some(sub) => Some((
                 sub.name.clone(),
@@ -680,20 +683,30 @@ impl Request {
             .as_ref()
             .map_or(identity.subject.as_str(), |(_, _, c)| c.as_str());
         let tier_of = |idx: Option<usize>| idx.and_then(|i| policy.tiers.get(i));
-        let windows: Vec<&Tier> = match &sub_tier {
-            Some((_, t, _)) => vec![t],
-            None => tier_of(tier_idx)
-                .into_iter()
-                .chain(tier_of(highest_tier_idx))
-                .collect(),
+        // The windows that apply (one or two tiers; no allocation for them).
+        let (first, second) = match &sub_tier {
+            Some((_, t, _)) => (Some(t), None),
+            None => (tier_of(tier_idx), tier_of(highest_tier_idx)),
+        };
+        let (two, one): ([&Tier; 2], [&Tier; 1]);
+        let windows: &[&Tier] = match (first, second) {
+            (Some(a), Some(b)) => {
+                two = [a, b];
+                &two
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                one = [a];
+                &one
+            }
+            (None, None) => &[],
         };
         // The counter slot, hashed once for the whole request (or known from the worker's copy
         // of the credential: the subject's own, so not under a subscription).
         let counter_key = if self.counter_key.is_empty() || sub_tier.is_some() {
-            limits::counter_key(
+            SlotKey::Own(limits::counter_key(
                 counter_subject,
-                self.config().map_or(1, |c| c.limits.counter_slots),
-            )
+                cfg.limits.counter_slots,
+            ))
         } else {
             std::mem::take(&mut self.counter_key)
         };
@@ -715,7 +728,7 @@ impl Request {
         // (a full request or token window), so that such a 429 starts no upstream request.
         if buffering && !self.hold_headers && !self.discovery {
             let (limited, read) =
-                limits::precheck_read(host, &counter_key, &windows, counter_subject, now_s);
+                limits::precheck_read(host, &counter_key, windows, counter_subject, now_s);
             if let Some(limited) = limited {
                 return Err(limited_refusal(limited));
             }
@@ -728,15 +741,19 @@ impl Request {
         operations::check_upstream(model, || host.property(&operations::CLUSTER_PROPERTY))?;
 
         // Hygiene: nothing the client sent reaches the backend as identity.
-        for name in &self.strip_headers {
-            host.set_header(Headers::Request, name, None);
+        let mut client_anthropic_version = false;
+        for name in headers.names() {
+            if hygiene::strip_for_model(name, &cfg.remove_headers) {
+                host.set_header(Headers::Request, name, None);
+            } else if name.eq_ignore_ascii_case("anthropic-version") {
+                client_anthropic_version = true;
+            }
         }
         // Usage is read from the response body: ask the backend for it uncompressed (Envoy may
         // compress towards the client). A backend that compresses anyway is decoded for reading.
         host.set_header(Headers::Request, "accept-encoding", Some("identity"));
         if let Some((kind, key)) = provider_key {
-            for (name, value) in hygiene::provider_headers(kind, key, self.client_anthropic_version)
-            {
+            for (name, value) in hygiene::provider_headers(kind, key, client_anthropic_version) {
                 host.set_header(Headers::Request, name, Some(&value));
             }
         }
@@ -750,13 +767,12 @@ impl Request {
             // let the upstream codec frame it (chunked) instead of a length that may change.
             host.set_header(Headers::Request, "content-length", None);
         }
-        drop(windows);
         self.counter_key = counter_key;
         self.model_idx = Some(model_idx);
         self.tier_idx = tier_idx;
         self.highest_tier_idx = highest_tier_idx;
         (self.subscription, self.sub_tier, self.counter_subject) = match sub_tier {
-            Some((name, tier, counter)) => (Some(name), Some(tier), Some(counter)),
+            Some((name, tier, counter)) => (Some(name), Some(tier), Some(Rc::from(counter))),
             None => (None, None, None),
         };
         self.policy = Some(policy);
@@ -940,8 +956,38 @@ impl Request {
     }
 }
 
+/// A counter slot's shared-data key: the worker's copy of the credential shares its own (no
+/// copy per request); one hashed for this request (under a subscription) is owned.
+#[derive(Debug, Clone)]
+enum SlotKey {
+    Shared(Rc<str>),
+    Own(String),
+}
+
+impl Default for SlotKey {
+    fn default() -> Self {
+        SlotKey::Own(String::new())
+    }
+}
+
+impl std::ops::Deref for SlotKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            SlotKey::Shared(k) => k,
+            SlotKey::Own(k) => k,
+        }
+    }
+}
+
 /// The request header that names a subscription (client → gateway, and gateway → backend).
 pub const SUBSCRIPTION_HEADER: &str = "x-maas-subscription";
+
+/// The subscription the client's `X-MaaS-Subscription` names (last non-empty value).
+fn requested_subscription(headers: &HeaderMap) -> Option<&str> {
+    maas_types::subscription::requested_from_header(headers.get_all(SUBSCRIPTION_HEADER))
+}
 
 /// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.
 fn lease_unavailable() -> Refusal {

@@ -7,7 +7,6 @@
 //! other byte of the body is preserved exactly.
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
 use std::fmt;
 
 /// What the gateway reads from a request body.
@@ -60,13 +59,13 @@ impl std::error::Error for BodyError {}
 /// The raw values of the fields read (small: only these are built, the rest is skipped).
 #[derive(Default)]
 struct Fields {
-    model: Option<Value>,
-    stream: Option<Value>,
-    max_tokens: Option<Value>,
-    max_completion_tokens: Option<Value>,
-    stream_options: Option<Value>,
-    n: Option<Value>,
-    best_of: Option<Value>,
+    model: Option<Raw>,
+    stream: Option<Raw>,
+    max_tokens: Option<Raw>,
+    max_completion_tokens: Option<Raw>,
+    stream_options: Option<Raw>,
+    n: Option<Raw>,
+    best_of: Option<Raw>,
     /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
     text_bytes: u64,
     duplicate: Option<&'static str>,
@@ -120,7 +119,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                     continue;
                 }
             };
-            let value = map.next_value::<Value>()?;
+            let value = map.next_value::<Raw>()?;
             if slot.is_some() {
                 fields.duplicate.get_or_insert(name);
             } else {
@@ -128,6 +127,180 @@ impl<'de> Visitor<'de> for FieldsVisitor {
             }
         }
         Ok(fields)
+    }
+}
+
+/// A read field's value, as far as its checks need it: any JSON value is accepted here (the
+/// types are checked once the whole body parsed, so a syntax error anywhere wins), only a string
+/// is kept (the model name), and everything else is visited, not built: every string in it is
+/// still checked UTF-8, as `serde_json::Value` checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Raw {
+    Null,
+    Bool(bool),
+    /// A non-negative integer within u64.
+    Count(u64),
+    Str(String),
+    /// An object: its last `include_usage` member (`stream_options`).
+    Object {
+        include_usage: Option<Scalar>,
+    },
+    /// Any other number, or an array.
+    Other,
+}
+
+/// `stream_options.include_usage` as far as its check needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scalar {
+    Null,
+    Bool(bool),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = Raw;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Raw, E> {
+        Ok(Raw::Bool(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Raw, E> {
+        Ok(Raw::Count(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Raw, E> {
+        Ok(u64::try_from(v).map_or(Raw::Other, Raw::Count))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Raw, E> {
+        Ok(Raw::Other)
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Raw, E> {
+        Ok(Raw::Str(v.to_string()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Raw, A::Error> {
+        SkipVisitor.visit_seq(seq)?;
+        Ok(Raw::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+        let mut include_usage = None;
+        while let Some(KeyIs(is_include_usage)) = map.next_key_seed(KeyIsSeed("include_usage"))? {
+            if is_include_usage {
+                include_usage = Some(map.next_value::<Scalar>()?);
+            } else {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(Raw::Object { include_usage })
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match Raw::deserialize(d)? {
+            Raw::Null => Scalar::Null,
+            Raw::Bool(b) => Scalar::Bool(b),
+            _ => Scalar::Other,
+        })
+    }
+}
+
+/// Any JSON value, visited and dropped (its strings checked, nothing built).
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SkipVisitor)
+    }
+}
+
+struct SkipVisitor;
+
+impl<'de> Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        while map.next_key::<Skip>()?.is_some() {
+            map.next_value::<Skip>()?;
+        }
+        Ok(Skip)
+    }
+}
+
+/// Whether an object key is the one looked for (read in place: no copy of the key).
+struct KeyIs(bool);
+
+struct KeyIsSeed(&'static str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIsSeed {
+    type Value = KeyIs;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<KeyIs, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIsSeed {
+    type Value = KeyIs;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<KeyIs, E> {
+        Ok(KeyIs(key == self.0))
     }
 }
 
@@ -186,14 +359,38 @@ impl<'de> Visitor<'de> for TextBytesVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextBytes, A::Error> {
         let mut total: u64 = 0;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if MEDIA_FIELDS.contains(&key.as_ref()) {
+        while let Some(MediaKey(media)) = map.next_key::<MediaKey>()? {
+            if media {
                 map.next_value::<IgnoredAny>()?;
             } else {
                 total = total.saturating_add(map.next_value::<TextBytes>()?.0);
             }
         }
         Ok(TextBytes(total))
+    }
+}
+
+/// An object key, only as "is it a media field" (read in place: no copy of the key).
+struct MediaKey(bool);
+
+impl<'de> Deserialize<'de> for MediaKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(MediaKeyVisitor)
+    }
+}
+
+struct MediaKeyVisitor;
+
+impl<'de> Visitor<'de> for MediaKeyVisitor {
+    type Value = MediaKey;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    // Borrowed from the body, or (a key with escapes) from the parser's scratch buffer.
+    fn visit_str<E>(self, key: &str) -> Result<MediaKey, E> {
+        Ok(MediaKey(MEDIA_FIELDS.contains(&key)))
     }
 }
 
@@ -232,13 +429,10 @@ fn bad(field: &'static str, message: &str) -> BodyError {
     }
 }
 
-fn token_limit(field: &'static str, v: Option<&Value>) -> Result<Option<u64>, BodyError> {
+fn token_limit(field: &'static str, v: Option<&Raw>) -> Result<Option<u64>, BodyError> {
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| bad(field, "must be a non-negative integer")),
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Count(n)) => Ok(Some(*n)),
         Some(_) => Err(bad(field, "must be a non-negative integer")),
     }
 }
@@ -248,24 +442,24 @@ fn token_limit(field: &'static str, v: Option<&Value>) -> Result<Option<u64>, Bo
 pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let f = read_fields(body)?;
     let model = match f.model {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
+        None | Some(Raw::Null) => None,
+        Some(Raw::Str(s)) => Some(s),
         Some(_) => return Err(bad("model", "must be a string")),
     };
     let stream = match f.stream {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => b,
+        None | Some(Raw::Null) => false,
+        Some(Raw::Bool(b)) => b,
         Some(_) => return Err(bad("stream", "must be a boolean")),
     };
     let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
     let max_completion_tokens =
         token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
     let include_usage = match f.stream_options {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
+        None | Some(Raw::Null) => false,
+        Some(Raw::Object { include_usage }) => match include_usage {
+            None | Some(Scalar::Null) => false,
+            Some(Scalar::Bool(b)) => b,
+            Some(Scalar::Other) => {
                 return Err(bad("stream_options.include_usage", "must be a boolean"));
             }
         },
@@ -296,55 +490,37 @@ pub fn with_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
 pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
     let malformed = || BodyError::NotJson("malformed object".to_string());
     let open = skip_ws(body, 0);
-    let members = object_members(body, open).ok_or_else(malformed)?;
-    let stream_options = members
-        .iter()
-        .rev()
-        .find(|m| key_is(body, m.key, "stream_options"));
-    let (at, remove_to, insert): (usize, usize, Vec<u8>) = match stream_options {
-        None => {
-            // Insert as the first member.
-            let mut ins = br#""stream_options":{"include_usage":true}"#.to_vec();
-            if !members.is_empty() {
-                ins.push(b',');
+    // What goes in at `at` (replacing up to `remove_to`), and whether a comma follows it.
+    let (at, remove_to, insert, comma): (usize, usize, &[u8], bool) =
+        match find_member(body, open, "stream_options").ok_or_else(malformed)? {
+            (members, None) => {
+                // Insert as the first member.
+                let at = open.checked_add(1).ok_or_else(malformed)?;
+                let ins = br#""stream_options":{"include_usage":true}"#;
+                (at, at, ins, members > 0)
             }
-            let at = open.checked_add(1).ok_or_else(malformed)?;
-            (at, at, ins)
-        }
-        Some(m) if body.get(m.value.0) == Some(&b'{') => {
-            let inner = object_members(body, m.value.0).ok_or_else(malformed)?;
-            match inner
-                .iter()
-                .rev()
-                .find(|i| key_is(body, i.key, "include_usage"))
-            {
-                Some(i) => (i.value.0, i.value.1, b"true".to_vec()),
-                None => {
-                    let mut ins = br#""include_usage":true"#.to_vec();
-                    if !inner.is_empty() {
-                        ins.push(b',');
+            (_, Some((start, _))) if body.get(start) == Some(&b'{') => {
+                match find_member(body, start, "include_usage").ok_or_else(malformed)? {
+                    (_, Some((value, value_end))) => (value, value_end, b"true", false),
+                    (inner, None) => {
+                        let at = start.checked_add(1).ok_or_else(malformed)?;
+                        (at, at, br#""include_usage":true"#, inner > 0)
                     }
-                    let at = m.value.0.checked_add(1).ok_or_else(malformed)?;
-                    (at, at, ins)
                 }
             }
-        }
-        // null (inspect refused every other type)
-        Some(m) => (m.value.0, m.value.1, br#"{"include_usage":true}"#.to_vec()),
-    };
+            // null (inspect refused every other type)
+            (_, Some((start, end))) => (start, end, br#"{"include_usage":true}"#, false),
+        };
     let head = body.get(..at).ok_or_else(malformed)?;
     let tail = body.get(remove_to..).ok_or_else(malformed)?;
-    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len()));
+    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len() + 1));
     out.extend_from_slice(head);
-    out.extend_from_slice(&insert);
+    out.extend_from_slice(insert);
+    if comma {
+        out.push(b',');
+    }
     out.extend_from_slice(tail);
     Ok(out)
-}
-
-/// A member of an object: byte ranges (start, end) of its key (with quotes) and of its value.
-struct Member {
-    key: (usize, usize),
-    value: (usize, usize),
 }
 
 fn key_is(body: &[u8], key: (usize, usize), name: &str) -> bool {
@@ -418,14 +594,17 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
 }
 
 /// `open` at a `{`: the members of that object (the body is already known to be valid JSON).
-fn object_members(b: &[u8], open: usize) -> Option<Vec<Member>> {
+/// The object at `open`: how many members it has, and the byte range (start, end) of the value
+/// of the last member named `name` (a duplicated key: the last one is what most parsers read).
+/// `None` when malformed.
+fn find_member(b: &[u8], open: usize, name: &str) -> Option<(usize, Option<(usize, usize)>)> {
     if b.get(open) != Some(&b'{') {
         return None;
     }
-    let mut members = Vec::new();
+    let (mut count, mut found) = (0usize, None);
     let mut i = skip_ws(b, open.checked_add(1)?);
     if b.get(i) == Some(&b'}') {
-        return Some(members);
+        return Some((count, found));
     }
     loop {
         if b.get(i) != Some(&b'"') {
@@ -438,14 +617,14 @@ fn object_members(b: &[u8], open: usize) -> Option<Vec<Member>> {
         }
         let v = skip_ws(b, colon.checked_add(1)?);
         let v_end = skip_value(b, v)?;
-        members.push(Member {
-            key: (i, key_end),
-            value: (v, v_end),
-        });
+        count = count.saturating_add(1);
+        if key_is(b, (i, key_end), name) {
+            found = Some((v, v_end));
+        }
         let next = skip_ws(b, v_end);
         match b.get(next)? {
             b',' => i = skip_ws(b, next.checked_add(1)?),
-            b'}' => return Some(members),
+            b'}' => return Some((count, found)),
             _ => return None,
         }
     }
@@ -524,6 +703,10 @@ mod tests {
         );
         let responses = inspect(br#"{"input":"abcdefghijkl","instructions":"abcd"}"#).unwrap();
         assert_eq!(responses.prompt_tokens_estimate, 4);
+        // A media key spelled with escapes is still a media key (its value not counted).
+        let escaped =
+            inspect(br#"{"messages":[{"d\u0061ta":"AAAAAAAAAAAAAAAA","text":"abcd"}]}"#).unwrap();
+        assert_eq!(escaped.prompt_tokens_estimate, 1);
     }
 
     #[test]
@@ -675,6 +858,148 @@ mod tests {
         assert!(with_include_usage(br#"{"stream_options":1}"#).is_err());
     }
 
+    /// The field checks as they were first written, over `serde_json::Value`: the oracle the
+    /// typed field values must agree with.
+    mod value_oracle {
+        use super::super::{
+            BodyError, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, TextBytes, bad, first_non_ws,
+        };
+        use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+        use serde_json::Value;
+        use std::fmt;
+
+        /// The raw values of the fields read (small: only these are built, the rest is skipped).
+        #[derive(Default)]
+        struct Fields {
+            model: Option<Value>,
+            stream: Option<Value>,
+            max_tokens: Option<Value>,
+            max_completion_tokens: Option<Value>,
+            stream_options: Option<Value>,
+            n: Option<Value>,
+            best_of: Option<Value>,
+            /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
+            text_bytes: u64,
+            duplicate: Option<&'static str>,
+        }
+
+        impl<'de> Deserialize<'de> for Fields {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_map(FieldsVisitor)
+            }
+        }
+
+        struct FieldsVisitor;
+
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Fields::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    let (slot, name) = match key {
+                        Key::Model => (&mut fields.model, "model"),
+                        Key::Stream => (&mut fields.stream, "stream"),
+                        Key::MaxTokens => (&mut fields.max_tokens, "max_tokens"),
+                        Key::MaxCompletionTokens => {
+                            (&mut fields.max_completion_tokens, "max_completion_tokens")
+                        }
+                        Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
+                        Key::N => (&mut fields.n, "n"),
+                        Key::BestOf => (&mut fields.best_of, "best_of"),
+                        Key::Other => {
+                            let text = map.next_value::<TextBytes>()?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(text.0);
+                            continue;
+                        }
+                    };
+                    let value = map.next_value::<Value>()?;
+                    if slot.is_some() {
+                        fields.duplicate.get_or_insert(name);
+                    } else {
+                        *slot = Some(value);
+                    }
+                }
+                Ok(fields)
+            }
+        }
+
+        fn read_fields(body: &[u8]) -> Result<Fields, BodyError> {
+            match first_non_ws(body) {
+                Some(b'{') => {}
+                None => return Err(BodyError::NotJson("empty body".to_string())),
+                Some(_) => {
+                    return match serde_json::from_slice::<IgnoredAny>(body) {
+                        Ok(_) => Err(BodyError::NotAnObject),
+                        Err(e) => Err(BodyError::NotJson(e.to_string())),
+                    };
+                }
+            }
+            let fields: Fields =
+                serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
+            if let Some(field) = fields.duplicate {
+                return Err(BodyError::BadField {
+                    field,
+                    message: "appears more than once".to_string(),
+                });
+            }
+            Ok(fields)
+        }
+
+        fn token_limit(field: &'static str, v: Option<&Value>) -> Result<Option<u64>, BodyError> {
+            match v {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(n)) => n
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| bad(field, "must be a non-negative integer")),
+                Some(_) => Err(bad(field, "must be a non-negative integer")),
+            }
+        }
+
+        pub(super) fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
+            let f = read_fields(body)?;
+            let model = match f.model {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s),
+                Some(_) => return Err(bad("model", "must be a string")),
+            };
+            let stream = match f.stream {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(_) => return Err(bad("stream", "must be a boolean")),
+            };
+            let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
+            let max_completion_tokens =
+                token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+            let include_usage = match f.stream_options {
+                None | Some(Value::Null) => false,
+                Some(Value::Object(o)) => match o.get("include_usage") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => {
+                        return Err(bad("stream_options.include_usage", "must be a boolean"));
+                    }
+                },
+                Some(_) => return Err(bad("stream_options", "must be an object")),
+            };
+            let n = token_limit("n", f.n.as_ref())?.unwrap_or(1);
+            let best_of = token_limit("best_of", f.best_of.as_ref())?.unwrap_or(1);
+            Ok(RequestInfo {
+                model,
+                stream,
+                max_tokens: max_completion_tokens.or(max_tokens),
+                include_usage,
+                choices: n.max(best_of).max(1),
+                prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
+            })
+        }
+    }
+
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
         use serde_json::Value;
         let leaf = prop_oneof![
@@ -699,7 +1024,83 @@ mod tests {
         })
     }
 
+    #[test]
+    fn typed_fields_read_as_values_did() {
+        for body in [
+            r#"{"model":"m","stream":true,"max_tokens":5,"n":2,"best_of":3}"#,
+            r#"{"model":1}"#,
+            r#"{"model":null}"#,
+            r#"{"model":{"a":1}}"#,
+            r#"{"model":["x"]}"#,
+            r#"{"stream":"yes"}"#,
+            r#"{"stream":null}"#,
+            r#"{"max_tokens":-0}"#,
+            r#"{"max_tokens":-1}"#,
+            r#"{"max_tokens":1.0}"#,
+            r#"{"max_tokens":1e2}"#,
+            r#"{"max_tokens":18446744073709551615}"#,
+            r#"{"max_tokens":18446744073709551616}"#,
+            r#"{"max_tokens":"5"}"#,
+            r#"{"n":[1]}"#,
+            r#"{"stream_options":{"include_usage":true,"include_usage":5}}"#,
+            r#"{"stream_options":{"include_usage":1,"include_usage":false}}"#,
+            r#"{"stream_options":{"include\u005fusage":true}}"#,
+            r#"{"stream_options":{"include_usage":{"a":[1,2]}}}"#,
+            r#"{"stream_options":{"x":[{"include_usage":5}]}}"#,
+            r#"{"stream_options":[]}"#,
+            r#"{"stream_options":"x"}"#,
+            r#"{"stream_options":null}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"max_tokens":1,"max_tokens":null}"#,
+            r#"{"max_tokens":[1,{"a":"\ud800"}]}"#,
+            r#"{"stream_options":{"x":"\ud800"}}"#,
+            r#"{"model":"m","stream_options":{"x":[1,2,{"y":null}]}, "max_tokens": [1e400]}"#,
+        ] {
+            assert_eq!(
+                inspect(body.as_bytes()),
+                value_oracle::inspect(body.as_bytes()),
+                "{body}"
+            );
+        }
+        // Invalid UTF-8 inside a read field is still a JSON error, as it was.
+        for body in [
+            &b"{\"stream_options\":{\"x\":\"\xff\"}}"[..],
+            &b"{\"max_tokens\":[\"\xff\"]}"[..],
+            &b"{\"model\":\"\xff\"}"[..],
+        ] {
+            assert!(matches!(inspect(body), Err(BodyError::NotJson(_))));
+            assert_eq!(inspect(body), value_oracle::inspect(body));
+        }
+    }
+
     proptest! {
+        #[test]
+        fn typed_fields_agree_with_values(v in json_value()) {
+            let body = serde_json::to_vec(&v).unwrap();
+            prop_assert_eq!(inspect(&body), value_oracle::inspect(&body));
+        }
+
+        #[test]
+        fn typed_fields_agree_with_values_field_by_field(
+            fields in proptest::collection::vec((
+                "(model|stream|max_tokens|max_completion_tokens|stream_options|n|best_of|messages)",
+                prop_oneof![json_value(), any::<u64>().prop_map(serde_json::Value::from)],
+            ), 0..6),
+        ) {
+            // Written by hand: duplicated keys stay duplicated.
+            let members: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{}:{}", serde_json::to_string(k).unwrap(), v))
+                .collect();
+            let body = format!("{{{}}}", members.join(","));
+            prop_assert_eq!(inspect(body.as_bytes()), value_oracle::inspect(body.as_bytes()));
+        }
+
+        #[test]
+        fn typed_fields_agree_with_values_on_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..120)) {
+            prop_assert_eq!(inspect(&data), value_oracle::inspect(&data));
+        }
+
         #[test]
         fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = inspect(&data);

@@ -2,7 +2,7 @@
 //! budget). One recording host plays Envoy for a whole worker: `enter(id)` makes a context the
 //! effective one, as Envoy does before each callback.
 
-use super::{Body, Headers, Host, MetricKind};
+use super::{Body, HeaderMap, Headers, Host, MetricKind};
 use crate::store::{CasMismatch, MemStore, SharedStore};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -68,6 +68,8 @@ impl Sent {
 pub struct RecordingHost {
     pub calls: RefCell<Vec<Call>>,
     pub maps: RefCell<HashMap<Headers, Vec<(String, String)>>>,
+    /// Maps handed over truncated (a host answer the filter cannot read).
+    pub truncated_maps: RefCell<Vec<Headers>>,
     pub buffers: RefCell<HashMap<Body, Vec<u8>>>,
     pub properties: RefCell<HashMap<String, String>>,
     pub store: MemStore,
@@ -167,9 +169,21 @@ impl SharedStore for RecordingHost {
 }
 
 impl Host for RecordingHost {
-    fn headers(&self, map: Headers) -> Vec<(String, String)> {
+    fn headers(&self, map: Headers) -> HeaderMap {
         self.record(|| Call::Headers(map));
-        self.maps.borrow().get(&map).cloned().unwrap_or_default()
+        // Envoy's serialization of the map, as the VM receives it.
+        let wire = {
+            let _host_side = crate::alloc_count::pause();
+            let maps = self.maps.borrow();
+            let pairs = maps.get(&map).map(Vec::as_slice).unwrap_or_default();
+            let mut wire = super::encode(pairs.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
+            if self.truncated_maps.borrow().contains(&map) {
+                wire.pop();
+            }
+            wire
+        };
+        // The one allocation the VM makes for the answer (`proxy_on_memory_allocate`).
+        HeaderMap::from_wire(wire.as_slice().to_vec())
     }
 
     fn header(&self, map: Headers, name: &str) -> Option<String> {

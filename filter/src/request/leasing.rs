@@ -272,7 +272,11 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
             continue;
         }
         req.lease_rounds = req.lease_rounds.saturating_add(1);
-        let subject = req.limits_subject().unwrap_or_default();
+        let subject = req
+            .limits_subject()
+            .as_deref()
+            .unwrap_or_default()
+            .to_string();
         let needs = std::mem::take(&mut req.lease_needs);
         match groups.iter_mut().find(|g| g.subject == subject) {
             Some(g) => {
@@ -281,7 +285,7 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
             }
             None => groups.push(Group {
                 subject,
-                key: req.counter_key.clone(),
+                key: req.counter_key.to_string(),
                 members: vec![m.clone()],
                 needs: vec![needs],
             }),
@@ -322,7 +326,11 @@ impl Request {
             self.refuse(host, &lease_unavailable());
             return Step::Refused;
         }
-        let subject = self.limits_subject().unwrap_or_default();
+        let subject = self
+            .limits_subject()
+            .as_deref()
+            .unwrap_or_default()
+            .to_string();
         self.phase = Phase::Leasing;
         // Kept: asked for again by the root when this request ends up pending.
         self.lease_needs = items.clone();
@@ -341,7 +349,7 @@ impl Request {
         let sent = flight(
             &self.worker,
             subject,
-            self.counter_key.clone(),
+            self.counter_key.to_string(),
             items,
             self.id,
             vec![self.me.clone()],

@@ -81,15 +81,11 @@ impl Request {
         // One read of the whole map (a read costs what several writes do: its answer is copied
         // into the VM) for the three values needed.
         let headers = host.headers(Headers::Response);
-        let find = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
-        let status = find(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-        let content_type = find("content-type").unwrap_or_default();
-        let coding = encoding::coding(find("content-encoding"));
+        let [status, content_type, coding] =
+            headers.get_each([":status", "content-type", "content-encoding"]);
+        let status = status.and_then(|s| s.parse().ok()).unwrap_or(0);
+        let content_type = content_type.unwrap_or_default();
+        let coding = encoding::coding(coding);
         rate_headers.each(|name, value| host.set_header(Headers::Response, name, Some(value)));
         // An unmetered operation (count_tokens) generates nothing: its answer is not read.
         let scan = if self.unmetered {
@@ -222,7 +218,7 @@ impl Request {
         let (Some(subject), Some(model)) = (self.subject.as_deref(), self.model()) else {
             return;
         };
-        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id());
         if let Ok(mut w) = self.worker.try_borrow_mut()
             && w.ledger.enabled
         {
@@ -256,14 +252,14 @@ impl Request {
         let (Some(policy), Some(model)) = (self.policy.as_ref(), self.model()) else {
             return;
         };
-        let key_id = self.identity.as_ref().and_then(|i| i.key_id.as_deref());
+        let key_id = self.identity.as_ref().and_then(|i| i.key_id());
         // Under a subscription its stand-in tier (`subscription:<S>`), as settlements are;
         // else the tier the caller resolves to.
         let sub_tier = crate::decide::subscription(
             policy,
             identity,
             key_id.is_some(),
-            self.requested_subscription.as_deref(),
+            self.requested_subscription(),
             model,
         )
         .ok()

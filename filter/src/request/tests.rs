@@ -243,6 +243,31 @@ fn cache_hit_authorises_without_a_callout_and_cleans_the_headers() {
     assert!(fx.host.sent.borrow().is_empty());
 }
 
+/// The headers are read as one buffer; one the filter cannot read is an empty map, and a
+/// request without a path or a credential is refused, never passed on.
+#[test]
+fn headers_the_filter_cannot_read_are_refused() {
+    let fx = Fx::new();
+    fx.cache(&key(2), allow_alice());
+    fx.host.truncated_maps.borrow_mut().push(Headers::Request);
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    assert_eq!(fx.phase(&h), "Refused");
+    assert_eq!(fx.host.last_sent().unwrap().status, 400);
+    fx.host.truncated_maps.borrow_mut().clear();
+    // No path at all.
+    let (id, h) = fx.http();
+    let mut no_path = chat(&key(2));
+    no_path.retain(|(k, _)| *k != ":path");
+    assert_eq!(fx.headers(id, &h, &refs(&no_path), false), Action::Pause);
+    assert_eq!(fx.phase(&h), "Refused");
+    assert_eq!(fx.host.last_sent().unwrap().status, 400);
+    assert_eq!(fx.dispatches(), 0);
+}
+
 #[test]
 fn miss_dispatches_one_callout_and_an_allow_resumes_and_is_cached() {
     let fx = Fx::new();
@@ -259,6 +284,11 @@ fn miss_dispatches_one_callout_and_an_allow_resumes_and_is_cached() {
     fx.answer(id, &h, Some(200), &alice());
     assert!(fx.resumed(id), "the paused headers go on");
     assert!(fx.phase(&h).starts_with("BodyBuffering"));
+    // Cleaned from the headers read before the callout (kept in the request meanwhile).
+    let req = |n| fx.host.map_value(Headers::Request, n);
+    assert_eq!(req("authorization"), None);
+    assert_eq!(req("x-maas-subject"), None);
+    assert_eq!(req("accept-encoding").as_deref(), Some("identity"));
     assert_eq!(fx.body(id, &h, BODY, true), Action::Continue);
     assert!(!fx.host.recorded.borrow().is_empty(), "callout latency");
     // The next request of the same credential hits the cache.
@@ -496,8 +526,9 @@ fn a_revoked_key_is_refused_401_and_its_cache_entry_evicted() {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id
-        .unwrap();
+        .key_id()
+        .unwrap()
+        .to_string();
     fx.root.worker.borrow_mut().revoked.insert(key_id);
     let (id, h) = fx.http();
     assert_eq!(
@@ -716,8 +747,9 @@ fn a_revoked_key_is_refused_even_with_a_workers_copy() {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id
-        .unwrap();
+        .key_id()
+        .unwrap()
+        .to_string();
     fx.root.worker.borrow_mut().revoked.insert(key_id);
     assert_eq!(cached_request(&fx, &key(2)), 401);
 }

@@ -192,25 +192,24 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
     let (host, mut root) = configured(
         json!({"bootstrapPolicy": serde_json::from_slice::<serde_json::Value>(&policy(&[])).unwrap()}),
     );
-    let allow = CachedIdentity {
+    let allow = crate::cache::Caller::new(CachedIdentity {
         subject: "s".into(),
         groups: vec![],
         pinned_tier: None,
         subscription: None,
-    };
+    });
     let now = host.now.get() / 1000;
     let copy = |key_id: &str, verifier: u8| credential::CacheIdentity {
         cache_key: credential::api_key_cache_key(key_id),
         verifier: [verifier; 32],
-        key_id: Some(key_id.to_string()),
     };
     let (revoked, kept) = (copy("abcdefghijklmnopq", 7), copy("bbcdefghijklmnopq", 8));
     {
         let mut w = root.worker.borrow_mut();
         w.local_cache
-            .put(&revoked, &allow, String::new(), now + 60, 5, now);
+            .put(&revoked, &allow, String::new, now + 60, 5, now);
         w.local_cache
-            .put(&kept, &allow, String::new(), now + 60, 5, now);
+            .put(&kept, &allow, String::new, now + 60, 5, now);
         assert_eq!(w.local_cache.len(), 2);
     }
     answer(

@@ -12,8 +12,9 @@ fn key_id() -> String {
     credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id
+        .key_id()
         .unwrap()
+        .to_string()
 }
 
 fn alice_sim(fx: &Fx) -> RecordKey {

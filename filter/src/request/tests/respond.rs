@@ -417,8 +417,8 @@ fn allocations_per_request_stay_within_budget() {
         "cached stream: {} allocations, {} bytes; per callback {:?}",
         stream.0, stream.1, stream.2
     );
-    assert!(json.0 <= 38, "{json:?}");
-    assert!(stream.0 <= 45, "{stream:?}");
+    assert!(json.0 <= 9, "{json:?}");
+    assert!(stream.0 <= 13, "{stream:?}");
 }
 
 /// Global limits on and a lease held (the steady state): a request costs the same host calls

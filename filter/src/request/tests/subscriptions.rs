@@ -281,7 +281,8 @@ fn a_refusal_under_a_subscription_is_in_the_ledger_under_its_stand_in_tier() {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id;
+        .key_id()
+        .map(str::to_string);
     let record = crate::ledger::RecordKey {
         subject: "alice".into(),
         key_id,

@@ -56,7 +56,8 @@ fn ledger_counts(fx: &Fx, model: &str) -> crate::ledger::Counts {
     let key_id = credential::extract(None, Some(&key(2)))
         .unwrap()
         .cache_identity()
-        .key_id;
+        .key_id()
+        .map(str::to_string);
     let w = fx.root.worker.borrow();
     w.ledger
         .open_counts(&RecordKey {
