@@ -1913,7 +1913,10 @@ fn run() -> Result<()> {
         .unwrap_or_else(|| {
             root.join("target/bench-hostcall/wasm32-wasip1/release/maas_bench_hostcall_filter.wasm")
         });
-    let hostcall_envoy = if hostcall_wasm.is_file() {
+    let want_floor = args.only.is_empty() || args.only.iter().any(|o| o == "wasm-floor");
+    let hostcall_envoy = if !want_prices && !want_floor {
+        None
+    } else if hostcall_wasm.is_file() {
         Some(start_envoy_with(
             &inputs,
             "envoy-hostcall",
