@@ -2,7 +2,7 @@
 # Benchmark: the filter against bare Envoy (and optionally LiteLLM), side by side (issue 6).
 #
 #   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency, the
-#                                      host-call prices: ~3 min of it), ~18 min
+#                                      host-call prices ~3 min and wasm-floor ~1 min of it), ~18 min
 #   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~3 min
 #   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
