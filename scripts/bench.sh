@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Benchmark: the filter against bare Envoy (and optionally LiteLLM), side by side (issue 6).
 #
-#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency), ~15 min
+#   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency, the
+#                                      host-call prices ~3 min and wasm-floor ~1 min of it), ~18 min
 #   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~3 min
 #   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
 #   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
-#   ./scripts/bench.sh --only hostcalls   price each kind of host call (µs per call; printed only)
+#   ./scripts/bench.sh --only hostcalls   price every kind of host call (µs per call) and bill the
+#                                      filter's calls (printed only); `hostcalls` with other variants
+#                                      (`--only envoy,wasm-noop,wasm-floor,filter-cached,hostcalls`)
+#                                      writes the prices and the bill into the report, as the full run
 #   ./scripts/bench.sh --only two-replica global limits across two gateway replicas (two Envoys,
 #                                      two companions, one Redis): on vs off, Redis round trips per
 #                                      subject per replica per second (~2.5 min; part of the full run);
@@ -15,8 +19,13 @@
 # Environment: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY (1,32), BENCH_CACHED_KEYS
 # (10000,100000), BENCH_TTFB_SAMPLES, BENCH_OUT (docs/benchmarks.md; empty = do not write),
 # BENCH_JUNK_TOKENS, BENCH_JUNK_ROUNDS, BENCH_JUNK_CACHE_ENTRIES (the junk-bound variant),
-# BENCH_HOSTCALL_N (calls per request in the hostcalls mode, default 50), BENCH_COMPARE_WASM
-# (`label=path,…`: other builds of the filter as variants `filter-cached:<label>` in the same run).
+# BENCH_HOSTCALL_N (calls per request in the hostcalls mode, default 50), BENCH_HOSTCALL_SECONDS
+# (per price run; default BENCH_SECONDS, at most 4), BENCH_HOSTCALL_KINDS (a subset of the priced
+# kinds), BENCH_COMPARE_WASM (`label=path,…`: other builds of the filter as variants
+# `filter-cached:<label>` in the same run).
+# The filter's host calls and allocations per request come from its budget tests (native, debug:
+# `cargo test -p maas-filter --lib per_request_stay_within_budget` with MAAS_HOST_CALLS_OUT),
+# run here first; maas-bench renders them (BENCH_HOST_CALLS names the file).
 # Installs what it needs (wrk, taskset, Envoy, PostgreSQL, Redis, the wasm target), builds the filter
 # (release wasm) and the companion and benchmark harness (release, without LTO), then runs
 # target/release/maas-bench, which starts its own stack on loopback, prints the table and writes
@@ -73,6 +82,15 @@ CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 
 TARGET="$(target_dir)"
 export MAAS_COMPANION_BIN="$TARGET/release/maas-companion"
+export BENCH_NOOP_WASM="${BENCH_NOOP_WASM:-$TARGET/bench-noop/wasm32-wasip1/release/maas_bench_noop_filter.wasm}"
+export BENCH_HOSTCALL_WASM="${BENCH_HOSTCALL_WASM:-$TARGET/bench-hostcall/wasm32-wasip1/release/maas_bench_hostcall_filter.wasm}"
+# The filter's host calls and allocations per request, from its recording host (the figures are
+# written before the tests' asserts: a budget exceeded still reports what was measured).
+export BENCH_HOST_CALLS="$TARGET/bench-host-calls.json"
+rm -f "$BENCH_HOST_CALLS"
+log "counting the filter's host calls per request (cargo test -p maas-filter --lib per_request_stay_within_budget) …"
+MAAS_HOST_CALLS_OUT="$BENCH_HOST_CALLS" cargo test -q -p maas-filter --lib per_request_stay_within_budget >/dev/null 2>&1 ||
+  log "warning: the filter's budget tests failed (the report shows what they measured, if anything)"
 # MAAS_WASM may name another build of the filter (e.g. an older one, to compare).
 export MAAS_WASM="${MAAS_WASM:-$TARGET/wasm32-wasip1/release/maas_filter.wasm}"
 export BENCH_COMMAND="${BENCH_COMMAND:-./scripts/bench.sh${*:+ $*}}"

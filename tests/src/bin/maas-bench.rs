@@ -82,6 +82,13 @@ struct Args {
     /// The command line to record in the results file.
     #[arg(long, env = "BENCH_COMMAND", default_value = "./scripts/bench.sh")]
     command: String,
+    /// The filter's host calls and allocations per request (JSON written by its budget tests
+    /// with `MAAS_HOST_CALLS_OUT`; `./scripts/bench.sh` runs them): the report's host-call table.
+    #[arg(long, env = "BENCH_HOST_CALLS")]
+    host_calls: Option<PathBuf>,
+    /// Seconds per wrk run of the host-call prices (default: BENCH_SECONDS, at most 4).
+    #[arg(long, env = "BENCH_HOSTCALL_SECONDS")]
+    hostcall_seconds: Option<u64>,
 }
 
 const MODEL: &str = "sim-model";
@@ -866,11 +873,14 @@ fn clock_ticks_per_s() -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// host-call prices (`--only hostcalls`)
+// host-call prices (`--only hostcalls`, and in the full run) and the filter's host-call counts
 
 /// The kinds of host call `tests/bench/hostcall-filter` makes N of per request, and what each is.
 const HOST_CALL_KINDS: &[(&str, &str)] = &[
-    ("none", "baseline: 2 header reads, request body buffered"),
+    (
+        "none",
+        "baseline: the request header map read once, request body buffered",
+    ),
     ("clock", "`get_current_time`"),
     ("shared_get", "shared-data get (160-byte value)"),
     ("shared_set", "shared-data set without CAS (160 bytes)"),
@@ -898,6 +908,11 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
         "resp_header_set_map",
         "response headers: `set_map` (the whole map)",
     ),
+    ("resp_body_read", "response body read (the JSON response)"),
+    (
+        "resp_body_write",
+        "response body read + replaced (same bytes)",
+    ),
     (
         "sha256",
         "in the VM: one SHA-256 of 60 bytes (not a host call)",
@@ -912,50 +927,105 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Envoy's CPU per request with N host calls of each kind (the hostcall filter, chosen per request
-/// by `x-bench-kind` / `x-bench-n`), minus the `none` baseline, divided by N: µs per call.
+/// The filter's host-call kinds (as its budget tests name them) and how each is priced: the
+/// hostcall filter's kind, minus another kind when a kind can only be measured with it (a CAS set
+/// needs its get, a body write its read). Kinds not here have no price (the report says so).
+const PRICED_CALLS: &[(&str, &str, Option<&str>)] = &[
+    ("request header map read", "header_get_all", None),
+    ("request header read", "header_get", None),
+    ("request header set", "header_set", None),
+    ("request header remove", "header_remove", None),
+    ("response header map read", "resp_header_get_all", None),
+    ("response header read", "resp_header_get", None),
+    ("response header set", "resp_header_set", None),
+    ("response header remove", "resp_header_remove", None),
+    ("request body read", "body_read", None),
+    ("request body write", "body_write", Some("body_read")),
+    ("response body read", "resp_body_read", None),
+    (
+        "response body write",
+        "resp_body_write",
+        Some("resp_body_read"),
+    ),
+    ("clock", "clock", None),
+    ("shared get", "shared_get", None),
+    ("shared set (CAS)", "shared_get_cas_set", Some("shared_get")),
+    ("metric increment", "metric_inc", None),
+    ("property", "property", None),
+];
+
+/// Measured host-call prices: Envoy's CPU per request for each kind (medians over rounds).
+#[derive(Debug, Clone, Default)]
+struct Prices {
+    /// Calls per request.
+    n: u32,
+    concurrency: u32,
+    seconds: u64,
+    rounds: usize,
+    /// (kind, req/s, Envoy CPU µs per request), in HOST_CALL_KINDS order.
+    rows: Vec<(String, f64, f64)>,
+}
+
+impl Prices {
+    fn cpu(&self, kind: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|(k, ..)| k == kind)
+            .map(|r| r.2)
+            .filter(|c| c.is_finite())
+    }
+
+    /// µs per call of a hostcall-filter kind: its CPU per request minus that of `minus` (default
+    /// `none`), divided by N.
+    fn per_call(&self, kind: &str, minus: Option<&str>) -> Option<f64> {
+        let base = self.cpu(minus.unwrap_or("none"))?;
+        Some((self.cpu(kind)? - base) / f64::from(self.n.max(1)))
+    }
+
+    /// µs per call of one of the filter's host-call kinds (PRICED_CALLS); None when unpriced.
+    fn of_call(&self, label: &str) -> Option<f64> {
+        let (_, kind, minus) = PRICED_CALLS.iter().find(|(l, ..)| *l == label)?;
+        self.per_call(kind, *minus)
+    }
+}
+
+/// The hostcall-filter kinds that price `labels` (with `none`), in HOST_CALL_KINDS order.
+fn kinds_pricing<'a>(labels: impl IntoIterator<Item = &'a str>) -> Vec<&'static str> {
+    let mut want = vec!["none"];
+    for label in labels {
+        if let Some((_, kind, minus)) = PRICED_CALLS.iter().find(|(l, ..)| *l == label) {
+            want.push(kind);
+            want.extend(*minus);
+        }
+    }
+    HOST_CALL_KINDS
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| want.contains(k))
+        .collect()
+}
+
+/// Envoy's CPU per request with N host calls of each of `kinds` (the hostcall filter, chosen per
+/// request by `x-bench-kind` / `x-bench-n`), medians over rounds; `kinds` must hold `none`.
 fn host_call_prices(
     args: &Args,
-    inputs: &EnvoyInputs<'_>,
-    root: &Path,
+    envoy: &BenchEnvoy,
+    kinds: &[&'static str],
     lua_dir: &Path,
     dir: &Path,
-) -> Result<String> {
-    let wasm = std::env::var_os("BENCH_HOSTCALL_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            root.join("target/bench-hostcall/wasm32-wasip1/release/maas_bench_hostcall_filter.wasm")
-        });
-    if !wasm.is_file() {
-        bail!(
-            "{} not built (./scripts/bench.sh builds tests/bench/hostcall-filter)",
-            wasm.display()
-        );
-    }
+) -> Result<Prices> {
     let n: u32 = std::env::var("BENCH_HOSTCALL_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50)
         .max(1);
     let c = args.concurrency.iter().copied().max().unwrap_or(32);
-    let envoy = start_envoy_with(inputs, "envoy-hostcall", Some(&wasm), 1000)?;
+    let seconds = args.hostcall_seconds.unwrap_or(args.seconds.min(4)).max(1);
     let body = dir.join("chat.json");
     std::fs::write(&body, json_body(16))?;
-    // BENCH_HOSTCALL_KINDS: a subset (comma separated; `none` is always measured).
-    let wanted: Vec<String> = std::env::var("BENCH_HOSTCALL_KINDS")
-        .unwrap_or_default()
-        .split(',')
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty())
-        .collect();
-    let kinds: Vec<(&str, &str)> = HOST_CALL_KINDS
-        .iter()
-        .copied()
-        .filter(|(k, _)| wanted.is_empty() || *k == "none" || wanted.iter().any(|w| w == k))
-        .collect();
     let variants: Vec<Variant> = kinds
         .iter()
-        .map(|(kind, _)| Variant {
+        .map(|kind| Variant {
             name: kind,
             baseline: "none",
             addr: envoy.listen,
@@ -988,7 +1058,9 @@ fn host_call_prices(
         bail!("hostcall filter: POST {CHAT_PATH} → {status}: {text}");
     }
     log(format!(
-        "host-call prices: {n} calls per request, c={c}, warming up …"
+        "host-call prices: {} kinds, {n} calls per request, c={c}, {} rounds × {seconds} s, warming up …",
+        kinds.len(),
+        args.rounds
     ));
     for v in &variants {
         wrk.run(v, 8, 1)?;
@@ -997,7 +1069,7 @@ fn host_call_prices(
     let mut rps: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for round in 1..=args.rounds {
         for v in &variants {
-            let r = wrk.run(v, c, args.seconds)?;
+            let r = wrk.run(v, c, seconds)?;
             if r.errors > 0 || r.cpu_us <= 0.0 {
                 bail!("{}: {} errors, cpu {:.1} µs", v.name, r.errors, r.cpu_us);
             }
@@ -1009,47 +1081,268 @@ fn host_call_prices(
             rps.entry(v.name).or_default().push(r.rps);
         }
     }
-    let med = |k: &str| cpu.get(k).map_or(0.0, |v| median(v));
-    let base = med("none");
+    let med = |m: &BTreeMap<&str, Vec<f64>>, k: &str| m.get(k).map_or(f64::NAN, |v| median(v));
+    Ok(Prices {
+        n,
+        concurrency: c,
+        seconds,
+        rounds: args.rounds,
+        rows: kinds
+            .iter()
+            .map(|k| (k.to_string(), med(&rps, k), med(&cpu, k)))
+            .collect(),
+    })
+}
+
+/// The price table: one row per measured kind.
+fn render_prices(p: &Prices) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Host-call prices: `BENCH_SECONDS={} BENCH_ROUNDS={} BENCH_HOSTCALL_N={n} BENCH_HOSTCALL_KINDS={} ./scripts/bench.sh --only hostcalls` \
-         ({} UTC; Envoy one worker on CPU 0, wrk c={c} on CPU 1; medians over rounds)\n",
-        args.seconds,
-        args.rounds,
-        wanted.join(","),
-        chrono_like_now()
+        "Prices in this Envoy build: `tests/bench/hostcall-filter` makes N = {} calls of one kind per request (`x-bench-kind`); Envoy's CPU time per request (user + system from `/proc/<pid>/stat`, all threads: it does not depend on how much CPU Envoy got) minus that of kind `none`, ÷ N. Envoy one worker on CPU 0, wrk c = {} on CPU 1, {} rounds × {} s per kind, medians over rounds. All kinds: `./scripts/bench.sh --only hostcalls` (`BENCH_HOSTCALL_KINDS` picks a subset).\n",
+        p.n, p.concurrency, p.rounds, p.seconds
     );
     let _ = writeln!(
         out,
         "| kind | what | req/s | Envoy CPU µs / request | Δ vs none µs | µs per call |"
     );
     let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
-    for (kind, what) in &kinds {
-        let m = med(kind);
-        let per_call = if *kind == "none" {
-            "—".to_string()
-        } else {
-            format!("{:.2}", (m - base) / f64::from(n))
+    let base = p.cpu("none").unwrap_or(f64::NAN);
+    for (kind, rps, cpu) in &p.rows {
+        let what = HOST_CALL_KINDS
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map_or("", |(_, w)| *w);
+        let per_call = match p.per_call(kind, None) {
+            Some(x) if kind != "none" => format!("{x:.2}"),
+            _ => "—".into(),
         };
         let _ = writeln!(
             out,
-            "| `{kind}` | {what} | {:.0} | {m:.1} | {:+.1} | {per_call} |",
-            rps.get(kind).map_or(0.0, |v| median(v)),
-            m - base
+            "| `{kind}` | {what} | {rps:.0} | {cpu:.1} | {:+.1} | {per_call} |",
+            cpu - base
         );
     }
-    let derived = |a: &str, b: &str| (med(a) - med(b)) / f64::from(n);
-    if cpu.contains_key("shared_get_cas_set") && cpu.contains_key("body_write") {
-        let _ = writeln!(
-            out,
-            "\nDerived: CAS set alone ≈ {:.2} µs (`shared_get_cas_set` − `shared_get`); body write alone ≈ {:.2} µs (`body_write` − `body_read`).",
-            derived("shared_get_cas_set", "shared_get"),
-            derived("body_write", "body_read")
-        );
+    let derived: Vec<String> = [
+        ("CAS set", "shared_get_cas_set", "shared_get"),
+        ("request body write", "body_write", "body_read"),
+        ("response body write", "resp_body_write", "resp_body_read"),
+    ]
+    .iter()
+    .filter_map(|(what, a, b)| {
+        let x = p.per_call(a, Some(b))?;
+        Some(format!("{what} alone ≈ {x:.2} µs (`{a}` − `{b}`)"))
+    })
+    .collect();
+    if !derived.is_empty() {
+        let _ = writeln!(out, "\nDerived: {}.", derived.join("; "));
+    }
+    out
+}
+
+/// One variant of the filter's recording-host measurement (`MAAS_HOST_CALLS_OUT`).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct CallCounts {
+    variant: String,
+    total: u64,
+    by_kind: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct AllocCounts {
+    variant: String,
+    count: u64,
+    bytes: u64,
+    per_callback: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct HostCallCounts {
+    calls: Vec<CallCounts>,
+    allocations: Vec<AllocCounts>,
+}
+
+/// The file the filter's budget tests wrote; Err says why there is none.
+fn read_host_call_counts(path: Option<&Path>) -> Result<HostCallCounts, String> {
+    let path = path.ok_or("no file given (BENCH_HOST_CALLS; `./scripts/bench.sh` sets it)")?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_host_call_counts(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn parse_host_call_counts(text: &str) -> Result<HostCallCounts, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let num = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("`{k}` missing"))
+    };
+    let name = |v: &Value| {
+        v.get("variant")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or("`variant` missing".to_string())
+    };
+    let list = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut out = HostCallCounts::default();
+    for c in list("host_calls") {
+        let mut by_kind = BTreeMap::new();
+        for (k, n) in c
+            .get("by_kind")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            by_kind.insert(k.clone(), n.as_u64().ok_or(format!("`{k}` not a count"))?);
+        }
+        out.calls.push(CallCounts {
+            variant: name(&c)?,
+            total: num(&c, "total")?,
+            by_kind,
+        });
+    }
+    for a in list("allocations") {
+        out.allocations.push(AllocCounts {
+            variant: name(&a)?,
+            count: num(&a, "count")?,
+            bytes: num(&a, "bytes")?,
+            per_callback: a
+                .get("per_callback")
+                .and_then(Value::as_array)
+                .map(|l| l.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default(),
+        });
+    }
+    if out.calls.is_empty() {
+        return Err("no `host_calls` figures".into());
     }
     Ok(out)
+}
+
+/// The priced bill of one variant's calls: (µs, calls without a price).
+fn bill(counts: &CallCounts, prices: &Prices) -> (f64, u64) {
+    counts
+        .by_kind
+        .iter()
+        .fold((0.0, 0), |(us, unpriced), (label, &n)| {
+            match prices.of_call(label) {
+                Some(p) => (us + p * n as f64, unpriced),
+                None => (us, unpriced + n),
+            }
+        })
+}
+
+/// The host-call section: counts per request by kind (variants as columns), each kind's price
+/// and each variant's priced bill, allocations; then the price table.
+fn render_host_calls(counts: &Result<HostCallCounts, String>, prices: Option<&Prices>) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "## Host calls per request (issue 14)\n");
+    let counts = match counts {
+        Ok(c) => c,
+        Err(why) => {
+            let _ = writeln!(
+                o,
+                "No host-call counts in this run ({why}): they come from `cargo test -p maas-filter --lib per_request_stay_within_budget` with `MAAS_HOST_CALLS_OUT=<file>`, which `./scripts/bench.sh` runs.\n"
+            );
+            if let Some(p) = prices {
+                o.push_str(&render_prices(p));
+                o.push('\n');
+            }
+            return o;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "Counts from the filter's recording host (`cargo test -p maas-filter --lib per_request_stay_within_budget`, run by `./scripts/bench.sh` for this report; the tests assert them): a cached JSON chat request from its headers to its settlement, a cached stream of three chunks (`include_usage` added, usage event stripped), a JSON request whose credential no cache holds (on a fresh worker), and a cached JSON request that is its credential's first on the worker. µs per call: the price table below{}.\n",
+        if prices.is_some() {
+            ", measured in this run"
+        } else {
+            " (not measured in this run: no price, no bill)"
+        }
+    );
+    let mut labels: Vec<&str> = Vec::new();
+    for (l, ..) in PRICED_CALLS {
+        if counts.calls.iter().any(|c| c.by_kind.contains_key(*l)) {
+            labels.push(l);
+        }
+    }
+    for c in &counts.calls {
+        for l in c.by_kind.keys() {
+            if !labels.contains(&l.as_str()) {
+                labels.push(l);
+            }
+        }
+    }
+    let header: Vec<&str> = counts.calls.iter().map(|c| c.variant.as_str()).collect();
+    let _ = writeln!(o, "| kind | µs per call | {} |", header.join(" | "));
+    let _ = writeln!(o, "|---|---:|{}", "---:|".repeat(header.len()));
+    for l in &labels {
+        let price = prices
+            .and_then(|p| p.of_call(l))
+            .map_or("—".to_string(), |p| format!("{p:.2}"));
+        let cells: Vec<String> = counts
+            .calls
+            .iter()
+            .map(|c| c.by_kind.get(*l).copied().unwrap_or(0).to_string())
+            .collect();
+        let _ = writeln!(o, "| {l} | {price} | {} |", cells.join(" | "));
+    }
+    let totals: Vec<String> = counts
+        .calls
+        .iter()
+        .map(|c| format!("**{}**", c.total))
+        .collect();
+    let _ = writeln!(o, "| **total** | | {} |", totals.join(" | "));
+    if let Some(p) = prices {
+        let bills: Vec<String> = counts
+            .calls
+            .iter()
+            .map(|c| match bill(c, p) {
+                (us, 0) => format!("{us:.1}"),
+                (us, k) => format!("{us:.1} + {k} unpriced"),
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "| priced bill µs (Σ count × price) | | {} |",
+            bills.join(" | ")
+        );
+    }
+    let alloc = |f: &dyn Fn(&AllocCounts) -> String| -> Vec<String> {
+        counts
+            .calls
+            .iter()
+            .map(|c| {
+                counts
+                    .allocations
+                    .iter()
+                    .find(|a| a.variant == c.variant)
+                    .map_or("—".to_string(), f)
+            })
+            .collect()
+    };
+    if !counts.allocations.is_empty() {
+        let _ = writeln!(
+            o,
+            "| heap allocations in the VM (count / bytes) | | {} |",
+            alloc(&|a| format!("{} / {}", a.count, a.bytes)).join(" | ")
+        );
+        let _ = writeln!(
+            o,
+            "| allocations per callback (request headers, request body, response headers, response body chunks…, log + done) | | {} |",
+            alloc(&|a| format!("{:?}", a.per_callback)).join(" | ")
+        );
+    }
+    o.push('\n');
+    if let Some(p) = prices {
+        o.push_str(&render_prices(p));
+        o.push('\n');
+    }
+    o
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1563,9 +1856,12 @@ fn run() -> Result<()> {
     let root = tools::workspace_root();
     let lua_dir = root.join("tests/bench");
     let started_at = std::time::SystemTime::now();
-    let hostcalls = args.only.iter().any(|o| o == "hostcalls");
+    // `hostcalls` alone: the prices of every kind, printed only; with other variants (and in
+    // the full run) the prices that bill the filter's calls, in the report.
+    let hostcalls_only = !args.only.is_empty() && args.only.iter().all(|o| o == "hostcalls");
+    let want_prices = args.only.is_empty() || args.only.iter().any(|o| o == "hostcalls");
     // two-replica: a second companion and a Redis that both companions share.
-    let two_replica = !hostcalls
+    let two_replica = !hostcalls_only
         && (args.only.is_empty() || args.only.iter().any(|o| o.starts_with(TWO_REPLICA)));
     // Only two-replica: its section is replaced in BENCH_OUT, the rest of the file kept.
     let two_replica_only =
@@ -1606,10 +1902,64 @@ fn run() -> Result<()> {
         plugin_extra: None,
     };
     let pg_bin = tools::pg_bin_dir()?;
-    if hostcalls {
+    // The filter's host calls per request (its budget tests' figures), and the hostcall filter
+    // (`tests/bench/hostcall-filter`): the wasm-floor variant and the prices.
+    let counts = read_host_call_counts(args.host_calls.as_deref());
+    if let Err(why) = &counts {
+        log(format!("no host-call counts: {why}"));
+    }
+    let hostcall_wasm = std::env::var_os("BENCH_HOSTCALL_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            root.join("target/bench-hostcall/wasm32-wasip1/release/maas_bench_hostcall_filter.wasm")
+        });
+    let want_floor = args.only.is_empty() || args.only.iter().any(|o| o == "wasm-floor");
+    let hostcall_envoy = if !want_prices && !want_floor {
+        None
+    } else if hostcall_wasm.is_file() {
+        Some(start_envoy_with(
+            &inputs,
+            "envoy-hostcall",
+            Some(&hostcall_wasm),
+            1000,
+        )?)
+    } else {
+        log(format!(
+            "{} not built (./scripts/bench.sh builds tests/bench/hostcall-filter): no wasm-floor variant, no host-call prices",
+            hostcall_wasm.display()
+        ));
+        None
+    };
+    // BENCH_HOSTCALL_KINDS: a subset (comma separated; `none` is always measured).
+    let wanted: Vec<String> = std::env::var("BENCH_HOSTCALL_KINDS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect();
+    let price_kinds: Vec<&'static str> = if !wanted.is_empty() || hostcalls_only {
+        HOST_CALL_KINDS
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| wanted.is_empty() || *k == "none" || wanted.iter().any(|w| w == k))
+            .collect()
+    } else {
+        // The full run: only the kinds that price the filter's calls (all of them when the
+        // counts are missing).
+        match &counts {
+            Ok(c) => kinds_pricing(
+                c.calls
+                    .iter()
+                    .flat_map(|v| v.by_kind.keys().map(String::as_str)),
+            ),
+            Err(_) => kinds_pricing(PRICED_CALLS.iter().map(|(l, ..)| *l)),
+        }
+    };
+    if hostcalls_only {
         // Its own mode: prices of host calls, nothing else (printed, never written to BENCH_OUT).
-        let report = host_call_prices(&args, &inputs, &root, &lua_dir, &dir)?;
-        println!("{report}");
+        let envoy = hostcall_envoy.context("the hostcall filter is not built")?;
+        let prices = host_call_prices(&args, &envoy, &price_kinds, &lua_dir, &dir)?;
+        println!("{}", render_host_calls(&counts, Some(&prices)));
         stack.shutdown();
         return Ok(());
     }
@@ -1824,6 +2174,31 @@ fn run() -> Result<()> {
             },
         );
     }
+    // The host calls of a cached JSON request and nothing else: the same request as
+    // filter-cached's (route, body, credential), to the hostcall filter's kind `floor`.
+    if let Some(floor) = &hostcall_envoy {
+        let at = variants
+            .iter()
+            .position(|v| v.name == "filter-cached")
+            .unwrap_or(variants.len());
+        variants.insert(
+            at,
+            Variant {
+                name: "wasm-floor",
+                baseline: "envoy",
+                addr: floor.listen,
+                path: CHAT_PATH.into(),
+                body_file: body_json.clone(),
+                load: Load::Fixed {
+                    auth: Some(cached_auth.clone()),
+                    extra_headers: "x-bench-kind: floor".into(),
+                },
+                only_c: None,
+                envoy_pid: floor.pid(),
+                pair: None,
+            },
+        );
+    }
     for (name, envoy) in &compare {
         let at = variants
             .iter()
@@ -1930,10 +2305,16 @@ fn run() -> Result<()> {
                 continue;
             }
         };
-        let headers: Vec<(&str, &str)> = auth
+        let mut headers: Vec<(&str, &str)> = auth
             .as_deref()
             .map(|a| vec![("Authorization", a)])
             .unwrap_or_default();
+        if let Load::Fixed { extra_headers, .. } = &v.load {
+            headers.extend(extra_headers.split('|').filter_map(|h| {
+                let (name, value) = h.split_once(':')?;
+                Some((name.trim(), value.trim()))
+            }));
+        }
         let (status, text) = post_once(v.addr, &v.path, &headers, &body)
             .with_context(|| format!("{}: POST http://{}{}", v.name, v.addr, v.path))?;
         let ok = status == 200 && (v.name == "companion-auth" || text.contains("usage"));
@@ -2094,6 +2475,24 @@ fn run() -> Result<()> {
         stream_mem = Some((base, short, long));
     }
 
+    // ---- host-call prices (the hostcall filter, N calls of one kind per request) ----
+    let mut prices = None;
+    if want_prices && let Some(envoy) = &hostcall_envoy {
+        let t = Instant::now();
+        prices = Some(host_call_prices(
+            &args,
+            envoy,
+            &price_kinds,
+            &lua_dir,
+            &dir,
+        )?);
+        log(format!(
+            "host-call prices took {:.0} s",
+            t.elapsed().as_secs_f64()
+        ));
+    }
+    drop(hostcall_envoy);
+
     // ---- memory after N distinct cached credentials, on a fresh Envoy with the filter ----
     drop(filtered);
     drop(bare);
@@ -2200,6 +2599,28 @@ fn run() -> Result<()> {
         &mem_rows,
         stream_tokens,
     )?;
+    let figures = issue14_figures(&args.concurrency, &results, &ttfb, &mem_rows);
+    let cached_bill = match (&counts, &prices) {
+        (Ok(c), Some(p)) => c
+            .calls
+            .iter()
+            .find(|v| v.variant == "cached JSON")
+            .map(|v| bill(v, p).0),
+        _ => None,
+    };
+    let jit_share = profiles
+        .iter()
+        .find(|(name, _)| *name == "filter-cached")
+        .map(|(_, p)| {
+            p.dsos
+                .iter()
+                .filter(|(d, _)| d.starts_with("[JIT]") || d == "[unknown]")
+                .map(|(_, share)| share)
+                .sum()
+        });
+    report.push('\n');
+    report.push_str(&render_issue14(&figures, cached_bill, jit_share));
+    report.push_str(&render_host_calls(&counts, prices.as_ref()));
     if let Some(j) = &junk {
         report.push_str(&render_junk(j, &args));
     }
@@ -2596,7 +3017,7 @@ fn render_report(
     }
     let _ = writeln!(
         o,
-        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
+        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; wasm-floor = the same Envoy with `tests/bench/hostcall-filter` making exactly the host calls of a cached JSON request of the filter (kind `floor`: the request header map read, 4 header edits, the body buffered and read, the counter slot read and CAS-written twice, 3 clock reads, the response header map read, 6 `x-ratelimit-*` sets, the response body read) and nothing else; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
     );
 
     let mut targets: Vec<Target> = Vec::new();
@@ -2721,16 +3142,7 @@ fn render_report(
             o,
             "\nwasm linear memory = resident pages of every wasm VM's linear memory (the rw mapping just below each of V8's 8 GiB reservations in /proc/PID/smaps; Envoy runs one VM per worker plus one on the main thread); Envoy heap = tcmalloc `allocated` from admin `/memory`, which holds proxy-wasm shared data (the credential cache lives there, outside the VM's linear memory). Envoy 1.40 exposes no wasm memory gauge in `/stats` (only `wasm.envoy.wasm.runtime.v8.*` VM counts).\n"
         );
-        if let Some((n, m, _)) = mem_rows
-            .iter()
-            .find(|(n, ..)| *n == 100_000)
-            .or_else(|| mem_rows.last())
-        {
-            let dw = m.wasm_linear_kib as i64 - base.wasm_linear_kib as i64;
-            let dh = m.heap_allocated_kib as i64 - base.heap_allocated_kib as i64;
-            let dr = m.rss_kib as i64 - base.rss_kib as i64;
-            let cost = (dw.max(0) + dh.max(0)).max(dr);
-            let limit = 64 * 1024 * (*n as i64) / 100_000;
+        if let Some((n, cost, limit)) = credential_memory(mem_rows) {
             targets.push(Target {
                 what: format!(
                     "{n} cached credentials cost ≤ {} MiB (64 MiB per 100k)",
@@ -2774,6 +3186,290 @@ fn render_report(
         let _ = writeln!(o, "| {} | {} | {met} |", t.what, t.measured);
     }
     Ok(o)
+}
+
+// ---------------------------------------------------------------------------------------------
+// issue 14: where filter-cached's Envoy CPU goes, and its targets
+
+/// Median Envoy CPU µs per request of `name` at `c` (runs with a reading only).
+fn median_cpu(
+    results: &BTreeMap<(String, u32), Vec<WrkResult>>,
+    name: &str,
+    c: u32,
+) -> Option<f64> {
+    let cpu: Vec<f64> = results
+        .get(&(name.to_string(), c))?
+        .iter()
+        .map(|r| r.cpu_us)
+        .filter(|&x| x > 0.0)
+        .collect();
+    (!cpu.is_empty()).then(|| median(&cpu))
+}
+
+/// Envoy's CPU µs per request of the variants that split filter-cached's cost, at one
+/// concurrency (medians over rounds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct CpuSplit {
+    c: u32,
+    envoy: f64,
+    noop: Option<f64>,
+    floor: Option<f64>,
+    cached: f64,
+}
+
+/// What the issue-14 targets are checked against (None: not measured in this run).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Issue14 {
+    /// (filter-cached, envoy) req/s at concurrency 32.
+    rps_32: Option<(f64, f64)>,
+    /// (filter-cached, envoy) p50 ms at concurrency 1.
+    p50_1: Option<(f64, f64)>,
+    /// At the highest concurrency that ran envoy and filter-cached.
+    cpu: Option<CpuSplit>,
+    /// First SSE event, (with the filter, bare) ms.
+    first_event: Option<(f64, f64)>,
+    /// (filter-miss, filter-cached) p50 ms at concurrency 1.
+    miss_p50_1: Option<(f64, f64)>,
+    /// (cached credentials, cost KiB, limit KiB).
+    memory: Option<(usize, i64, i64)>,
+}
+
+/// (cached credentials, cost KiB, limit KiB) of the memory rows: the 100000 row (else the last);
+/// the cost is the larger of Δ RSS and Δ (wasm + heap), the limit 64 MiB per 100k.
+fn credential_memory(mem_rows: &[(usize, Mem, usize)]) -> Option<(usize, i64, i64)> {
+    let (_, base, _) = mem_rows.first()?;
+    if mem_rows.len() < 2 {
+        return None;
+    }
+    let (n, m, _) = mem_rows
+        .iter()
+        .find(|(n, ..)| *n == 100_000)
+        .or_else(|| mem_rows.last())?;
+    let dw = m.wasm_linear_kib as i64 - base.wasm_linear_kib as i64;
+    let dh = m.heap_allocated_kib as i64 - base.heap_allocated_kib as i64;
+    let dr = m.rss_kib as i64 - base.rss_kib as i64;
+    let cost = (dw.max(0) + dh.max(0)).max(dr);
+    Some((*n, cost, 64 * 1024 * (*n as i64) / 100_000))
+}
+
+fn issue14_figures(
+    concurrency: &[u32],
+    results: &BTreeMap<(String, u32), Vec<WrkResult>>,
+    ttfb: &Ttfb<'_>,
+    mem_rows: &[(usize, Mem, usize)],
+) -> Issue14 {
+    let of = |name: &str, c: u32, f: fn(&WrkResult) -> f64| {
+        results
+            .get(&(name.to_string(), c))
+            .map(|rs| median(&rs.iter().map(f).collect::<Vec<_>>()))
+    };
+    let pair = |a: &str, b: &str, c: u32, f: fn(&WrkResult) -> f64| of(a, c, f).zip(of(b, c, f));
+    let cpu = concurrency
+        .iter()
+        .copied()
+        .filter_map(|c| {
+            Some(CpuSplit {
+                c,
+                envoy: median_cpu(results, "envoy", c)?,
+                noop: median_cpu(results, "wasm-noop", c),
+                floor: median_cpu(results, "wasm-floor", c),
+                cached: median_cpu(results, "filter-cached", c)?,
+            })
+        })
+        .max_by_key(|s| s.c);
+    Issue14 {
+        rps_32: pair("filter-cached", "envoy", 32, |r| r.rps),
+        p50_1: pair("filter-cached", "envoy", 1, |r| r.p50_ms),
+        cpu,
+        first_event: ttfb
+            .get("filter")
+            .zip(ttfb.get("envoy"))
+            .map(|(f, e)| (f.1, e.1)),
+        miss_p50_1: pair("filter-miss", "filter-cached", 1, |r| r.p50_ms),
+        memory: credential_memory(mem_rows),
+    }
+}
+
+/// One checked target: what, measured, by how much, met (None: not measured).
+struct Checked {
+    what: String,
+    measured: String,
+    by: String,
+    met: Option<bool>,
+}
+
+/// `value` against an upper (`at_most`) or lower bound: (met, "<margin> to spare" / "over" /
+/// "short"), the margin formatted by `fmt`.
+fn margin(value: f64, bound: f64, at_most: bool, fmt: &dyn Fn(f64) -> String) -> (bool, String) {
+    let met = if at_most {
+        value <= bound
+    } else {
+        value >= bound
+    };
+    let word = match (met, at_most) {
+        (true, _) => "to spare",
+        (false, true) => "over",
+        (false, false) => "short",
+    };
+    (met, format!("{} {word}", fmt((value - bound).abs())))
+}
+
+fn issue14_targets(m: &Issue14) -> Vec<Checked> {
+    let unmeasured = |what: String| Checked {
+        what,
+        measured: "not measured in this run".into(),
+        by: "—".into(),
+        met: None,
+    };
+    let check = |what: String, measured: String, (met, by): (bool, String)| Checked {
+        what,
+        measured,
+        by,
+        met: Some(met),
+    };
+    let ratio = |x: f64| format!("{x:.2}×");
+    let mut out = Vec::new();
+    let what = "filter-cached ≥ 0.90× envoy req/s (concurrency 32)".to_string();
+    out.push(match m.rps_32 {
+        Some((f, e)) => check(
+            what,
+            format!("{:.2}× ({f:.0} vs {e:.0} req/s)", f / e),
+            margin(f / e, 0.90, false, &ratio),
+        ),
+        None => unmeasured(what),
+    });
+    let what = "filter-cached p50 ≤ 1.15× envoy p50 (concurrency 1)".to_string();
+    out.push(match m.p50_1 {
+        Some((f, e)) => check(
+            what,
+            format!("{:.2}× ({f:.3} vs {e:.3} ms)", f / e),
+            margin(f / e, 1.15, true, &ratio),
+        ),
+        None => unmeasured(what),
+    });
+    let what = |c: &str| format!("Envoy CPU per request: filter-cached − wasm-noop ≤ +15 µs{c}");
+    out.push(match m.cpu.and_then(|s| Some((s.c, s.cached, s.noop?))) {
+        Some((c, f, n)) => check(
+            what(&format!(" (concurrency {c})")),
+            format!("{:+.1} µs ({f:.1} vs {n:.1} µs)", f - n),
+            margin(f - n, 15.0, true, &|x| format!("{x:.1} µs")),
+        ),
+        None => unmeasured(what("")),
+    });
+    let what = "filter-stream adds ≤ 0.10 ms to the first SSE event".to_string();
+    out.push(match m.first_event {
+        Some((f, e)) => check(
+            what,
+            format!("{:+.3} ms ({f:.3} vs {e:.3} ms)", f - e),
+            margin(f - e, 0.10, true, &|x| format!("{x:.3} ms")),
+        ),
+        None => unmeasured(what),
+    });
+    let what = "filter-miss p50 ≤ 3× filter-cached p50 (concurrency 1)".to_string();
+    out.push(match m.miss_p50_1 {
+        Some((miss, f)) => check(
+            what,
+            format!("{:.2}× ({miss:.3} vs {f:.3} ms)", miss / f),
+            margin(miss / f, 3.0, true, &ratio),
+        ),
+        None => unmeasured(what),
+    });
+    out.push(match m.memory {
+        Some((n, cost, limit)) => check(
+            format!(
+                "{n} cached credentials cost ≤ {} MiB (64 MiB per 100k)",
+                mib(limit)
+            ),
+            format!("{} MiB (max of Δ RSS and Δ wasm + Δ heap)", mib(cost)),
+            margin(cost as f64, limit as f64, true, &|x| {
+                format!("{} MiB", mib(x as i64))
+            }),
+        ),
+        None => unmeasured("100000 cached credentials cost ≤ 64 MiB".into()),
+    });
+    out
+}
+
+/// The issue-14 targets table, then where filter-cached's Envoy CPU goes (the why);
+/// `cached_bill`: the priced bill of a cached JSON request's host calls, µs; `jit_share`: the
+/// share of Envoy's perf samples in V8's generated code during filter-cached, %.
+fn render_issue14(m: &Issue14, cached_bill: Option<f64>, jit_share: Option<f64>) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "## Targets (issue 14)\n");
+    let _ = writeln!(o, "| target | measured | by how much | met |");
+    let _ = writeln!(o, "|---|---|---|---|");
+    for t in issue14_targets(m) {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "—",
+        };
+        let _ = writeln!(o, "| {} | {} | {} | {met} |", t.what, t.measured, t.by);
+    }
+    let Some(s) = m.cpu else {
+        let _ = writeln!(
+            o,
+            "\nWhere filter-cached's Envoy CPU goes: not measured in this run (needs envoy and filter-cached).\n"
+        );
+        return o;
+    };
+    let _ = writeln!(
+        o,
+        "\nWhy, from where filter-cached's Envoy CPU goes (concurrency {}; Envoy's CPU time per request from `/proc/<pid>/stat`, medians over rounds; the three parts add up to filter-cached − envoy):\n",
+        s.c
+    );
+    let _ = writeln!(
+        o,
+        "| part | Envoy CPU µs / request | share of filter-cached − envoy |"
+    );
+    let _ = writeln!(o, "|---|---:|---:|");
+    let extra = s.cached - s.envoy;
+    let part = |x: Option<f64>| match x {
+        Some(x) => (
+            format!("{x:+.1}"),
+            if extra > 0.0 {
+                format!("{:.0}%", 100.0 * x / extra)
+            } else {
+                "—".into()
+            },
+        ),
+        None => ("not measured".into(), "—".into()),
+    };
+    let _ = writeln!(o, "| bare Envoy (`envoy`) | {:.1} | — |", s.envoy);
+    for (what, x) in [
+        (
+            "any wasm filter (`wasm-noop` − `envoy`)",
+            s.noop.map(|n| n - s.envoy),
+        ),
+        (
+            "the host calls a cached JSON request of the filter makes, and its request body buffered (`wasm-floor` − `wasm-noop`)",
+            s.floor.zip(s.noop).map(|(f, n)| f - n),
+        ),
+        (
+            "the filter's own work in the VM around those calls (`filter-cached` − `wasm-floor`)",
+            s.floor.map(|f| s.cached - f),
+        ),
+    ] {
+        let (us, share) = part(x);
+        let _ = writeln!(o, "| {what} | {us} | {share} |");
+    }
+    let _ = writeln!(o, "| `filter-cached` | {:.1} | 100% |", s.cached);
+    let mut notes = Vec::new();
+    if let Some(b) = cached_bill {
+        notes.push(format!(
+            "the priced bill of a cached JSON request's host calls (next section) is {b:.1} µs, to compare with `wasm-floor` − `wasm-noop`, which also holds the request body buffering that `wasm-noop` does not do"
+        ));
+    }
+    if let Some(j) = jit_share {
+        notes.push(format!(
+            "during filter-cached's profile {j:.1}% of Envoy's samples are in V8's generated code (the compiled filter; see the profile)"
+        ));
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(o, "\nFor scale: {}.", notes.join("; "));
+    }
+    o.push('\n');
+    o
 }
 
 #[cfg(test)]
@@ -2881,5 +3577,264 @@ mod tests {
                 ("maas_lease_fallback".to_string(), 0.0)
             ]
         );
+    }
+
+    /// What the filter's budget tests write (`MAAS_HOST_CALLS_OUT`), abridged.
+    const COUNTS: &str = r#"{
+      "host_calls": [
+        {"variant": "cached JSON", "total": 6, "by_kind": {"clock": 3, "shared set (CAS)": 2, "request header map read": 1}},
+        {"variant": "miss JSON", "total": 5, "by_kind": {"clock": 4, "dispatch": 1}}
+      ],
+      "allocations": [{"variant": "cached JSON", "count": 91, "bytes": 4475, "per_callback": [32, 22, 14, 23, 0]}]
+    }"#;
+
+    fn prices() -> Prices {
+        // N = 10: clock 0.1 µs, shared get 0.5, get + CAS set 0.7 (CAS set alone 0.2); header
+        // map not measured.
+        Prices {
+            n: 10,
+            concurrency: 32,
+            seconds: 4,
+            rounds: 3,
+            rows: [
+                ("none", 30.0),
+                ("clock", 31.0),
+                ("shared_get", 35.0),
+                ("shared_get_cas_set", 37.0),
+            ]
+            .iter()
+            .map(|(k, cpu)| (k.to_string(), 1000.0, *cpu))
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn host_call_counts_are_read_as_the_filter_tests_write_them() {
+        let c = parse_host_call_counts(COUNTS).unwrap();
+        assert_eq!(c.calls.len(), 2);
+        assert_eq!(c.calls[0].variant, "cached JSON");
+        assert_eq!(c.calls[0].total, 6);
+        assert_eq!(c.calls[0].by_kind.get("shared set (CAS)"), Some(&2));
+        assert_eq!(c.allocations[0].per_callback, vec![32, 22, 14, 23, 0]);
+        assert!(parse_host_call_counts("{}").is_err());
+        assert!(parse_host_call_counts("not json").is_err());
+    }
+
+    #[test]
+    fn a_derived_price_subtracts_the_call_it_needs() {
+        let p = prices();
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(close(p.of_call("clock"), 0.1));
+        assert!(close(p.of_call("shared get"), 0.5));
+        assert!(close(p.of_call("shared set (CAS)"), 0.2));
+        // Not measured, or not a priced kind: no price, never a guess.
+        assert_eq!(p.of_call("request header map read"), None);
+        assert_eq!(p.of_call("dispatch"), None);
+        let c = parse_host_call_counts(COUNTS).unwrap();
+        let (us, unpriced) = bill(&c.calls[0], &p);
+        assert!((us - (3.0 * 0.1 + 2.0 * 0.2)).abs() < 1e-9, "{us}");
+        assert_eq!(unpriced, 1);
+    }
+
+    #[test]
+    fn the_full_run_prices_only_the_kinds_the_counts_hold() {
+        assert_eq!(
+            kinds_pricing(["shared set (CAS)", "clock", "dispatch"]),
+            vec!["none", "clock", "shared_get", "shared_get_cas_set"]
+        );
+        // Every priced call names kinds the hostcall filter makes.
+        for (label, kind, minus) in PRICED_CALLS {
+            for k in std::iter::once(kind).chain(minus) {
+                assert!(HOST_CALL_KINDS.iter().any(|(h, _)| h == k), "{label}: {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_host_call_table_has_variants_as_columns_and_the_priced_bill() {
+        let out = render_host_calls(&parse_host_call_counts(COUNTS), Some(&prices()));
+        assert!(
+            out.starts_with("## Host calls per request (issue 14)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| kind | µs per call | cached JSON | miss JSON |"),
+            "{out}"
+        );
+        assert!(out.contains("| clock | 0.10 | 3 | 4 |"), "{out}");
+        assert!(out.contains("| shared set (CAS) | 0.20 | 2 | 0 |"), "{out}");
+        assert!(
+            out.contains("| request header map read | — | 1 | 0 |"),
+            "{out}"
+        );
+        assert!(out.contains("| dispatch | — | 0 | 1 |"), "{out}");
+        assert!(out.contains("| **total** | | **6** | **5** |"), "{out}");
+        assert!(
+            out.contains(
+                "| priced bill µs (Σ count × price) | | 0.7 + 1 unpriced | 0.4 + 1 unpriced |"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("| 91 / 4475 | — |"), "{out}");
+        assert!(out.contains("| `shared_get_cas_set` |"), "{out}");
+        // Without prices: counts only, no bill.
+        let out = render_host_calls(&parse_host_call_counts(COUNTS), None);
+        assert!(out.contains("| clock | — | 3 | 4 |"), "{out}");
+        assert!(!out.contains("priced bill"), "{out}");
+    }
+
+    #[test]
+    fn missing_host_call_counts_are_said_not_invented() {
+        let out = render_host_calls(
+            &read_host_call_counts(Some(Path::new("/nonexistent/x.json"))),
+            None,
+        );
+        assert!(
+            out.contains("No host-call counts in this run (/nonexistent/x.json: "),
+            "{out}"
+        );
+        assert!(!out.contains("| kind |"), "{out}");
+        let out = render_host_calls(&read_host_call_counts(None), Some(&prices()));
+        assert!(
+            out.contains("No host-call counts in this run (no file given"),
+            "{out}"
+        );
+        // The prices measured are still reported.
+        assert!(out.contains("| `clock` |"), "{out}");
+    }
+
+    fn figures() -> Issue14 {
+        Issue14 {
+            rps_32: Some((18000.0, 20000.0)),
+            p50_1: Some((0.2, 0.16)),
+            cpu: Some(CpuSplit {
+                c: 32,
+                envoy: 30.0,
+                noop: Some(34.0),
+                floor: Some(40.0),
+                cached: 50.0,
+            }),
+            first_event: Some((1.15, 1.1)),
+            miss_p50_1: None,
+            memory: Some((100_000, 35 * 1024, 64 * 1024)),
+        }
+    }
+
+    #[test]
+    fn issue14_targets_say_met_or_missed_and_by_how_much() {
+        let t = issue14_targets(&figures());
+        let row = |i: usize| {
+            let t = &t[i];
+            (t.measured.as_str(), t.by.as_str(), t.met)
+        };
+        assert_eq!(
+            row(0),
+            ("0.90× (18000 vs 20000 req/s)", "0.00× to spare", Some(true))
+        );
+        assert_eq!(
+            row(1),
+            ("1.25× (0.200 vs 0.160 ms)", "0.10× over", Some(false))
+        );
+        assert_eq!(
+            row(2),
+            ("+16.0 µs (50.0 vs 34.0 µs)", "1.0 µs over", Some(false))
+        );
+        assert_eq!(
+            t[2].what,
+            "Envoy CPU per request: filter-cached − wasm-noop ≤ +15 µs (concurrency 32)"
+        );
+        assert_eq!(
+            row(3),
+            (
+                "+0.050 ms (1.150 vs 1.100 ms)",
+                "0.050 ms to spare",
+                Some(true)
+            )
+        );
+        assert_eq!(row(4), ("not measured in this run", "—", None));
+        assert_eq!(
+            row(5),
+            (
+                "35.0 MiB (max of Δ RSS and Δ wasm + Δ heap)",
+                "29.0 MiB to spare",
+                Some(true)
+            )
+        );
+        assert_eq!(t.len(), 6);
+    }
+
+    #[test]
+    fn issue14_section_splits_filter_cached_cpu_into_three_parts() {
+        let out = render_issue14(&figures(), Some(5.5), Some(12.0));
+        assert!(out.starts_with("## Targets (issue 14)\n"), "{out}");
+        assert!(out.contains("| 100000 cached credentials cost ≤ 64.0 MiB (64 MiB per 100k) | 35.0 MiB (max of Δ RSS and Δ wasm + Δ heap) | 29.0 MiB to spare | met |"), "{out}");
+        assert!(out.contains("| filter-miss p50 ≤ 3× filter-cached p50 (concurrency 1) | not measured in this run | — | — |"), "{out}");
+        assert!(out.contains("| bare Envoy (`envoy`) | 30.0 | — |"), "{out}");
+        assert!(
+            out.contains("(`wasm-noop` − `envoy`) | +4.0 | 20% |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(`wasm-floor` − `wasm-noop`) | +6.0 | 30% |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("(`filter-cached` − `wasm-floor`) | +10.0 | 50% |"),
+            "{out}"
+        );
+        assert!(out.contains("is 5.5 µs"), "{out}");
+        assert!(out.contains("12.0% of Envoy's samples"), "{out}");
+        // Without wasm-floor the split says so.
+        let mut f = figures();
+        f.cpu = f.cpu.map(|s| CpuSplit { floor: None, ..s });
+        let out = render_issue14(&f, None, None);
+        assert!(
+            out.contains("(`wasm-floor` − `wasm-noop`) | not measured | — |"),
+            "{out}"
+        );
+        assert!(!out.contains("For scale"), "{out}");
+    }
+
+    #[test]
+    fn issue14_figures_come_from_the_rounds() {
+        let r = |rps: f64, p50_ms: f64, cpu_us: f64| WrkResult {
+            rps,
+            p50_ms,
+            cpu_us,
+            ..WrkResult::default()
+        };
+        let mut results = BTreeMap::new();
+        for (name, c, runs) in [
+            (
+                "envoy",
+                32,
+                vec![
+                    r(20000.0, 1.0, 30.0),
+                    r(22000.0, 1.0, 31.0),
+                    r(21000.0, 1.0, 29.0),
+                ],
+            ),
+            ("filter-cached", 32, vec![r(15000.0, 1.0, 50.0)]),
+            ("wasm-noop", 32, vec![r(19000.0, 1.0, 0.0)]),
+            ("envoy", 1, vec![r(5000.0, 0.16, 40.0)]),
+            ("filter-cached", 1, vec![r(4000.0, 0.2, 60.0)]),
+        ] {
+            results.insert((name.to_string(), c), runs);
+        }
+        let f = issue14_figures(&[1, 32], &results, &Ttfb::new(), &[]);
+        assert_eq!(f.rps_32, Some((15000.0, 21000.0)));
+        assert_eq!(f.p50_1, Some((0.2, 0.16)));
+        // The highest concurrency; a variant without a CPU reading has none.
+        assert_eq!(
+            f.cpu,
+            Some(CpuSplit {
+                c: 32,
+                envoy: 30.0,
+                noop: None,
+                floor: None,
+                cached: 50.0
+            })
+        );
+        assert_eq!((f.first_event, f.miss_p50_1, f.memory), (None, None, None));
     }
 }

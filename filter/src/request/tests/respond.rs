@@ -267,28 +267,71 @@ fn calls_of_miss(fx: &Fx) -> Vec<Call> {
 fn by_kind(calls: &[Call]) -> std::collections::BTreeMap<&'static str, usize> {
     let mut out = std::collections::BTreeMap::new();
     for c in calls {
-        let kind = match c {
-            Call::Headers(_) => "header map read",
-            Call::Header(..) => "header read",
-            Call::SetHeader(_, _, Some(_)) => "header set",
-            Call::SetHeader(_, _, None) => "header remove",
-            Call::Body(_) => "body read",
-            Call::SetBody(_) => "body write",
-            Call::Dispatch(_) => "dispatch",
-            Call::SendResponse(_) => "local response",
-            Call::Resume => "resume",
-            Call::SetEffectiveContext(_) => "effective context",
-            Call::Now => "clock",
-            Call::DefineMetric(_) => "metric define",
-            Call::IncrementMetric(..) => "metric increment",
-            Call::RecordMetric(..) => "metric record",
-            Call::Property(_) => "property",
-            Call::SharedGet(_) => "shared get",
-            Call::SharedSet(_) => "shared set (CAS)",
-        };
-        *out.entry(kind).or_default() += 1;
+        *out.entry(kind_of(c)).or_default() += 1;
     }
     out
+}
+
+fn kind_of(c: &Call) -> &'static str {
+    match c {
+        Call::Headers(_) => "header map read",
+        Call::Header(..) => "header read",
+        Call::SetHeader(_, _, Some(_)) => "header set",
+        Call::SetHeader(_, _, None) => "header remove",
+        Call::Body(_) => "body read",
+        Call::SetBody(_) => "body write",
+        Call::Dispatch(_) => "dispatch",
+        Call::SendResponse(_) => "local response",
+        Call::Resume => "resume",
+        Call::SetEffectiveContext(_) => "effective context",
+        Call::Now => "clock",
+        Call::DefineMetric(_) => "metric define",
+        Call::IncrementMetric(..) => "metric increment",
+        Call::RecordMetric(..) => "metric record",
+        Call::Property(_) => "property",
+        Call::SharedGet(_) => "shared get",
+        Call::SharedSet(_) => "shared set (CAS)",
+    }
+}
+
+/// `by_kind` with the side of header and body calls (`request header set`, `response body
+/// read`, …): the benchmark report prices each (request and response calls differ in price).
+fn by_side_and_kind(calls: &[Call]) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = std::collections::BTreeMap::<String, usize>::new();
+    for c in calls {
+        let side = match c {
+            Call::Headers(m) | Call::Header(m, _) | Call::SetHeader(m, ..) => match m {
+                Headers::Request => "request ",
+                Headers::Response => "response ",
+                Headers::CallResponse => "callout ",
+            },
+            Call::Body(b) | Call::SetBody(b) => match b {
+                Body::Request => "request ",
+                Body::Response => "response ",
+                Body::CallResponse => "callout ",
+                Body::PluginConfiguration => "configuration ",
+            },
+            _ => "",
+        };
+        *out.entry(format!("{side}{}", kind_of(c))).or_default() += 1;
+    }
+    out.into_iter().map(|(k, n)| (k, n.into())).collect()
+}
+
+/// Writes `figures` under `section` of the JSON file named by `MAAS_HOST_CALLS_OUT`, when set
+/// (`./scripts/bench.sh` renders it in docs/benchmarks.md). The two budget tests share the file.
+fn write_figures(section: &str, figures: serde_json::Value) {
+    static FILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let Some(path) = std::env::var_os("MAAS_HOST_CALLS_OUT") else {
+        return;
+    };
+    let _held = FILE.lock().unwrap();
+    let mut all: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    all[section] = figures;
+    std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap()).unwrap();
 }
 
 /// The budget in filter/README.md (`cargo test -p maas-filter host_calls_per_request --
@@ -325,6 +368,21 @@ fn host_calls_per_request_stay_within_budget() {
     ] {
         eprintln!("{name}: {} calls {:?}", calls.len(), by_kind(calls));
     }
+    let variants = [
+        ("cached JSON", &json),
+        ("cached stream", &stream),
+        ("miss JSON", &miss),
+        ("cached JSON, first on the worker", &json_first),
+    ];
+    write_figures(
+        "host_calls",
+        variants
+            .iter()
+            .map(|(name, calls)| {
+                serde_json::json!({"variant": name, "total": calls.len(), "by_kind": by_side_and_kind(calls)})
+            })
+            .collect(),
+    );
     assert_eq!(json.len(), 21, "{json:#?}");
     assert_eq!(json_first.len(), 25, "{json_first:#?}");
     assert_eq!(stream.len(), 26, "{stream:#?}");
@@ -416,6 +474,15 @@ fn allocations_per_request_stay_within_budget() {
     eprintln!(
         "cached stream: {} allocations, {} bytes; per callback {:?}",
         stream.0, stream.1, stream.2
+    );
+    write_figures(
+        "allocations",
+        [("cached JSON", &json), ("cached stream", &stream)]
+            .iter()
+            .map(|(name, (count, bytes, per_callback))| {
+                serde_json::json!({"variant": name, "count": count, "bytes": bytes, "per_callback": per_callback})
+            })
+            .collect(),
     );
     assert!(json.0 <= 9, "{json:?}");
     assert!(stream.0 <= 13, "{stream:?}");

@@ -1,16 +1,23 @@
 //! Makes `x-bench-n` host calls of the kind named by `x-bench-kind` on every request (the
 //! benchmark's "hostcalls" mode): Envoy's CPU per request minus that of kind `none`, divided by
-//! N, is the price of one call. Every kind reads the same two request headers and buffers the
-//! request body to its end (as the MaaS filter does), so `none` is the common baseline.
+//! N, is the price of one call. Every kind reads the request header map once (as the MaaS filter
+//! does; `x-bench-kind` and `x-bench-n` come from it) and buffers the request body to its end, so
+//! `none` is the common baseline.
 //!
 //! Kinds (request side unless `resp_`): `none`, `clock`, `shared_get`, `shared_set`,
 //! `shared_get_cas_set` (a get then a CAS set: subtract `shared_get`), `header_get_all`,
 //! `header_get`, `header_set`, `header_remove`, `header_set_map` (the whole map replaced),
 //! `body_read`, `body_write`, `metric_inc`, `property`, `resp_header_get_all`, `resp_header_get`,
-//! `resp_header_set`, `resp_header_remove`, `resp_header_set_map`; and work inside the VM, for
-//! scale: `sha256` (one SHA-256 of 60 bytes, as a credential's verifier), `alloc` (a 64-byte
-//! vector allocated, written and freed), `json_body` (the request body parsed with serde_json,
-//! values skipped).
+//! `resp_header_set`, `resp_header_remove`, `resp_header_set_map`, `resp_body_read` (the first
+//! non-empty response chunk), `resp_body_write` (read + replaced: subtract `resp_body_read`); and
+//! work inside the VM, for scale: `sha256` (one SHA-256 of 60 bytes, as a credential's verifier),
+//! `alloc` (a 64-byte vector allocated, written and freed), `json_body` (the request body parsed
+//! with serde_json, values skipped).
+//!
+//! `floor` (N ignored) makes exactly the host calls a cached JSON request of the MaaS filter
+//! makes (`cargo test -p maas-filter --lib host_calls_per_request -- --nocapture`), in the same
+//! callbacks, and nothing else: the benchmark's `wasm-floor` variant, the cost of those calls
+//! with no work in the VM around them.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -42,6 +49,8 @@ impl RootContext for Root {
             kind: String::new(),
             n: 0,
             metric: self.metric,
+            cas: None,
+            done: false,
         }))
     }
     fn get_type(&self) -> Option<ContextType> {
@@ -53,6 +62,11 @@ struct Calls {
     kind: String,
     n: u32,
     metric: u32,
+    /// `floor`: the CAS of the counter slot read with the request headers (admission writes
+    /// from it, as the MaaS filter's does).
+    cas: Option<u32>,
+    /// `floor`: the request settled; `resp_body_*`: the response chunk read.
+    done: bool,
 }
 
 impl Context for Calls {}
@@ -60,6 +74,16 @@ impl Context for Calls {}
 fn header(map: MapType, name: &str) -> Option<Vec<u8>> {
     hostcalls::get_map_value_bytes(map, name).ok().flatten()
 }
+
+/// The response headers a cached JSON request of the MaaS filter sets.
+const RATE_LIMIT_HEADERS: [(&str, &str); 6] = [
+    ("x-ratelimit-limit-requests", "1000000000000"),
+    ("x-ratelimit-remaining-requests", "999999999999"),
+    ("x-ratelimit-reset-requests", "40s"),
+    ("x-ratelimit-limit-tokens", "1000000000000000"),
+    ("x-ratelimit-remaining-tokens", "999999999999936"),
+    ("x-ratelimit-reset-tokens", "40s"),
+];
 
 impl Calls {
     /// The header-map kinds, on `map`.
@@ -135,14 +159,25 @@ impl Calls {
 impl HttpContext for Calls {
     fn on_http_request_headers(&mut self, _n: usize, _end: bool) -> Action {
         let req = MapType::HttpRequestHeaders;
-        self.kind = header(req, "x-bench-kind")
-            .and_then(|v| String::from_utf8(v).ok())
-            .unwrap_or_default();
-        self.n = header(req, "x-bench-n")
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if self.kind.starts_with("header_") {
+        // One map read, as the MaaS filter makes: `floor` may make no other read.
+        for (name, value) in hostcalls::get_map(req).unwrap_or_default() {
+            match name.as_str() {
+                "x-bench-kind" => self.kind = value,
+                "x-bench-n" => self.n = value.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        if self.kind == "floor" {
+            // Precheck: the clock and the subject's counter slot; then the header hygiene.
+            std::hint::black_box(hostcalls::get_current_time().ok());
+            self.cas = hostcalls::get_shared_data(SHARED_KEY)
+                .ok()
+                .and_then(|(_, cas)| cas);
+            let _ = hostcalls::set_map_value(req, "authorization", None);
+            let _ = hostcalls::set_map_value(req, "x-maas-subject", None);
+            let _ = hostcalls::set_map_value(req, "accept-encoding", Some("identity"));
+            let _ = hostcalls::set_map_value(req, "content-length", None);
+        } else if self.kind.starts_with("header_") {
             self.map_calls(&self.kind, req);
         } else {
             self.request_calls();
@@ -153,6 +188,13 @@ impl HttpContext for Calls {
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if !end_of_stream {
             return Action::Pause;
+        }
+        if self.kind == "floor" {
+            // Admission: the body read once, the clock, the counter slot written (CAS).
+            std::hint::black_box(hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok());
+            std::hint::black_box(hostcalls::get_current_time().ok());
+            let _ = hostcalls::set_shared_data(SHARED_KEY, Some(&VALUE), self.cas);
+            return Action::Continue;
         }
         for _ in 0..self.n {
             match self.kind.as_str() {
@@ -187,9 +229,63 @@ impl HttpContext for Calls {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, _end: bool) -> Action {
-        if let Some(kind) = self.kind.strip_prefix("resp_") {
-            self.map_calls(kind, MapType::HttpResponseHeaders);
+        let resp = MapType::HttpResponseHeaders;
+        if self.kind == "floor" {
+            std::hint::black_box(hostcalls::get_map(resp).ok());
+            for (name, value) in RATE_LIMIT_HEADERS {
+                let _ = hostcalls::set_map_value(resp, name, Some(value));
+            }
+        } else if let Some(kind) = self.kind.strip_prefix("resp_") {
+            self.map_calls(kind, resp);
         }
         Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let body = BufferType::HttpResponseBody;
+        match self.kind.as_str() {
+            "floor" => {
+                // Every non-empty chunk read (usage scan); settlement at the end.
+                if size > 0 {
+                    std::hint::black_box(hostcalls::get_buffer(body, 0, size).ok());
+                }
+                if end_of_stream {
+                    self.settle();
+                }
+            }
+            "resp_body_read" | "resp_body_write" if size > 0 && !self.done => {
+                self.done = true;
+                for _ in 0..self.n {
+                    let chunk = hostcalls::get_buffer(body, 0, size).ok().flatten();
+                    if self.kind == "resp_body_write" {
+                        let chunk = chunk.unwrap_or_default();
+                        let _ = hostcalls::set_buffer(body, 0, size, &chunk);
+                    } else {
+                        std::hint::black_box(chunk);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if self.kind == "floor" {
+            self.settle();
+        }
+    }
+}
+
+impl Calls {
+    /// `floor`'s settlement (once): the clock, the counter slot read and written (CAS).
+    fn settle(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        std::hint::black_box(hostcalls::get_current_time().ok());
+        if let Ok((_, cas)) = hostcalls::get_shared_data(SHARED_KEY) {
+            let _ = hostcalls::set_shared_data(SHARED_KEY, Some(&VALUE), cas);
+        }
     }
 }
