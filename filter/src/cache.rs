@@ -291,20 +291,31 @@ pub const LOCAL_ENTRIES: usize = 4096;
 /// A worker's own copy of the allows it read from the shared cache (one VM per worker thread): a
 /// hit costs no shared-data read, no slot hashing and no entry decoding. Shared data stays the
 /// source across workers: an entry is only copied from a fresh shared allow of the very
-/// credential (keyed by its SHA-256 verifier, with its cache key compared too: the credential is
-/// never held), expires no later than that shared entry and no later than one poll interval
+/// credential, expires no later than that shared entry and no later than one poll interval
 /// after it was copied (so whatever changes in shared data — an eviction, a refusal cached by
 /// another worker — is seen within one poll), and is dropped when its key id is revoked. Refusals
 /// are never copied (junk credentials cannot fill it).
+///
+/// Entries are found by [`LocalKey`]: 128 bits of SipHash of the credential under keys drawn at
+/// random when the VM starts, so a hit computes no SHA-256 (in the VM, hashing the credential for
+/// its verifier was a tenth of the filter's own work per request) and the credential is still
+/// never held. Whoever does not know the VM's keys cannot aim a credential at another's entry:
+/// a match by chance is 2⁻¹²⁸ per entry. The entry keeps the credential's cache identity (cache
+/// key and SHA-256 verifier) from the miss that copied it, for revocations and callouts.
 #[derive(Debug, Default)]
 pub struct LocalCache {
-    entries: std::collections::HashMap<[u8; 32], LocalEntry>,
+    entries: std::collections::HashMap<LocalKey, LocalEntry>,
+    keys: std::hash::RandomState,
 }
+
+/// Where a credential's copy lives in a [`LocalCache`] (see there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocalKey(u64, u64);
 
 #[derive(Debug, Clone)]
 struct LocalEntry {
-    /// The credential's cache key (its key id, for API keys).
-    cache_key: String,
+    /// The credential's cache key (its key id, for API keys) and verifier.
+    identity: CacheIdentity,
     caller: Caller,
     /// The subject's counter slot key (hashed once per copy, not per request).
     counter_key: Rc<str>,
@@ -312,19 +323,32 @@ struct LocalEntry {
 }
 
 impl LocalCache {
-    /// The caller behind this very credential and its subject's counter slot key, when copied and
-    /// not expired at `now` (unix s). Shared, not copied.
-    pub fn get(&self, id: &CacheIdentity, now: u64) -> Option<(Caller, Rc<str>)> {
+    /// The key of the credential `raw` (as [`crate::credential::Credential::raw`] gives it).
+    pub fn key(&self, raw: &str) -> LocalKey {
+        use std::hash::{BuildHasher, Hasher};
+        let half = |domain: u8| {
+            let mut h = self.keys.build_hasher();
+            h.write_u8(domain);
+            h.write(raw.as_bytes());
+            h.finish()
+        };
+        LocalKey(half(0), half(1))
+    }
+
+    /// The caller behind this very credential, its subject's counter slot key (shared, not
+    /// copied) and the credential's cache identity, when copied and not expired at `now` (unix s).
+    pub fn get(&self, key: LocalKey, now: u64) -> Option<(Caller, Rc<str>, CacheIdentity)> {
         self.entries
-            .get(&id.verifier)
-            .filter(|e| e.expires_at > now && e.cache_key == id.cache_key)
-            .map(|e| (e.caller.clone(), e.counter_key.clone()))
+            .get(&key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| (e.caller.clone(), e.counter_key.clone(), e.identity.clone()))
     }
 
     /// Copies a shared allow that expires at `shared_expires_at`, for at most `max_age_s`
     /// (one poll interval; 0: not copied), with its subject's counter slot key.
     pub fn put(
         &mut self,
+        key: LocalKey,
         id: &CacheIdentity,
         caller: &Caller,
         counter_key: impl FnOnce() -> String,
@@ -336,16 +360,16 @@ impl LocalCache {
         if expires_at <= now {
             return;
         }
-        if self.entries.len() >= LOCAL_ENTRIES && !self.entries.contains_key(&id.verifier) {
+        if self.entries.len() >= LOCAL_ENTRIES && !self.entries.contains_key(&key) {
             self.entries.retain(|_, e| e.expires_at > now);
             if self.entries.len() >= LOCAL_ENTRIES {
                 self.entries.clear();
             }
         }
         self.entries.insert(
-            id.verifier,
+            key,
             LocalEntry {
-                cache_key: id.cache_key.clone(),
+                identity: id.clone(),
                 caller: caller.clone(),
                 counter_key: Rc::from(counter_key()),
                 expires_at,
@@ -356,7 +380,7 @@ impl LocalCache {
     /// Drops every entry of API key `key_id` (revoked).
     pub fn revoke(&mut self, key_id: &str) {
         self.entries
-            .retain(|_, e| crate::credential::key_id_of(&e.cache_key) != Some(key_id));
+            .retain(|_, e| e.identity.key_id() != Some(key_id));
     }
 
     pub fn clear(&mut self) {
@@ -485,22 +509,33 @@ mod tests {
             },
         };
         let mut c = LocalCache::default();
+        let k = |c: &LocalCache, n: u32| c.key(&format!("credential-{n}"));
         // No longer than the shared entry, nor than the poll interval; 0 s: not copied.
-        c.put(&id(1), &allow, String::new, 1003, 60, 1000);
-        assert!(c.get(&id(1), 1002).is_some());
-        assert!(c.get(&id(1), 1003).is_none());
-        c.put(&id(2), &allow, String::new, 5000, 2, 1000);
-        assert!(c.get(&id(2), 1001).is_some());
-        assert!(c.get(&id(2), 1002).is_none());
-        c.put(&id(3), &allow, String::new, 5000, 0, 1000);
-        assert!(c.get(&id(3), 1000).is_none());
-        // The cache key is compared too.
-        let mut other = id(1);
-        other.cache_key = "maas/c/t/x".into();
-        assert!(c.get(&other, 1000).is_none());
+        c.put(k(&c, 1), &id(1), &allow, String::new, 1003, 60, 1000);
+        assert_eq!(c.get(k(&c, 1), 1002).map(|e| e.2), Some(id(1)));
+        assert!(c.get(k(&c, 1), 1003).is_none());
+        c.put(k(&c, 2), &id(2), &allow, String::new, 5000, 2, 1000);
+        assert!(c.get(k(&c, 2), 1001).is_some());
+        assert!(c.get(k(&c, 2), 1002).is_none());
+        c.put(k(&c, 3), &id(3), &allow, String::new, 5000, 0, 1000);
+        assert!(c.get(k(&c, 3), 1000).is_none());
+        // Another credential finds nothing, whatever it shares with the copied one.
+        assert!(c.get(k(&c, 4), 1000).is_none());
+        assert!(c.get(c.key("credential-1 "), 1000).is_none());
+        // The keys are the VM's own: another cache keys the same credential elsewhere.
+        assert_ne!(LocalCache::default().key("credential-1"), k(&c, 1));
+        assert_eq!(c.key("credential-1"), k(&c, 1));
         // Bounded.
         for n in 0..(LOCAL_ENTRIES as u32 * 2) {
-            c.put(&id(n + 10), &allow, String::new, 5000, 60, 1000);
+            c.put(
+                k(&c, n + 10),
+                &id(n + 10),
+                &allow,
+                String::new,
+                5000,
+                60,
+                1000,
+            );
             assert!(c.len() <= LOCAL_ENTRIES);
         }
     }

@@ -77,6 +77,14 @@ impl Credential<'_> {
         self.0.raw()
     }
 
+    /// The key id of an API key (public: matched against the revocation list without hashing).
+    pub fn key_id(&self) -> Option<&str> {
+        match self.0 {
+            maas_types::Credential::ApiKey { parts, .. } => Some(parts.key_id),
+            maas_types::Credential::Token(_) => None,
+        }
+    }
+
     pub fn cache_identity(&self) -> CacheIdentity {
         match self.0 {
             maas_types::Credential::ApiKey { parts, .. } => CacheIdentity {

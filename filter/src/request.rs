@@ -329,12 +329,11 @@ impl Request {
             Ok(c) => c,
             Err(e) => return self.refused(host, &e.into()),
         };
-        let identity = cred.cache_identity();
-        let revoked = identity
-            .key_id()
-            .is_some_and(|id| self.worker.borrow().revoked.contains(id));
-        if revoked {
-            cache::evict(host, &identity.cache_key, cfg.cache.max_entries);
+        if let Some(key_id) = cred.key_id()
+            && self.worker.borrow().revoked.contains(key_id)
+        {
+            let cache_key = credential::api_key_cache_key(key_id);
+            cache::evict(host, &cache_key, cfg.cache.max_entries);
             return self.refused(host, &Refusal::unauthenticated("key revoked"));
         }
         if !end_of_stream && (self.always_inspect_body || hygiene::inspect_body(content_type)) {
@@ -342,36 +341,42 @@ impl Request {
             self.hold_headers = cfg.pause_headers_for_body;
         }
         let now_s = host.now_ms() / 1000;
-        // This worker's copy first (no shared-data read, no hashing, nothing copied), then the
+        // This worker's copy first (no shared-data read, no SHA-256, nothing copied), then the
         // shared cache.
-        let local = self.worker.borrow().local_cache.get(&identity, now_s);
-        let cached = match local {
-            Some((caller, counter_key)) => {
+        let local_key = self.worker.borrow().local_cache.key(cred.raw());
+        let local = self.worker.borrow().local_cache.get(local_key, now_s);
+        let (identity, cached) = match local {
+            Some((caller, counter_key, identity)) => {
                 self.counter_key = SlotKey::Shared(counter_key);
-                Some(Ok(caller))
+                (identity, Some(Ok(caller)))
             }
-            None => match cache::lookup_entry(
-                host,
-                &identity.cache_key,
-                &identity.verifier,
-                now_s,
-                cfg.cache.max_entries,
-            ) {
-                Some((CachedAnswer::Allow(id), expires_at)) => {
-                    let caller = Caller::new(id);
-                    self.worker.borrow_mut().local_cache.put(
-                        &identity,
-                        &caller,
-                        || limits::counter_key(&caller.subject, cfg.limits.counter_slots),
-                        expires_at,
-                        cfg.poll_interval_ms / 1000,
-                        now_s,
-                    );
-                    Some(Ok(caller))
-                }
-                Some((answer, _)) => Some(authenticate::cached_result(answer)),
-                None => None,
-            },
+            None => {
+                let identity = cred.cache_identity();
+                let cached = match cache::lookup_entry(
+                    host,
+                    &identity.cache_key,
+                    &identity.verifier,
+                    now_s,
+                    cfg.cache.max_entries,
+                ) {
+                    Some((CachedAnswer::Allow(id), expires_at)) => {
+                        let caller = Caller::new(id);
+                        self.worker.borrow_mut().local_cache.put(
+                            local_key,
+                            &identity,
+                            &caller,
+                            || limits::counter_key(&caller.subject, cfg.limits.counter_slots),
+                            expires_at,
+                            cfg.poll_interval_ms / 1000,
+                            now_s,
+                        );
+                        Some(Ok(caller))
+                    }
+                    Some((answer, _)) => Some(authenticate::cached_result(answer)),
+                    None => None,
+                };
+                (identity, cached)
+            }
         };
         let step = match cached {
             Some(result) => {

@@ -206,10 +206,11 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
     let (revoked, kept) = (copy("abcdefghijklmnopq", 7), copy("bbcdefghijklmnopq", 8));
     {
         let mut w = root.worker.borrow_mut();
+        let (rk, kk) = (w.local_cache.key("revoked"), w.local_cache.key("kept"));
         w.local_cache
-            .put(&revoked, &allow, String::new, now + 60, 5, now);
+            .put(rk, &revoked, &allow, String::new, now + 60, 5, now);
         w.local_cache
-            .put(&kept, &allow, String::new, now + 60, 5, now);
+            .put(kk, &kept, &allow, String::new, now + 60, 5, now);
         assert_eq!(w.local_cache.len(), 2);
     }
     answer(
@@ -221,8 +222,12 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
         &policy(&["abcdefghijklmnopq"]),
     );
     let w = root.worker.borrow();
-    assert!(w.local_cache.get(&revoked, now).is_none());
-    assert!(w.local_cache.get(&kept, now).is_some());
+    assert!(
+        w.local_cache
+            .get(w.local_cache.key("revoked"), now)
+            .is_none()
+    );
+    assert!(w.local_cache.get(w.local_cache.key("kept"), now).is_some());
 }
 
 mod leases;

@@ -882,6 +882,14 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
         "baseline: the request header map read once, request body buffered",
     ),
     ("clock", "`get_current_time`"),
+    (
+        "floor",
+        "a cached JSON request's host calls, all of them (N ignored; Δ = their whole cost)",
+    ),
+    (
+        "floor_length",
+        "`floor` with the request's `content-length` kept (Δ vs `floor`: the chunked upstream body)",
+    ),
     ("shared_get", "shared-data get (160-byte value)"),
     ("shared_set", "shared-data set without CAS (160 bytes)"),
     ("shared_get_cas_set", "shared-data get + CAS set"),
@@ -2424,6 +2432,9 @@ fn run() -> Result<()> {
         let mut targets = vec![("envoy", bare.pid())];
         if let Some(n) = &noop {
             targets.push(("wasm-noop", n.pid()));
+        }
+        if let Some(f) = &hostcall_envoy {
+            targets.push(("wasm-floor", f.pid()));
         }
         targets.extend([
             ("filter-cached", filtered.pid()),

@@ -167,7 +167,7 @@ impl HttpContext for Calls {
                 _ => {}
             }
         }
-        if self.kind == "floor" {
+        if self.kind.starts_with("floor") {
             // Precheck: the clock and the subject's counter slot; then the header hygiene.
             std::hint::black_box(hostcalls::get_current_time().ok());
             self.cas = hostcalls::get_shared_data(SHARED_KEY)
@@ -176,7 +176,13 @@ impl HttpContext for Calls {
             let _ = hostcalls::set_map_value(req, "authorization", None);
             let _ = hostcalls::set_map_value(req, "x-maas-subject", None);
             let _ = hostcalls::set_map_value(req, "accept-encoding", Some("identity"));
-            let _ = hostcalls::set_map_value(req, "content-length", None);
+            // `floor_length`: the same calls, the length kept (the upstream body not chunked).
+            let length = if self.kind == "floor_length" {
+                "x-bench-absent"
+            } else {
+                "content-length"
+            };
+            let _ = hostcalls::set_map_value(req, length, None);
         } else if self.kind.starts_with("header_") {
             self.map_calls(&self.kind, req);
         } else {
@@ -189,7 +195,7 @@ impl HttpContext for Calls {
         if !end_of_stream {
             return Action::Pause;
         }
-        if self.kind == "floor" {
+        if self.kind.starts_with("floor") {
             // Admission: the body read once, the clock, the counter slot written (CAS).
             std::hint::black_box(hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok());
             std::hint::black_box(hostcalls::get_current_time().ok());
@@ -230,7 +236,7 @@ impl HttpContext for Calls {
 
     fn on_http_response_headers(&mut self, _n: usize, _end: bool) -> Action {
         let resp = MapType::HttpResponseHeaders;
-        if self.kind == "floor" {
+        if self.kind.starts_with("floor") {
             std::hint::black_box(hostcalls::get_map(resp).ok());
             for (name, value) in RATE_LIMIT_HEADERS {
                 let _ = hostcalls::set_map_value(resp, name, Some(value));
@@ -244,7 +250,7 @@ impl HttpContext for Calls {
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         let body = BufferType::HttpResponseBody;
         match self.kind.as_str() {
-            "floor" => {
+            "floor" | "floor_length" => {
                 // Every non-empty chunk read (usage scan); settlement at the end.
                 if size > 0 {
                     std::hint::black_box(hostcalls::get_buffer(body, 0, size).ok());
@@ -271,7 +277,7 @@ impl HttpContext for Calls {
     }
 
     fn on_log(&mut self) {
-        if self.kind == "floor" {
+        if self.kind.starts_with("floor") {
             self.settle();
         }
     }
