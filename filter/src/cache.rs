@@ -346,10 +346,10 @@ impl LocalCache {
 
     /// Copies a shared allow that expires at `shared_expires_at`, for at most `max_age_s`
     /// (one poll interval; 0: not copied), with its subject's counter slot key.
+    /// `credential`: where its copy lives and its cache identity.
     pub fn put(
         &mut self,
-        key: LocalKey,
-        id: &CacheIdentity,
+        (key, id): (LocalKey, &CacheIdentity),
         caller: &Caller,
         counter_key: impl FnOnce() -> String,
         shared_expires_at: u64,
@@ -511,13 +511,13 @@ mod tests {
         let mut c = LocalCache::default();
         let k = |c: &LocalCache, n: u32| c.key(&format!("credential-{n}"));
         // No longer than the shared entry, nor than the poll interval; 0 s: not copied.
-        c.put(k(&c, 1), &id(1), &allow, String::new, 1003, 60, 1000);
+        c.put((k(&c, 1), &id(1)), &allow, String::new, 1003, 60, 1000);
         assert_eq!(c.get(k(&c, 1), 1002).map(|e| e.2), Some(id(1)));
         assert!(c.get(k(&c, 1), 1003).is_none());
-        c.put(k(&c, 2), &id(2), &allow, String::new, 5000, 2, 1000);
+        c.put((k(&c, 2), &id(2)), &allow, String::new, 5000, 2, 1000);
         assert!(c.get(k(&c, 2), 1001).is_some());
         assert!(c.get(k(&c, 2), 1002).is_none());
-        c.put(k(&c, 3), &id(3), &allow, String::new, 5000, 0, 1000);
+        c.put((k(&c, 3), &id(3)), &allow, String::new, 5000, 0, 1000);
         assert!(c.get(k(&c, 3), 1000).is_none());
         // Another credential finds nothing, whatever it shares with the copied one.
         assert!(c.get(k(&c, 4), 1000).is_none());
@@ -528,8 +528,7 @@ mod tests {
         // Bounded.
         for n in 0..(LOCAL_ENTRIES as u32 * 2) {
             c.put(
-                k(&c, n + 10),
-                &id(n + 10),
+                (k(&c, n + 10), &id(n + 10)),
                 &allow,
                 String::new,
                 5000,

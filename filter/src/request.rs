@@ -362,8 +362,7 @@ impl Request {
                     Some((CachedAnswer::Allow(id), expires_at)) => {
                         let caller = Caller::new(id);
                         self.worker.borrow_mut().local_cache.put(
-                            local_key,
-                            &identity,
+                            (local_key, &identity),
                             &caller,
                             || limits::counter_key(&caller.subject, cfg.limits.counter_slots),
                             expires_at,

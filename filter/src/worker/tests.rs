@@ -208,9 +208,9 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
         let mut w = root.worker.borrow_mut();
         let (rk, kk) = (w.local_cache.key("revoked"), w.local_cache.key("kept"));
         w.local_cache
-            .put(rk, &revoked, &allow, String::new, now + 60, 5, now);
+            .put((rk, &revoked), &allow, String::new, now + 60, 5, now);
         w.local_cache
-            .put(kk, &kept, &allow, String::new, now + 60, 5, now);
+            .put((kk, &kept), &allow, String::new, now + 60, 5, now);
         assert_eq!(w.local_cache.len(), 2);
     }
     answer(
