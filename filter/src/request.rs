@@ -156,6 +156,11 @@ pub struct Request {
     hold_headers: bool,
     /// Bytes of the request body buffered so far (the host's buffer size at the last chunk).
     buffered_body_bytes: usize,
+    /// The request's one `content-length` (none with `transfer-encoding`, several or a value
+    /// that is not plain digits): a body that reaches it is whole, and is decided at once.
+    declared_body_bytes: Option<usize>,
+    /// The body was decided when it reached its declared length, before END_STREAM.
+    body_decided_early: bool,
     strip_usage_event: bool,
     /// The prompt estimate reserved at admission (settles an aborted stream).
     prompt_tokens_estimate: u64,
@@ -212,6 +217,8 @@ impl Request {
             body: BodyState::None,
             hold_headers: false,
             buffered_body_bytes: 0,
+            declared_body_bytes: None,
+            body_decided_early: false,
             strip_usage_event: false,
             prompt_tokens_estimate: 0,
             reserved_tokens: decide::Tokens::default(),
@@ -282,12 +289,22 @@ impl Request {
         };
         // One host call for every header (the path, the credential, what to strip).
         let headers = host.headers(Headers::Request);
-        let [full_path, method, authorization, x_api_key, content_type] = headers.get_each([
+        let [
+            full_path,
+            method,
+            authorization,
+            x_api_key,
+            content_type,
+            content_length,
+            transfer_encoding,
+        ] = headers.get_each([
             ":path",
             ":method",
             "authorization",
             "x-api-key",
             "content-type",
+            "content-length",
+            "transfer-encoding",
         ]);
         let full_path = full_path.unwrap_or_default();
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
@@ -339,6 +356,10 @@ impl Request {
         if !end_of_stream && (self.always_inspect_body || hygiene::inspect_body(content_type)) {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
+            self.declared_body_bytes = match (content_length, transfer_encoding) {
+                (Some(value), None) => declared_length(value, headers.get_all("content-length")),
+                _ => None,
+            };
         }
         let now_s = host.now_ms() / 1000;
         // This worker's copy first (no shared-data read, no SHA-256, nothing copied), then the
@@ -513,8 +534,11 @@ impl Request {
         Step::Continue
     }
 
-    /// Request body chunk (buffered until the end).
+    /// Request body chunk (buffered until the end, or until it reaches its declared length).
     fn on_body(&mut self, host: &dyn Host, body_size: usize, end_of_stream: bool) -> Action {
+        if self.body_decided_early {
+            return self.after_early_body();
+        }
         if self.decided() || !matches!(self.body, BodyState::Buffering) {
             return Action::Continue;
         }
@@ -526,15 +550,38 @@ impl Request {
         }
         self.buffered_body_bytes = body_size;
         if !end_of_stream {
+            // The whole declared body is here (Envoy's codecs hold a request to its
+            // `content-length`): decided now, without holding it to END_STREAM. Only once the
+            // caller is authorised; while authenticating the answer decides.
+            if self.declared_body_bytes == Some(body_size)
+                && matches!(self.phase, Phase::BodyBuffering { .. })
+            {
+                self.body_decided_early = true;
+                return self.end_of_body(host);
+            }
             return Action::Pause;
         }
         self.end_of_body(host)
+    }
+
+    /// A body chunk, trailers or the end of the stream after the body was decided at its
+    /// declared length: a request that still waits (lease) or was refused stays paused, any
+    /// other goes on. Envoy's codecs end the body there: HTTP/1.1 frames it by its length (what
+    /// follows is the next request), HTTP/2 resets a stream whose DATA exceed it.
+    fn after_early_body(&self) -> Action {
+        match self.phase {
+            Phase::Leasing | Phase::Refused => Action::Pause,
+            _ => Action::Continue,
+        }
     }
 
     /// Request trailers end the request: an HTTP/2 body whose last DATA frame has no END_STREAM
     /// (or an HTTP/1.1 chunked body with trailers) is decided here, exactly as at the end of a
     /// body, so no request reaches the backend undecided.
     fn on_trailers(&mut self, host: &dyn Host) -> Action {
+        if self.body_decided_early {
+            return self.after_early_body();
+        }
         if self.decided() || !matches!(self.body, BodyState::Buffering) {
             return Action::Continue;
         }
@@ -983,6 +1030,19 @@ impl std::ops::Deref for SlotKey {
             SlotKey::Own(k) => k,
         }
     }
+}
+
+/// The body length a request declares: its `content-length` when it is the only one (every
+/// value of the header, `all`, is this one) and plain ASCII digits that fit; else none (the body
+/// is then held to its end).
+fn declared_length<'a>(first: &str, mut all: impl Iterator<Item = &'a str>) -> Option<usize> {
+    let digits =
+        !first.is_empty() && first.len() <= 12 && first.bytes().all(|b| b.is_ascii_digit());
+    let only = all.next().is_some() && all.next().is_none();
+    if !(digits && only) {
+        return None;
+    }
+    first.parse().ok()
 }
 
 /// The request header that names a subscription (client → gateway, and gateway → backend).

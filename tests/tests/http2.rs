@@ -70,6 +70,7 @@ identities:
   - {token: stella-token, username: stella, groups: [g-open]}
   - {token: fran-token, username: fran, groups: [g-open]}
   - {token: kai-token, username: kai, groups: [g-open]}
+  - {token: dee-token, username: dee, groups: [g-open]}
   - {token: pat-http1-token, username: pat-http1, groups: [g-few]}
   - {token: pat-h2c-token, username: pat-h2c, groups: [g-few]}
   - {token: pat-h2-tls-token, username: pat-h2-tls, groups: [g-few]}
@@ -654,6 +655,118 @@ async fn http2_body_in_many_small_data_frames_still_gets_the_body_decision() {
                 })
                 .await;
         }
+    }
+    combos.finish();
+}
+
+// ---- a body declared by its content-length ----
+
+/// `req` over HTTP/1.1 with its `content-length`, the body written in its frames with the
+/// request's frame delay between them (one connection, closed after the answer).
+async fn http1_in_pieces(
+    addr: SocketAddr,
+    req: &FramedRequest,
+) -> anyhow::Result<h2client::Response> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let mut head = format!(
+        "{} {} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n",
+        req.method, req.path
+    );
+    for (k, v) in &req.headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    tcp.write_all(head.as_bytes()).await?;
+    for frame in &req.frames {
+        tcp.write_all(frame).await?;
+        tcp.flush().await?;
+        tokio::time::sleep(req.frame_delay).await;
+    }
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut raw)).await??;
+    h2client::parse_http1_response(&raw)
+}
+
+/// A body that reaches its `content-length` is decided then, before its stream ends (the
+/// filter does not hold it to END_STREAM): sent in pieces over HTTP/2 (its END_STREAM or its
+/// trailers coming later) and over HTTP/1.1, it is admitted, counted once, and reaches the
+/// model whole. A body longer than it declares never reaches the model with its extra bytes
+/// (Envoy's codec or the filter refuses it).
+#[tokio::test]
+async fn a_body_decided_at_its_content_length_is_counted_once_and_never_grows_past_it() {
+    let stack = stack();
+    let mut combos = Combos::default();
+    let chat = |test_id: &str| {
+        let body = json!({"model": "sim-model", "max_tokens": 20,
+                          "messages": [{"role": "user", "content": "declared by its length"}]});
+        let len = body.to_string().len();
+        let req = chat_request(test_id, "dee-token", &body)
+            .header("x-sim-completion-tokens", "4")
+            .split_into(3)
+            .frame_delay(Duration::from_millis(30));
+        (req, body, len)
+    };
+    for gw in &gateways().list {
+        let ends = [
+            ("empty-data", End::EmptyData),
+            (
+                "trailers",
+                End::Trailers(vec![("x-trailer".into(), "1".into())]),
+            ),
+        ];
+        for (end_name, end) in ends {
+            combos
+                .run(gw, Wire::H2c, async move {
+                    let test_id = id("declared", gw, Wire::H2c, end_name);
+                    let (req, body, len) = chat(&test_id);
+                    let req = req.header("content-length", &len.to_string()).end(end);
+                    // prompt 4 + completion 4 = 8 used; 20 reserved.
+                    assert_counted(gw, Wire::H2c, "dee-token", "declared", req, 20, 8).await;
+                    let seen = stack.sim_requests_with_test_id(&test_id);
+                    assert_eq!(seen.len(), 1, "{test_id}");
+                    assert_eq!(seen[0].body, body.to_string(), "{test_id}: the whole body");
+                })
+                .await;
+        }
+        combos
+            .run(gw, Wire::Http1, async move {
+                let test_id = id("declared", gw, Wire::Http1, "pieces");
+                let (req, body, len) = chat(&test_id);
+                let req = req.header("content-length", &len.to_string());
+                let r = http1_in_pieces(gw.plain, &req).await.expect("an answer");
+                assert_eq!(r.status, 200, "{test_id}: {}", r.text());
+                assert!(
+                    r.header("x-ratelimit-remaining-tokens").is_some(),
+                    "{test_id}"
+                );
+                let seen = stack.sim_requests_with_test_id(&test_id);
+                assert_eq!(seen.len(), 1, "{test_id}");
+                assert_eq!(seen[0].body, body.to_string(), "{test_id}: the whole body");
+            })
+            .await;
+        combos
+            .run(gw, Wire::H2c, async move {
+                let test_id = id("declared", gw, Wire::H2c, "longer");
+                let (req, _, len) = chat(&test_id);
+                let declared = len - 12;
+                let req = req
+                    .header("content-length", &declared.to_string())
+                    .end(End::EmptyData);
+                // Refused or reset: never a model's answer to the longer body.
+                if let Ok(r) = h2client::send_h2c(gw.plain, &req).await {
+                    assert_ne!(r.status, 200, "{test_id}: {}", r.text());
+                }
+                for seen in stack.sim_requests_with_test_id(&test_id) {
+                    assert!(
+                        seen.body.len() <= declared,
+                        "{test_id}: the model got {} bytes of a body declared as {declared}",
+                        seen.body.len()
+                    );
+                }
+            })
+            .await;
     }
     combos.finish();
 }

@@ -881,6 +881,10 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
         "none",
         "baseline: the request header map read once, request body buffered",
     ),
+    (
+        "nobuf",
+        "the request header map read once, the body never held (Δ vs `none`: holding the body to its end)",
+    ),
     ("clock", "`get_current_time`"),
     (
         "floor",
@@ -1122,7 +1126,10 @@ fn render_prices(p: &Prices) -> String {
             .find(|(k, _)| k == kind)
             .map_or("", |(_, w)| *w);
         let per_call = match p.per_call(kind, None) {
-            Some(x) if kind != "none" => format!("{x:.2}"),
+            // Whole-request kinds: their Δ is the figure, not a per-call price.
+            Some(x) if !matches!(kind.as_str(), "none" | "nobuf" | "floor" | "floor_length") => {
+                format!("{x:.2}")
+            }
             _ => "—".into(),
         };
         let _ = writeln!(

@@ -372,3 +372,137 @@ fn discovery_is_authenticated_but_counts_nothing() {
     h.on_log(&fx.host);
     assert!(fx.phase(&h).starts_with("Settled"));
 }
+
+/// The chat request of `key` declaring `len` as its body length (`extra`: more headers).
+fn chat_declaring(
+    key: &str,
+    len: &str,
+    extra: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    let mut h: Vec<(&'static str, String)> = chat(key)
+        .into_iter()
+        .filter(|(k, _)| *k != "content-length")
+        .collect();
+    h.push(("content-length", len.to_string()));
+    h.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    h
+}
+
+fn body_reads(fx: &Fx) -> usize {
+    fx.host
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c, Call::Body(Body::Request)))
+        .count()
+}
+
+#[test]
+fn a_body_that_reaches_its_content_length_is_decided_before_its_stream_ends() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    let len = BODY.len().to_string();
+    fx.headers(id, &h, &refs(&chat_declaring(&key(2), &len, &[])), false);
+    // The whole declared body in its first chunk: decided and passed on, not held.
+    assert_eq!(fx.body(id, &h, BODY, false), Action::Continue);
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    let reserved = fx.tokens_used("alice");
+    assert!(reserved > 0, "reserved at admission");
+    // The end of the stream (no bytes) and trailers change nothing, count nothing again.
+    fx.host.enter(id);
+    fx.host.set_buffer(Body::Request, b"");
+    assert_eq!(h.on_request_body(&fx.host, 0, true), Action::Continue);
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Continue);
+    assert_eq!(fx.tokens_used("alice"), reserved);
+    assert_eq!(body_reads(&fx), 1, "the body is read once");
+    assert!(fx.sent_to(id).is_none());
+}
+
+#[test]
+fn a_body_in_pieces_is_decided_when_it_reaches_its_content_length() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    let len = STREAM.len().to_string();
+    fx.headers(id, &h, &refs(&chat_declaring(&key(2), &len, &[])), false);
+    fx.host.enter(id);
+    fx.host.set_buffer(Body::Request, &STREAM[..10]);
+    assert_eq!(h.on_request_body(&fx.host, 10, false), Action::Pause);
+    assert!(fx.phase(&h).starts_with("BodyBuffering"));
+    // Envoy's buffer holds every chunk so far: the whole body now, its stream not ended.
+    assert_eq!(fx.body(id, &h, STREAM, false), Action::Continue);
+    // Decided as at END_STREAM: the stream asks for its usage.
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+}
+
+#[test]
+fn a_wrong_model_in_a_body_at_its_content_length_is_refused_at_once() {
+    let fx = Fx::new();
+    hit(&fx);
+    let (id, h) = fx.http();
+    let body = br#"{"model":"big","messages":[]}"#;
+    let len = body.len().to_string();
+    fx.headers(id, &h, &refs(&chat_declaring(&key(2), &len, &[])), false);
+    assert_eq!(fx.body(id, &h, body, false), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "model_mismatch"));
+    // What follows stays paused; nothing is refused twice.
+    assert_eq!(fx.body(id, &h, body, true), Action::Pause);
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Pause);
+    assert_eq!(fx.host.sent.borrow().len(), 1);
+}
+
+#[test]
+fn without_one_plain_content_length_the_body_is_held_to_its_end() {
+    let len = BODY.len().to_string();
+    let twice: &[(&'static str, &str)] = &[("content-length", len.as_str())];
+    let cases: Vec<(Vec<(&'static str, String)>, &str)> = vec![
+        (chat(&key(2)), "another length"),
+        (chat_declaring(&key(2), &format!("+{len}"), &[]), "a sign"),
+        (chat_declaring(&key(2), &format!("{len} "), &[]), "a blank"),
+        (
+            chat_declaring(&key(2), &format!("0{len}x"), &[]),
+            "not digits",
+        ),
+        (chat_declaring(&key(2), "", &[]), "empty"),
+        (chat_declaring(&key(2), &len, twice), "repeated"),
+        (
+            chat_declaring(&key(2), &len, &[("transfer-encoding", "chunked")]),
+            "with transfer-encoding",
+        ),
+    ];
+    for (headers, why) in cases {
+        let fx = Fx::new();
+        hit(&fx);
+        let (id, h) = fx.http();
+        fx.headers(id, &h, &refs(&headers), false);
+        assert_eq!(fx.body(id, &h, BODY, false), Action::Pause, "{why}");
+        assert!(fx.phase(&h).starts_with("BodyBuffering"), "{why}");
+        assert_eq!(fx.body(id, &h, BODY, true), Action::Continue, "{why}");
+        assert!(fx.phase(&h).starts_with("Forwarding"), "{why}");
+    }
+    assert_eq!(declared_length("60", ["60"].into_iter()), Some(60));
+    assert_eq!(declared_length("60", ["60", "60"].into_iter()), None);
+    assert_eq!(
+        declared_length("9999999999999", ["9999999999999"].into_iter()),
+        None
+    );
+}
+
+#[test]
+fn while_authenticating_a_whole_declared_body_still_waits_for_the_answer() {
+    let fx = Fx::new();
+    let (id, h) = fx.http();
+    let len = BODY.len().to_string();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat_declaring(&key(2), &len, &[])), false),
+        Action::Pause
+    );
+    assert!(fx.phase(&h).starts_with("Authenticating"));
+    // Held mode off: Envoy gives no body before the headers continue; were it to, it waits.
+    assert_eq!(fx.body(id, &h, BODY, false), Action::Pause);
+    assert!(fx.phase(&h).starts_with("Authenticating"));
+}

@@ -537,3 +537,30 @@ fn an_unanswered_lease_callout_is_resent_verbatim_by_the_root_and_its_grants_kep
         "tracked: released when idle"
     );
 }
+
+#[test]
+fn a_body_decided_at_its_content_length_waits_for_its_lease_to_its_end() {
+    let fx = global(json!({}));
+    let (id, h) = fx.http();
+    let mut headers: Vec<(&'static str, String)> = chat(&key(2))
+        .into_iter()
+        .filter(|(k, _)| *k != "content-length")
+        .collect();
+    headers.push(("content-length", BODY.len().to_string()));
+    assert_eq!(fx.headers(id, &h, &refs(&headers), false), Action::Continue);
+    // Whole at its declared length: admission runs now, and the lease is short.
+    assert_eq!(fx.body(id, &h, BODY, false), Action::Pause);
+    assert_eq!(fx.phase(&h), "Leasing");
+    // The stream ends while the lease is asked for (Envoy still holds the body): still paused,
+    // and neither the end nor trailers let it through.
+    assert_eq!(fx.body(id, &h, BODY, true), Action::Pause);
+    assert_eq!(h.on_request_trailers(&fx.host), Action::Pause);
+    assert_eq!(fx.phase(&h), "Leasing");
+    // Granted: resumed, and what comes after goes on.
+    let req = last_lease(&fx);
+    fx.answer(id, &h, Some(200), &grants(&req, |i| (i.want, i.want)));
+    assert!(fx.resumed(id));
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    assert_eq!(fx.body(id, &h, b"", true), Action::Continue);
+    assert!(fx.sent_to(id).is_none());
+}

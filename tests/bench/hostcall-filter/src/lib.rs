@@ -51,6 +51,7 @@ impl RootContext for Root {
             metric: self.metric,
             cas: None,
             done: false,
+            body_calls: Vec::new(),
         }))
     }
     fn get_type(&self) -> Option<ContextType> {
@@ -67,6 +68,8 @@ struct Calls {
     cas: Option<u32>,
     /// `floor`: the request settled; `resp_body_*`: the response chunk read.
     done: bool,
+    /// (size, end of stream) of each request body callback (`probe` answers with them).
+    body_calls: Vec<(usize, bool)>,
 }
 
 impl Context for Calls {}
@@ -192,6 +195,23 @@ impl HttpContext for Calls {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.body_calls.push((size, end_of_stream));
+        // `nobuf`: the body never held (Δ vs `none`: the price of buffering it to its end).
+        if self.kind == "nobuf" || self.kind == "probe_continue" {
+            return Action::Continue;
+        }
+        // `probe_rewrite`: the first chunk replaced by itself and a blank, and passed on.
+        if self.kind == "probe_rewrite" {
+            if self.body_calls.len() == 1 {
+                let mut body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                body.push(b' ');
+                let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, &body);
+            }
+            return Action::Continue;
+        }
         if !end_of_stream {
             return Action::Pause;
         }
@@ -236,6 +256,15 @@ impl HttpContext for Calls {
 
     fn on_http_response_headers(&mut self, _n: usize, _end: bool) -> Action {
         let resp = MapType::HttpResponseHeaders;
+        if self.kind.starts_with("probe") {
+            // How Envoy handed the request body over: `size/end` per callback.
+            let calls: Vec<String> = self
+                .body_calls
+                .iter()
+                .map(|(size, end)| format!("{size}/{end}"))
+                .collect();
+            let _ = hostcalls::set_map_value(resp, "x-bench-body-calls", Some(&calls.join(",")));
+        }
         if self.kind.starts_with("floor") {
             std::hint::black_box(hostcalls::get_map(resp).ok());
             for (name, value) in RATE_LIMIT_HEADERS {
