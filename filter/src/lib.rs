@@ -12,6 +12,7 @@ pub mod config;
 pub mod credential;
 pub mod decide;
 pub mod encoding;
+pub mod folds;
 pub mod host;
 pub mod hygiene;
 pub mod lease;

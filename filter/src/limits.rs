@@ -850,6 +850,7 @@ pub fn admit_from(
         subject,
         reserve,
         now,
+        settled: &[],
     };
     admit_leased(store, &ask, read, None)
 }
@@ -865,6 +866,9 @@ pub struct Ask<'a> {
     pub reserve: u64,
     /// Unix seconds.
     pub now: u64,
+    /// Settlements of this subject this worker folded and did not write yet
+    /// ([`crate::folds`]): applied to the slot as read, and written with the admission.
+    pub settled: &'a [Settled],
 }
 
 /// (kind, window, tightest limit, that limit's tier) of each distinct counter.
@@ -915,6 +919,7 @@ pub fn admit_leased(
         subject,
         reserve,
         now,
+        settled,
     } = *ask;
     let mut read = read.filter(|r| r.key.as_str() == key);
     let tiers = distinct(tiers);
@@ -950,10 +955,14 @@ pub fn admit_leased(
             Some(r) => (r.value, Some(r.cas)),
             None => store.get(key),
         };
-        let view = match read_slot(value.as_deref(), subject) {
+        let mut view = match read_slot(value.as_deref(), subject) {
             Ok(v) => v,
             Err(e) => return slot_error(e),
         };
+        // This worker's folded settlements count as written (and are, with this admission).
+        for f in settled {
+            apply_folded(&mut view.mine, f, now);
+        }
         let add = |kind: Kind| match kind {
             Kind::Requests => 1,
             Kind::Tokens => reserve,
@@ -1111,15 +1120,31 @@ pub fn precheck_read(
     subject: &str,
     now: u64,
 ) -> (Option<Admission>, Option<SlotRead>) {
+    precheck_folded(store, key, tiers, subject, now, &[])
+}
+
+/// [`precheck_read`] with this worker's folded settlements of the subject (`settled`) counted
+/// as written.
+pub fn precheck_folded(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    now: u64,
+    settled: &[Settled],
+) -> (Option<Admission>, Option<SlotRead>) {
     let tiers = distinct(tiers);
     if windows(&tiers).is_empty() {
         return (None, None);
     }
     let (value, cas) = store.get(key);
     // An unreadable slot is `admit`'s to refuse.
-    let Ok(view) = read_slot(value.as_deref(), subject) else {
+    let Ok(mut view) = read_slot(value.as_deref(), subject) else {
         return (None, None);
     };
+    for f in settled {
+        apply_folded(&mut view.mine, f, now);
+    }
     let mut blocked: Option<(Kind, u64, &str)> = None;
     for (kind, l, tier) in all_limits(&tiers) {
         if used(&view.mine, kind, l.window, now).saturating_add(1) > l.limit {
@@ -1143,74 +1168,152 @@ pub fn precheck_read(
     (refusal, read)
 }
 
+/// A reservation settled but not written yet: `reserved` tokens of token window `window` (s)
+/// starting at `start` settled to `actual`. Several of one window add up (both sums).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub window: u64,
+    pub start: u64,
+    pub reserved: u64,
+    pub actual: u64,
+}
+
+impl Reservation {
+    /// Settling this reservation to `actual`, per token window it went into.
+    pub fn settled(&self, actual: u64) -> impl Iterator<Item = Settled> + '_ {
+        self.token_windows
+            .iter()
+            .map(move |&(window, start)| Settled {
+                window,
+                start,
+                reserved: self.reserved,
+                actual,
+            })
+    }
+}
+
+/// Applies a settlement to `records` at `now`: in its window, `reserved` is replaced by
+/// `actual`; if that window is over, `actual` counts in the current one (the tokens were used
+/// now). True when the records changed.
+fn apply_settled(records: &mut Records, s: &Settled, now: u64) -> bool {
+    let current = now - now % s.window.max(1);
+    let rec = records
+        .iter_mut()
+        .find(|x| x.kind == Kind::Tokens.code() && x.window == s.window);
+    let (new_start, new_count) = match &rec {
+        Some(x) if x.start == s.start && s.start == current => (
+            s.start,
+            x.count.saturating_sub(s.reserved).saturating_add(s.actual),
+        ),
+        Some(x) if x.start == current => (current, x.count.saturating_add(s.actual)),
+        _ => (current, s.actual),
+    };
+    match rec {
+        Some(x) => {
+            if x.start == new_start && x.count == new_count {
+                return false;
+            }
+            if x.start != new_start {
+                // An older window's lease is over with it.
+                x.granted = 0;
+                x.others = 0;
+                x.since = now;
+            } else if x.since == 0 {
+                x.since = now;
+            }
+            x.start = new_start;
+            x.count = new_count;
+            true
+        }
+        None => {
+            records.push(Record {
+                kind: Kind::Tokens.code(),
+                window: s.window,
+                start: new_start,
+                count: new_count,
+                granted: 0,
+                others: 0,
+                since: now,
+            });
+            true
+        }
+    }
+}
+
+/// Applies a folded settlement (a refund settled in its own window, see [`crate::folds`]):
+/// as [`apply_settled`] while that window lasts; once it is over the refund is moot (its
+/// window's count no longer matters).
+fn apply_folded(records: &mut Records, s: &Settled, now: u64) -> bool {
+    let current = now - now % s.window.max(1);
+    s.start == current && apply_settled(records, s, now)
+}
+
 /// Settles a reservation to the tokens really used: in every token window the reservation went
 /// into, `reserved` is replaced by `actual`; if that window is over, `actual` counts in the
 /// current one (the tokens were used now).
 pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
-    if r.token_windows.is_empty() {
+    let settled: SmallVec<[Settled; 4]> = r.settled(actual).collect();
+    write_settled(
+        store,
+        r.key.as_str(),
+        r.subject.as_str(),
+        &settled,
+        now,
+        false,
+    );
+}
+
+/// Writes folded settlements of `subject` (slot `key`): each while its window lasts.
+pub fn settle_folded(
+    store: &dyn SharedStore,
+    key: &str,
+    subject: &str,
+    settled: &[Settled],
+    now: u64,
+) {
+    write_settled(store, key, subject, settled, now, true);
+}
+
+fn write_settled(
+    store: &dyn SharedStore,
+    key: &str,
+    subject: &str,
+    settled: &[Settled],
+    now: u64,
+    folded: bool,
+) {
+    if settled.is_empty() {
         return;
     }
     for _ in 0..CAS_ATTEMPTS {
-        let key = r.key.as_str();
         let (value, cas) = store.get(key);
-        let Ok(view) = read_slot(value.as_deref(), r.subject.as_str()) else {
+        let Ok(view) = read_slot(value.as_deref(), subject) else {
             return;
         };
         let mut records = view.mine.clone();
         let mut changed = false;
-        for &(window, start) in &r.token_windows {
-            let current = now - now % window.max(1);
-            let rec = records
-                .iter_mut()
-                .find(|x| x.kind == Kind::Tokens.code() && x.window == window);
-            let (new_start, new_count) = match &rec {
-                Some(x) if x.start == start && start == current => (
-                    start,
-                    x.count.saturating_sub(r.reserved).saturating_add(actual),
-                ),
-                Some(x) if x.start == current => (current, x.count.saturating_add(actual)),
-                _ => (current, actual),
+        for s in settled {
+            changed |= if folded {
+                apply_folded(&mut records, s, now)
+            } else {
+                apply_settled(&mut records, s, now)
             };
-            match rec {
-                Some(x) => {
-                    if x.start != new_start || x.count != new_count {
-                        if x.start != new_start {
-                            // An older window's lease is over with it.
-                            x.granted = 0;
-                            x.others = 0;
-                            x.since = now;
-                        } else if x.since == 0 {
-                            x.since = now;
-                        }
-                        x.start = new_start;
-                        x.count = new_count;
-                        changed = true;
-                    }
-                }
-                None => {
-                    records.push(Record {
-                        kind: Kind::Tokens.code(),
-                        window,
-                        start: new_start,
-                        count: new_count,
-                        granted: 0,
-                        others: 0,
-                        since: now,
-                    });
-                    changed = true;
-                }
-            }
         }
         if !changed {
             return;
         }
         // A full slot (the subject's counters had all expired and others took the room) cannot
         // take the tokens: they go uncounted rather than displace a live count.
-        match write_slot(store, key, &view, r.subject.as_str(), &records, now, cas) {
+        match write_slot(store, key, &view, subject, &records, now, cas) {
             Ok(true) | Err(_) => return,
             Ok(false) => {}
         }
     }
+}
+
+/// True when `tiers` have any window (an admission then writes the counter slot).
+pub fn has_windows(tiers: &[&Tier]) -> bool {
+    !windows(&distinct(tiers)).is_empty()
 }
 
 /// A counter a worker reports on: (kind, window seconds, tightest limit).

@@ -778,8 +778,19 @@ impl Request {
         // Headers are about to leave before the body is read: refuse now what is certain
         // (a full request or token window), so that such a 429 starts no upstream request.
         if buffering && !self.hold_headers && !self.discovery {
-            let (limited, read) =
-                limits::precheck_read(host, &counter_key, windows, counter_subject, now_s);
+            let folded = self
+                .worker
+                .borrow()
+                .folds
+                .pending(&counter_key, counter_subject);
+            let (limited, read) = limits::precheck_folded(
+                host,
+                &counter_key,
+                windows,
+                counter_subject,
+                now_s,
+                &folded,
+            );
             if let Some(limited) = limited {
                 return Err(limited_refusal(limited));
             }
@@ -887,18 +898,31 @@ impl Request {
                 .and_then(|c| lease::policy(c, &w.leases.state))
         };
         let tiers = [tier, highest];
+        let folded = self
+            .worker
+            .borrow()
+            .folds
+            .pending(&self.counter_key, subject);
         let ask = limits::Ask {
             key: &self.counter_key,
             tiers: &tiers,
             subject,
             reserve,
             now: now_s,
+            settled: &folded,
         };
         match limits::admit_leased(host, &ask, self.slot_read.take(), lease_policy.as_ref()) {
             Admission::Allowed {
                 reservation,
                 headers,
             } => {
+                if limits::has_windows(&tiers) {
+                    // Written with what was folded for the subject.
+                    self.worker
+                        .borrow_mut()
+                        .folds
+                        .admitted(&self.counter_key, subject);
+                }
                 if lease_policy.is_some() {
                     // The worker's batch reports this subject's debts and releases (in-VM only).
                     self.worker.borrow_mut().leases.track(

@@ -155,6 +155,8 @@ pub struct Worker {
     pub active: u32,
     /// Usage records for the companion's ledger (`crate::ledger`).
     pub ledger: crate::ledger::Ledger,
+    /// Refunds folded into the subject's next counter write (`crate::folds`).
+    pub folds: crate::folds::Folds,
 }
 
 pub type SharedWorker = Rc<RefCell<Worker>>;
@@ -244,6 +246,8 @@ impl Root {
             )
         };
         let now = host.now_ms();
+        // Folded refunds are written before the lease batch reads the counters.
+        self.worker.borrow_mut().folds.tick(host, now / 1000);
         if cfg.limits.global.enabled {
             self.lease_tick(host, &cfg, now);
         }

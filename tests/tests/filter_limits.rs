@@ -53,10 +53,16 @@ tiers:
     groups: [g-hi]
     limits:
       tokens: [{limit: 200, window: 1d}]
+  - name: busy
+    level: 8
+    groups: [g-busy]
+    limits:
+      requests: [{limit: 100000, window: 1d}]
+      tokens: [{limit: 100000, window: 1d}]
 models:
   - name: sim-model
     path: /llm/sim-model
-    tiers: [req, stream, conc, settle, abort, lo, hi]
+    tiers: [req, stream, conc, settle, abort, lo, hi, busy]
     backend: simulator
 "#;
 
@@ -69,6 +75,7 @@ identities:
   - {token: stan-token, username: stan, groups: [g-settle]}
   - {token: abe-token, username: abe, groups: [g-abort]}
   - {token: mia-token, username: mia, groups: [g-lo, g-hi]}
+  - {token: bea-token, username: bea, groups: [g-busy]}
 "#;
 
 fn stack() -> &'static Stack {
@@ -462,4 +469,59 @@ async fn keys_pinned_to_two_tiers_share_the_higher_tiers_budget() {
         spent_lo + spent_hi > 150,
         "spent only {spent_lo} + {spent_hi}"
     );
+}
+
+/// A subject the worker admits often has its refunds folded into its next counter write
+/// (`filter/src/folds.rs`): on its own connection (one worker) every answer still counts every
+/// earlier request's real usage exactly; a fresh connection (either worker) sees exactly the
+/// same once a tick (200 ms) has passed.
+#[tokio::test]
+async fn a_busy_subjects_folded_refunds_are_exact_for_its_worker_and_everywhere_a_tick_later() {
+    let stack = stack();
+    let body = json!({"model": "sim-model", "max_tokens": 100,
+                      "messages": [{"role": "user", "content": "a b"}]});
+    // One pooled connection: one worker.
+    let one = client();
+    let mut last: Option<u64> = None;
+    for i in 0..30 {
+        let r = send(
+            one.post(format!("{}{CHAT}", stack.gateway_url()))
+                .header("authorization", "Bearer bea-token")
+                .header("x-sim-completion-tokens", "5")
+                .header("x-test-id", format!("busy-{i}"))
+                .json(&body),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["usage"]["total_tokens"], 7);
+        let remaining = header_u64(&r, "x-ratelimit-remaining-tokens");
+        if let Some(before) = last {
+            // The same reservation each time: what changed is the last request's 7 tokens.
+            assert_eq!(before - remaining, 7, "request {i}");
+        }
+        last = Some(remaining);
+    }
+    let last = last.unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    for i in 0..6 {
+        // A new connection each (either worker).
+        let r = chat(
+            stack,
+            CHAT,
+            &format!("busy-probe-{i}"),
+            &[
+                ("authorization", "Bearer bea-token"),
+                ("x-sim-completion-tokens", "5"),
+            ],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            header_u64(&r, "x-ratelimit-remaining-tokens"),
+            last - 7 - 7 * i,
+            "probe {i}: every earlier request counted at its real usage"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

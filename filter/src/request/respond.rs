@@ -183,7 +183,15 @@ impl Request {
         // The limits count weighted tokens; the ledger and the metrics the raw ones.
         let settled = decide::settled_tokens(&seen, self.reserved_tokens);
         let actual = settled.weighted(self.token_weights);
-        limits::settle(host, &res, actual, host.now_ms() / 1000);
+        let now_s = host.now_ms() / 1000;
+        // A busy subject's refund is folded into its next counter write (`crate::folds`).
+        let folded = self
+            .worker
+            .try_borrow_mut()
+            .is_ok_and(|mut w| w.folds.fold(&res, actual, now_s));
+        if !folded {
+            limits::settle(host, &res, actual, now_s);
+        }
         // The usage ledger (in the VM): the response's usage, else what was settled (the
         // prompt estimate as prompt tokens, the rest as completion), unweighted.
         let (prompt, completion, cached) = match usage {

@@ -116,6 +116,12 @@ impl Fx {
         self.root.worker.borrow().metrics.flush(&self.host);
     }
 
+    /// Writes the refunds this worker folded (as its tick does, `crate::folds`).
+    pub fn write_folds(&self) {
+        let now = self.host.now.get() / 1000;
+        self.root.worker.borrow_mut().folds.tick(&self.host, now);
+    }
+
     pub fn sent_to(&self, id: u32) -> Option<Sent> {
         self.host
             .sent

@@ -43,6 +43,7 @@ fn admit_g(s: &dyn SharedStore, t: &Tier, reserve: u64, now: u64, p: &LeasePolic
         subject: "alice",
         reserve,
         now,
+        settled: &[],
     };
     admit_leased(s, &ask, None, Some(p))
 }

@@ -360,8 +360,25 @@ fn host_calls_per_request_stay_within_budget() {
         &parts,
     );
     let miss = calls_of_miss(&Fx::new());
+    // A subject this worker admits often: its refund folds into its next admission's write.
+    let fx = busy_fx();
+    for _ in 0..crate::folds::HOT_ADMISSIONS {
+        one_request(
+            &fx,
+            BODY,
+            &[(":status", "200"), ("content-type", "application/json")],
+            &[JSON],
+        );
+    }
+    let busy = one_request(
+        &fx,
+        BODY,
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[JSON],
+    );
     for (name, calls) in [
         ("cached JSON, this worker's copy", &json),
+        ("cached JSON, a busy subject", &busy),
         ("cached JSON, shared cache", &json_first),
         ("cached stream", &stream),
         ("miss JSON", &miss),
@@ -370,6 +387,7 @@ fn host_calls_per_request_stay_within_budget() {
     }
     let variants = [
         ("cached JSON", &json),
+        ("cached JSON, busy subject", &busy),
         ("cached stream", &stream),
         ("miss JSON", &miss),
         ("cached JSON, first on the worker", &json_first),
@@ -384,6 +402,15 @@ fn host_calls_per_request_stay_within_budget() {
             .collect(),
     );
     assert_eq!(json.len(), 21, "{json:#?}");
+    // No settlement read or write: one counter read (precheck) and one CAS write (admission).
+    assert_eq!(busy.len(), 19, "{busy:#?}");
+    let slot_calls = |calls: &[Call]| {
+        calls
+            .iter()
+            .filter(|c| matches!(c, Call::SharedGet(k) | Call::SharedSet(k) if k.starts_with("maas/l/")))
+            .count()
+    };
+    assert_eq!((slot_calls(&json), slot_calls(&busy)), (4, 2));
     assert_eq!(json_first.len(), 25, "{json_first:#?}");
     assert_eq!(stream.len(), 26, "{stream:#?}");
     assert_eq!(miss.len(), 37, "{miss:#?}");
@@ -397,6 +424,15 @@ fn host_calls_per_request_stay_within_budget() {
     assert_eq!((reads(&json_first), reads(&json)), (1, 0));
     // Response headers: one map read for status, content type and coding.
     assert_eq!(by_kind(&json).get("header read"), None);
+}
+
+/// A worker whose limits never bind (a busy subject stays admitted).
+fn busy_fx() -> Fx {
+    let mut p = policy();
+    p["tiers"][0]["limits"] = serde_json::json!({
+        "requests": [{"limit": 1_000_000_000u64, "window": "1m"}],
+        "tokens": [{"limit": 1_000_000_000_000u64, "window": "1m"}]});
+    Fx::with(serde_json::json!({"bootstrapPolicy": p, "pollIntervalMs": 60000}))
 }
 
 /// Heap allocations (count, bytes, count per callback) of one cached request's callbacks, from its headers to `on_done` (the

@@ -136,6 +136,8 @@ fn the_budget_is_exhausted_in_weighted_tokens() {
     // 90 × 9 = 810, and 810 + 202 > 1000: the tenth is refused (unweighted it would be 30 each).
     assert_eq!(admitted, 9);
     assert_eq!(refusal.status, 429);
+    // Once the worker's folded refunds are written (its tick), the slot says the same.
+    fx.write_folds();
     assert_eq!(fx.tokens_used("alice"), 810);
 }
 

@@ -71,6 +71,7 @@ fn admit(
         subject,
         reserve,
         now: now_s(host),
+        settled: &[],
     };
     let policy = LeasePolicy {
         fallback_share: fallback.then_some(1.0),
@@ -502,6 +503,7 @@ fn lease_callouts_of_a_steady_subject(window: &str, limit: u64) -> usize {
             subject: "steady",
             reserve: 1,
             now,
+            settled: &[],
         };
         let mut admitted = false;
         for _ in 0..3 {
