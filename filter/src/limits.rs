@@ -1259,7 +1259,7 @@ pub fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
         r.subject.as_str(),
         &settled,
         now,
-        false,
+        apply_settled,
     );
 }
 
@@ -1271,7 +1271,7 @@ pub fn settle_folded(
     settled: &[Settled],
     now: u64,
 ) {
-    write_settled(store, key, subject, settled, now, true);
+    write_settled(store, key, subject, settled, now, apply_folded);
 }
 
 fn write_settled(
@@ -1280,7 +1280,7 @@ fn write_settled(
     subject: &str,
     settled: &[Settled],
     now: u64,
-    folded: bool,
+    apply: fn(&mut Records, &Settled, u64) -> bool,
 ) {
     if settled.is_empty() {
         return;
@@ -1293,11 +1293,7 @@ fn write_settled(
         let mut records = view.mine.clone();
         let mut changed = false;
         for s in settled {
-            changed |= if folded {
-                apply_folded(&mut records, s, now)
-            } else {
-                apply_settled(&mut records, s, now)
-            };
+            changed |= apply(&mut records, s, now);
         }
         if !changed {
             return;

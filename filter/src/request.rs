@@ -569,9 +569,11 @@ impl Request {
     /// other goes on. Envoy's codecs end the body there: HTTP/1.1 frames it by its length (what
     /// follows is the next request), HTTP/2 resets a stream whose DATA exceed it.
     fn after_early_body(&self) -> Action {
-        match self.phase {
-            Phase::Leasing | Phase::Refused => Action::Pause,
-            _ => Action::Continue,
+        // Only a request decided and let through goes on: any phase still deciding pauses.
+        if !self.decided() || matches!(self.phase, Phase::Refused) {
+            Action::Pause
+        } else {
+            Action::Continue
         }
     }
 
