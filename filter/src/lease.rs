@@ -28,7 +28,7 @@
 
 use crate::config::{GlobalConfig, OnUnavailable, PluginConfig};
 use crate::host::Host;
-use crate::limits::{self, Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy};
+use crate::limits::{self, Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy, Meter};
 use crate::store::{SharedStore, read_u64};
 use maas_types::lease::{LEASES_PATH, LeaseItem, LeaseRequest, LeaseResponse, MAX_BATCH_ITEMS};
 use std::collections::HashMap;
@@ -93,6 +93,8 @@ pub struct Tracked {
     /// Its counter slot key.
     pub key: String,
     pub counters: Vec<LeaseCounter>,
+    /// Each counter's recent rate (same order as `counters`), observed by the reports.
+    pub meters: Vec<Meter>,
     /// Last admission (ms).
     pub last_ms: u64,
     /// Last time a batch looked at it (ms).
@@ -179,6 +181,7 @@ impl Leases {
             subject.to_string(),
             Tracked {
                 key: key.to_string(),
+                meters: vec![Meter::default(); counters.len()],
                 counters,
                 last_ms: now_ms,
                 reported_ms: 0,
@@ -203,11 +206,13 @@ impl Leases {
             // room (the tick drops idle subjects).
             return;
         }
+        let counters = counters();
         self.tracked.insert(
             subject.to_string(),
             Tracked {
                 key: key.to_string(),
-                counters: counters(),
+                meters: vec![Meter::default(); counters.len()],
+                counters,
                 last_ms: now_ms,
                 reported_ms: 0,
             },
@@ -484,7 +489,8 @@ pub fn build_batch(
             &t.key,
             &subject,
             &t.counters,
-            now_s,
+            &mut t.meters,
+            now_ms,
             idle,
             g.lease_horizon_ms,
         );

@@ -692,6 +692,52 @@ fn prefetch(count: u64, elapsed: u64, horizon_ms: u64, need: u64, limit: u64) ->
     want.max(need).min(limit.max(need))
 }
 
+/// A counter's recent rate on this replica, as the worker's reports see it: the window's
+/// average (what [`prefetch`] sizes by) lags a burst and starts from nothing at each new
+/// window, so a lease sized by it alone runs dry between reports and every short request pays
+/// a callout. Observed at each report (no host call of its own); carried over a window's
+/// rollover, where the new window's count starts again from zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Meter {
+    /// The window of the last reading, its count then and when (ms).
+    start: u64,
+    count: u64,
+    at_ms: u64,
+    /// Units per second between the last two readings of one window (the last one known).
+    per_s: u64,
+}
+
+impl Meter {
+    /// Readings closer than this keep the rate (a retried claim, a report right after another).
+    const MIN_SPAN_MS: u64 = 200;
+
+    /// `count` read at `now_ms` in the window starting at `start`.
+    pub fn observe(&mut self, start: u64, count: u64, now_ms: u64) -> Self {
+        let span = now_ms.saturating_sub(self.at_ms);
+        if self.at_ms > 0 && span < Self::MIN_SPAN_MS {
+            return *self;
+        }
+        if self.at_ms > 0 && start == self.start {
+            // Refunds can lower a count: a falling count is no use, not a negative rate.
+            let used = count.saturating_sub(self.count);
+            self.per_s = u64::try_from(u128::from(used) * 1000 / u128::from(span.max(1)))
+                .unwrap_or(u64::MAX);
+        }
+        *self = Meter {
+            start,
+            count,
+            at_ms: now_ms.max(1),
+            per_s: self.per_s,
+        };
+        *self
+    }
+
+    /// What the recent rate uses over `horizon_ms`.
+    pub fn for_horizon(&self, horizon_ms: u64) -> u64 {
+        u64::try_from(u128::from(self.per_s) * u128::from(horizon_ms) / 1000).unwrap_or(u64::MAX)
+    }
+}
+
 impl Admission {
     /// The refusal to answer with; `None` for an allowed request.
     pub fn into_refusal(self) -> Option<Refusal> {
@@ -1420,15 +1466,20 @@ pub struct Claim {
 
 /// Claims `subject`'s debts (and its unused lease when `idle`) by CAS and sizes renewals:
 /// the items of the worker's batch for it (none when there is nothing to report).
+/// `meters` (one per counter, in the same order; fewer: no recent rate) are observed with the
+/// counts read.
+#[allow(clippy::too_many_arguments)]
 pub fn claim(
     store: &dyn SharedStore,
     key: &str,
     subject: &str,
     counters: &[LeaseCounter],
-    now: u64,
+    meters: &mut [Meter],
+    now_ms: u64,
     idle: bool,
     horizon_ms: u64,
 ) -> Vec<Claim> {
+    let now = now_ms / 1000;
     for _ in 0..CAS_ATTEMPTS {
         let (value, cas) = store.get(key);
         let Ok(view) = read_slot(value.as_deref(), subject) else {
@@ -1437,7 +1488,7 @@ pub fn claim(
         let mut records = view.mine.clone();
         let mut claims = Vec::new();
         let mut changed = false;
-        for c in counters {
+        for (i, c) in counters.iter().enumerate() {
             let start = now - now % c.window.max(1);
             let Some(r) = records
                 .iter_mut()
@@ -1445,6 +1496,9 @@ pub fn claim(
             else {
                 continue;
             };
+            let recent = meters.get_mut(i).map_or(0, |m| {
+                m.observe(start, r.count, now_ms).for_horizon(horizon_ms)
+            });
             let debt = r.count.saturating_sub(r.granted);
             let mut granted = r.granted.max(r.count);
             let release = if idle {
@@ -1456,7 +1510,8 @@ pub fn claim(
             let mut want = 0;
             if !idle && r.count < c.limit {
                 let since = if r.since > 0 { r.since } else { start };
-                let target = prefetch(r.count, now.saturating_sub(since), horizon_ms, 0, c.limit);
+                let target = prefetch(r.count, now.saturating_sub(since), horizon_ms, 0, c.limit)
+                    .max(recent.min(c.limit));
                 // Renew while a horizon's worth is still left, for two horizons: the rate is an
                 // average over the window (idle gaps included), and a burst above it must not
                 // run dry before the next tick (a request waiting for a lease pays a callout).

@@ -78,16 +78,30 @@ fn summed(all: &[Vec<LeaseNeed>]) -> Vec<LeaseNeed> {
     out
 }
 
-/// A flight for `needs` of `subject` (its batch id drawn, its body encoded).
+/// A flight for `needs` of `subject` (its batch id drawn, its body encoded). Each want is at
+/// least what the subject's recent rate uses over `horizon_ms` (the worker's reports measure
+/// it): the window's average lags a burst and restarts at each new window.
 fn flight(
     worker: &SharedWorker,
     subject: String,
     key: String,
-    needs: Vec<LeaseNeed>,
+    mut needs: Vec<LeaseNeed>,
     carrier: u32,
     members: Vec<Weak<RefCell<Request>>>,
+    horizon_ms: u64,
 ) -> Result<LeaseFlight, String> {
     let mut w = worker.borrow_mut();
+    if let Some(t) = w.leases.tracked.get(&subject) {
+        for n in &mut needs {
+            let recent = t
+                .counters
+                .iter()
+                .zip(&t.meters)
+                .find(|(c, _)| c.kind == n.kind && c.window == n.window)
+                .map_or(0, |(_, m)| m.for_horizon(horizon_ms));
+            n.want = n.want.max(recent.min(n.limit)).max(n.need);
+        }
+    }
     let id = w.leases.next_batch_id();
     let body = lease::encode(&w.leases.replica, &id, lease::items_for(&subject, &needs))?;
     Ok(LeaseFlight {
@@ -294,8 +308,16 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
     host.set_effective_context(root);
     for g in groups {
         let members = g.members.clone();
-        let sent = flight(worker, g.subject, g.key, summed(&g.needs), root, g.members)
-            .and_then(|f| dispatch(host, worker, cfg, f));
+        let sent = flight(
+            worker,
+            g.subject,
+            g.key,
+            summed(&g.needs),
+            root,
+            g.members,
+            cfg.limits.global.lease_horizon_ms,
+        )
+        .and_then(|f| dispatch(host, worker, cfg, f));
         if let Err(e) = sent {
             log::warn!("maas: cannot call the companion for a lease: {e}");
             enter_fallback(host, worker, now_s);
@@ -353,6 +375,7 @@ impl Request {
             items,
             self.id,
             vec![self.me.clone()],
+            cfg.limits.global.lease_horizon_ms,
         )
         .and_then(|f| dispatch(host, &self.worker, &cfg, f));
         match sent {

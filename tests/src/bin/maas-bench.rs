@@ -1683,7 +1683,9 @@ fn ttfb_once(addr: SocketAddr, auth: &str, body: &[u8], delay_ms: u32) -> Result
         }
     }
     let text = String::from_utf8_lossy(&buf);
-    if !text.starts_with("HTTP/1.1 200") || !text.contains("[DONE]") {
+    if !text.starts_with("HTTP/1.1 200")
+        || (body.windows(6).any(|w| w == b"stream") && !text.contains("[DONE]"))
+    {
         bail!(
             "stream failed: {}",
             text.chars().take(400).collect::<String>()
@@ -2466,6 +2468,7 @@ fn run() -> Result<()> {
 
     // ---- time to first byte (alternating bare / filter) ----
     let mut ttfb = BTreeMap::new();
+    let mut ttfb_more: Vec<TtfbRow> = Vec::new();
     if variants.iter().any(|v| v.name == "filter-stream") {
         log(format!(
             "time to first byte: {} streams per Envoy, alternating …",
@@ -2480,6 +2483,38 @@ fn run() -> Result<()> {
             let (h, e) = ttfb_once(filtered.listen, &cached_auth, body.as_bytes(), 1)?;
             hf.push(h);
             ef.push(e);
+        }
+        // The same on other answers and with the trivial wasm filter, to tell the request
+        // path from the stream and the filter from having any wasm filter: response headers,
+        // fresh connections, the Envoys alternating.
+        let json = json_body(16);
+        let mut envoys = vec![bare.listen];
+        envoys.extend(noop.as_ref().map(|n| n.listen));
+        envoys.push(filtered.listen);
+        for (name, b, delay) in [
+            ("stream", body.as_bytes(), 1u32),
+            ("json", json.as_bytes(), 1),
+            ("stream-nodelay", body.as_bytes(), 0),
+        ] {
+            let mut samples = vec![Vec::new(); envoys.len()];
+            for _ in 0..args.ttfb_samples {
+                for (addr, xs) in envoys.iter().zip(samples.iter_mut()) {
+                    xs.push(ttfb_once(*addr, &cached_auth, b, delay)?.0);
+                }
+            }
+            let medians: Vec<f64> = samples.iter().map(|xs| median(xs)).collect();
+            let noop_ms = (medians.len() == 3)
+                .then(|| medians.get(1).copied())
+                .flatten();
+            let (Some(&bare_ms), Some(&filter_ms)) = (medians.first(), medians.last()) else {
+                continue;
+            };
+            ttfb_more.push(TtfbRow {
+                answer: name,
+                bare_ms,
+                noop_ms,
+                filter_ms,
+            });
         }
         ttfb.insert("envoy", (median(&hb), median(&eb), min_max(&eb)));
         ttfb.insert("filter", (median(&hf), median(&ef), min_max(&ef)));
@@ -2615,6 +2650,7 @@ fn run() -> Result<()> {
         &results,
         &variants,
         &ttfb,
+        &ttfb_more,
         stream_mem,
         &mem_rows,
         stream_tokens,
@@ -2930,6 +2966,15 @@ type Summary = (f64, f64, f64, (f64, f64), u64);
 
 type Ttfb<'a> = BTreeMap<&'a str, (f64, f64, (f64, f64))>;
 
+/// Time to the response headers of one kind of answer: bare Envoy, with the trivial wasm
+/// filter (when it runs), with the filter (medians, ms).
+struct TtfbRow {
+    answer: &'static str,
+    bare_ms: f64,
+    noop_ms: Option<f64>,
+    filter_ms: f64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn render_report(
     args: &Args,
@@ -2937,6 +2982,7 @@ fn render_report(
     results: &BTreeMap<(String, u32), Vec<WrkResult>>,
     variants: &[Variant],
     ttfb: &Ttfb<'_>,
+    ttfb_more: &[TtfbRow],
     stream_mem: Option<(Mem, Mem, Mem)>,
     mem_rows: &[(usize, Mem, usize)],
     stream_tokens: u32,
@@ -3077,6 +3123,40 @@ fn render_report(
             o,
             "\nThe filter adds {d:.3} ms to the first SSE event (32-chunk stream, 1 ms between chunks).\n"
         );
+        if !ttfb_more.is_empty() {
+            let _ = writeln!(
+                o,
+                "Where it comes from: the time to the response headers again (fresh connections, the Envoys alternating, {} per answer and Envoy) for a JSON answer and for a stream whose chunks come at once, and with the trivial wasm filter (`wasm-noop`) too. The first chunk is sent at once in every case; with chunks 1 ms apart Envoy sits idle between them, and any wasm filter then adds more (the noop column).\n",
+                args.ttfb_samples
+            );
+            let _ = writeln!(
+                o,
+                "| answer | bare ms | wasm-noop ms | with filter ms | wasm-noop adds | the filter adds | the filter over wasm-noop |"
+            );
+            let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
+            let dash = || "—".to_string();
+            for r in ttfb_more {
+                let label = match r.answer {
+                    "stream" => "stream, chunks 1 ms apart",
+                    "json" => "JSON chat completion",
+                    "stream-nodelay" => "stream, chunks at once",
+                    other => other,
+                };
+                let _ = writeln!(
+                    o,
+                    "| {label} | {:.3} | {} | {:.3} | {} | {:+.3} | {} |",
+                    r.bare_ms,
+                    r.noop_ms.map_or_else(dash, |n| format!("{n:.3}")),
+                    r.filter_ms,
+                    r.noop_ms
+                        .map_or_else(dash, |n| format!("{:+.3}", n - r.bare_ms)),
+                    r.filter_ms - r.bare_ms,
+                    r.noop_ms
+                        .map_or_else(dash, |n| format!("{:+.3}", r.filter_ms - n)),
+                );
+            }
+            let _ = writeln!(o);
+        }
         targets.push(Target {
             what: "filter-stream adds ≤ 0.2 ms to time to first byte".into(),
             measured: format!("{d:+.3} ms (first SSE event)"),

@@ -294,6 +294,28 @@ fn counters_of(t: &Tier) -> Vec<LeaseCounter> {
     tracked_counters(&[t])
 }
 
+/// alice's claims at `now` (s), her meters observed.
+fn claim_at(
+    s: &MemStore,
+    t: &Tier,
+    meters: &mut [Meter],
+    now: u64,
+    idle: bool,
+    horizon_ms: u64,
+) -> Vec<Claim> {
+    let key = counter_key("alice", SLOTS);
+    claim(
+        s,
+        &key,
+        "alice",
+        &counters_of(t),
+        meters,
+        now * 1000,
+        idle,
+        horizon_ms,
+    )
+}
+
 #[test]
 fn claims_take_debt_and_idle_release_by_cas_and_undo_restores_them() {
     let s = MemStore::new();
@@ -305,25 +327,25 @@ fn claims_take_debt_and_idle_release_by_cas_and_undo_restores_them() {
     // Usage settles above the reservation: 40 tokens of debt.
     settle(&s, &r, 140, NOW);
     assert_eq!(state(&s, Kind::Tokens, NOW), (140, 100, 0));
-    let c = claim(&s, &key, "alice", &counters_of(&t), NOW, false, 2000);
+    let c = claim_at(&s, &t, &mut [], NOW, false, 2000);
     let tok = c.iter().find(|c| c.kind == Kind::Tokens).unwrap();
     assert_eq!((tok.debt, tok.release), (40, 0));
     assert_eq!(state(&s, Kind::Tokens, NOW), (140, 140, 0), "claimed");
     // A second claim finds nothing more to report.
-    let again = claim(&s, &key, "alice", &counters_of(&t), NOW, false, 2000);
+    let again = claim_at(&s, &t, &mut [], NOW, false, 2000);
     assert!(again.iter().all(|c| c.debt == 0));
     // The batch failed: the claim is undone, reported again next time.
     unclaim(&s, &key, "alice", &c, NOW);
     assert_eq!(state(&s, Kind::Tokens, NOW), (140, 100, 0));
     // Idle: the unused request lease (5 granted, 1 used) goes back.
-    let c = claim(&s, &key, "alice", &counters_of(&t), NOW, true, 2000);
+    let c = claim_at(&s, &t, &mut [], NOW, true, 2000);
     let req = c.iter().find(|c| c.kind == Kind::Requests).unwrap();
     assert_eq!((req.debt, req.release, req.want), (0, 4, 0));
     assert_eq!(state(&s, Kind::Requests, NOW), (1, 1, 0));
     unclaim(&s, &key, "alice", &c, NOW);
     assert_eq!(state(&s, Kind::Requests, NOW), (1, 5, 0));
     // An undo after the record moved on to the next window changes nothing there.
-    let c = claim(&s, &key, "alice", &counters_of(&t), NOW, true, 2000);
+    let c = claim_at(&s, &t, &mut [], NOW, true, 2000);
     let next = NOW + 60;
     assert!(grant(&s, Kind::Requests, 3, 3, next));
     assert!(grant(&s, Kind::Tokens, 300, 300, next));
@@ -337,14 +359,13 @@ fn claims_take_debt_and_idle_release_by_cas_and_undo_restores_them() {
 fn renewals_are_asked_when_the_lease_left_is_below_the_rate_times_horizon() {
     let s = MemStore::new();
     let t = small();
-    let key = counter_key("alice", SLOTS);
     assert!(grant(&s, Kind::Requests, 10, 10, NOW));
     assert!(grant(&s, Kind::Tokens, 1000, 1000, NOW));
     for _ in 0..9 {
         allowed(admit_g(&s, &t, 1, NOW, &held()));
     }
     // 9 used 10 s in with a 20 s horizon → 18 wanted.
-    let c = claim(&s, &key, "alice", &counters_of(&t), NOW, false, 20_000);
+    let c = claim_at(&s, &t, &mut [], NOW, false, 20_000);
     let req = c.iter().find(|c| c.kind == Kind::Requests).unwrap();
     // 9 of 10 used: 1 left < 18 → renewal of 2 × 18, at most the limit: 10.
     assert_eq!((req.want, req.debt, req.release), (10, 0, 0));
@@ -352,7 +373,7 @@ fn renewals_are_asked_when_the_lease_left_is_below_the_rate_times_horizon() {
     let s = MemStore::new();
     assert!(grant(&s, Kind::Requests, 10, 10, NOW));
     allowed(admit_g(&s, &t, 1, NOW, &fallback(1.0)));
-    let c = claim(&s, &key, "alice", &counters_of(&t), NOW, false, 2000);
+    let c = claim_at(&s, &t, &mut [], NOW, false, 2000);
     assert!(c.iter().all(|c| c.kind != Kind::Requests), "{c:?}");
 }
 
@@ -430,6 +451,7 @@ proptest! {
         let mut companion = Companion::default();
         let mut now = NOW;
         let mut open: Vec<Reservation> = Vec::new();
+        let mut meters = vec![Meter::default(); counters_of(&t).len()];
         let mut admitted: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
         for op in ops {
             match op {
@@ -455,7 +477,7 @@ proptest! {
                     }
                 }
                 Op::Tick(idle) => {
-                    let claims = claim(&s, &key, "alice", &counters_of(&t), now, idle, 2000);
+                    let claims = claim_at(&s, &t, &mut meters, now, idle, 2000);
                     let grants: Vec<Grant> = claims.iter().map(|c| {
                         let it = LeaseItem {
                             subject: "alice".into(), kind: c.kind.lease_kind(), window_seconds: c.window,
@@ -506,4 +528,78 @@ proptest! {
             now += wait;
         }
     }
+}
+
+#[test]
+fn a_meter_reads_the_rate_between_reports_and_keeps_it_over_a_rollover() {
+    let mut m = Meter::default();
+    assert_eq!(
+        m.observe(60, 10, 1_000).for_horizon(2000),
+        0,
+        "one reading: no rate"
+    );
+    assert_eq!(
+        m.observe(60, 60, 2_000).for_horizon(2000),
+        100,
+        "50 a second"
+    );
+    assert_eq!(
+        m.observe(60, 90, 2_100).for_horizon(2000),
+        100,
+        "too close: skipped"
+    );
+    assert_eq!(
+        m.observe(60, 55, 3_000).for_horizon(2000),
+        0,
+        "refunds: no negative rate"
+    );
+    assert_eq!(
+        m.observe(60, 80, 3_500).for_horizon(1000),
+        50,
+        "25 in 500 ms"
+    );
+    // A new window: its count starts again; the rate is kept until two readings of it.
+    assert_eq!(m.observe(120, 3, 4_500).for_horizon(1000), 50);
+    assert_eq!(m.observe(120, 23, 5_500).for_horizon(1000), 20);
+    assert_eq!(Meter::default().for_horizon(u64::MAX), 0);
+}
+
+/// One tier: a million requests a minute, a billion tokens a minute.
+fn roomy() -> Tier {
+    PolicyDocument::from_value(json!({
+        "tiers": [{"name": "free", "level": 0, "groups": ["g"],
+          "limits": {"requests": [{"limit": 1_000_000, "window": "1m"}],
+                     "tokens": [{"limit": 1_000_000_000u64, "window": "1m"}]}}]
+    }))
+    .unwrap()
+    .tiers[0]
+        .clone()
+}
+
+#[test]
+fn a_burst_renews_by_its_recent_rate_not_the_windows_average() {
+    let s = MemStore::new();
+    let t = roomy();
+    assert!(grant(&s, Kind::Requests, 100, 100, NOW - 9));
+    assert!(grant(&s, Kind::Tokens, 100, 100, NOW - 9));
+    allowed(admit_g(&s, &t, 1, NOW - 9, &held()));
+    for _ in 0..30 {
+        allowed(admit_g(&s, &t, 1, NOW, &held()));
+    }
+    let mut meters = vec![Meter::default(); counters_of(&t).len()];
+    let c = claim_at(&s, &t, &mut meters, NOW, false, 2000);
+    assert!(
+        c.is_empty(),
+        "69 left of 100 covers the average rate: {c:?}"
+    );
+    for _ in 0..40 {
+        allowed(admit_g(&s, &t, 1, NOW + 1, &held()));
+    }
+    // 71 used over 10 s (the average: 14 per horizon, 29 left covers it); 40 in the last
+    // second: 80 per horizon, renewed for two horizons.
+    let without = claim_at(&s, &t, &mut [], NOW + 1, false, 2000);
+    assert!(without.is_empty(), "{without:?}");
+    let c = claim_at(&s, &t, &mut meters, NOW + 1, false, 2000);
+    let req = c.iter().find(|c| c.kind == Kind::Requests).unwrap();
+    assert_eq!((req.want, req.debt, req.release), (160, 0, 0));
 }

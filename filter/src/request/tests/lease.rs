@@ -564,3 +564,79 @@ fn a_body_decided_at_its_content_length_waits_for_its_lease_to_its_end() {
     assert_eq!(fx.body(id, &h, b"", true), Action::Continue);
     assert!(fx.sent_to(id).is_none());
 }
+
+/// `global` with a tier that never trips (so leases, not limits, decide).
+fn global_roomy() -> Fx {
+    let mut p = policy();
+    p["tiers"][0]["limits"] = json!({
+        "requests": [{"limit": 1_000_000, "window": "1m"}],
+        "tokens": [{"limit": 1_000_000_000u64, "window": "1m"}]
+    });
+    let fx = Fx::with(json!({
+        "bootstrapPolicy": p,
+        "limits": {"global": {"replicaId": "gw-a"}},
+    }));
+    fx.cache(&key(2), allow_alice());
+    fx
+}
+
+fn report(fx: &mut Fx, after_ms: u64) {
+    fx.host.now.set(fx.host.now.get() + after_ms);
+    fx.root.tick(&fx.host);
+}
+
+#[test]
+fn a_new_windows_first_lease_is_sized_by_the_rate_the_reports_saw() {
+    let mut fx = global_roomy();
+    let (id, h, _) = to_body_end(&fx);
+    let req = last_lease(&fx);
+    fx.answer(
+        id,
+        &h,
+        Some(200),
+        &grants(&req, |i| (i.need * 1000, i.need * 1000)),
+    );
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+    // A report reads the counts; 50 requests in the next second (the lease holds them); the
+    // next report sees 50 a second.
+    report(&mut fx, 1000);
+    for _ in 0..50 {
+        assert_eq!(to_body_end(&fx).2, Action::Continue);
+    }
+    report(&mut fx, 1000);
+    assert_eq!(
+        lease_calls(&fx).len(),
+        1,
+        "the lease held: no callout, no renewal yet"
+    );
+    {
+        let w = fx.root.worker.borrow();
+        let t = w.leases.tracked.get("alice").unwrap();
+        assert_eq!(t.meters.len(), 2);
+        assert!(
+            t.meters.iter().all(|m| m.for_horizon(1000) >= 50),
+            "{:?}",
+            t.meters
+        );
+    }
+    // The next window: nothing granted there yet, the window's own average knows one request.
+    let now = fx.host.now.get();
+    fx.host.now.set(now - now % 60_000 + 60_000 + 100);
+    let (_, h, a) = to_body_end(&fx);
+    assert_eq!(a, Action::Pause);
+    assert_eq!(fx.phase(&h), "Leasing");
+    let req = last_lease(&fx);
+    let r = req
+        .items
+        .iter()
+        .find(|i| i.kind.as_str() == "requests")
+        .unwrap();
+    // 50 a second over the 2 s horizon (the window's average alone: 2).
+    assert_eq!((r.need, r.want), (1, 100), "{r:?}");
+    let t = req
+        .items
+        .iter()
+        .find(|i| i.kind.as_str() == "tokens")
+        .unwrap();
+    assert!(t.want >= 100 * t.need, "{t:?}");
+}
