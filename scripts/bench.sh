@@ -91,6 +91,32 @@ rm -f "$BENCH_HOST_CALLS"
 log "counting the filter's host calls per request (cargo test -p maas-filter --lib per_request_stay_within_budget) …"
 MAAS_HOST_CALLS_OUT="$BENCH_HOST_CALLS" cargo test -q -p maas-filter --lib per_request_stay_within_budget >/dev/null 2>&1 ||
   log "warning: the filter's budget tests failed (the report shows what they measured, if anything)"
+# The filter's own instructions per cached JSON request, natively (valgrind callgrind, the host
+# calls excluded): a count that does not move with the machine's load, unlike Envoy's CPU time.
+export BENCH_INSTRUCTIONS="$TARGET/bench-instructions.json"
+rm -f "$BENCH_INSTRUCTIONS"
+command -v valgrind >/dev/null 2>&1 || apt_install valgrind || log "valgrind not installed: no instruction count"
+if command -v valgrind >/dev/null 2>&1; then
+  log "counting the filter's instructions per cached request (valgrind --tool=callgrind) …"
+  # Symbols kept (callgrind toggles on function names); LTO off keeps the build short.
+  test_bin="$(CARGO_PROFILE_RELEASE_STRIP=false CARGO_PROFILE_RELEASE_LTO=off \
+    cargo test -q -p maas-filter --release --lib --no-run --message-format=json 2>/dev/null |
+    grep '"name":"maas_filter"' | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)"
+  collected() {
+    MAAS_NATIVE_COST_N="$1" valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+      --collect-atstart=no --toggle-collect='*cached_request_callbacks*' \
+      --toggle-collect='*RecordingHost as maas_filter::host::Host>::*' \
+      --toggle-collect='*RecordingHost as maas_filter::store::SharedStore>::*' \
+      "$test_bin" --ignored native_cost_of_a_cached_request --test-threads=1 2>&1 |
+      sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+  }
+  if [ -n "$test_bin" ] && few="$(collected 200)" && many="$(collected 1200)" && [ -n "$few" ] && [ -n "$many" ]; then
+    # Two runs' difference ÷ the requests between them: the setup cancels out.
+    echo "{\"cached_json\": $(((many - few) / 1000))}" >"$BENCH_INSTRUCTIONS"
+  else
+    log "warning: the instruction count failed (the report shows none)"
+  fi
+fi
 # MAAS_WASM may name another build of the filter (e.g. an older one, to compare).
 export MAAS_WASM="${MAAS_WASM:-$TARGET/wasm32-wasip1/release/maas_filter.wasm}"
 export BENCH_COMMAND="${BENCH_COMMAND:-./scripts/bench.sh${*:+ $*}}"

@@ -304,7 +304,7 @@ pub const LOCAL_ENTRIES: usize = 4096;
 /// key and SHA-256 verifier) from the miss that copied it, for revocations and callouts.
 #[derive(Debug, Default)]
 pub struct LocalCache {
-    entries: std::collections::HashMap<LocalKey, LocalEntry>,
+    entries: crate::FastMap<LocalKey, LocalEntry>,
     keys: std::hash::RandomState,
 }
 

@@ -15,7 +15,6 @@
 use crate::limits::{self, Reservation, Settled};
 use crate::store::SharedStore;
 use smallvec::SmallVec;
-use std::collections::HashMap;
 
 /// Admissions of a subject over the last two ticks from which its refunds fold.
 pub const HOT_ADMISSIONS: u32 = 8;
@@ -46,7 +45,7 @@ impl Subject {
 /// One worker's folded settlements and recent admissions per subject.
 #[derive(Debug, Default)]
 pub struct Folds {
-    subjects: HashMap<Box<str>, Subject>,
+    subjects: crate::FastMap<Box<str>, Subject>,
 }
 
 impl Folds {

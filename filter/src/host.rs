@@ -7,7 +7,6 @@
 //! through the `log` facade (backed by the proxy-wasm SDK in Envoy), not through the host.
 
 use crate::store::SharedStore;
-use std::borrow::Cow;
 
 /// A header map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,11 +82,25 @@ pub trait Host: SharedStore {
 /// (Envoy's header names are tokens), else the map reads as empty (and the decisions over an
 /// empty map fail closed: no `:path`, no credential). A value that is not UTF-8 reads with U+FFFD
 /// for its invalid bytes, never a trap (the map is then rebuilt once, in that rare case only).
+///
+/// Kept as text: the length table is blanked once the pairs' places are noted, so the host's
+/// buffer (NUL-separated names and values) is one UTF-8 check and then one `String`, and every
+/// name and value is a slice of it — no check per header read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeaderMap {
-    /// The host's bytes, every name and value UTF-8; empty when they were malformed.
-    wire: Vec<u8>,
+    /// The host's bytes as text (the length table blanked); empty when they were malformed.
+    text: String,
+    /// Where each pair's name and value are in `text`, in the host's order.
+    spans: smallvec::SmallVec<[Span; SPANS_INLINE]>,
 }
+
+/// A pair's name and value in [`HeaderMap::text`]: `[name start, name end, value start, value
+/// end)` (u32: a header map larger than 4 GiB is no map).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Span([u32; 4]);
+
+/// Pairs held without an allocation (a request's or response's usual headers).
+const SPANS_INLINE: usize = 16;
 
 /// Bytes of the pair count, and of each pair's two lengths.
 const COUNT_BYTES: usize = 4;
@@ -164,43 +177,90 @@ impl<'a> Iterator for Pairs<'a> {
 
 impl HeaderMap {
     /// The map in `wire` (the host's answer); empty when malformed.
-    pub fn from_wire(wire: Vec<u8>) -> Self {
+    pub fn from_wire(mut wire: Vec<u8>) -> Self {
         let Some(pairs) = Pairs::new(&wire) else {
             return HeaderMap::default();
         };
-        let declared = pairs.left;
-        let (mut read, mut values_utf8) = (0usize, true);
+        let (declared, data_at) = (pairs.left, pairs.data);
+        let mut spans = smallvec::SmallVec::<[Span; SPANS_INLINE]>::new();
+        let mut at = data_at;
         for (name, value) in pairs {
-            if std::str::from_utf8(name).is_err() {
+            // Each name and value is followed by a NUL (checked by `Pairs`).
+            let name_end = at.saturating_add(name.len());
+            let value_at = name_end.saturating_add(1);
+            let value_end = value_at.saturating_add(value.len());
+            let (Ok(a), Ok(b), Ok(c), Ok(d)) = (
+                u32::try_from(at),
+                u32::try_from(name_end),
+                u32::try_from(value_at),
+                u32::try_from(value_end),
+            ) else {
                 return HeaderMap::default();
-            }
-            values_utf8 &= std::str::from_utf8(value).is_ok();
-            read += 1;
+            };
+            spans.push(Span([a, b, c, d]));
+            at = value_end.saturating_add(1);
         }
-        if read != declared {
+        if spans.len() != declared {
             return HeaderMap::default();
         }
-        if values_utf8 {
-            return HeaderMap { wire };
+        // The table's lengths are not text; the pairs' places are noted: blank it.
+        if let Some(table) = wire.get_mut(..data_at) {
+            table.fill(b' ');
         }
-        let lossy: Vec<(&[u8], Cow<'_, str>)> = Pairs::new(&wire)
-            .into_iter()
-            .flatten()
-            .map(|(name, value)| (name, String::from_utf8_lossy(value)))
-            .collect();
-        HeaderMap {
-            wire: encode(lossy.iter().map(|(k, v)| (*k, v.as_bytes()))),
+        match String::from_utf8(wire) {
+            Ok(text) => HeaderMap { text, spans },
+            Err(e) => Self::lossy(&e.into_bytes(), &spans),
         }
+    }
+
+    /// A map whose bytes are not all UTF-8: names must be (else empty), values read lossily.
+    fn lossy(bytes: &[u8], spans: &[Span]) -> Self {
+        let mut m = HeaderMap::default();
+        for &Span([a, b, c, d]) in spans {
+            let (Some(name), Some(value)) = (
+                bytes.get(a as usize..b as usize),
+                bytes.get(c as usize..d as usize),
+            ) else {
+                return HeaderMap::default();
+            };
+            let Ok(name) = std::str::from_utf8(name) else {
+                return HeaderMap::default();
+            };
+            let value = String::from_utf8_lossy(value);
+            let at = m.text.len();
+            m.text.push_str(name);
+            m.text.push('\0');
+            let value_at = m.text.len();
+            m.text.push_str(&value);
+            m.text.push('\0');
+            let (Ok(a), Ok(b), Ok(c), Ok(d)) = (
+                u32::try_from(at),
+                u32::try_from(at.saturating_add(name.len())),
+                u32::try_from(value_at),
+                u32::try_from(value_at.saturating_add(value.len())),
+            ) else {
+                return HeaderMap::default();
+            };
+            m.spans.push(Span([a, b, c, d]));
+        }
+        m
     }
 
     /// Every (name, value), in the host's order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.pairs().map(|(name, value)| (text(name), text(value)))
+        self.spans.iter().map(|&Span([a, b, c, d])| {
+            (
+                self.text.get(a as usize..b as usize).unwrap_or_default(),
+                self.text.get(c as usize..d as usize).unwrap_or_default(),
+            )
+        })
     }
 
     /// Every name, in the host's order (values not looked at).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.pairs().map(|(name, _)| text(name))
+        self.spans
+            .iter()
+            .map(|&Span([a, b, _, _])| self.text.get(a as usize..b as usize).unwrap_or_default())
     }
 
     /// The first value of header `name` (any case).
@@ -211,37 +271,43 @@ impl HeaderMap {
     /// The first value of each of `names` (any case), in one pass over the map.
     pub fn get_each<const N: usize>(&self, names: [&str; N]) -> [Option<&str>; N] {
         let mut found = [None; N];
-        for (k, v) in self.pairs() {
+        for (k, v) in self.iter() {
             for (name, slot) in names.iter().zip(found.iter_mut()) {
-                if slot.is_none() && k.eq_ignore_ascii_case(name.as_bytes()) {
-                    *slot = Some(text(v));
+                if slot.is_none() && k.eq_ignore_ascii_case(name) {
+                    *slot = Some(v);
                 }
             }
         }
         found
     }
 
-    /// Every value of header `name` (any case), in order. Names are compared as bytes: only
-    /// the values returned are looked at as text.
-    pub fn get_all<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
-        self.pairs()
-            .filter(move |(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, v)| text(v))
+    /// The first value of each of `names` (any case) and how many times each occurs, in one
+    /// pass over the map.
+    pub fn get_each_counted<const N: usize>(&self, names: [&str; N]) -> [(Option<&str>, usize); N] {
+        let mut found: [(Option<&str>, usize); N] = [(None, 0); N];
+        for (k, v) in self.iter() {
+            for (name, slot) in names.iter().zip(found.iter_mut()) {
+                if k.eq_ignore_ascii_case(name) {
+                    if slot.0.is_none() {
+                        slot.0 = Some(v);
+                    }
+                    slot.1 = slot.1.saturating_add(1);
+                }
+            }
+        }
+        found
     }
 
-    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        Pairs::new(&self.wire).into_iter().flatten()
+    /// Every value of header `name` (any case), in order.
+    pub fn get_all<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
+        self.iter()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pairs().next().is_none()
+        self.spans.is_empty()
     }
-}
-
-/// A name or value of a [`HeaderMap`]: checked (or made) UTF-8 in [`HeaderMap::from_wire`], so
-/// never the empty fallback.
-fn text(bytes: &[u8]) -> &str {
-    std::str::from_utf8(bytes).unwrap_or_default()
 }
 
 /// The wire format of `pairs` (as the host serializes a map). A length beyond u32 is written as
@@ -323,6 +389,10 @@ mod tests {
         assert_eq!(
             m.get_all("x-maas-subscription").collect::<Vec<_>>(),
             ["a", "b"]
+        );
+        assert_eq!(
+            m.get_each_counted(["X-MAAS-SUBSCRIPTION", "x-api-key", ":path"]),
+            [(Some("a"), 2), (None, 0), (Some("/v1/chat"), 1)]
         );
         assert!(!m.is_empty());
     }

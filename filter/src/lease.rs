@@ -31,7 +31,6 @@ use crate::host::Host;
 use crate::limits::{self, Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy, Meter};
 use crate::store::{SharedStore, read_u64};
 use maas_types::lease::{LEASES_PATH, LeaseItem, LeaseRequest, LeaseResponse, MAX_BATCH_ITEMS};
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 /// Shared-data key of the fallback state (one per Envoy: every worker reads it each tick).
@@ -128,7 +127,7 @@ impl Batch {
 pub struct Leases {
     pub replica: String,
     pub state: GlobalState,
-    pub tracked: HashMap<String, Tracked>,
+    pub tracked: crate::FastMap<String, Tracked>,
     /// Batches not answered with a 200 yet, oldest first; only the first is ever out.
     pub outbox: std::collections::VecDeque<Batch>,
     pub next_report_ms: u64,

@@ -42,7 +42,7 @@ use maas_types::usage::{
     MAX_REFUSAL_REASONS, MAX_USAGE_COUNT, MAX_USAGE_ID_BYTES, MAX_USAGE_RECORDS, USAGE_PATH,
     UsageReport, hour_start_of, is_reason,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 
 /// One minute between two "records dropped" log lines of a worker.
@@ -162,7 +162,7 @@ pub struct Ledger {
     /// The worker's clock as of its last tick (unix s).
     pub now_s: u64,
     /// Open records, and their order of creation (the oldest go first: sent, or dropped).
-    open: HashMap<RecordKey, Counts>,
+    open: crate::FastMap<RecordKey, Counts>,
     order: BTreeMap<u64, RecordKey>,
     next_seq: u64,
     /// Batch sequence number.

@@ -32,6 +32,12 @@ pub mod worker;
 #[cfg(target_arch = "wasm32")]
 mod glue;
 
+/// A map in the worker's memory looked up on every request: foldhash (minimally DoS-resistant,
+/// seeded per map) instead of SipHash, which cost more than the lookups themselves. Keys are
+/// authenticated subjects, slot and ledger keys derived from them, or credential copies' keyed
+/// SipHash (random per VM): nothing a client picks freely.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 #[cfg(test)]
 pub mod alloc_count;
 #[cfg(test)]

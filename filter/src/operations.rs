@@ -96,6 +96,13 @@ pub fn defaults(api: ApiFamily) -> &'static [(&'static str, &'static str)] {
 /// `rest` (a path relative to the model prefix) matches `pattern` segment by segment; `*` is
 /// one non-empty segment.
 fn path_matches(pattern: &str, rest: &str) -> bool {
+    // Without a wildcard a pattern matches only itself (segment by segment is equality).
+    if pattern == rest {
+        return true;
+    }
+    if !pattern.as_bytes().contains(&b'*') {
+        return false;
+    }
     let mut p = pattern.split('/');
     let mut r = rest.split('/');
     loop {
@@ -449,6 +456,26 @@ mod tests {
                 let listed = OPENAI_DEFAULTS.iter().any(|(dm, dp)| *dm == method && path_matches(dp, &rest));
                 proptest::prop_assert!(listed, "{method} {rest} passed as {op:?}");
             }
+        }
+
+        /// The exact-match shortcut decides as the segment-by-segment comparison would.
+        #[test]
+        fn path_matching_is_the_segment_comparison(
+            pattern in "(/(\\*|[ab]{0,2})){0,4}",
+            rest in "(/[ab*]{0,2}){0,4}",
+        ) {
+            let by_segments = {
+                let (mut p, mut r) = (pattern.split('/'), rest.split('/'));
+                loop {
+                    match (p.next(), r.next()) {
+                        (None, None) => break true,
+                        (Some("*"), Some(seg)) if !seg.is_empty() => {}
+                        (Some(a), Some(b)) if a == b => {}
+                        _ => break false,
+                    }
+                }
+            };
+            proptest::prop_assert_eq!(path_matches(&pattern, &rest), by_segments);
         }
     }
 }

@@ -154,6 +154,8 @@ pub struct Request {
     body: BodyState,
     /// pluginConfig `pauseHeadersForBody`: headers wait for the body decision.
     hold_headers: bool,
+    /// The request carries `X-MaaS-Subscription` (counted with the other headers' first read).
+    subscription_header: bool,
     /// Bytes of the request body buffered so far (the host's buffer size at the last chunk).
     buffered_body_bytes: usize,
     /// The request's one `content-length` (none with `transfer-encoding`, several or a value
@@ -216,6 +218,7 @@ impl Request {
             flight: None,
             body: BodyState::None,
             hold_headers: false,
+            subscription_header: false,
             buffered_body_bytes: 0,
             declared_body_bytes: None,
             body_decided_early: false,
@@ -290,14 +293,15 @@ impl Request {
         // One host call for every header (the path, the credential, what to strip).
         let headers = host.headers(Headers::Request);
         let [
-            full_path,
-            method,
-            authorization,
-            x_api_key,
-            content_type,
+            (full_path, _),
+            (method, _),
+            (authorization, _),
+            (x_api_key, _),
+            (content_type, _),
             content_length,
-            transfer_encoding,
-        ] = headers.get_each([
+            (transfer_encoding, _),
+            (_, subscriptions),
+        ] = headers.get_each_counted([
             ":path",
             ":method",
             "authorization",
@@ -305,7 +309,10 @@ impl Request {
             "content-type",
             "content-length",
             "transfer-encoding",
+            SUBSCRIPTION_HEADER,
         ]);
+        // Most requests name no subscription: then its values are never looked for again.
+        self.subscription_header = subscriptions > 0;
         let full_path = full_path.unwrap_or_default();
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
@@ -357,7 +364,7 @@ impl Request {
             self.body = BodyState::Buffering;
             self.hold_headers = cfg.pause_headers_for_body;
             self.declared_body_bytes = match (content_length, transfer_encoding) {
-                (Some(value), None) => declared_length(value, headers.get_all("content-length")),
+                ((Some(value), 1), None) => declared_length(value),
                 _ => None,
             };
         }
@@ -647,6 +654,9 @@ impl Request {
 
     /// `X-MaaS-Subscription` as the client sent it.
     pub(super) fn requested_subscription(&self) -> Option<&str> {
+        if !self.subscription_header {
+            return None;
+        }
         requested_subscription(&self.request_headers)
     }
 
@@ -683,7 +693,11 @@ impl Request {
             return Err(Refusal::no_policy());
         };
         // `X-MaaS-Subscription` as the client sent it (last non-empty value); never forwarded.
-        let requested_subscription = requested_subscription(headers);
+        let requested_subscription = if self.subscription_header {
+            requested_subscription(headers)
+        } else {
+            None
+        };
         // The policy may have changed while we waited: find the model again by name (the same
         // policy document: the model found at the headers stands).
         let same_policy = self.policy.as_ref().is_some_and(|p| Rc::ptr_eq(p, &policy));
@@ -1058,17 +1072,15 @@ impl std::ops::Deref for SlotKey {
     }
 }
 
-/// The body length a request declares: its `content-length` when it is the only one (every
-/// value of the header, `all`, is this one) and plain ASCII digits that fit; else none (the body
-/// is then held to its end).
-fn declared_length<'a>(first: &str, mut all: impl Iterator<Item = &'a str>) -> Option<usize> {
+/// The body length a request declares in its only `content-length` (the caller counts them):
+/// plain ASCII digits that fit; else none (the body is then held to its end).
+fn declared_length(value: &str) -> Option<usize> {
     let digits =
-        !first.is_empty() && first.len() <= 12 && first.bytes().all(|b| b.is_ascii_digit());
-    let only = all.next().is_some() && all.next().is_none();
-    if !(digits && only) {
+        !value.is_empty() && value.len() <= 12 && value.bytes().all(|b| b.is_ascii_digit());
+    if !digits {
         return None;
     }
-    first.parse().ok()
+    value.parse().ok()
 }
 
 /// The request header that names a subscription (client → gateway, and gateway → backend).

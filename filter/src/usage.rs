@@ -145,9 +145,17 @@ impl JsonUsageScanner {
                         .iter()
                         .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b','))
                         .unwrap_or(rest.len());
-                    self.sink(rest.get(..n).unwrap_or_default());
-                    if let Some(&b) = rest.get(n) {
-                        self.value_byte(b);
+                    match rest.get(n) {
+                        // A byte inside the value: sunk with the run before it, in one piece.
+                        Some(&b) if !self.ends_value(b) => {
+                            self.sink(rest.get(..=n).unwrap_or_default());
+                            self.value_structure(b);
+                        }
+                        Some(&b) => {
+                            self.sink(rest.get(..n).unwrap_or_default());
+                            self.value_byte(b);
+                        }
+                        None => self.sink(rest),
                     }
                     i = i.saturating_add(n).saturating_add(1);
                 }
@@ -279,26 +287,44 @@ impl JsonUsageScanner {
         }
     }
 
+    /// Whether `b`, outside strings, ends the top-level value (a `,` between top-level keys or
+    /// the top-level object's closing bracket) rather than belonging to it.
+    fn ends_value(&self, b: u8) -> bool {
+        match b {
+            b'}' | b']' => self.depth <= 1,
+            b',' => self.depth == 1,
+            _ => false,
+        }
+    }
+
     /// A byte of a top-level value, outside strings.
     fn value_byte(&mut self, b: u8) {
         match b {
-            b'"' => self.in_string = true,
-            b'{' | b'[' => self.depth = self.depth.saturating_add(1),
-            b'}' | b']' if self.depth > 1 => self.depth = self.depth.saturating_sub(1),
-            b'}' | b']' => {
+            b'}' | b']' if self.depth <= 1 => {
                 // Closes the top-level object.
                 self.end_value();
                 self.top = Top::Done;
-                return;
             }
             b',' if self.depth == 1 => {
                 self.end_value();
                 self.top = Top::ExpectKey;
-                return;
             }
+            _ => {
+                self.sink(&[b]);
+                self.value_structure(b);
+            }
+        }
+    }
+
+    /// What a byte inside a top-level value (outside strings, already sunk) changes: a string
+    /// starts, or the nesting deepens or closes.
+    fn value_structure(&mut self, b: u8) {
+        match b {
+            b'"' => self.in_string = true,
+            b'{' | b'[' => self.depth = self.depth.saturating_add(1),
+            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
             _ => {}
         }
-        self.sink(&[b]);
     }
 
     fn end_value(&mut self) {
