@@ -269,6 +269,8 @@ impl HeaderMap {
     }
 
     /// The first value of each of `names` (any case), in one pass over the map.
+    /// (Not [`Self::get_each_counted`]: a name found is not compared again, which the counting
+    /// one must do.)
     pub fn get_each<const N: usize>(&self, names: [&str; N]) -> [Option<&str>; N] {
         let mut found = [None; N];
         for (k, v) in self.iter() {

@@ -100,6 +100,28 @@ pub struct Tracked {
     pub reported_ms: u64,
 }
 
+impl Tracked {
+    fn new(key: &str, counters: Vec<LeaseCounter>, now_ms: u64) -> Self {
+        Tracked {
+            key: key.to_string(),
+            meters: vec![Meter::default(); counters.len()],
+            counters,
+            last_ms: now_ms,
+            reported_ms: 0,
+        }
+    }
+
+    /// What the recent rate of the counter (`kind`, `window`) uses over `horizon_ms` (0 when
+    /// not tracked or not measured yet).
+    pub fn recent(&self, kind: limits::Kind, window: u64, horizon_ms: u64) -> u64 {
+        self.counters
+            .iter()
+            .zip(&self.meters)
+            .find(|(c, _)| c.kind == kind && c.window == window)
+            .map_or(0, |(_, m)| m.for_horizon(horizon_ms))
+    }
+}
+
 /// What a batch claimed for one subject: (subject, counter slot key, claims in item order).
 pub type Claimed = (String, String, Vec<Claim>);
 
@@ -176,16 +198,8 @@ impl Leases {
         if self.tracked.contains_key(subject) || self.tracked.len() >= MAX_TRACKED {
             return;
         }
-        self.tracked.insert(
-            subject.to_string(),
-            Tracked {
-                key: key.to_string(),
-                meters: vec![Meter::default(); counters.len()],
-                counters,
-                last_ms: now_ms,
-                reported_ms: 0,
-            },
-        );
+        self.tracked
+            .insert(subject.to_string(), Tracked::new(key, counters, now_ms));
     }
 
     /// Notes an admission of `subject` (in-VM only: no host call).
@@ -206,16 +220,8 @@ impl Leases {
             return;
         }
         let counters = counters();
-        self.tracked.insert(
-            subject.to_string(),
-            Tracked {
-                key: key.to_string(),
-                meters: vec![Meter::default(); counters.len()],
-                counters,
-                last_ms: now_ms,
-                reported_ms: 0,
-            },
-        );
+        self.tracked
+            .insert(subject.to_string(), Tracked::new(key, counters, now_ms));
     }
 }
 

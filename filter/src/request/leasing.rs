@@ -93,12 +93,7 @@ fn flight(
     let mut w = worker.borrow_mut();
     if let Some(t) = w.leases.tracked.get(&subject) {
         for n in &mut needs {
-            let recent = t
-                .counters
-                .iter()
-                .zip(&t.meters)
-                .find(|(c, _)| c.kind == n.kind && c.window == n.window)
-                .map_or(0, |(_, m)| m.for_horizon(horizon_ms));
+            let recent = t.recent(n.kind, n.window, horizon_ms);
             n.want = n.want.max(recent.min(n.limit)).max(n.need);
         }
     }

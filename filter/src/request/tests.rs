@@ -77,9 +77,15 @@ impl Fx {
     }
 
     pub fn http(&self) -> (u32, Http) {
+        let id = self.context_id();
+        (id, Http::new(id, self.root.worker.clone()))
+    }
+
+    /// A fresh context id (for a context made by the caller).
+    pub fn context_id(&self) -> u32 {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        (id, Http::new(id, self.root.worker.clone()))
+        id
     }
 
     /// Request headers arrive on context `id`.

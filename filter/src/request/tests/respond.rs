@@ -615,7 +615,7 @@ fn native_cost_of_a_cached_request() {
         .unwrap_or(20_000);
     let t = std::time::Instant::now();
     for _ in 0..n {
-        let (id, _) = fx.http();
+        let id = fx.context_id();
         fx.host.clear_calls();
         // What Envoy hands over, set up before the callbacks (the recording host keeps each
         // header map and body apart), so the callbacks alone are the filter's work.
