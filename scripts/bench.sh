@@ -11,6 +11,10 @@
 #                                      filter's calls (printed only); `hostcalls` with other variants
 #                                      (`--only envoy,wasm-noop,wasm-floor,filter-cached,hostcalls`)
 #                                      writes the prices and the bill into the report, as the full run
+#   ./scripts/bench.sh --only instructions  Envoy's instructions per request under valgrind
+#                                      (envoy, wasm-noop, wasm-floor, the filter, compared builds;
+#                                      deterministic; ~7 min; printed only; part of the full run;
+#                                      BENCH_FLOOR_PARTS=1 adds the floor without each of its parts)
 #   ./scripts/bench.sh --only two-replica global limits across two gateway replicas (two Envoys,
 #                                      two companions, one Redis): on vs off, Redis round trips per
 #                                      subject per replica per second (~2.5 min; part of the full run);

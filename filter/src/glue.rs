@@ -94,6 +94,10 @@ impl Host for ProxyHost {
         let _ = hostcalls::set_map_value(map(m), name, value);
     }
 
+    fn add_header(&self, m: Headers, name: &str, value: &str) {
+        let _ = hostcalls::add_map_value(map(m), name, value);
+    }
+
     fn body(&self, b: Body, size: usize) -> Vec<u8> {
         hostcalls::get_buffer(buffer(b), 0, size)
             .ok()

@@ -45,6 +45,9 @@ pub trait Host: SharedStore {
     fn header(&self, map: Headers, name: &str) -> Option<String>;
     /// Sets (`Some`) or removes (`None`) a header.
     fn set_header(&self, map: Headers, name: &str, value: Option<&str>);
+    /// Adds a header value (beside any of the same name: only for a name known to be absent,
+    /// where it does what `set_header` does without Envoy looking for the name first).
+    fn add_header(&self, map: Headers, name: &str, value: &str);
     /// The first `size` bytes of a buffer (`usize::MAX`: all of it).
     fn body(&self, buf: Body, size: usize) -> Vec<u8>;
     /// Replaces the first `size` bytes of a buffer with `value`.

@@ -476,31 +476,25 @@ impl RateHeaders {
     /// `x-ratelimit-*` headers as OpenAI sends them, each handed to `f` (formatted on the
     /// stack: per request on every response, nothing allocated).
     pub fn each(&self, mut f: impl FnMut(&'static str, &str)) {
+        let [limit, remaining, reset] = REQUEST_RATE_HEADERS;
         if let Some(r) = self.requests {
-            f(
-                "x-ratelimit-limit-requests",
-                Short::decimal(r.limit).as_str(),
-            );
-            f(
-                "x-ratelimit-remaining-requests",
-                Short::decimal(r.remaining()).as_str(),
-            );
-            f(
-                "x-ratelimit-reset-requests",
-                Short::duration(r.reset_seconds).as_str(),
-            );
+            f(limit, Short::decimal(r.limit).as_str());
+            f(remaining, Short::decimal(r.remaining()).as_str());
+            f(reset, Short::duration(r.reset_seconds).as_str());
         }
+        let [limit, remaining, reset] = TOKEN_RATE_HEADERS;
         if let Some(t) = self.tokens {
-            f("x-ratelimit-limit-tokens", Short::decimal(t.limit).as_str());
-            f(
-                "x-ratelimit-remaining-tokens",
-                Short::decimal(t.remaining()).as_str(),
-            );
-            f(
-                "x-ratelimit-reset-tokens",
-                Short::duration(t.reset_seconds).as_str(),
-            );
+            f(limit, Short::decimal(t.limit).as_str());
+            f(remaining, Short::decimal(t.remaining()).as_str());
+            f(reset, Short::duration(t.reset_seconds).as_str());
         }
+    }
+
+    /// Whether [`Self::each`] hands over a header `name` (any case).
+    pub fn sends(&self, name: &str) -> bool {
+        let among = |names: [&str; 3]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+        (self.requests.is_some() && among(REQUEST_RATE_HEADERS))
+            || (self.tokens.is_some() && among(TOKEN_RATE_HEADERS))
     }
 
     /// [`Self::each`] as owned pairs (a refusal's headers).
@@ -510,6 +504,18 @@ impl RateHeaders {
         out
     }
 }
+
+/// The `x-ratelimit-*` names of request windows and of token windows (limit, remaining, reset).
+const REQUEST_RATE_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+];
+const TOKEN_RATE_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
 
 /// A short ASCII text on the stack: a number or a duration (without the formatting machinery,
 /// which is slow inside the VM, and without allocating). Holds the longest duration of a u64.

@@ -11,6 +11,9 @@
 //!   `tok0 tok1 …`.
 //!
 //! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
+//! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
+//! `x-ratelimit-remaining-requests` (twice), `x-ratelimit-limit-tokens` and
+//! `x-ratelimit-limit-images` to the answer.
 //! Delay: `x-sim-response-delay-ms: N` holds the answer back N ms (at most 60 s).
 //! Compression: header `x-sim-compress: gzip` gzips the response when the request's
 //! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
@@ -474,7 +477,20 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
                 .filter_map(|v| v.to_str().ok())
                 .any(accepts_gzip));
     let control = req.uri().path().starts_with("/_sim/");
-    let resp = handle_model(&state, req).await;
+    let provider_limits = req.headers().contains_key("x-sim-ratelimit-headers");
+    let mut resp = handle_model(&state, req).await;
+    if provider_limits {
+        // As a provider answers: its own limits for the account the gateway calls it with.
+        let h = resp.headers_mut();
+        for (name, value) in [
+            ("x-ratelimit-remaining-requests", "provider-own"),
+            ("x-ratelimit-remaining-requests", "provider-again"),
+            ("x-ratelimit-limit-tokens", "provider-own"),
+            ("x-ratelimit-limit-images", "provider-own"),
+        ] {
+            h.append(name, header::HeaderValue::from_static(value));
+        }
+    }
     if gzip && !control {
         gzip_response(resp)
     } else {

@@ -76,6 +76,7 @@ identities:
   - {token: abe-token, username: abe, groups: [g-abort]}
   - {token: mia-token, username: mia, groups: [g-lo, g-hi]}
   - {token: bea-token, username: bea, groups: [g-busy]}
+  - {token: pia-token, username: pia, groups: [g-settle]}
 "#;
 
 fn stack() -> &'static Stack {
@@ -135,6 +136,56 @@ async fn request_limit_gives_429_with_headers() {
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 2);
+}
+
+/// A provider's own `x-ratelimit-*` (its limits for the gateway's account, once or repeated)
+/// never reach the client: each header is the gateway's, once, on JSON and stream answers.
+#[tokio::test]
+async fn the_providers_own_rate_limit_headers_are_replaced_by_the_gateways() {
+    let stack = stack();
+    let h = [
+        ("authorization", "Bearer pia-token"),
+        ("x-sim-ratelimit-headers", "1"),
+    ];
+    for (n, stream) in [(0, false), (1, true)] {
+        let body = json!({
+            "model": "sim-model",
+            "stream": stream,
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}],
+        });
+        let r = chat(stack, CHAT, &format!("provider-limits-{n}"), &h, body).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        for name in [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ] {
+            let values: Vec<&str> = r
+                .headers
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            assert_eq!(values.len(), 1, "stream {stream}: {name}: {values:?}");
+            assert!(
+                !values.iter().any(|v| v.starts_with("provider")),
+                "stream {stream}: {name}: {values:?}"
+            );
+        }
+        // A name the gateway never sends is the provider's alone: removed.
+        assert_eq!(
+            r.header("x-ratelimit-limit-images"),
+            None,
+            "stream {stream}"
+        );
+        assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 1000);
+        assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+        assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 999 - n);
+    }
 }
 
 /// `data:` payloads of an SSE body.

@@ -13,6 +13,7 @@ pub enum Call {
     Headers(Headers),
     Header(Headers, String),
     SetHeader(Headers, String, Option<String>),
+    AddHeader(Headers, String, String),
     Body(Body),
     SetBody(Body),
     Dispatch(String),
@@ -118,6 +119,16 @@ impl RecordingHost {
         })
     }
 
+    /// Every value of `name` in `map`, in order.
+    pub fn map_values(&self, map: Headers, name: &str) -> Vec<String> {
+        self.maps.borrow().get(&map).map_or_else(Vec::new, |m| {
+            m.iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+                .collect()
+        })
+    }
+
     pub fn set_buffer(&self, buf: Body, bytes: &[u8]) {
         let _host_side = crate::alloc_count::pause();
         self.buffers.borrow_mut().insert(buf, bytes.to_vec());
@@ -200,6 +211,15 @@ impl Host for RecordingHost {
         if let Some(v) = value {
             m.push((name.to_string(), v.to_string()));
         }
+    }
+
+    fn add_header(&self, map: Headers, name: &str, value: &str) {
+        self.record(|| Call::AddHeader(map, name.to_string(), value.to_string()));
+        let _host_side = crate::alloc_count::pause();
+        let mut maps = self.maps.borrow_mut();
+        maps.entry(map)
+            .or_default()
+            .push((name.to_string(), value.to_string()));
     }
 
     fn body(&self, buf: Body, size: usize) -> Vec<u8> {

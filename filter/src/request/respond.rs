@@ -11,6 +11,14 @@ use crate::sse::{self, SseScanner};
 use crate::usage::JsonUsageScanner;
 use proxy_wasm::types::Action;
 
+/// What every `x-ratelimit-*` header name starts with.
+const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
+
+fn is_rate_limit_header(name: &str) -> bool {
+    name.get(..RATE_LIMIT_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(RATE_LIMIT_PREFIX))
+}
+
 /// How the response body is read for usage.
 pub enum Scan {
     None,
@@ -86,7 +94,26 @@ impl Request {
         let status = status.and_then(|s| s.parse().ok()).unwrap_or(0);
         let content_type = content_type.unwrap_or_default();
         let coding = encoding::coding(coding);
-        rate_headers.each(|name, value| host.set_header(Headers::Response, name, Some(value)));
+        // The upstream's own `x-ratelimit-*` (a provider's limits for the gateway's account)
+        // never reach the client: a name the gateway sends replaces it, any other is removed.
+        // Most upstreams send none (one pass says so): then each name is added, which spares
+        // Envoy a search of the map.
+        let upstream_limits = headers.names().any(is_rate_limit_header);
+        if upstream_limits {
+            for name in headers
+                .names()
+                .filter(|n| is_rate_limit_header(n) && !rate_headers.sends(n))
+            {
+                host.set_header(Headers::Response, name, None);
+            }
+        }
+        rate_headers.each(|name, value| {
+            if upstream_limits && headers.get(name).is_some() {
+                host.set_header(Headers::Response, name, Some(value));
+            } else {
+                host.add_header(Headers::Response, name, value);
+            }
+        });
         // An unmetered operation (count_tokens) generates nothing: its answer is not read.
         let scan = if self.unmetered {
             Scan::None

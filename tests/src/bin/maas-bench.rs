@@ -104,6 +104,9 @@ const TWO_REPLICA: &str = "two-replica";
 /// Users (one key each) whose requests the two-replica variants rotate through.
 const TWO_REPLICA_SUBJECTS: usize = 4;
 const TWO_REPLICA_REPLICAS: usize = 2;
+/// `--only instructions`: Envoy's instructions per request, counted under valgrind.
+const ENVOY_INSTRUCTIONS: &str = "instructions";
+
 /// The heading of the two-replica section (what `--only two-replica` replaces in BENCH_OUT).
 const TWO_REPLICA_HEADING: &str = "## Global limits across two gateway replicas (`two-replica`)";
 
@@ -398,6 +401,19 @@ fn start_envoy_wasm(
     filter: bool,
     cache_entries: u64,
 ) -> Result<BenchEnvoy> {
+    start_envoy_run(inp, name, wasm, filter, cache_entries, None)
+}
+
+/// Like [`start_envoy_wasm`]; `callgrind_out`: run Envoy under valgrind's callgrind (its dumps
+/// at that path), so its instructions per request can be counted (much slower to start).
+fn start_envoy_run(
+    inp: &EnvoyInputs<'_>,
+    name: &str,
+    wasm: Option<&Path>,
+    filter: bool,
+    cache_entries: u64,
+    callgrind_out: Option<&Path>,
+) -> Result<BenchEnvoy> {
     let [listen, admin] = free_ports::<2>()?.map(local);
     let input = EnvoyConfigInput {
         policy: inp.policy,
@@ -432,20 +448,23 @@ fn start_envoy_wasm(
     let path = inp.dir.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&config)?)?;
     let mut cmd = Command::new("taskset");
-    cmd.args(["-c", "0"])
-        .arg(&inp.envoy_bin)
-        .arg("-c")
-        .arg(&path)
-        .args([
-            "--disable-hot-restart",
-            "--concurrency",
-            "1",
-            "-l",
-            "warning",
-        ]);
+    cmd.args(["-c", "0"]);
+    if let Some(out) = callgrind_out {
+        // V8 writes the compiled filter's code at run time: valgrind must look for it.
+        cmd.args(["valgrind", "--tool=callgrind", "--smc-check=all-non-file"])
+            .arg(format!("--callgrind-out-file={}", out.display()));
+    }
+    cmd.arg(&inp.envoy_bin).arg("-c").arg(&path).args([
+        "--disable-hot-restart",
+        "--concurrency",
+        "1",
+        "-l",
+        "warning",
+    ]);
     let log_path = inp.dir.join(format!("{name}.log"));
     let mut process = ManagedProcess::spawn(name, cmd, &log_path, libc::SIGTERM, libc::SIGKILL)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let ready_within = Duration::from_secs(if callgrind_out.is_some() { 900 } else { 60 });
+    let deadline = Instant::now() + ready_within;
     loop {
         if let Ok((200, _)) =
             maas_e2e::stack::http_request(admin, "GET", "/ready", Duration::from_secs(1))
@@ -456,7 +475,11 @@ fn start_envoy_wasm(
             bail!("{name} exited ({status}):\n{}", process.log_tail(3000));
         }
         if Instant::now() > deadline {
-            bail!("{name} not ready after 60 s:\n{}", process.log_tail(3000));
+            bail!(
+                "{name} not ready after {} s:\n{}",
+                ready_within.as_secs(),
+                process.log_tail(3000)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -587,6 +610,8 @@ fn hex(b: &[u8]) -> String {
 
 #[derive(Debug, Clone, Default)]
 struct WrkResult {
+    /// Requests answered (all runs together).
+    requests: u64,
     rps: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -806,6 +831,7 @@ fn combine_runs(runs: &[WrkRun], cpu_ticks: Option<u64>) -> WrkResult {
         _ => 0.0,
     };
     WrkResult {
+        requests,
         rps: runs
             .iter()
             .map(|r| r.requests as f64 / (r.duration_us / 1e6).max(1e-9))
@@ -898,6 +924,29 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
         "floor_length",
         "`floor` with the request's `content-length` kept (Δ vs `floor`: the chunked upstream body)",
     ),
+    (
+        "strip",
+        "as `wasm-noop` after the one map read: `authorization` removed, the body never held",
+    ),
+    (
+        "floor-edits",
+        "`floor` without its request header edits but `authorization`'s removal",
+    ),
+    (
+        "floor-shared",
+        "`floor` without the counter slot's shared-data get and CAS set",
+    ),
+    ("floor-clock", "`floor` without its 3 clock reads"),
+    ("floor-reqbody", "`floor` without the request body read"),
+    (
+        "floor-respmap",
+        "`floor` without the response header map read",
+    ),
+    (
+        "floor-ratehdrs",
+        "`floor` without the 6 `x-ratelimit-*` response header adds",
+    ),
+    ("floor-respbody", "`floor` without the response body read"),
     ("shared_get", "shared-data get (160-byte value)"),
     ("shared_set", "shared-data set without CAS (160 bytes)"),
     ("shared_get_cas_set", "shared-data get + CAS set"),
@@ -916,6 +965,10 @@ const HOST_CALL_KINDS: &[(&str, &str)] = &[
     ("resp_header_get_all", "response headers: `get_map` (all)"),
     ("resp_header_get", "response headers: one value"),
     ("resp_header_set", "response headers: set one"),
+    (
+        "resp_header_add",
+        "response headers: add one (a new value each time)",
+    ),
     (
         "resp_header_remove",
         "response headers: remove one (absent)",
@@ -954,6 +1007,7 @@ const PRICED_CALLS: &[(&str, &str, Option<&str>)] = &[
     ("response header map read", "resp_header_get_all", None),
     ("response header read", "resp_header_get", None),
     ("response header set", "resp_header_set", None),
+    ("response header add", "resp_header_add", None),
     ("response header remove", "resp_header_remove", None),
     ("request body read", "body_read", None),
     ("request body write", "body_write", Some("body_read")),
@@ -1133,7 +1187,10 @@ fn render_prices(p: &Prices) -> String {
             .map_or("", |(_, w)| *w);
         let per_call = match p.per_call(kind, None) {
             // Whole-request kinds: their Δ is the figure, not a per-call price.
-            Some(x) if !matches!(kind.as_str(), "none" | "nobuf" | "floor" | "floor_length") => {
+            Some(x)
+                if !matches!(kind.as_str(), "none" | "nobuf" | "strip")
+                    && !kind.starts_with("floor") =>
+            {
                 format!("{x:.2}")
             }
             _ => "—".into(),
@@ -1884,6 +1941,22 @@ fn run() -> Result<()> {
     let hostcalls_only = !args.only.is_empty() && args.only.iter().all(|o| o == "hostcalls");
     let want_prices = args.only.is_empty() || args.only.iter().any(|o| o == "hostcalls");
     // two-replica: a second companion and a Redis that both companions share.
+    // Envoy's instructions per request under valgrind: the full run, or `--only instructions`
+    // (printed only).
+    let valgrind_found = Command::new("valgrind")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let instructions_only =
+        !args.only.is_empty() && args.only.iter().all(|o| o == ENVOY_INSTRUCTIONS);
+    let want_instructions =
+        !args.quick && (args.only.is_empty() || args.only.iter().any(|o| o == ENVOY_INSTRUCTIONS));
+    if want_instructions && !valgrind_found {
+        log("valgrind not found: no count of Envoy's instructions per request");
+    }
+    let want_instructions = want_instructions && valgrind_found;
     let two_replica = !hostcalls_only
         && (args.only.is_empty() || args.only.iter().any(|o| o.starts_with(TWO_REPLICA)));
     // Only two-replica: its section is replaced in BENCH_OUT, the rest of the file kept.
@@ -2057,6 +2130,7 @@ fn run() -> Result<()> {
     // Other builds of the filter, measured side by side with this one (BENCH_COMPARE_WASM:
     // `label=path,…`, e.g. `old=/tmp/old_filter.wasm`): variants `filter-cached:<label>`.
     let mut compare = Vec::new();
+    let mut compare_wasm: Vec<(&'static str, PathBuf)> = Vec::new();
     for item in std::env::var("BENCH_COMPARE_WASM")
         .unwrap_or_default()
         .split(',')
@@ -2075,6 +2149,7 @@ fn run() -> Result<()> {
         let name: &'static str =
             Box::leak(format!("filter-cached:{}", label.trim()).into_boxed_str());
         compare.push((name, envoy));
+        compare_wasm.push((name, PathBuf::from(path.trim())));
     }
 
     let fixed = |auth: Option<&str>| Load::Fixed {
@@ -2552,6 +2627,40 @@ fn run() -> Result<()> {
     }
     drop(hostcall_envoy);
 
+    // ---- Envoy's instructions per request, counted under valgrind (deterministic) ----
+    let mut instructions = None;
+    if want_instructions {
+        let mut builds: Vec<(&'static str, Option<&Path>, bool)> = vec![("envoy", None, false)];
+        if noop_wasm.is_file() {
+            builds.push(("wasm-noop", Some(&noop_wasm), false));
+        }
+        if hostcall_wasm.is_file() {
+            builds.push(("wasm-floor", Some(&hostcall_wasm), false));
+        }
+        builds.push(("filter-cached", Some(&inputs.wasm), true));
+        for (name, path) in &compare_wasm {
+            builds.push((name, Some(path), true));
+        }
+        let t = Instant::now();
+        match envoy_instructions(
+            &inputs,
+            &builds,
+            &mut wrk,
+            &cached_auth,
+            &body_json,
+            &body_stream,
+            args.seconds.clamp(2, 6),
+            &dir,
+        ) {
+            Ok(rows) => instructions = Some(rows),
+            Err(e) => log(format!("Envoy instruction count failed: {e:#}")),
+        }
+        log(format!(
+            "Envoy instruction count took {:.0} s",
+            t.elapsed().as_secs_f64()
+        ));
+    }
+
     // ---- memory after N distinct cached credentials, on a fresh Envoy with the filter ----
     drop(filtered);
     drop(bare);
@@ -2633,6 +2742,13 @@ fn run() -> Result<()> {
         .iter()
         .any(|v| v.pair.is_some())
         .then(|| render_two_replica(&args, &results, &lease_stats));
+    if instructions_only {
+        if let Some(rows) = &instructions {
+            println!("{}", render_envoy_instructions(rows));
+        }
+        stack.shutdown();
+        return Ok(());
+    }
     if two_replica_only {
         let section = two_replica_section.unwrap_or_default();
         println!("{section}");
@@ -2684,6 +2800,9 @@ fn run() -> Result<()> {
         args.instructions.as_deref(),
     )));
     report.push_str(&render_host_calls(&counts, prices.as_ref()));
+    if let Some(rows) = &instructions {
+        report.push_str(&render_envoy_instructions(rows));
+    }
     if let Some(j) = &junk {
         report.push_str(&render_junk(j, &args));
     }
@@ -2729,6 +2848,358 @@ fn run() -> Result<()> {
     }
     stack.shutdown();
     Ok(())
+}
+
+/// One Envoy build's instructions per request (valgrind callgrind).
+#[derive(Debug, Clone, PartialEq)]
+struct EnvoyInstructionRow {
+    variant: String,
+    /// Instructions per request, Envoy's idle work (timers, the filter's ticks) subtracted.
+    per_request: f64,
+    requests: u64,
+    /// Instructions per second while idle (subtracted above for the run's length).
+    idle_per_s: f64,
+}
+
+/// Every build of `builds` (variant name, module, whether it is the MaaS filter) in an Envoy
+/// under valgrind's callgrind, all started at once (each takes minutes to compile its module
+/// there); then, one at a time: warmed up, its idle rate counted, and one wrk connection for
+/// `seconds` counted between a zero and a dump of callgrind's counters. Instructions are
+/// every thread's, user space only: Envoy, V8 (its compiled filter included) and the host calls.
+#[allow(clippy::too_many_arguments)]
+fn envoy_instructions(
+    inputs: &EnvoyInputs<'_>,
+    builds: &[(&'static str, Option<&Path>, bool)],
+    wrk: &mut Wrk<'_>,
+    auth: &str,
+    body_json: &Path,
+    body_stream: &Path,
+    seconds: u64,
+    dir: &Path,
+) -> Result<Vec<EnvoyInstructionRow>> {
+    log(format!(
+        "Envoy instructions per request: {} Envoys under valgrind (callgrind), starting (minutes) …",
+        builds.len()
+    ));
+    let mut envoys = Vec::new();
+    for (name, wasm, filter) in builds {
+        let tag = name.replace(':', "-");
+        let out = dir.join(format!("callgrind-{tag}.out"));
+        let envoy = start_envoy_run(
+            inputs,
+            &format!("envoy-callgrind-{tag}"),
+            *wasm,
+            *filter,
+            1000,
+            Some(&out),
+        );
+        envoys.push((*name, *filter, out, envoy));
+    }
+    let mut rows = Vec::new();
+    for (name, filter, out, envoy) in envoys {
+        let envoy = envoy?;
+        let mut runs: Vec<(String, PathBuf, String)> = vec![(
+            name.to_string(),
+            body_json.to_path_buf(),
+            if name == "wasm-floor" {
+                "x-bench-kind: floor".to_string()
+            } else {
+                String::new()
+            },
+        )];
+        if filter && name == "filter-cached" {
+            runs.push((
+                "filter-stream".into(),
+                body_stream.to_path_buf(),
+                String::new(),
+            ));
+        }
+        if name == "wasm-floor" && std::env::var_os("BENCH_FLOOR_PARTS").is_some() {
+            // What each part of the floor really costs: the floor without it (`floor-<part>`).
+            for part in FLOOR_PARTS {
+                runs.push((
+                    format!("wasm-floor-{part}"),
+                    body_json.to_path_buf(),
+                    format!("x-bench-kind: floor-{part}"),
+                ));
+            }
+        }
+        if name == "envoy" || name == "wasm-noop" {
+            runs.push((
+                format!("{name}-stream"),
+                body_stream.to_path_buf(),
+                String::new(),
+            ));
+        }
+        for (variant, body, headers) in runs {
+            let v = Variant {
+                name: "callgrind",
+                baseline: "envoy",
+                addr: envoy.listen,
+                path: CHAT_PATH.into(),
+                body_file: body,
+                load: Load::Fixed {
+                    auth: Some(auth.to_string()),
+                    extra_headers: headers,
+                },
+                only_c: None,
+                envoy_pid: envoy.pid(),
+                pair: None,
+            };
+            let row = count_instructions(wrk, &v, &out, seconds)
+                .with_context(|| format!("{variant} under callgrind"))?;
+            log(format!(
+                "{variant:<22} {:>9.0} instructions per request ({} requests)",
+                row.0, row.1
+            ));
+            rows.push(EnvoyInstructionRow {
+                variant,
+                per_request: row.0,
+                requests: row.1,
+                idle_per_s: row.2,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The parts of the hostcall filter's `floor` (kinds `floor-<part>`: the floor without it).
+const FLOOR_PARTS: [&str; 7] = [
+    "edits", "shared", "clock", "reqbody", "respmap", "ratehdrs", "respbody",
+];
+
+/// (instructions per request, requests, idle instructions per second) of one load on an Envoy
+/// under callgrind whose dumps go to `out`.
+fn count_instructions(
+    wrk: &mut Wrk<'_>,
+    v: &Variant,
+    out: &Path,
+    seconds: u64,
+) -> Result<(f64, u64, f64)> {
+    // The first requests under valgrind are slow (V8 compiles the module's functions lazily):
+    // warm up until the answers come steadily.
+    let mut warm = 0;
+    for _ in 0..30 {
+        let r = wrk.run(v, 1, 4)?;
+        if r.errors == 0 && r.requests > 50 {
+            warm += 1;
+            if warm == 2 {
+                break;
+            }
+        }
+    }
+    if warm < 2 {
+        bail!("no steady answers within the warm-up");
+    }
+    let pid = v.envoy_pid;
+    callgrind_control(pid, "-z")?;
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let idle_s = t.elapsed().as_secs_f64();
+    let idle = callgrind_dump(pid, out)?;
+    callgrind_control(pid, "-z")?;
+    let t = Instant::now();
+    let r = wrk.run(v, 1, seconds)?;
+    let busy_s = t.elapsed().as_secs_f64();
+    let busy = callgrind_dump(pid, out)?;
+    if r.errors > 0 || r.requests == 0 {
+        bail!("{} errors, {} requests", r.errors, r.requests);
+    }
+    let idle_per_s = idle as f64 / idle_s;
+    let per_request = (busy as f64 - idle_per_s * busy_s) / r.requests as f64;
+    Ok((per_request, r.requests, idle_per_s))
+}
+
+fn callgrind_control(pid: u32, what: &str) -> Result<()> {
+    let status = Command::new("callgrind_control")
+        .arg(what)
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run callgrind_control (valgrind)")?;
+    if !status.success() {
+        bail!("callgrind_control {what} {pid}: {status}");
+    }
+    Ok(())
+}
+
+/// Dumps callgrind's counters (since the last zero) and reads their total from the new dump
+/// (`<out>.<n>`, the highest n).
+fn callgrind_dump(pid: u32, out: &Path) -> Result<u64> {
+    let newest = || newest_dump(out).map(|(n, _)| n).unwrap_or(0);
+    let before = newest();
+    callgrind_control(pid, "-d")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((n, path)) = newest_dump(out)
+            && n > before
+            && let Some(total) = std::fs::read_to_string(&path)
+                .ok()
+                .as_deref()
+                .and_then(callgrind_total)
+        {
+            return Ok(total);
+        }
+        if Instant::now() > deadline {
+            bail!("no callgrind dump of {} within 60 s", out.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The highest-numbered dump `<out>.<n>`.
+fn newest_dump(out: &Path) -> Option<(u32, PathBuf)> {
+    let dir = out.parent()?;
+    let prefix = format!("{}.", out.file_name()?.to_str()?);
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let n: u32 = e
+                .file_name()
+                .to_str()?
+                .strip_prefix(&prefix)?
+                .parse()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+}
+
+/// The event total of a callgrind dump (`summary:` or `totals:`; instructions, the only event).
+fn callgrind_total(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// The section: Envoy's instructions per request by variant, and the differences that matter.
+fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
+    let mut o = String::from(
+        "
+## Envoy's instructions per request, counted (issue 14)
+
+",
+    );
+    let get = |name: &str| {
+        rows.iter()
+            .find(|r| r.variant == name)
+            .map(|r| r.per_request)
+    };
+    let _ = writeln!(
+        o,
+        "Each build in its own Envoy (one worker) under valgrind (`--tool=callgrind --smc-check=all-non-file`), one wrk connection: the instructions of every Envoy thread between a zero and a dump of callgrind's counters, minus the same Envoy's idle instructions per second (timers, the filter's ticks and polls) for that long, ÷ the requests answered. User space only (no kernel), V8's compiled filter and the host calls included. Unlike CPU time on this machine it repeats to within a fraction of a percent: compare variants and builds with it. `./scripts/bench.sh --only instructions` prints it alone.
+"
+    );
+    let _ = writeln!(
+        o,
+        "| variant | instructions / request | vs envoy | requests counted | idle instructions / s |"
+    );
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|");
+    for r in rows {
+        let base = if r.variant.ends_with("stream") {
+            get("envoy-stream")
+        } else {
+            get("envoy")
+        };
+        let vs = base.map_or_else(
+            || "—".to_string(),
+            |b| format!("{:+.0} ({:.2}×)", r.per_request - b, r.per_request / b),
+        );
+        let _ = writeln!(
+            o,
+            "| {} | {:.0} | {vs} | {} | {:.0} |",
+            r.variant, r.per_request, r.requests, r.idle_per_s
+        );
+    }
+    let parts = [
+        (
+            "any wasm filter (`wasm-noop` − `envoy`)",
+            "wasm-noop",
+            "envoy",
+        ),
+        (
+            "the filter's host calls (`wasm-floor` − `wasm-noop`)",
+            "wasm-floor",
+            "wasm-noop",
+        ),
+        (
+            "the filter's own work in the VM (`filter-cached` − `wasm-floor`)",
+            "filter-cached",
+            "wasm-floor",
+        ),
+        (
+            "the filter in all (`filter-cached` − `wasm-noop`)",
+            "filter-cached",
+            "wasm-noop",
+        ),
+        (
+            "a stream through any wasm filter (`wasm-noop-stream` − `envoy-stream`: a callback per chunk)",
+            "wasm-noop-stream",
+            "envoy-stream",
+        ),
+        (
+            "a stream through the filter (`filter-stream` − `wasm-noop-stream`)",
+            "filter-stream",
+            "wasm-noop-stream",
+        ),
+    ];
+    let mut lines: Vec<String> = parts
+        .iter()
+        .filter_map(|(what, a, b)| Some(format!("| {what} | {:+.0} |", get(a)? - get(b)?)))
+        .collect();
+    // BENCH_FLOOR_PARTS: what each part of the floor costs.
+    for part in FLOOR_PARTS {
+        if let (Some(all), Some(without)) = (get("wasm-floor"), get(&format!("wasm-floor-{part}")))
+        {
+            lines.push(format!(
+                "| `wasm-floor`'s {} (`wasm-floor` − `wasm-floor-{part}`) | {:+.0} |",
+                floor_part_what(part),
+                all - without
+            ));
+        }
+    }
+    // Other builds of the filter (BENCH_COMPARE_WASM): this build against each.
+    for r in rows {
+        if let (Some(label), Some(this)) = (
+            r.variant.strip_prefix("filter-cached:"),
+            get("filter-cached"),
+        ) {
+            lines.push(format!(
+                "| this build of the filter − build `{label}` (`filter-cached`) | {:+.0} |",
+                this - r.per_request
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(
+            o,
+            "
+| part | instructions / request |
+|---|---:|"
+        );
+        for l in lines {
+            let _ = writeln!(o, "{l}");
+        }
+    }
+    o
+}
+
+fn floor_part_what(part: &str) -> &'static str {
+    match part {
+        "edits" => "request header edits but `authorization`'s removal",
+        "shared" => "counter slot read and CAS write (shared data)",
+        "clock" => "3 clock reads",
+        "reqbody" => "request body read",
+        "respmap" => "response header map read",
+        "ratehdrs" => "6 `x-ratelimit-*` adds",
+        "respbody" => "response body read",
+        _ => "part",
+    }
 }
 
 /// `name: value` lines of Envoy's admin `/stats` (the `wasmcustom.` prefix dropped).
@@ -3090,7 +3561,7 @@ fn render_report(
     }
     let _ = writeln!(
         o,
-        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; wasm-floor = the same Envoy with `tests/bench/hostcall-filter` making exactly the host calls of a cached JSON request of the filter (kind `floor`: the request header map read, 4 header edits, the body read once when it reaches its content-length, the counter slot read with the headers and CAS-written at admission (a busy subject's refund folds into its next admission), 3 clock reads, the response header map read, 6 `x-ratelimit-*` sets, the response body read) and nothing else; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
+        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; wasm-floor = the same Envoy with `tests/bench/hostcall-filter` making exactly the host calls of a cached JSON request of the filter (kind `floor`: the request header map read, 3 header edits (`authorization` and `content-length` removed, `accept-encoding` set; the request sends no `x-maas-*` to remove), the body read once when it reaches its content-length, the counter slot read with the headers and CAS-written at admission (a busy subject's refund folds into its next admission), 3 clock reads, the response header map read, 6 `x-ratelimit-*` adds, the response body read) and nothing else; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
     );
 
     let mut targets: Vec<Target> = Vec::new();
@@ -3610,6 +4081,56 @@ mod tests {
     use super::*;
 
     const FILE: &str = "# Benchmarks\n\n## Targets (issue 6)\n\n| a | b |\n\n## How to run, and how to read it\n\nnotes\n";
+
+    #[test]
+    fn envoys_instructions_are_read_from_a_callgrind_dump_and_rendered_by_part() {
+        let dump = "version: 1\ncreator: callgrind-3.19.0\npid: 7\ncmd: envoy\npart: 2\n\nevents: Ir\nsummary: 135467197\n\nfn=x\n0 5\ntotals: 135467197\n";
+        assert_eq!(callgrind_total(dump), Some(135_467_197));
+        assert_eq!(callgrind_total("events: Ir\n"), None);
+        let dir = std::env::temp_dir().join(format!("maas-bench-cg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("callgrind-envoy.out");
+        for n in [1, 2, 10] {
+            std::fs::write(dir.join(format!("callgrind-envoy.out.{n}")), dump).unwrap();
+        }
+        std::fs::write(dir.join("callgrind-envoy.out.x"), dump).unwrap();
+        assert_eq!(newest_dump(&out).map(|(n, _)| n), Some(10));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let row = |variant: &str, per_request: f64| EnvoyInstructionRow {
+            variant: variant.into(),
+            per_request,
+            requests: 500,
+            idle_per_s: 1000.0,
+        };
+        let text = render_envoy_instructions(&[
+            row("envoy", 180_000.0),
+            row("envoy-stream", 230_000.0),
+            row("wasm-noop", 220_000.0),
+            row("wasm-floor", 320_000.0),
+            row("filter-cached", 350_000.0),
+            row("filter-stream", 600_000.0),
+        ]);
+        assert!(
+            text.contains("| wasm-noop | 220000 | +40000 (1.22×) | 500 | 1000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| filter-stream | 600000 | +370000 (2.61×) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(`wasm-floor` − `wasm-noop`) | +100000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(`filter-cached` − `wasm-floor`) | +30000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(`filter-cached` − `wasm-noop`) | +130000 |"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_instruction_count_is_read_from_its_file_and_rendered() {

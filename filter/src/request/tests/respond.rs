@@ -77,6 +77,67 @@ fn a_json_response_settles_to_its_usage() {
 }
 
 #[test]
+fn the_upstreams_own_rate_limit_headers_are_replaced_the_others_added() {
+    let fx = Fx::new();
+    let (id, h) = admitted(&fx, BODY);
+    // A provider's limits for the gateway's own account must not reach the client.
+    response(
+        &fx,
+        id,
+        &h,
+        &[
+            (":status", "200"),
+            ("content-type", "application/json"),
+            ("x-ratelimit-remaining-requests", "provider-own"),
+            ("x-ratelimit-remaining-requests", "provider-again"),
+            // A name the gateway never sends: removed, not passed on.
+            ("X-RateLimit-Limit-Images", "provider-own"),
+        ],
+    );
+    let calls = fx.host.calls.borrow().clone();
+    let sets: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::SetHeader(Headers::Response, n, Some(_)) => Some(n.as_str()),
+            _ => None,
+        })
+        .collect();
+    let adds = calls
+        .iter()
+        .filter(|c| matches!(c, Call::AddHeader(Headers::Response, ..)))
+        .count();
+    assert_eq!(sets, ["x-ratelimit-remaining-requests"]);
+    assert_eq!(adds, 5);
+    assert_eq!(
+        fx.host
+            .map_values(Headers::Response, "x-ratelimit-limit-images"),
+        Vec::<String>::new()
+    );
+    let values = fx
+        .host
+        .map_values(Headers::Response, "x-ratelimit-remaining-requests");
+    assert_eq!(values.len(), 1, "{values:?}");
+    assert_ne!(values.first().map(String::as_str), Some("provider-own"));
+    assert!(
+        values.iter().all(|v| v.parse::<u64>().is_ok()),
+        "{values:?}"
+    );
+    for name in [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ] {
+        assert_eq!(
+            fx.host.map_values(Headers::Response, name).len(),
+            1,
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn an_sse_response_loses_the_usage_event_it_did_not_ask_for_and_settles() {
     let fx = Fx::new();
     let (id, h) = admitted(&fx, STREAM);
@@ -278,6 +339,7 @@ fn kind_of(c: &Call) -> &'static str {
         Call::Header(..) => "header read",
         Call::SetHeader(_, _, Some(_)) => "header set",
         Call::SetHeader(_, _, None) => "header remove",
+        Call::AddHeader(..) => "header add",
         Call::Body(_) => "body read",
         Call::SetBody(_) => "body write",
         Call::Dispatch(_) => "dispatch",
@@ -300,7 +362,10 @@ fn by_side_and_kind(calls: &[Call]) -> serde_json::Map<String, serde_json::Value
     let mut out = std::collections::BTreeMap::<String, usize>::new();
     for c in calls {
         let side = match c {
-            Call::Headers(m) | Call::Header(m, _) | Call::SetHeader(m, ..) => match m {
+            Call::Headers(m)
+            | Call::Header(m, _)
+            | Call::SetHeader(m, ..)
+            | Call::AddHeader(m, ..) => match m {
                 Headers::Request => "request ",
                 Headers::Response => "response ",
                 Headers::CallResponse => "callout ",

@@ -8,7 +8,7 @@
 //! `shared_get_cas_set` (a get then a CAS set: subtract `shared_get`), `header_get_all`,
 //! `header_get`, `header_set`, `header_remove`, `header_set_map` (the whole map replaced),
 //! `body_read`, `body_write`, `metric_inc`, `property`, `resp_header_get_all`, `resp_header_get`,
-//! `resp_header_set`, `resp_header_remove`, `resp_header_set_map`, `resp_body_read` (the first
+//! `resp_header_set`, `resp_header_add`, `resp_header_remove`, `resp_header_set_map`, `resp_body_read` (the first
 //! non-empty response chunk), `resp_body_write` (read + replaced: subtract `resp_body_read`); and
 //! work inside the VM, for scale: `sha256` (one SHA-256 of 60 bytes, as a credential's verifier),
 //! `alloc` (a 64-byte vector allocated, written and freed), `json_body` (the request body parsed
@@ -92,6 +92,15 @@ const RATE_LIMIT_HEADERS: [(&str, &str); 6] = [
 ];
 
 impl Calls {
+    /// `floor-<part>`: the floor without one part of its calls (what that part really costs:
+    /// Δ vs `floor`). Parts: `edits` (the 4 request header edits), `shared` (the counter slot's
+    /// read and CAS write), `clock`, `reqbody` (the request body read), `respmap` (the response
+    /// header map read), `ratehdrs` (the 6 `x-ratelimit-*` sets), `respbody` (the response body
+    /// reads).
+    fn floor_has(&self, part: &str) -> bool {
+        self.kind.strip_prefix("floor-") != Some(part)
+    }
+
     /// The header-map kinds, on `map`.
     fn map_calls(&self, kind: &str, map: MapType) {
         let all = if kind == "header_set_map" {
@@ -109,6 +118,9 @@ impl Calls {
                 }
                 "header_set" => {
                     let _ = hostcalls::set_map_value(map, "x-bench-set", Some("12345"));
+                }
+                "header_add" => {
+                    let _ = hostcalls::add_map_value(map, "x-bench-add", "12345");
                 }
                 "header_remove" => {
                     let _ = hostcalls::set_map_value(map, "x-bench-absent", None);
@@ -166,29 +178,46 @@ impl HttpContext for Calls {
     fn on_http_request_headers(&mut self, _n: usize, _end: bool) -> Action {
         let req = MapType::HttpRequestHeaders;
         // One map read, as the MaaS filter makes: `floor` may make no other read.
+        let mut reserved = false;
         for (name, value) in hostcalls::get_map(req).unwrap_or_default() {
             match name.as_str() {
                 "x-bench-kind" => self.kind = value,
                 "x-bench-n" => self.n = value.parse().unwrap_or(0),
+                "x-maas-subject" => reserved = true,
                 _ => {}
             }
         }
         if self.kind.starts_with("floor") {
             // Precheck: the clock and the subject's counter slot; then the header hygiene.
-            std::hint::black_box(hostcalls::get_current_time().ok());
-            self.cas = hostcalls::get_shared_data(SHARED_KEY)
-                .ok()
-                .and_then(|(_, cas)| cas);
+            if self.floor_has("clock") {
+                std::hint::black_box(hostcalls::get_current_time().ok());
+            }
+            if self.floor_has("shared") {
+                self.cas = hostcalls::get_shared_data(SHARED_KEY)
+                    .ok()
+                    .and_then(|(_, cas)| cas);
+            }
             let _ = hostcalls::set_map_value(req, "authorization", None);
-            let _ = hostcalls::set_map_value(req, "x-maas-subject", None);
-            let _ = hostcalls::set_map_value(req, "accept-encoding", Some("identity"));
+            if self.floor_has("edits") {
+                // The filter removes the client's `x-maas-*` only when sent (the benchmark's
+                // request sends none; the budget tests' fixture does).
+                if reserved {
+                    let _ = hostcalls::set_map_value(req, "x-maas-subject", None);
+                }
+                let _ = hostcalls::set_map_value(req, "accept-encoding", Some("identity"));
+            }
             // `floor_length`: the same calls, the length kept (the upstream body not chunked).
             let length = if self.kind == "floor_length" {
                 "x-bench-absent"
             } else {
                 "content-length"
             };
-            let _ = hostcalls::set_map_value(req, length, None);
+            if self.floor_has("edits") {
+                let _ = hostcalls::set_map_value(req, length, None);
+            }
+        } else if self.kind == "strip" {
+            // As the trivial filter (`wasm-noop`) does, after this filter's one map read.
+            let _ = hostcalls::set_map_value(req, "authorization", None);
         } else if self.kind.starts_with("header_") {
             self.map_calls(&self.kind, req);
         } else {
@@ -204,16 +233,22 @@ impl HttpContext for Calls {
             // the body read once, the clock, the counter slot written (CAS); then passed on.
             if !self.admitted && size > 0 {
                 self.admitted = true;
-                std::hint::black_box(
-                    hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok(),
-                );
-                std::hint::black_box(hostcalls::get_current_time().ok());
-                let _ = hostcalls::set_shared_data(SHARED_KEY, Some(&VALUE), self.cas);
+                if self.floor_has("reqbody") {
+                    std::hint::black_box(
+                        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok(),
+                    );
+                }
+                if self.floor_has("clock") {
+                    std::hint::black_box(hostcalls::get_current_time().ok());
+                }
+                if self.floor_has("shared") {
+                    let _ = hostcalls::set_shared_data(SHARED_KEY, Some(&VALUE), self.cas);
+                }
             }
             return Action::Continue;
         }
         // `nobuf`: the body never held (Δ vs `none`: the price of buffering it to its end).
-        if self.kind == "nobuf" || self.kind == "probe_continue" {
+        if self.kind == "nobuf" || self.kind == "strip" || self.kind == "probe_continue" {
             return Action::Continue;
         }
         // `probe_rewrite`: the first chunk replaced by itself and a blank, and passed on.
@@ -275,9 +310,14 @@ impl HttpContext for Calls {
             let _ = hostcalls::set_map_value(resp, "x-bench-body-calls", Some(&calls.join(",")));
         }
         if self.kind.starts_with("floor") {
-            std::hint::black_box(hostcalls::get_map(resp).ok());
-            for (name, value) in RATE_LIMIT_HEADERS {
-                let _ = hostcalls::set_map_value(resp, name, Some(value));
+            if self.floor_has("respmap") {
+                std::hint::black_box(hostcalls::get_map(resp).ok());
+            }
+            if self.floor_has("ratehdrs") {
+                // Added, as the filter does for names the upstream did not send.
+                for (name, value) in RATE_LIMIT_HEADERS {
+                    let _ = hostcalls::add_map_value(resp, name, value);
+                }
             }
         } else if let Some(kind) = self.kind.strip_prefix("resp_") {
             self.map_calls(kind, resp);
@@ -288,9 +328,9 @@ impl HttpContext for Calls {
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         let body = BufferType::HttpResponseBody;
         match self.kind.as_str() {
-            "floor" | "floor_length" => {
+            kind if kind.starts_with("floor") => {
                 // Every non-empty chunk read (usage scan); settlement at the end.
-                if size > 0 {
+                if size > 0 && self.floor_has("respbody") {
                     std::hint::black_box(hostcalls::get_buffer(body, 0, size).ok());
                 }
                 if end_of_stream {
@@ -325,7 +365,7 @@ impl Calls {
     /// `floor`'s settlement (once): the clock; the refund of a busy subject (the benchmark's
     /// filter-cached) is folded into its next admission, so no counter slot read or write.
     fn settle(&mut self) {
-        if std::mem::replace(&mut self.done, true) {
+        if std::mem::replace(&mut self.done, true) || !self.floor_has("clock") {
             return;
         }
         std::hint::black_box(hostcalls::get_current_time().ok());
