@@ -101,22 +101,30 @@ export BENCH_INSTRUCTIONS="$TARGET/bench-instructions.json"
 rm -f "$BENCH_INSTRUCTIONS"
 command -v valgrind >/dev/null 2>&1 || apt_install valgrind || log "valgrind not installed: no instruction count"
 if command -v valgrind >/dev/null 2>&1; then
-  log "counting the filter's instructions per cached request (valgrind --tool=callgrind) …"
+  log "counting the filter's instructions per cached request and stream (valgrind --tool=callgrind) …"
   # Symbols kept (callgrind toggles on function names); LTO off keeps the build short.
   test_bin="$(CARGO_PROFILE_RELEASE_STRIP=false CARGO_PROFILE_RELEASE_LTO=off \
     cargo test -q -p maas-filter --release --lib --no-run --message-format=json 2>/dev/null |
     grep '"name":"maas_filter"' | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)"
+  # $1: the requests; $2: the ignored test; $3: the function whose calls are counted.
   collected() {
     MAAS_NATIVE_COST_N="$1" valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-      --collect-atstart=no --toggle-collect='*cached_request_callbacks*' \
+      --collect-atstart=no --toggle-collect="*$3*" --toggle-collect='*put_chunk*' \
       --toggle-collect='*RecordingHost as maas_filter::host::Host>::*' \
       --toggle-collect='*RecordingHost as maas_filter::store::SharedStore>::*' \
-      "$test_bin" --ignored native_cost_of_a_cached_request --test-threads=1 2>&1 |
+      "$test_bin" --ignored "$2" --exact --test-threads=1 2>&1 |
       sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
   }
-  if [ -n "$test_bin" ] && few="$(collected 200)" && many="$(collected 1200)" && [ -n "$few" ] && [ -n "$many" ]; then
-    # Two runs' difference ÷ the requests between them: the setup cancels out.
-    echo "{\"cached_json\": $(((many - few) / 1000))}" >"$BENCH_INSTRUCTIONS"
+  # Two runs' difference ÷ the requests between them: the setup cancels out.
+  per_request() {
+    local few many
+    few="$(collected 200 "$1" "$2")" && many="$(collected 1200 "$1" "$2")" &&
+      [ -n "$few" ] && [ -n "$many" ] && echo $(((many - few) / 1000))
+  }
+  if [ -n "$test_bin" ] &&
+    json="$(per_request request::tests::respond::native_cost_of_a_cached_request cached_request_callbacks)" &&
+    stream="$(per_request request::tests::respond::native_cost_of_a_cached_stream cached_stream_callbacks)"; then
+    echo "{\"cached_json\": $json, \"cached_stream\": $stream}" >"$BENCH_INSTRUCTIONS"
   else
     log "warning: the instruction count failed (the report shows none)"
   fi

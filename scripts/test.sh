@@ -65,7 +65,8 @@ log "cargo test (wasm32-wasip1 under node:wasi: filter, types) …"
 # grows the memory): Node 20's V8 can crash (SIGSEGV in the GC's stack walk) when a garbage
 # collection runs inside `memory.grow` called from wasm, as the large SSE tests' growth made it
 # do in about one run in three. Only these test binaries are linked so; the filter is not.
-(cd "$ROOT" && CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="-C link-arg=--initial-memory=268435456" \
+# This variable replaces .cargo/config.toml's rustflags: the filter's SIMD flag is repeated.
+(cd "$ROOT" && CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="-C target-feature=+simd128 -C link-arg=--initial-memory=268435456" \
   cargo test -p maas-filter -p maas-types --target wasm32-wasip1 --lib --no-fail-fast) ||
   { log "FAILED: unit tests on wasm32-wasip1"; status=1; }
 

@@ -178,9 +178,23 @@ async fn tier_and_model_changes_apply_live() {
     .expect("the tier change never applied");
     eprintln!("tier change applied after {took:?}");
     // sim-model is closed to free now: a free-only caller... everyone is premium; the new model
-    // is free-only, so premium alice is refused there.
-    let r = call(stack, &key, "/llm/sim-new/v1/chat/completions", "sim-new").await;
-    assert_eq!(r.error(403)["type"], "permission_error");
+    // is free-only, so premium alice is refused there. Each Envoy worker polls the policy on
+    // its own: the request that showed the new tier may have met one worker, this one another.
+    let new_model =
+        || async { call(stack, &key, "/llm/sim-new/v1/chat/completions", "sim-new").await };
+    // Several answers in a row: every worker has the new policy.
+    let every_worker_says = |status: u16| async move {
+        for _ in 0..6 {
+            if new_model().await.status != status {
+                return false;
+            }
+        }
+        true
+    };
+    eventually(Duration::from_secs(10), || every_worker_says(403))
+        .await
+        .expect("the new model never came to the policy of every worker");
+    assert_eq!(new_model().await.error(403)["type"], "permission_error");
 
     stack.replace_policy(POLICY).unwrap();
     let back = eventually(Duration::from_secs(10), || async {
@@ -191,7 +205,8 @@ async fn tier_and_model_changes_apply_live() {
     })
     .await;
     assert!(back.is_some(), "the old policy never came back");
-    call(stack, &key, "/llm/sim-new/v1/chat/completions", "sim-new")
+    eventually(Duration::from_secs(10), || every_worker_says(404))
         .await
-        .error(404);
+        .expect("the new model never left the policy of every worker");
+    new_model().await.error(404);
 }

@@ -136,20 +136,19 @@ fn scan_keys(data: &[u8]) -> Option<Keys> {
         let Some(name) = before.strip_suffix(b"\"") else {
             continue;
         };
-        let key = if name.ends_with(b"\"usage") {
-            Key::Usage
-        } else if name.ends_with(b"\"content") || name.ends_with(b"\"text") {
-            Key::Content
-        } else if name.ends_with(b"\"choices") {
-            Key::Choices
-        } else if name.ends_with(b"\"type") {
-            Key::Type
-        } else if name.ends_with(b"\"delta") {
-            Key::Delta
-        } else if name.ends_with(b"\"partial_json") || name.ends_with(b"\"thinking") {
-            Key::OtherText
-        } else {
-            continue;
+        // By the name's last byte first: most keys (`id`, `model`, `index`…) end in none of
+        // these, and each other is compared with the one or two names it could be.
+        let key = match name.last() {
+            Some(b'e') if name.ends_with(b"\"usage") => Key::Usage,
+            Some(b'e') if name.ends_with(b"\"type") => Key::Type,
+            Some(b't') if name.ends_with(b"\"content") || name.ends_with(b"\"text") => {
+                Key::Content
+            }
+            Some(b's') if name.ends_with(b"\"choices") => Key::Choices,
+            Some(b'a') if name.ends_with(b"\"delta") => Key::Delta,
+            Some(b'n') if name.ends_with(b"\"partial_json") => Key::OtherText,
+            Some(b'g') if name.ends_with(b"\"thinking") => Key::OtherText,
+            _ => continue,
         };
         let Some(value) = skip_ws(data, from) else {
             break;

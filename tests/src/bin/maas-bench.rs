@@ -2907,9 +2907,10 @@ fn envoy_instructions(
                 String::new()
             },
         )];
-        if filter && name == "filter-cached" {
+        if filter {
+            // The filter's stream, and a compared build's (`filter-cached:<label>`) too.
             runs.push((
-                "filter-stream".into(),
+                name.replacen("filter-cached", "filter-stream", 1),
                 body_stream.to_path_buf(),
                 String::new(),
             ));
@@ -2929,6 +2930,14 @@ fn envoy_instructions(
                 format!("{name}-stream"),
                 body_stream.to_path_buf(),
                 String::new(),
+            ));
+        }
+        if name == "wasm-floor" {
+            // The floor's calls on a stream (every chunk read): the host's share of a stream.
+            runs.push((
+                "wasm-floor-stream".into(),
+                body_stream.to_path_buf(),
+                "x-bench-kind: floor".to_string(),
             ));
         }
         for (variant, body, headers) in runs {
@@ -3101,7 +3110,13 @@ fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
     );
     let _ = writeln!(o, "|---|---:|---:|---:|---:|");
     for r in rows {
-        let base = if r.variant.ends_with("stream") {
+        // A compared build's row (`filter-stream:<label>`) by its variant's name.
+        let base = if r
+            .variant
+            .split(':')
+            .next()
+            .is_some_and(|v| v.ends_with("stream"))
+        {
             get("envoy-stream")
         } else {
             get("envoy")
@@ -3147,6 +3162,16 @@ fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
             "filter-stream",
             "wasm-noop-stream",
         ),
+        (
+            "a stream's host calls (`wasm-floor-stream` − `wasm-noop-stream`: every chunk read)",
+            "wasm-floor-stream",
+            "wasm-noop-stream",
+        ),
+        (
+            "a stream's work in the VM (`filter-stream` − `wasm-floor-stream`)",
+            "filter-stream",
+            "wasm-floor-stream",
+        ),
     ];
     let mut lines: Vec<String> = parts
         .iter()
@@ -3171,6 +3196,15 @@ fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
         ) {
             lines.push(format!(
                 "| this build of the filter − build `{label}` (`filter-cached`) | {:+.0} |",
+                this - r.per_request
+            ));
+        }
+        if let (Some(label), Some(this)) = (
+            r.variant.strip_prefix("filter-stream:"),
+            get("filter-stream"),
+        ) {
+            lines.push(format!(
+                "| this build of the filter − build `{label}` (`filter-stream`) | {:+.0} |",
                 this - r.per_request
             ));
         }
@@ -4050,28 +4084,56 @@ fn render_issue14(m: &Issue14, cached_bill: Option<f64>, jit_share: Option<f64>)
     o
 }
 
-/// `{"cached_json": N}` from `path` (`None`: no file, or unreadable).
-fn read_instructions(path: Option<&Path>) -> Option<u64> {
-    let text = std::fs::read_to_string(path?).ok()?;
-    serde_json::from_str::<Value>(&text).ok()?["cached_json"].as_u64()
+/// The filter's own instructions, counted natively by `./scripts/bench.sh` (valgrind).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct FilterInstructions {
+    /// Per cached JSON request.
+    cached_json: Option<u64>,
+    /// Per cached stream (the benchmark's: 64 content chunks, usage asked for).
+    cached_stream: Option<u64>,
 }
 
-/// The filter's own work per cached JSON request as an instruction count.
-fn render_instructions(cached_json: Option<u64>) -> String {
+/// `{"cached_json": N, "cached_stream": M}` from `path` (`None`: no file, or unreadable).
+fn read_instructions(path: Option<&Path>) -> Option<FilterInstructions> {
+    let text = std::fs::read_to_string(path?).ok()?;
+    let v = serde_json::from_str::<Value>(&text).ok()?;
+    let counts = FilterInstructions {
+        cached_json: v["cached_json"].as_u64(),
+        cached_stream: v["cached_stream"].as_u64(),
+    };
+    (counts != FilterInstructions::default()).then_some(counts)
+}
+
+/// The filter's own work per cached JSON request and per stream as instruction counts.
+fn render_instructions(counts: Option<FilterInstructions>) -> String {
     let mut o = String::from("## The filter's own work, counted (issue 14)\n\n");
-    match cached_json {
-        Some(n) => {
-            let _ = writeln!(
-                o,
-                "**{n} instructions** per cached JSON request: the filter's code from its context's creation to its end (headers, body, admission, response headers, usage, settlement, ledger), natively (x86-64, release, LTO off), counted by valgrind (`--tool=callgrind`, `--toggle-collect` on `cached_request_callbacks` of the ignored test `native_cost_of_a_cached_request`, the recording host's calls toggled off), the difference of a 1200- and a 200-request run ÷ 1000. Unlike Envoy's CPU time above it does not move with this machine's load: compare builds with it. In Envoy the same work is V8's compiled wasm (slower than native) plus the host calls priced below.\n"
-            );
-        }
-        None => {
-            let _ = writeln!(
-                o,
-                "Not counted in this run (`./scripts/bench.sh` counts it when valgrind is installed).\n"
-            );
-        }
+    let counts = counts.unwrap_or_default();
+    if let Some(n) = counts.cached_json {
+        let _ = writeln!(
+            o,
+            "**{n} instructions** per cached JSON request: the filter's code from its context's creation to its end (headers, body, admission, response headers, usage, settlement, ledger), natively (x86-64, release, LTO off), counted by valgrind (`--tool=callgrind`, `--toggle-collect` on `cached_request_callbacks` of the ignored test `native_cost_of_a_cached_request`, the recording host's calls toggled off), the difference of a 1200- and a 200-request run ÷ 1000. Unlike Envoy's CPU time above it does not move with this machine's load: compare builds with it. In Envoy the same work is V8's compiled wasm (slower than native) plus the host calls priced below.\n"
+        );
+    }
+    if let Some(n) = counts.cached_stream {
+        let per_chunk = counts
+            .cached_json
+            .map(|json| {
+                format!(
+                    ", i.e. {:+.0} per chunk beyond a JSON request's",
+                    (n as f64 - json as f64) / 66.0
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "**{n} instructions** per cached stream (the benchmark's filter-stream: 64 content chunks, the usage chunk and `[DONE]`, one event per chunk, usage asked for by the client), counted the same way over `native_cost_of_a_cached_stream`{per_chunk}.\n"
+        );
+    }
+    if counts == FilterInstructions::default() {
+        let _ = writeln!(
+            o,
+            "Not counted in this run (`./scripts/bench.sh` counts it when valgrind is installed).\n"
+        );
     }
     o
 }
@@ -4109,7 +4171,21 @@ mod tests {
             row("wasm-floor", 320_000.0),
             row("filter-cached", 350_000.0),
             row("filter-stream", 600_000.0),
+            row("filter-cached:old", 360_000.0),
+            row("filter-stream:old", 640_000.0),
         ]);
+        assert!(
+            text.contains("| filter-stream:old | 640000 | +410000 (2.78×) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("build `old` (`filter-stream`) | -40000 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("build `old` (`filter-cached`) | -10000 |"),
+            "{text}"
+        );
         assert!(
             text.contains("| wasm-noop | 220000 | +40000 (1.22×) | 500 | 1000 |"),
             "{text}"
@@ -4138,8 +4214,29 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("ins.json");
         std::fs::write(&file, r#"{"cached_json": 33648}"#).unwrap();
-        assert_eq!(read_instructions(Some(&file)), Some(33648));
-        assert!(render_instructions(Some(33648)).contains("**33648 instructions**"));
+        let json_only = FilterInstructions {
+            cached_json: Some(33648),
+            cached_stream: None,
+        };
+        assert_eq!(read_instructions(Some(&file)), Some(json_only));
+        let text = render_instructions(Some(json_only));
+        assert!(text.contains("**33648 instructions**"), "{text}");
+        assert!(!text.contains("per cached stream"), "{text}");
+        std::fs::write(&file, r#"{"cached_json": 30000, "cached_stream": 96000}"#).unwrap();
+        let both = read_instructions(Some(&file));
+        assert_eq!(
+            both,
+            Some(FilterInstructions {
+                cached_json: Some(30000),
+                cached_stream: Some(96000),
+            })
+        );
+        let text = render_instructions(both);
+        assert!(
+            text.contains("**96000 instructions** per cached stream"),
+            "{text}"
+        );
+        assert!(text.contains("+1000 per chunk"), "{text}");
         std::fs::write(&file, "not json").unwrap();
         assert_eq!(read_instructions(Some(&file)), None);
         assert_eq!(read_instructions(Some(&dir.join("missing.json"))), None);

@@ -641,12 +641,9 @@ fn host_calls_per_request_do_not_grow_with_global_limits_and_a_lease_held() {
     assert!(fx.root.worker.borrow().leases.tracked.contains_key("alice"));
 }
 
-/// Not a test: the filter's own work per cached request, natively (for profiling with
-/// `perf record`; `cargo test -p maas-filter --release --lib -- --ignored native_cost --nocapture`;
-/// `./scripts/bench.sh` counts its instructions with valgrind).
-#[test]
-#[ignore]
-fn native_cost_of_a_cached_request() {
+/// A worker whose cache holds key 2 as alice's, with limits that never trip (the benchmark's
+/// filter-cached): the native cost harnesses' setup.
+fn cached_fixture() -> Fx {
     let mut p = policy();
     p["tiers"][0]["limits"] = serde_json::json!({
         "requests": [{"limit": 1_000_000_000u64, "window": "1m"}],
@@ -670,14 +667,29 @@ fn native_cost_of_a_cached_request() {
         fx.host.now.get() / 1000,
         100_000,
     );
+    fx
+}
+
+/// MAAS_NATIVE_COST_N: how many requests (fewer under an instruction counter, valgrind
+/// --tool=callgrind).
+fn native_cost_rounds() -> u32 {
+    std::env::var("MAAS_NATIVE_COST_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// Not a test: the filter's own work per cached request, natively (for profiling with
+/// `perf record`; `cargo test -p maas-filter --release --lib -- --ignored native_cost --nocapture`;
+/// `./scripts/bench.sh` counts its instructions with valgrind).
+#[test]
+#[ignore]
+fn native_cost_of_a_cached_request() {
+    let fx = cached_fixture();
     let headers = chat(&key(2));
     let headers = refs(&headers);
     let resp = [(":status", "200"), ("content-type", "application/json")];
-    // MAAS_NATIVE_COST_N: fewer requests under an instruction counter (valgrind --tool=callgrind).
-    let n: u32 = std::env::var("MAAS_NATIVE_COST_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
+    let n = native_cost_rounds();
     let t = std::time::Instant::now();
     for _ in 0..n {
         let id = fx.context_id();
@@ -710,4 +722,109 @@ fn cached_request_callbacks(fx: &Fx, id: u32) {
     assert_eq!(h.on_response_body(host, JSON.len(), true), Action::Continue);
     h.on_log(host);
     h.on_done(host);
+}
+
+/// The benchmark's stream request: usage asked for by the client (nothing stripped).
+const BENCH_STREAM: &[u8] = br#"{"model":"sim","messages":[{"role":"user","content":"Say something short about benchmarks please"}],"max_tokens":64,"stream":true,"stream_options":{"include_usage":true}}"#;
+
+/// The simulator's answer to [`BENCH_STREAM`], one event per chunk as it sends them: 64
+/// content chunks, the usage chunk, `[DONE]`.
+fn bench_stream_chunks() -> Vec<Vec<u8>> {
+    let head = r#"{"id":"chatcmpl-sim-1","object":"chat.completion.chunk","created":1700000000,"model":"sim""#;
+    let mut out: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            let piece = if i == 0 {
+                "tok0".to_string()
+            } else {
+                format!(" tok{i}")
+            };
+            let finish = if i == 63 { r#""length""# } else { "null" };
+            format!(
+                "data: {head},\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{piece}\"}},\"finish_reason\":{finish}}}]}}\n\n"
+            )
+            .into_bytes()
+        })
+        .collect();
+    out.push(
+        format!(
+            "data: {head},\"choices\":[],\"usage\":{{\"prompt_tokens\":6,\"completion_tokens\":64,\"total_tokens\":70}}}}\n\n"
+        )
+        .into_bytes(),
+    );
+    out.push(b"data: [DONE]\n\n".to_vec());
+    out
+}
+
+/// The harness's stream is what the filter reads as 64 content events and their usage.
+#[test]
+fn the_native_cost_streams_usage_is_read() {
+    let fx = cached_fixture();
+    let chunks = bench_stream_chunks();
+    let parts: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    let calls = one_request(
+        &fx,
+        BENCH_STREAM,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        &parts,
+    );
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::SetBody(_))),
+        "nothing stripped: {calls:#?}"
+    );
+    // Settled to its usage (70 tokens), not to the reservation (64 + the prompt estimate).
+    assert_eq!(fx.tokens_used("alice"), 70);
+}
+
+/// Not a test: the filter's own work per cached stream (the benchmark's filter-stream: 64
+/// content chunks, usage asked for), natively; `./scripts/bench.sh` counts its instructions.
+#[test]
+#[ignore]
+fn native_cost_of_a_cached_stream() {
+    let fx = cached_fixture();
+    let headers = chat(&key(2));
+    let headers = refs(&headers);
+    let resp = [(":status", "200"), ("content-type", "text/event-stream")];
+    let chunks = bench_stream_chunks();
+    let n = native_cost_rounds();
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        let id = fx.context_id();
+        fx.host.clear_calls();
+        fx.host.enter(id);
+        fx.host.set_map(Headers::Request, &headers);
+        fx.host.set_buffer(Body::Request, BENCH_STREAM);
+        fx.host.set_map(Headers::Response, &resp);
+        cached_stream_callbacks(&fx, id, &chunks);
+    }
+    eprintln!(
+        "{:.2} µs per stream",
+        t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    );
+}
+
+/// [`cached_request_callbacks`] for a stream: each chunk is put in the host's buffer between
+/// the callbacks (host side: not counted).
+#[inline(never)]
+fn cached_stream_callbacks(fx: &Fx, id: u32, chunks: &[Vec<u8>]) {
+    let h = Http::new(id, fx.root.worker.clone());
+    let host = &fx.host;
+    assert_eq!(h.on_request_headers(host, false), Action::Continue);
+    assert_eq!(
+        h.on_request_body(host, BENCH_STREAM.len(), true),
+        Action::Continue
+    );
+    assert_eq!(h.on_response_headers(host), Action::Continue);
+    for (i, c) in chunks.iter().enumerate() {
+        put_chunk(host, c);
+        let last = i + 1 == chunks.len();
+        assert_eq!(h.on_response_body(host, c.len(), last), Action::Continue);
+    }
+    h.on_log(host);
+    h.on_done(host);
+}
+
+/// Not inlined, so valgrind's `--toggle-collect` on it leaves the host's side out.
+#[inline(never)]
+fn put_chunk(host: &RecordingHost, chunk: &[u8]) {
+    host.set_buffer(Body::Response, chunk);
 }
