@@ -141,9 +141,7 @@ fn scan_keys(data: &[u8]) -> Option<Keys> {
         let key = match name.last() {
             Some(b'e') if name.ends_with(b"\"usage") => Key::Usage,
             Some(b'e') if name.ends_with(b"\"type") => Key::Type,
-            Some(b't') if name.ends_with(b"\"content") || name.ends_with(b"\"text") => {
-                Key::Content
-            }
+            Some(b't') if name.ends_with(b"\"content") || name.ends_with(b"\"text") => Key::Content,
             Some(b's') if name.ends_with(b"\"choices") => Key::Choices,
             Some(b'a') if name.ends_with(b"\"delta") => Key::Delta,
             Some(b'n') if name.ends_with(b"\"partial_json") => Key::OtherText,
