@@ -40,6 +40,7 @@ fn map(m: Headers) -> MapType {
     match m {
         Headers::Request => MapType::HttpRequestHeaders,
         Headers::Response => MapType::HttpResponseHeaders,
+        Headers::ResponseTrailers => MapType::HttpResponseTrailers,
         Headers::CallResponse => MapType::HttpCallResponseHeaders,
     }
 }
@@ -230,6 +231,10 @@ impl HttpContext for Http {
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         Http::on_response_body(self, &ProxyHost, body_size, end_of_stream)
+    }
+
+    fn on_http_response_trailers(&mut self, _n: usize) -> Action {
+        Http::on_response_trailers(self, &ProxyHost)
     }
 
     fn on_log(&mut self) {

@@ -13,6 +13,8 @@ use crate::store::SharedStore;
 pub enum Headers {
     Request,
     Response,
+    /// The response's trailers (inside their callback).
+    ResponseTrailers,
     /// The answer to a dispatched HTTP call (inside its response callback).
     CallResponse,
 }

@@ -254,6 +254,25 @@ pub fn enable_http1_trailers(bootstrap: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// Makes Envoy speak HTTP/2 (prior knowledge) to the cluster `name`: an upstream whose answers
+/// can end in trailers.
+pub fn upstream_http2(bootstrap: &mut Value, name: &str) -> Result<()> {
+    let Some(cluster) = bootstrap
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == name))
+    else {
+        bail!("no cluster {name:?} in the config");
+    };
+    cluster["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}
+        }
+    });
+    Ok(())
+}
+
 /// Adds a TLS listener on `listen` with the first listener's HTTP connection manager (same
 /// filter and routes), offering ALPN `h2` then `http/1.1`. Certificate and key are PEM files.
 pub fn add_tls_listener(

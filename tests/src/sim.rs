@@ -13,7 +13,9 @@
 //! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
 //! `x-ratelimit-remaining-requests` (twice), `x-ratelimit-limit-tokens` and
-//! `x-ratelimit-limit-images` to the answer.
+//! `x-ratelimit-limit-images` to the answer; `x-sim-ratelimit-trailers` (any value) ends the
+//! body with trailers instead: `x-ratelimit-remaining-requests`, `x-ratelimit-limit-images` (the
+//! provider's) and `x-sim-trailer: kept` (HTTP/2, or HTTP/1.1 to a client sending `TE: trailers`).
 //! Delay: `x-sim-response-delay-ms: N` holds the answer back N ms (at most 60 s).
 //! Compression: header `x-sim-compress: gzip` gzips the response when the request's
 //! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
@@ -434,6 +436,32 @@ pub fn accepts_gzip(accept_encoding: &str) -> bool {
 
 /// Gzips the response body as it goes, flushing after every frame (every SSE event), so a
 /// compressed stream still streams. A body error (a dropped stream) ends it without a trailer.
+/// A body followed by trailers.
+struct WithTrailers {
+    body: Body,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(None) => Poll::Ready(
+                self.trailers
+                    .take()
+                    .map(|t| Ok(http_body::Frame::trailers(t))),
+            ),
+            other => other,
+        }
+    }
+}
+
 fn gzip_response(resp: Response) -> Response {
     use flate2::{Compression, write::GzEncoder};
     use futures_util::StreamExt;
@@ -478,7 +506,28 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
                 .any(accepts_gzip));
     let control = req.uri().path().starts_with("/_sim/");
     let provider_limits = req.headers().contains_key("x-sim-ratelimit-headers");
+    let provider_trailers = req.headers().contains_key("x-sim-ratelimit-trailers");
     let mut resp = handle_model(&state, req).await;
+    if provider_trailers {
+        let mut trailers = HeaderMap::new();
+        for (name, value) in [
+            ("x-ratelimit-remaining-requests", "provider-own"),
+            ("x-ratelimit-limit-images", "provider-own"),
+            ("x-sim-trailer", "kept"),
+        ] {
+            trailers.append(name, header::HeaderValue::from_static(value));
+        }
+        let (mut parts, body) = resp.into_parts();
+        // Trailers need a body of unknown length (chunked, or DATA frames without END_STREAM).
+        parts.headers.remove(header::CONTENT_LENGTH);
+        resp = Response::from_parts(
+            parts,
+            Body::new(WithTrailers {
+                body,
+                trailers: Some(trailers),
+            }),
+        );
+    }
     if provider_limits {
         // As a provider answers: its own limits for the account the gateway calls it with.
         let h = resp.headers_mut();

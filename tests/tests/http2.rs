@@ -80,6 +80,7 @@ identities:
   - {token: sue-http1-token, username: sue-http1, groups: [g-open]}
   - {token: sue-h2c-token, username: sue-h2c, groups: [g-open]}
   - {token: sue-h2-tls-token, username: sue-h2-tls, groups: [g-open]}
+  - {token: tess-token, username: tess, groups: [g-open]}
 "#;
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
@@ -940,4 +941,88 @@ async fn same_over_both_protocols_streamed_usage_is_hidden_and_counted() {
         }
     }
     combos.finish();
+}
+
+// ---- response trailers ----
+
+/// An upstream whose answers end in trailers (HTTP/2 to the simulator, which sends the
+/// provider's own `x-ratelimit-*` there): they never reach the client, the other trailers do,
+/// and the answer is counted as any other.
+#[tokio::test]
+async fn the_upstreams_rate_limit_trailers_never_reach_the_client() {
+    let stack = stack();
+    let envoy = ExtraEnvoy::beside(stack, "http2-upstream-trailers", false, |v, _| {
+        envoy_config::merge_plugin_config(v, &json!({"limits": {"global": {"enabled": false}}}))?;
+        envoy_config::upstream_http2(v, envoy_config::SIMULATOR_CLUSTER)
+    })
+    .unwrap();
+    let addr = envoy.ports.listen;
+    let remaining = |r: &h2client::Response| -> u64 {
+        r.header("x-ratelimit-remaining-tokens")
+            .unwrap_or_else(|| panic!("no x-ratelimit-remaining-tokens in {:?}", r.headers))
+            .parse()
+            .unwrap()
+    };
+    let probe = |n: usize| {
+        let body = json!({"model": "sim-model", "max_tokens": 3,
+                          "messages": [{"role": "user", "content": "probe"}]});
+        chat_request(&format!("upstream-trailers-probe-{n}"), "tess-token", &body)
+    };
+    let mut before = h2client::send_h2c(addr, &probe(0)).await.unwrap();
+    assert_eq!(before.status, 200, "{}", before.text());
+    for (n, stream) in [(1, false), (2, true)] {
+        // prompt 1 + completion 10 = 11 used (the simulator's rule), 50 reserved.
+        let body = json!({"model": "sim-model", "stream": stream, "max_tokens": 10,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let req = chat_request(&format!("upstream-trailers-{n}"), "tess-token", &body)
+            .header("x-sim-ratelimit-trailers", "1");
+        let r = h2client::send_h2c(addr, &req).await.unwrap();
+        assert_eq!(r.status, 200, "stream {stream}: {}", r.text());
+        // The gateway's own limits are in the headers.
+        assert!(
+            r.header("x-ratelimit-remaining-requests")
+                .is_some_and(|v| v.parse::<u64>().is_ok()),
+            "stream {stream}: {:?}",
+            r.headers
+        );
+        let trailers = r
+            .trailers
+            .as_ref()
+            .unwrap_or_else(|| panic!("stream {stream}: no trailers came through"));
+        assert_eq!(
+            trailers.get("x-sim-trailer").and_then(|v| v.to_str().ok()),
+            Some("kept"),
+            "stream {stream}: {trailers:?}"
+        );
+        let leaked: Vec<_> = trailers
+            .keys()
+            .filter(|k| k.as_str().starts_with("x-ratelimit-"))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "stream {stream}: {leaked:?} reached the client"
+        );
+        if stream {
+            let text = r.text();
+            assert!(text.contains("[DONE]"), "{text}");
+            assert!(
+                !text.contains("\"usage\""),
+                "the usage event is stripped: {text}"
+            );
+        } else {
+            assert_eq!(
+                r.text().parse::<Value>().unwrap()["usage"]["total_tokens"],
+                11
+            );
+        }
+        let after = h2client::send_h2c(addr, &probe(n)).await.unwrap();
+        assert_eq!(after.status, 200, "{}", after.text());
+        // Probes use prompt 1 + completion 3.
+        assert_eq!(
+            remaining(&before) - remaining(&after),
+            11 + 4,
+            "stream {stream}: counted as it used"
+        );
+        before = after;
+    }
 }

@@ -98,6 +98,13 @@ impl Http {
         }
     }
 
+    pub fn on_response_trailers(&self, host: &dyn Host) -> Action {
+        match self.0.try_borrow_mut() {
+            Ok(mut req) => req.on_response_trailers(host),
+            Err(_) => Action::Continue,
+        }
+    }
+
     /// A callout's answer: a lease flight this context carries (by its token), else this
     /// request's authentication callout.
     pub fn on_call_response(&self, host: &dyn Host, token: u32, body_size: usize) {

@@ -166,6 +166,37 @@ impl Request {
         Action::Continue
     }
 
+    /// Response trailers end the response (an HTTP/2 answer whose last DATA frame has no
+    /// END_STREAM): the upstream's `x-ratelimit-*` are removed from them too (the gateway's own
+    /// are in the headers), an unterminated last SSE event is read for usage, and the
+    /// reservation is settled, as at the end of the body.
+    pub(super) fn on_response_trailers(&mut self, host: &dyn Host) -> Action {
+        let Phase::Responding { scan, .. } = &mut self.phase else {
+            return Action::Continue;
+        };
+        let trailers = host.headers(Headers::ResponseTrailers);
+        let mut removed: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
+        for name in trailers.names().filter(|n| is_rate_limit_header(n)) {
+            if !removed.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+                host.set_header(Headers::ResponseTrailers, name, None);
+                removed.push(name);
+            }
+        }
+        if let Scan::Sse(s) = scan.as_mut() {
+            // Bytes held back from an unterminated last event cannot be forwarded once the
+            // trailers came (proxy-wasm adds no body data then); its usage is still read.
+            let (held, _) = s.finish();
+            if !held.is_empty() {
+                log::warn!(
+                    "maas: a stream ended in trailers after an unterminated event: {} held bytes dropped",
+                    held.len()
+                );
+            }
+        }
+        self.settle(host);
+        Action::Continue
+    }
+
     /// Settles the token reservation to what the response showed (once). Without response
     /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
     pub(super) fn settle(&mut self, host: &dyn Host) {

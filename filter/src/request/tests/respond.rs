@@ -137,6 +137,92 @@ fn the_upstreams_own_rate_limit_headers_are_replaced_the_others_added() {
     }
 }
 
+fn trailers(fx: &Fx, id: u32, h: &Http, trailers: &[(&str, &str)]) {
+    fx.host.enter(id);
+    fx.host.set_map(Headers::ResponseTrailers, trailers);
+    assert_eq!(h.on_response_trailers(&fx.host), Action::Continue);
+}
+
+#[test]
+fn the_upstreams_rate_limit_trailers_are_removed_and_trailers_settle() {
+    let fx = Fx::new();
+    let (id, h) = admitted(&fx, BODY);
+    response(
+        &fx,
+        id,
+        &h,
+        &[(":status", "200"), ("content-type", "application/json")],
+    );
+    chunk(&fx, id, &h, JSON, false);
+    assert!(fx.phase(&h).starts_with("Responding"));
+    trailers(
+        &fx,
+        id,
+        &h,
+        &[
+            ("x-ratelimit-remaining-requests", "provider-own"),
+            ("X-RateLimit-Remaining-Requests", "provider-again"),
+            ("x-ratelimit-limit-images", "provider-own"),
+            ("grpc-status", "0"),
+        ],
+    );
+    let left = fx
+        .host
+        .maps
+        .borrow()
+        .get(&Headers::ResponseTrailers)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(left, [("grpc-status".to_string(), "0".to_string())]);
+    // One removal per name, whatever its case and however often it came.
+    let removals = fx
+        .host
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c, Call::SetHeader(Headers::ResponseTrailers, _, None)))
+        .count();
+    assert_eq!(removals, 2);
+    // The trailers ended the response: settled to its usage there, once.
+    assert!(fx.phase(&h).starts_with("Settled"));
+    assert_eq!(fx.tokens_used("alice"), 12);
+    fx.host.enter(id);
+    h.on_log(&fx.host);
+    assert_eq!(fx.tokens_used("alice"), 12);
+}
+
+#[test]
+fn a_stream_ending_in_trailers_reads_its_unterminated_last_event() {
+    let fx = Fx::new();
+    let (id, h) = admitted(&fx, STREAM);
+    response(
+        &fx,
+        id,
+        &h,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+    );
+    // The usage event lacks its blank line: only the trailers say the stream is over.
+    let cut = SSE.split("data: [DONE]").next().unwrap();
+    let cut = cut.strip_suffix("\n\n").unwrap();
+    chunk(&fx, id, &h, cut.as_bytes(), false);
+    trailers(&fx, id, &h, &[("x-ratelimit-limit-tokens", "provider-own")]);
+    assert_eq!(
+        fx.host
+            .map_values(Headers::ResponseTrailers, "x-ratelimit-limit-tokens"),
+        Vec::<String>::new()
+    );
+    assert!(fx.phase(&h).starts_with("Settled"));
+    assert_eq!(fx.tokens_used("alice"), 7);
+}
+
+#[test]
+fn trailers_of_a_request_never_admitted_are_left_alone() {
+    let fx = Fx::new();
+    let (id, h) = fx.http();
+    trailers(&fx, id, &h, &[("x-ratelimit-limit-tokens", "x")]);
+    assert!(fx.host.calls.borrow().is_empty());
+}
+
 #[test]
 fn an_sse_response_loses_the_usage_event_it_did_not_ask_for_and_settles() {
     let fx = Fx::new();
@@ -368,6 +454,7 @@ fn by_side_and_kind(calls: &[Call]) -> serde_json::Map<String, serde_json::Value
             | Call::AddHeader(m, ..) => match m {
                 Headers::Request => "request ",
                 Headers::Response => "response ",
+                Headers::ResponseTrailers => "response trailer ",
                 Headers::CallResponse => "callout ",
             },
             Call::Body(b) | Call::SetBody(b) => match b {
