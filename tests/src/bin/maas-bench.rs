@@ -1709,14 +1709,31 @@ fn render_junk(j: &Junk, args: &Args) -> String {
 // ---------------------------------------------------------------------------------------------
 // streams: time to first byte and memory per stream
 
+/// How long the simulator waits: between stream chunks, or before its whole answer.
+#[derive(Clone, Copy)]
+enum SimDelay {
+    Chunks(u32),
+    Answer(u32),
+}
+
+impl SimDelay {
+    fn header(self) -> String {
+        match self {
+            SimDelay::Chunks(ms) => format!("x-sim-chunk-delay-ms: {ms}\r\n"),
+            SimDelay::Answer(ms) => format!("x-sim-response-delay-ms: {ms}\r\n"),
+        }
+    }
+}
+
 /// Sends one streamed request on a fresh connection; returns (time to the response headers'
 /// first byte, time to the first SSE event), both from the end of the write.
-fn ttfb_once(addr: SocketAddr, auth: &str, body: &[u8], delay_ms: u32) -> Result<(f64, f64)> {
+fn ttfb_once(addr: SocketAddr, auth: &str, body: &[u8], delay: SimDelay) -> Result<(f64, f64)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let req = format!(
-        "POST {CHAT_PATH} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAuthorization: {auth}\r\nx-sim-chunk-delay-ms: {delay_ms}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "POST {CHAT_PATH} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAuthorization: {auth}\r\n{}Connection: close\r\nContent-Length: {}\r\n\r\n",
+        delay.header(),
         body.len()
     );
     let mut full = req.into_bytes();
@@ -1778,7 +1795,7 @@ fn stream_memory(
                 let body = body.as_bytes();
                 let done = &done;
                 s.spawn(move || {
-                    let r = ttfb_once(addr, auth, body, delay_ms);
+                    let r = ttfb_once(addr, auth, body, SimDelay::Chunks(delay_ms));
                     done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     r
                 })
@@ -2556,10 +2573,20 @@ fn run() -> Result<()> {
         let body = stream_body(32);
         let (mut hb, mut eb, mut hf, mut ef) = (vec![], vec![], vec![], vec![]);
         for _ in 0..args.ttfb_samples {
-            let (h, e) = ttfb_once(bare.listen, &cached_auth, body.as_bytes(), 1)?;
+            let (h, e) = ttfb_once(
+                bare.listen,
+                &cached_auth,
+                body.as_bytes(),
+                SimDelay::Chunks(1),
+            )?;
             hb.push(h);
             eb.push(e);
-            let (h, e) = ttfb_once(filtered.listen, &cached_auth, body.as_bytes(), 1)?;
+            let (h, e) = ttfb_once(
+                filtered.listen,
+                &cached_auth,
+                body.as_bytes(),
+                SimDelay::Chunks(1),
+            )?;
             hf.push(h);
             ef.push(e);
         }
@@ -2570,10 +2597,13 @@ fn run() -> Result<()> {
         let mut envoys = vec![bare.listen];
         envoys.extend(noop.as_ref().map(|n| n.listen));
         envoys.push(filtered.listen);
+        // A JSON answer 1 ms late too: Envoy idle before the response, as before a stream's
+        // later chunks (and before any real model's first token).
         for (name, b, delay) in [
-            ("stream", body.as_bytes(), 1u32),
-            ("json", json.as_bytes(), 1),
-            ("stream-nodelay", body.as_bytes(), 0),
+            ("stream", body.as_bytes(), SimDelay::Chunks(1)),
+            ("json", json.as_bytes(), SimDelay::Chunks(1)),
+            ("json-delayed", json.as_bytes(), SimDelay::Answer(1)),
+            ("stream-nodelay", body.as_bytes(), SimDelay::Chunks(0)),
         ] {
             let mut samples = vec![Vec::new(); envoys.len()];
             for _ in 0..args.ttfb_samples {
@@ -3190,23 +3220,17 @@ fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
     }
     // Other builds of the filter (BENCH_COMPARE_WASM): this build against each.
     for r in rows {
-        if let (Some(label), Some(this)) = (
-            r.variant.strip_prefix("filter-cached:"),
-            get("filter-cached"),
-        ) {
-            lines.push(format!(
-                "| this build of the filter − build `{label}` (`filter-cached`) | {:+.0} |",
-                this - r.per_request
-            ));
-        }
-        if let (Some(label), Some(this)) = (
-            r.variant.strip_prefix("filter-stream:"),
-            get("filter-stream"),
-        ) {
-            lines.push(format!(
-                "| this build of the filter − build `{label}` (`filter-stream`) | {:+.0} |",
-                this - r.per_request
-            ));
+        for variant in ["filter-cached", "filter-stream"] {
+            let label = r
+                .variant
+                .strip_prefix(variant)
+                .and_then(|l| l.strip_prefix(':'));
+            if let (Some(label), Some(this)) = (label, get(variant)) {
+                lines.push(format!(
+                    "| this build of the filter − build `{label}` (`{variant}`) | {:+.0} |",
+                    this - r.per_request
+                ));
+            }
         }
     }
     if !lines.is_empty() {
@@ -3651,6 +3675,7 @@ fn render_report(
                 let label = match r.answer {
                     "stream" => "stream, chunks 1 ms apart",
                     "json" => "JSON chat completion",
+                    "json-delayed" => "JSON chat completion, answered 1 ms late",
                     "stream-nodelay" => "stream, chunks at once",
                     other => other,
                 };

@@ -772,26 +772,46 @@ fn native_cost_rounds() -> u32 {
 #[test]
 #[ignore]
 fn native_cost_of_a_cached_request() {
+    native_cost(
+        "request",
+        BODY,
+        "application/json",
+        Some(JSON),
+        cached_request_callbacks,
+    );
+}
+
+/// The native cost harnesses' loop: `callbacks` for [`native_cost_rounds`] cached requests of
+/// `body`, each on a fresh context, with what Envoy hands over set up before the callbacks (the
+/// recording host keeps each header map and body apart), so the callbacks alone are the
+/// filter's work; prints the time per `unit`.
+fn native_cost(
+    unit: &str,
+    body: &[u8],
+    content_type: &str,
+    response_body: Option<&[u8]>,
+    callbacks: impl Fn(&Fx, u32),
+) {
     let fx = cached_fixture();
     let headers = chat(&key(2));
     let headers = refs(&headers);
-    let resp = [(":status", "200"), ("content-type", "application/json")];
+    let resp = [(":status", "200"), ("content-type", content_type)];
     let n = native_cost_rounds();
     let t = std::time::Instant::now();
     for _ in 0..n {
         let id = fx.context_id();
         fx.host.clear_calls();
-        // What Envoy hands over, set up before the callbacks (the recording host keeps each
-        // header map and body apart), so the callbacks alone are the filter's work.
         fx.host.enter(id);
         fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, BODY);
+        fx.host.set_buffer(Body::Request, body);
         fx.host.set_map(Headers::Response, &resp);
-        fx.host.set_buffer(Body::Response, JSON);
-        cached_request_callbacks(&fx, id);
+        if let Some(b) = response_body {
+            fx.host.set_buffer(Body::Response, b);
+        }
+        callbacks(&fx, id);
     }
     eprintln!(
-        "{:.2} µs per request",
+        "{:.2} µs per {unit}",
         t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
     );
 }
@@ -867,25 +887,13 @@ fn the_native_cost_streams_usage_is_read() {
 #[test]
 #[ignore]
 fn native_cost_of_a_cached_stream() {
-    let fx = cached_fixture();
-    let headers = chat(&key(2));
-    let headers = refs(&headers);
-    let resp = [(":status", "200"), ("content-type", "text/event-stream")];
     let chunks = bench_stream_chunks();
-    let n = native_cost_rounds();
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let id = fx.context_id();
-        fx.host.clear_calls();
-        fx.host.enter(id);
-        fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, BENCH_STREAM);
-        fx.host.set_map(Headers::Response, &resp);
-        cached_stream_callbacks(&fx, id, &chunks);
-    }
-    eprintln!(
-        "{:.2} µs per stream",
-        t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    native_cost(
+        "stream",
+        BENCH_STREAM,
+        "text/event-stream",
+        None,
+        |fx, id| cached_stream_callbacks(fx, id, &chunks),
     );
 }
 
