@@ -122,26 +122,26 @@ fn scan_keys(data: &[u8]) -> Option<Keys> {
         return None;
     }
     let mut keys = Keys::default();
-    let from = start.saturating_add(1);
-    for colon in Colons::new(data, from) {
-        // The name's closing quote, usually right before the colon.
-        let mut quote = colon.checked_sub(1);
-        while let Some(q) = quote
-            && data.get(q).copied().is_some_and(is_json_ws)
-        {
-            quote = q.checked_sub(1);
+    let base = start.saturating_add(1);
+    // One iterator over the colons, not a search started again after each: in Envoy's V8 it
+    // measured 517,820 instructions per 64-chunk stream against 527,070 (a search per colon)
+    // and 543,487 (a word-at-a-time scan that was cheaper natively).
+    for n in memchr::memchr_iter(b':', data.get(base..).unwrap_or_default()) {
+        let colon = base.saturating_add(n);
+        let from = colon.saturating_add(1);
+        let mut before = data.get(..colon).unwrap_or_default();
+        while let Some((&last, rest)) = before.split_last() {
+            if !is_json_ws(last) {
+                break;
+            }
+            before = rest;
         }
-        let Some(quote) = quote.filter(|&q| data.get(q) == Some(&b'"')) else {
+        let Some(name) = before.strip_suffix(b"\"") else {
             continue;
         };
         // By the name's last byte first: most keys (`id`, `model`, `index`…) end in none of
         // these, and each other is compared with the one or two names it could be.
-        let last = quote.checked_sub(1).and_then(|i| data.get(i)).copied();
-        if !matches!(last, Some(b'e' | b't' | b's' | b'a' | b'n' | b'g')) {
-            continue;
-        }
-        let name = data.get(..quote).unwrap_or_default();
-        let key = match last {
+        let key = match name.last() {
             Some(b'e') if name.ends_with(b"\"usage") => Key::Usage,
             Some(b'e') if name.ends_with(b"\"type") => Key::Type,
             Some(b't') if name.ends_with(b"\"content") || name.ends_with(b"\"text") => Key::Content,
@@ -151,7 +151,6 @@ fn scan_keys(data: &[u8]) -> Option<Keys> {
             Some(b'g') if name.ends_with(b"\"thinking") => Key::OtherText,
             _ => continue,
         };
-        let from = colon.saturating_add(1);
         let Some(value) = skip_ws(data, from) else {
             break;
         };
@@ -181,66 +180,6 @@ fn scan_keys(data: &[u8]) -> Option<Keys> {
         }
     }
     Some(keys)
-}
-
-/// The positions of `:` in `data` from `from` on, in order, found eight bytes at a time (SWAR):
-/// an event's many colons (one per key) cost a few instructions each, not a search each.
-pub(super) struct Colons<'a> {
-    data: &'a [u8],
-    /// Where the word after the current one starts.
-    next: usize,
-    /// Where the current word starts.
-    word: usize,
-    /// A high bit per byte of the current word that is a `:` not yet returned.
-    found: u64,
-}
-
-/// The low seven bits of every byte of a word.
-const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-
-impl<'a> Colons<'a> {
-    pub(super) fn new(data: &'a [u8], from: usize) -> Self {
-        Colons {
-            data,
-            next: from,
-            word: from,
-            found: 0,
-        }
-    }
-
-    /// A high bit exactly at each byte of `word` that is `:` (no carry crosses bytes: each
-    /// byte's low seven bits plus 0x7f stay within it).
-    fn mask(word: u64) -> u64 {
-        let x = word ^ u64::from_le_bytes([b':'; 8]);
-        !((x & LOW7).wrapping_add(LOW7) | x | LOW7)
-    }
-}
-
-impl Iterator for Colons<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        while self.found == 0 {
-            let rest = self.data.get(self.next..).filter(|r| !r.is_empty())?;
-            let bytes = match rest.first_chunk::<8>() {
-                Some(word) => *word,
-                None => {
-                    // The last word, padded with NULs (never a colon).
-                    let mut last = [0u8; 8];
-                    for (to, from) in last.iter_mut().zip(rest) {
-                        *to = *from;
-                    }
-                    last
-                }
-            };
-            self.word = self.next;
-            self.next = self.next.saturating_add(8);
-            self.found = Self::mask(u64::from_le_bytes(bytes));
-        }
-        let byte = (self.found.trailing_zeros() / 8) as usize;
-        self.found &= self.found.wrapping_sub(1);
-        Some(self.word.saturating_add(byte))
-    }
 }
 
 #[derive(Clone, Copy)]

@@ -641,25 +641,3 @@ fn splice_copies_only_what_changed() {
         Some(&b"xy"[..])
     );
 }
-
-proptest! {
-    /// The word-at-a-time colon search finds exactly the colons a byte search finds, whatever
-    /// the bytes next to them (`;` = `:` + 1, high bytes, NULs) and wherever it starts.
-    #[test]
-    fn colons_are_found_as_a_byte_search_finds_them(
-        data in proptest::collection::vec(
-            prop_oneof![Just(b':'), Just(b';'), Just(b'9'), Just(0u8), Just(0xbau8), any::<u8>()],
-            0..80,
-        ),
-        from in 0usize..90,
-    ) {
-        let found: Vec<usize> = super::event::Colons::new(&data, from).collect();
-        let expected: Vec<usize> = data
-            .iter()
-            .enumerate()
-            .filter(|&(i, &b)| i >= from && b == b':')
-            .map(|(i, _)| i)
-            .collect();
-        prop_assert_eq!(found, expected);
-    }
-}
