@@ -4,7 +4,7 @@
 use super::{Phase, Request};
 use crate::decide::{self, Seen};
 use crate::encoding::{self, Coding, DecodingScanner};
-use crate::host::{Body, Headers, Host, read_body};
+use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::ledger::Event;
 use crate::limits;
 use crate::sse::{self, SseScanner};
@@ -17,6 +17,26 @@ const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 fn is_rate_limit_header(name: &str) -> bool {
     name.get(..RATE_LIMIT_PREFIX.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(RATE_LIMIT_PREFIX))
+}
+
+/// Removes each `x-ratelimit-*` name of `map` (as read into `headers`) that `keep` does not
+/// keep: once per name, whatever its case and however often it came.
+fn remove_rate_limit_headers(
+    host: &dyn Host,
+    map: Headers,
+    headers: &HeaderMap,
+    keep: impl Fn(&str) -> bool,
+) {
+    let mut removed: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
+    for name in headers
+        .names()
+        .filter(|n| is_rate_limit_header(n) && !keep(n))
+    {
+        if !removed.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+            host.set_header(map, name, None);
+            removed.push(name);
+        }
+    }
 }
 
 /// How the response body is read for usage.
@@ -100,12 +120,7 @@ impl Request {
         // Envoy a search of the map.
         let upstream_limits = headers.names().any(is_rate_limit_header);
         if upstream_limits {
-            for name in headers
-                .names()
-                .filter(|n| is_rate_limit_header(n) && !rate_headers.sends(n))
-            {
-                host.set_header(Headers::Response, name, None);
-            }
+            remove_rate_limit_headers(host, Headers::Response, &headers, |n| rate_headers.sends(n));
         }
         rate_headers.each(|name, value| {
             if upstream_limits && headers.get(name).is_some() {
@@ -175,13 +190,7 @@ impl Request {
             return Action::Continue;
         };
         let trailers = host.headers(Headers::ResponseTrailers);
-        let mut removed: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
-        for name in trailers.names().filter(|n| is_rate_limit_header(n)) {
-            if !removed.iter().any(|r| r.eq_ignore_ascii_case(name)) {
-                host.set_header(Headers::ResponseTrailers, name, None);
-                removed.push(name);
-            }
-        }
+        remove_rate_limit_headers(host, Headers::ResponseTrailers, &trailers, |_| false);
         if let Scan::Sse(s) = scan.as_mut() {
             // Bytes held back from an unterminated last event cannot be forwarded once the
             // trailers came (proxy-wasm adds no body data then); its usage is still read.

@@ -2573,22 +2573,14 @@ fn run() -> Result<()> {
         let body = stream_body(32);
         let (mut hb, mut eb, mut hf, mut ef) = (vec![], vec![], vec![], vec![]);
         for _ in 0..args.ttfb_samples {
-            let (h, e) = ttfb_once(
-                bare.listen,
-                &cached_auth,
-                body.as_bytes(),
-                SimDelay::Chunks(1),
-            )?;
-            hb.push(h);
-            eb.push(e);
-            let (h, e) = ttfb_once(
-                filtered.listen,
-                &cached_auth,
-                body.as_bytes(),
-                SimDelay::Chunks(1),
-            )?;
-            hf.push(h);
-            ef.push(e);
+            for (addr, heads, events) in [
+                (bare.listen, &mut hb, &mut eb),
+                (filtered.listen, &mut hf, &mut ef),
+            ] {
+                let (h, e) = ttfb_once(addr, &cached_auth, body.as_bytes(), SimDelay::Chunks(1))?;
+                heads.push(h);
+                events.push(e);
+            }
         }
         // The same on other answers and with the trivial wasm filter, to tell the request
         // path from the stream and the filter from having any wasm filter: response headers,
