@@ -24,6 +24,13 @@
 //! have made are then added here (and released when idle) instead of stranded until the
 //! window's end.
 //!
+//! **Rates outlive idleness.** A subject idle for `idleReleaseMs` is released and no longer
+//! tracked, but its counters' recent rates ([`Meter`]) are remembered (at most
+//! [`MAX_REMEMBERED`] subjects): when it comes back, its first lease is sized by the rate of
+//! its last burst, not by the window's average, which its idle time dilutes (a daily window
+//! used in bursts would otherwise pay a callout per subject and replica every few hundred
+//! milliseconds until two reports have measured the new burst).
+//!
 //! The counters themselves (count, granted, others per window) are in `limits`.
 
 use crate::config::{GlobalConfig, OnUnavailable, PluginConfig};
@@ -40,6 +47,9 @@ pub const REPLICA_KEY: &str = "maas/g/replica";
 
 /// Subjects a worker tracks at most (beyond: the least recently reported idle ones go first).
 pub const MAX_TRACKED: usize = 100_000;
+
+/// Idle subjects whose rates a worker remembers at most (beyond: an arbitrary one is forgotten).
+pub const MAX_REMEMBERED: usize = 10_000;
 
 /// Unanswered lease callouts of request paths a worker keeps to re-send at most (beyond: their
 /// grants, if any were made, stay taken until their window ends).
@@ -101,10 +111,20 @@ pub struct Tracked {
 }
 
 impl Tracked {
-    fn new(key: &str, counters: Vec<LeaseCounter>, now_ms: u64) -> Self {
+    /// Tracked from now, with the rates remembered for the same counters (`remembered`).
+    fn new(
+        key: &str,
+        counters: Vec<LeaseCounter>,
+        now_ms: u64,
+        remembered: Option<Remembered>,
+    ) -> Self {
+        let meters = match remembered {
+            Some(r) if r.counters == counters => r.meters.into_iter().map(Meter::resumed).collect(),
+            _ => vec![Meter::default(); counters.len()],
+        };
         Tracked {
             key: key.to_string(),
-            meters: vec![Meter::default(); counters.len()],
+            meters,
             counters,
             last_ms: now_ms,
             reported_ms: 0,
@@ -114,12 +134,30 @@ impl Tracked {
     /// What the recent rate of the counter (`kind`, `window`) uses over `horizon_ms` (0 when
     /// not tracked or not measured yet).
     pub fn recent(&self, kind: limits::Kind, window: u64, horizon_ms: u64) -> u64 {
-        self.counters
-            .iter()
-            .zip(&self.meters)
-            .find(|(c, _)| c.kind == kind && c.window == window)
-            .map_or(0, |(_, m)| m.for_horizon(horizon_ms))
+        meter_of(&self.counters, &self.meters, kind, window)
+            .map_or(0, |m| m.for_horizon(horizon_ms))
     }
+}
+
+/// The meter of the counter (`kind`, `window`) among `counters` (`meters` in the same order).
+fn meter_of<'a>(
+    counters: &[LeaseCounter],
+    meters: &'a [Meter],
+    kind: limits::Kind,
+    window: u64,
+) -> Option<&'a Meter> {
+    counters
+        .iter()
+        .zip(meters)
+        .find(|(c, _)| c.kind == kind && c.window == window)
+        .map(|(_, m)| m)
+}
+
+/// The rates of a subject that was released for idleness (see the module).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remembered {
+    pub counters: Vec<LeaseCounter>,
+    pub meters: Vec<Meter>,
 }
 
 /// What a batch claimed for one subject: (subject, counter slot key, claims in item order).
@@ -150,6 +188,8 @@ pub struct Leases {
     pub replica: String,
     pub state: GlobalState,
     pub tracked: crate::FastMap<String, Tracked>,
+    /// Rates of the subjects dropped from `tracked` for idleness.
+    pub remembered: crate::FastMap<String, Remembered>,
     /// Batches not answered with a 200 yet, oldest first; only the first is ever out.
     pub outbox: std::collections::VecDeque<Batch>,
     pub next_report_ms: u64,
@@ -198,8 +238,11 @@ impl Leases {
         if self.tracked.contains_key(subject) || self.tracked.len() >= MAX_TRACKED {
             return;
         }
-        self.tracked
-            .insert(subject.to_string(), Tracked::new(key, counters, now_ms));
+        let remembered = self.remembered.remove(subject);
+        self.tracked.insert(
+            subject.to_string(),
+            Tracked::new(key, counters, now_ms, remembered),
+        );
     }
 
     /// Notes an admission of `subject` (in-VM only: no host call).
@@ -220,8 +263,42 @@ impl Leases {
             return;
         }
         let counters = counters();
-        self.tracked
-            .insert(subject.to_string(), Tracked::new(key, counters, now_ms));
+        let remembered = self.remembered.remove(subject);
+        self.tracked.insert(
+            subject.to_string(),
+            Tracked::new(key, counters, now_ms, remembered),
+        );
+    }
+
+    /// What the recent rate of `subject`'s counter (`kind`, `window`) uses over `horizon_ms`:
+    /// tracked, or remembered from before it idled (0 when neither).
+    pub fn recent(&self, subject: &str, kind: limits::Kind, window: u64, horizon_ms: u64) -> u64 {
+        if let Some(t) = self.tracked.get(subject) {
+            return t.recent(kind, window, horizon_ms);
+        }
+        self.remembered
+            .get(subject)
+            .and_then(|r| meter_of(&r.counters, &r.meters, kind, window))
+            .map_or(0, |m| m.resumed().for_horizon(horizon_ms))
+    }
+
+    /// Stops tracking an idle `subject`, remembering its rates.
+    fn drop_idle(&mut self, subject: &str) {
+        let Some(t) = self.tracked.remove(subject) else {
+            return;
+        };
+        if self.remembered.len() >= MAX_REMEMBERED
+            && let Some(old) = self.remembered.keys().next().cloned()
+        {
+            self.remembered.remove(&old);
+        }
+        self.remembered.insert(
+            subject.to_string(),
+            Remembered {
+                counters: t.counters,
+                meters: t.meters,
+            },
+        );
     }
 }
 
@@ -502,7 +579,7 @@ pub fn build_batch(
         t.reported_ms = now_ms;
         if claims.is_empty() {
             if idle {
-                leases.tracked.remove(&subject);
+                leases.drop_idle(&subject);
             }
             continue;
         }

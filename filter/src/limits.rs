@@ -711,6 +711,9 @@ pub struct Meter {
     at_ms: u64,
     /// Units per second between the last two readings of one window (the last one known).
     per_s: u64,
+    /// The highest `per_s` read since it was tracked (or resumed): the burst's rate, which the
+    /// readings of its idle seconds (0 a second) must not erase before it is remembered.
+    peak_per_s: u64,
 }
 
 impl Meter {
@@ -734,8 +737,21 @@ impl Meter {
             count,
             at_ms: now_ms.max(1),
             per_s: self.per_s,
+            peak_per_s: self.peak_per_s.max(self.per_s),
         };
         *self
+    }
+
+    /// The prior of a counter that comes back after idling: the last burst's peak rate (or the
+    /// prior it was given, when no reading came since); its next reading starts a new span
+    /// instead of averaging over the idle time.
+    pub fn resumed(self) -> Self {
+        Meter {
+            at_ms: 0,
+            per_s: self.peak_per_s.max(self.per_s),
+            peak_per_s: 0,
+            ..self
+        }
     }
 
     /// What the recent rate uses over `horizon_ms`.

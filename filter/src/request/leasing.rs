@@ -80,7 +80,8 @@ fn summed(all: &[Vec<LeaseNeed>]) -> Vec<LeaseNeed> {
 
 /// A flight for `needs` of `subject` (its batch id drawn, its body encoded). Each want is at
 /// least what the subject's recent rate uses over `horizon_ms` (the worker's reports measure
-/// it): the window's average lags a burst and restarts at each new window.
+/// it; remembered across idleness): the window's average lags a burst, restarts at each new
+/// window and is diluted by idle time.
 fn flight(
     worker: &SharedWorker,
     subject: String,
@@ -91,11 +92,9 @@ fn flight(
     horizon_ms: u64,
 ) -> Result<LeaseFlight, String> {
     let mut w = worker.borrow_mut();
-    if let Some(t) = w.leases.tracked.get(&subject) {
-        for n in &mut needs {
-            let recent = t.recent(n.kind, n.window, horizon_ms);
-            n.want = n.want.max(recent.min(n.limit)).max(n.need);
-        }
+    for n in &mut needs {
+        let recent = w.leases.recent(&subject, n.kind, n.window, horizon_ms);
+        n.want = n.want.max(recent.min(n.limit)).max(n.need);
     }
     let id = w.leases.next_batch_id();
     let body = lease::encode(&w.leases.replica, &id, lease::items_for(&subject, &needs))?;

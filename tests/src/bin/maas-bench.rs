@@ -93,6 +93,11 @@ struct Args {
     /// Seconds per wrk run of the host-call prices (default: BENCH_SECONDS, at most 4).
     #[arg(long, env = "BENCH_HOSTCALL_SECONDS")]
     hostcall_seconds: Option<u64>,
+    /// Seconds the two-replica gateways sit idle before each of their runs, so that their
+    /// subjects' leases are released and the subjects dropped for idleness first (as between
+    /// the rounds of a full run, where the other variants run in between); 0 = back to back.
+    #[arg(long, env = "BENCH_TWO_REPLICA_IDLE_S", default_value_t = 0)]
+    two_replica_idle_s: u64,
 }
 
 const MODEL: &str = "sim-model";
@@ -2463,6 +2468,9 @@ fn run() -> Result<()> {
                     continue;
                 }
                 stack.check_alive()?;
+                if args.two_replica_idle_s > 0 && v.name.starts_with(TWO_REPLICA) {
+                    std::thread::sleep(Duration::from_secs(args.two_replica_idle_s));
+                }
                 let r = wrk.run(v, c, args.seconds)?;
                 log(format!(
                     "round {round}/{} c={c:<3} {:<15} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms{}{}",
@@ -3285,9 +3293,19 @@ fn render_two_replica(
     let _ = writeln!(o, "{TWO_REPLICA_HEADING}\n");
     let _ = writeln!(
         o,
-        "Two Envoys with the filter (one worker each, both pinned to CPU 0), each talking to its own companion; the two companions share one Redis (`MAAS_REDIS_URL`); PostgreSQL and the simulator are the stack's. One wrk per gateway at the same time (`c` connections each, both on CPU 1); every request carries the next of {s} API keys of {s} users (`tests/bench/rotate.lua`), so all {s} subjects are busy at both replicas. **on** = global limits with the defaults (`limits.global`: one lease batch per worker every `reportIntervalMs` = 1000 ms, leases sized for `leaseHorizonMs` = 2000 ms); **off** = `limits.global.enabled: false` (each replica counts alone). The tier's limits are the benchmark's (never tripping). off and on alternate within each round; {} rounds × {} s per run, medians over rounds. Command: `{}` ({}).\n",
+        "Two Envoys with the filter (one worker each, both pinned to CPU 0), each talking to its own companion; the two companions share one Redis (`MAAS_REDIS_URL`); PostgreSQL and the simulator are the stack's. One wrk per gateway at the same time (`c` connections each, both on CPU 1); every request carries the next of {s} API keys of {s} users (`tests/bench/rotate.lua`), so all {s} subjects are busy at both replicas. **on** = global limits with the defaults (`limits.global`: one lease batch per worker every `reportIntervalMs` = 1000 ms, leases sized for `leaseHorizonMs` = 2000 ms); **off** = `limits.global.enabled: false` (each replica counts alone). The tier's limits are the benchmark's (never tripping). off and on alternate within each round; {} rounds × {} s per run, medians over rounds{}. Command: `{}` ({}).\n",
         args.rounds,
         args.seconds,
+        if args.two_replica_idle_s > 0 {
+            format!(
+                "; each run follows {} s with no traffic on the gateways (`BENCH_TWO_REPLICA_IDLE_S`: leases released, subjects dropped for idleness)",
+                args.two_replica_idle_s
+            )
+        } else if args.only.is_empty() {
+            "; each run follows the other variants' runs (tens of seconds with no traffic on these gateways: leases released, subjects dropped for idleness)".to_string()
+        } else {
+            String::new()
+        },
         args.command,
         utc_now()
     );

@@ -603,3 +603,25 @@ fn a_burst_renews_by_its_recent_rate_not_the_windows_average() {
     let req = c.iter().find(|c| c.kind == Kind::Requests).unwrap();
     assert_eq!((req.want, req.debt, req.release), (160, 0, 0));
 }
+
+#[test]
+fn a_meters_peak_survives_its_idle_readings_and_is_the_prior_when_it_resumes() {
+    let mut m = Meter::default();
+    let start = NOW - NOW % 60;
+    m.observe(start, 0, 1_000);
+    // 50 a second, then two idle seconds.
+    m.observe(start, 50, 2_000);
+    assert_eq!(m.for_horizon(1000), 50);
+    m.observe(start, 50, 3_000);
+    m.observe(start, 50, 4_000);
+    assert_eq!(m.for_horizon(1000), 0, "idle: the current rate is 0");
+    let mut back = m.resumed();
+    assert_eq!(back.for_horizon(2000), 100, "the burst's rate over 2 s");
+    // Its first reading after the idle time starts a new span: no rate over the idle gap.
+    back.observe(start, 51, 60_000);
+    assert_eq!(back.for_horizon(1000), 50);
+    back.observe(start, 251, 61_000);
+    assert_eq!(back.for_horizon(1000), 200, "measured again");
+    // Resumed again without a reading in between: the prior it had.
+    assert_eq!(back.resumed().resumed().for_horizon(1000), 200);
+}

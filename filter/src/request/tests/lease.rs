@@ -585,11 +585,10 @@ fn report(fx: &mut Fx, after_ms: u64) {
     fx.root.tick(&fx.host);
 }
 
-#[test]
-fn a_new_windows_first_lease_is_sized_by_the_rate_the_reports_saw() {
-    let mut fx = global_roomy();
-    let (id, h, _) = to_body_end(&fx);
-    let req = last_lease(&fx);
+/// A first lease (answered with plenty), then 50 requests in a second, measured by two reports.
+fn a_burst_of_50_a_second(fx: &mut Fx) {
+    let (id, h, _) = to_body_end(fx);
+    let req = last_lease(fx);
     fx.answer(
         id,
         &h,
@@ -597,46 +596,97 @@ fn a_new_windows_first_lease_is_sized_by_the_rate_the_reports_saw() {
         &grants(&req, |i| (i.need * 1000, i.need * 1000)),
     );
     assert!(fx.phase(&h).starts_with("Forwarding"));
-    // A report reads the counts; 50 requests in the next second (the lease holds them); the
-    // next report sees 50 a second.
-    report(&mut fx, 1000);
+    report(fx, 1000);
     for _ in 0..50 {
-        assert_eq!(to_body_end(&fx).2, Action::Continue);
+        assert_eq!(to_body_end(fx).2, Action::Continue);
     }
-    report(&mut fx, 1000);
+    report(fx, 1000);
+}
+
+/// alice's meters know 50 a second (each counter).
+fn assert_tracked_at_50_a_second(fx: &Fx) {
+    let w = fx.root.worker.borrow();
+    let t = w.leases.tracked.get("alice").unwrap();
+    assert_eq!(t.meters.len(), 2);
+    assert!(
+        t.meters.iter().all(|m| m.for_horizon(1000) >= 50),
+        "{:?}",
+        t.meters
+    );
+}
+
+/// A request whose lease is short: it waits for its callout (returned with the request).
+fn short_of_lease(fx: &Fx) -> (u32, Http, LeaseRequest) {
+    let (id, h, a) = to_body_end(fx);
+    assert_eq!(a, Action::Pause);
+    assert_eq!(fx.phase(&h), "Leasing");
+    (id, h, last_lease(fx))
+}
+
+fn item<'a>(req: &'a LeaseRequest, kind: &str) -> &'a maas_types::lease::LeaseItem {
+    req.items.iter().find(|i| i.kind.as_str() == kind).unwrap()
+}
+
+#[test]
+fn a_new_windows_first_lease_is_sized_by_the_rate_the_reports_saw() {
+    let mut fx = global_roomy();
+    a_burst_of_50_a_second(&mut fx);
     assert_eq!(
         lease_calls(&fx).len(),
         1,
         "the lease held: no callout, no renewal yet"
     );
-    {
-        let w = fx.root.worker.borrow();
-        let t = w.leases.tracked.get("alice").unwrap();
-        assert_eq!(t.meters.len(), 2);
-        assert!(
-            t.meters.iter().all(|m| m.for_horizon(1000) >= 50),
-            "{:?}",
-            t.meters
-        );
-    }
+    assert_tracked_at_50_a_second(&fx);
     // The next window: nothing granted there yet, the window's own average knows one request.
     let now = fx.host.now.get();
     fx.host.now.set(now - now % 60_000 + 60_000 + 100);
-    let (_, h, a) = to_body_end(&fx);
-    assert_eq!(a, Action::Pause);
-    assert_eq!(fx.phase(&h), "Leasing");
-    let req = last_lease(&fx);
-    let r = req
-        .items
-        .iter()
-        .find(|i| i.kind.as_str() == "requests")
-        .unwrap();
+    let (_, _, req) = short_of_lease(&fx);
+    let r = item(&req, "requests");
     // 50 a second over the 2 s horizon (the window's average alone: 2).
     assert_eq!((r.need, r.want), (1, 100), "{r:?}");
-    let t = req
-        .items
-        .iter()
-        .find(|i| i.kind.as_str() == "tokens")
-        .unwrap();
+    let t = item(&req, "tokens");
     assert!(t.want >= 100 * t.need, "{t:?}");
+}
+
+#[test]
+fn a_subject_back_from_idling_is_leased_by_its_last_bursts_rate_not_the_diluted_average() {
+    let mut fx = global_roomy();
+    // Start at a window's beginning, so that everything below stays in one window.
+    let now = fx.host.now.get();
+    fx.host.now.set(now - now % 60_000 + 60_000 + 100);
+    a_burst_of_50_a_second(&mut fx);
+    // Idle: the reports release its lease and stop tracking it (each batch answered).
+    let mut reports = 0;
+    while fx.root.worker.borrow().leases.tracked.contains_key("alice") {
+        reports += 1;
+        assert!(reports < 20, "an idle subject is dropped");
+        let before = lease_calls(&fx).len();
+        report(&mut fx, 1000);
+        if lease_calls(&fx).len() > before {
+            let req = last_lease(&fx);
+            root_answer(&mut fx, 200, &grants(&req, |_| (0, 0)));
+        }
+    }
+    let remembered = |fx: &Fx| {
+        fx.root
+            .worker
+            .borrow()
+            .leases
+            .remembered
+            .contains_key("alice")
+    };
+    assert!(remembered(&fx), "its rates are remembered");
+    let (count, granted) = requests(&fx);
+    assert_eq!(granted, count, "its unused lease was released");
+    // Back, in the same window: the window's average is diluted by the idle seconds (51
+    // requests since its start, about 2 s × 51 / 7 s ≈ 14 over the horizon); the burst's
+    // rate is 50 a second, 100 over the 2 s horizon.
+    let (id, h, req) = short_of_lease(&fx);
+    let r = item(&req, "requests");
+    assert!(r.want >= 100, "{r:?}");
+    // Admitted: tracked again, with the remembered rate as its prior (the reports renew by it).
+    fx.answer(id, &h, Some(200), &grants(&req, |i| (i.want, i.want)));
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    assert!(!remembered(&fx));
+    assert_tracked_at_50_a_second(&fx);
 }
