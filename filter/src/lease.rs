@@ -238,11 +238,7 @@ impl Leases {
         if self.tracked.contains_key(subject) || self.tracked.len() >= MAX_TRACKED {
             return;
         }
-        let remembered = self.remembered.remove(subject);
-        self.tracked.insert(
-            subject.to_string(),
-            Tracked::new(key, counters, now_ms, remembered),
-        );
+        self.start_tracking(subject, key, counters, now_ms);
     }
 
     /// Notes an admission of `subject` (in-VM only: no host call).
@@ -263,6 +259,17 @@ impl Leases {
             return;
         }
         let counters = counters();
+        self.start_tracking(subject, key, counters, now_ms);
+    }
+
+    /// Tracks `subject` from now, with the rates it left behind when it was last dropped.
+    fn start_tracking(
+        &mut self,
+        subject: &str,
+        key: &str,
+        counters: Vec<LeaseCounter>,
+        now_ms: u64,
+    ) {
         let remembered = self.remembered.remove(subject);
         self.tracked.insert(
             subject.to_string(),
