@@ -7,7 +7,7 @@ use crate::request_body::RequestInfo;
 use crate::response::Refusal;
 use crate::usage::Usage;
 use maas_types::subscription::{self, SelectError, Subscription};
-use maas_types::{Model, PolicyDocument, Tier, TokenWeights};
+use maas_types::{Model, PolicyDocument, Tier, TokenWeights, UncappedRequests};
 
 /// The subscription a request on `model` runs under, when one applies (`None`: the tiers, as
 /// before subscriptions):
@@ -115,6 +115,22 @@ pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> Tokens {
         input: prompt,
         output: completion.saturating_mul(choices),
     }
+}
+
+/// The cap to set on a request whose body names none, when its tier (or subscription) injects
+/// ([`UncappedRequests::Inject`]): the operation's cap field (`cap_field`, see
+/// [`crate::operations::Operation::cap_field`]) and the completion budget per choice that
+/// [`reservation`] reserves, so the backend generates no more than was reserved. `None`: the
+/// body names a cap, the operation has no cap field, or the tier forwards as sent.
+pub fn injected_cap(
+    info: &RequestInfo,
+    cap_field: Option<&'static str>,
+    tier: &Tier,
+) -> Option<(&'static str, u64)> {
+    if info.max_tokens.is_some() || tier.uncapped_requests != UncappedRequests::Inject {
+        return None;
+    }
+    Some((cap_field?, limits::reservation_for(None, tier)))
 }
 
 /// The token weights of a request counted against the windows of `tiers` (the tier it runs
@@ -595,5 +611,28 @@ mod tests {
                 proptest::prop_assert!(amount > 0 || usage.is_some());
             }
         }
+    }
+
+    #[test]
+    fn an_uncapped_request_gets_its_reservation_as_cap_unless_the_tier_forwards_as_sent() {
+        let mut tier = policy().tiers[0].clone();
+        tier.default_max_tokens = Some(300);
+        let uncapped = crate::request_body::inspect(br#"{"model":"sim"}"#).unwrap();
+        let capped = crate::request_body::inspect(br#"{"model":"sim","max_tokens":7}"#).unwrap();
+        assert_eq!(
+            injected_cap(&uncapped, Some("max_tokens"), &tier),
+            Some(("max_tokens", 300))
+        );
+        // The injected cap is the completion budget reserved (per choice).
+        assert_eq!(reservation(Some(&uncapped), &tier).output, 300);
+        assert_eq!(injected_cap(&capped, Some("max_tokens"), &tier), None);
+        assert_eq!(injected_cap(&uncapped, None, &tier), None);
+        tier.default_max_tokens = None;
+        assert_eq!(
+            injected_cap(&uncapped, Some("max_output_tokens"), &tier),
+            Some(("max_output_tokens", limits::FALLBACK_RESERVATION))
+        );
+        tier.uncapped_requests = UncappedRequests::Reserve;
+        assert_eq!(injected_cap(&uncapped, Some("max_tokens"), &tier), None);
     }
 }

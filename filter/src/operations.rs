@@ -42,6 +42,31 @@ impl Operation {
         matches!(self, Operation::ChatCompletions | Operation::Completions)
     }
 
+    /// The body field that caps what the operation generates, as the backend reads it: the
+    /// field the gateway sets on a request that names no cap
+    /// ([`maas_types::UncappedRequests::Inject`]). Chat sent to OpenAI or Azure OpenAI gets
+    /// `max_completion_tokens` (their reasoning models refuse `max_tokens`); any other chat
+    /// backend `max_tokens`, which every OpenAI-compatible server reads (vLLM and SGLang read
+    /// `max_completion_tokens or max_tokens`). `None`: the operation generates nothing to cap,
+    /// or its body is not an API the gateway models.
+    pub fn cap_field(self, provider: Option<maas_types::ProviderKind>) -> Option<&'static str> {
+        use maas_types::ProviderKind;
+        match self {
+            Operation::ChatCompletions => match provider {
+                Some(ProviderKind::Openai | ProviderKind::AzureOpenai) => {
+                    Some("max_completion_tokens")
+                }
+                _ => Some("max_tokens"),
+            },
+            Operation::Completions | Operation::Messages => Some("max_tokens"),
+            Operation::Responses => Some("max_output_tokens"),
+            Operation::Embeddings
+            | Operation::CountTokens
+            | Operation::Models
+            | Operation::Custom => None,
+        }
+    }
+
     /// Model discovery: authenticated, never counted.
     pub fn is_discovery(self) -> bool {
         self == Operation::Models

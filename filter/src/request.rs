@@ -149,6 +149,12 @@ pub struct Request {
     accepts_stream_options: bool,
     /// The operation is a JSON API whose body is always inspected.
     always_inspect_body: bool,
+    /// The body field that caps the operation's output (`Operation::cap_field`).
+    cap_field: Option<&'static str>,
+    /// The body kept from its end to admission: one that names no cap (admission sets the
+    /// one it reserves), or one rewritten (`stream_options`) and not written yet, so a body is
+    /// written once whatever is changed in it.
+    pending_body: Option<PendingBody>,
     identity: Option<CacheIdentity>,
     flight: Option<Flight>,
     body: BodyState,
@@ -183,6 +189,14 @@ pub struct Request {
     me: Weak<RefCell<Request>>,
 }
 
+/// A request body kept from its end until admission.
+#[derive(Debug)]
+struct PendingBody {
+    bytes: Vec<u8>,
+    /// Not what the host holds yet (written when the request is forwarded).
+    rewritten: bool,
+}
+
 /// What admission decided when it did not refuse.
 enum Admitted {
     /// Forward (the reservation; none for discovery).
@@ -214,6 +228,8 @@ impl Request {
             discovery: false,
             accepts_stream_options: false,
             always_inspect_body: false,
+            cap_field: None,
+            pending_body: None,
             identity: None,
             flight: None,
             body: BodyState::None,
@@ -347,6 +363,7 @@ impl Request {
         // The metered JSON APIs are read whatever content-type the client claims (a backend may
         // parse the body as JSON anyway); only custom operations may stream uploads unread.
         self.always_inspect_body = operation != operations::Operation::Custom;
+        self.cap_field = operation.cap_field(model.provider.as_ref().map(|p| p.kind));
         self.model_idx = policy.models.iter().position(|m| std::ptr::eq(m, model));
         self.policy = Some(policy.clone());
         let cred = match credential::extract(authorization, x_api_key) {
@@ -519,7 +536,7 @@ impl Request {
     /// The body is known (or there is none): the model field and the limits.
     fn admit(&mut self, host: &dyn Host, now_s: u64) -> Step {
         match self.decide_body(host, now_s) {
-            Ok(Admitted::Forward(reservation)) => self.forward(reservation),
+            Ok(Admitted::Forward(reservation)) => self.forward(host, reservation),
             Ok(Admitted::Short { items, .. }) => self.ask_lease(host, items, now_s),
             Err(r) => {
                 self.refuse(host, &r);
@@ -528,7 +545,15 @@ impl Request {
         }
     }
 
-    fn forward(&mut self, reservation: Option<(Reservation, RateHeaders)>) -> Step {
+    fn forward(
+        &mut self,
+        host: &dyn Host,
+        reservation: Option<(Reservation, RateHeaders)>,
+    ) -> Step {
+        // A body changed after its end (its cap, `stream_options`) is written once, now.
+        if let Some(p) = self.pending_body.take().filter(|p| p.rewritten) {
+            self.replace_body(host, &p.bytes);
+        }
         let (reservation, rate_headers) = match reservation {
             Some((r, h)) => (Some(r), h),
             None => (None, RateHeaders::default()),
@@ -619,16 +644,21 @@ impl Request {
             // `inspect` accepted the body just above: splice without parsing it again.
             && let Ok(new_body) = request_body::splice_include_usage(&bytes)
         {
-            host.set_body(Body::Request, body_size, &new_body);
-            if self.hold_headers {
-                // Headers still held (allow_on_headers_stop_iteration): keep them exact.
-                host.set_header(
-                    Headers::Request,
-                    "content-length",
-                    Some(&new_body.len().to_string()),
-                );
-            }
             self.strip_usage_event = true;
+            if self.may_take_a_cap(&info) {
+                // Written at admission, with the cap it may set (one write).
+                self.pending_body = Some(PendingBody {
+                    bytes: new_body,
+                    rewritten: true,
+                });
+            } else {
+                self.replace_body(host, &new_body);
+            }
+        } else if self.may_take_a_cap(&info) {
+            self.pending_body = Some(PendingBody {
+                bytes,
+                rewritten: false,
+            });
         }
         self.body = BodyState::Done(info);
         if !matches!(self.phase, Phase::BodyBuffering { .. }) {
@@ -639,6 +669,29 @@ impl Request {
             Step::Continue => Action::Continue,
             Step::Wait | Step::Refused => Action::Pause,
         }
+    }
+
+    /// Replaces the whole buffered request body (held headers get its new length).
+    fn replace_body(&mut self, host: &dyn Host, new_body: &[u8]) {
+        host.set_body(Body::Request, self.buffered_body_bytes, new_body);
+        self.buffered_body_bytes = new_body.len();
+        if self.hold_headers {
+            // Headers still held (allow_on_headers_stop_iteration): keep them exact.
+            host.set_header(
+                Headers::Request,
+                "content-length",
+                Some(&new_body.len().to_string()),
+            );
+        }
+    }
+
+    /// A body that names no cap, of an operation that has a cap field: admission may set the
+    /// cap it reserves (no other body is kept past its end).
+    fn may_take_a_cap(&self, info: &Result<RequestInfo, String>) -> bool {
+        info.as_ref().is_ok_and(|i| i.max_tokens.is_none())
+            && self.cap_field.is_some()
+            && !self.discovery
+            && !self.unmetered
     }
 
     /// The answer for this request's credential (its own callout's, or another request's).
@@ -906,6 +959,22 @@ impl Request {
                 decide::reservation(info, tier),
             )
         };
+        // A body that names no cap is given the one reserved (unless the tier forwards it as
+        // sent), so the backend generates no more; set before anything is counted, so a body
+        // that cannot take it is refused with nothing to undo (written when forwarded).
+        if let Some((field, value)) =
+            info.and_then(|i| decide::injected_cap(i, self.cap_field, tier))
+            && !self.unmetered
+        {
+            let Some(pending) = self.pending_body.as_mut() else {
+                return Err(Refusal::internal(
+                    "the gateway could not set the request's output cap; retry",
+                ));
+            };
+            request_body::set_number_member(&mut pending.bytes, field, value)
+                .map_err(|e| Refusal::bad_request("invalid_body", e.to_string()))?;
+            pending.rewritten = true;
+        }
         let reserve = self.reserved_tokens.weighted(self.token_weights);
         let lease_policy = {
             let w = self.worker.borrow();

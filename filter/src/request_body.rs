@@ -513,7 +513,7 @@ pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
         };
     let head = body.get(..at).ok_or_else(malformed)?;
     let tail = body.get(remove_to..).ok_or_else(malformed)?;
-    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len() + 1));
+    let mut out = Vec::with_capacity(body.len().saturating_add(insert.len() + 1 + CAP_ROOM));
     out.extend_from_slice(head);
     out.extend_from_slice(insert);
     if comma {
@@ -522,6 +522,45 @@ pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
     out.extend_from_slice(tail);
     Ok(out)
 }
+
+/// Sets the body's top-level member `name` to the number `value`, in place: the value of the
+/// last member of that name replaced (the one parsers read), else the member inserted first;
+/// every other byte preserved. For a body [`inspect`] has already accepted. Allocates only when
+/// the body has no room for the change ([`splice_include_usage`] leaves [`CAP_ROOM`]).
+pub fn set_number_member(body: &mut Vec<u8>, name: &str, value: u64) -> Result<(), BodyError> {
+    use std::io::Write;
+    let malformed = || BodyError::NotJson("malformed object".to_string());
+    let open = skip_ws(body, 0);
+    let (at, remove_to, key, comma) = match find_member(body, open, name).ok_or_else(malformed)? {
+        (_, Some((start, end))) => (start, end, false, false),
+        (members, None) => {
+            let at = open.checked_add(1).ok_or_else(malformed)?;
+            (at, at, true, members > 0)
+        }
+    };
+    // At most `"name":` + 20 digits + `,`, formatted without an allocation.
+    let mut insert = [0u8; 96];
+    let mut w = insert.as_mut_slice();
+    let written = if key {
+        write!(w, "\"{name}\":{value}")
+    } else {
+        write!(w, "{value}")
+    }
+    .and_then(|()| if comma { w.write_all(b",") } else { Ok(()) });
+    written.map_err(|_| malformed())?;
+    let left = w.len();
+    let len = insert.len().saturating_sub(left);
+    let insert = insert.get(..len).ok_or_else(malformed)?;
+    if remove_to > body.len() || at > remove_to {
+        return Err(malformed());
+    }
+    body.splice(at..remove_to, insert.iter().copied());
+    Ok(())
+}
+
+/// Room [`splice_include_usage`] leaves in the body it returns for a cap set later
+/// ([`set_number_member`]) without another allocation.
+pub const CAP_ROOM: usize = 48;
 
 fn key_is(body: &[u8], key: (usize, usize), name: &str) -> bool {
     let Some(raw) = body.get(key.0..key.1) else {
@@ -810,6 +849,35 @@ mod tests {
                 .to_string()
                 .contains("not valid JSON")
         );
+    }
+
+    #[test]
+    fn a_number_member_is_inserted_or_its_value_replaced() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{}"#, r#"{"max_tokens":256}"#),
+            (
+                r#" { "model" : "m" } "#,
+                r#" {"max_tokens":256, "model" : "m" } "#,
+            ),
+            (
+                r#"{"max_tokens":null,"a":1}"#,
+                r#"{"max_tokens":256,"a":1}"#,
+            ),
+            (r#"{"max_tokens" : 0 }"#, r#"{"max_tokens" : 256 }"#),
+            // Nested members of the same name are not the top-level one.
+            (
+                r#"{"x":{"max_tokens":0},"b":"}"}"#,
+                r#"{"max_tokens":256,"x":{"max_tokens":0},"b":"}"}"#,
+            ),
+            // An escaped key is the same key.
+            (r#"{"max\u005ftokens":0}"#, r#"{"max\u005ftokens":256}"#),
+        ];
+        for (body, expected) in cases {
+            let mut out = body.as_bytes().to_vec();
+            set_number_member(&mut out, "max_tokens", 256).unwrap();
+            assert_eq!(std::str::from_utf8(&out).unwrap(), *expected, "{body}");
+            assert_eq!(inspect(&out).unwrap().max_tokens, Some(256), "{body}");
+        }
     }
 
     #[test]
@@ -1115,6 +1183,38 @@ mod tests {
                 prop_assert_eq!(r, Err(BodyError::NotAnObject));
             }
             let _ = with_include_usage(&body);
+        }
+
+        #[test]
+        fn a_spliced_cap_is_what_a_parser_reads_and_the_rest_is_kept(
+            extra in proptest::collection::btree_map("[a-z]{1,6}", json_value(), 0..5),
+            existing in proptest::option::of(prop_oneof![
+                Just(serde_json::Value::Null),
+                Just(serde_json::json!(0)),
+            ]),
+            value in 1u64..1_000_000,
+            pretty in any::<bool>(),
+        ) {
+            let mut obj: serde_json::Map<String, serde_json::Value> = extra.into_iter().collect();
+            obj.remove("max_output_tokens");
+            if let Some(e) = existing {
+                obj.insert("max_output_tokens".into(), e);
+            }
+            let v = serde_json::Value::Object(obj);
+            let body = if pretty {
+                serde_json::to_vec_pretty(&v).unwrap()
+            } else {
+                serde_json::to_vec(&v).unwrap()
+            };
+            let mut out = body.clone();
+            set_number_member(&mut out, "max_output_tokens", value).unwrap();
+            // Both read by the same parser (floats need not round-trip through `v`).
+            let mut parsed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            let mut expected: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            prop_assert_eq!(parsed["max_output_tokens"].as_u64(), Some(value));
+            parsed.as_object_mut().unwrap().remove("max_output_tokens");
+            expected.as_object_mut().unwrap().remove("max_output_tokens");
+            prop_assert_eq!(parsed, expected);
         }
 
         #[test]

@@ -7,8 +7,9 @@
 //! - `prompt_tokens` = whitespace-separated words in every message `content` string (or text
 //!   part), `prompt`, `input`, `instructions` and `system`; at least 1;
 //! - `completion_tokens` = `max_tokens` / `max_completion_tokens` / `max_output_tokens` when
-//!   given, else 16; header `x-sim-completion-tokens: N` overrides; the completion text is
-//!   `tok0 tok1 …`.
+//!   given, else 16 (header `x-sim-uncapped-tokens: N`: N, as vLLM generates up to the context
+//!   length when the body names no cap); header `x-sim-completion-tokens: N` overrides (a
+//!   backend that ignores the cap); the completion text is `tok0 tok1 …`.
 //!
 //! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
@@ -784,8 +785,10 @@ pub fn completion_tokens(request: &Value, headers: &HeaderMap) -> u64 {
     let from_body = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
         .find_map(|k| request.get(*k).and_then(Value::as_u64));
+    let uncapped = header_str(headers, "x-sim-uncapped-tokens").and_then(|v| v.parse::<u64>().ok());
     from_header
         .or(from_body)
+        .or(uncapped)
         .unwrap_or(DEFAULT_COMPLETION_TOKENS)
         .min(MAX_COMPLETION_TOKENS)
 }

@@ -23,7 +23,7 @@ pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use policy::{
     ApiFamily, Limit, Limits, Model, OperationSpec, PolicyDocument, PolicyError, Provider,
-    ProviderKind, Tier, TokenWeights,
+    ProviderKind, Tier, TokenWeights, UncappedRequests,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -41,12 +41,39 @@ pub struct Tier {
     pub groups: Vec<String>,
     #[serde(default)]
     pub limits: Limits,
-    /// Tokens reserved for a request that names no `max_tokens` (settled to the real usage later).
+    /// Tokens reserved for a request that names no `max_tokens` (settled to the real usage later);
+    /// with [`UncappedRequests::Inject`] also the cap the backend is given for such a request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_max_tokens: Option<u64>,
+    /// What happens to a request that names no output cap (see [`UncappedRequests`]).
+    #[serde(default, skip_serializing_if = "UncappedRequests::is_default")]
+    pub uncapped_requests: UncappedRequests,
     /// How input and output tokens count against the tier's token windows (default 1 and 1).
     #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
     pub token_weights: TokenWeights,
+}
+
+/// What the gateway does with a generating request whose body names no output cap (no
+/// `max_tokens`, `max_completion_tokens` or `max_output_tokens`, or only `0`/`null`): servers
+/// such as vLLM then generate up to the model's context length, far beyond any reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UncappedRequests {
+    /// The API family's own cap field is set to the reservation (`defaultMaxTokens`, else the
+    /// gateway's fallback) before the request is forwarded, so the backend stops there: the
+    /// output is bounded by what was reserved.
+    #[default]
+    Inject,
+    /// The body is forwarded as sent and `defaultMaxTokens` is only reserved; the usage the
+    /// response reports is settled (debt above the reservation), so one request may overshoot
+    /// a window by its whole generation.
+    Reserve,
+}
+
+impl UncappedRequests {
+    pub fn is_default(&self) -> bool {
+        *self == UncappedRequests::default()
+    }
 }
 
 /// Largest token weight.

@@ -44,6 +44,15 @@ pub struct Subscription {
     pub models: Vec<SubscriptionModel>,
     #[serde(default, skip_serializing_if = "TokenMetadata::is_empty")]
     pub token_metadata: TokenMetadata,
+    /// As a tier's `defaultMaxTokens`, for requests under this subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_max_tokens: Option<u64>,
+    /// As a tier's `uncappedRequests`, for requests under this subscription.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::policy::UncappedRequests::is_default"
+    )]
+    pub uncapped_requests: crate::policy::UncappedRequests,
 }
 
 /// Who has the subscription: any listed user, or any member of a listed group.
@@ -343,7 +352,8 @@ impl Subscription {
                 requests: m.request_rate_limits.clone(),
                 tokens: m.token_rate_limits.clone(),
             },
-            default_max_tokens: None,
+            default_max_tokens: self.default_max_tokens,
+            uncapped_requests: self.uncapped_requests,
             token_weights: m.token_weights,
         })
     }
@@ -533,6 +543,9 @@ pub(crate) fn validate(doc: &PolicyDocument) -> Result<(), PolicyError> {
                     "must be a non-negative decimal string, e.g. \"0.000002\"",
                 ));
             }
+        }
+        if s.default_max_tokens == Some(0) {
+            return Err(err(format!("{at}.defaultMaxTokens"), "must be at least 1"));
         }
         let meta = &s.token_metadata;
         if let Some(o) = &meta.organization_id {

@@ -554,6 +554,8 @@ fn subscription_of(
                 cost_center: str_at(&meta, "costCenter").map(str::to_string),
                 labels,
             },
+            default_max_tokens: None,
+            uncapped_requests: Default::default(),
         },
         index,
     ))
@@ -581,6 +583,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         groups: vec![SUBSCRIPTION_ONLY_GROUP.into()],
         limits: Default::default(),
         default_max_tokens: None,
+        uncapped_requests: Default::default(),
         token_weights: Default::default(),
     };
     if doc.tiers.is_empty() {

@@ -386,7 +386,7 @@ impl Request {
     /// the 429 to answer is kept). In fallback with `onUnavailable: refuse` a short lease is 503.
     fn readmit(&mut self, host: &dyn Host, now_s: u64) -> Result<Step, Vec<LeaseNeed>> {
         match self.decide_body(host, now_s) {
-            Ok(Admitted::Forward(reservation)) => Ok(self.forward(reservation)),
+            Ok(Admitted::Forward(reservation)) => Ok(self.forward(host, reservation)),
             Ok(Admitted::Short { items, limited }) => {
                 if self.worker.borrow().leases.state.fallback {
                     self.refuse(host, &lease_unavailable());

@@ -10,6 +10,7 @@ use maas_types::CredentialsDocument;
 use serde_json::{Value, json};
 
 mod body;
+mod cap;
 mod lease;
 mod ledger;
 mod respond;
