@@ -7,6 +7,8 @@
 //! shows those two calls once the gateway reported them to the ledger (within a report interval)
 //! and the quota page the windows' real numbers, she revokes the key
 //! in the UI and the gateway refuses it; Carol (admin) finds Alice's keys and bulk-revokes them.
+//! Then every page again on a phone (mobile emulation, 375 px wide): none scrolls sideways and
+//! every control of the navigation and of the page is on the screen and reachable by a tap.
 //! Every page is saved as a PNG under `target/ui-screenshots/` (docs/ui.md shows copies).
 //!
 //! Needs `chromium` and `chromium-driver` (Debian; `ensure_browser` in scripts/lib/common.sh
@@ -145,7 +147,20 @@ impl Drop for Driver {
     }
 }
 
-async fn browser(driver: &Driver) -> WebDriver {
+/// The screen the browser shows the pages on.
+#[derive(Clone, Copy, PartialEq)]
+enum Screen {
+    /// A 1280 × 900 window.
+    Desktop,
+    /// A phone: Chromium's mobile emulation of a `PHONE_WIDTH` × 812 CSS px touch screen, where
+    /// the page's `<meta name="viewport">` applies as on a real phone.
+    Phone,
+}
+
+/// The narrowest phone the UI is made for (an iPhone SE/mini in CSS pixels).
+const PHONE_WIDTH: i64 = 375;
+
+async fn browser(driver: &Driver, screen: Screen) -> WebDriver {
     let mut caps = DesiredCapabilities::chrome();
     caps.set_binary(
         program(
@@ -166,6 +181,13 @@ async fn browser(driver: &Driver) -> WebDriver {
         "--lang=en-US",
     ] {
         caps.add_arg(arg).unwrap();
+    }
+    if screen == Screen::Phone {
+        caps.add_experimental_option(
+            "mobileEmulation",
+            json!({"deviceMetrics": {"width": PHONE_WIDTH, "height": 812, "pixelRatio": 1.0, "touch": true}}),
+        )
+        .unwrap();
     }
     WebDriver::new(&driver.url, caps)
         .await
@@ -266,6 +288,110 @@ fn grouped(n: u64) -> String {
     out
 }
 
+/// How a page fits the phone's screen.
+struct PhoneFit {
+    page: &'static str,
+    /// `document.documentElement.scrollWidth`: wider than the screen means the page scrolls
+    /// sideways.
+    scroll_width: i64,
+    /// Each control (of the navigation and the page's own) that is not wholly on the screen or
+    /// is covered by something else at its centre, as "what: why".
+    unreachable: Vec<String>,
+}
+
+/// The navigation of a signed-in page: every link and sign-out.
+const NAV_CONTROLS: &str = "header nav a, #sign-out";
+
+/// Measures the page now shown on the phone: the document's width, and whether each element
+/// matching `controls` lies within the screen's width (brought into view vertically only, never
+/// sideways) and is what a tap at its centre reaches. Saves a screenshot as `shot`.
+async fn phone_fit(
+    b: &WebDriver,
+    shots: &Shots,
+    page: &'static str,
+    shot: &str,
+    controls: &str,
+) -> PhoneFit {
+    let measured = b
+        .execute(
+            r#"
+            const [selector] = arguments;
+            const screen = document.documentElement.clientWidth;
+            const unreachable = [];
+            const elements = [...document.querySelectorAll(selector)];
+            for (const el of elements) {
+                const name = el.id ? `#${el.id}` : `${el.tagName.toLowerCase()} "${el.textContent.trim().slice(0, 30)}"`;
+                const before = el.getBoundingClientRect();
+                window.scrollTo(0, window.scrollY + before.top - Math.max(0, (window.innerHeight - before.height) / 2));
+                const r = el.getBoundingClientRect();
+                if (r.width === 0 || r.height === 0) {
+                    unreachable.push(`${name}: not shown`);
+                    continue;
+                }
+                if (r.left < 0 || r.right > screen + 0.5) {
+                    unreachable.push(`${name}: spans x ${Math.round(r.left)}..${Math.round(r.right)}, the screen 0..${screen}`);
+                    continue;
+                }
+                const y = Math.min(Math.max(r.top + r.height / 2, 0), window.innerHeight - 1);
+                const hit = document.elementFromPoint(r.left + r.width / 2, y);
+                if (!hit || !(hit === el || el.contains(hit))) {
+                    unreachable.push(`${name}: covered by ${hit ? hit.outerHTML.slice(0, 60) : 'nothing'}`);
+                }
+            }
+            window.scrollTo(0, 0);
+            return [document.documentElement.scrollWidth, screen, elements.length, unreachable];
+            "#,
+            vec![json!(controls)],
+        )
+        .await
+        .unwrap();
+    let (scroll_width, screen, found, unreachable): (i64, i64, usize, Vec<String>) =
+        serde_json::from_value(measured.json().clone()).unwrap();
+    assert_eq!(
+        screen, PHONE_WIDTH,
+        "{page}: the phone emulation's screen is {screen} px wide"
+    );
+    assert!(found > 0, "{page}: nothing matches {controls:?}");
+    eprintln!(
+        "ui figure: phone {PHONE_WIDTH} px: {page}: document scrollWidth {scroll_width} px, \
+         {found} controls checked, {} unreachable",
+        unreachable.len()
+    );
+    shots.take(b, shot).await;
+    PhoneFit {
+        page,
+        scroll_width,
+        unreachable,
+    }
+}
+
+/// On the desktop window: the page is no wider than the window, and a key table shown is a table
+/// with its header row (the phones' one card per key stays on phones).
+async fn assert_desktop_layout(b: &WebDriver, page: &str) {
+    let measured = b
+        .execute(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth,
+                     [...document.querySelectorAll('table.keys thead')].map(t => getComputedStyle(t).display)];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (scroll_width, window, key_table_heads): (i64, i64, Vec<String>) =
+        serde_json::from_value(measured.json().clone()).unwrap();
+    assert!(
+        window >= 1000,
+        "{page}: the desktop window is {window} px wide"
+    );
+    assert!(
+        scroll_width <= window,
+        "{page}: {scroll_width} px wide in a {window} px window"
+    );
+    assert!(
+        key_table_heads.iter().all(|d| d == "table-header-group"),
+        "{page}: the key table's header row is {key_table_heads:?}"
+    );
+}
+
 /// The first row of the key table for `name`.
 fn row(name: &str) -> String {
     format!("tr[data-key-name='{name}']")
@@ -326,7 +452,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     );
 
     let driver = Driver::start();
-    let b = browser(&driver).await;
+    let b = browser(&driver, Screen::Desktop).await;
     let shots = Shots::new();
 
     // A refused token: the API's own message is shown.
@@ -422,6 +548,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     wait_for(&b, &row("browser-key")).await;
     assert!(!b.source().await.unwrap().contains(&browser_key));
     shots.take(&b, "03-keys").await;
+    assert_desktop_layout(&b, "03-keys").await;
 
     // Search narrows the list.
     let search = wait_for(&b, "#key-search").await;
@@ -453,6 +580,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
         "{python}"
     );
     shots.take(&b, "04-models").await;
+    assert_desktop_layout(&b, "04-models").await;
     let out = Command::new("bash")
         .arg("-c")
         .arg(&curl)
@@ -588,10 +716,12 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     let bars = b.find_all(By::Css("#usage-chart .bar")).await.unwrap();
     assert_eq!(bars.len(), 2, "one bar per day");
     shots.take(&b, "05b-usage-with-data").await;
+    assert_desktop_layout(&b, "05b-usage-with-data").await;
     nav(&b, "quota").await;
     let quota = wait_for(&b, "#quota-table").await.text().await.unwrap();
     assert!(quota.contains("2,000 tokens 1m 500 1,500"), "{quota}");
     shots.take(&b, "06b-quota-with-data").await;
+    assert_desktop_layout(&b, "06b-quota-with-data").await;
     let violations = b.execute("return window.__csp;", vec![]).await.unwrap();
     assert_eq!(violations.json(), &json!([]), "CSP violations");
 
@@ -670,6 +800,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     );
     wait_for(&b, &row("second-key")).await;
     shots.take(&b, "08-admin-keys-by-user").await;
+    assert_desktop_layout(&b, "08-admin-keys-by-user").await;
     wait_for(&b, "#bulk-revoke").await.click().await.unwrap();
     wait_for(&b, "#bulk-revoke-confirm")
         .await
@@ -703,6 +834,215 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     assert_eq!(left["data"], json!([]), "{left}");
 
     b.quit().await.unwrap();
+
+    // Every page on a phone: no sideways scrolling of the page (long keys, snippets and tables
+    // scroll inside their own box), every control of the navigation and of the page on the
+    // screen and reachable by a tap. Alice again (her usage is in the ledger by now), then Carol
+    // on the admin page with Alice's keys listed.
+    let b = browser(&driver, Screen::Phone).await;
+    let mut fits = Vec::new();
+    b.goto(&ui).await.unwrap();
+    wait_for(&b, "#token").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "sign-in",
+            "10-phone-sign-in",
+            "#token, #sign-in",
+        )
+        .await,
+    );
+    sign_in(&b, "not-a-token").await;
+    wait_for(&b, ".error").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "sign-in refused",
+            "10b-phone-sign-in-refused",
+            "#token, #sign-in, .error",
+        )
+        .await,
+    );
+    sign_in(&b, "alice-token").await;
+    wait_for(&b, "#current-tier").await;
+    wait_for(&b, "#mint-name")
+        .await
+        .send_keys("phone-key")
+        .await
+        .unwrap();
+    b.find(By::Id("mint")).await.unwrap().click().await.unwrap();
+    wait_for(&b, "#new-key").await;
+    wait_for(&b, &row("phone-key")).await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "new key shown once",
+            "11-phone-key-shown-once",
+            &format!("{NAV_CONTROLS}, #new-key, #copy-new-key, #new-key-done"),
+        )
+        .await,
+    );
+    b.find(By::Id("new-key-done"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_gone(&b, "#new-key").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "keys",
+            "12-phone-keys",
+            &format!(
+                "{NAV_CONTROLS}, #mint-name, #mint-expiry, #mint-tier, #mint, #key-search, \
+                 {} .revoke",
+                row("phone-key")
+            ),
+        )
+        .await,
+    );
+    // The two-step revoke works by tap too (cancelled: Carol finds the key active below).
+    wait_for(&b, &format!("{} .revoke", row("phone-key")))
+        .await
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, &format!("{} .revoke-confirm", row("phone-key"))).await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "keys: confirm revoke",
+            "12b-phone-keys-confirm-revoke",
+            &format!("{0} .revoke-confirm, {0} .link", row("phone-key")),
+        )
+        .await,
+    );
+    b.find(By::Css(format!("{} .link", row("phone-key"))))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, &format!("{} .revoke", row("phone-key"))).await;
+    nav(&b, "models").await;
+    wait_for(&b, "[data-model='sim-model'] pre").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "models",
+            "13-phone-models",
+            &format!("{NAV_CONTROLS}, .model-url, .snippet, .snippet .copy"),
+        )
+        .await,
+    );
+    nav(&b, "usage").await;
+    wait_for(&b, "#usage-table").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "usage",
+            "14-phone-usage",
+            &format!("{NAV_CONTROLS}, #usage-from, #usage-to, #usage-chart, .table-scroll"),
+        )
+        .await,
+    );
+    nav(&b, "quota").await;
+    wait_for(&b, "#quota-table").await;
+    wait_for(&b, "#tier-limits").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "quota",
+            "15-phone-quota",
+            &format!("{NAV_CONTROLS}, .table-scroll, #tier-limits"),
+        )
+        .await,
+    );
+    nav(&b, "admin").await;
+    wait_for(&b, "#admin-username")
+        .await
+        .send_keys("bob")
+        .await
+        .unwrap();
+    b.find(By::Id("admin-search"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, ".error").await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "admin refused",
+            "16-phone-admin-refused",
+            &format!("{NAV_CONTROLS}, #admin-username, #admin-active-only, #admin-search, .error"),
+        )
+        .await,
+    );
+    sign_out(&b).await;
+    sign_in(&b, "carol-token").await;
+    wait_for(&b, "#current-tier").await;
+    nav(&b, "admin").await;
+    wait_for(&b, "#admin-username")
+        .await
+        .send_keys("alice")
+        .await
+        .unwrap();
+    b.find(By::Id("admin-active-only"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.find(By::Id("admin-search"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, &row("browser-key")).await;
+    wait_for(&b, &row("phone-key")).await;
+    fits.push(
+        phone_fit(
+            &b,
+            &shots,
+            "admin: keys of a user",
+            "17-phone-admin-keys-by-user",
+            &format!(
+                "{NAV_CONTROLS}, #admin-username, #admin-search, #bulk-revoke, {} .revoke",
+                row("phone-key")
+            ),
+        )
+        .await,
+    );
+    b.quit().await.unwrap();
+    let misfits: Vec<String> = fits
+        .iter()
+        .filter(|f| f.scroll_width > PHONE_WIDTH || !f.unreachable.is_empty())
+        .map(|f| {
+            format!(
+                "{}: {} px wide; {:?}",
+                f.page, f.scroll_width, f.unreachable
+            )
+        })
+        .collect();
+    assert!(
+        misfits.is_empty(),
+        "pages that do not fit a {PHONE_WIDTH} px phone:\n{}",
+        misfits.join("\n")
+    );
+
     drop(driver);
     stack.shutdown();
 }

@@ -193,62 +193,64 @@ export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => voi
   return (
     <>
       <ErrorBox error={error} />
-      <table className="keys">
-        <thead>
-          <tr>
-            {props.showUser && <th>User</th>}
-            <th>Name</th>
-            <th>Prefix</th>
-            <th>Tier</th>
-            <th>Subscription</th>
-            <th>Created</th>
-            <th>Expires</th>
-            <th>Last used</th>
-            <th>Status</th>
-            <th />
-          </tr>
-        </thead>
-        <tbody>
-          {props.keys.map((k) => (
-            <tr key={k.id} data-key-id={k.id} data-key-name={k.name}>
-              {props.showUser && <td>{k.username}</td>}
-              <td title={k.description ?? ""}>{k.name}</td>
-              <td><code>{k.keyPrefix}</code></td>
-              <td>{k.tier ?? <span className="muted">highest</span>}</td>
-              <td className="subscription">{k.subscription ?? <span className="muted">—</span>}</td>
-              <td>{fmtDate(k.creationDate)}</td>
-              <td>{fmtDate(k.expirationDate)}</td>
-              <td>{fmtDate(k.lastUsedAt)}</td>
-              <td><span className={`status ${k.status}`}>{k.status}</span></td>
-              <td>
-                {k.status === "active" &&
-                  (confirming === k.id ? (
-                    <>
-                      <button
-                        className="danger revoke-confirm"
-                        onClick={async () => {
-                          setError(null);
-                          try {
-                            await call(props.ctx.prefix, props.ctx.token, "DELETE", `/v1/api-keys/${encodeURIComponent(k.id)}`);
-                          } catch (e) {
-                            setError(asApiError(e));
-                          }
-                          setConfirming(null);
-                          props.onChanged();
-                        }}
-                      >
-                        Confirm revoke
-                      </button>
-                      <button className="link" onClick={() => setConfirming(null)}>cancel</button>
-                    </>
-                  ) : (
-                    <button className="secondary revoke" onClick={() => setConfirming(k.id)}>Revoke</button>
-                  ))}
-              </td>
+      <div className="table-scroll">
+        <table className="keys">
+          <thead>
+            <tr>
+              {props.showUser && <th>User</th>}
+              <th>Name</th>
+              <th>Prefix</th>
+              <th>Tier</th>
+              <th>Subscription</th>
+              <th>Created</th>
+              <th>Expires</th>
+              <th>Last used</th>
+              <th>Status</th>
+              <th />
             </tr>
-          ))}
-        </tbody>
-      </table>
+          </thead>
+          <tbody>
+            {props.keys.map((k) => (
+              <tr key={k.id} data-key-id={k.id} data-key-name={k.name}>
+                {props.showUser && <td data-label="User">{k.username}</td>}
+                <td className="name" data-label="Name" title={k.description ?? ""}>{k.name}</td>
+                <td data-label="Prefix"><code>{k.keyPrefix}</code></td>
+                <td data-label="Tier">{k.tier ?? <span className="muted">highest</span>}</td>
+                <td className="subscription" data-label="Subscription">{k.subscription ?? <span className="muted">—</span>}</td>
+                <td data-label="Created">{fmtDate(k.creationDate)}</td>
+                <td data-label="Expires">{fmtDate(k.expirationDate)}</td>
+                <td data-label="Last used">{fmtDate(k.lastUsedAt)}</td>
+                <td data-label="Status"><span className={`status ${k.status}`}>{k.status}</span></td>
+                <td className="actions">
+                  {k.status === "active" &&
+                    (confirming === k.id ? (
+                      <>
+                        <button
+                          className="danger revoke-confirm"
+                          onClick={async () => {
+                            setError(null);
+                            try {
+                              await call(props.ctx.prefix, props.ctx.token, "DELETE", `/v1/api-keys/${encodeURIComponent(k.id)}`);
+                            } catch (e) {
+                              setError(asApiError(e));
+                            }
+                            setConfirming(null);
+                            props.onChanged();
+                          }}
+                        >
+                          Confirm revoke
+                        </button>
+                        <button className="link" onClick={() => setConfirming(null)}>cancel</button>
+                      </>
+                    ) : (
+                      <button className="secondary revoke" onClick={() => setConfirming(k.id)}>Revoke</button>
+                    ))}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
     </>
   );
 }

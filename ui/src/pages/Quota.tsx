@@ -21,36 +21,38 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
       {rows && rows.length > 0 && (
         <section className="card">
           <h3>Now</h3>
-          <table id="quota-table">
-            <thead>
-              <tr>
-                <th>Limit</th>
-                <th>Window</th>
-                <th>Used</th>
-                <th>Remaining</th>
-                <th />
-                <th>Resets</th>
-              </tr>
-            </thead>
-            <tbody>
-              {rows.map((r) => (
-                <tr key={`${r.kind}/${r.window}`}>
-                  <td>
-                    {r.limit.toLocaleString()} {r.kind}
-                  </td>
-                  <td>{r.window}</td>
-                  <td>{r.used.toLocaleString()}</td>
-                  <td>{r.remaining.toLocaleString()}</td>
-                  <td className="meter-cell">
-                    <span className="meter">
-                      <span style={{ width: `${Math.min(100, (100 * r.used) / Math.max(1, r.limit))}%` }} />
-                    </span>
-                  </td>
-                  <td>{fmtDate(r.resetsAt)}</td>
+          <div className="table-scroll">
+            <table id="quota-table">
+              <thead>
+                <tr>
+                  <th>Limit</th>
+                  <th>Window</th>
+                  <th>Used</th>
+                  <th>Remaining</th>
+                  <th />
+                  <th>Resets</th>
                 </tr>
-              ))}
-            </tbody>
-          </table>
+              </thead>
+              <tbody>
+                {rows.map((r) => (
+                  <tr key={`${r.kind}/${r.window}`}>
+                    <td>
+                      {r.limit.toLocaleString()} {r.kind}
+                    </td>
+                    <td>{r.window}</td>
+                    <td>{r.used.toLocaleString()}</td>
+                    <td>{r.remaining.toLocaleString()}</td>
+                    <td className="meter-cell">
+                      <span className="meter">
+                        <span style={{ width: `${Math.min(100, (100 * r.used) / Math.max(1, r.limit))}%` }} />
+                      </span>
+                    </td>
+                    <td>{fmtDate(r.resetsAt)}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          </div>
         </section>
       )}
       {tier && (

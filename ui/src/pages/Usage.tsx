@@ -77,40 +77,42 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
               </div>
             ))}
           </div>
-          <table id="usage-table">
-            <thead>
-              <tr>
-                <th>Day</th>
-                <th>Model</th>
-                <th>Requests</th>
-                <th>Prompt tokens</th>
-                <th>Completion tokens</th>
-                <th>Total</th>
-                <th>Refused</th>
-                <th>Cached input tokens</th>
-              </tr>
-            </thead>
-            <tbody>
-              {days.flatMap((d) =>
-                models.flatMap((m) =>
-                  (rows ?? [])
-                    .filter((r) => r.day === d && r.model === m)
-                    .map((r) => (
-                      <tr key={`${d}/${m}`}>
-                        <td>{d}</td>
-                        <td>{m}</td>
-                        <td>{r.requests.toLocaleString()}</td>
-                        <td>{r.promptTokens.toLocaleString()}</td>
-                        <td>{r.completionTokens.toLocaleString()}</td>
-                        <td>{total(r).toLocaleString()}</td>
-                        <td className="refused" title={refusedReasons(r)}>{refusedCount(r).toLocaleString()}</td>
-                        <td>{(r.cachedInputTokens ?? 0).toLocaleString()}</td>
-                      </tr>
-                    )),
-                ),
-              )}
-            </tbody>
-          </table>
+          <div className="table-scroll">
+            <table id="usage-table">
+              <thead>
+                <tr>
+                  <th>Day</th>
+                  <th>Model</th>
+                  <th>Requests</th>
+                  <th>Prompt tokens</th>
+                  <th>Completion tokens</th>
+                  <th>Total</th>
+                  <th>Refused</th>
+                  <th>Cached input tokens</th>
+                </tr>
+              </thead>
+              <tbody>
+                {days.flatMap((d) =>
+                  models.flatMap((m) =>
+                    (rows ?? [])
+                      .filter((r) => r.day === d && r.model === m)
+                      .map((r) => (
+                        <tr key={`${d}/${m}`}>
+                          <td>{d}</td>
+                          <td>{m}</td>
+                          <td>{r.requests.toLocaleString()}</td>
+                          <td>{r.promptTokens.toLocaleString()}</td>
+                          <td>{r.completionTokens.toLocaleString()}</td>
+                          <td>{total(r).toLocaleString()}</td>
+                          <td className="refused" title={refusedReasons(r)}>{refusedCount(r).toLocaleString()}</td>
+                          <td>{(r.cachedInputTokens ?? 0).toLocaleString()}</td>
+                        </tr>
+                      )),
+                  ),
+                )}
+              </tbody>
+            </table>
+          </div>
         </section>
       )}
     </>
