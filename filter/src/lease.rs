@@ -7,7 +7,9 @@
 //!                 │                                    │ else (dispatch error, timeout, non-200)
 //!                 │                                    ▼
 //!                 │                              FALLBACK (shared `maas/g/state`): no callout,
-//!                 │                              lease = max(granted, ⌊limit × share⌋)
+//!                 │                              lease = max(granted, ⌊limit × share⌋),
+//!                 │                              share = 1 ÷ at least `limits.global.replicas`
+//!                 │                              ([`fallback_share`]; none configured: 503)
 //!  every reportIntervalMs, per worker: claim (CAS) debt = count − granted, release of idle
 //!  subjects, renewals → one batch (a `batchId`) ─▶ 200: grants added
 //!                                                 │ else: fallback; the batch is kept, claims
