@@ -33,6 +33,10 @@ POSTGRES_DB=${POSTGRES_DB:-maas}
 # companion keeps the lease counters in process.
 REDIS_URL=${REDIS_URL:-}
 DEV_REDIS=${DEV_REDIS:-false}
+# The Gateway's pods (its Deployment, through ConfigMap maas-gateway-options) and the filter's
+# limits.global.replicas: always the same number (each replica's share of a limit while the
+# lease service is unreachable is limit ÷ this).
+GATEWAY_REPLICAS=${GATEWAY_REPLICAS:-1}
 LOG_LEVEL=${LOG_LEVEL:-INFO}
 CERT_NAME=${CERT_NAME:-}
 CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-}
@@ -92,6 +96,11 @@ Options:
                              in process (limits exact only with one companion replica; counters
                              lost on its restart). A Secret maas-redis from an earlier run stays
                              in use until deleted.
+  --gateway-replicas N       Gateway pods (default 1; 1..10000), pinned on the Gateway's Deployment
+                             (ConfigMap maas-gateway-options) and given to the filter as
+                             limits.global.replicas: while the companion or Redis cannot be
+                             reached, each pod admits a user within limit ÷ N, so together they
+                             stay within the limit. Change the pod count only this way
   --images FILE              the MAAS_WASM_IMAGE=... and MAAS_API_IMAGE=... lines that
                              scripts/build-images.sh prints (required, or the two below)
   --maas-api-image IMG       companion image, repo@sha256:... or repo:tag (env MAAS_API_IMAGE)
@@ -107,7 +116,7 @@ Options:
 Environment: DEPLOYMENT_MODE, OPERATOR_TYPE, DEPLOYMENT_NAMESPACE, ENABLE_TLS_BACKEND, VERBOSE,
 DRY_RUN, OPERATOR_CATALOG, OPERATOR_IMAGE, OPERATOR_CHANNEL, OPERATOR_STARTING_CSV,
 MAAS_API_IMAGE, MAAS_WASM_IMAGE, MAAS_CONTROLLER_IMAGE (ignored, warns), POSTGRES_CONNECTION,
-POSTGRES_USER, POSTGRES_DB, REDIS_URL, DEV_REDIS, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
+POSTGRES_USER, POSTGRES_DB, REDIS_URL, DEV_REDIS, GATEWAY_REPLICAS, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
 Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
 CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
 
@@ -145,6 +154,7 @@ parse_arguments() {
       --postgres-connection) require_flag_value "$@"; POSTGRES_CONNECTION=$2; shift 2 ;;
       --redis-url) require_flag_value "$@"; REDIS_URL=$2; shift 2 ;;
       --dev-redis) DEV_REDIS=true; shift ;;
+      --gateway-replicas) require_flag_value "$@"; GATEWAY_REPLICAS=$2; shift 2 ;;
       --images) require_flag_value "$@"; read_images_file "$2"; shift 2 ;;
       --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
       --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
@@ -229,6 +239,9 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
     # name): never echo the URL itself, it carries the password.
     [[ $REDIS_URL =~ ^rediss?://[^[:space:]]+$ ]] || die "--redis-url must start with redis:// or rediss:// (and hold no whitespace)"
     [ "$DEV_REDIS" = false ] || die "--redis-url and --dev-redis exclude each other: give a Redis, or deploy the development one"
+  fi
+  if [[ ! $GATEWAY_REPLICAS =~ ^[1-9][0-9]{0,4}$ ]] || [ "$GATEWAY_REPLICAS" -gt 10000 ]; then
+    die "--gateway-replicas must be a whole number from 1 to 10000, not '$GATEWAY_REPLICAS'"
   fi
   if [ "$DEPLOYMENT_MODE" = kustomize ] && { [ -n "$OPERATOR_CATALOG" ] || [ -n "$OPERATOR_IMAGE" ] || [ -n "$OPERATOR_CHANNEL" ]; }; then
     log_warn "--operator-catalog/--operator-image/--channel only apply to --deployment-mode operator; ignored"
@@ -579,6 +592,16 @@ render_manifests() {
     echo "      - op: replace"
     echo "        path: /spec/url"
     echo "        value: oci://$MAAS_WASM_IMAGE"
+    echo "      - op: replace"
+    echo "        path: /spec/pluginConfig/limits/global/replicas"
+    echo "        value: $GATEWAY_REPLICAS"
+    echo "  - target: {version: v1, kind: ConfigMap, name: maas-gateway-options}"
+    echo "    patch: |-"
+    echo "      - op: replace"
+    echo "        path: /data/deployment"
+    echo "        value: |"
+    echo "          spec:"
+    echo "            replicas: $GATEWAY_REPLICAS"
     echo "  - target: {group: gateway.networking.k8s.io, kind: Gateway, name: $GATEWAY_NAME}"
     echo "    patch: |-"
     echo "      - op: replace"
@@ -620,6 +643,19 @@ select_kinds() {
     END { flush() }' "$file"
 }
 
+# select_named FILE KIND NAME: the document of FILE with this kind and metadata.name.
+select_named() {
+  awk -v kind="$2" -v name="$3" '
+    function flush() { if (doc != "" && k && n) printf "%s", doc; doc = ""; k = 0; n = 0; meta = 0 }
+    /^---/ { flush(); next }
+    /^[^ ]/ { meta = 0 }
+    /^metadata:/ { meta = 1 }
+    /^kind: / { k = ($2 == kind) }
+    meta && /^  name: / { n = ($2 == name) }
+    { doc = doc $0 "\n" }
+    END { flush() }' "$1"
+}
+
 # ---- deployment steps --------------------------------------------------------------------------
 ensure_namespace() {
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
@@ -637,6 +673,10 @@ deploy_gateway() {
   # OpenShift installs its Istio (and the WasmPlugin CRD) once a GatewayClass is accepted.
   run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
   wait_for_crd wasmplugins.extensions.istio.io
+  # The Gateway's pod count first: the Gateway names this ConfigMap (infrastructure.parametersRef).
+  log_info "  $GATEWAY_REPLICAS Gateway replica(s) (ConfigMap maas-gateway-options; the filter's limits.global.replicas)"
+  select_named "$RENDERED" ConfigMap maas-gateway-options |
+    run_stdin "ConfigMap maas-gateway-options" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
   select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
@@ -831,6 +871,7 @@ print_plan() {
   else
     log_info "  lease store:       in process (no Redis: limits exact across Gateway replicas only with one companion replica)"
   fi
+  log_info "  Gateway replicas:  $GATEWAY_REPLICAS (the filter's limits.global.replicas: while the lease service is unreachable each admits limit ÷ $GATEWAY_REPLICAS)"
   if [ "$DEPLOYMENT_MODE" = operator ]; then
     log_info "  operator:          $(operator_package) from $(operator_source), channel $OPERATOR_CHANNEL"
   fi

@@ -84,11 +84,18 @@ pub struct GlobalConfig {
     /// A subject unused this long hands its unused lease back.
     pub idle_release_ms: u64,
     pub on_unavailable: OnUnavailable,
-    /// Local share of a limit in fallback (0 < f ≤ 1); `None`: 1 ÷ known replicas.
+    /// Local share of a limit in fallback (0 < f ≤ 1); `None`: 1 ÷ the replicas assumed.
     pub fallback_fraction: Option<f64>,
+    /// The Gateway's replica count (with an autoscaler, its maximum): in fallback a replica
+    /// assumes at least this many, whatever the last answer counted. `None` (and no
+    /// `fallback_fraction`): no safe share is known, so a short lease in fallback is refused.
+    pub replicas: Option<u32>,
     /// This replica's id; `None`: Envoy's `node.id`, else an id drawn at start.
     pub replica_id: Option<String>,
 }
+
+/// `limits.global.replicas` at most (a Gateway runs far fewer).
+pub const MAX_GATEWAY_REPLICAS: u64 = 10_000;
 
 impl Default for GlobalConfig {
     fn default() -> Self {
@@ -99,6 +106,7 @@ impl Default for GlobalConfig {
             idle_release_ms: 3000,
             on_unavailable: OnUnavailable::Fallback,
             fallback_fraction: None,
+            replicas: None,
             replica_id: None,
         }
     }
@@ -231,6 +239,7 @@ struct RawGlobal {
     idle_release_ms: Option<u64>,
     on_unavailable: Option<OnUnavailable>,
     fallback_fraction: Option<f64>,
+    replicas: Option<u64>,
     replica_id: Option<String>,
 }
 
@@ -258,6 +267,18 @@ fn global_config(raw: RawGlobal) -> Result<GlobalConfig, ConfigError> {
         }
         id => id,
     };
+    let replicas = match raw.replicas {
+        Some(n) => Some(
+            u32::try_from(in_range(
+                "limits.global.replicas",
+                n,
+                1,
+                MAX_GATEWAY_REPLICAS,
+            )?)
+            .map_err(|_| err("limits.global.replicas", "out of range"))?,
+        ),
+        None => None,
+    };
     Ok(GlobalConfig {
         enabled: raw.enabled.unwrap_or(d.enabled),
         report_interval_ms: in_range(
@@ -280,6 +301,7 @@ fn global_config(raw: RawGlobal) -> Result<GlobalConfig, ConfigError> {
         )?,
         on_unavailable: raw.on_unavailable.unwrap_or(d.on_unavailable),
         fallback_fraction,
+        replicas,
         replica_id,
     })
 }
@@ -546,7 +568,7 @@ mod tests {
         let c = parse(json!({"companion": {"cluster": "c"}, "limits": {"global": {
             "enabled": false, "reportIntervalMs": 250, "leaseHorizonMs": 5000,
             "idleReleaseMs": 10000, "onUnavailable": "refuse", "fallbackFraction": 0.5,
-            "replicaId": "gw-1"}}}))
+            "replicas": 3, "replicaId": "gw-1"}}}))
         .unwrap();
         let g = &c.limits.global;
         assert!(!g.enabled);
@@ -556,7 +578,14 @@ mod tests {
         );
         assert_eq!(g.on_unavailable, OnUnavailable::Refuse);
         assert_eq!(g.fallback_fraction, Some(0.5));
+        assert_eq!(g.replicas, Some(3));
         assert_eq!(g.replica_id.as_deref(), Some("gw-1"));
+        assert_eq!(parse(to_json(&c)).unwrap(), c);
+        // null is unset (the local stack's tests remove the count that way).
+        let c = parse(json!({"companion": {"cluster": "c"}, "limits": {"global": {
+            "replicas": null}}}))
+        .unwrap();
+        assert_eq!(c.limits.global.replicas, None);
     }
 
     #[test]
@@ -600,6 +629,9 @@ mod tests {
             g(json!({"fallbackFraction": "half"})),
             "limits.global.fallbackFraction",
         );
+        for bad in [json!(0), json!(10_001), json!(-1), json!(1.5), json!("two")] {
+            fails_at(g(json!({ "replicas": bad })), "limits.global.replicas");
+        }
         fails_at(g(json!({"replicaId": ""})), "limits.global.replicaId");
         fails_at(g(json!({"replicaId": "a b"})), "limits.global.replicaId");
         fails_at(
@@ -707,6 +739,7 @@ mod tests {
                     OnUnavailable::Refuse => "refuse",
                 },
                 "fallbackFraction": c.limits.global.fallback_fraction,
+                "replicas": c.limits.global.replicas,
                 "replicaId": c.limits.global.replica_id,
             }},
             "removeHeaders": c.remove_headers,

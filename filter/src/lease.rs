@@ -7,7 +7,9 @@
 //!                 │                                    │ else (dispatch error, timeout, non-200)
 //!                 │                                    ▼
 //!                 │                              FALLBACK (shared `maas/g/state`): no callout,
-//!                 │                              lease = max(granted, ⌊limit × share⌋)
+//!                 │                              lease = max(granted, ⌊limit × share⌋),
+//!                 │                              share = 1 ÷ at least `limits.global.replicas`
+//!                 │                              ([`fallback_share`]; none configured: 503)
 //!  every reportIntervalMs, per worker: claim (CAS) debt = count − granted, release of idle
 //!  subjects, renewals → one batch (a `batchId`) ─▶ 200: grants added
 //!                                                 │ else: fallback; the batch is kept, claims
@@ -315,16 +317,65 @@ pub fn policy(cfg: &PluginConfig, state: &GlobalState) -> Option<LeasePolicy> {
     if !g.enabled {
         return None;
     }
-    let fallback_share =
-        (state.fallback && g.on_unavailable == OnUnavailable::Fallback).then(|| {
-            g.fallback_fraction
-                .unwrap_or(1.0 / f64::from(state.replicas.max(1)))
-        });
+    let fallback_share = if state.fallback && g.on_unavailable == OnUnavailable::Fallback {
+        fallback_share(g, state)
+    } else {
+        None
+    };
     Some(LeasePolicy {
         fallback_share,
         horizon_ms: g.lease_horizon_ms,
         short_retry_s: short_retry_s(g),
     })
+}
+
+/// The share of each limit a replica in fallback admits on its own: `fallbackFraction`, else
+/// 1 ÷ the replicas it must assume — `limits.global.replicas` (the Gateway's replica count) or
+/// more when the last answer counted more. The companion's count alone is never trusted
+/// below the configured one: it counts the replicas that called in its last 30 s, so it is 1
+/// before any answer, it misses a replica without traffic, and the first replica to call after
+/// a quiet spell longer than that sees only itself. `None` when neither is configured: the
+/// replica cannot know how many others admit on their own, so a short lease is refused (503).
+pub fn fallback_share(g: &GlobalConfig, state: &GlobalState) -> Option<f64> {
+    if let Some(fraction) = g.fallback_fraction {
+        return Some(fraction);
+    }
+    let assumed = g.replicas?.max(state.replicas).max(1);
+    Some(1.0 / f64::from(assumed))
+}
+
+/// What a replica does in fallback under `g`, for the log at start (`true`: worth a warning).
+pub fn fallback_rule(g: &GlobalConfig) -> (bool, String) {
+    if g.on_unavailable == OnUnavailable::Refuse {
+        return (
+            false,
+            "lease service unreachable → 503 limits_unavailable beyond the leases held \
+             (onUnavailable: refuse)"
+                .into(),
+        );
+    }
+    match (g.fallback_fraction, g.replicas) {
+        (Some(f), _) => (
+            false,
+            format!(
+                "lease service unreachable → each limit × {f} on this replica (fallbackFraction)"
+            ),
+        ),
+        (None, Some(n)) => (
+            false,
+            format!(
+                "lease service unreachable → each limit ÷ {n} on this replica, or ÷ more when \
+                 the companion last counted more (limits.global.replicas)"
+            ),
+        ),
+        (None, None) => (
+            true,
+            "limits.global.replicas is not set: while the lease service is unreachable, \
+             requests beyond the leases held are refused (503 limits_unavailable); set it to the \
+             Gateway's replica count to admit within a local share instead"
+                .into(),
+        ),
+    }
 }
 
 /// Retry-after of a 429 for a short lease while the limit is not reached globally: other
@@ -487,7 +538,8 @@ fn adopt(host: &dyn Host, leases: &mut Leases, gauge: u32, st: GlobalState) {
     if st.fallback != leases.state.fallback {
         if st.fallback {
             log::warn!(
-                "maas: lease service not answering: limits fall back to this replica's local share"
+                "maas: lease service not answering: limits fall back to this replica's local \
+                 share, or 503 beyond the leases held where no share is configured"
             );
         } else {
             log::info!("maas: lease service answering again: global limits restored");
@@ -675,6 +727,113 @@ mod tests {
             ..GlobalConfig::default()
         };
         assert_eq!(short_retry_s(&g), 1);
+    }
+
+    fn in_fallback(replicas: u32) -> GlobalState {
+        GlobalState {
+            fallback: true,
+            since_ms: 1,
+            replicas,
+        }
+    }
+
+    fn with(replicas: Option<u32>, fraction: Option<f64>) -> GlobalConfig {
+        GlobalConfig {
+            replicas,
+            fallback_fraction: fraction,
+            ..GlobalConfig::default()
+        }
+    }
+
+    #[test]
+    fn before_any_answer_a_replica_assumes_the_configured_replica_count() {
+        // Never answered (a fresh pod during an outage): the state's count is the default 1;
+        // before, that made the share the whole limit on every replica.
+        let never = read_state(&MemStore::new()).0;
+        assert_eq!(never.replicas, 1);
+        assert_eq!(
+            fallback_share(&with(Some(2), None), &in_fallback(1)),
+            Some(0.5)
+        );
+        assert_eq!(
+            fallback_share(&with(Some(4), None), &in_fallback(1)),
+            Some(0.25)
+        );
+    }
+
+    #[test]
+    fn an_answer_that_counted_fewer_replicas_than_configured_never_widens_the_share() {
+        // After a quiet spell longer than the companion's replica TTL (30 s), the first replica
+        // to call is the only one the companion counts: its fresh answer says 1.
+        assert_eq!(
+            fallback_share(&with(Some(3), None), &in_fallback(1)),
+            Some(1.0 / 3.0)
+        );
+        // An answer that counted more (a rollout's surge, more pods than configured) narrows it.
+        assert_eq!(
+            fallback_share(&with(Some(2), None), &in_fallback(5)),
+            Some(0.2)
+        );
+    }
+
+    #[test]
+    fn without_a_replica_count_or_fraction_there_is_no_share_to_fall_back_on() {
+        for answered in [1, 2, 7] {
+            assert_eq!(
+                fallback_share(&with(None, None), &in_fallback(answered)),
+                None
+            );
+        }
+        // An explicit fraction is the operator's choice, whatever the counts.
+        assert_eq!(
+            fallback_share(&with(None, Some(0.3)), &in_fallback(1)),
+            Some(0.3)
+        );
+        assert_eq!(
+            fallback_share(&with(Some(4), Some(0.3)), &in_fallback(9)),
+            Some(0.3)
+        );
+    }
+
+    #[test]
+    fn the_policy_uses_a_share_only_in_fallback_mode_while_in_fallback() {
+        let cfg = |g: GlobalConfig| {
+            let mut c = PluginConfig::parse(br#"{"companion":{"cluster":"c"}}"#).unwrap();
+            c.limits.global = g;
+            c
+        };
+        let share = |c: &PluginConfig, st: &GlobalState| policy(c, st).unwrap().fallback_share;
+        let two = cfg(with(Some(2), None));
+        assert_eq!(
+            share(&two, &GlobalState::default()),
+            None,
+            "not in fallback"
+        );
+        assert_eq!(share(&two, &in_fallback(1)), Some(0.5));
+        let refuse = cfg(GlobalConfig {
+            on_unavailable: OnUnavailable::Refuse,
+            ..with(Some(2), None)
+        });
+        assert_eq!(share(&refuse, &in_fallback(1)), None);
+        assert_eq!(share(&cfg(with(None, None)), &in_fallback(1)), None);
+        let off = cfg(GlobalConfig {
+            enabled: false,
+            ..with(Some(2), None)
+        });
+        assert!(policy(&off, &in_fallback(1)).is_none());
+    }
+
+    #[test]
+    fn the_rule_logged_at_start_warns_only_without_a_share() {
+        assert!(fallback_rule(&with(None, None)).0);
+        assert!(
+            fallback_rule(&with(None, None))
+                .1
+                .contains("limits.global.replicas")
+        );
+        assert!(!fallback_rule(&with(Some(2), None)).0);
+        assert!(fallback_rule(&with(Some(2), None)).1.contains("÷ 2"));
+        assert!(!fallback_rule(&with(None, Some(0.5))).0);
     }
 
     #[test]

@@ -214,6 +214,12 @@ impl Root {
             w.leases.nonce = lease::draw(host, self.id);
             log::info!("maas: global limits on, replica id {:?}", w.leases.replica);
         }
+        if cfg.limits.global.enabled {
+            match lease::fallback_rule(&cfg.limits.global) {
+                (true, rule) => log::warn!("maas: {rule}"),
+                (false, rule) => log::info!("maas: {rule}"),
+            }
+        }
         if w.ledger.replica.is_empty() {
             let now = host.now_ms();
             let worker = crate::ledger::draw_worker_id(now, self.id);

@@ -109,6 +109,44 @@ fn of_kind<'a>(objects: &'a [Value], kind: &'a str) -> impl Iterator<Item = &'a 
     objects.iter().filter(move |o| o["kind"] == kind)
 }
 
+/// The Gateway's pod count: `spec.replicas` of the `deployment` patch in the ConfigMap its
+/// `spec.infrastructure.parametersRef` names (Istio applies it to the Deployment it creates).
+fn gateway_pods(objects: &[Value]) -> Result<u32, String> {
+    let at = |v: &Value, path: &str| v.pointer(path).cloned().unwrap_or(Value::Null);
+    let gateway = of_kind(objects, "Gateway")
+        .find(|g| at(g, "/metadata/name") == "maas-default-gateway")
+        .ok_or("no Gateway maas-default-gateway")?;
+    let params = at(gateway, "/spec/infrastructure/parametersRef");
+    if at(&params, "/kind") != "ConfigMap" || at(&params, "/group") != "" {
+        return Err(format!(
+            "the Gateway's parametersRef is not a ConfigMap: {params}"
+        ));
+    }
+    let map = of_kind(objects, "ConfigMap")
+        .find(|c| {
+            at(c, "/metadata/name") == at(&params, "/name")
+                && at(c, "/metadata/namespace") == at(gateway, "/metadata/namespace")
+        })
+        .ok_or(format!(
+            "no ConfigMap {} beside the Gateway",
+            at(&params, "/name")
+        ))?;
+    let deployment = at(map, "/data/deployment");
+    let patch: yaml_serde::Value = yaml_serde::from_str(
+        deployment
+            .as_str()
+            .ok_or("the Gateway's ConfigMap has no `deployment`")?,
+    )
+    .map_err(|e| format!("the Gateway's deployment patch: {e}"))?;
+    let patch = serde_json::to_value(&patch).map_err(|e| e.to_string())?;
+    at(&patch, "/spec/replicas")
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or(format!(
+            "the Gateway's deployment patch sets no replicas: {patch}"
+        ))
+}
+
 fn parse(config: &Value) -> Result<PluginConfig, String> {
     let bytes = serde_json::to_vec(config).map_err(|e| e.to_string())?;
     PluginConfig::parse(&bytes).map_err(|e| e.to_string())
@@ -161,6 +199,15 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
             assert_eq!(address["port_value"], 8081, "{name}");
             assert_eq!(config.companion.authority, fqdn, "{name}");
             assert_eq!(config.management_path_prefix, "/maas-api", "{name}");
+            // In fallback each replica admits within limit ÷ limits.global.replicas: the count
+            // must be the Gateway's pods (its Deployment, patched by the ConfigMap the Gateway
+            // names), or the replicas together exceed the limit.
+            let pods = gateway_pods(&objects).map_err(|e| format!("{name}: {e}"))?;
+            assert_eq!(
+                config.limits.global.replicas,
+                Some(pods),
+                "{name}: limits.global.replicas must be the Gateway's replica count"
+            );
         }
 
         // The policy the companion serves, as deployed, is one both sides accept.
@@ -209,7 +256,7 @@ fn broken_copies_of_the_rendered_plugin_config_are_refused_naming_the_field() ->
     parse(&rendered).map_err(|e| format!("the unbroken copy must parse: {e}"))?;
 
     type Breakage = (&'static str, fn(&mut Value), &'static str);
-    let breakages: [Breakage; 6] = [
+    let breakages: [Breakage; 7] = [
         (
             "misspelt field",
             |c| {
@@ -244,6 +291,11 @@ fn broken_copies_of_the_rendered_plugin_config_are_refused_naming_the_field() ->
             "timeout out of range",
             |c| c["companion"]["timeoutMs"] = Value::from(0),
             "pluginConfig.companion.timeoutMs",
+        ),
+        (
+            "no Gateway replica can be zero",
+            |c| c["limits"]["global"]["replicas"] = Value::from(0),
+            "pluginConfig.limits.global.replicas",
         ),
         (
             "policy with an unknown tier",

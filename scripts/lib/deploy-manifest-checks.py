@@ -12,7 +12,8 @@
    namespaces; the filter's companion cluster is the one the EnvoyFilter adds to the Gateway's
    Envoy (to the internal port, with TLS exactly when TLS is on); the ServiceMonitor, PodMonitor
    and PrometheusRules scrape the right ports and their alerts name only metrics the filter and
-   the companion export (read from their sources); the companion's Redis URL (budget leases)
+   the companion export (read from their sources); the Gateway's pod count (its parametersRef
+   ConfigMap) is the filter's limits.global.replicas; the companion's Redis URL (budget leases)
    comes from an optional Secret, and a development Redis, when rendered (--dev-redis yes|no),
    is single, hardened, unpersisted, password-protected and reachable from the companion only.
 
@@ -40,6 +41,9 @@ METRICS_PORT = 9090
 # Istio's generated outbound|8081||... name (absent with PILOT_FILTER_GATEWAY_CLUSTER_CONFIG=true).
 COMPANION_CLUSTER = "maas-companion-internal"
 COMPANION_CLUSTER_FILTER = "maas-companion-cluster"
+# The Gateway's Deployment options (Gateway.spec.infrastructure.parametersRef): its pod count,
+# which the filter's limits.global.replicas must repeat.
+GATEWAY_OPTIONS = "maas-gateway-options"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Container port name → number; NetworkPolicies may name either.
 COMPANION_PORTS = {"public": PUBLIC_PORT, "internal": INTERNAL_PORT, "metrics": METRICS_PORT}
@@ -131,6 +135,7 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         if namespace:
             assert ns == namespace, f"companion namespace {ns}, expected {namespace}"
         gateway_side = {("WasmPlugin", "maas-filter"), ("Gateway", GATEWAY_NAME),
+                        ("ConfigMap", GATEWAY_OPTIONS),
                         ("DestinationRule", "maas-companion-tls"),
                         ("EnvoyFilter", COMPANION_CLUSTER_FILTER), ("PodMonitor", "maas-gateway-envoy"),
                         ("PrometheusRule", "maas-gateway-alerts")}
@@ -173,6 +178,25 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         ports = {p["port"] for p in svc["spec"]["ports"]}
         assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
     check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the EnvoyFilter's companion cluster", wasmplugin)
+
+    def gateway_replicas():
+        gw = one(docs, "Gateway", GATEWAY_NAME)
+        ref = gw["spec"].get("infrastructure", {}).get("parametersRef")
+        assert ref == {"group": "", "kind": "ConfigMap", "name": GATEWAY_OPTIONS}, \
+            f"the Gateway's infrastructure.parametersRef is {ref}, expected ConfigMap {GATEWAY_OPTIONS}"
+        cm = one(docs, "ConfigMap", GATEWAY_OPTIONS)
+        assert cm["metadata"].get("namespace") == gw["metadata"].get("namespace"), \
+            f"ConfigMap {GATEWAY_OPTIONS} is not beside the Gateway"
+        patch = yaml.safe_load(cm["data"]["deployment"]) or {}
+        pods = patch.get("spec", {}).get("replicas")
+        assert isinstance(pods, int) and pods >= 1, f"the Gateway's deployment patch sets replicas {pods!r}"
+        wp = one(docs, "WasmPlugin", "maas-filter")
+        glob = wp["spec"]["pluginConfig"].get("limits", {}).get("global", {})
+        assert glob.get("replicas") == pods, \
+            f"limits.global.replicas {glob.get('replicas')!r} but the Gateway runs {pods} replicas: in " \
+            "fallback each replica admits limit ÷ that number, so a smaller one lets them exceed the limit"
+    check("Gateway replicas: pinned by ConfigMap maas-gateway-options = the filter's limits.global.replicas",
+          gateway_replicas)
 
     def companion_cluster():
         wp = one(docs, "WasmPlugin", "maas-filter")

@@ -104,7 +104,7 @@ run_deploy() {
   fi
   RC=0
   env -u MAAS_API_IMAGE -u MAAS_WASM_IMAGE -u MAAS_CONTROLLER_IMAGE -u LOG_LEVEL -u POSTGRES_CONNECTION \
-    -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE -u REDIS_URL -u DEV_REDIS \
+    -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE -u REDIS_URL -u DEV_REDIS -u GATEWAY_REPLICAS \
     PATH="$WORK/bin:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
     MAAS_API_IMAGE="registry.example.com/team/maas-companion@$DIGEST_B" \
     MAAS_WASM_IMAGE="registry.example.com/team/maas-filter@$DIGEST_B" \
@@ -144,11 +144,11 @@ run_deploy help -- --help
 expect_exit help 0 "Usage: scripts/deploy.sh"
 expect_output help --deployment-mode --operator-type --enable-tls-backend --disable-tls-backend --namespace \
   --verbose --dry-run --operator-catalog --operator-image --channel --postgres-connection MAAS_API_IMAGE MAAS_WASM_IMAGE \
-  --redis-url --dev-redis REDIS_URL DEV_REDIS
+  --redis-url --dev-redis REDIS_URL DEV_REDIS --gateway-replicas GATEWAY_REPLICAS
 run_deploy unknown-flag -- --dry-run --frobnicate
 expect_exit unknown-flag 1 "unknown option: --frobnicate"
 for flag in --deployment-mode --operator-type --namespace --operator-catalog --operator-image --channel --postgres-connection \
-  --redis-url; do
+  --redis-url --gateway-replicas; do
   run_deploy "missing-value${flag}" -- --dry-run "$flag"
   expect_exit "missing-value${flag}" 1 "$flag needs a value"
 done
@@ -167,6 +167,11 @@ expect_exit bad-redis-url 1 "--redis-url must start with redis:// or rediss://"
 expect_absent bad-redis-url "Pw0rdInBadUrl"
 run_deploy redis-url-and-dev-redis -- --dry-run --dev-redis --redis-url redis://redis.example.com:6379
 expect_exit redis-url-and-dev-redis 1 "--redis-url and --dev-redis exclude each other"
+for replicas in 0 -1 2.5 three 10001; do
+  run_deploy "bad-gateway-replicas$replicas" -- --dry-run --gateway-replicas "$replicas"
+  expect_exit "bad-gateway-replicas$replicas" 1 "--gateway-replicas must be a whole number from 1 to 10000, not '$replicas'"
+  expect_no_mutation "bad-gateway-replicas$replicas"
+done
 run_deploy bad-image MAAS_API_IMAGE='not an image' -- --dry-run
 expect_exit bad-image 1 "MAAS_API_IMAGE 'not an image' is not an image reference"
 run_deploy bad-log-level LOG_LEVEL=LOUD -- --dry-run
@@ -259,6 +264,31 @@ expect_no_mutation dry-dev-redis
 expect_output dry-dev-redis "lease store:       development Redis" "url: <redacted>" "password: <redacted>" \
   "+ oc rollout status deployment/maas-redis -n lease-ns" "maas.opendatahub.io/dev-only"
 checks_pass dry-dev-redis yes lease-ns
+
+# ---- the Gateway's replica count: its pods and the filter's limits.global.replicas agree -----------
+run_deploy dry-gateway-replicas -- --dry-run --deployment-mode kustomize --namespace gw-ns --gateway-replicas 3
+expect_exit dry-gateway-replicas 0 "DRY RUN MODE"
+expect_no_mutation dry-gateway-replicas
+expect_output dry-gateway-replicas "Gateway replicas:  3" \
+  "+ oc apply --server-side --field-manager=maas-gateway-deploy -f - <<'<ConfigMap maas-gateway-options>'"
+checks_pass dry-gateway-replicas no gw-ns
+rendered dry-gateway-replicas >"$WORK/dry-gateway-replicas.yaml"
+if "$DEPLOY_VENV/bin/python" - "$WORK/dry-gateway-replicas.yaml" <<'PYEOF'; then
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "maas-gateway-options")
+wp = next(d for d in docs if d["kind"] == "WasmPlugin")
+assert yaml.safe_load(cm["data"]["deployment"])["spec"]["replicas"] == 3, cm
+assert wp["spec"]["pluginConfig"]["limits"]["global"]["replicas"] == 3, wp["spec"]["pluginConfig"]
+PYEOF
+  pass "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas"
+else
+  fail "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas" "see above"
+fi
+# The Gateway's ConfigMap is applied before the Gateway that names it.
+order=$(awk '/<ConfigMap maas-gateway-options>/ && !c { c = NR } /<Gateway>/ && !g { g = NR } END { print (c && g && c < g) ? "ok" : "bad " c " " g }' \
+  "$WORK/dry-gateway-replicas.out")
+if [ "$order" = ok ]; then pass "dry-gateway-replicas: ConfigMap maas-gateway-options before the Gateway"; else fail "dry-gateway-replicas: order" "$order"; fi
 
 # A numeric tag stays a string for kustomize (unquoted, `newTag: 2` fails to render).
 run_deploy dry-numeric-tag MAAS_API_IMAGE=registry.example.com/team/maas-companion:2 -- --dry-run --deployment-mode kustomize

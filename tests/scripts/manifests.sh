@@ -226,6 +226,13 @@ elif name == "companion-cluster-on-every-proxy":
 elif name == "alert-on-unknown-metric":
     rule = get("PrometheusRule", "maas-gateway-alerts")["spec"]["groups"][0]["rules"][0]
     rule["expr"] = rule["expr"].replace("maas_requests_unavailable", "maas_requests_unavailble")
+elif name == "gateway-replicas-disagree":
+    cm = get("ConfigMap", "maas-gateway-options")
+    cm["data"]["deployment"] = "spec:\n  replicas: 3\n"
+elif name == "gateway-replicas-unset":
+    wp["spec"]["pluginConfig"]["limits"]["global"].pop("replicas")
+elif name == "gateway-replicas-unpinned":
+    get("Gateway", "maas-default-gateway")["spec"].pop("infrastructure")
 elif name == "global-limits-off":
     wp["spec"]["pluginConfig"]["limits"]["global"]["enabled"] = False
 elif name == "redis-secret-required":
@@ -296,6 +303,9 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused alert-on-unknown-metric "unknown metric envoy_wasmcustom_maas_requests_unavailble"
   expect_refused scrape-plain-http-with-tls "scrapes plain HTTP"
   expect_refused global-limits-off "limits.global.enabled is off"
+  expect_refused gateway-replicas-disagree "limits.global.replicas 1 but the Gateway runs 3 replicas"
+  expect_refused gateway-replicas-unset "limits.global.replicas None but the Gateway runs 1 replicas"
+  expect_refused gateway-replicas-unpinned "infrastructure.parametersRef is None"
   expect_refused redis-secret-required "is not optional"
   expect_refused no-lease-fallback-alert "missing alerts \\['MaaSGatewayLeaseFallback'\\]"
 fi

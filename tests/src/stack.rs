@@ -230,6 +230,9 @@ struct EnvoySpec {
     policy: PolicyDocument,
     filter: Option<WasmFilterOptions>,
     plugin_config_extra: Option<Value>,
+    /// The stack's replica count, the filter's `limits.global.replicas` (as deploy.sh sets the
+    /// Gateway's): what a replica in fallback assumes at least.
+    gateway_replicas: usize,
     gateway_host: std::net::IpAddr,
     /// The user's gateway port: replica 0 listens there (it was checked free), replica i on
     /// port + i when free.
@@ -502,6 +505,14 @@ impl Core {
             simulator: self.sim_addr,
             filter: spec.filter.clone(),
         })?;
+        // Merged before the test's extra, which may replace it (`null` unsets it).
+        let rendered = match &spec.filter {
+            Some(_) => envoy_config::with_plugin_config_extra(
+                &rendered,
+                &serde_json::json!({"limits": {"global": {"replicas": spec.gateway_replicas}}}),
+            )?,
+            None => rendered,
+        };
         let rendered = match &spec.plugin_config_extra {
             Some(extra) => envoy_config::with_plugin_config_extra(&rendered, extra)?,
             None => rendered,
@@ -759,6 +770,7 @@ impl Stack {
                     poll_interval_ms: options.poll_interval_ms,
                 }),
                 plugin_config_extra: options.plugin_config_extra.clone(),
+                gateway_replicas: options.replicas,
                 gateway_host: ip,
                 gateway_port: options.gateway_port,
             },

@@ -65,6 +65,9 @@ identities:
   - {token: redis-token, username: redisuser, groups: [g-daily]}
   - {token: kill-token, username: killer, groups: [g-daily40]}
   - {token: add-token, username: adder, groups: [g-daily40]}
+  - {token: cold-token, username: coldstart, groups: [g-daily]}
+  - {token: blind-token, username: blind, groups: [g-daily]}
+  - {token: quiet-token, username: quiet, groups: [g-daily]}
 "#;
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
@@ -752,6 +755,162 @@ async fn redis_stopped_mid_traffic_no_fail_open_then_restarted_reconverges() {
         all <= limit + lost,
         "after the restart only what Redis lost can be admitted again: {all}"
     );
+    stop_stack(stack).await;
+}
+
+/// Redis down before the first request (a fresh pod in a rollout, or a scale-up, during an
+/// outage): no replica ever had a lease answer, so none knows from the companion how many
+/// replicas there are. Each assumes the Gateway's configured replica count
+/// (`limits.global.replicas`, which the stack sets to its replicas as deploy.sh does) and admits
+/// within limit ÷ 2: the two replicas together stay within the limit (before: each assumed it
+/// was alone and admitted the whole limit, 40 of 20). When Redis is back, what they admitted
+/// is reported as debt.
+#[tokio::test]
+async fn redis_down_from_the_start_two_replicas_admit_at_most_the_limit() {
+    let _one = serial().await;
+    let stack = start_stack(None).await;
+    stack.stop_redis();
+    let limit = 20;
+    let mut t = Tally::new("redis down from the start (20/1d, 2 replicas)", limit, 1);
+    alternate(&stack, &mut t, "cold-token", "cold", 3 * limit as usize).await;
+    t.print();
+    let fallback = [
+        envoy_metric(&stack, 0, "maas_lease_fallback").await,
+        envoy_metric(&stack, 1, "maas_lease_fallback").await,
+    ];
+    eprintln!(
+        "global-limits figure: redis down from the start: admitted {} of {limit} (overshoot {}), \
+         maas_lease_fallback per replica {fallback:?}",
+        t.admitted,
+        t.admitted.saturating_sub(limit)
+    );
+    assert_eq!(fallback, [1, 1], "both replicas are in fallback: {t:?}");
+    assert!(
+        t.admitted <= limit,
+        "no replica assumed it was alone: {} admitted > {limit}: {t:?}",
+        t.admitted
+    );
+    for (replica, [admitted, _, _]) in t.per_replica.iter().enumerate() {
+        assert!(*admitted >= 1, "replica {replica} kept serving: {t:?}");
+    }
+    assert_eq!(t.unavailable, 0, "a local share, not 503: {t:?}");
+
+    stack.start_redis().unwrap();
+    let mut taken = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        taken = redis_taken(&stack, "requests", 86_400);
+        if taken >= t.admitted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "global-limits figure: redis down from the start: Redis taken after it came back {taken} \
+         for {} admitted",
+        t.admitted
+    );
+    assert!(
+        taken >= t.admitted,
+        "the debt was reported: {taken} < {}",
+        t.admitted
+    );
+    stop_stack(stack).await;
+}
+
+/// The same outage with no replica count configured (`limits.global.replicas` unset, no
+/// `fallbackFraction`): a replica that cannot know how many replicas share the limit refuses
+/// (503 `limits_unavailable`) rather than guess, and serves again once leases are answered.
+#[tokio::test]
+async fn redis_down_from_the_start_without_a_replica_count_refuses_rather_than_guess() {
+    let _one = serial().await;
+    let stack = start_stack(Some(json!({"limits": {"global": {"replicas": null}}}))).await;
+    stack.stop_redis();
+    let limit = 20;
+    let mut t = Tally::new("redis down from the start, no replica count", limit, 1);
+    for i in 0..10 {
+        let r = chat_at(&stack, i % REPLICAS, "blind-token", "blind", hi(), &[]).await;
+        t.record(i % REPLICAS, &r, 1);
+        if r.status == 503 {
+            assert_eq!(r.error(503)["code"], "limits_unavailable", "{}", r.body);
+        }
+    }
+    t.print();
+    assert_eq!(t.admitted, 0, "nothing admitted on a guess: {t:?}");
+    assert_eq!(t.unavailable, 10, "every request refused with 503: {t:?}");
+
+    stack.start_redis().unwrap();
+    let mut after = Tally::new("redis back, no replica count", limit, 1);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut i = 0;
+    while after.admitted < 2 && Instant::now() < deadline {
+        let r = chat_at(&stack, i % REPLICAS, "blind-token", "blind", hi(), &[]).await;
+        after.record(i % REPLICAS, &r, 1);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    after.print();
+    assert!(
+        after.admitted >= 2,
+        "served again once leases are answered: {after:?}"
+    );
+    stop_stack(stack).await;
+}
+
+/// A quiet spell longer than the companion's replica TTL (30 s), then an outage: the first
+/// replica to call after the spell is the only one the companion counts, so its fresh answer
+/// says 1 replica. Before, that replica then took the whole limit as its fallback share while
+/// the other (whose last answer said 2) took half on top; now each assumes at least the
+/// configured count, and both together stay within the limit.
+#[tokio::test]
+async fn after_a_quiet_spell_longer_than_the_replica_ttl_an_outage_stays_within_the_limit() {
+    let _one = serial().await;
+    let stack = start_stack(None).await;
+    let limit = 20;
+    let mut before = Tally::new("quiet spell: before", limit, 1);
+    alternate(&stack, &mut before, "quiet-token", "quiet", 2).await;
+    // Quiet past the companion's replica TTL (30 s; the idle leases are released after 4 s).
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let r = chat_at(&stack, 0, "quiet-token", "quiet", hi(), &[]).await;
+    before.record(0, &r, 1);
+    assert_eq!(before.admitted, 3, "{before:?}");
+    // The companion counted replica 0 alone in that answer.
+    let now_ms = unix_now().as_millis() as i64;
+    let active: Vec<String> = stack
+        .redis_command(&[
+            "ZRANGEBYSCORE",
+            "maas:lease:v1:replicas",
+            &(now_ms - 30_000).to_string(),
+            "+inf",
+        ])
+        .map(|r| r.items().iter().filter_map(|i| i.text()).collect())
+        .unwrap_or_default();
+    eprintln!("global-limits figure: quiet spell: replicas the companion counted: {active:?}");
+    assert_eq!(active, ["gateway-0"], "only replica 0 called within 30 s");
+
+    stack.stop_redis();
+    let mut during = Tally::new("quiet spell: outage", limit - before.admitted, 1);
+    alternate(
+        &stack,
+        &mut during,
+        "quiet-token",
+        "quiet",
+        3 * limit as usize,
+    )
+    .await;
+    during.print();
+    let total = before.admitted + during.admitted;
+    eprintln!(
+        "global-limits figure: quiet spell then outage: admitted {total} of {limit} (overshoot {})",
+        total.saturating_sub(limit)
+    );
+    assert!(
+        total <= limit,
+        "within the limit after the quiet spell: {total} > {limit}"
+    );
+    for (replica, [admitted, _, _]) in during.per_replica.iter().enumerate() {
+        assert!(*admitted >= 1, "replica {replica} kept serving: {during:?}");
+    }
     stop_stack(stack).await;
 }
 

@@ -7,9 +7,10 @@ use crate::lease::{GlobalState, STATE_KEY};
 use crate::limits::Kind;
 use maas_types::lease::{LEASES_PATH, LeaseRequest};
 
-/// One worker with global limits on (`global` merged into `limits.global`).
+/// One worker with global limits on, one Gateway replica configured (as the single-replica
+/// local stack), `global` merged into `limits.global` (`"replicas": null` unsets it).
 fn global(global: Value) -> Fx {
-    let mut g = json!({"replicaId": "gw-a"});
+    let mut g = json!({"replicaId": "gw-a", "replicas": 1});
     for (k, v) in global.as_object().unwrap() {
         g[k] = v.clone();
     }
@@ -200,6 +201,89 @@ fn a_lease_service_error_enters_fallback_and_admits_within_the_local_share() {
         assert_eq!(lease_calls(&fx).len(), 1, "{status:?}");
         assert_eq!(requests(&fx), (1, 0));
     }
+}
+
+/// A fresh replica whose first lease callout fails (the store down from its start): it has
+/// never been told how many replicas there are, and assumes the configured count. The
+/// minute's limit is 3: ⌊3 ÷ 2⌋ = 1 on this replica (before: the default count 1 gave it all 3).
+#[test]
+fn before_any_answer_fallback_assumes_the_configured_replicas() {
+    let fx = global(json!({"replicas": 2}));
+    let (id, h, _) = to_body_end(&fx);
+    fx.answer(id, &h, Some(503), b"");
+    assert_eq!(shared_state(&fx).replicas, 1, "never answered");
+    assert!(fx.resumed(id), "its share admits one");
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+    for _ in 0..2 {
+        let (id2, _, _) = to_body_end(&fx);
+        let sent = fx.sent_to(id2).unwrap();
+        assert_eq!(sent.status, 429, "beyond ⌊3 ÷ 2⌋");
+    }
+    assert_eq!(requests(&fx), (1, 0));
+    assert_eq!(lease_calls(&fx).len(), 1, "no callout in fallback");
+}
+
+/// After a quiet spell longer than the companion's replica TTL (30 s), the first replica to
+/// call is the only one the companion counts: its answer says 1 replica. When the store then
+/// fails, the share is still the configured count's (before: that answer made it the whole
+/// limit, and the other replica, back from its own quiet spell, took its share on top).
+#[test]
+fn after_a_quiet_spell_an_answer_counting_one_replica_does_not_widen_the_share() {
+    let mut fx = global(json!({"replicas": 2}));
+    fx.host.now.set(fx.host.now.get() + 45_000);
+    let (id, h, _) = to_body_end(&fx);
+    let req = last_lease(&fx);
+    // Exactly what it needs; the companion saw this replica alone (`grants` says 1).
+    fx.answer(id, &h, Some(200), &grants(&req, |i| (i.need, i.need)));
+    assert!(fx.resumed(id));
+    assert_eq!(shared_state(&fx).replicas, 1);
+    assert_eq!(requests(&fx), (1, 1));
+    // The store fails at the next request's callout.
+    let (id2, h2, _) = to_body_end(&fx);
+    fx.answer(id2, &h2, None, b"");
+    assert!(shared_state(&fx).fallback);
+    // Its lease (1) is used and ⌊3 ÷ 2⌋ = 1 is no more: 429, not 2 more on a share of 1.
+    assert_eq!(fx.sent_to(id2).unwrap().status, 429);
+    let (id3, _, _) = to_body_end(&fx);
+    assert_eq!(fx.sent_to(id3).unwrap().status, 429);
+    assert_eq!(requests(&fx), (1, 1));
+    // The root's probe is answered: out of fallback, leases again.
+    root_tick(&mut fx);
+    fx.host.now.set(fx.host.now.get() + 1000);
+    root_tick(&mut fx);
+    let probe = last_lease(&fx);
+    root_answer(&mut fx, 200, &grants(&probe, |_| (0, 1)));
+    assert!(!shared_state(&fx).fallback);
+}
+
+/// No replica count and no fraction configured: a replica in fallback cannot know how many
+/// others admit on their own, so beyond the leases it holds it refuses (503
+/// `limits_unavailable`) instead of assuming it is alone, until a lease answer comes.
+#[test]
+fn without_a_replica_count_fallback_refuses_until_a_lease_answer() {
+    let mut fx = global(json!({"replicas": null}));
+    let (id, h, _) = to_body_end(&fx);
+    fx.answer(id, &h, Some(503), b"");
+    let sent = fx.sent_to(id).unwrap();
+    assert_eq!(
+        (sent.status, sent.code().as_str()),
+        (503, "limits_unavailable")
+    );
+    assert!(!fx.resumed(id));
+    let (id2, _, _) = to_body_end(&fx);
+    assert_eq!(fx.sent_to(id2).unwrap().code(), "limits_unavailable");
+    assert_eq!(lease_calls(&fx).len(), 1, "no callout in fallback");
+    assert_eq!(requests(&fx), (0, 0));
+    // The first callout is re-sent by the root (the probe); a 200 ends the fallback.
+    fx.host.now.set(fx.host.now.get() + 1000);
+    root_tick(&mut fx);
+    let probe = last_lease(&fx);
+    root_answer(&mut fx, 200, &grants(&probe, |i| (i.need, i.need)));
+    assert!(!shared_state(&fx).fallback);
+    let (_, h3, a) = to_body_end(&fx);
+    assert_eq!(a, Action::Continue, "served on the lease the probe brought");
+    assert!(fx.phase(&h3).starts_with("Forwarding"));
+    assert_eq!(requests(&fx), (1, 1));
 }
 
 #[test]
