@@ -1,8 +1,9 @@
-//! Request body inspection: the few top-level fields of an OpenAI-style request the gateway needs.
+//! Request body inspection: the few top-level fields of a request the gateway needs.
 //!
-//! [`inspect`] reads `model`, `stream`, `max_tokens` / `max_completion_tokens` and
-//! `stream_options.include_usage` and skips everything else without building it (messages, tools…).
-//! A duplicated field is refused: the backend might read the other copy (one model billed as another).
+//! [`inspect`] reads `model`, `stream`, the cap fields (`max_tokens`, `max_completion_tokens`,
+//! `max_output_tokens`), `n` / `best_of` and `stream_options.include_usage`, and estimates the
+//! prompt, without building anything else (messages, tools…). A duplicated read
+//! field is refused: the backend might read the other copy (one model billed as another).
 //! [`with_include_usage`] sets `stream_options.include_usage = true` by splicing bytes, so every
 //! other byte of the body is preserved exactly.
 
@@ -14,7 +15,9 @@ use std::fmt;
 pub struct RequestInfo {
     pub model: Option<String>,
     pub stream: bool,
-    /// `max_completion_tokens` if given, else `max_tokens`.
+    /// The cap on generated tokens per choice, as the most generous server reads the body: the
+    /// largest of every cap field any API family defines ([`CAP_FIELDS`]), `0` read as absent.
+    /// `None`: the body has no cap (the reservation then takes the tier's default).
     pub max_tokens: Option<u64>,
     pub include_usage: bool,
     /// Completions asked for (`n`, or `best_of` when larger); 1 when absent.
@@ -22,6 +25,24 @@ pub struct RequestInfo {
     /// Estimated prompt tokens: [`PROMPT_BYTES_PER_TOKEN`] bytes of prompt text per token.
     pub prompt_tokens_estimate: u64,
 }
+
+/// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
+/// deprecated `max_tokens`), completions `max_tokens`, Responses `max_output_tokens`, Anthropic
+/// Messages `max_tokens`.
+///
+/// The cap is the largest of those present, whatever the operation: a server may read a field
+/// of another family's vocabulary (vLLM and SGLang accept and ignore unknown fields, but a
+/// lenient or translating server reads them), so a body's field from another family must cost,
+/// not be free. And where a family has two fields the servers disagree: vLLM and SGLang take
+/// `max_completion_tokens or max_tokens` — Python's `or`, so `0` (or null) falls through to the
+/// other (vLLM `vllm/entrypoints/utils.py` `get_max_tokens` and `serving_engine.py`
+/// `_validate_input`; SGLang `python/sglang/srt/entrypoints/openai/protocol.py`
+/// `ChatCompletionRequest.to_sampling_params`: `"max_new_tokens": self.max_completion_tokens or
+/// self.max_tokens`) — while OpenAI prefers `max_completion_tokens` and older servers read
+/// `max_tokens` only. `{"max_completion_tokens": 0, "max_tokens": 50000}` generates 50,000 on
+/// vLLM: the larger is what the most generous server generates, and `0` is read as absent
+/// (SGLang reads `{"max_completion_tokens": 0}` alone as no cap at all).
+pub const CAP_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
 /// Bytes of prompt text counted as one token when the prompt is estimated from the body.
 ///
@@ -63,6 +84,7 @@ struct Fields {
     stream: Option<Raw>,
     max_tokens: Option<Raw>,
     max_completion_tokens: Option<Raw>,
+    max_output_tokens: Option<Raw>,
     stream_options: Option<Raw>,
     n: Option<Raw>,
     best_of: Option<Raw>,
@@ -78,6 +100,7 @@ enum Key {
     Stream,
     MaxTokens,
     MaxCompletionTokens,
+    MaxOutputTokens,
     StreamOptions,
     N,
     BestOf,
@@ -110,6 +133,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Key::MaxCompletionTokens => {
                     (&mut fields.max_completion_tokens, "max_completion_tokens")
                 }
+                Key::MaxOutputTokens => (&mut fields.max_output_tokens, "max_output_tokens"),
                 Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                 Key::N => (&mut fields.n, "n"),
                 Key::BestOf => (&mut fields.best_of, "best_of"),
@@ -437,8 +461,18 @@ fn token_limit(field: &'static str, v: Option<&Raw>) -> Result<Option<u64>, Body
     }
 }
 
-/// Reads only the top-level fields needed (model, stream, max_tokens or max_completion_tokens,
-/// stream_options.include_usage). Wrong types → [`BodyError::BadField`] naming the field.
+/// The cap ([`CAP_FIELDS`]): the largest of the fields given, `0` as absent; `None`: no cap.
+fn cap(fields: [Option<u64>; 3]) -> Option<u64> {
+    fields.into_iter().flatten().filter(|n| *n != 0).max()
+}
+
+/// Reads only the top-level fields needed (model, stream, the cap fields, n / best_of,
+/// stream_options.include_usage) and estimates the prompt. Wrong types → [`BodyError::BadField`]
+/// naming the field.
+///
+/// The API family does not reach this function, on purpose: the cap is the largest of every
+/// family's cap fields, so a field of another family's vocabulary costs the same in any
+/// operation (see [`CAP_FIELDS`]).
 pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let f = read_fields(body)?;
     let model = match f.model {
@@ -454,6 +488,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
     let max_completion_tokens =
         token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+    let max_output_tokens = token_limit("max_output_tokens", f.max_output_tokens.as_ref())?;
     let include_usage = match f.stream_options {
         None | Some(Raw::Null) => false,
         Some(Raw::Object { include_usage }) => match include_usage {
@@ -470,7 +505,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     Ok(RequestInfo {
         model,
         stream,
-        max_tokens: max_completion_tokens.or(max_tokens),
+        max_tokens: cap([max_tokens, max_completion_tokens, max_output_tokens]),
         include_usage,
         choices: n.max(best_of).max(1),
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
@@ -710,6 +745,70 @@ mod tests {
     }
 
     #[test]
+    fn cap_is_the_largest_cap_field_of_any_family() {
+        let cap = |body: &str| inspect(body.as_bytes()).map(|i| i.max_tokens);
+        // Each family's own field.
+        assert_eq!(cap(r#"{"max_tokens":7}"#), Ok(Some(7)));
+        assert_eq!(cap(r#"{"max_completion_tokens":8}"#), Ok(Some(8)));
+        assert_eq!(cap(r#"{"max_output_tokens":100000}"#), Ok(Some(100_000)));
+        assert_eq!(cap(r#"{"max_output_tokens":null}"#), Ok(None));
+        assert_eq!(cap(r#"{"max_output_t\u006fkens":9}"#), Ok(Some(9)));
+        // Two fields: what the most generous server generates. vLLM / SGLang read
+        // `max_completion_tokens or max_tokens` (0 falls through); servers reading max_tokens
+        // only take the other.
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":0,"max_tokens":50000}"#),
+            Ok(Some(50_000))
+        );
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":9,"max_tokens":50}"#),
+            Ok(Some(50))
+        );
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":null,"max_tokens":50}"#),
+            Ok(Some(50))
+        );
+        // Another family's field costs too.
+        assert_eq!(
+            cap(r#"{"max_tokens":5,"max_output_tokens":100000}"#),
+            Ok(Some(100_000))
+        );
+        assert_eq!(
+            cap(r#"{"max_tokens":5,"max_completion_tokens":6,"max_output_tokens":4}"#),
+            Ok(Some(6))
+        );
+        // 0 is no cap (SGLang reads `max_completion_tokens: 0` alone as no limit).
+        for body in [
+            r#"{"max_tokens":0}"#,
+            r#"{"max_completion_tokens":0}"#,
+            r#"{"max_output_tokens":0}"#,
+            r#"{"max_tokens":0,"max_completion_tokens":0,"max_output_tokens":null}"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(cap(body), Ok(None), "{body}");
+        }
+        // Types are checked and a duplicate refused, as for the other cap fields.
+        for body in [
+            r#"{"max_output_tokens":"100000"}"#,
+            r#"{"max_output_tokens":-1}"#,
+            r#"{"max_output_tokens":1.5}"#,
+            r#"{"max_output_tokens":1,"max_output_tokens":100000}"#,
+        ] {
+            assert!(
+                matches!(
+                    cap(body),
+                    Err(BodyError::BadField {
+                        field: "max_output_tokens",
+                        ..
+                    })
+                ),
+                "{body}: {:?}",
+                cap(body)
+            );
+        }
+    }
+
+    #[test]
     fn choices_from_n_and_best_of() {
         assert_eq!((inspect(br#"{"n":3}"#)).unwrap().choices, 3);
         assert_eq!((inspect(br#"{"n":2,"best_of":5}"#)).unwrap().choices, 5);
@@ -737,7 +836,7 @@ mod tests {
         );
         assert_eq!(
             core(inspect(br#"{"max_completion_tokens":0}"#)),
-            Ok(info(None, false, Some(0), false))
+            Ok(info(None, false, None, false))
         );
         assert_eq!(
             core(inspect(br#"{"m\u006fdel":"a"}"#)),
@@ -862,7 +961,7 @@ mod tests {
     /// typed field values must agree with.
     mod value_oracle {
         use super::super::{
-            BodyError, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, TextBytes, bad, first_non_ws,
+            BodyError, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, TextBytes, bad, cap, first_non_ws,
         };
         use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
         use serde_json::Value;
@@ -875,6 +974,7 @@ mod tests {
             stream: Option<Value>,
             max_tokens: Option<Value>,
             max_completion_tokens: Option<Value>,
+            max_output_tokens: Option<Value>,
             stream_options: Option<Value>,
             n: Option<Value>,
             best_of: Option<Value>,
@@ -907,6 +1007,9 @@ mod tests {
                         Key::MaxTokens => (&mut fields.max_tokens, "max_tokens"),
                         Key::MaxCompletionTokens => {
                             (&mut fields.max_completion_tokens, "max_completion_tokens")
+                        }
+                        Key::MaxOutputTokens => {
+                            (&mut fields.max_output_tokens, "max_output_tokens")
                         }
                         Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                         Key::N => (&mut fields.n, "n"),
@@ -976,6 +1079,7 @@ mod tests {
             let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
             let max_completion_tokens =
                 token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+            let max_output_tokens = token_limit("max_output_tokens", f.max_output_tokens.as_ref())?;
             let include_usage = match f.stream_options {
                 None | Some(Value::Null) => false,
                 Some(Value::Object(o)) => match o.get("include_usage") {
@@ -992,7 +1096,7 @@ mod tests {
             Ok(RequestInfo {
                 model,
                 stream,
-                max_tokens: max_completion_tokens.or(max_tokens),
+                max_tokens: cap([max_tokens, max_completion_tokens, max_output_tokens]),
                 include_usage,
                 choices: n.max(best_of).max(1),
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
@@ -1083,7 +1187,7 @@ mod tests {
         #[test]
         fn typed_fields_agree_with_values_field_by_field(
             fields in proptest::collection::vec((
-                "(model|stream|max_tokens|max_completion_tokens|stream_options|n|best_of|messages)",
+                "(model|stream|max_tokens|max_completion_tokens|max_output_tokens|stream_options|n|best_of|messages)",
                 prop_oneof![json_value(), any::<u64>().prop_map(serde_json::Value::from)],
             ), 0..6),
         ) {
@@ -1099,6 +1203,25 @@ mod tests {
         #[test]
         fn typed_fields_agree_with_values_on_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..120)) {
             prop_assert_eq!(inspect(&data), value_oracle::inspect(&data));
+        }
+
+        #[test]
+        fn cap_is_the_largest_nonzero_cap_field(
+            caps in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u64), 0..5u64, any::<u64>()]), 3),
+            other in proptest::option::of(any::<u64>()),
+        ) {
+            let mut members: Vec<String> = CAP_FIELDS
+                .iter()
+                .zip(&caps)
+                .filter_map(|(k, v)| v.map(|v| format!("{k:?}:{v}")))
+                .collect();
+            if let Some(v) = other {
+                // A field no family caps with is not a cap.
+                members.push(format!("\"max_new_tokens\":{v}"));
+            }
+            let body = format!("{{{}}}", members.join(","));
+            let expected = caps.iter().flatten().copied().filter(|n| *n != 0).max();
+            prop_assert_eq!(inspect(body.as_bytes()).unwrap().max_tokens, expected);
         }
 
         #[test]
