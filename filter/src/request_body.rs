@@ -2,11 +2,14 @@
 //!
 //! [`inspect`] reads `model`, `stream`, the cap fields (`max_tokens`, `max_completion_tokens`,
 //! `max_output_tokens`), `n` / `best_of` and `stream_options.include_usage`, and estimates the
-//! prompt, without building anything else (messages, tools…). A duplicated read
+//! prompt ([`estimate`]) without building anything else (messages, tools…). A duplicated read
 //! field is refused: the backend might read the other copy (one model billed as another).
 //! [`with_include_usage`] sets `stream_options.include_usage = true` by splicing bytes, so every
 //! other byte of the body is preserved exactly.
 
+mod estimate;
+
+use estimate::{Estimate, Place};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -46,12 +49,15 @@ pub const CAP_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_o
 
 /// Bytes of prompt text counted as one token when the prompt is estimated from the body.
 ///
-/// The rule: every JSON string value of the body (keys excluded) except `model` and media payloads
-/// (values of `url`, `image_url`, `data`, `file_data`, `b64_json`) counts with its UTF-8 length,
-/// every number as one token (token-id prompts); the sum divided by 4, rounded up. English prose
-/// runs at about 4 bytes per token, so the estimate is close; no byte-level tokenizer produces
-/// more than one token per byte, so the real count is never more than 4× the estimate (plus
-/// what media and per-message framing add, which settlement corrects after the response).
+/// The rule ([`estimate`]): below the top level, every object key and every string counts with
+/// its UTF-8 length and every number as one token (token-id prompts), except a payload a backend
+/// takes as binary media (a `data:` URL of an image, audio, video or PDF type, an Anthropic
+/// `base64` source of such a type, `input_audio` data) where a content part of that media type
+/// carries it; the top-level fields count their values (not `model` nor the fields read). The
+/// sum divided by 4, rounded up. English prose runs at about 4 bytes per token, so the estimate is
+/// close; no byte-level tokenizer produces more than one token per byte, so the real count of the
+/// text is never more than 4× the estimate (plus what media and per-message framing add, which
+/// settlement corrects after the response).
 pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
 
 /// Why a request body was refused.
@@ -104,8 +110,22 @@ enum Key {
     StreamOptions,
     N,
     BestOf,
+    /// Chat and Anthropic `messages`: media parts may be left out of the estimate.
+    Messages,
+    /// Responses `input` (items with content parts; or a string, or embeddings' inputs).
+    Input,
     #[serde(other)]
     Other,
+}
+
+impl Key {
+    /// Where the value of a field that is not read sits, for the prompt estimate.
+    fn place(&self) -> Place {
+        match self {
+            Key::Messages | Key::Input => Place::Messages,
+            _ => Place::Text,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Fields {
@@ -137,9 +157,9 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                 Key::N => (&mut fields.n, "n"),
                 Key::BestOf => (&mut fields.best_of, "best_of"),
-                Key::Other => {
-                    let text = map.next_value::<TextBytes>()?;
-                    fields.text_bytes = fields.text_bytes.saturating_add(text.0);
+                other @ (Key::Messages | Key::Input | Key::Other) => {
+                    let text = map.next_value_seed(Estimate(other.place()))?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text);
                     continue;
                 }
             };
@@ -328,96 +348,6 @@ impl<'de> Visitor<'de> for KeyIsSeed {
     }
 }
 
-/// Prompt text bytes of one JSON value (the estimate's rule is on [`PROMPT_BYTES_PER_TOKEN`]).
-struct TextBytes(u64);
-
-/// Fields whose string values are media payloads (base64 images, audio, files), not prompt text.
-const MEDIA_FIELDS: [&str; 5] = ["url", "image_url", "data", "file_data", "b64_json"];
-
-impl<'de> Deserialize<'de> for TextBytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TextBytesVisitor)
-    }
-}
-
-struct TextBytesVisitor;
-
-impl<'de> Visitor<'de> for TextBytesVisitor {
-    type Value = TextBytes;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<TextBytes, E> {
-        Ok(TextBytes(v.len() as u64))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<TextBytes, E> {
-        Ok(TextBytes(0))
-    }
-
-    fn visit_unit<E>(self) -> Result<TextBytes, E> {
-        Ok(TextBytes(0))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextBytes, A::Error> {
-        let mut total: u64 = 0;
-        while let Some(t) = seq.next_element::<TextBytes>()? {
-            total = total.saturating_add(t.0);
-        }
-        Ok(TextBytes(total))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextBytes, A::Error> {
-        let mut total: u64 = 0;
-        while let Some(MediaKey(media)) = map.next_key::<MediaKey>()? {
-            if media {
-                map.next_value::<IgnoredAny>()?;
-            } else {
-                total = total.saturating_add(map.next_value::<TextBytes>()?.0);
-            }
-        }
-        Ok(TextBytes(total))
-    }
-}
-
-/// An object key, only as "is it a media field" (read in place: no copy of the key).
-struct MediaKey(bool);
-
-impl<'de> Deserialize<'de> for MediaKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(MediaKeyVisitor)
-    }
-}
-
-struct MediaKeyVisitor;
-
-impl<'de> Visitor<'de> for MediaKeyVisitor {
-    type Value = MediaKey;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    // Borrowed from the body, or (a key with escapes) from the parser's scratch buffer.
-    fn visit_str<E>(self, key: &str) -> Result<MediaKey, E> {
-        Ok(MediaKey(MEDIA_FIELDS.contains(&key)))
-    }
-}
-
 fn first_non_ws(body: &[u8]) -> Option<u8> {
     body.iter()
         .copied()
@@ -471,8 +401,8 @@ fn cap(fields: [Option<u64>; 3]) -> Option<u64> {
 /// naming the field.
 ///
 /// The API family does not reach this function, on purpose: the cap is the largest of every
-/// family's cap fields, so a field of another family's vocabulary costs the same in any
-/// operation (see [`CAP_FIELDS`]).
+/// family's cap fields and the estimate counts every field, so a field of another family's
+/// vocabulary costs the same in any operation (see [`CAP_FIELDS`]).
 pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let f = read_fields(body)?;
     let model = match f.model {
@@ -712,10 +642,10 @@ mod tests {
             "max_tokens": 1
         });
         let i = inspect(body.to_string().as_bytes()).unwrap();
-        // 4000 text bytes + "user" + "text" + "image_url" (type values) → ~1004 tokens; never the
+        // 4000 text bytes + the keys and the type values (~60 bytes) → ~1015 tokens; never the
         // 100 kB image, never the model name.
         assert!(
-            (1000..=1010).contains(&i.prompt_tokens_estimate),
+            (1000..=1020).contains(&i.prompt_tokens_estimate),
             "{}",
             i.prompt_tokens_estimate
         );
@@ -727,21 +657,24 @@ mod tests {
             "{}",
             i.prompt_tokens_estimate
         );
-        // Token-id prompts count one token per id; Anthropic system + messages and Responses
-        // input count too.
+        // Token-id prompts count one token per id; Anthropic system + messages (their keys too)
+        // and Responses input count too; top-level keys do not.
         let ids = inspect(br#"{"prompt":[1,2,3,4,5]}"#).unwrap();
         assert_eq!(ids.prompt_tokens_estimate, 5);
         let anthropic = inspect(br#"{"system":"abcdefgh","messages":[{"role":"user","content":"abcd"}],"max_tokens":9}"#).unwrap();
         assert_eq!(
             anthropic.prompt_tokens_estimate,
-            (8 + 4 + 4_u64).div_ceil(4)
+            (8 + "role".len() as u64 + 4 + "content".len() as u64 + 4).div_ceil(4)
         );
         let responses = inspect(br#"{"input":"abcdefghijkl","instructions":"abcd"}"#).unwrap();
         assert_eq!(responses.prompt_tokens_estimate, 4);
-        // A media key spelled with escapes is still a media key (its value not counted).
+        // A `data` key outside a media part is text (escaped or not).
         let escaped =
             inspect(br#"{"messages":[{"d\u0061ta":"AAAAAAAAAAAAAAAA","text":"abcd"}]}"#).unwrap();
-        assert_eq!(escaped.prompt_tokens_estimate, 1);
+        assert_eq!(
+            escaped.prompt_tokens_estimate,
+            (4 + 16 + 4 + 4_u64).div_ceil(4)
+        );
     }
 
     #[test]
@@ -961,7 +894,7 @@ mod tests {
     /// typed field values must agree with.
     mod value_oracle {
         use super::super::{
-            BodyError, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, TextBytes, bad, cap, first_non_ws,
+            BodyError, Estimate, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, bad, cap, first_non_ws,
         };
         use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
         use serde_json::Value;
@@ -1014,9 +947,9 @@ mod tests {
                         Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                         Key::N => (&mut fields.n, "n"),
                         Key::BestOf => (&mut fields.best_of, "best_of"),
-                        Key::Other => {
-                            let text = map.next_value::<TextBytes>()?;
-                            fields.text_bytes = fields.text_bytes.saturating_add(text.0);
+                        other @ (Key::Messages | Key::Input | Key::Other) => {
+                            let text = map.next_value_seed(Estimate(other.place()))?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(text);
                             continue;
                         }
                     };

@@ -1,9 +1,12 @@
-//! Budgets reserve what the backend will really do (issue 26, items 1–2), through real Envoy with
+//! Budgets reserve what the backend will really do (issue 26, items 1–3), through real Envoy with
 //! the release .wasm against the simulator, which reads each API family's cap field as the real
 //! servers do (chat: vLLM's and SGLang's `max_completion_tokens or max_tokens`; completions and
-//! Anthropic `max_tokens`; Responses `max_output_tokens`):
+//! Anthropic `max_tokens`; Responses `max_output_tokens`) and counts plain-text documents and tool
+//! schemas as prompt:
 //! - every family's own cap field is reserved, and a cap field of another family costs too;
-//! - `max_completion_tokens: 0` next to `max_tokens` reserves the larger, `0` alone is "no cap".
+//! - `max_completion_tokens: 0` next to `max_tokens` reserves the larger, `0` alone is "no cap";
+//! - prompt text the old estimate skipped (Anthropic text documents, schema property names) is
+//!   reserved, while binary media declared as such stays out of the estimate.
 //!
 //! A request's reservation is read from its own `x-ratelimit-remaining-tokens` (the window after
 //! the reservation): each subject is fresh, so `limit − remaining` is what was reserved. The
@@ -52,6 +55,9 @@ identities:
   - {token: s-resp, username: s-resp, groups: [g-small]}
   - {token: s-chat-two-caps, username: s-chat-two-caps, groups: [g-small]}
   - {token: s-chat-foreign, username: s-chat-foreign, groups: [g-small]}
+  - {token: s-doc, username: s-doc, groups: [g-small]}
+  - {token: s-tool-names, username: s-tool-names, groups: [g-small]}
+  - {token: s-format-names, username: s-format-names, groups: [g-small]}
   - {token: m-resp, username: m-resp, groups: [g-meter]}
   - {token: m-chat-mct, username: m-chat-mct, groups: [g-meter]}
   - {token: m-chat-mt, username: m-chat-mt, groups: [g-meter]}
@@ -59,6 +65,10 @@ identities:
   - {token: m-msg, username: m-msg, groups: [g-meter]}
   - {token: m-chat-two-caps, username: m-chat-two-caps, groups: [g-meter]}
   - {token: m-chat-zero, username: m-chat-zero, groups: [g-meter]}
+  - {token: m-doc, username: m-doc, groups: [g-meter]}
+  - {token: m-media-claude, username: m-media-claude, groups: [g-meter]}
+  - {token: m-media-openai, username: m-media-openai, groups: [g-meter]}
+  - {token: m-tool-names, username: m-tool-names, groups: [g-meter]}
 "#;
 
 const CHAT: &str = "/llm/sim-openai/v1/chat/completions";
@@ -208,4 +218,110 @@ async fn chat_reserves_the_larger_of_two_cap_fields_and_zero_is_no_cap() {
         json!({"model": "sim-openai", "messages": hi, "max_tokens": 5, "max_output_tokens": 100_000}),
     )
     .await;
+}
+
+/// An Anthropic plain-text document of `words` words.
+fn text_document(words: usize) -> Value {
+    json!({"type": "document",
+           "source": {"type": "text", "media_type": "text/plain", "data": "word ".repeat(words)}})
+}
+
+#[tokio::test]
+async fn anthropic_text_documents_are_prompt() {
+    // 60,000 words (300 kB): the backend reads 60,000 tokens; 3,000 a day can never hold it.
+    refused_up_front(
+        MESSAGES,
+        "doc-60k",
+        "s-doc",
+        json!({"model": "sim-claude", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            text_document(60_000), {"type": "text", "text": "summarise"}]}]}),
+    )
+    .await;
+    let (r, answer) = reserved(
+        MESSAGES,
+        "doc-2k",
+        "m-doc",
+        json!({"model": "sim-claude", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            text_document(2000), {"type": "text", "text": "summarise"}]}]}),
+    )
+    .await;
+    let read = answer["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(read >= 2000, "{answer}");
+    assert!(
+        r >= read + 10,
+        "reserved {r} for a document the backend read as {read} tokens (+10 max_tokens)"
+    );
+}
+
+#[tokio::test]
+async fn declared_binary_media_stays_out_of_the_estimate() {
+    // ~100 kB of base64 each; the type is declared after the payload in the Anthropic source.
+    let b64 = "QUJD".repeat(25_000);
+    let (r, _) = reserved(
+        MESSAGES,
+        "media-claude",
+        "m-media-claude",
+        json!({"model": "sim-claude", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"data": b64, "type": "base64", "media_type": "image/png"}},
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64}},
+            {"type": "text", "text": "describe"}]}]}),
+    )
+    .await;
+    assert!(r < 100, "reserved {r} for two declared binary payloads");
+    let (r, _) = reserved(
+        CHAT,
+        "media-openai",
+        "m-media-openai",
+        json!({"model": "sim-openai", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}},
+            {"type": "file", "file": {"filename": "a.pdf", "file_data": format!("data:application/pdf;base64,{b64}")}},
+            {"type": "text", "text": "describe"}]}]}),
+    )
+    .await;
+    assert!(r < 100, "reserved {r} for three declared binary payloads");
+}
+
+/// A JSON schema with `n` property names (each `{}`: the names are the whole schema).
+fn schema_with_names(n: usize) -> Value {
+    let properties: serde_json::Map<String, Value> = (0..n)
+        .map(|i| (format!("property_name_{i:05}"), json!({})))
+        .collect();
+    json!({"type": "object", "properties": properties})
+}
+
+#[tokio::test]
+async fn schema_property_names_are_prompt() {
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    // 20,000 names (~440 kB): a tool schema and a response_format schema.
+    refused_up_front(
+        CHAT,
+        "tool-names-20k",
+        "s-tool-names",
+        json!({"model": "sim-openai", "messages": hi, "max_tokens": 10, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": schema_with_names(20_000)}}]}),
+    )
+    .await;
+    refused_up_front(
+        CHAT,
+        "format-names-20k",
+        "s-format-names",
+        json!({"model": "sim-openai", "messages": hi, "max_tokens": 10, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "out", "schema": schema_with_names(20_000)}}}),
+    )
+    .await;
+    let (r, answer) = reserved(
+        CHAT,
+        "tool-names-500",
+        "m-tool-names",
+        json!({"model": "sim-openai", "messages": hi, "max_tokens": 10, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": schema_with_names(500)}}]}),
+    )
+    .await;
+    let read = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(read >= 500, "{answer}");
+    assert!(
+        r >= read + 10,
+        "reserved {r} for a tool schema the backend read as {read} tokens (+10 max_tokens)"
+    );
 }
