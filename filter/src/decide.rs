@@ -105,7 +105,8 @@ impl Tokens {
 
 /// Tokens reserved at admission (raw): the prompt estimate (from the body's text, see
 /// [`crate::request_body::PROMPT_BYTES_PER_TOKEN`]) as input, and the completion budget —
-/// `max_tokens` (else the tier default, else a fallback) for every choice asked for (`n` /
+/// the body's cap ([`crate::request_body::CAP_FIELDS`]: the largest of every API family's cap
+/// fields; else the tier default, else a fallback) for every choice asked for (`n` /
 /// `best_of`) — as output. A request without a readable body (uploads, discovery) reserves the
 /// completion budget only. The limits take it weighted ([`Tokens::weighted`], [`weights`]).
 pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> Tokens {

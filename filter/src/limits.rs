@@ -819,7 +819,8 @@ impl Admission {
     }
 }
 
-/// Tokens to reserve: the request's max_tokens, else the tier default, else a fallback.
+/// Tokens to reserve: the request's cap (`None`: the body has none), else the tier default, else a
+/// fallback.
 pub fn reservation_for(max_tokens: Option<u64>, tier: &Tier) -> u64 {
     max_tokens
         .or(tier.default_max_tokens)

@@ -1,11 +1,15 @@
-//! Request body inspection: the few top-level fields of an OpenAI-style request the gateway needs.
+//! Request body inspection: the few top-level fields of a request the gateway needs.
 //!
-//! [`inspect`] reads `model`, `stream`, `max_tokens` / `max_completion_tokens` and
-//! `stream_options.include_usage` and skips everything else without building it (messages, tools…).
-//! A duplicated field is refused: the backend might read the other copy (one model billed as another).
+//! [`inspect`] reads `model`, `stream`, the cap fields (`max_tokens`, `max_completion_tokens`,
+//! `max_output_tokens`), `n` / `best_of` and `stream_options.include_usage`, and estimates the
+//! prompt ([`estimate`]) without building anything else (messages, tools…). A duplicated read
+//! field is refused: the backend might read the other copy (one model billed as another).
 //! [`with_include_usage`] sets `stream_options.include_usage = true` by splicing bytes, so every
 //! other byte of the body is preserved exactly.
 
+mod estimate;
+
+use estimate::{Estimate, Place};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -14,7 +18,9 @@ use std::fmt;
 pub struct RequestInfo {
     pub model: Option<String>,
     pub stream: bool,
-    /// `max_completion_tokens` if given, else `max_tokens`.
+    /// The cap on generated tokens per choice, as the most generous server reads the body: the
+    /// largest of every cap field any API family defines ([`CAP_FIELDS`]), `0` read as absent.
+    /// `None`: the body has no cap (the reservation then takes the tier's default).
     pub max_tokens: Option<u64>,
     pub include_usage: bool,
     /// Completions asked for (`n`, or `best_of` when larger); 1 when absent.
@@ -23,14 +29,35 @@ pub struct RequestInfo {
     pub prompt_tokens_estimate: u64,
 }
 
+/// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
+/// deprecated `max_tokens`), completions `max_tokens`, Responses `max_output_tokens`, Anthropic
+/// Messages `max_tokens`.
+///
+/// The cap is the largest of those present, whatever the operation: a server may read a field
+/// of another family's vocabulary (vLLM and SGLang accept and ignore unknown fields, but a
+/// lenient or translating server reads them), so a body's field from another family must cost,
+/// not be free. And where a family has two fields the servers disagree: vLLM and SGLang take
+/// `max_completion_tokens or max_tokens` — Python's `or`, so `0` (or null) falls through to the
+/// other (vLLM `vllm/entrypoints/utils.py` `get_max_tokens` and `serving_engine.py`
+/// `_validate_input`; SGLang `python/sglang/srt/entrypoints/openai/protocol.py`
+/// `ChatCompletionRequest.to_sampling_params`: `"max_new_tokens": self.max_completion_tokens or
+/// self.max_tokens`) — while OpenAI prefers `max_completion_tokens` and older servers read
+/// `max_tokens` only. `{"max_completion_tokens": 0, "max_tokens": 50000}` generates 50,000 on
+/// vLLM: the larger is what the most generous server generates, and `0` is read as absent
+/// (SGLang reads `{"max_completion_tokens": 0}` alone as no cap at all).
+pub const CAP_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
 /// Bytes of prompt text counted as one token when the prompt is estimated from the body.
 ///
-/// The rule: every JSON string value of the body (keys excluded) except `model` and media payloads
-/// (values of `url`, `image_url`, `data`, `file_data`, `b64_json`) counts with its UTF-8 length,
-/// every number as one token (token-id prompts); the sum divided by 4, rounded up. English prose
-/// runs at about 4 bytes per token, so the estimate is close; no byte-level tokenizer produces
-/// more than one token per byte, so the real count is never more than 4× the estimate (plus
-/// what media and per-message framing add, which settlement corrects after the response).
+/// The rule ([`estimate`]): below the top level, every object key and every string counts with
+/// its UTF-8 length and every number as one token (token-id prompts), except a payload a backend
+/// takes as binary media (a `data:` URL of an image, audio, video or PDF type, an Anthropic
+/// `base64` source of such a type, `input_audio` data) where a content part of that media type
+/// carries it; the top-level fields count their values (not `model` nor the fields read). The
+/// sum divided by 4, rounded up. English prose runs at about 4 bytes per token, so the estimate is
+/// close; no byte-level tokenizer produces more than one token per byte, so the real count of the
+/// text is never more than 4× the estimate (plus what media and per-message framing add, which
+/// settlement corrects after the response).
 pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
 
 /// Why a request body was refused.
@@ -63,6 +90,7 @@ struct Fields {
     stream: Option<Raw>,
     max_tokens: Option<Raw>,
     max_completion_tokens: Option<Raw>,
+    max_output_tokens: Option<Raw>,
     stream_options: Option<Raw>,
     n: Option<Raw>,
     best_of: Option<Raw>,
@@ -78,11 +106,26 @@ enum Key {
     Stream,
     MaxTokens,
     MaxCompletionTokens,
+    MaxOutputTokens,
     StreamOptions,
     N,
     BestOf,
+    /// Chat and Anthropic `messages`: media parts may be left out of the estimate.
+    Messages,
+    /// Responses `input` (items with content parts; or a string, or embeddings' inputs).
+    Input,
     #[serde(other)]
     Other,
+}
+
+impl Key {
+    /// Where the value of a field that is not read sits, for the prompt estimate.
+    fn place(&self) -> Place {
+        match self {
+            Key::Messages | Key::Input => Place::Messages,
+            _ => Place::Text,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Fields {
@@ -110,12 +153,13 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Key::MaxCompletionTokens => {
                     (&mut fields.max_completion_tokens, "max_completion_tokens")
                 }
+                Key::MaxOutputTokens => (&mut fields.max_output_tokens, "max_output_tokens"),
                 Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                 Key::N => (&mut fields.n, "n"),
                 Key::BestOf => (&mut fields.best_of, "best_of"),
-                Key::Other => {
-                    let text = map.next_value::<TextBytes>()?;
-                    fields.text_bytes = fields.text_bytes.saturating_add(text.0);
+                other @ (Key::Messages | Key::Input | Key::Other) => {
+                    let text = map.next_value_seed(Estimate(other.place()))?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text);
                     continue;
                 }
             };
@@ -304,96 +348,6 @@ impl<'de> Visitor<'de> for KeyIsSeed {
     }
 }
 
-/// Prompt text bytes of one JSON value (the estimate's rule is on [`PROMPT_BYTES_PER_TOKEN`]).
-struct TextBytes(u64);
-
-/// Fields whose string values are media payloads (base64 images, audio, files), not prompt text.
-const MEDIA_FIELDS: [&str; 5] = ["url", "image_url", "data", "file_data", "b64_json"];
-
-impl<'de> Deserialize<'de> for TextBytes {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TextBytesVisitor)
-    }
-}
-
-struct TextBytesVisitor;
-
-impl<'de> Visitor<'de> for TextBytesVisitor {
-    type Value = TextBytes;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<TextBytes, E> {
-        Ok(TextBytes(v.len() as u64))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<TextBytes, E> {
-        Ok(TextBytes(0))
-    }
-
-    fn visit_unit<E>(self) -> Result<TextBytes, E> {
-        Ok(TextBytes(0))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<TextBytes, E> {
-        Ok(TextBytes(PROMPT_BYTES_PER_TOKEN))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextBytes, A::Error> {
-        let mut total: u64 = 0;
-        while let Some(t) = seq.next_element::<TextBytes>()? {
-            total = total.saturating_add(t.0);
-        }
-        Ok(TextBytes(total))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TextBytes, A::Error> {
-        let mut total: u64 = 0;
-        while let Some(MediaKey(media)) = map.next_key::<MediaKey>()? {
-            if media {
-                map.next_value::<IgnoredAny>()?;
-            } else {
-                total = total.saturating_add(map.next_value::<TextBytes>()?.0);
-            }
-        }
-        Ok(TextBytes(total))
-    }
-}
-
-/// An object key, only as "is it a media field" (read in place: no copy of the key).
-struct MediaKey(bool);
-
-impl<'de> Deserialize<'de> for MediaKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(MediaKeyVisitor)
-    }
-}
-
-struct MediaKeyVisitor;
-
-impl<'de> Visitor<'de> for MediaKeyVisitor {
-    type Value = MediaKey;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    // Borrowed from the body, or (a key with escapes) from the parser's scratch buffer.
-    fn visit_str<E>(self, key: &str) -> Result<MediaKey, E> {
-        Ok(MediaKey(MEDIA_FIELDS.contains(&key)))
-    }
-}
-
 fn first_non_ws(body: &[u8]) -> Option<u8> {
     body.iter()
         .copied()
@@ -437,8 +391,18 @@ fn token_limit(field: &'static str, v: Option<&Raw>) -> Result<Option<u64>, Body
     }
 }
 
-/// Reads only the top-level fields needed (model, stream, max_tokens or max_completion_tokens,
-/// stream_options.include_usage). Wrong types → [`BodyError::BadField`] naming the field.
+/// The cap ([`CAP_FIELDS`]): the largest of the fields given, `0` as absent; `None`: no cap.
+fn cap(fields: [Option<u64>; 3]) -> Option<u64> {
+    fields.into_iter().flatten().filter(|n| *n != 0).max()
+}
+
+/// Reads only the top-level fields needed (model, stream, the cap fields, n / best_of,
+/// stream_options.include_usage) and estimates the prompt. Wrong types → [`BodyError::BadField`]
+/// naming the field.
+///
+/// The API family does not reach this function, on purpose: the cap is the largest of every
+/// family's cap fields and the estimate counts every field, so a field of another family's
+/// vocabulary costs the same in any operation (see [`CAP_FIELDS`]).
 pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let f = read_fields(body)?;
     let model = match f.model {
@@ -454,6 +418,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
     let max_completion_tokens =
         token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+    let max_output_tokens = token_limit("max_output_tokens", f.max_output_tokens.as_ref())?;
     let include_usage = match f.stream_options {
         None | Some(Raw::Null) => false,
         Some(Raw::Object { include_usage }) => match include_usage {
@@ -470,7 +435,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
     Ok(RequestInfo {
         model,
         stream,
-        max_tokens: max_completion_tokens.or(max_tokens),
+        max_tokens: cap([max_tokens, max_completion_tokens, max_output_tokens]),
         include_usage,
         choices: n.max(best_of).max(1),
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
@@ -716,10 +681,10 @@ mod tests {
             "max_tokens": 1
         });
         let i = inspect(body.to_string().as_bytes()).unwrap();
-        // 4000 text bytes + "user" + "text" + "image_url" (type values) → ~1004 tokens; never the
+        // 4000 text bytes + the keys and the type values (~60 bytes) → ~1015 tokens; never the
         // 100 kB image, never the model name.
         assert!(
-            (1000..=1010).contains(&i.prompt_tokens_estimate),
+            (1000..=1020).contains(&i.prompt_tokens_estimate),
             "{}",
             i.prompt_tokens_estimate
         );
@@ -731,21 +696,88 @@ mod tests {
             "{}",
             i.prompt_tokens_estimate
         );
-        // Token-id prompts count one token per id; Anthropic system + messages and Responses
-        // input count too.
+        // Token-id prompts count one token per id; Anthropic system + messages (their keys too)
+        // and Responses input count too; top-level keys do not.
         let ids = inspect(br#"{"prompt":[1,2,3,4,5]}"#).unwrap();
         assert_eq!(ids.prompt_tokens_estimate, 5);
         let anthropic = inspect(br#"{"system":"abcdefgh","messages":[{"role":"user","content":"abcd"}],"max_tokens":9}"#).unwrap();
         assert_eq!(
             anthropic.prompt_tokens_estimate,
-            (8 + 4 + 4_u64).div_ceil(4)
+            (8 + "role".len() as u64 + 4 + "content".len() as u64 + 4).div_ceil(4)
         );
         let responses = inspect(br#"{"input":"abcdefghijkl","instructions":"abcd"}"#).unwrap();
         assert_eq!(responses.prompt_tokens_estimate, 4);
-        // A media key spelled with escapes is still a media key (its value not counted).
+        // A `data` key outside a media part is text (escaped or not).
         let escaped =
             inspect(br#"{"messages":[{"d\u0061ta":"AAAAAAAAAAAAAAAA","text":"abcd"}]}"#).unwrap();
-        assert_eq!(escaped.prompt_tokens_estimate, 1);
+        assert_eq!(
+            escaped.prompt_tokens_estimate,
+            (4 + 16 + 4 + 4_u64).div_ceil(4)
+        );
+    }
+
+    #[test]
+    fn cap_is_the_largest_cap_field_of_any_family() {
+        let cap = |body: &str| inspect(body.as_bytes()).map(|i| i.max_tokens);
+        // Each family's own field.
+        assert_eq!(cap(r#"{"max_tokens":7}"#), Ok(Some(7)));
+        assert_eq!(cap(r#"{"max_completion_tokens":8}"#), Ok(Some(8)));
+        assert_eq!(cap(r#"{"max_output_tokens":100000}"#), Ok(Some(100_000)));
+        assert_eq!(cap(r#"{"max_output_tokens":null}"#), Ok(None));
+        assert_eq!(cap(r#"{"max_output_t\u006fkens":9}"#), Ok(Some(9)));
+        // Two fields: what the most generous server generates. vLLM / SGLang read
+        // `max_completion_tokens or max_tokens` (0 falls through); servers reading max_tokens
+        // only take the other.
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":0,"max_tokens":50000}"#),
+            Ok(Some(50_000))
+        );
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":9,"max_tokens":50}"#),
+            Ok(Some(50))
+        );
+        assert_eq!(
+            cap(r#"{"max_completion_tokens":null,"max_tokens":50}"#),
+            Ok(Some(50))
+        );
+        // Another family's field costs too.
+        assert_eq!(
+            cap(r#"{"max_tokens":5,"max_output_tokens":100000}"#),
+            Ok(Some(100_000))
+        );
+        assert_eq!(
+            cap(r#"{"max_tokens":5,"max_completion_tokens":6,"max_output_tokens":4}"#),
+            Ok(Some(6))
+        );
+        // 0 is no cap (SGLang reads `max_completion_tokens: 0` alone as no limit).
+        for body in [
+            r#"{"max_tokens":0}"#,
+            r#"{"max_completion_tokens":0}"#,
+            r#"{"max_output_tokens":0}"#,
+            r#"{"max_tokens":0,"max_completion_tokens":0,"max_output_tokens":null}"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(cap(body), Ok(None), "{body}");
+        }
+        // Types are checked and a duplicate refused, as for the other cap fields.
+        for body in [
+            r#"{"max_output_tokens":"100000"}"#,
+            r#"{"max_output_tokens":-1}"#,
+            r#"{"max_output_tokens":1.5}"#,
+            r#"{"max_output_tokens":1,"max_output_tokens":100000}"#,
+        ] {
+            assert!(
+                matches!(
+                    cap(body),
+                    Err(BodyError::BadField {
+                        field: "max_output_tokens",
+                        ..
+                    })
+                ),
+                "{body}: {:?}",
+                cap(body)
+            );
+        }
     }
 
     #[test]
@@ -776,7 +808,7 @@ mod tests {
         );
         assert_eq!(
             core(inspect(br#"{"max_completion_tokens":0}"#)),
-            Ok(info(None, false, Some(0), false))
+            Ok(info(None, false, None, false))
         );
         assert_eq!(
             core(inspect(br#"{"m\u006fdel":"a"}"#)),
@@ -930,7 +962,7 @@ mod tests {
     /// typed field values must agree with.
     mod value_oracle {
         use super::super::{
-            BodyError, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, TextBytes, bad, first_non_ws,
+            BodyError, Estimate, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, bad, cap, first_non_ws,
         };
         use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
         use serde_json::Value;
@@ -943,6 +975,7 @@ mod tests {
             stream: Option<Value>,
             max_tokens: Option<Value>,
             max_completion_tokens: Option<Value>,
+            max_output_tokens: Option<Value>,
             stream_options: Option<Value>,
             n: Option<Value>,
             best_of: Option<Value>,
@@ -976,12 +1009,15 @@ mod tests {
                         Key::MaxCompletionTokens => {
                             (&mut fields.max_completion_tokens, "max_completion_tokens")
                         }
+                        Key::MaxOutputTokens => {
+                            (&mut fields.max_output_tokens, "max_output_tokens")
+                        }
                         Key::StreamOptions => (&mut fields.stream_options, "stream_options"),
                         Key::N => (&mut fields.n, "n"),
                         Key::BestOf => (&mut fields.best_of, "best_of"),
-                        Key::Other => {
-                            let text = map.next_value::<TextBytes>()?;
-                            fields.text_bytes = fields.text_bytes.saturating_add(text.0);
+                        other @ (Key::Messages | Key::Input | Key::Other) => {
+                            let text = map.next_value_seed(Estimate(other.place()))?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(text);
                             continue;
                         }
                     };
@@ -1044,6 +1080,7 @@ mod tests {
             let max_tokens = token_limit("max_tokens", f.max_tokens.as_ref())?;
             let max_completion_tokens =
                 token_limit("max_completion_tokens", f.max_completion_tokens.as_ref())?;
+            let max_output_tokens = token_limit("max_output_tokens", f.max_output_tokens.as_ref())?;
             let include_usage = match f.stream_options {
                 None | Some(Value::Null) => false,
                 Some(Value::Object(o)) => match o.get("include_usage") {
@@ -1060,7 +1097,7 @@ mod tests {
             Ok(RequestInfo {
                 model,
                 stream,
-                max_tokens: max_completion_tokens.or(max_tokens),
+                max_tokens: cap([max_tokens, max_completion_tokens, max_output_tokens]),
                 include_usage,
                 choices: n.max(best_of).max(1),
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
@@ -1151,7 +1188,7 @@ mod tests {
         #[test]
         fn typed_fields_agree_with_values_field_by_field(
             fields in proptest::collection::vec((
-                "(model|stream|max_tokens|max_completion_tokens|stream_options|n|best_of|messages)",
+                "(model|stream|max_tokens|max_completion_tokens|max_output_tokens|stream_options|n|best_of|messages)",
                 prop_oneof![json_value(), any::<u64>().prop_map(serde_json::Value::from)],
             ), 0..6),
         ) {
@@ -1167,6 +1204,25 @@ mod tests {
         #[test]
         fn typed_fields_agree_with_values_on_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..120)) {
             prop_assert_eq!(inspect(&data), value_oracle::inspect(&data));
+        }
+
+        #[test]
+        fn cap_is_the_largest_nonzero_cap_field(
+            caps in proptest::collection::vec(proptest::option::of(prop_oneof![Just(0u64), 0..5u64, any::<u64>()]), 3),
+            other in proptest::option::of(any::<u64>()),
+        ) {
+            let mut members: Vec<String> = CAP_FIELDS
+                .iter()
+                .zip(&caps)
+                .filter_map(|(k, v)| v.map(|v| format!("{k:?}:{v}")))
+                .collect();
+            if let Some(v) = other {
+                // A field no family caps with is not a cap.
+                members.push(format!("\"max_new_tokens\":{v}"));
+            }
+            let body = format!("{{{}}}", members.join(","));
+            let expected = caps.iter().flatten().copied().filter(|n| *n != 0).max();
+            prop_assert_eq!(inspect(body.as_bytes()).unwrap().max_tokens, expected);
         }
 
         #[test]

@@ -5,11 +5,14 @@
 //!
 //! Deterministic token rule, so tests can predict usage:
 //! - `prompt_tokens` = whitespace-separated words in every message `content` string (or text
-//!   part), `prompt`, `input`, `instructions` and `system`; at least 1;
-//! - `completion_tokens` = `max_tokens` / `max_completion_tokens` / `max_output_tokens` when
-//!   given, else 16 (header `x-sim-uncapped-tokens: N`: N, as vLLM generates up to the context
-//!   length when the body names no cap); header `x-sim-completion-tokens: N` overrides (a
-//!   backend that ignores the cap); the completion text is `tok0 tok1 …`.
+//!   part, or Anthropic plain-text document), `prompt`, `input`, `instructions` and `system`,
+//!   plus every key and string word of `tools` (the schemas a template renders); at least 1;
+//! - `completion_tokens` = the API's own cap, read as the servers read it: chat
+//!   `max_completion_tokens or max_tokens` (vLLM's and SGLang's Python `or`: 0 or null is
+//!   absent), completions and Anthropic `max_tokens`, Responses `max_output_tokens`; else 16
+//!   (header `x-sim-uncapped-tokens: N`: N, as vLLM generates up to the context length when the
+//!   body names no cap); header `x-sim-completion-tokens: N` overrides (a backend that ignores
+//!   the cap); the completion text is `tok0 tok1 …`.
 //!
 //! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
@@ -734,9 +737,10 @@ enum Kind {
 }
 
 /// Counts whitespace-separated words in every string that counts as prompt text: message
-/// `content` (strings or text parts), `prompt`, Responses `input` (a string, or items with
-/// `content`) and `instructions`, Anthropic `system`, embeddings `input` (strings, or token
-/// arrays: one token per number).
+/// `content` (strings, text parts, Anthropic plain-text documents), `prompt`, Responses `input`
+/// (a string, or items with `content`) and `instructions`, Anthropic `system`, embeddings
+/// `input` (strings, or token arrays: one token per number); and the tool definitions as a chat
+/// template renders them: every key and every word of every string in `tools`.
 pub fn prompt_tokens(request: &Value) -> u64 {
     fn words(s: &str) -> u64 {
         s.split_whitespace().count() as u64
@@ -744,20 +748,38 @@ pub fn prompt_tokens(request: &Value) -> u64 {
     fn content_words(content: &Value) -> u64 {
         match content {
             Value::String(s) => words(s),
-            // Content parts: [{"type":"text","text":"…"}, …]; Responses items: {"content": …}.
+            // Content parts: [{"type":"text","text":"…"}, …]; Responses items: {"content": …};
+            // Anthropic documents: {"type":"document","source":{"type":"text","data":"…"}}.
             Value::Array(parts) => parts
                 .iter()
                 .map(|p| match p {
                     Value::String(s) => words(s),
                     Value::Number(_) => 1,
                     Value::Array(_) => content_words(p),
-                    Value::Object(o) => match (o.get("text"), o.get("content")) {
-                        (Some(Value::String(t)), _) => words(t),
-                        (_, Some(c)) => content_words(c),
+                    Value::Object(o) => match (o.get("text"), o.get("content"), o.get("source")) {
+                        (Some(Value::String(t)), _, _) => words(t),
+                        (_, Some(c), _) => content_words(c),
+                        (_, _, Some(source))
+                            if source.get("type").and_then(Value::as_str) == Some("text") =>
+                        {
+                            source.get("data").and_then(Value::as_str).map_or(0, words)
+                        }
                         _ => 0,
                     },
                     _ => 0,
                 })
+                .sum(),
+            _ => 0,
+        }
+    }
+    /// Every key and every word of every string (a tool's name, description and schema).
+    fn schema_words(v: &Value) -> u64 {
+        match v {
+            Value::String(s) => words(s),
+            Value::Array(items) => items.iter().map(schema_words).sum(),
+            Value::Object(o) => o
+                .iter()
+                .map(|(k, v)| words(k).max(1) + schema_words(v))
                 .sum(),
             _ => 0,
         }
@@ -775,16 +797,34 @@ pub fn prompt_tokens(request: &Value) -> u64 {
             n += content_words(v);
         }
     }
+    if let Some(tools) = request.get("tools") {
+        n += schema_words(tools);
+    }
     n.max(1)
 }
 
+/// The cap fields an API reads, in the order it reads them: the first that is truthy in Python's
+/// sense (present, not null, not 0) is the cap. Chat is vLLM's and SGLang's
+/// `max_completion_tokens or max_tokens` (vLLM `vllm/entrypoints/utils.py` `get_max_tokens`,
+/// SGLang `python/sglang/srt/entrypoints/openai/protocol.py`
+/// `ChatCompletionRequest.to_sampling_params`): `{"max_completion_tokens": 0, "max_tokens":
+/// 50000}` generates 50,000.
+fn cap_fields(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Chat => &["max_completion_tokens", "max_tokens"],
+        Kind::Completion | Kind::Messages => &["max_tokens"],
+        Kind::Responses => &["max_output_tokens"],
+        Kind::Embeddings => &[],
+    }
+}
+
 /// Completion tokens from the request (headers override the body).
-pub fn completion_tokens(request: &Value, headers: &HeaderMap) -> u64 {
+fn completion_tokens(kind: Kind, request: &Value, headers: &HeaderMap) -> u64 {
     let from_header =
         header_str(headers, "x-sim-completion-tokens").and_then(|v| v.parse::<u64>().ok());
-    let from_body = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+    let from_body = cap_fields(kind)
         .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_u64));
+        .find_map(|k| request.get(*k).and_then(Value::as_u64).filter(|n| *n != 0));
     let uncapped = header_str(headers, "x-sim-uncapped-tokens").and_then(|v| v.parse::<u64>().ok());
     from_header
         .or(from_body)
@@ -831,7 +871,7 @@ impl Plan {
             completion_tokens: if kind == Kind::Embeddings {
                 0
             } else {
-                completion_tokens(request, headers)
+                completion_tokens(kind, request, headers)
             },
             include_usage_chunk: request
                 .pointer("/stream_options/include_usage")
@@ -1215,22 +1255,37 @@ mod tests {
     #[test]
     fn completion_tokens_from_body_or_header() {
         let empty = HeaderMap::new();
-        assert_eq!(completion_tokens(&json!({}), &empty), 16);
-        assert_eq!(completion_tokens(&json!({"max_tokens": 3}), &empty), 3);
+        let chat = |body: Value| completion_tokens(Kind::Chat, &body, &empty);
+        assert_eq!(chat(json!({})), 16);
+        assert_eq!(chat(json!({"max_tokens": 3})), 3);
         assert_eq!(
-            completion_tokens(
-                &json!({"max_completion_tokens": 4, "max_tokens": 3}),
-                &empty
-            ),
+            chat(json!({"max_completion_tokens": 4, "max_tokens": 3})),
             4
         );
+        // vLLM / SGLang: `max_completion_tokens or max_tokens`, 0 and null falsy.
+        assert_eq!(
+            chat(json!({"max_completion_tokens": 0, "max_tokens": 50})),
+            50
+        );
+        assert_eq!(
+            chat(json!({"max_completion_tokens": null, "max_tokens": 50})),
+            50
+        );
+        assert_eq!(chat(json!({"max_completion_tokens": 0})), 16);
+        assert_eq!(chat(json!({"max_tokens": 0})), 16);
         let mut h = HeaderMap::new();
         h.insert("x-sim-completion-tokens", "7".parse().unwrap());
-        assert_eq!(completion_tokens(&json!({"max_tokens": 3}), &h), 7);
         assert_eq!(
-            completion_tokens(&json!({"max_tokens": u64::MAX}), &empty),
-            MAX_COMPLETION_TOKENS
+            completion_tokens(Kind::Chat, &json!({"max_tokens": 3}), &h),
+            7
         );
+        assert_eq!(chat(json!({"max_tokens": u64::MAX})), MAX_COMPLETION_TOKENS);
+        // Each API reads its own field only.
+        let body = json!({"max_tokens": 5, "max_output_tokens": 9, "max_completion_tokens": 7});
+        assert_eq!(completion_tokens(Kind::Completion, &body, &empty), 5);
+        assert_eq!(completion_tokens(Kind::Messages, &body, &empty), 5);
+        assert_eq!(completion_tokens(Kind::Responses, &body, &empty), 9);
+        assert_eq!(completion_tokens(Kind::Chat, &body, &empty), 7);
     }
 
     #[test]
@@ -1262,9 +1317,24 @@ mod tests {
     fn completion_tokens_from_max_output_tokens() {
         let empty = HeaderMap::new();
         assert_eq!(
-            completion_tokens(&json!({"max_output_tokens": 9}), &empty),
+            completion_tokens(Kind::Responses, &json!({"max_output_tokens": 9}), &empty),
             9
         );
+    }
+
+    #[test]
+    fn prompt_tokens_of_documents_and_tool_schemas() {
+        let doc = json!({"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a b c d"}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUFB QUFB"}},
+            {"type": "text", "text": "e"},
+        ]}]});
+        assert_eq!(prompt_tokens(&doc), 5);
+        let tools = json!({"messages": [], "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"alpha": {}, "beta": {}}}}}]});
+        // Keys: type, function, name, parameters, type, properties, alpha, beta (8); strings:
+        // "function", "f", "object" (3).
+        assert_eq!(prompt_tokens(&tools), 11);
     }
 
     #[test]

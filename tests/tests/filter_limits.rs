@@ -201,7 +201,7 @@ async fn streamed_responses_exhaust_the_token_budget() {
     let stack = stack();
     let h = [("authorization", "Bearer sam-token")];
     // prompt 2 words + 20 completion tokens = 22 per request; reserved at admission: 20 + the
-    // prompt estimate ("user" + "hello there" = 15 bytes of text → 4 tokens) = 24.
+    // prompt estimate ("role" "user" "content" "hello there" = 26 bytes of text → 7 tokens) = 27.
     let plain = json!({"model": "sim-model", "stream": true, "max_tokens": 20,
                        "messages": [{"role": "user", "content": "hello there"}]});
     let r = chat(stack, CHAT, "stream-1", &h, plain.clone()).await;
@@ -211,7 +211,7 @@ async fn streamed_responses_exhaust_the_token_budget() {
             .unwrap_or("")
             .starts_with("text/event-stream")
     );
-    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 76);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 73);
     let events = sse_events(&r.body);
     assert_eq!(
         events.last().map(String::as_str),
@@ -247,14 +247,14 @@ async fn streamed_responses_exhaust_the_token_budget() {
         .collect();
     assert_eq!(usage.len(), 1, "{}", r.body);
     assert_eq!(usage[0]["usage"]["total_tokens"], 22);
-    // 44 used: the reservation for this one shows 100 - 22 - 24.
-    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 54);
+    // 44 used: the reservation for this one shows 100 - 22 - 27.
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 51);
 
     for id in ["stream-3", "stream-4"] {
         let r = chat(stack, CHAT, id, &h, plain.clone()).await;
         assert_eq!(r.status, 200, "{id}: {}", r.body);
     }
-    // 88 used; 88 + 24 does not fit in 100.
+    // 88 used; 88 + 27 does not fit in 100.
     let r = chat(stack, CHAT, "stream-5", &h, plain.clone()).await;
     let e = r.error(429);
     assert!(e["message"].as_str().unwrap().contains("tokens"), "{e}");
@@ -271,11 +271,12 @@ async fn streamed_responses_exhaust_the_token_budget() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    // A request small enough to fit still passes (reservation 10 = tier default ≤ 12 left).
-    let small = json!({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]});
+    // A request small enough to fit still passes (reservation 11 = tier default 10 + the prompt
+    // "x" ≤ 12 left).
+    let small = json!({"model": "sim-model", "prompt": "x"});
     let r = chat(
         stack,
-        CHAT,
+        "/llm/sim-model/v1/completions",
         "stream-6",
         &[
             ("authorization", "Bearer sam-token"),

@@ -80,9 +80,10 @@ fn a_weighted_tier_reserves_and_settles_weighted_tokens_and_the_ledger_keeps_the
     let (id, h) = fx.http();
     fx.headers(id, &h, &refs(&chat(&key(2))), false);
     fx.body(id, &h, BODY, true);
-    // The prompt estimate (2 tokens) weighs 1, max_tokens 50 weighs 4 each.
+    // The prompt estimate (5 tokens: "role", "user", "content", "hi") weighs 1, max_tokens 50
+    // weighs 4 each.
     let reserved = fx.tokens_used("alice");
-    assert_eq!(reserved, 2 + 50 * 4);
+    assert_eq!(reserved, 5 + 50 * 4);
     fx.host.enter(id);
     fx.host.set_map(
         Headers::Response,
@@ -93,7 +94,7 @@ fn a_weighted_tier_reserves_and_settles_weighted_tokens_and_the_ledger_keeps_the
         fx.host
             .map_value(Headers::Response, "x-ratelimit-remaining-tokens")
             .as_deref(),
-        Some("798")
+        Some("795")
     );
     fx.host.set_buffer(Body::Response, USAGE_10_20);
     h.on_response_body(&fx.host, USAGE_10_20.len(), true);
@@ -120,7 +121,7 @@ fn a_weighted_tier_reserves_and_settles_weighted_tokens_and_the_ledger_keeps_the
 
 #[test]
 fn the_budget_is_exhausted_in_weighted_tokens() {
-    // 1000 weighted tokens a minute; each request settles to 90 (and reserves 202): the
+    // 1000 weighted tokens a minute; each request settles to 90 (and reserves 205): the
     // requests window (3) is lifted so that only tokens bind.
     let mut p = weighted_policy();
     p["tiers"][0]["limits"]["requests"][0]["limit"] = json!(100);
@@ -133,7 +134,7 @@ fn the_budget_is_exhausted_in_weighted_tokens() {
         }
         assert!(admitted < 20, "never limited");
     };
-    // 90 × 9 = 810, and 810 + 202 > 1000: the tenth is refused (unweighted it would be 30 each).
+    // 90 × 9 = 810, and 810 + 205 > 1000: the tenth is refused (unweighted it would be 30 each).
     assert_eq!(admitted, 9);
     assert_eq!(refusal.status, 429);
     // Once the worker's folded refunds are written (its tick), the slot says the same.
@@ -144,7 +145,7 @@ fn the_budget_is_exhausted_in_weighted_tokens() {
 #[test]
 fn a_reservation_above_a_window_only_when_weighted_is_tokens_exceed_limit() {
     let fx = fx_weighted();
-    // 2 + 300 × 4 = 1202 > 1000 (unweighted 302 would fit).
+    // 5 + 300 × 4 = 1205 > 1000 (unweighted 305 would fit).
     let body = br#"{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":300}"#;
     let s = call(&fx, CHAT, body, ("application/json", USAGE_10_20)).unwrap();
     assert_eq!((s.status, s.code().as_str()), (400, "tokens_exceed_limit"));
@@ -241,8 +242,8 @@ fn a_subscription_models_weights_apply_to_its_own_windows() {
         )
         .map_or(0, |s| s.used)
     };
-    // Prompt estimate 2 × 2 + max_tokens 50 × 3.
-    assert_eq!(used(), 2 * 2 + 50 * 3);
+    // Prompt estimate 5 × 2 + max_tokens 50 × 3.
+    assert_eq!(used(), 5 * 2 + 50 * 3);
     fx.host.enter(id);
     fx.host.set_map(
         Headers::Response,

@@ -1,0 +1,713 @@
+//! The prompt estimate: the bytes of a request body that a backend's template tokenizes.
+//!
+//! **Count unless known to be media.** Below the body's top level every object key and every
+//! string counts with its UTF-8 length (decoded), every number as [`PROMPT_BYTES_PER_TOKEN`]
+//! bytes (one token: token-id prompts). Keys count because templates render them: a tool's or a
+//! `response_format`'s JSON schema is mostly property names, Anthropic `tool_use.input` and tool
+//! call arguments are rendered as JSON. The top-level keys are the API's parameter names, which
+//! no template renders, and the top-level fields the gateway reads (`model`, `stream`, the cap
+//! fields, `n`…) are not prompt.
+//!
+//! Left out is only a payload a backend decodes as binary media, where it takes media: a string
+//! in a content part of a message (`messages[*].content[*]`, Responses `input[*].content[*]` and
+//! `input[*].output[*]`, and their nested `content` lists, e.g. Anthropic `tool_result`), whose
+//! part `type` and own declaration both say binary:
+//! - `image_url` / `audio_url` / `video_url` parts: `.url` a `data:` URL of an image, audio,
+//!   video or PDF media type; Responses `input_image`: `image_url` such a URL;
+//! - `file` parts: `.file_data` such a URL; Responses `input_file`: `file_data` such a URL;
+//! - `input_audio` parts: `.data` with an audio `format` (`wav`, `mp3`…);
+//! - Anthropic `image` / `document` parts: `.source.data` with `source.type` `base64` and a binary
+//!   `media_type` (`image/*`, `application/pdf`…); a `text` source (plain-text document) counts.
+//!
+//! Anything else counts, wherever it is: the same shapes inside a tool schema, tool arguments or
+//! any field not modelled are text a template renders. A declaration may come after the payload
+//! (`{"data": …, "media_type": …}`), so each object decides at its end; a declaration given twice
+//! with different values (a parser may read either) counts the payload. What the media itself
+//! costs (image or PDF tokens) is not estimated: settlement corrects it from the usage.
+//!
+//! Nothing is built: keys and strings are read in place (from the body, or the parser's scratch
+//! buffer when escaped), so the walk allocates nothing.
+
+use super::PROMPT_BYTES_PER_TOKEN;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+
+/// Where a value sits, as far as the estimate cares: media is left out only in a content part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Place {
+    /// Anything else: every key, string and number counts.
+    Text,
+    /// `messages`, Responses `input`: a list of messages or input items.
+    Messages,
+    /// One message or input item: its `content` (Responses `output`) holds parts.
+    Message,
+    /// A `content` value: a string, or a list of parts.
+    Parts,
+    /// One content part, `{"type": …, …}`.
+    Part,
+}
+
+/// Prompt text bytes of the value at a [`Place`].
+pub(super) struct Estimate(pub(super) Place);
+
+impl<'de> DeserializeSeed<'de> for Estimate {
+    type Value = u64;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Estimate {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<u64, E> {
+        Ok(v.len() as u64)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<u64, E> {
+        Ok(0)
+    }
+
+    fn visit_unit<E>(self) -> Result<u64, E> {
+        Ok(0)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<u64, E> {
+        Ok(PROMPT_BYTES_PER_TOKEN)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<u64, E> {
+        Ok(PROMPT_BYTES_PER_TOKEN)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<u64, E> {
+        Ok(PROMPT_BYTES_PER_TOKEN)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let element = match self.0 {
+            Place::Messages => Place::Message,
+            Place::Parts => Place::Part,
+            _ => Place::Text,
+        };
+        let mut total: u64 = 0;
+        while let Some(n) = seq.next_element_seed(Estimate(element))? {
+            total = total.saturating_add(n);
+        }
+        Ok(total)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<u64, A::Error> {
+        match self.0 {
+            Place::Message => message(map),
+            Place::Part => part(map),
+            _ => text_object(map),
+        }
+    }
+}
+
+/// An object of plain text: its keys and values.
+fn text_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
+    let mut total: u64 = 0;
+    while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
+        let value = map.next_value_seed(Estimate(Place::Text))?;
+        total = total.saturating_add(key.len).saturating_add(value);
+    }
+    Ok(total)
+}
+
+/// A message or input item: `content` (Responses `output`) holds parts.
+fn message<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
+    let mut total: u64 = 0;
+    while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
+        let place = match key.name {
+            KeyName::Content | KeyName::Output => Place::Parts,
+            _ => Place::Text,
+        };
+        let value = map.next_value_seed(Estimate(place))?;
+        total = total.saturating_add(key.len).saturating_add(value);
+    }
+    Ok(total)
+}
+
+/// A member of a content part that can carry media: which key, and in which shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    /// Chat `{"type":"image_url","image_url":{"url":"data:…"}}`.
+    ImageUrlObject,
+    /// vLLM `{"type":"audio_url","audio_url":{"url":"data:…"}}`.
+    AudioUrlObject,
+    /// vLLM `{"type":"video_url","video_url":{"url":"data:…"}}`.
+    VideoUrlObject,
+    /// Responses `{"type":"input_image","image_url":"data:…"}`.
+    ImageUrlString,
+    /// Chat `{"type":"file","file":{"file_data":"data:…"}}`.
+    FileObject,
+    /// Responses `{"type":"input_file","file_data":"data:…"}`.
+    FileDataString,
+    /// `{"type":"input_audio","input_audio":{"data":…,"format":"wav"}}`.
+    InputAudioObject,
+    /// Anthropic `{"type":"image"|"document","source":{"type":"base64","media_type":…,"data":…}}`.
+    SourceObject,
+}
+
+const CARRIERS: usize = 8;
+
+impl Carrier {
+    fn slot(self) -> usize {
+        self as usize
+    }
+
+    /// The carrier a part `type` takes its media in.
+    fn of_part_type(part_type: &str) -> Option<Carrier> {
+        Some(match part_type {
+            "image_url" => Carrier::ImageUrlObject,
+            "audio_url" => Carrier::AudioUrlObject,
+            "video_url" => Carrier::VideoUrlObject,
+            "input_image" => Carrier::ImageUrlString,
+            "file" => Carrier::FileObject,
+            "input_file" => Carrier::FileDataString,
+            "input_audio" => Carrier::InputAudioObject,
+            "image" | "document" => Carrier::SourceObject,
+            _ => return None,
+        })
+    }
+}
+
+/// A part's `type`, as far as media goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartType {
+    None,
+    /// A media part, taking its media in this carrier.
+    Media(Carrier),
+    /// Not a media part, or declared twice differently (a parser may read either): all counts.
+    Text,
+}
+
+impl PartType {
+    fn and(self, seen: PartType) -> PartType {
+        match (self, seen) {
+            (PartType::None, s) => s,
+            (a, b) if a == b => a,
+            _ => PartType::Text,
+        }
+    }
+}
+
+/// One content part. Media payloads are held until the part's end, when its `type` is known:
+/// left out only when they sit in the carrier that type takes media in.
+fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
+    let mut total: u64 = 0;
+    let mut part_type = PartType::None;
+    let mut held = [0u64; CARRIERS];
+    while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
+        total = total.saturating_add(key.len);
+        let member = match key.name {
+            KeyName::Type => {
+                let (bytes, seen) = map.next_value_seed(TypeSeed)?;
+                total = total.saturating_add(bytes);
+                part_type = part_type.and(seen);
+                continue;
+            }
+            // Nested parts (Anthropic `tool_result` content).
+            KeyName::Content => {
+                let n = map.next_value_seed(Estimate(Place::Parts))?;
+                total = total.saturating_add(n);
+                continue;
+            }
+            KeyName::ImageUrl => Member::ImageUrl,
+            KeyName::AudioUrl => Member::Url(Carrier::AudioUrlObject),
+            KeyName::VideoUrl => Member::Url(Carrier::VideoUrlObject),
+            KeyName::File => Member::File,
+            KeyName::FileData => Member::FileData,
+            KeyName::InputAudio => Member::InputAudio,
+            KeyName::Source => Member::Source,
+            _ => {
+                let n = map.next_value_seed(Estimate(Place::Text))?;
+                total = total.saturating_add(n);
+                continue;
+            }
+        };
+        let measured = map.next_value_seed(member)?;
+        total = total.saturating_add(measured.text);
+        if let Some((carrier, bytes)) = measured.media {
+            match held.get_mut(carrier.slot()) {
+                Some(slot) => *slot = slot.saturating_add(bytes),
+                None => total = total.saturating_add(bytes),
+            }
+        }
+    }
+    for (slot, bytes) in held.iter().enumerate() {
+        let media = matches!(part_type, PartType::Media(c) if c.slot() == slot);
+        if !media {
+            total = total.saturating_add(*bytes);
+        }
+    }
+    Ok(total)
+}
+
+/// A part's `type` value: its bytes, and which part it declares.
+struct TypeSeed;
+
+impl<'de> DeserializeSeed<'de> for TypeSeed {
+    type Value = (u64, PartType);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TypeSeed {
+    type Value = (u64, PartType);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        let declared = Carrier::of_part_type(v).map_or(PartType::Text, PartType::Media);
+        Ok((v.len() as u64, declared))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, PartType::Text))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, PartType::Text))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, PartType::Text))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, PartType::Text))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, PartType::Text))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok((Estimate(Place::Text).visit_seq(seq)?, PartType::Text))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok((text_object(map)?, PartType::Text))
+    }
+}
+
+/// A part member that may carry media, measured: the bytes that count, and the bytes that are
+/// media if the part's `type` names this carrier.
+struct Measured {
+    text: u64,
+    media: Option<(Carrier, u64)>,
+}
+
+impl Measured {
+    fn text(text: u64) -> Measured {
+        Measured { text, media: None }
+    }
+}
+
+/// Which media-carrying member of a part is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    /// `image_url`: an object with `url` (chat), or a string (Responses `input_image`).
+    ImageUrl,
+    /// `audio_url` / `video_url`: an object with `url`.
+    Url(Carrier),
+    /// `file`: an object with `file_data`.
+    File,
+    /// `file_data`: a string (Responses `input_file`).
+    FileData,
+    /// `input_audio`: an object with `data` and `format`.
+    InputAudio,
+    /// `source`: an object with `type`, `media_type` and `data`.
+    Source,
+}
+
+impl<'de> DeserializeSeed<'de> for Member {
+    type Value = Measured;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Measured, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Member {
+    type Value = Measured;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Measured, E> {
+        let bytes = v.len() as u64;
+        let carrier = match self {
+            Member::ImageUrl => Carrier::ImageUrlString,
+            Member::FileData => Carrier::FileDataString,
+            _ => return Ok(Measured::text(bytes)),
+        };
+        Ok(if is_binary_data_url(v) {
+            Measured {
+                text: 0,
+                media: Some((carrier, bytes)),
+            }
+        } else {
+            Measured::text(bytes)
+        })
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Measured, E> {
+        Ok(Measured::text(0))
+    }
+
+    fn visit_unit<E>(self) -> Result<Measured, E> {
+        Ok(Measured::text(0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Measured, E> {
+        Ok(Measured::text(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Measured, E> {
+        Ok(Measured::text(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Measured, E> {
+        Ok(Measured::text(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Measured, A::Error> {
+        Ok(Measured::text(Estimate(Place::Text).visit_seq(seq)?))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Measured, A::Error> {
+        let (carrier, payload_key) = match self {
+            Member::ImageUrl => (Carrier::ImageUrlObject, KeyName::Url),
+            Member::Url(carrier) => (carrier, KeyName::Url),
+            Member::File => (Carrier::FileObject, KeyName::FileData),
+            Member::InputAudio => (Carrier::InputAudioObject, KeyName::Data),
+            Member::Source => (Carrier::SourceObject, KeyName::Data),
+            Member::FileData => return Ok(Measured::text(text_object(map)?)),
+        };
+        let mut text: u64 = 0;
+        // Payload strings, media if the object's declarations say so at its end.
+        let mut held: u64 = 0;
+        // Every payload string held is a binary `data:` URL (the URL carriers' declaration).
+        let mut binary_urls = true;
+        let mut declared = Declared::default();
+        while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
+            text = text.saturating_add(key.len);
+            if key.name == payload_key {
+                match map.next_value_seed(PayloadString)? {
+                    PayloadValue::String { bytes, binary_url } => {
+                        held = held.saturating_add(bytes);
+                        binary_urls &= binary_url;
+                    }
+                    PayloadValue::Other(n) => text = text.saturating_add(n),
+                }
+                continue;
+            }
+            let declaration = match (self, key.name) {
+                (Member::Source, KeyName::Type) => Some(Declaration::SourceType),
+                (Member::Source, KeyName::MediaType) => Some(Declaration::MediaType),
+                (Member::InputAudio, KeyName::Format) => Some(Declaration::AudioFormat),
+                _ => None,
+            };
+            let n = match declaration {
+                Some(d) => {
+                    let (n, binary) = map.next_value_seed(DeclarationSeed(d))?;
+                    declared.note(d, binary);
+                    n
+                }
+                None => map.next_value_seed(Estimate(Place::Text))?,
+            };
+            text = text.saturating_add(n);
+        }
+        let binary = match self {
+            Member::ImageUrl | Member::Url(_) | Member::File => binary_urls,
+            Member::InputAudio => declared.only_binary(&[Declaration::AudioFormat]),
+            Member::Source => {
+                declared.only_binary(&[Declaration::SourceType, Declaration::MediaType])
+            }
+            Member::FileData => false,
+        };
+        Ok(if binary && held > 0 {
+            Measured {
+                text,
+                media: Some((carrier, held)),
+            }
+        } else {
+            Measured::text(text.saturating_add(held))
+        })
+    }
+}
+
+/// What a media object declares of its payload's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Declaration {
+    /// Anthropic `source.type`: binary when `base64`.
+    SourceType,
+    /// Anthropic `source.media_type`: binary when an image, audio, video or PDF type.
+    MediaType,
+    /// `input_audio.format`: binary when an audio format.
+    AudioFormat,
+}
+
+/// Per declaration: seen as binary, seen otherwise.
+#[derive(Debug, Default)]
+struct Declared {
+    binary: [bool; 3],
+    other: [bool; 3],
+}
+
+impl Declared {
+    fn note(&mut self, d: Declaration, binary: bool) {
+        let seen = if binary {
+            &mut self.binary
+        } else {
+            &mut self.other
+        };
+        if let Some(s) = seen.get_mut(d as usize) {
+            *s = true;
+        }
+    }
+
+    /// Each of `needed` declared, and only as binary (declared twice differently: a parser may
+    /// read either, so not binary).
+    fn only_binary(&self, needed: &[Declaration]) -> bool {
+        needed.iter().all(|d| {
+            self.binary.get(*d as usize) == Some(&true)
+                && self.other.get(*d as usize) == Some(&false)
+        })
+    }
+}
+
+struct DeclarationSeed(Declaration);
+
+impl<'de> DeserializeSeed<'de> for DeclarationSeed {
+    type Value = (u64, bool);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DeclarationSeed {
+    type Value = (u64, bool);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        let binary = match self.0 {
+            Declaration::SourceType => v == "base64",
+            Declaration::MediaType => is_binary_media_type(v),
+            Declaration::AudioFormat => AUDIO_FORMATS.contains(&v),
+        };
+        Ok((v.len() as u64, binary))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, false))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, false))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, false))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, false))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, false))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok((Estimate(Place::Text).visit_seq(seq)?, false))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok((text_object(map)?, false))
+    }
+}
+
+/// `input_audio.format` values of audio (OpenAI's `wav` and `mp3`, and what servers add).
+const AUDIO_FORMATS: [&str; 9] = [
+    "wav", "mp3", "flac", "ogg", "opus", "aac", "m4a", "webm", "pcm16",
+];
+
+fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
+    s.get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+}
+
+/// A media type a backend decodes as binary media: `image/*`, `audio/*`, `video/*`,
+/// `application/pdf` (case-insensitive, parameters ignored). Anything else (`text/*`, JSON, an
+/// unknown or empty type) is text.
+pub(super) fn is_binary_media_type(media_type: &str) -> bool {
+    let essence = media_type.split(';').next().unwrap_or_default().trim();
+    ["image/", "audio/", "video/"]
+        .iter()
+        .any(|p| starts_with_ignore_case(essence, p) && essence.len() > p.len())
+        || essence.eq_ignore_ascii_case("application/pdf")
+}
+
+/// A `data:` URL (RFC 2397) of a binary media type; one without a type is `text/plain`.
+pub(super) fn is_binary_data_url(s: &str) -> bool {
+    if !starts_with_ignore_case(s, "data:") {
+        return false;
+    }
+    match s.get(5..).and_then(|rest| rest.split_once(',')) {
+        Some((header, _)) => is_binary_media_type(header),
+        None => false,
+    }
+}
+
+/// A payload member's value: a string held until its object's end, or anything else (counted).
+enum PayloadValue {
+    String { bytes: u64, binary_url: bool },
+    Other(u64),
+}
+
+struct PayloadString;
+
+impl<'de> DeserializeSeed<'de> for PayloadString {
+    type Value = PayloadValue;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<PayloadValue, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PayloadString {
+    type Value = PayloadValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::String {
+            bytes: v.len() as u64,
+            binary_url: is_binary_data_url(v),
+        })
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::Other(0))
+    }
+
+    fn visit_unit<E>(self) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::Other(0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::Other(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::Other(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<PayloadValue, E> {
+        Ok(PayloadValue::Other(PROMPT_BYTES_PER_TOKEN))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PayloadValue, A::Error> {
+        Ok(PayloadValue::Other(Estimate(Place::Text).visit_seq(seq)?))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PayloadValue, A::Error> {
+        Ok(PayloadValue::Other(text_object(map)?))
+    }
+}
+
+/// The object keys the estimate tells apart (everything else is [`KeyName::Other`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyName {
+    Content,
+    Output,
+    Type,
+    ImageUrl,
+    AudioUrl,
+    VideoUrl,
+    Url,
+    File,
+    FileData,
+    InputAudio,
+    Source,
+    Data,
+    MediaType,
+    Format,
+    Other,
+}
+
+/// An object key: its length (it counts) and which one it is.
+struct Key {
+    len: u64,
+    name: KeyName,
+}
+
+struct Name(Key);
+
+/// Reads a key in place (borrowed from the body, or the parser's scratch buffer when escaped:
+/// compared decoded, as the backend's parser reads it).
+struct NameSeed;
+
+impl<'de> DeserializeSeed<'de> for NameSeed {
+    type Value = Name;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Name, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameSeed {
+    type Value = Name;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<Name, E> {
+        let name = match key {
+            "content" => KeyName::Content,
+            "output" => KeyName::Output,
+            "type" => KeyName::Type,
+            "image_url" => KeyName::ImageUrl,
+            "audio_url" => KeyName::AudioUrl,
+            "video_url" => KeyName::VideoUrl,
+            "url" => KeyName::Url,
+            "file" => KeyName::File,
+            "file_data" => KeyName::FileData,
+            "input_audio" => KeyName::InputAudio,
+            "source" => KeyName::Source,
+            "data" => KeyName::Data,
+            "media_type" => KeyName::MediaType,
+            "format" => KeyName::Format,
+            _ => KeyName::Other,
+        };
+        Ok(Name(Key {
+            len: key.len() as u64,
+            name,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests;
