@@ -317,9 +317,10 @@ impl Request {
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
-                // The companion authenticates these itself; only the reserved namespace goes.
+                // The companion authenticates these itself; only the reserved namespace (and a
+                // credential header spelt with `_`) goes, in every spelling.
                 for name in headers.names() {
-                    if hygiene::is_reserved(name) {
+                    if hygiene::strip_for_management(name) {
                         host.set_header(Headers::Request, name, None);
                     }
                 }
