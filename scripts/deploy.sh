@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Deploys MaaS Gateway on OpenShift: the companion service (API keys, identity, policy,
-# credentials), its database, the Gateway and the MaaS filter (WasmPlugin) in the Gateway's Envoy.
+# credentials), its database, the Gateway and the MaaS filter (EnvoyFilter maas-filter) in the Gateway's Envoy.
 # Flags and variables follow the reference MaaS deploy script so its users can carry on.
 # `--dry-run` prints every command it would run and the rendered manifests, and changes nothing.
 set -euo pipefail
@@ -68,7 +68,7 @@ usage() {
 Usage: scripts/deploy.sh [options]
 
 Deploys MaaS Gateway on OpenShift (>= 4.19.9, Gateway API): the companion service and its
-database, the Gateway maas-default-gateway and the MaaS filter (WasmPlugin) in its Envoy.
+database, the Gateway maas-default-gateway and the MaaS filter (EnvoyFilter maas-filter) in its Envoy.
 
 Options:
   --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
@@ -574,10 +574,11 @@ render_manifests() {
     echo "images:"
     image_kustomization quay.io/maas-gateway/maas-companion "$MAAS_API_IMAGE"
     echo "patches:"
-    echo "  - target: {group: extensions.istio.io, kind: WasmPlugin, name: maas-filter}"
+    # The module the istio-agent pulls (the EnvoyFilter's extension config, patch 0).
+    echo "  - target: {group: networking.istio.io, kind: EnvoyFilter, name: maas-filter}"
     echo "    patch: |-"
     echo "      - op: replace"
-    echo "        path: /spec/url"
+    echo "        path: /spec/configPatches/0/patch/value/typed_config/config/vm_config/code/remote/http_uri/uri"
     echo "        value: oci://$MAAS_WASM_IMAGE"
     echo "  - target: {group: gateway.networking.k8s.io, kind: Gateway, name: $GATEWAY_NAME}"
     echo "    patch: |-"
@@ -634,9 +635,9 @@ label_routes_namespace() {
 deploy_gateway() {
   log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
   select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  # OpenShift installs its Istio (and the WasmPlugin CRD) once a GatewayClass is accepted.
+  # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
   run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
-  wait_for_crd wasmplugins.extensions.istio.io
+  wait_for_crd envoyfilters.networking.istio.io
   select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
@@ -791,7 +792,7 @@ print_next_steps() {
     echo "MaaS Gateway is deployed."
   fi
   cat <<EOF
-  Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter WasmPlugin maas-filter)
+  Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter EnvoyFilter maas-filter)
   Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE; policy: ConfigMap maas-policy
 
 Mint an API key with your OpenShift identity:
