@@ -748,6 +748,18 @@ apply_manifests() {
   run_stdin "rendered manifests" oc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$RENDERED"
 }
 
+# remove_old_wasmplugin: a deployment made before the filter moved to the EnvoyFilter maas-filter
+# left a WasmPlugin maas-filter behind (apply never deletes). Both would run the filter, each
+# counting every request against the limits: the WasmPlugin goes once the EnvoyFilter is
+# applied (after, not before: in between the Gateway would have no filter at all).
+remove_old_wasmplugin() {
+  if [ "$DRY_RUN" != true ] && ! query oc get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
+    return 0
+  fi
+  log_info "The filter comes from EnvoyFilter maas-filter: removing an older WasmPlugin maas-filter, if any"
+  run oc delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
+}
+
 configure_tls_backend() {
   [ "$ENABLE_TLS_BACKEND" = true ] || return 0
   log_info "TLS backend: the Gateway verifies the companion against the OpenShift service CA"
@@ -869,6 +881,7 @@ main() {
   deploy_database
   deploy_lease_store
   apply_manifests
+  remove_old_wasmplugin
   restart_companion_if_lease_store_changed
   configure_tls_backend
   wait_for_readiness

@@ -286,9 +286,14 @@ order=$(calls full-kustomize | awk '
   /^oc wait --for=condition=Accepted gatewayclass/ { gc = NR }
   /^oc wait --for=condition=Established crd\/envoyfilters/ { crd = NR }
   /^oc apply --server-side --force-conflicts/ { all = NR }
+  /^oc delete wasmplugin maas-filter -n openshift-ingress --ignore-not-found/ { old = NR }
   /^oc rollout status deployment\/maas-companion -n team-maas/ { roll = NR }
-  END { print (gc < crd && crd < all && all < roll) ? "ok" : "bad " gc " " crd " " all " " roll }')
-if [ "$order" = ok ]; then pass "full-kustomize: GatewayClass accepted → EnvoyFilter CRD → apply → rollout"; else fail "full-kustomize: order" "$order"; fi
+  END { print (gc < crd && crd < all && all < old && old < roll) ? "ok" : "bad " gc " " crd " " all " " old " " roll }')
+if [ "$order" = ok ]; then
+  pass "full-kustomize: GatewayClass accepted → EnvoyFilter CRD → apply → an older WasmPlugin maas-filter removed → rollout"
+else
+  fail "full-kustomize: order" "$order"
+fi
 db_secret=$(grep -l "name: maas-db-config" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
 if [ -n "$db_secret" ] && grep -q "DB_CONNECTION_URL: 'postgresql://maas:[0-9a-f]\{48\}@maas-postgres.team-maas.svc:5432/maas?sslmode=disable'" "$db_secret"; then
   pass "full-kustomize: maas-db-config points at the development PostgreSQL with a generated password"
