@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and pushes both MaaS Gateway images — the filter (REPO/maas-filter:TAG, for the
-# WasmPlugin) and the companion (REPO/maas-companion:TAG) — without a container engine, and prints
+# EnvoyFilter maas-filter) and the companion (REPO/maas-companion:TAG) — without a container engine, and prints
 # both pinned references, ready for scripts/deploy.sh:
 #   MAAS_WASM_IMAGE=REPO/maas-filter@sha256:...
 #   MAAS_API_IMAGE=REPO/maas-companion@sha256:...

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the MaaS filter (release .wasm) into an OCI image that Istio accepts for
-# WasmPlugin.spec.url — the equivalent of `FROM scratch` + `COPY plugin.wasm /` — and pushes it
+# Builds the MaaS filter (release .wasm) into an OCI image that Istio's agent pulls for a Wasm
+# module (a WasmPlugin's url, or the oci:// uri of the EnvoyFilter maas-filter's extension
+# config) — the equivalent of `FROM scratch` + `COPY plugin.wasm /` — and pushes it
 # with skopeo. The image is assembled byte for byte by this script (a tar with fixed mtime,
 # owner and mode, gzip without name or time, canonical JSON), so the same .wasm always gives the
 # same digest, on any machine. Prints the digest to pin: IMAGE@sha256:...
@@ -120,4 +121,4 @@ printf '{"architecture":"wasm","os":"wasip1","config":{},"rootfs":{"type":"layer
 info "plugin.wasm $(size "$WASM") bytes, sha256 $(sha256 "$WASM")"
 oci_publish maas-filter "$WORK/config.json" "$WORK/layer.tar.gz" \
   ',"annotations":{"org.opencontainers.image.title":"plugin.wasm"}' \
-  "pin it in the WasmPlugin: url: oci://"
+  "pin it in EnvoyFilter maas-filter (deploy.sh MAAS_WASM_IMAGE): uri: oci://"

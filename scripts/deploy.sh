@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Deploys MaaS Gateway on OpenShift: the companion service (API keys, identity, policy,
-# credentials), its database, the Gateway and the MaaS filter (WasmPlugin) in the Gateway's Envoy.
+# credentials), its database, the Gateway and the MaaS filter (EnvoyFilter maas-filter) in the Gateway's Envoy.
 # Flags and variables follow the reference MaaS deploy script so its users can carry on.
 # `--dry-run` prints every command it would run and the rendered manifests, and changes nothing.
 set -euo pipefail
@@ -72,7 +72,7 @@ usage() {
 Usage: scripts/deploy.sh [options]
 
 Deploys MaaS Gateway on OpenShift (>= 4.19.9, Gateway API): the companion service and its
-database, the Gateway maas-default-gateway and the MaaS filter (WasmPlugin) in its Envoy.
+database, the Gateway maas-default-gateway and the MaaS filter (EnvoyFilter maas-filter) in its Envoy.
 
 Options:
   --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
@@ -587,14 +587,12 @@ render_manifests() {
     echo "images:"
     image_kustomization quay.io/maas-gateway/maas-companion "$MAAS_API_IMAGE"
     echo "patches:"
-    echo "  - target: {group: extensions.istio.io, kind: WasmPlugin, name: maas-filter}"
+    # The module the istio-agent pulls (the EnvoyFilter's extension config, patch 0).
+    echo "  - target: {group: networking.istio.io, kind: EnvoyFilter, name: maas-filter}"
     echo "    patch: |-"
     echo "      - op: replace"
-    echo "        path: /spec/url"
+    echo "        path: /spec/configPatches/0/patch/value/typed_config/config/vm_config/code/remote/http_uri/uri"
     echo "        value: oci://$MAAS_WASM_IMAGE"
-    echo "      - op: replace"
-    echo "        path: /spec/pluginConfig/limits/global/replicas"
-    echo "        value: $GATEWAY_REPLICAS"
     echo "  - target: {version: v1, kind: ConfigMap, name: maas-gateway-options}"
     echo "    patch: |-"
     echo "      - op: replace"
@@ -626,7 +624,9 @@ render_manifests() {
     echo "                env:"
     echo "                  - {name: RUST_LOG, value: $rust_log}"
   } >"$dir/kustomization.yaml"
-  kubectl kustomize "$dir"
+  # The filter's limits.global.replicas follows the Gateway's replica count: the pluginConfig is
+  # a JSON string inside the EnvoyFilter, out of kustomize's reach (its only `"replicas"` key).
+  kubectl kustomize "$dir" | sed "s/\"replicas\": 1\b/\"replicas\": $GATEWAY_REPLICAS/"
 }
 
 gateway_hostname() { echo "maas.${CLUSTER_DOMAIN:-apps.cluster.example.com}"; }
@@ -670,9 +670,9 @@ label_routes_namespace() {
 deploy_gateway() {
   log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
   select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  # OpenShift installs its Istio (and the WasmPlugin CRD) once a GatewayClass is accepted.
+  # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
   run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
-  wait_for_crd wasmplugins.extensions.istio.io
+  wait_for_crd envoyfilters.networking.istio.io
   # The Gateway's pod count first: the Gateway names this ConfigMap (infrastructure.parametersRef).
   log_info "  $GATEWAY_REPLICAS Gateway replica(s) (ConfigMap maas-gateway-options; the filter's limits.global.replicas)"
   select_named "$RENDERED" ConfigMap maas-gateway-options |
@@ -787,6 +787,18 @@ apply_manifests() {
   run_stdin "rendered manifests" oc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$RENDERED"
 }
 
+# remove_old_wasmplugin: a deployment made before the filter moved to the EnvoyFilter maas-filter
+# left a WasmPlugin maas-filter behind (apply never deletes). Both would run the filter, each
+# counting every request against the limits: the WasmPlugin goes once the EnvoyFilter is
+# applied (after, not before: in between the Gateway would have no filter at all).
+remove_old_wasmplugin() {
+  if [ "$DRY_RUN" != true ] && ! query oc get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
+    return 0
+  fi
+  log_info "The filter comes from EnvoyFilter maas-filter: removing an older WasmPlugin maas-filter, if any"
+  run oc delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
+}
+
 configure_tls_backend() {
   [ "$ENABLE_TLS_BACKEND" = true ] || return 0
   log_info "TLS backend: the Gateway verifies the companion against the OpenShift service CA"
@@ -831,7 +843,7 @@ print_next_steps() {
     echo "MaaS Gateway is deployed."
   fi
   cat <<EOF
-  Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter WasmPlugin maas-filter)
+  Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter EnvoyFilter maas-filter)
   Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE; policy: ConfigMap maas-policy
 
 Mint an API key with your OpenShift identity:
@@ -909,6 +921,7 @@ main() {
   deploy_database
   deploy_lease_store
   apply_manifests
+  remove_old_wasmplugin
   restart_companion_if_lease_store_changed
   configure_tls_backend
   wait_for_readiness

@@ -1,4 +1,5 @@
-//! The filter's pluginConfig (the WasmPlugin's `spec.pluginConfig`, JSON).
+//! The filter's pluginConfig (JSON: the Wasm filter config's `configuration`; on the cluster in
+//! the EnvoyFilter maas-filter).
 //!
 //! A config that does not parse or validate makes `on_configure` fail with an error naming the
 //! field: a broken filter must not start and let traffic through.
@@ -21,9 +22,10 @@ pub struct PluginConfig {
     pub failure_mode: FailureMode,
     pub max_request_body_bytes: u64,
     /// Hold a request's headers until its body has been read and decided. Only with Envoy's
-    /// Wasm `allow_on_headers_stop_iteration: true` (else Envoy never hands the body over and
-    /// such requests hang); without it, headers go upstream once the caller is authorised and
-    /// body-stage refusals reset that upstream request.
+    /// Wasm `allow_on_headers_stop_iteration: true`: without it Envoy never hands a held body
+    /// over, which each worker finds out at its first held body (`request::probe_held_headers`)
+    /// and then lets headers go on first. Off: headers go upstream once the caller is
+    /// authorised and body-stage refusals reset that upstream request.
     pub pause_headers_for_body: bool,
     pub bootstrap_policy: Option<PolicyDocument>,
     pub usage: UsageConfig,

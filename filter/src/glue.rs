@@ -170,6 +170,13 @@ impl Host for ProxyHost {
             .flatten()
             .map(lossy)
     }
+
+    fn property_u64(&self, path: &[&str]) -> Option<u64> {
+        hostcalls::get_property(path.to_vec())
+            .ok()
+            .flatten()
+            .and_then(|b| crate::host::property_u64_from(&b))
+    }
 }
 
 struct RootCtx(Root);

@@ -76,6 +76,15 @@ pub trait Host: SharedStore {
     fn record_metric(&self, id: u32, value: u64);
     /// A property of the stream (`["xds", "cluster_name"]`), as UTF-8 (U+FFFD for invalid bytes).
     fn property(&self, path: &[&str]) -> Option<String>;
+    /// A numeric property of the stream (`["request", "total_size"]`: Envoy hands an int64 over
+    /// as 8 little-endian bytes); `None` when absent, malformed or negative.
+    fn property_u64(&self, path: &[&str]) -> Option<u64>;
+}
+
+/// An int64 property as Envoy serialises it (8 little-endian bytes), when not negative.
+pub fn property_u64_from(bytes: &[u8]) -> Option<u64> {
+    let b: [u8; 8] = bytes.try_into().ok()?;
+    u64::try_from(i64::from_le_bytes(b)).ok()
 }
 
 /// A header map as the host hands it over (the proxy-wasm map wire format), read in place: one
@@ -262,6 +271,17 @@ impl HeaderMap {
     }
 
     /// Every name, in the host's order (values not looked at).
+    /// Bytes of every name and value, as Envoy's `HeaderMap::byteSize()` counts them (the
+    /// headers' share of the `request.total_size` property).
+    pub fn byte_size(&self) -> usize {
+        self.spans
+            .iter()
+            .map(|&Span([a, b, c, d])| {
+                (b.saturating_sub(a) as usize).saturating_add(d.saturating_sub(c) as usize)
+            })
+            .sum()
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.spans
             .iter()
@@ -402,6 +422,12 @@ mod tests {
             [(Some("a"), 2), (None, 0), (Some("/v1/chat"), 1)]
         );
         assert!(!m.is_empty());
+        // Envoy's byteSize(): every name and value (5+8, 13+8, 19+1, 5+0, 19+1).
+        assert_eq!(m.byte_size(), 79);
+        assert_eq!(HeaderMap::default().byte_size(), 0);
+        assert_eq!(property_u64_from(&79i64.to_le_bytes()), Some(79));
+        assert_eq!(property_u64_from(&(-1i64).to_le_bytes()), None);
+        assert_eq!(property_u64_from(b"79"), None);
     }
 
     #[test]

@@ -5,20 +5,42 @@ use maas_types::ProviderKind;
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// True for a client header that must not reach a model backend: the user's credential and the
-/// project's reserved namespace (`x-maas-*`), plus the configured extras (lower case).
+/// project's reserved namespace (`x-maas-*`), plus the configured extras (lower case) — in every
+/// spelling a backend may take for them: ASCII case ignored and `_` read as `-` (CGI and WSGI
+/// servers turn `x_maas_user` and `x-maas-user` alike into `HTTP_X_MAAS_USER`).
 pub fn strip_for_model(name: &str, extra: &[String]) -> bool {
-    name.eq_ignore_ascii_case("authorization")
-        || name.eq_ignore_ascii_case("x-api-key")
-        || is_reserved(name)
-        || extra.iter().any(|e| name.eq_ignore_ascii_case(e))
+    is_credential(name) || is_reserved(name) || extra.iter().any(|e| same_header(name, e))
 }
 
-/// `x-maas-*`: never accepted from a client, on any path.
+/// True for a header a management request must not carry: the reserved namespace in any
+/// spelling, and a credential header spelt with `_` (the companion reads the credential from
+/// `authorization` itself, which stays; an underscore spelling can only confuse a backend that
+/// reads `_` as `-`).
+pub fn strip_for_management(name: &str) -> bool {
+    is_reserved(name) || (is_credential(name) && name.contains('_'))
+}
+
+/// `authorization` or `x-api-key`, in any spelling.
+fn is_credential(name: &str) -> bool {
+    same_header(name, "authorization") || same_header(name, "x-api-key")
+}
+
+/// `x-maas-*` in any spelling (`X_MAAS_USER`, `x-maas_groups`): never accepted from a client,
+/// on any path.
 pub fn is_reserved(name: &str) -> bool {
-    name.len() >= 7
-        && name
-            .get(..7)
-            .is_some_and(|p| p.eq_ignore_ascii_case("x-maas-"))
+    name.get(..RESERVED_PREFIX.len())
+        .is_some_and(|p| same_header(p, RESERVED_PREFIX))
+}
+
+const RESERVED_PREFIX: &str = "x-maas-";
+
+/// Header names equal as a backend may read them: ASCII case ignored, `_` and `-` alike.
+pub fn same_header(a: &str, b: &str) -> bool {
+    let fold = |c: u8| match c {
+        b'_' => b'-',
+        c => c.to_ascii_lowercase(),
+    };
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| fold(x) == fold(y))
 }
 
 /// True when a request body of this content type is buffered and read for `model` and
@@ -62,7 +84,7 @@ mod tests {
 
     #[test]
     fn strips_credentials_reserved_and_extras() {
-        let extra = vec!["cookie".to_string()];
+        let extra = vec!["cookie".to_string(), "x-debug-user".to_string()];
         for h in [
             "Authorization",
             "x-api-key",
@@ -70,6 +92,7 @@ mod tests {
             "x-maas-",
             "cookie",
             "COOKIE",
+            "x_debug_user",
         ] {
             assert!(strip_for_model(h, &extra), "{h}");
         }
@@ -79,11 +102,54 @@ mod tests {
             "x-request-id",
             "api-key",
             "anthropic-version",
+            "x_request_id",
+            "x-debug-users",
         ] {
             assert!(!strip_for_model(h, &extra), "{h}");
         }
         assert!(is_reserved("X-MAAS-GROUP"));
         assert!(!is_reserved("x-maasx"));
+    }
+
+    /// Every spelling a CGI/WSGI backend reads as a reserved or credential header goes: `_` for
+    /// `-` anywhere, any case (issue 26 item 5).
+    #[test]
+    fn underscore_and_case_spellings_are_the_same_header() {
+        for h in [
+            "x_maas_user",
+            "X_MAAS_USER",
+            "x-maas_groups",
+            "x_maas-subject",
+            "X_Maas_Subscription",
+            "x_maas_",
+        ] {
+            assert!(is_reserved(h), "{h}");
+            assert!(strip_for_model(h, &[]), "{h}");
+            assert!(strip_for_management(h), "{h}");
+        }
+        for h in ["x_api_key", "X_API_KEY", "x-api_key", "X_Api-Key"] {
+            assert!(strip_for_model(h, &[]), "{h}");
+            assert!(strip_for_management(h), "{h}");
+        }
+        // The companion reads these itself on management paths: they stay there.
+        for h in ["authorization", "Authorization", "x-api-key", "X-API-KEY"] {
+            assert!(!strip_for_management(h), "{h}");
+            assert!(strip_for_model(h, &[]), "{h}");
+        }
+        for h in [
+            "x_maa",
+            "xmaas_user",
+            "x_maasuser",
+            "x-request_id",
+            "x_api_keys",
+        ] {
+            assert!(!strip_for_model(h, &[]), "{h}");
+            assert!(!strip_for_management(h), "{h}");
+        }
+        assert!(same_header("X_A-b", "x-a_B"));
+        assert!(!same_header("x-a", "x-ab"));
+        // Non-ASCII is compared byte for byte, never folded.
+        assert!(!same_header("x-maas-\u{e9}", "x-maas-\u{c9}"));
     }
 
     #[test]

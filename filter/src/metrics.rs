@@ -19,6 +19,10 @@ pub const LEASE_CALLOUTS: &str = "maas_lease_callouts_total";
 pub const LEASE_FALLBACK_ENTERED: &str = "maas_lease_fallback_entered_total";
 /// Gauge: 1 while this replica is in fallback (lease service not answering).
 pub const LEASE_FALLBACK: &str = "maas_lease_fallback";
+/// Gauge: 1 once a worker found that Envoy does not hand the body of a request whose headers
+/// the filter holds (`pauseHeadersForBody` without Envoy's `allow_on_headers_stop_iteration`):
+/// that worker's headers go on before the body again.
+pub const HEADERS_HOLD_UNSUPPORTED: &str = "maas_headers_hold_unsupported";
 /// Usage records a worker dropped (its bound reached, or a report the companion refused).
 pub const USAGE_RECORDS_DROPPED: &str = "maas_usage_records_dropped_total";
 

@@ -333,9 +333,10 @@ impl Request {
         let model_path = match path::classify(full_path, &cfg.management_path_prefix) {
             Ok(PathClass::Model(p)) => p,
             Ok(PathClass::Management) => {
-                // The companion authenticates these itself; only the reserved namespace goes.
+                // The companion authenticates these itself; only the reserved namespace (and a
+                // credential header spelt with `_`) goes, in every spelling.
                 for name in headers.names() {
-                    if hygiene::is_reserved(name) {
+                    if hygiene::strip_for_management(name) {
                         host.set_header(Headers::Request, name, None);
                     }
                 }
@@ -379,7 +380,8 @@ impl Request {
         }
         if !end_of_stream && (self.always_inspect_body || hygiene::inspect_body(content_type)) {
             self.body = BodyState::Buffering;
-            self.hold_headers = cfg.pause_headers_for_body;
+            // Unless this worker found that Envoy would never hand the held body over.
+            self.hold_headers = cfg.pause_headers_for_body && !self.worker.borrow().held.missing();
             self.declared_body_bytes = match (content_length, transfer_encoding) {
                 ((Some(value), 1), None) => declared_length(value),
                 _ => None,
@@ -519,16 +521,25 @@ impl Request {
         self.request_headers = HeaderMap::default();
         self.subject = Some(caller.subject);
         if matches!(self.body, BodyState::Buffering) {
-            // Envoy (without `allow_on_headers_stop_iteration`, as under Istio) hands the body
-            // over only after the headers continue: they go on now, unless held for the body.
+            // Envoy (without `allow_on_headers_stop_iteration`) hands the body over only after
+            // the headers continue: they go on now, unless held for the body.
+            if self.hold_headers && self.worker.borrow().held.missing() {
+                // Found out while this request waited for the companion.
+                self.stop_holding(host);
+            }
             self.phase = Phase::BodyBuffering {
                 headers_held: self.hold_headers,
             };
-            return if self.hold_headers {
-                Step::Wait
-            } else {
-                Step::Continue
-            };
+            if !self.hold_headers {
+                return Step::Continue;
+            }
+            if self.buffered_body_bytes == 0 {
+                self.worker
+                    .borrow_mut()
+                    .held
+                    .watch(self.id, self.me.clone());
+            }
+            return Step::Wait;
         }
         self.admit(host, now_s)
     }
@@ -566,8 +577,31 @@ impl Request {
         Step::Continue
     }
 
+    /// The headers go on before the body after all (this worker found Envoy does not hand a held
+    /// body over): what the default mode does when the headers leave first. The body may be
+    /// rewritten later, so the upstream codec frames it (`content-length` removed).
+    fn stop_holding(&mut self, host: &dyn Host) {
+        self.hold_headers = false;
+        if matches!(self.body, BodyState::Buffering) && !self.discovery {
+            host.set_header(Headers::Request, "content-length", None);
+        }
+        if let Phase::BodyBuffering { headers_held } = &mut self.phase {
+            *headers_held = false;
+        }
+    }
+
+    /// Holding its headers, this request waits for a body that has not reached the filter.
+    fn waits_for_held_body(&self) -> bool {
+        matches!(self.phase, Phase::BodyBuffering { headers_held: true })
+            && self.buffered_body_bytes == 0
+    }
+
     /// Request body chunk (buffered until the end, or until it reaches its declared length).
     fn on_body(&mut self, host: &dyn Host, body_size: usize, end_of_stream: bool) -> Action {
+        if self.hold_headers {
+            // The body of a request whose headers are held reached the filter.
+            self.worker.borrow_mut().held.confirm();
+        }
         if self.body_decided_early {
             return self.after_early_body();
         }
@@ -613,6 +647,9 @@ impl Request {
     /// (or an HTTP/1.1 chunked body with trailers) is decided here, exactly as at the end of a
     /// body, so no request reaches the backend undecided.
     fn on_trailers(&mut self, host: &dyn Host) -> Action {
+        if self.hold_headers {
+            self.worker.borrow_mut().held.confirm();
+        }
         if self.body_decided_early {
             return self.after_early_body();
         }
@@ -1139,6 +1176,77 @@ impl std::ops::Deref for SlotKey {
             SlotKey::Own(k) => k,
         }
     }
+}
+
+/// Every tick, while this worker does not know whether Envoy hands a held request's body to the
+/// filter ([`HoldSupport`](crate::worker::HoldSupport)): for each request still holding its
+/// headers for a body the filter has not seen, compare what Envoy received for the stream
+/// (`request.total_size`: its body bytes plus the header map's bytes) with the header map's
+/// bytes. Body bytes Envoy has and the filter never got mean the Wasm filter runs without
+/// `allow_on_headers_stop_iteration`: the worker stops holding headers, and every watched
+/// request goes on as in the default mode (headers first, then the body Envoy buffered, which
+/// the filter then reads and decides as usual). A client that is merely slow has sent no body
+/// bytes: it is not taken for a missing knob. `root`: the context to leave effective.
+pub fn probe_held_headers(host: &dyn Host, worker: &SharedWorker, root: u32) {
+    let watched = {
+        let mut w = worker.borrow_mut();
+        if w.held.support != crate::worker::HoldSupport::Unknown || w.held.watched.is_empty() {
+            return;
+        }
+        std::mem::take(&mut w.held.watched)
+    };
+    let mut still = Vec::with_capacity(watched.len());
+    let mut missing = false;
+    for (id, weak) in watched {
+        let Some(rc) = weak.upgrade() else { continue };
+        let waits = rc.try_borrow().is_ok_and(|r| r.waits_for_held_body());
+        if !waits {
+            continue;
+        }
+        if !missing && host.set_effective_context(id) {
+            let header_bytes = host.headers(Headers::Request).byte_size() as u64;
+            missing = host
+                .property_u64(&["request", "total_size"])
+                .is_some_and(|total| total > header_bytes);
+        }
+        still.push((id, weak));
+    }
+    if !missing {
+        let mut w = worker.borrow_mut();
+        // Confirmed meanwhile (a body arrived while the list was out): nothing to keep.
+        if w.held.support == crate::worker::HoldSupport::Unknown {
+            w.held.watched.extend(still);
+        }
+        drop(w);
+        host.set_effective_context(root);
+        return;
+    }
+    {
+        let mut w = worker.borrow_mut();
+        w.held.support = crate::worker::HoldSupport::Missing;
+        let gauge = w.metrics.hold_unsupported;
+        if gauge != 0 {
+            host.record_metric(gauge, 1);
+        }
+    }
+    log::error!(
+        "maas: pauseHeadersForBody is on but Envoy does not hand the body of a request whose \
+         headers are held to the filter (the Wasm filter's allow_on_headers_stop_iteration is \
+         not set, or this Envoy is older than 1.35): request headers now go on before the body \
+         on this worker, and a refusal decided on the body resets an upstream request that has \
+         started; set allow_on_headers_stop_iteration: true (docs/deploy.md)"
+    );
+    for (id, weak) in still {
+        let Some(rc) = weak.upgrade() else { continue };
+        let Ok(mut req) = rc.try_borrow_mut() else {
+            continue;
+        };
+        if req.waits_for_held_body() && host.set_effective_context(id) {
+            req.stop_holding(host);
+            host.resume_request();
+        }
+    }
+    host.set_effective_context(root);
 }
 
 /// The body length a request declares in its only `content-length` (the caller counts them):

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub lease_fallback: u32,
     /// Usage records dropped (ledger bound, or a batch the companion refused).
     pub usage_dropped: u32,
+    /// Gauge: Envoy does not hand a held request's body over (see [`HeldHeaders`]).
+    pub hold_unsupported: u32,
     /// (tier, model, prompt id, completion id), defined on first use.
     tokens: Vec<(String, String, u32, u32)>,
     pending: RefCell<Vec<(u32, u64)>>,
@@ -60,6 +62,8 @@ impl Metrics {
             lease_fallback_entered: c(metrics::LEASE_FALLBACK_ENTERED),
             lease_fallback: host.define_metric(MetricKind::Gauge, metrics::LEASE_FALLBACK),
             usage_dropped: c(metrics::USAGE_RECORDS_DROPPED),
+            hold_unsupported: host
+                .define_metric(MetricKind::Gauge, metrics::HEADERS_HOLD_UNSUPPORTED),
             tokens: Vec::new(),
             pending: RefCell::new(Vec::new()),
         }
@@ -157,6 +161,56 @@ pub struct Worker {
     pub ledger: crate::ledger::Ledger,
     /// Refunds folded into the subject's next counter write (`crate::folds`).
     pub folds: crate::folds::Folds,
+    /// Whether Envoy hands over the body of a request whose headers are held
+    /// (`pauseHeadersForBody`), as far as this worker has seen.
+    pub held: HeldHeaders,
+}
+
+/// Whether Envoy hands the body of a request whose headers the filter holds to the filter.
+/// Envoy does only with the Wasm filter's `allow_on_headers_stop_iteration: true` (Envoy 1.35 or
+/// newer); without it (an older Envoy, or a control plane that dropped the field) Envoy turns the
+/// filter's pause into StopAllIterationAndWatermark: the body is buffered in Envoy and never
+/// reaches the filter, and the request would wait until a timeout.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum HoldSupport {
+    /// Nothing seen yet: held requests are watched.
+    #[default]
+    Unknown,
+    /// A held request's body reached the filter.
+    Confirmed,
+    /// Envoy received a held request's body bytes and the filter did not: headers go on before
+    /// the body on this worker from now on (the default mode's guarantees).
+    Missing,
+}
+
+/// This worker's view of [`HoldSupport`] and, while it is unknown, the requests holding their
+/// headers for a body that has not reached the filter yet (the root's tick looks at them:
+/// `crate::request::probe_held_headers`).
+#[derive(Debug, Default)]
+pub struct HeldHeaders {
+    pub support: HoldSupport,
+    pub watched: Vec<(u32, std::rc::Weak<RefCell<Request>>)>,
+}
+
+impl HeldHeaders {
+    /// A request now holds its headers for its body (watched only while support is unknown).
+    pub fn watch(&mut self, id: u32, request: std::rc::Weak<RefCell<Request>>) {
+        if self.support == HoldSupport::Unknown {
+            self.watched.push((id, request));
+        }
+    }
+
+    /// A held request's body (or trailers) reached the filter: Envoy hands it over.
+    pub fn confirm(&mut self) {
+        if self.support == HoldSupport::Unknown {
+            self.support = HoldSupport::Confirmed;
+            self.watched = Vec::new();
+        }
+    }
+
+    pub fn missing(&self) -> bool {
+        self.support == HoldSupport::Missing
+    }
 }
 
 pub type SharedWorker = Rc<RefCell<Worker>>;
@@ -240,6 +294,7 @@ impl Root {
 
     /// Every [`TICK_MS`]: hand counters to the host; poll when due.
     pub fn tick(&mut self, host: &dyn Host) {
+        crate::request::probe_held_headers(host, &self.worker, self.id);
         let (cfg, policy_etag, cred_etag, have_policy_answer) = {
             let w = self.worker.borrow();
             w.metrics.flush(host);

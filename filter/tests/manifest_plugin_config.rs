@@ -1,6 +1,7 @@
-//! The WasmPlugin manifests and the filter cannot drift: every overlay under wasm-plugin-crs/ is
-//! rendered with `kubectl kustomize`, and each WasmPlugin's `spec.pluginConfig` goes through the
-//! filter's own parser, `PluginConfig::parse` — the function `on_configure` calls. The policy
+//! The manifests and the filter cannot drift: every overlay under wasm-plugin-crs/ is rendered
+//! with `kubectl kustomize`, and the pluginConfig of the EnvoyFilter maas-filter (the JSON
+//! `configuration` of the Wasm extension config it adds) goes through the filter's own parser,
+//! `PluginConfig::parse` — the function `on_configure` calls. The policy
 //! ConfigMap goes through `maas_types`' policy parser, as the companion and the filter use it.
 //! Broken copies must be refused with an error that names the field.
 //!
@@ -147,6 +148,31 @@ fn gateway_pods(objects: &[Value]) -> Result<u32, String> {
         ))
 }
 
+/// The Wasm extension configs the EnvoyFilters add (ECDS), each with its pluginConfig (JSON).
+fn plugin_configs(objects: &[Value]) -> Result<Vec<(&Value, Value)>, String> {
+    of_kind(objects, "EnvoyFilter")
+        .flat_map(|f| {
+            f.pointer("/spec/configPatches")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+        })
+        .filter(|p| p.get("applyTo").is_some_and(|a| a == "EXTENSION_CONFIG"))
+        .map(|p| {
+            let config = p
+                .pointer("/patch/value/typed_config/config")
+                .ok_or("an extension config without a Wasm config")?;
+            let json = config
+                .pointer("/configuration/value")
+                .and_then(Value::as_str)
+                .ok_or("an extension config without a JSON configuration")?;
+            let plugin: Value = serde_json::from_str(json)
+                .map_err(|e| format!("the pluginConfig is not JSON: {e}"))?;
+            Ok((config, plugin))
+        })
+        .collect()
+}
+
 fn parse(config: &Value) -> Result<PluginConfig, String> {
     let bytes = serde_json::to_vec(config).map_err(|e| e.to_string())?;
     PluginConfig::parse(&bytes).map_err(|e| e.to_string())
@@ -163,17 +189,35 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
     for overlay in &overlays {
         let name = overlay.display();
         let objects = render(&kubectl, overlay)?;
-        let plugins: Vec<&Value> = of_kind(&objects, "WasmPlugin").collect();
-        assert_eq!(plugins.len(), 1, "{name}: one WasmPlugin expected");
+        assert_eq!(
+            of_kind(&objects, "WasmPlugin").count(),
+            0,
+            "{name}: the filter comes from the EnvoyFilter maas-filter, never also a WasmPlugin"
+        );
+        let plugins = plugin_configs(&objects).map_err(|e| format!("{name}: {e}"))?;
+        assert_eq!(
+            plugins.len(),
+            1,
+            "{name}: one Wasm extension config expected"
+        );
         let service = of_kind(&objects, "Service")
             .find(|s| s["metadata"]["name"] == "maas-companion")
             .ok_or(format!("{name}: no Service maas-companion"))?;
         let namespace = service["metadata"]["namespace"]
             .as_str()
             .ok_or(format!("{name}: Service without namespace"))?;
-        for plugin in plugins {
-            let raw = &plugin["spec"]["pluginConfig"];
+        for (wasm, raw) in &plugins {
             let config = parse(raw).map_err(|e| format!("{name}: the filter refuses {e}"))?;
+            // Holding headers needs Envoy's knob beside the flag: both or neither.
+            assert_eq!(
+                config.pause_headers_for_body,
+                wasm["allow_on_headers_stop_iteration"] == true,
+                "{name}: pauseHeadersForBody and allow_on_headers_stop_iteration go together"
+            );
+            assert!(
+                config.pause_headers_for_body,
+                "{name}: headers held for the body"
+            );
             let fqdn = format!("maas-companion.{namespace}.svc.cluster.local");
             // The cluster the filter calls is the one the EnvoyFilter adds to the Gateway's
             // Envoy (not Istio's generated `outbound|8081||…`, which a gateway filtering its
@@ -197,7 +241,13 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
                 ["address"]["socket_address"];
             assert_eq!(address["address"], fqdn.as_str(), "{name}");
             assert_eq!(address["port_value"], 8081, "{name}");
-            assert_eq!(config.companion.authority, fqdn, "{name}");
+            // The callouts' :authority: the companion's name, or the cluster's (the default).
+            assert!(
+                [fqdn.as_str(), config.companion.cluster.as_str()]
+                    .contains(&config.companion.authority.as_str()),
+                "{name}: authority {}",
+                config.companion.authority
+            );
             assert_eq!(config.management_path_prefix, "/maas-api", "{name}");
             // In fallback each replica admits within limit ÷ limits.global.replicas: the count
             // must be the Gateway's pods (its Deployment, patched by the ConfigMap the Gateway
@@ -230,9 +280,9 @@ fn every_overlay_renders_a_plugin_config_the_filter_accepts() -> Result<(), Stri
             "{name}: the sample policy has models"
         );
         // ... and the filter takes it as its bootstrap policy too.
-        let mut with_bootstrap = of_kind(&objects, "WasmPlugin")
-            .next()
-            .map(|p| p["spec"]["pluginConfig"].clone())
+        let mut with_bootstrap = plugin_configs(&objects)?
+            .first()
+            .map(|(_, p)| p.clone())
             .unwrap_or_default();
         with_bootstrap["bootstrapPolicy"] = policy_json;
         let config = parse(&with_bootstrap).map_err(|e| {
@@ -249,10 +299,10 @@ fn broken_copies_of_the_rendered_plugin_config_are_refused_naming_the_field() ->
     let kubectl = kubectl()?;
     let overlay = workspace_root().join("wasm-plugin-crs/overlays/odh");
     let objects = render(&kubectl, &overlay)?;
-    let rendered = of_kind(&objects, "WasmPlugin")
-        .next()
-        .map(|p| p["spec"]["pluginConfig"].clone())
-        .ok_or("no WasmPlugin in overlays/odh")?;
+    let rendered = plugin_configs(&objects)?
+        .first()
+        .map(|(_, p)| p.clone())
+        .ok_or("no Wasm extension config in overlays/odh")?;
     parse(&rendered).map_err(|e| format!("the unbroken copy must parse: {e}"))?;
 
     type Breakage = (&'static str, fn(&mut Value), &'static str);

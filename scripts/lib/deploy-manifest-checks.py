@@ -9,7 +9,11 @@
    only the Gateway's pods, the metrics port only Prometheus (which reaches no other port); the
    Service exposes the three ports; the companion runs hardened with probes, resources and its
    database Secret; TLS objects are present exactly when TLS is on; objects land in the expected
-   namespaces; the filter's companion cluster is the one the EnvoyFilter adds to the Gateway's
+   namespaces; the filter is installed by the EnvoyFilter maas-filter (first in the Gateway's
+   HTTP filters, its configuration over ECDS, fail closed, headers held for the body: the filter's
+   pauseHeadersForBody and Envoy's allow_on_headers_stop_iteration always together, no WasmPlugin
+   beside it); the Gateway's connection manager refuses underscore header names; the filter's
+   companion cluster is the one the EnvoyFilter adds to the Gateway's
    Envoy (to the internal port, with TLS exactly when TLS is on); the ServiceMonitor, PodMonitor
    and PrometheusRules scrape the right ports and their alerts name only metrics the filter and
    the companion export (read from their sources); the Gateway's pod count (its parametersRef
@@ -23,6 +27,7 @@ Usage: deploy-manifest-checks.py --schemas DIR [--namespace NS] [--tls on|off|an
 """
 
 import argparse
+import json
 import pathlib
 import re
 import sys
@@ -44,6 +49,13 @@ COMPANION_CLUSTER_FILTER = "maas-companion-cluster"
 # The Gateway's Deployment options (Gateway.spec.infrastructure.parametersRef): its pod count,
 # which the filter's limits.global.replicas must repeat.
 GATEWAY_OPTIONS = "maas-gateway-options"
+# The EnvoyFilter installing the filter (ECDS), and the one setting the connection manager.
+FILTER_ENVOYFILTER = "maas-filter"
+HCM_ENVOYFILTER = "maas-gateway-connection-manager"
+HCM = "envoy.filters.network.http_connection_manager"
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Container port name → number; NetworkPolicies may name either.
 COMPANION_PORTS = {"public": PUBLIC_PORT, "internal": INTERNAL_PORT, "metrics": METRICS_PORT}
@@ -134,8 +146,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         assert ns, "the companion Service has no namespace"
         if namespace:
             assert ns == namespace, f"companion namespace {ns}, expected {namespace}"
-        gateway_side = {("WasmPlugin", "maas-filter"), ("Gateway", GATEWAY_NAME),
-                        ("ConfigMap", GATEWAY_OPTIONS),
+        gateway_side = {("EnvoyFilter", FILTER_ENVOYFILTER), ("EnvoyFilter", HCM_ENVOYFILTER),
+                        ("Gateway", GATEWAY_NAME), ("ConfigMap", GATEWAY_OPTIONS),
                         ("DestinationRule", "maas-companion-tls"),
                         ("EnvoyFilter", COMPANION_CLUSTER_FILTER), ("PodMonitor", "maas-gateway-envoy"),
                         ("PrometheusRule", "maas-gateway-alerts")}
@@ -157,27 +169,95 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
                     assert s.get("namespace") == ns, f"{d['kind']} {d['metadata']['name']} binds {s}"
     check("namespaces: companion objects together, gateway objects in openshift-ingress", namespaces)
 
-    def wasmplugin():
-        wp = one(docs, "WasmPlugin", "maas-filter")
-        spec = wp["spec"]
-        refs = spec.get("targetRefs", [])
-        assert refs == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": GATEWAY_NAME}], refs
-        assert spec["url"].startswith("oci://"), spec["url"]
-        assert spec.get("imagePullPolicy") in ("IfNotPresent", "Always"), spec.get("imagePullPolicy")
-        assert spec.get("phase") == "AUTHN", spec.get("phase")
-        assert spec.get("failStrategy") == "FAIL_CLOSE", spec.get("failStrategy")
-        companion = spec["pluginConfig"]["companion"]
+    def wasm_extension():
+        """The filter's Wasm config (the EXTENSION_CONFIG the EnvoyFilter maas-filter adds) and
+        its pluginConfig (JSON)."""
+        ef = one(docs, "EnvoyFilter", FILTER_ENVOYFILTER)
+        adds = [p for p in ef["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG"]
+        assert len(adds) == 1, f"{len(adds)} EXTENSION_CONFIG patches in EnvoyFilter {FILTER_ENVOYFILTER}"
+        value = adds[0]["patch"]["value"]
+        config = value["typed_config"]["config"]
+        plugin = json.loads(config["configuration"]["value"])
+        return ef, adds[0], value, config, plugin
+
+    def filter_install():
+        # One way in only: a WasmPlugin beside the EnvoyFilter would run the filter twice, and
+        # a WasmPlugin cannot set allow_on_headers_stop_iteration.
+        for wp in find(docs, "WasmPlugin"):
+            raise AssertionError(f"WasmPlugin {wp['metadata']['name']} rendered: the filter comes from "
+                                 f"EnvoyFilter {FILTER_ENVOYFILTER} only")
+        ef, add, value, config, plugin = wasm_extension()
+        selector = ef["spec"].get("workloadSelector", {}).get("labels")
+        assert selector == dict([GATEWAY_POD_LABEL]), \
+            f"EnvoyFilter {FILTER_ENVOYFILTER} selects {selector}, expected the Gateway's pods"
+        assert add["patch"]["operation"] == "ADD", add["patch"]["operation"]
+        assert add.get("match", {}).get("context") == "GATEWAY", add.get("match")
+        assert value["typed_config"]["@type"] == WASM_TYPE, value["typed_config"]["@type"]
+        inserts = [p for p in ef["spec"]["configPatches"] if p["applyTo"] == "HTTP_FILTER"]
+        assert len(inserts) == 1, f"{len(inserts)} HTTP_FILTER patches in EnvoyFilter {FILTER_ENVOYFILTER}"
+        ins = inserts[0]
+        assert ins["patch"]["operation"] == "INSERT_FIRST", \
+            f"HTTP filter inserted with {ins['patch']['operation']}: it must run first (nothing before it)"
+        assert ins.get("match", {}).get("context") == "GATEWAY", ins.get("match")
+        assert ins["match"]["listener"]["filterChain"]["filter"]["name"] == HCM, ins["match"]
+        http_filter = ins["patch"]["value"]
+        assert http_filter["name"] == value["name"], \
+            f"the HTTP filter asks ECDS for {http_filter['name']!r}, the extension config is {value['name']!r}"
+        cd = http_filter["config_discovery"]
+        assert "ads" in cd["config_source"], cd["config_source"]
+        assert cd["config_source"].get("initial_fetch_timeout") == "0s", \
+            "initial_fetch_timeout must be 0s: the listener waits for the filter instead of running without it"
+        assert WASM_TYPE in cd["type_urls"] and RBAC_TYPE in cd["type_urls"], \
+            f"type_urls {cd['type_urls']}: the Wasm filter and the RBAC filter Istio's agent puts in " \
+            "place of a module it cannot fetch (fail closed)"
+        assert config.get("failure_policy") == "FAIL_CLOSED", \
+            f"failure_policy {config.get('failure_policy')}, expected FAIL_CLOSED"
+        assert config.get("fail_open") in (None, False), "fail_open set"
+        remote = config["vm_config"]["code"]["remote"]["http_uri"]["uri"]
+        assert remote.startswith("oci://"), f"module url {remote!r}: expected oci://"
+        env = config["vm_config"].get("environment_variables", {}).get("key_values", {})
+        assert env.get("ISTIO_META_WASM_IMAGE_PULL_POLICY") in ("IfNotPresent", "Always"), env
+        pause = plugin.get("pauseHeadersForBody", False) is True
+        knob = config.get("allow_on_headers_stop_iteration", False) is True
+        assert pause == knob, \
+            f"pauseHeadersForBody {pause} but allow_on_headers_stop_iteration {knob}: both or neither " \
+            "(the flag alone makes Envoy never hand a held body over)"
+        assert pause, "headers are not held for the body: a refusal on the body would open an upstream request"
+        companion = plugin["companion"]
         assert companion["cluster"] == COMPANION_CLUSTER, \
             f"cluster {companion['cluster']!r}, expected {COMPANION_CLUSTER!r} (the EnvoyFilter's cluster)"
-        assert companion.get("authority") == fqdn, f"authority {companion.get('authority')!r}, expected {fqdn!r}"
-        assert spec["pluginConfig"].get("failureMode", "closed") == "closed", "failureMode must stay closed"
-        glob = spec["pluginConfig"].get("limits", {}).get("global", {})
+        assert companion.get("authority") in (None, fqdn), \
+            f"authority {companion.get('authority')!r}, expected {fqdn!r} or none (the cluster's name)"
+        assert plugin.get("failureMode", "closed") == "closed", "failureMode must stay closed"
+        glob = plugin.get("limits", {}).get("global", {})
         assert glob.get("enabled", True) is True, \
             "limits.global.enabled is off: every Gateway replica counts alone (N replicas allow N× a tier)"
         assert glob.get("onUnavailable", "fallback") in ("fallback", "refuse"), glob.get("onUnavailable")
         ports = {p["port"] for p in svc["spec"]["ports"]}
         assert {PUBLIC_PORT, INTERNAL_PORT} <= ports, f"Service ports {ports}"
-    check("WasmPlugin: Gateway target, AUTHN, FAIL_CLOSE, cluster = the EnvoyFilter's companion cluster", wasmplugin)
+    check("filter: EnvoyFilter maas-filter inserts it first over ECDS, fail closed, headers held for the body "
+          "(pauseHeadersForBody with allow_on_headers_stop_iteration), cluster = the EnvoyFilter's companion "
+          "cluster, no WasmPlugin", filter_install)
+
+    def connection_manager():
+        ef = one(docs, "EnvoyFilter", HCM_ENVOYFILTER)
+        selector = ef["spec"].get("workloadSelector", {}).get("labels")
+        assert selector == dict([GATEWAY_POD_LABEL]), \
+            f"EnvoyFilter {HCM_ENVOYFILTER} selects {selector}, expected the Gateway's pods"
+        actions = []
+        for p in ef["spec"]["configPatches"]:
+            if p["applyTo"] != "NETWORK_FILTER" or p["patch"]["operation"] != "MERGE":
+                continue
+            assert p.get("match", {}).get("context") == "GATEWAY", p.get("match")
+            assert p["match"]["listener"]["filterChain"]["filter"]["name"] == HCM, p["match"]
+            tc = p["patch"]["value"]["typed_config"]
+            assert tc["@type"] == HCM_TYPE, tc["@type"]
+            actions.append(tc.get("common_http_protocol_options", {}).get("headers_with_underscores_action"))
+        assert actions and all(a in ("REJECT_REQUEST", "DROP_HEADER") for a in actions), \
+            f"headers_with_underscores_action {actions}: the Gateway lets x_maas_user through " \
+            "(CGI/WSGI backends read it as x-maas-user)"
+    check("connection manager: the Gateway refuses header names with underscores "
+          "(headers_with_underscores_action)", connection_manager)
 
     def gateway_replicas():
         gw = one(docs, "Gateway", GATEWAY_NAME)
@@ -190,8 +270,7 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         patch = yaml.safe_load(cm["data"]["deployment"]) or {}
         pods = patch.get("spec", {}).get("replicas")
         assert isinstance(pods, int) and pods >= 1, f"the Gateway's deployment patch sets replicas {pods!r}"
-        wp = one(docs, "WasmPlugin", "maas-filter")
-        glob = wp["spec"]["pluginConfig"].get("limits", {}).get("global", {})
+        glob = wasm_extension()[4].get("limits", {}).get("global", {})
         assert glob.get("replicas") == pods, \
             f"limits.global.replicas {glob.get('replicas')!r} but the Gateway runs {pods} replicas: in " \
             "fallback each replica admits limit ÷ that number, so a smaller one lets them exceed the limit"
@@ -199,8 +278,7 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
           gateway_replicas)
 
     def companion_cluster():
-        wp = one(docs, "WasmPlugin", "maas-filter")
-        name = wp["spec"]["pluginConfig"]["companion"]["cluster"]
+        name = wasm_extension()[4]["companion"]["cluster"]
         adding = [(f, p) for f in find(docs, "EnvoyFilter") for p in f["spec"]["configPatches"]
                   if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"
                   and p["patch"].get("value", {}).get("name") == name]
@@ -267,7 +345,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
                         assert metric in known, \
                             f"alert {rule.get('alert')} uses unknown metric {metric} (not exported by the filter or companion)"
         want = {"MaaSCompanionDown", "MaaSFilterUnavailableDecisionsRising", "MaaSFilterCalloutFailures",
-                "MaaSPolicyRejected", "MaaSFilterPolicyRejected", "MaaSLeaseStoreDown", "MaaSGatewayLeaseFallback"}
+                "MaaSPolicyRejected", "MaaSFilterPolicyRejected", "MaaSLeaseStoreDown", "MaaSGatewayLeaseFallback",
+                "MaaSFilterHeadersNotHeld"}
         assert want <= alerts, f"missing alerts {sorted(want - alerts)}"
     check("monitoring: ServiceMonitor on the metrics port (HTTPS with TLS on), PodMonitor on the "
           "Gateway's Envoy, alerts on exported metrics only", monitoring)

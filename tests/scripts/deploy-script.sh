@@ -191,7 +191,7 @@ printf 'build-images: pushed\nMAAS_WASM_IMAGE=127.0.0.1:5000/maas/maas-filter@%s
 run_deploy images-file -- --dry-run --deployment-mode kustomize --images "$WORK/images.env"
 expect_exit images-file 0 "DRY RUN MODE"
 expect_output images-file "image: 127.0.0.1:5000/maas/maas-companion@$DIGEST_C" \
-  "url: oci://127.0.0.1:5000/maas/maas-filter@$DIGEST_C" "companion image:   127.0.0.1:5000/maas/maas-companion@$DIGEST_C"
+  "uri: oci://127.0.0.1:5000/maas/maas-filter@$DIGEST_C" "companion image:   127.0.0.1:5000/maas/maas-companion@$DIGEST_C"
 expect_absent images-file "is a tag, not a digest"
 head -n 2 "$WORK/images.env" >"$WORK/images-half.env"
 run_deploy images-file-incomplete -- --dry-run --images "$WORK/images-half.env"
@@ -207,8 +207,8 @@ expect_exit dry-kustomize 0 "DRY RUN MODE - no changes will be applied"
 expect_output dry-kustomize "Dry run finished: nothing was changed."
 expect_absent dry-kustomize "MaaS Gateway is deployed."
 expect_no_mutation dry-kustomize
-expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "url: oci://$WASM_IMG" \
-  "namespace: my-maas" "cluster: maas-companion-internal" "kind: EnvoyFilter" "name: maas-companion-cluster" \
+expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "uri: oci://$WASM_IMG" \
+  "namespace: my-maas" "\"cluster\": \"maas-companion-internal\"" "kind: EnvoyFilter" "name: maas-companion-cluster" \
   "address: maas-companion.my-maas.svc.cluster.local" "sni: maas-companion.my-maas.svc" \
   "kind: PrometheusRule" "MAAS_API_IMAGE $API_IMG is a tag, not a digest" \
   "hostname: maas.apps.test.example.com" "+ oc apply --server-side --force-conflicts" \
@@ -274,12 +274,14 @@ expect_output dry-gateway-replicas "Gateway replicas:  3" \
 checks_pass dry-gateway-replicas no gw-ns
 rendered dry-gateway-replicas >"$WORK/dry-gateway-replicas.yaml"
 if "$DEPLOY_VENV/bin/python" - "$WORK/dry-gateway-replicas.yaml" <<'PYEOF'; then
-import sys, yaml
+import json, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "maas-gateway-options")
-wp = next(d for d in docs if d["kind"] == "WasmPlugin")
+ef = next(d for d in docs if d["kind"] == "EnvoyFilter" and d["metadata"]["name"] == "maas-filter")
+ext = next(p for p in ef["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
+plugin = json.loads(ext["patch"]["value"]["typed_config"]["config"]["configuration"]["value"])
 assert yaml.safe_load(cm["data"]["deployment"])["spec"]["replicas"] == 3, cm
-assert wp["spec"]["pluginConfig"]["limits"]["global"]["replicas"] == 3, wp["spec"]["pluginConfig"]
+assert plugin["limits"]["global"]["replicas"] == 3, plugin
 PYEOF
   pass "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas"
 else
@@ -314,11 +316,16 @@ fi
 order=$(calls full-kustomize | awk '
   /^oc apply/ && seen_gc == 0 { first_apply = NR }
   /^oc wait --for=condition=Accepted gatewayclass/ { gc = NR }
-  /^oc wait --for=condition=Established crd\/wasmplugins/ { crd = NR }
+  /^oc wait --for=condition=Established crd\/envoyfilters/ { crd = NR }
   /^oc apply --server-side --force-conflicts/ { all = NR }
+  /^oc delete wasmplugin maas-filter -n openshift-ingress --ignore-not-found/ { old = NR }
   /^oc rollout status deployment\/maas-companion -n team-maas/ { roll = NR }
-  END { print (gc < crd && crd < all && all < roll) ? "ok" : "bad " gc " " crd " " all " " roll }')
-if [ "$order" = ok ]; then pass "full-kustomize: GatewayClass accepted → WasmPlugin CRD → apply → rollout"; else fail "full-kustomize: order" "$order"; fi
+  END { print (gc < crd && crd < all && all < old && old < roll) ? "ok" : "bad " gc " " crd " " all " " old " " roll }')
+if [ "$order" = ok ]; then
+  pass "full-kustomize: GatewayClass accepted → EnvoyFilter CRD → apply → an older WasmPlugin maas-filter removed → rollout"
+else
+  fail "full-kustomize: order" "$order"
+fi
 db_secret=$(grep -l "name: maas-db-config" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
 if [ -n "$db_secret" ] && grep -q "DB_CONNECTION_URL: 'postgresql://maas:[0-9a-f]\{48\}@maas-postgres.team-maas.svc:5432/maas?sslmode=disable'" "$db_secret"; then
   pass "full-kustomize: maas-db-config points at the development PostgreSQL with a generated password"
@@ -336,11 +343,11 @@ if grep -l "name: maas-companion-ca" "$WORK/full-kustomize.state"/stdin.* >/dev/
 else
   fail "full-kustomize: TLS on → Secret maas-companion-ca" "not applied"
 fi
-manifests=$(grep -l "kind: WasmPlugin" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
-if [ -n "$manifests" ] && grep -q "url: oci://$WASM_IMG" "$manifests" && grep -q "namespace: team-maas" "$manifests"; then
+manifests=$(grep -l "kind: EnvoyFilter" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
+if [ -n "$manifests" ] && grep -q "uri: oci://$WASM_IMG" "$manifests" && grep -q "namespace: team-maas" "$manifests"; then
   pass "full-kustomize: applied manifests carry the wasm image and the namespace"
 else
-  fail "full-kustomize: applied manifests carry the wasm image and the namespace" "${manifests:-no WasmPlugin applied}"
+  fail "full-kustomize: applied manifests carry the wasm image and the namespace" "${manifests:-no EnvoyFilter applied}"
 fi
 
 # Applied twice: the second run on the same cluster sends exactly the same changes (server-side
@@ -367,19 +374,19 @@ if [ -s "$WORK/run1.changes" ] && cmp -s "$WORK/run1.changes" "$WORK/run2.change
 else
   fail "applied twice: the second run sends the same changes" "$(diff "$WORK/run1.changes" "$WORK/run2.changes" | head -n 8)"
 fi
-# A new filter digest: the only document that changes is the WasmPlugin's url (Istio then fetches
-# the new module and swaps it in; see docs/deploy.md).
+# A new filter digest: the only document that changes is the module's uri in the EnvoyFilter
+# maas-filter's extension config (Istio then fetches the new module and swaps it in; see
+# docs/deploy.md).
 KEEP_STATE=full-kustomize run_deploy full-kustomize-new-wasm MAAS_WASM_IMAGE="registry.example.com:5000/team/maas-filter@$DIGEST_C" \
   -- --deployment-mode kustomize --namespace team-maas
 expect_exit full-kustomize-new-wasm 0 "MaaS Gateway is deployed."
 changes full-kustomize $((second_calls + 1)) 1000000 >"$WORK/run3.changes"
-delta=$(diff "$WORK/run2.changes" "$WORK/run3.changes" | grep '^[<>]')
-if [ "$delta" = "< url: oci://$WASM_IMG
-> url: oci://registry.example.com:5000/team/maas-filter@$DIGEST_C" ] || [ "$delta" = "<   url: oci://$WASM_IMG
->   url: oci://registry.example.com:5000/team/maas-filter@$DIGEST_C" ]; then
-  pass "a new filter digest changes the WasmPlugin url and nothing else"
+delta=$(diff "$WORK/run2.changes" "$WORK/run3.changes" | grep '^[<>]' | sed 's/^\([<>]\) */\1 /')
+if [ "$delta" = "< uri: oci://$WASM_IMG
+> uri: oci://registry.example.com:5000/team/maas-filter@$DIGEST_C" ]; then
+  pass "a new filter digest changes the module's uri in EnvoyFilter maas-filter and nothing else"
 else
-  fail "a new filter digest changes the WasmPlugin url and nothing else" "$(head -n 6 <<<"$delta")"
+  fail "a new filter digest changes the module's uri in EnvoyFilter maas-filter and nothing else" "$(head -n 6 <<<"$delta")"
 fi
 
 # A given Redis: the URL goes into Secret maas-redis on stdin, never onto a command line or the

@@ -147,6 +147,60 @@ if [ -n "$ENVOY_BIN" ] && [ -s "$WORK/odh-bootstrap.json" ]; then
   fi
 fi
 
+# ... and the connection manager settings the EnvoyFilter maas-gateway-connection-manager merges
+# into the Gateway's HTTP connection manager: merged (as istiod's protobuf MERGE does, field by
+# field) into a connection manager like the one Istio generates, and validated by Envoy. A
+# misspelt value is refused.
+hcm_bootstrap() { # hcm_bootstrap RENDER OUT [BREAK]
+  "$PY" - "$@" <<'PYEOF'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ef = next(d for d in docs if d["kind"] == "EnvoyFilter" and d["metadata"]["name"] == "maas-gateway-connection-manager")
+def merge(base, extra):
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merge(base[k], v)
+        else:
+            base[k] = v
+hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+       "stat_prefix": "outbound_0.0.0.0_8080", "use_remote_address": True,
+       "common_http_protocol_options": {"idle_timeout": "3600s"},
+       "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+           {"match": {"prefix": "/"}, "direct_response": {"status": 200}}]}]},
+       "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+           "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+for p in ef["spec"]["configPatches"]:
+    assert p["applyTo"] == "NETWORK_FILTER" and p["patch"]["operation"] == "MERGE", p
+    value = dict(p["patch"]["value"]["typed_config"])
+    assert value.pop("@type") == hcm["@type"]
+    merge(hcm, value)
+if len(sys.argv) > 3:
+    hcm["common_http_protocol_options"]["headers_with_underscores_action"] = sys.argv[3]
+json.dump({"static_resources": {"listeners": [{"name": "gateway", "address": {"socket_address": {
+    "address": "127.0.0.1", "port_value": 8080}}, "filter_chains": [{"filters": [{
+    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}]}]}},
+    open(sys.argv[2], "w"))
+PYEOF
+}
+if [ -n "$ENVOY_BIN" ] && [ -s "$WORK/odh.yaml" ]; then
+  if ! hcm_bootstrap "$WORK/odh.yaml" "$WORK/hcm-bootstrap.json"; then
+    fail "connection manager settings extracted for Envoy" "no EnvoyFilter maas-gateway-connection-manager"
+  elif out=$("$ENVOY_BIN" --mode validate -c "$WORK/hcm-bootstrap.json" --log-level error 2>&1); then
+    pass "Envoy accepts the connection manager settings the EnvoyFilter merges (headers_with_underscores_action)"
+  else
+    fail "Envoy accepts the connection manager settings" "$(tail -n 5 <<<"$out")"
+  fi
+  if ! hcm_bootstrap "$WORK/odh.yaml" "$WORK/hcm-broken.json" REJECT_REQUESTS; then
+    fail "Envoy refuses a misspelt connection manager setting" "could not build the broken copy"
+  elif out=$("$ENVOY_BIN" --mode validate -c "$WORK/hcm-broken.json" --log-level error 2>&1); then
+    fail "Envoy refuses a misspelt connection manager setting" "accepted"
+  elif grep -q "REJECT_REQUESTS" <<<"$out"; then
+    pass "Envoy refuses a misspelt connection manager setting (REJECT_REQUESTS)"
+  else
+    fail "Envoy refuses a misspelt connection manager setting" "$(tail -n 3 <<<"$out")"
+  fi
+fi
+
 for dir in base/postgres samples; do
   if render "$CRS/$dir" "$WORK/${dir//\//-}.yaml"; then
     pass "$dir renders"
@@ -166,13 +220,45 @@ docs = [d for d in yaml.safe_load_all(open(src)) if d]
 def get(kind, n):
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == n)
 dep = get("Deployment", "maas-companion")
-wp = get("WasmPlugin", "maas-filter")
+filt = get("EnvoyFilter", "maas-filter")
+ext = next(p for p in filt["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
+wasm = ext["patch"]["value"]["typed_config"]["config"]
+http_filter = next(p for p in filt["spec"]["configPatches"] if p["applyTo"] == "HTTP_FILTER")
+import json
+plugin = json.loads(wasm["configuration"]["value"])
+def set_plugin():
+    wasm["configuration"]["value"] = json.dumps(plugin)
 if name == "typo-field":
     dep["spec"]["template"]["spec"]["containers"][0]["imagePulPolicy"] = "Always"
 elif name == "bad-enum":
     dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresnt"
 elif name == "fail-open":
-    wp["spec"]["failStrategy"] = "FAIL_OPEN"
+    wasm["failure_policy"] = "FAIL_OPEN"
+elif name == "pause-without-knob":
+    wasm.pop("allow_on_headers_stop_iteration")
+elif name == "knob-without-pause":
+    plugin["pauseHeadersForBody"] = False
+    set_plugin()
+elif name == "filter-not-first":
+    http_filter["patch"]["operation"] = "INSERT_BEFORE"
+elif name == "ecds-name-mismatch":
+    http_filter["patch"]["value"]["name"] = "maas-filtr"
+elif name == "no-rbac-fallback-type":
+    http_filter["patch"]["value"]["config_discovery"]["type_urls"] = [
+        "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]
+elif name == "filter-waits-not":
+    http_filter["patch"]["value"]["config_discovery"]["config_source"]["initial_fetch_timeout"] = "5s"
+elif name == "also-a-wasmplugin":
+    docs.append({"apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
+                 "metadata": {"name": "maas-filter", "namespace": "openshift-ingress"},
+                 "spec": {"url": "oci://quay.io/maas-gateway/maas-filter:v0.1.0",
+                          "pluginConfig": dict(plugin, pauseHeadersForBody=True)}})
+elif name == "underscores-allowed":
+    hcm = get("EnvoyFilter", "maas-gateway-connection-manager")
+    hcm["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["common_http_protocol_options"][
+        "headers_with_underscores_action"] = "ALLOW"
+elif name == "no-connection-manager-filter":
+    docs = [d for d in docs if d["metadata"]["name"] != "maas-gateway-connection-manager"]
 elif name == "wrong-cluster-namespace":
     ef = get("EnvoyFilter", "maas-companion-cluster")
     ef["spec"]["configPatches"][0]["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
@@ -196,7 +282,7 @@ elif name == "subject-without-namespace":
 elif name == "writable-root":
     dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = False
 elif name == "bad-url-scheme":
-    wp["spec"]["url"] = "quay.io/maas-gateway/maas-filter:v0.1.0"
+    wasm["vm_config"]["code"]["remote"]["http_uri"]["uri"] = "quay.io/maas-gateway/maas-filter:v0.1.0"
 elif name == "routes-from-all":
     get("Gateway", "maas-default-gateway")["spec"]["listeners"][1]["allowedRoutes"] = {"namespaces": {"from": "All"}}
 elif name == "routes-empty-selector":
@@ -208,9 +294,10 @@ elif name == "provider-without-upstream":
         m.pop("upstreamCluster", None)
     cm["data"]["policy.yaml"] = yaml.safe_dump(policy)
 elif name == "no-companion-cluster":
-    docs = [d for d in docs if d["kind"] != "EnvoyFilter"]
+    docs = [d for d in docs if d["metadata"]["name"] != "maas-companion-cluster"]
 elif name == "plugin-uses-istio-cluster-name":
-    wp["spec"]["pluginConfig"]["companion"]["cluster"] = "outbound|8081||maas-companion.opendatahub.svc.cluster.local"
+    plugin["companion"]["cluster"] = "outbound|8081||maas-companion.opendatahub.svc.cluster.local"
+    set_plugin()
 elif name == "companion-cluster-public-port":
     ef = get("EnvoyFilter", "maas-companion-cluster")
     ef["spec"]["configPatches"][0]["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0][
@@ -230,11 +317,13 @@ elif name == "gateway-replicas-disagree":
     cm = get("ConfigMap", "maas-gateway-options")
     cm["data"]["deployment"] = "spec:\n  replicas: 3\n"
 elif name == "gateway-replicas-unset":
-    wp["spec"]["pluginConfig"]["limits"]["global"].pop("replicas")
+    plugin["limits"]["global"].pop("replicas")
+    set_plugin()
 elif name == "gateway-replicas-unpinned":
     get("Gateway", "maas-default-gateway")["spec"].pop("infrastructure")
 elif name == "global-limits-off":
-    wp["spec"]["pluginConfig"]["limits"]["global"]["enabled"] = False
+    plugin["limits"]["global"]["enabled"] = False
+    set_plugin()
 elif name == "redis-secret-required":
     env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
     next(e for e in env if e["name"] == "MAAS_REDIS_URL")["valueFrom"]["secretKeyRef"]["optional"] = False
@@ -281,6 +370,15 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused typo-field "imagePulPolicy"
   expect_refused bad-enum "IfNotPresnt"
   expect_refused fail-open "FAIL_OPEN"
+  expect_refused pause-without-knob "both or neither"
+  expect_refused knob-without-pause "both or neither"
+  expect_refused filter-not-first "INSERT_BEFORE"
+  expect_refused ecds-name-mismatch "maas-filtr"
+  expect_refused no-rbac-fallback-type "RBAC filter"
+  expect_refused filter-waits-not "initial_fetch_timeout"
+  expect_refused also-a-wasmplugin "WasmPlugin maas-filter rendered"
+  expect_refused underscores-allowed "\\['ALLOW'\\]"
+  expect_refused no-connection-manager-filter "maas-gateway-connection-manager"
   expect_refused wrong-cluster-namespace "maas-api.svc.cluster.local"
   expect_refused route-to-internal "maas-companion:8081"
   expect_refused internal-open-to-all "opens the internal port to everyone"

@@ -7,6 +7,16 @@
 //! an OpenAI-style 404. A model's `upstreamCluster` is the name of its cluster (the filter
 //! checks Envoy's `xds.cluster_name` against it before injecting a provider credential). The same config can be rendered without the filter (bare Envoy, for
 //! benchmarks).
+//!
+//! Two settings make the gateway what the cluster's shipped objects make it (issue 26):
+//! - the filter holds request headers until the body is decided (pluginConfig
+//!   `pauseHeadersForBody` with the Wasm filter's `allow_on_headers_stop_iteration`), so a
+//!   refusal decided on the body never opens an upstream request ([`continue_headers_before_body`]
+//!   renders the older mode, where headers go on first);
+//! - the connection manager refuses a request carrying a header whose name has an underscore
+//!   (`headers_with_underscores_action: REJECT_REQUEST`, as Envoy's edge best practices say):
+//!   CGI/WSGI backends read `x_maas_user` as `x-maas-user` ([`allow_underscore_headers`] takes
+//!   it out, leaving the filter's own removal as the only wall).
 
 use anyhow::{Result, bail};
 use maas_types::PolicyDocument;
@@ -176,9 +186,18 @@ pub fn plugin_config(input: &EnvoyConfigInput<'_>, poll_interval_ms: u64) -> Val
         "pollIntervalMs": poll_interval_ms,
         "managementPathPrefix": "/maas-api",
         "failureMode": "closed",
+        // With the Wasm filter's allow_on_headers_stop_iteration (below): headers wait for the
+        // body decision.
+        "pauseHeadersForBody": true,
         "bootstrapPolicy": input.policy,
     })
 }
+
+/// What Envoy's connection manager does with a request header whose name has an underscore:
+/// refuse the request (HTTP/1: 400; HTTP/2: the stream is reset), as Envoy's edge best
+/// practices and Istio's EDGE connection profile say. Nothing with such a name reaches the
+/// filter or a backend.
+pub const HEADERS_WITH_UNDERSCORES_ACTION: &str = "REJECT_REQUEST";
 
 /// Deep-merges `extra` over `base` (objects merge key by key; anything else replaces).
 pub fn merge_json(base: &mut Value, extra: &Value) {
@@ -217,11 +236,57 @@ pub fn merge_plugin_config(bootstrap: &mut Value, extra: &Value) -> Result<()> {
 }
 
 /// Holds request headers until the filter has read the body: the filter's
-/// `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration`, which only work together.
+/// `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration`, which work together
+/// (what [`render`] does already; for a bootstrap changed by [`continue_headers_before_body`]).
 pub fn hold_headers_for_body(bootstrap: &mut Value) -> Result<()> {
     merge_plugin_config(bootstrap, &json!({"pauseHeadersForBody": true}))?;
     if let Some(wasm) = wasm_filter_mut(bootstrap) {
         wasm["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
+    }
+    Ok(())
+}
+
+/// The older mode (an Istio `WasmPlugin`, which cannot set the knob): headers go on once the
+/// caller is authorised, before the filter reads the body; a refusal decided on the body resets
+/// an upstream request that has started. Both settings off.
+pub fn continue_headers_before_body(bootstrap: &mut Value) -> Result<()> {
+    merge_plugin_config(bootstrap, &json!({"pauseHeadersForBody": false}))?;
+    if let Some(wasm) = wasm_filter_mut(bootstrap)
+        && let Some(config) = wasm["typed_config"]["config"].as_object_mut()
+    {
+        config.remove("allow_on_headers_stop_iteration");
+    }
+    Ok(())
+}
+
+/// Only the knob off, the filter still asked to hold: what an Envoy older than 1.35 (or a
+/// control plane that drops the field) makes of the shipped configuration. The filter must find
+/// out and let requests go on rather than hang (`maas_headers_hold_unsupported`).
+pub fn drop_stop_iteration_knob(bootstrap: &mut Value) -> Result<()> {
+    let Some(wasm) = wasm_filter_mut(bootstrap) else {
+        bail!("no wasm filter in the config");
+    };
+    if let Some(config) = wasm["typed_config"]["config"].as_object_mut() {
+        config.remove("allow_on_headers_stop_iteration");
+    }
+    Ok(())
+}
+
+/// Lets request headers with underscores through every connection manager (Envoy's default,
+/// `ALLOW`): the gateway without its first wall against `x_maas_user`, to show the filter's own
+/// removal holds alone.
+pub fn allow_underscore_headers(bootstrap: &mut Value) -> Result<()> {
+    let hcms = connection_managers_mut(bootstrap);
+    if hcms.is_empty() {
+        bail!("no HTTP connection manager in the config");
+    }
+    for hcm in hcms {
+        if let Some(options) = hcm
+            .get_mut("common_http_protocol_options")
+            .and_then(Value::as_object_mut)
+        {
+            options.remove("headers_with_underscores_action");
+        }
     }
     Ok(())
 }
@@ -455,6 +520,9 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
                     "name": "maas-filter",
                     "root_id": "maas-filter",
                     "fail_open": false,
+                    // With pluginConfig pauseHeadersForBody: Envoy hands the body of a request
+                    // whose headers the filter holds to the filter (Envoy 1.35+).
+                    "allow_on_headers_stop_iteration": true,
                     "vm_config": {
                         "vm_id": "maas-filter",
                         "runtime": "envoy.wasm.runtime.v8",
@@ -495,6 +563,9 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
                         // Streams may idle between chunks; the route timeout bounds the whole call.
                         "stream_idle_timeout": "300s",
                         "request_timeout": "0s",
+                        "common_http_protocol_options": {
+                            "headers_with_underscores_action": HEADERS_WITH_UNDERSCORES_ACTION
+                        },
                         "route_config": {
                             "name": "gateway",
                             "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}]
@@ -650,6 +721,13 @@ mod tests {
         );
         let plugin: Value =
             serde_json::from_str(wasm["configuration"]["value"].as_str().unwrap()).unwrap();
+        // Headers held for the body by default: both halves, together.
+        assert_eq!(plugin["pauseHeadersForBody"], true);
+        assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
+        assert_eq!(
+            h["common_http_protocol_options"]["headers_with_underscores_action"],
+            "REJECT_REQUEST"
+        );
         assert_eq!(plugin["companion"]["cluster"], COMPANION_INTERNAL_CLUSTER);
         assert_eq!(plugin["companion"]["authority"], "127.0.0.1:7002");
         assert_eq!(plugin["pollIntervalMs"], 500);
@@ -680,6 +758,40 @@ mod tests {
             "kept"
         );
         assert!(with_plugin_config_extra(&render(&input(&p, false)).unwrap(), &json!({})).is_err());
+    }
+
+    #[test]
+    fn the_older_modes_can_be_rendered() {
+        let p = policy();
+        let plugin = |v: &Value| -> Value {
+            serde_json::from_str(
+                hcm(v)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+                    .as_str()
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let knob = |v: &Value| {
+            hcm(v)["http_filters"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"]
+                .clone()
+        };
+        let rendered: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let mut v = rendered.clone();
+        continue_headers_before_body(&mut v).unwrap();
+        assert_eq!(plugin(&v)["pauseHeadersForBody"], false);
+        assert!(knob(&v).is_null());
+        hold_headers_for_body(&mut v).unwrap();
+        assert_eq!(v, rendered, "back to the default");
+        drop_stop_iteration_knob(&mut v).unwrap();
+        assert_eq!(plugin(&v)["pauseHeadersForBody"], true);
+        assert!(knob(&v).is_null());
+        let mut v = rendered.clone();
+        allow_underscore_headers(&mut v).unwrap();
+        assert!(
+            hcm(&v)["common_http_protocol_options"]["headers_with_underscores_action"].is_null()
+        );
+        assert!(allow_underscore_headers(&mut json!({})).is_err());
+        assert!(drop_stop_iteration_knob(&mut json!({})).is_err());
     }
 
     #[test]

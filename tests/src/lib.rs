@@ -7,6 +7,8 @@
 //! - [`redis`]: a throwaway redis-server (global limits across replicas) and a tiny RESP client;
 //! - [`envoy_config`]: the Envoy bootstrap generated from the policy;
 //! - [`extra_envoy`]: more Envoys beside a stack's, started again on fresh ports when one is taken;
+//! - [`istio_gateway`]: the Gateway's Envoy as Istio builds it from the shipped EnvoyFilters (the
+//!   filter over ECDS, the connection manager's settings), on a local bootstrap;
 //! - [`kube_standin`]: a local Kubernetes API stand-in serving the reference's resources to a
 //!   companion with `MAAS_POLICY_SOURCE=kubernetes`;
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
@@ -16,6 +18,7 @@
 pub mod envoy_config;
 pub mod extra_envoy;
 pub mod h2client;
+pub mod istio_gateway;
 pub mod kube_standin;
 pub mod postgres;
 pub mod process;

@@ -3,7 +3,7 @@
 //! way a Secret update lands) is live within one filter poll, with no request failing or being
 //! sent without a key while it happens, and the old key never used again once the new one is.
 //! Through real Envoy with the release .wasm, the real companion and PostgreSQL, at the
-//! production poll interval (the WasmPlugin's `pollIntervalMs: 2000`).
+//! production poll interval (the shipped pluginConfig's `pollIntervalMs: 2000`).
 
 use maas_e2e::{Stack, StackOptions};
 use serde_json::json;

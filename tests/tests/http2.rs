@@ -1,8 +1,9 @@
 //! HTTP/2 through the gateway (issue 10 item 2), and request trailers.
 //!
 //! Two Envoys are started from the stack's own bootstrap, in front of its companion and
-//! simulator: one in the default mode (headers go on before the body is read) and one that
-//! holds the headers for the body (`pauseHeadersForBody` + `allow_on_headers_stop_iteration`).
+//! simulator: one in the older mode (headers go on before the body is read: what an Istio
+//! WasmPlugin gives) and one that holds the headers for the body (`pauseHeadersForBody` +
+//! `allow_on_headers_stop_iteration`, the stack's and the cluster's default).
 //! Both accept HTTP/2 with prior knowledge (h2c) and HTTP/1.1 on their plain listener
 //! (`codec_type: AUTO`), HTTP/2 or HTTP/1.1 over TLS (ALPN) on a second listener, and keep
 //! HTTP/1.1 request trailers (`http_protocol_options.enable_trailers`). Each Envoy has its own
@@ -96,7 +97,8 @@ fn stack() -> &'static Stack {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// Headers go on once the caller is authorised; the body is decided at its end.
+    /// Headers go on once the caller is authorised; the body is decided at its end (the older
+    /// mode, an Istio WasmPlugin's).
     Default,
     /// `pauseHeadersForBody`: headers wait for the body decision.
     HoldHeaders,
@@ -169,8 +171,9 @@ fn start_gateway(
 ) -> anyhow::Result<Gateway> {
     let name = format!("http2-{mode:?}").to_ascii_lowercase();
     let envoy = ExtraEnvoy::beside(stack, &name, true, |v, ports| {
-        if mode == Mode::HoldHeaders {
-            envoy_config::hold_headers_for_body(v)?;
+        match mode {
+            Mode::HoldHeaders => envoy_config::hold_headers_for_body(v)?,
+            Mode::Default => envoy_config::continue_headers_before_body(v)?,
         }
         // Each gateway counts alone: with budget leases shared through the one companion, a
         // response's `x-ratelimit-remaining-*` also moves with the other gateway's leases, which

@@ -1,14 +1,15 @@
-//! Security e2e (issue 7): a refused request never reaches the backend.
+//! Security e2e (issues 7 and 26 item 11): a refused request never reaches the backend.
 //!
-//! With the filter's `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration` (the
-//! local stack can set both), a refusal never even starts an upstream request: Envoy's counter for
-//! the model cluster (`upstream_rq_total`) does not move for 401, 403, 400 or 429.
-//! In the default mode — the only one an Istio `WasmPlugin` offers, since it cannot set
-//! `allow_on_headers_stop_iteration` — Envoy hands the body to the filter only after the headers
-//! went on, so a refusal decided on the body (400 bad body or model mismatch, 429 token budget)
-//! starts an upstream request that the filter then resets: the backend must never receive it
-//! complete (the simulator records only complete requests), and refusals decided on the headers
-//! still start nothing. On a stack of its own so that no other test moves the counter.
+//! The stack's default (as the cluster's shipped objects configure the Gateway): the filter's
+//! `pauseHeadersForBody` with Envoy's `allow_on_headers_stop_iteration`, so a refusal never even
+//! starts an upstream request: Envoy's counter for the model cluster (`upstream_rq_total`) does
+//! not move for 401, 403, 400 or 429.
+//! The older mode — what an Istio `WasmPlugin` gives, since it cannot set the knob — on a second
+//! Envoy: headers go on before the filter reads the body, so a refusal decided on the body (400
+//! bad body or model mismatch, 429 token budget) may start an upstream request that the filter
+//! then resets: the backend must never receive it complete (the simulator records only complete
+//! requests), and refusals decided on the headers still start nothing. On a stack of its own so
+//! that no other test moves the counter.
 
 mod filter_support;
 
@@ -73,34 +74,34 @@ async fn started(admin: &str) -> u64 {
 }
 
 #[tokio::test]
-async fn default_mode_refused_requests_never_reach_the_backend() {
+async fn refused_requests_never_start_upstream() {
     let stack = stack();
     check_refusals(
         stack,
         &stack.gateway_url(),
         &stack.envoy_admin_url(),
         "",
-        false,
+        true,
     )
     .await;
 }
 
-/// The same through a second Envoy on the same companion and simulator, with the filter's
-/// `pauseHeadersForBody` and Envoy's `allow_on_headers_stop_iteration` on: the configuration
-/// that holds the headers until the body is decided.
+/// The same through a second Envoy on the same companion and simulator in the older mode
+/// (pluginConfig `pauseHeadersForBody` off, no `allow_on_headers_stop_iteration`): headers go on
+/// before the body is read.
 #[tokio::test]
-async fn with_headers_held_for_the_body_refused_requests_never_start_upstream() {
+async fn with_headers_going_on_before_the_body_refused_requests_never_reach_the_backend() {
     let stack = stack();
     let envoy = second_envoy(stack);
     // Users of its own (alice2, tina2): the other test spends alice's and tina's budgets.
-    check_refusals(stack, &envoy.gateway_url(), &envoy.admin_url(), "2", true).await;
+    check_refusals(stack, &envoy.gateway_url(), &envoy.admin_url(), "2", false).await;
     drop(envoy);
 }
 
-/// Starts another Envoy from the stack's bootstrap with both knobs set (stopped on drop).
+/// Starts another Envoy from the stack's bootstrap in the older mode (stopped on drop).
 fn second_envoy(stack: &Stack) -> ExtraEnvoy {
     ExtraEnvoy::beside(stack, "second", false, |v, _| {
-        maas_e2e::envoy_config::hold_headers_for_body(v)
+        maas_e2e::envoy_config::continue_headers_before_body(v)
     })
     .unwrap_or_else(|e| panic!("the second Envoy did not start: {e:#}"))
 }

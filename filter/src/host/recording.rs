@@ -73,6 +73,8 @@ pub struct RecordingHost {
     pub truncated_maps: RefCell<Vec<Headers>>,
     pub buffers: RefCell<HashMap<Body, Vec<u8>>>,
     pub properties: RefCell<HashMap<String, String>>,
+    /// Numeric properties per context (`(context, "request.total_size")`).
+    pub numbers: RefCell<HashMap<(u32, String), u64>>,
     pub store: MemStore,
     pub now: Cell<u64>,
     pub effective: Cell<u32>,
@@ -325,5 +327,14 @@ impl Host for RecordingHost {
         let key = path.join(".");
         self.record(|| Call::Property(key.clone()));
         self.properties.borrow().get(&key).cloned()
+    }
+
+    fn property_u64(&self, path: &[&str]) -> Option<u64> {
+        let key = path.join(".");
+        self.record(|| Call::Property(key.clone()));
+        self.numbers
+            .borrow()
+            .get(&(self.effective.get(), key))
+            .copied()
     }
 }

@@ -642,6 +642,65 @@ fn management_paths_pass_without_the_reserved_headers() {
     assert_eq!(fx.body(id, &h, b"{}", true), Action::Continue);
 }
 
+/// Issue 26 item 5: every spelling a CGI/WSGI backend reads as the gateway's identity header
+/// (`HTTP_X_MAAS_USER`) or a credential is removed, on model and management paths alike.
+#[test]
+fn underscore_spellings_of_reserved_and_credential_headers_are_removed() {
+    let spellings = [
+        "x_maas_user",
+        "X_MAAS_USER",
+        "x-maas_groups",
+        "x_maas_subscription",
+        "x_api_key",
+        "X_API-KEY",
+    ];
+    let fx = Fx::new();
+    fx.cache(&key(2), allow_alice());
+    let (id, h) = fx.http();
+    let mut headers = chat(&key(2));
+    headers.extend(spellings.iter().map(|n| (*n, "forged".to_string())));
+    headers.push(("x_request_id", "kept".to_string()));
+    assert_eq!(fx.headers(id, &h, &refs(&headers), false), Action::Continue);
+    for name in spellings {
+        assert_eq!(
+            fx.host.map_value(Headers::Request, name),
+            None,
+            "model path: {name}"
+        );
+    }
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Request, "x_request_id")
+            .as_deref(),
+        Some("kept")
+    );
+
+    let (id, h) = fx.http();
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", "/maas-api/v1/models"),
+        ("authorization", "Bearer t"),
+        ("x-api-key", "k"),
+    ];
+    headers.extend(spellings.iter().map(|n| (*n, "forged")));
+    assert_eq!(fx.headers(id, &h, &headers, true), Action::Continue);
+    assert!(fx.phase(&h).starts_with("PassedThrough"));
+    for name in spellings {
+        assert_eq!(
+            fx.host.map_value(Headers::Request, name),
+            None,
+            "management path: {name}"
+        );
+    }
+    // The companion authenticates management requests itself: their credential stays.
+    for name in ["authorization", "x-api-key"] {
+        assert!(
+            fx.host.map_value(Headers::Request, name).is_some(),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn calls_are_recorded_in_order() {
     let fx = Fx::new();

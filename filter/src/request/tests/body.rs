@@ -505,3 +505,133 @@ fn while_authenticating_a_whole_declared_body_still_waits_for_the_answer() {
     assert_eq!(fx.body(id, &h, BODY, false), Action::Pause);
     assert!(fx.phase(&h).starts_with("Authenticating"));
 }
+
+/// What Envoy's `request.total_size` is for the request headers in the host's map plus `body`
+/// bytes received (the headers as the filter left them).
+fn total_size(fx: &Fx, id: u32, body: u64) {
+    let header_bytes = fx.host.headers(Headers::Request).byte_size() as u64;
+    fx.host
+        .numbers
+        .borrow_mut()
+        .insert((id, "request.total_size".into()), header_bytes + body);
+}
+
+fn support(fx: &Fx) -> crate::worker::HoldSupport {
+    fx.root.worker.borrow().held.support
+}
+
+/// Issue 26 item 11: `pauseHeadersForBody` without Envoy's `allow_on_headers_stop_iteration`
+/// (an Envoy older than 1.35, or a control plane that dropped the field): Envoy buffers the body
+/// of a request whose headers the filter holds and never hands it over. The tick sees body bytes
+/// Envoy received that the filter never got: the held requests go on as in the default mode
+/// (content-length removed, resumed), the worker stops holding, and it says so (gauge, log).
+#[test]
+fn held_headers_without_the_knob_go_on_as_in_the_default_mode() {
+    let mut fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    assert_eq!(
+        fx.headers(id, &h, &refs(&chat(&key(2))), false),
+        Action::Pause
+    );
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Unknown);
+    // A tick before any body byte arrived: a slow client, not a missing knob.
+    total_size(&fx, id, 0);
+    fx.root.tick(&fx.host);
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Unknown);
+    assert!(!fx.resumed(id));
+    assert!(
+        fx.phase(&h)
+            .starts_with("BodyBuffering { headers_held: true }")
+    );
+    // Envoy received the body; the filter was never called.
+    total_size(&fx, id, BODY.len() as u64);
+    fx.root.tick(&fx.host);
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Missing);
+    assert!(fx.resumed(id), "the held request goes on");
+    assert!(
+        fx.phase(&h)
+            .starts_with("BodyBuffering { headers_held: false }")
+    );
+    assert_eq!(fx.host.map_value(Headers::Request, "content-length"), None);
+    let gauge = fx.root.worker.borrow().metrics.hold_unsupported;
+    assert!(fx.host.recorded.borrow().contains(&(gauge, 1)));
+    // Envoy then hands the buffered body over: decided as in the default mode.
+    assert_eq!(fx.body(id, &h, BODY, true), Action::Continue);
+    assert!(fx.phase(&h).starts_with("Forwarding"));
+    // The next request on this worker does not hold its headers.
+    let (id2, h2) = fx.http();
+    assert_eq!(
+        fx.headers(id2, &h2, &refs(&chat(&key(2))), false),
+        Action::Continue
+    );
+    assert!(
+        fx.phase(&h2)
+            .starts_with("BodyBuffering { headers_held: false }")
+    );
+    // And a refusal on its body is still a refusal.
+    assert_eq!(
+        fx.body(id2, &h2, br#"{"model":"big","messages":[]}"#, true),
+        Action::Pause
+    );
+    assert_eq!(fx.sent_to(id2).unwrap().code(), "model_mismatch");
+}
+
+/// With the knob, a held request's body reaches the filter: the worker knows, watches nothing
+/// more, and a later tick changes nothing even when a held request waits (a slow client).
+#[test]
+fn held_headers_with_the_knob_are_confirmed_by_the_first_body() {
+    let mut fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    assert_eq!(fx.root.worker.borrow().held.watched.len(), 1);
+    assert_eq!(fx.body(id, &h, BODY, true), Action::Continue);
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Confirmed);
+    assert!(fx.root.worker.borrow().held.watched.is_empty());
+    let (id2, h2) = fx.http();
+    fx.headers(id2, &h2, &refs(&chat(&key(2))), false);
+    assert!(fx.root.worker.borrow().held.watched.is_empty());
+    // Even bytes Envoy has not handed over yet (they are on their way) change nothing now.
+    total_size(&fx, id2, 10);
+    fx.host.clear_calls();
+    fx.root.tick(&fx.host);
+    assert!(!fx.resumed(id2));
+    assert!(
+        !fx.host
+            .calls
+            .borrow()
+            .iter()
+            .any(|c| matches!(c, Call::Property(p) if p == "request.total_size")),
+        "no probe once confirmed"
+    );
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Confirmed);
+}
+
+/// A request that waited for the companion while the worker found the knob missing goes on
+/// with its headers when the answer comes (not held, content-length removed).
+#[test]
+fn a_request_authenticating_when_the_knob_is_found_missing_is_not_held() {
+    let mut fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    // A second credential: a callout.
+    let (id2, h2) = fx.http();
+    assert_eq!(
+        fx.headers(id2, &h2, &refs(&chat(&key(3))), false),
+        Action::Pause
+    );
+    total_size(&fx, id, BODY.len() as u64);
+    fx.host.enter(1);
+    fx.root.tick(&fx.host);
+    assert_eq!(support(&fx), crate::worker::HoldSupport::Missing);
+    fx.host.set_map(Headers::Request, &refs(&chat(&key(3))));
+    fx.answer(id2, &h2, Some(200), &alice());
+    assert!(fx.resumed(id2));
+    assert!(
+        fx.phase(&h2)
+            .starts_with("BodyBuffering { headers_held: false }")
+    );
+    assert_eq!(fx.host.map_value(Headers::Request, "content-length"), None);
+}

@@ -512,6 +512,22 @@ fn host_calls_per_request_stay_within_budget() {
         &parts,
     );
     let miss = calls_of_miss(&Fx::new());
+    // Headers held for the body (the shipped and local default: pauseHeadersForBody with Envoy's
+    // allow_on_headers_stop_iteration): once the worker saw a held body, nothing is watched.
+    let fx = Fx::with(serde_json::json!({"pauseHeadersForBody": true}));
+    let (_, held) = calls_of(
+        &fx,
+        BODY,
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[JSON],
+    );
+    let fx = Fx::with(serde_json::json!({"pauseHeadersForBody": true}));
+    let (_, held_stream) = calls_of(
+        &fx,
+        STREAM,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        &parts,
+    );
     // A subject this worker admits often: its refund folds into its next admission's write.
     let fx = busy_fx();
     for _ in 0..crate::folds::HOT_ADMISSIONS {
@@ -534,6 +550,8 @@ fn host_calls_per_request_stay_within_budget() {
         ("cached JSON, shared cache", &json_first),
         ("cached stream", &stream),
         ("miss JSON", &miss),
+        ("cached JSON, headers held", &held),
+        ("cached stream, headers held", &held_stream),
     ] {
         eprintln!("{name}: {} calls {:?}", calls.len(), by_kind(calls));
     }
@@ -554,6 +572,9 @@ fn host_calls_per_request_stay_within_budget() {
             .collect(),
     );
     assert_eq!(json.len(), 21, "{json:#?}");
+    // Held: the length is kept (no removal); a rewritten stream body corrects it (a set instead).
+    assert_eq!(held.len(), 20, "{held:#?}");
+    assert_eq!(held_stream.len(), 26, "{held_stream:#?}");
     // No settlement read or write: one counter read (precheck) and one CAS write (admission).
     assert_eq!(busy.len(), 19, "{busy:#?}");
     let slot_calls = |calls: &[Call]| {
