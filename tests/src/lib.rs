@@ -9,6 +9,8 @@
 //! - [`extra_envoy`]: more Envoys beside a stack's, started again on fresh ports when one is taken;
 //! - [`kube_standin`]: a local Kubernetes API stand-in serving the reference's resources to a
 //!   companion with `MAAS_POLICY_SOURCE=kubernetes`;
+//! - [`internal_pki`]: the private CA and certificates of the companion's internal listener
+//!   (mutual TLS: the gateway's Envoys present a client certificate);
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
 //!   trailers;
 //! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
@@ -16,6 +18,7 @@
 pub mod envoy_config;
 pub mod extra_envoy;
 pub mod h2client;
+pub mod internal_pki;
 pub mod kube_standin;
 pub mod postgres;
 pub mod process;
