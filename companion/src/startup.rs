@@ -331,6 +331,12 @@ impl Application {
                     tokio::spawn(
                         axum_server::from_tcp_rustls(listener, tls.clone())?
                             .accept_error_handler(move |peer, error| {
+                                // A connection closed before its handshake began (a TCP probe,
+                                // a port check) is no caller.
+                                if error.kind() == std::io::ErrorKind::UnexpectedEof {
+                                    tracing::debug!(peer = ?peer, %error, "internal listener: connection closed before the TLS handshake");
+                                    return;
+                                }
                                 refused.inc();
                                 tracing::warn!(
                                     peer = ?peer,
