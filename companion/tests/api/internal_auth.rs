@@ -281,3 +281,133 @@ async fn unusable_certificate_files_stop_the_start_naming_the_flag() {
     // The untouched PKI starts (the cases above fail for their file, not for the setup).
     assert!(start(&|_| {}).await.is_ok());
 }
+
+/// The certificates `scripts/deploy.sh` issues (openssl, a private CA) work with the companion
+/// as the shipped Deployment configures it: the Gateway's client certificate gets answers, the
+/// key cleanup job's `curl` (the CronJob's command) too, both checking the companion's
+/// certificate for `maas-companion.<ns>.svc`; the companion's own certificate is no client one.
+#[tokio::test]
+async fn the_certificates_deploy_sh_issues_admit_the_gateway_and_the_cleanup_job() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let pki = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(
+            r#"set -e; source "$1/scripts/deploy.sh"; DEPLOYMENT_NAMESPACE=team-maas; issue_internal_pki "$2""#,
+        )
+        .arg("issue")
+        .arg(&root)
+        .arg(pki.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = |name: &str| pki.path().join(name);
+    assert!(!file("ca.key").exists(), "the CA's key is not kept");
+
+    // The allowed callers as the shipped Deployment names them.
+    let deployment: Value = yaml_serde::from_str(
+        &std::fs::read_to_string(root.join("wasm-plugin-crs/base/companion/deployment.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let names = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MAAS_INTERNAL_CLIENT_NAMES")
+        .and_then(|e| e["value"].as_str())
+        .unwrap()
+        .to_string();
+    let app = spawn_app_with(|s| {
+        s.listeners.internal_auth =
+            maas_companion::settings::InternalAuth::Mtls(maas_companion::settings::InternalMtls {
+                server: maas_companion::settings::TlsFiles {
+                    cert: file("server.crt"),
+                    key: file("server.key"),
+                },
+                server_flags: ("--internal-tls-cert", "--internal-tls-key"),
+                client_ca: file("server.ca"),
+                client_names: names
+                    .split(',')
+                    .map(|n| maas_companion::settings::ClientName::Uri(n.to_string()))
+                    .collect(),
+            });
+    })
+    .await;
+    let addr = app.app.internal_addr();
+    let host = "maas-companion.team-maas.svc";
+    let url = |path: &str| format!("https://{host}:{}{path}", addr.port());
+    let client = |identity: Option<(&str, &str)>| {
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .resolve(host, addr)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(file("gateway.ca")).unwrap())
+                    .unwrap(),
+            );
+        if let Some((cert, key)) = identity {
+            let mut pem = std::fs::read(file(cert)).unwrap();
+            pem.extend(std::fs::read(file(key)).unwrap());
+            b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        b.build().unwrap()
+    };
+    let r = client(Some(("gateway.crt", "gateway.key")))
+        .get(url("/internal/v1/credentials"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains(PROVIDER_KEY));
+    for refused in [None, Some(("server.crt", "server.key"))] {
+        let r = client(refused)
+            .get(url("/internal/v1/credentials"))
+            .send()
+            .await;
+        assert!(r.is_err(), "{refused:?}: {r:?}");
+    }
+
+    // The CronJob's curl, with the cleanup job's Secret's three files.
+    let cronjob =
+        std::fs::read_to_string(root.join("wasm-plugin-crs/base/companion/cleanup-cronjob.yaml"))
+            .unwrap();
+    assert!(
+        cronjob.contains("--cert /etc/maas/internal-client/tls.crt"),
+        "{cronjob}"
+    );
+    // Run beside the runtime: the companion answers on this test's own (single) thread.
+    let mut command = std::process::Command::new("curl");
+    command
+        .args([
+            "--fail",
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "60",
+            "-X",
+            "POST",
+        ])
+        .arg("--cacert")
+        .arg(file("cleanup.ca"))
+        .arg("--cert")
+        .arg(file("cleanup.crt"))
+        .arg("--key")
+        .arg(file("cleanup.key"))
+        .arg("--resolve")
+        .arg(format!("{host}:{}:127.0.0.1", addr.port()))
+        .arg(url("/internal/v1/api-keys/cleanup"));
+    let curl = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("curl (the cleanup job's client) is installed");
+    assert!(
+        curl.status.success(),
+        "{}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
+}
