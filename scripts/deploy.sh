@@ -623,6 +623,20 @@ select_kinds() {
     END { flush() }' "$file"
 }
 
+# select_named FILE NAME KIND...: the documents of FILE of one of KIND whose metadata.name is NAME.
+select_named() {
+  local file=$1 name=$2
+  shift 2
+  select_kinds "$file" "$@" | awk -v name="$name" '
+    function flush() { if (doc != "" && keep) { printf "%s", (n++ ? "---\n" : ""); printf "%s", doc } doc = ""; keep = 0 }
+    /^---/ { flush(); next }
+    /^  name: / && in_meta { keep = ($2 == name) }
+    /^metadata:/ { in_meta = 1 }
+    /^[^ ]/ && !/^metadata:/ { in_meta = 0 }
+    { doc = doc $0 "\n" }
+    END { flush() }'
+}
+
 # ---- deployment steps --------------------------------------------------------------------------
 ensure_namespace() {
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
@@ -641,6 +655,10 @@ deploy_gateway() {
   run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
   wait_for_crd wasmplugins.extensions.istio.io
   select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  # Before the EnvoyFilter asks istiod for the Gateway's client key pair (the manifests, later):
+  # istiod serves it only once this Role lets the Gateway's service account list Secrets.
+  select_named "$RENDERED" maas-gateway-sds Role RoleBinding |
+    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
 # 24 random bytes as hex: od reads exactly that much, so no pipe is cut short (pipefail).

@@ -374,6 +374,20 @@ internal_pki_checks() { # internal_pki_checks STATE NAMESPACE
   done
   [ "$(cat "$state"/stdin.* | grep -c '^  tls.key: ')" -ge 3 ] || { echo "fewer than 3 key pairs applied"; return 1; }
 }
+# istiod serves the Gateway its key pair only once the Role exists: applied before the EnvoyFilter.
+first_with() { # first_with STATE TEXT: the number of the first stdin holding the line TEXT
+  find "$1" -name 'stdin.*' | sed 's/.*stdin\.//' | sort -n | while read -r n; do
+    if grep -qx -- "$2" "$1/stdin.$n"; then echo "$n"; break; fi
+  done
+}
+rbac_at=$(first_with "$WORK/full-kustomize.state" "  name: maas-gateway-sds")
+filter_at=$(first_with "$WORK/full-kustomize.state" "kind: EnvoyFilter")
+if [ -n "$rbac_at" ] && [ -n "$filter_at" ] && [ "$rbac_at" -lt "$filter_at" ] &&
+  ! grep -qx "kind: EnvoyFilter" "$WORK/full-kustomize.state/stdin.$rbac_at"; then
+  pass "full-kustomize: Role maas-gateway-sds applied before the EnvoyFilter that needs it"
+else
+  fail "full-kustomize: Role maas-gateway-sds applied before the EnvoyFilter" "rbac ${rbac_at:-none}, EnvoyFilter ${filter_at:-none}"
+fi
 check "full-kustomize: the internal API's three key pairs from one private CA, named and used right, no key shown" \
   internal_pki_checks "$WORK/full-kustomize.state" team-maas full-kustomize
 manifests=$(grep -l "kind: WasmPlugin" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
