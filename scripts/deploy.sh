@@ -78,8 +78,10 @@ Options:
   --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
                              engine first; kustomize: apply MaaS Gateway's manifests only
   --operator-type TYPE       odh (default) or rhoai
-  --enable-tls-backend       TLS between the Gateway and the companion (default)
-  --disable-tls-backend      plain HTTP between the Gateway and the companion
+  --enable-tls-backend       TLS to the companion's public and metrics ports (default)
+  --disable-tls-backend      plain HTTP to those two ports; the internal port (provider keys)
+                             always serves mutual TLS: only the Gateway's client certificate
+                             (a private CA this script issues into Secrets) is admitted
   --namespace NS             companion namespace (kustomize mode; default opendatahub;
                              operator mode uses the operator's: opendatahub / redhat-ods-applications)
   --postgres-connection URL  use this PostgreSQL (postgres://...); without it a development
@@ -320,6 +322,7 @@ check_required_tools() {
     die "kubectl with kustomize v$MIN_KUSTOMIZE_MAJOR or newer is required (found '${kustomize_version:-none}')"
   fi
   log_debug "kubectl kustomize v$kustomize_version"
+  command -v openssl >/dev/null 2>&1 || die "openssl is required (it issues the certificates of the companion's internal API)"
 }
 
 check_cluster() {
@@ -643,17 +646,18 @@ select_kinds() {
     END { flush() }' "$file"
 }
 
-# select_named FILE KIND NAME: the document of FILE with this kind and metadata.name.
+# select_named FILE NAME KIND...: the documents of FILE of one of KIND whose metadata.name is NAME.
 select_named() {
-  awk -v kind="$2" -v name="$3" '
-    function flush() { if (doc != "" && k && n) printf "%s", doc; doc = ""; k = 0; n = 0; meta = 0 }
+  local file=$1 name=$2
+  shift 2
+  select_kinds "$file" "$@" | awk -v name="$name" '
+    function flush() { if (doc != "" && keep) { printf "%s", (n++ ? "---\n" : ""); printf "%s", doc } doc = ""; keep = 0 }
     /^---/ { flush(); next }
-    /^[^ ]/ { meta = 0 }
-    /^metadata:/ { meta = 1 }
-    /^kind: / { k = ($2 == kind) }
-    meta && /^  name: / { n = ($2 == name) }
+    /^  name: / && in_meta { keep = ($2 == name) }
+    /^metadata:/ { in_meta = 1 }
+    /^[^ ]/ && !/^metadata:/ { in_meta = 0 }
     { doc = doc $0 "\n" }
-    END { flush() }' "$1"
+    END { flush() }'
 }
 
 # ---- deployment steps --------------------------------------------------------------------------
@@ -675,9 +679,13 @@ deploy_gateway() {
   wait_for_crd envoyfilters.networking.istio.io
   # The Gateway's pod count first: the Gateway names this ConfigMap (infrastructure.parametersRef).
   log_info "  $GATEWAY_REPLICAS Gateway replica(s) (ConfigMap maas-gateway-options; the filter's limits.global.replicas)"
-  select_named "$RENDERED" ConfigMap maas-gateway-options |
+  select_named "$RENDERED" maas-gateway-options ConfigMap |
     run_stdin "ConfigMap maas-gateway-options" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
   select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  # Before the EnvoyFilter asks istiod for the Gateway's client key pair (the manifests, later):
+  # istiod serves it only once this Role lets the Gateway's service account list Secrets.
+  select_named "$RENDERED" maas-gateway-sds Role RoleBinding |
+    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
 # 24 random bytes as hex: od reads exactly that much, so no pipe is cut short (pipefail).
@@ -820,6 +828,129 @@ configure_tls_backend() {
   } | run_stdin "Secret maas-companion-ca" oc apply -f -
 }
 
+# ---- the internal API's mutual TLS -------------------------------------------------------------
+# Only the Gateway may call the companion's internal port (every provider key, usage rows, lease
+# counters): its Envoy presents a client certificate of a private CA on the companion cluster
+# (EnvoyFilter maas-companion-cluster, over SDS), and the companion admits only certificates of
+# that CA naming an allowed caller (the Gateway, the key cleanup job). Three Secrets, each holding
+# the CA certificate (ca.crt) and one key pair (tls.crt, tls.key):
+#   <ns>/maas-companion-internal-tls           the companion's certificate, maas-companion.<ns>.svc
+#   openshift-ingress/maas-gateway-internal-client  the Gateway's, spiffe://maas.internal/gateway
+#   <ns>/maas-api-key-cleanup-client           the cleanup job's, spiffe://maas.internal/api-key-cleanup
+# The CA's private key is used once and kept nowhere: nothing can issue another caller's
+# certificate later. A run reuses the three when they hold one CA, each pair matches, the names
+# are right and every certificate has more than INTERNAL_RENEW_DAYS left; otherwise it issues all
+# three again (a new CA) and restarts a running companion, which reads its files at start (the
+# Gateway's Envoy takes the new Secret over SDS; the cleanup job mounts it at its next run).
+INTERNAL_GATEWAY_NAME=spiffe://maas.internal/gateway
+INTERNAL_CLEANUP_NAME=spiffe://maas.internal/api-key-cleanup
+INTERNAL_CA_DAYS=${INTERNAL_CA_DAYS:-3650}
+INTERNAL_CERT_DAYS=${INTERNAL_CERT_DAYS:-730}
+INTERNAL_RENEW_DAYS=${INTERNAL_RENEW_DAYS:-30}
+INTERNAL_CERTS_CHANGED=false
+
+# internal_secrets: "PREFIX NAMESPACE SECRET" per key pair.
+internal_secrets() {
+  printf '%s\n' "server $DEPLOYMENT_NAMESPACE maas-companion-internal-tls" \
+    "gateway $GATEWAY_NAMESPACE maas-gateway-internal-client" \
+    "cleanup $DEPLOYMENT_NAMESPACE maas-api-key-cleanup-client"
+}
+
+# read_internal_secrets DIR: writes DIR/PREFIX.{ca,crt,key} from the existing Secrets; fails when
+# one is missing or incomplete.
+read_internal_secrets() {
+  local dir=$1 prefix namespace secret key file value
+  while read -r prefix namespace secret; do
+    for key in ca.crt tls.crt tls.key; do
+      case $key in ca.crt) file=$dir/$prefix.ca ;; tls.crt) file=$dir/$prefix.crt ;; *) file=$dir/$prefix.key ;; esac
+      value=$(query oc get secret "$secret" -n "$namespace" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null) || return 1
+      [ -n "$value" ] || return 1
+      printf '%s' "$value" | base64 -d >"$file" 2>/dev/null || return 1
+    done
+  done < <(internal_secrets)
+}
+
+# internal_pki_usable DIR: one CA, each pair matching and issued by it for the right name, and
+# nothing expiring within INTERNAL_RENEW_DAYS.
+internal_pki_usable() {
+  local dir=$1 prefix namespace secret want
+  local margin=$((INTERNAL_RENEW_DAYS * 86400))
+  openssl x509 -in "$dir/server.ca" -noout -checkend "$margin" >/dev/null 2>&1 || return 1
+  while read -r prefix namespace secret; do
+    cmp -s "$dir/server.ca" "$dir/$prefix.ca" || return 1
+    openssl x509 -in "$dir/$prefix.crt" -noout -checkend "$margin" >/dev/null 2>&1 || return 1
+    openssl verify -CAfile "$dir/$prefix.ca" "$dir/$prefix.crt" >/dev/null 2>&1 || return 1
+    [ "$(openssl x509 -in "$dir/$prefix.crt" -noout -pubkey 2>/dev/null)" = "$(openssl pkey -in "$dir/$prefix.key" -pubout 2>/dev/null)" ] || return 1
+    case $prefix in
+      server) want="DNS:maas-companion.$DEPLOYMENT_NAMESPACE.svc" ;;
+      gateway) want="URI:$INTERNAL_GATEWAY_NAME" ;;
+      *) want="URI:$INTERNAL_CLEANUP_NAME" ;;
+    esac
+    openssl x509 -in "$dir/$prefix.crt" -noout -ext subjectAltName 2>/dev/null | tr ',' '\n' | sed 's/^ *//' | grep -qxF "$want" || return 1
+  done < <(internal_secrets)
+}
+
+# issue_internal_pki DIR: a new CA (its key only in DIR) and the three key pairs.
+issue_internal_pki() {
+  local dir=$1 prefix namespace secret san eku
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/ca.key" 2>/dev/null &&
+    openssl req -x509 -new -key "$dir/ca.key" -sha256 -days "$INTERNAL_CA_DAYS" \
+      -subj "/CN=MaaS Gateway internal CA ($DEPLOYMENT_NAMESPACE)" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -addext "subjectKeyIdentifier=hash" -out "$dir/ca.crt" 2>/dev/null || return 1
+  while read -r prefix namespace secret; do
+    case $prefix in
+      server) san="DNS:maas-companion.$DEPLOYMENT_NAMESPACE.svc,DNS:maas-companion.$DEPLOYMENT_NAMESPACE.svc.cluster.local" eku=serverAuth ;;
+      gateway) san="URI:$INTERNAL_GATEWAY_NAME" eku=clientAuth ;;
+      *) san="URI:$INTERNAL_CLEANUP_NAME" eku=clientAuth ;;
+    esac
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=%s\nsubjectAltName=%s\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n' \
+      "$eku" "$san" >"$dir/$prefix.ext"
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/$prefix.key" 2>/dev/null &&
+      openssl req -new -key "$dir/$prefix.key" -subj "/CN=$secret" -out "$dir/$prefix.csr" 2>/dev/null &&
+      openssl x509 -req -in "$dir/$prefix.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+        -days "$INTERNAL_CERT_DAYS" -sha256 -extfile "$dir/$prefix.ext" -out "$dir/$prefix.crt" 2>/dev/null || return 1
+    cp "$dir/ca.crt" "$dir/$prefix.ca"
+  done < <(internal_secrets)
+  rm -f "$dir/ca.key"
+}
+
+# internal_secret_yaml NAME NAMESPACE DIR PREFIX: a kubernetes.io/tls Secret on stdout.
+internal_secret_yaml() {
+  local b64
+  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: kubernetes.io/tls\ndata:\n' "$1" "$2"
+  for b64 in "ca.crt $3/$4.ca" "tls.crt $3/$4.crt" "tls.key $3/$4.key"; do
+    printf '  %s: %s\n' "${b64%% *}" "$(base64 <"${b64#* }" | tr -d '\n')"
+  done
+}
+
+configure_internal_mtls() {
+  log_info "Internal API: mutual TLS (only the Gateway and the key cleanup job, by client certificate)"
+  local dir=$WORK_DIR/internal-pki prefix namespace secret
+  mkdir -m 700 "$dir"
+  if [ "$DRY_RUN" != true ] && read_internal_secrets "$dir" && internal_pki_usable "$dir"; then
+    log_info "  reusing the certificates in Secrets maas-companion-internal-tls, $GATEWAY_NAMESPACE/maas-gateway-internal-client and maas-api-key-cleanup-client"
+  else
+    rm -f "$dir"/*
+    issue_internal_pki "$dir" || die "openssl could not issue the internal API's certificates"
+    log_info "  issued a private CA (its key kept nowhere) and, valid ${INTERNAL_CERT_DAYS} days: the companion's certificate (maas-companion.$DEPLOYMENT_NAMESPACE.svc), the Gateway's ($INTERNAL_GATEWAY_NAME) and the cleanup job's ($INTERNAL_CLEANUP_NAME)"
+    if [ "$DRY_RUN" != true ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      INTERNAL_CERTS_CHANGED=true
+    fi
+  fi
+  while read -r prefix namespace secret; do
+    internal_secret_yaml "$secret" "$namespace" "$dir" "$prefix" |
+      run_stdin "Secret $namespace/$secret" oc apply -f -
+  done < <(internal_secrets)
+}
+
+# (A dry run reads no Secret, so it cannot tell: it prints no restart.)
+restart_companion_if_internal_certs_changed() {
+  [ "$INTERNAL_CERTS_CHANGED" = true ] || return 0
+  log_info "  the internal certificates were issued again: restarting the companion to read them"
+  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+}
+
 wait_for_readiness() {
   log_info "Waiting for readiness"
   if [ -z "$POSTGRES_CONNECTION" ]; then
@@ -868,7 +999,9 @@ print_plan() {
   log_info "Deployment plan"
   log_info "  mode:              $DEPLOYMENT_MODE ($OPERATOR_TYPE)"
   log_info "  namespace:         $DEPLOYMENT_NAMESPACE"
-  log_info "  TLS backend:       $ENABLE_TLS_BACKEND"
+  log_info "  TLS backend:       $ENABLE_TLS_BACKEND (public and metrics ports)"
+  log_info "  internal API:      mutual TLS, a private CA: only the Gateway ($INTERNAL_GATEWAY_NAME) and the key cleanup job"
+  log_info "                     (certificates reused while valid > ${INTERNAL_RENEW_DAYS} days; issued again, the companion restarts)"
   log_info "  companion image:   $MAAS_API_IMAGE"
   log_info "  filter image:      oci://$MAAS_WASM_IMAGE"
   if [ -n "$POSTGRES_CONNECTION" ]; then
@@ -920,9 +1053,11 @@ main() {
   deploy_gateway
   deploy_database
   deploy_lease_store
+  configure_internal_mtls
   apply_manifests
   remove_old_wasmplugin
   restart_companion_if_lease_store_changed
+  restart_companion_if_internal_certs_changed
   configure_tls_backend
   wait_for_readiness
   print_next_steps

@@ -3,7 +3,7 @@
 //! Modules by capability, with no import cycles among them (a test checks:
 //! `tests/module_graph.rs`): `settings` (configuration, parsed once), `http` (shared HTTP
 //! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `policy_source` (the policy from the reference's Kubernetes resources), `credentials`, `identity`,
-//! `authenticate`, `caller`, `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`); `state` assembles
+//! `authenticate`, `caller`, `internal_tls` (who may call the internal listener: mutual TLS), `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`); `state` assembles
 //! the substates, `routes` the routers, `startup` the listeners. Only the settings and the application are public.
 
 mod authenticate;
@@ -12,6 +12,7 @@ mod credentials;
 mod db;
 mod http;
 mod identity;
+mod internal_tls;
 mod keys;
 mod leases;
 mod metrics;

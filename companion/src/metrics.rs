@@ -59,6 +59,9 @@ pub struct Metrics {
     pub policy_resources_invalid: Family<Vec<(&'static str, String)>, Gauge>,
     pub last_used_rows_written: Counter,
     pub token_cache_hits: Counter,
+    /// Connections to the internal listener whose TLS handshake failed: no client certificate,
+    /// one from another CA or naming no allowed caller, or not TLS at all.
+    pub internal_handshakes_failed: Counter,
     pub leases: LeaseMetrics,
     pub usage: UsageMetrics,
 }
@@ -234,6 +237,12 @@ impl Metrics {
             "Token checks answered from the cache",
             token_cache_hits.clone(),
         );
+        let internal_handshakes_failed = Counter::default();
+        registry.register(
+            "maas_companion_internal_handshakes_failed",
+            "Connections to the internal listener refused at the TLS handshake (no valid client certificate)",
+            internal_handshakes_failed.clone(),
+        );
         let leases = LeaseMetrics::default();
         leases.register(&mut registry);
         let usage = UsageMetrics::default();
@@ -249,6 +258,7 @@ impl Metrics {
             policy_resources_invalid,
             last_used_rows_written,
             token_cache_hits,
+            internal_handshakes_failed,
             leases,
             usage,
         })

@@ -40,6 +40,15 @@ pub enum PolicySourceKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InternalAuthKind {
+    /// Mutual TLS: a caller must present a client certificate that chains to
+    /// `--internal-client-ca` (and, with `--internal-client-names`, names one of them).
+    Mtls,
+    /// Whoever reaches the port (the NetworkPolicy alone). Development only.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -155,6 +164,26 @@ pub struct Cli {
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "MAAS_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Who may call the internal listener (provider credentials, usage, leases, authenticate,
+    /// policy). `mtls`: only a caller whose client certificate chains to
+    /// `--internal-client-ca`; `none`: whoever reaches the port (development only).
+    #[arg(long, env = "MAAS_INTERNAL_AUTH", value_enum, default_value = "mtls")]
+    pub internal_auth: InternalAuthKind,
+    /// PEM file of the CA certificates a caller's client certificate must chain to
+    /// (`--internal-auth mtls`).
+    #[arg(long, env = "MAAS_INTERNAL_CLIENT_CA")]
+    pub internal_client_ca: Option<PathBuf>,
+    /// The callers allowed on the internal listener, by a subject alternative name of their
+    /// client certificate (comma separated): a URI (`spiffe://…`) or a DNS name. Empty: any
+    /// certificate from `--internal-client-ca`.
+    #[arg(long, env = "MAAS_INTERNAL_CLIENT_NAMES", value_delimiter = ',')]
+    pub internal_client_names: Vec<String>,
+    /// The internal listener's own certificate (PEM chain); default `--tls-cert`.
+    #[arg(long, env = "MAAS_INTERNAL_TLS_CERT")]
+    pub internal_tls_cert: Option<PathBuf>,
+    /// The internal listener's private key (PEM); default `--tls-key`.
+    #[arg(long, env = "MAAS_INTERNAL_TLS_KEY")]
+    pub internal_tls_key: Option<PathBuf>,
     /// Log lines on stderr as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "MAAS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -289,8 +318,11 @@ pub struct ListenerSettings {
     pub public: SocketAddr,
     pub internal: SocketAddr,
     pub metrics: SocketAddr,
-    /// All three listeners serve TLS when set.
+    /// The public and metrics listeners serve TLS when set (and the internal one with
+    /// [`InternalAuth::None`]).
     pub tls: Option<TlsFiles>,
+    /// Who may call the internal listener.
+    pub internal_auth: InternalAuth,
     /// A directory holding `index.html`: the web UI, on the public listener at `/ui/`.
     pub ui_dir: Option<PathBuf>,
 }
@@ -299,6 +331,81 @@ pub struct ListenerSettings {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+}
+
+/// Who may call the internal listener.
+#[derive(Debug, Clone)]
+pub enum InternalAuth {
+    /// Mutual TLS (the default).
+    Mtls(InternalMtls),
+    /// Whoever reaches the port (`--internal-auth none`).
+    None,
+}
+
+/// The internal listener's mutual TLS: every file exists.
+#[derive(Debug, Clone)]
+pub struct InternalMtls {
+    /// The listener's certificate and key (`--internal-tls-*`, else `--tls-*`).
+    pub server: TlsFiles,
+    /// The flags `server` came from, for messages.
+    pub server_flags: (&'static str, &'static str),
+    /// The CA bundle a client certificate must chain to.
+    pub client_ca: PathBuf,
+    /// Empty: any certificate from `client_ca`; else one of its SANs must be one of these.
+    pub client_names: Vec<ClientName>,
+}
+
+/// An allowed caller: a subject alternative name of its client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientName {
+    /// A URI SAN, compared exactly (`spiffe://cluster.local/ns/…/sa/…`).
+    Uri(String),
+    /// A DNS SAN, compared without regard to ASCII case.
+    Dns(String),
+}
+
+impl ClientName {
+    /// `scheme://…` is a URI, anything else a DNS name; neither may be empty or hold spaces,
+    /// and a DNS name holds no wildcard (each caller is named).
+    fn parse(raw: &str) -> Result<ClientName, String> {
+        let name = raw.trim();
+        let bad = |why: &str| {
+            Err(format!(
+                "--internal-client-names: {name:?} {why} (give URIs like spiffe://cluster.local/ns/NS/sa/SA or DNS names)"
+            ))
+        };
+        if name.is_empty() {
+            return bad("is empty");
+        }
+        if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return bad("holds whitespace");
+        }
+        if let Some((scheme, rest)) = name.split_once("://") {
+            if scheme.is_empty() || rest.is_empty() {
+                return bad("is not a URI");
+            }
+            return Ok(ClientName::Uri(name.to_string()));
+        }
+        if name.contains('*') {
+            return bad("is a wildcard");
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
+            return bad("is neither a URI nor a DNS name");
+        }
+        Ok(ClientName::Dns(name.to_ascii_lowercase()))
+    }
+}
+
+impl std::fmt::Display for ClientName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientName::Uri(u) => write!(f, "URI:{u}"),
+            ClientName::Dns(d) => write!(f, "DNS:{d}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -405,6 +512,68 @@ fn at_least(flag: &str, value: u64, min: u64) -> Result<(), String> {
         return Err(format!("{flag} must be at least {min}"));
     }
     Ok(())
+}
+
+/// The internal listener's caller check from its flags. `mtls` needs the client CA and a
+/// certificate for the listener (its own, or the other listeners'); `none` takes none of the
+/// mTLS flags, so a half-configured check is never silently off.
+fn internal_auth(
+    kind: InternalAuthKind,
+    client_ca: Option<PathBuf>,
+    client_names: Vec<String>,
+    own: (Option<PathBuf>, Option<PathBuf>),
+    shared: Option<&TlsFiles>,
+) -> Result<InternalAuth, String> {
+    let client_names: Vec<String> = client_names
+        .into_iter()
+        .filter(|n| !n.trim().is_empty())
+        .collect();
+    match kind {
+        InternalAuthKind::None => {
+            if client_ca.is_some() || !client_names.is_empty() || own.0.is_some() || own.1.is_some()
+            {
+                return Err("--internal-client-ca, --internal-client-names and --internal-tls-cert/--internal-tls-key apply only with --internal-auth mtls (given: none)".into());
+            }
+            Ok(InternalAuth::None)
+        }
+        InternalAuthKind::Mtls => {
+            let client_ca = existing_file(
+                "--internal-client-ca",
+                client_ca,
+                "(MAAS_INTERNAL_CLIENT_CA) is required: the internal listener serves provider credentials and admits only callers whose client certificate chains to this CA bundle (--internal-auth none runs it open, for development only)",
+            )?;
+            let (server, server_flags) = match own {
+                (Some(cert), Some(key)) => (
+                    TlsFiles {
+                        cert: existing_file("--internal-tls-cert", Some(cert), "")?,
+                        key: existing_file("--internal-tls-key", Some(key), "")?,
+                    },
+                    ("--internal-tls-cert", "--internal-tls-key"),
+                ),
+                (None, None) => match shared {
+                    Some(files) => (files.clone(), ("--tls-cert", "--tls-key")),
+                    None => {
+                        return Err("--internal-tls-cert and --internal-tls-key (MAAS_INTERNAL_TLS_CERT, MAAS_INTERNAL_TLS_KEY) are required with --internal-auth mtls, unless --tls-cert and --tls-key give the listeners' certificate".into());
+                    }
+                },
+                _ => {
+                    return Err(
+                        "--internal-tls-cert and --internal-tls-key must be given together".into(),
+                    );
+                }
+            };
+            let client_names = client_names
+                .iter()
+                .map(|n| ClientName::parse(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(InternalAuth::Mtls(InternalMtls {
+                server,
+                server_flags,
+                client_ca,
+                client_names,
+            }))
+        }
+    }
 }
 
 impl Cli {
@@ -543,6 +712,13 @@ impl Cli {
             (None, None) => None,
             _ => return Err("--tls-cert and --tls-key must be given together".into()),
         };
+        let internal_auth = internal_auth(
+            self.internal_auth,
+            self.internal_client_ca,
+            self.internal_client_names,
+            (self.internal_tls_cert, self.internal_tls_key),
+            tls.as_ref(),
+        )?;
         let ui_dir = match self.ui_dir {
             Some(d) if !d.join("index.html").is_file() => {
                 return Err(format!(
@@ -583,6 +759,7 @@ impl Cli {
                 internal: self.internal_addr,
                 metrics: self.metrics_addr,
                 tls,
+                internal_auth,
                 ui_dir,
             },
             policy: PolicySettings {
@@ -649,6 +826,7 @@ mod tests {
         assert_eq!(c.credentials_source, CredentialsSourceKind::Kubernetes);
         assert_eq!(c.admin_groups, vec!["maas-admins".to_string()]);
         assert_eq!(c.api_key_max_expiration_days, 90);
+        assert_eq!(c.internal_auth, InternalAuthKind::Mtls);
     }
 
     #[test]
@@ -661,6 +839,8 @@ mod tests {
             "postgres://x/y",
             "--policy-source",
             "kubernetes",
+            "--internal-auth",
+            "none",
         ])
         .into_settings()
         .unwrap();
@@ -742,7 +922,14 @@ mod tests {
         let ui = dir.path().join("dist");
         std::fs::create_dir(&ui).unwrap();
         let with = |args: &[&str]| {
-            let mut all = vec!["--database-url", "postgres://x/y", "--policy-file", &policy];
+            let mut all = vec![
+                "--database-url",
+                "postgres://x/y",
+                "--policy-file",
+                &policy,
+                "--internal-auth",
+                "none",
+            ];
             all.extend_from_slice(args);
             parse(&all).into_settings()
         };
@@ -761,9 +948,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("p.yaml");
         let creds = dir.path().join("c.yaml");
+        let pem = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, "(PEM)").unwrap();
+            flag_path(&p)
+        };
+        let (ca, cert, key) = (pem("ca.pem"), pem("cert.pem"), pem("key.pem"));
         std::fs::write(&policy, "tiers: []").unwrap();
         std::fs::write(&creds, "credentials: {}").unwrap();
         let s = parse(&[
+            "--internal-client-ca",
+            &ca,
+            "--internal-tls-cert",
+            &cert,
+            "--internal-tls-key",
+            &key,
+            "--internal-client-names",
+            "spiffe://cluster.local/ns/openshift-ingress/sa/gw, Gateway.Example",
             "--db-connection-url",
             "postgresql://u@h/db",
             "--policy-file",
@@ -811,6 +1012,101 @@ mod tests {
         assert_eq!(s.usage.hourly_retention_days, 31);
         assert_eq!(s.usage.rollup_interval, Duration::from_secs(3600));
         assert_eq!(s.usage.metrics_max_users, None, "no user label by default");
+        match &s.listeners.internal_auth {
+            InternalAuth::Mtls(m) => {
+                assert_eq!(flag_path(&m.client_ca), ca);
+                assert_eq!(flag_path(&m.server.cert), cert);
+                assert_eq!(m.server_flags.1, "--internal-tls-key");
+                assert_eq!(
+                    m.client_names,
+                    vec![
+                        ClientName::Uri("spiffe://cluster.local/ns/openshift-ingress/sa/gw".into()),
+                        ClientName::Dns("gateway.example".into()),
+                    ]
+                );
+            }
+            InternalAuth::None => panic!("mtls is the default"),
+        }
+    }
+
+    /// The internal listener checks its callers unless told not to, and says which flag is
+    /// missing or wrong.
+    #[test]
+    fn the_internal_listener_needs_a_client_ca_and_a_certificate_unless_turned_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, "x").unwrap();
+            flag_path(&p)
+        };
+        let (policy, ca, cert, key) =
+            (file("p.yaml"), file("ca.pem"), file("c.pem"), file("k.pem"));
+        let with = |args: &[&str]| {
+            let mut all = vec!["--database-url", "postgres://x/y", "--policy-file", &policy];
+            all.extend_from_slice(args);
+            parse(&all).into_settings()
+        };
+        let e = with(&[]).unwrap_err();
+        assert!(
+            e.contains("--internal-client-ca (MAAS_INTERNAL_CLIENT_CA) is required"),
+            "{e}"
+        );
+        let e = with(&["--internal-client-ca", "/nonexistent/ca.pem"]).unwrap_err();
+        assert!(
+            e.contains("--internal-client-ca /nonexistent/ca.pem: no such file"),
+            "{e}"
+        );
+        let e = with(&["--internal-client-ca", &ca]).unwrap_err();
+        assert!(
+            e.contains("--internal-tls-cert and --internal-tls-key"),
+            "{e}"
+        );
+        let e = with(&["--internal-client-ca", &ca, "--internal-tls-cert", &cert]).unwrap_err();
+        assert!(e.contains("must be given together"), "{e}");
+        let e = with(&[
+            "--internal-client-ca",
+            &ca,
+            "--internal-tls-cert",
+            &cert,
+            "--internal-tls-key",
+            "/nonexistent/key.pem",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--internal-tls-key /nonexistent/key.pem"), "{e}");
+        // The other listeners' certificate serves when the internal one has none of its own.
+        let s = with(&[
+            "--internal-client-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ])
+        .unwrap();
+        let InternalAuth::Mtls(m) = s.listeners.internal_auth else {
+            panic!("mtls")
+        };
+        assert_eq!(m.server_flags, ("--tls-cert", "--tls-key"));
+        assert!(m.client_names.is_empty());
+        for bad in ["gate way", "*.example", "spiffe://", "a/b", "https://x y"] {
+            let e = with(&[
+                "--internal-client-ca",
+                &ca,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--internal-client-names",
+                bad,
+            ])
+            .unwrap_err();
+            assert!(e.contains("--internal-client-names"), "{bad}: {e}");
+        }
+        // `none` is explicit, and takes none of the mTLS flags (no half-configured check).
+        let s = with(&["--internal-auth", "none"]).unwrap();
+        assert!(matches!(s.listeners.internal_auth, InternalAuth::None));
+        let e = with(&["--internal-auth", "none", "--internal-client-ca", &ca]).unwrap_err();
+        assert!(e.contains("apply only with --internal-auth mtls"), "{e}");
     }
 
     #[test]
@@ -820,7 +1116,14 @@ mod tests {
         std::fs::write(&policy, "tiers: []").unwrap();
         let policy = flag_path(&policy);
         let with = |args: &[&str]| {
-            let mut all = vec!["--database-url", "postgres://x/y", "--policy-file", &policy];
+            let mut all = vec![
+                "--database-url",
+                "postgres://x/y",
+                "--policy-file",
+                &policy,
+                "--internal-auth",
+                "none",
+            ];
             all.extend_from_slice(args);
             parse(&all).into_settings()
         };
@@ -850,6 +1153,8 @@ mod tests {
                 "postgres://x/y",
                 "--policy-file",
                 &policy,
+                "--internal-auth",
+                "none",
                 "--redis-url",
                 url,
             ])

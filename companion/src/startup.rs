@@ -16,7 +16,9 @@ use crate::leases::{LeaseStore, Leases};
 use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
 use crate::routes::{internal_router, metrics_router, public_router};
-use crate::settings::{CredentialsSettings, IdentityProvider, OidcSettings, Settings};
+use crate::settings::{
+    ClientName, CredentialsSettings, IdentityProvider, InternalAuth, OidcSettings, Settings,
+};
 use crate::state::AppState;
 use crate::usage::Usage;
 use crate::usage::store::UsageStore;
@@ -60,6 +62,18 @@ fn oidc_verifier(s: &OidcSettings) -> OidcVerifier {
         s.jwks_url.clone(),
         s.groups_claim.clone(),
     )
+}
+
+/// The allowed callers for the start log: their names, or that any certificate from the CA is.
+fn allowed_names(names: &[ClientName]) -> String {
+    if names.is_empty() {
+        return "any certificate from the CA".to_string();
+    }
+    names
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn kube_needed(client: Option<&kube::Client>) -> anyhow::Result<kube::Client> {
@@ -197,6 +211,21 @@ impl Application {
             }
         };
         credentials.check().map_err(anyhow::Error::msg)?;
+        // Its certificate files are read before anything listens: a bad one stops the start.
+        let internal_mtls = match &settings.listeners.internal_auth {
+            InternalAuth::Mtls(mtls) => {
+                let config = crate::internal_tls::server_config(mtls)?;
+                tracing::info!(
+                    client_ca = %mtls.client_ca.display(),
+                    allowed = %allowed_names(&mtls.client_names),
+                    "internal listener: mutual TLS, callers need a client certificate from the CA"
+                );
+                Some(axum_server::tls_rustls::RustlsConfig::from_config(
+                    Arc::new(config),
+                ))
+            }
+            InternalAuth::None => None,
+        };
 
         let pool = crate::db::pool(&settings.database).map_err(anyhow::Error::msg)?;
 
@@ -266,21 +295,59 @@ impl Application {
             ),
             None => None,
         };
+        // The internal listener: mutual TLS unless explicitly turned off.
+        let internal_tls = match internal_mtls {
+            Some(config) => Some(config),
+            None => {
+                tracing::warn!(
+                    "internal listener: NO caller authentication (--internal-auth none): whoever reaches {internal_addr} reads every provider credential; development only"
+                );
+                tls.clone()
+            }
+        };
         let mut handles = Vec::new();
         let mut servers = Vec::new();
-        for (name, listener, router) in [
+        for (name, listener, router, tls) in [
             (
                 "public",
                 public_listener,
                 public_router(&state, listeners.ui_dir.as_deref()),
+                &tls,
             ),
-            ("internal", internal_listener, internal_router(&state)),
-            ("metrics", metrics_listener, metrics_router(&state)),
+            (
+                "internal",
+                internal_listener,
+                internal_router(&state),
+                &internal_tls,
+            ),
+            ("metrics", metrics_listener, metrics_router(&state), &tls),
         ] {
             let handle = axum_server::Handle::new();
             handles.push(handle.clone());
             let service = router.into_make_service();
-            let server = match &tls {
+            let server = match tls {
+                Some(tls) if name == "internal" => {
+                    let refused = metrics.internal_handshakes_failed.clone();
+                    tokio::spawn(
+                        axum_server::from_tcp_rustls(listener, tls.clone())?
+                            .accept_error_handler(move |peer, error| {
+                                // A connection closed before its handshake began (a TCP probe,
+                                // a port check) is no caller.
+                                if error.kind() == std::io::ErrorKind::UnexpectedEof {
+                                    tracing::debug!(peer = ?peer, %error, "internal listener: connection closed before the TLS handshake");
+                                    return;
+                                }
+                                refused.inc();
+                                tracing::warn!(
+                                    peer = ?peer,
+                                    %error,
+                                    "internal listener: connection refused at the TLS handshake"
+                                );
+                            })
+                            .handle(handle)
+                            .serve(service),
+                    )
+                }
                 Some(tls) => tokio::spawn(
                     axum_server::from_tcp_rustls(listener, tls.clone())?
                         .handle(handle)

@@ -693,6 +693,7 @@ async fn the_binary_reaches_redis_over_tls_with_a_password_it_never_logs() {
         .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
         .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
         .env("MAAS_METRICS_ADDR", "127.0.0.1:0")
+        .envs(helpers::internal_pki().env())
         .args([
             "--policy-file",
             &file("policy.yaml", &helpers::local_policy()),
@@ -726,10 +727,10 @@ async fn the_binary_reaches_redis_over_tls_with_a_password_it_never_logs() {
             break rest.split(' ').next().unwrap().to_string();
         }
     };
-    let http = reqwest::Client::new();
+    let http = helpers::internal_pki().gateway_client();
     let body = json!({"replica": "r1", "items": [item(&subject(), 10, 4, 0, 0, 0)]});
     let r = http
-        .post(format!("http://{internal}{LEASES_PATH}"))
+        .post(format!("https://{internal}{LEASES_PATH}"))
         .json(&body)
         .send()
         .await
@@ -737,7 +738,7 @@ async fn the_binary_reaches_redis_over_tls_with_a_password_it_never_logs() {
     let status = r.status();
     let answer: Value = r.json().await.unwrap();
     let ready: Value = http
-        .get(format!("http://{internal}/ready"))
+        .get(format!("https://{internal}/ready"))
         .send()
         .await
         .unwrap()

@@ -14,7 +14,10 @@
    pauseHeadersForBody and Envoy's allow_on_headers_stop_iteration always together, no WasmPlugin
    beside it); the Gateway's connection manager refuses underscore header names; the filter's
    companion cluster is the one the EnvoyFilter adds to the Gateway's
-   Envoy (to the internal port, with TLS exactly when TLS is on); the ServiceMonitor, PodMonitor
+   Envoy (to the internal port, always with mutual TLS: the Gateway's client certificate and the
+   internal CA over SDS, the service account allowed to fetch the key pair); the companion admits
+   only client certificates of the internal CA naming the Gateway or the cleanup job, which
+   presents its own; the ServiceMonitor, PodMonitor
    and PrometheusRules scrape the right ports and their alerts name only metrics the filter and
    the companion export (read from their sources); the Gateway's pod count (its parametersRef
    ConfigMap) is the filter's limits.global.replicas; the companion's Redis URL (budget leases)
@@ -67,6 +70,16 @@ CLEANUP_POD_LABEL = ("app.kubernetes.io/name", "maas-api-key-cleanup")
 REDIS = "maas-redis"
 REDIS_SECRET = "maas-redis"
 DEV_ONLY_LABEL = "maas.opendatahub.io/dev-only"
+# The internal port's mutual TLS (scripts/deploy.sh issues the certificates from a private CA):
+# the Secrets, the callers' names (URI SANs) and the Gateway's service account, which istiod must
+# let fetch the client key pair over SDS.
+GATEWAY_CLIENT_SECRET = "maas-gateway-internal-client"
+COMPANION_INTERNAL_SECRET = "maas-companion-internal-tls"
+CLEANUP_CLIENT_SECRET = "maas-api-key-cleanup-client"
+GATEWAY_CLIENT_NAME = "spiffe://maas.internal/gateway"
+CLEANUP_CLIENT_NAME = "spiffe://maas.internal/api-key-cleanup"
+GATEWAY_SERVICE_ACCOUNT = f"{GATEWAY_NAME}-openshift-default"
+GATEWAY_SDS_RBAC = "maas-gateway-sds"
 # Namespaces whose HTTPRoutes the Gateway admits (deploy.sh labels the companion's namespace).
 ROUTES_NAMESPACE_LABEL = ("maas.opendatahub.io/gateway-routes", "true")
 
@@ -150,7 +163,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
                         ("Gateway", GATEWAY_NAME), ("ConfigMap", GATEWAY_OPTIONS),
                         ("DestinationRule", "maas-companion-tls"),
                         ("EnvoyFilter", COMPANION_CLUSTER_FILTER), ("PodMonitor", "maas-gateway-envoy"),
-                        ("PrometheusRule", "maas-gateway-alerts")}
+                        ("PrometheusRule", "maas-gateway-alerts"), ("Role", GATEWAY_SDS_RBAC),
+                        ("RoleBinding", GATEWAY_SDS_RBAC)}
         cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "GatewayClass", "CustomResourceDefinition"}
         for d in docs:
             key = (d["kind"], d["metadata"]["name"])
@@ -164,6 +178,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
             else:
                 assert got == ns, f"{key} in {got}, expected the companion's namespace {ns}"
         for d in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+            if (d["kind"], d["metadata"]["name"]) in gateway_side:
+                continue  # the Gateway's own service account (checked with the internal mTLS)
             for s in d.get("subjects", []):
                 if s["kind"] == "ServiceAccount":
                     assert s.get("namespace") == ns, f"{d['kind']} {d['metadata']['name']} binds {s}"
@@ -297,25 +313,85 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
                      for group in la["endpoints"] for e in group["lb_endpoints"]]
         assert endpoints == [{"address": fqdn, "port_value": INTERNAL_PORT}], \
             f"cluster endpoints {endpoints}, expected {fqdn}:{INTERNAL_PORT}"
+        # Mutual TLS whatever --tls says: the internal port serves the provider keys.
         ts = c.get("transport_socket")
-        if tls == "on":
-            assert ts, "TLS on but the companion cluster has no TLS transport socket"
-            tc = ts["typed_config"]
-            assert tc["@type"].endswith("tls.v3.UpstreamTlsContext"), tc["@type"]
-            assert tc.get("sni") == f"{COMPANION}.{ns}.svc", f"sni {tc.get('sni')}"
-            cvc = tc["common_tls_context"]["combined_validation_context"]
-            sans = [m["matcher"].get("exact") for m in
-                    cvc["default_validation_context"]["match_typed_subject_alt_names"]]
-            assert sans == [f"{COMPANION}.{ns}.svc"], f"SANs {sans}"
-            dr = one(docs, "DestinationRule", "maas-companion-tls")
-            want_sds = f"kubernetes://{dr['spec']['trafficPolicy']['tls']['credentialName']}-cacert"
-            sds = cvc["validation_context_sds_secret_config"]
-            assert sds["name"] == want_sds, f"CA from {sds['name']!r}, expected {want_sds!r}"
-            assert "ads" in sds["sds_config"], sds["sds_config"]
-        elif tls == "off":
-            assert not ts, "TLS off but the companion cluster originates TLS"
+        assert ts, "the companion cluster has no TLS transport socket: the Gateway cannot prove who it is"
+        tc = ts["typed_config"]
+        assert tc["@type"].endswith("tls.v3.UpstreamTlsContext"), tc["@type"]
+        assert tc.get("sni") == f"{COMPANION}.{ns}.svc", f"sni {tc.get('sni')}"
+        ctx = tc["common_tls_context"]
+        certs = [sds["name"] for sds in ctx.get("tls_certificate_sds_secret_configs", [])
+                 if "ads" in sds.get("sds_config", {})]
+        assert certs == [f"kubernetes://{GATEWAY_CLIENT_SECRET}"], \
+            f"the companion cluster presents no client certificate from Secret {GATEWAY_CLIENT_SECRET} " \
+            f"(over SDS): {ctx.get('tls_certificate_sds_secret_configs')}"
+        cvc = ctx["combined_validation_context"]
+        sans = [m["matcher"].get("exact") for m in
+                cvc["default_validation_context"]["match_typed_subject_alt_names"]]
+        assert sans == [f"{COMPANION}.{ns}.svc"], f"SANs {sans}"
+        sds = cvc["validation_context_sds_secret_config"]
+        want_sds = f"kubernetes://{GATEWAY_CLIENT_SECRET}-cacert"
+        assert sds["name"] == want_sds, f"CA from {sds['name']!r}, expected {want_sds!r} (the internal CA)"
+        assert "ads" in sds["sds_config"], sds["sds_config"]
     check(f"EnvoyFilter: adds the filter's cluster {COMPANION_CLUSTER} to the Gateway's Envoy, "
-          f"STRICT_DNS to the companion's internal port, TLS {tls}", companion_cluster)
+          f"STRICT_DNS to the companion's internal port, mutual TLS with the Gateway's certificate",
+          companion_cluster)
+
+    def internal_mtls():
+        # The companion: mutual TLS on, its files from the internal Secret, both callers named.
+        deploy = one(docs, "Deployment", COMPANION)
+        pod = deploy["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env.get("MAAS_INTERNAL_AUTH", "mtls") == "mtls", \
+            f"MAAS_INTERNAL_AUTH={env.get('MAAS_INTERNAL_AUTH')}: the internal port would serve provider keys to anyone"
+        mounts = {m["mountPath"].rstrip("/"): m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+
+        def secret_file(var, expected_key):
+            path = env.get(var)
+            assert path, f"{var} is not set"
+            directory, _, key = path.rpartition("/")
+            assert directory in mounts, f"{var}={path} is not in a mounted volume"
+            secret = volumes[mounts[directory]].get("secret", {}).get("secretName")
+            assert (secret, key) == (COMPANION_INTERNAL_SECRET, expected_key), \
+                f"{var}={path} reads {secret}/{key}, expected {COMPANION_INTERNAL_SECRET}/{expected_key}"
+        secret_file("MAAS_INTERNAL_CLIENT_CA", "ca.crt")
+        secret_file("MAAS_INTERNAL_TLS_CERT", "tls.crt")
+        secret_file("MAAS_INTERNAL_TLS_KEY", "tls.key")
+        names = [n.strip() for n in (env.get("MAAS_INTERNAL_CLIENT_NAMES") or "").split(",") if n.strip()]
+        assert sorted(names) == sorted([GATEWAY_CLIENT_NAME, CLEANUP_CLIENT_NAME]), \
+            f"MAAS_INTERNAL_CLIENT_NAMES {names}, expected exactly the Gateway and the cleanup job"
+        # istiod serves the Gateway its client key pair only if its service account may list
+        # Secrets in openshift-ingress: exactly that, nothing more.
+        role = one(docs, "Role", GATEWAY_SDS_RBAC)
+        assert role["metadata"].get("namespace") == GATEWAY_NS, role["metadata"]
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}], role["rules"]
+        binding = one(docs, "RoleBinding", GATEWAY_SDS_RBAC)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": GATEWAY_SDS_RBAC}, binding["roleRef"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY_SERVICE_ACCOUNT,
+                                        "namespace": GATEWAY_NS}], binding["subjects"]
+        # The cleanup job presents its own certificate and checks the companion's.
+        job = one(docs, "CronJob", "maas-api-key-cleanup")
+        jpod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        jc = jpod["containers"][0]
+        command = " ".join(jc.get("command", []) + jc.get("args", []))
+        jmounts = {m["mountPath"].rstrip("/"): m["name"] for m in jc.get("volumeMounts", [])}
+        jvolumes = {v["name"]: v for v in jpod.get("volumes", [])}
+        assert "https://" in command and "http://" not in command, \
+            f"the cleanup job calls the internal port without TLS: {command!r}"
+        for flag, key in (("--cacert", "ca.crt"), ("--cert", "tls.crt"), ("--key", "tls.key")):
+            m = re.search(rf"{flag} (\S+)", command)
+            assert m, f"the cleanup job's curl has no {flag}: {command!r}"
+            directory, _, got_key = m.group(1).rpartition("/")
+            assert directory in jmounts, f"the cleanup job's {flag} {m.group(1)} is not mounted"
+            secret = jvolumes[jmounts[directory]].get("secret", {}).get("secretName")
+            assert (secret, got_key) == (CLEANUP_CLIENT_SECRET, key), \
+                f"the cleanup job's {flag} reads {secret}/{got_key}, expected {CLEANUP_CLIENT_SECRET}/{key}"
+    check("internal API: mutual TLS on the companion (files from its Secret, only the Gateway and the "
+          "cleanup job named), the Gateway's service account may fetch its key pair over SDS, the "
+          "cleanup job presents its own certificate", internal_mtls)
 
     def monitoring():
         sm = one(docs, "ServiceMonitor", COMPANION)

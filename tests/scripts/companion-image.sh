@@ -197,8 +197,9 @@ chmod -R a+rX "$ROOTFS/config"
 P=$(free_port) I=$(free_port) M=$(free_port) DB=$(free_port)
 prefix=""
 [[ $run_mode == chroot* ]] || prefix=$ROOTFS
-# The database is needed only for /ready (connections are lazy); /health answers without it.
-run_in_image --database-url "postgres://maas@127.0.0.1:$DB/maas" \
+# The database is needed only for /ready (connections are lazy); /health answers without it. The
+# internal listener's mutual TLS (needs certificates) is beside the point here: turned off.
+run_in_image --database-url "postgres://maas@127.0.0.1:$DB/maas" --internal-auth none \
   --public-addr "127.0.0.1:$P" --internal-addr "127.0.0.1:$I" --metrics-addr "127.0.0.1:$M" \
   --policy-file "$prefix/config/policy.yaml" --identity-provider static --identities-file "$prefix/config/identities.yaml" \
   --credentials-source file --credentials-file "$prefix/config/credentials.yaml" \

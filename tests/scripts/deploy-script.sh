@@ -56,6 +56,28 @@ case "$1 ${2:-}" in
       esac
       exit 0
     fi
+    # ... and the internal API's key pairs: the last applied copy of the Secret in that
+    # namespace, one data key at a time.
+    case "${3:-}" in
+      maas-companion-internal-tls | maas-gateway-internal-client | maas-api-key-cleanup-client)
+        ns=""
+        prev=""
+        for arg in "$@"; do
+          if [ "$prev" = -n ]; then ns=$arg; fi
+          prev=$arg
+        done
+        file=""
+        for n in $(find "$FAKE_STATE" -name 'stdin.*' | sed 's/.*stdin\.//' | sort -rn); do
+          if grep -qx "  name: $3" "$FAKE_STATE/stdin.$n" && grep -qx "  namespace: $ns" "$FAKE_STATE/stdin.$n"; then
+            file=$FAKE_STATE/stdin.$n
+            break
+          fi
+        done
+        [ -n "$file" ] || { echo "Error from server (NotFound)" >&2; exit 1; }
+        key=$(printf '%s' "$*" | sed -n 's/.*jsonpath={\.data\.\([^}]*\)}.*/\1/p' | sed 's/\\//g')
+        if [ -n "$key" ]; then sed -n "s/^  $key: //p" "$file" | tr -d '\n'; fi
+        exit 0 ;;
+    esac
     if [ "${3:-}" = postgres-creds ] && applied "name: postgres-creds"; then
       case "$*" in
         *POSTGRES_PASSWORD*)
@@ -215,6 +237,14 @@ expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "
   "+ oc rollout status deployment/maas-companion -n my-maas" "kind: PersistentVolumeClaim" \
   "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)" \
   "lease store:       in process" "Lease store: in process in each companion replica"
+expect_output dry-kustomize "internal API:      mutual TLS, a private CA" \
+  "+ oc apply -f - <<'<Secret my-maas/maas-companion-internal-tls>'" \
+  "+ oc apply -f - <<'<Secret openshift-ingress/maas-gateway-internal-client>'" \
+  "+ oc apply -f - <<'<Secret my-maas/maas-api-key-cleanup-client>'" "  tls.key: <redacted>" \
+  "kubernetes://maas-gateway-internal-client" "name: maas-gateway-sds"
+# No certificate or key leaves the Secrets ("-----BEGIN" in base64, and in clear).
+expect_absent dry-kustomize "LS0tLS1CRUdJTi"
+expect_absent dry-kustomize "BEGIN PRIVATE KEY"
 expect_absent dry-kustomize "<Secret maas-redis>"
 expect_absent dry-kustomize "oc rollout restart"
 rendered dry-kustomize >"$WORK/dry-kustomize.yaml"
@@ -235,6 +265,9 @@ expect_absent dry-operator-rhoai "S3cr3tPassw0rd"
 expect_absent dry-operator-rhoai "kind: DestinationRule"
 expect_absent dry-operator-rhoai "maas-postgres"
 expect_absent dry-operator-rhoai "MAAS_TLS_CERT"
+# With the TLS backend off the internal port still serves mutual TLS.
+expect_output dry-operator-rhoai "MAAS_INTERNAL_CLIENT_CA" "kubernetes://maas-gateway-internal-client" \
+  "<Secret redhat-ods-applications/maas-companion-internal-tls>"
 
 # ---- the lease store: --redis-url / --dev-redis ---------------------------------------------------
 # checks_pass NAME DEV-REDIS: the dry run's rendered manifests pass the checker with --dev-redis.
@@ -343,6 +376,57 @@ if grep -l "name: maas-companion-ca" "$WORK/full-kustomize.state"/stdin.* >/dev/
 else
   fail "full-kustomize: TLS on → Secret maas-companion-ca" "not applied"
 fi
+# The internal API's key pairs: one CA for the three, each pair its own name and usage, the CA's
+# key applied nowhere, no key in the output or on a command line.
+internal_pki_checks() { # internal_pki_checks STATE NAMESPACE
+  local state=$1 ns=$2 dir=$WORK/pki-$1 spec prefix namespace secret file key want usage
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  for spec in "server $ns maas-companion-internal-tls" "gateway openshift-ingress maas-gateway-internal-client" \
+    "cleanup $ns maas-api-key-cleanup-client"; do
+    read -r prefix namespace secret <<<"$spec"
+    file=$(grep -lx "  name: $secret" "$state"/stdin.* 2>/dev/null | xargs -r grep -lx "  namespace: $namespace" | head -1)
+    [ -n "$file" ] || { echo "no Secret $namespace/$secret applied"; return 1; }
+    grep -qx "type: kubernetes.io/tls" "$file" || { echo "$secret is not kubernetes.io/tls"; return 1; }
+    for key in ca.crt tls.crt tls.key; do
+      sed -n "s/^  $key: //p" "$file" | base64 -d >"$dir/$prefix.$key" || { echo "$secret: no $key"; return 1; }
+    done
+    case $prefix in
+      server) want="DNS:maas-companion.$ns.svc" usage="TLS Web Server Authentication" ;;
+      gateway) want="URI:spiffe://maas.internal/gateway" usage="TLS Web Client Authentication" ;;
+      *) want="URI:spiffe://maas.internal/api-key-cleanup" usage="TLS Web Client Authentication" ;;
+    esac
+    cmp -s "$dir/server.ca.crt" "$dir/$prefix.ca.crt" || { echo "$secret: another CA"; return 1; }
+    openssl verify -CAfile "$dir/$prefix.ca.crt" "$dir/$prefix.tls.crt" >/dev/null || { echo "$secret: not issued by its CA"; return 1; }
+    openssl x509 -in "$dir/$prefix.tls.crt" -noout -ext subjectAltName | grep -qF "$want" || { echo "$secret: no $want"; return 1; }
+    openssl x509 -in "$dir/$prefix.tls.crt" -noout -ext extendedKeyUsage | grep -qF "$usage" || { echo "$secret: not $usage"; return 1; }
+    [ "$(openssl x509 -in "$dir/$prefix.tls.crt" -noout -pubkey)" = "$(openssl pkey -in "$dir/$prefix.tls.key" -pubout)" ] ||
+      { echo "$secret: the key is not the certificate's"; return 1; }
+    [ "$(openssl x509 -in "$dir/$prefix.ca.crt" -noout -pubkey)" != "$(openssl pkey -in "$dir/$prefix.tls.key" -pubout)" ] ||
+      { echo "$secret: holds the CA's key"; return 1; }
+    if grep -qF "$(sed -n 's/^  tls.key: //p' "$file")" "$WORK/$3.out" "$state/calls"; then
+      echo "$secret: its key is in the output or a command line"
+      return 1
+    fi
+  done
+  [ "$(cat "$state"/stdin.* | grep -c '^  tls.key: ')" -ge 3 ] || { echo "fewer than 3 key pairs applied"; return 1; }
+}
+# istiod serves the Gateway its key pair only once the Role exists: applied before the EnvoyFilter.
+first_with() { # first_with STATE TEXT: the number of the first stdin holding the line TEXT
+  find "$1" -name 'stdin.*' | sed 's/.*stdin\.//' | sort -n | while read -r n; do
+    if grep -qx -- "$2" "$1/stdin.$n"; then echo "$n"; break; fi
+  done
+}
+rbac_at=$(first_with "$WORK/full-kustomize.state" "  name: maas-gateway-sds")
+filter_at=$(first_with "$WORK/full-kustomize.state" "kind: EnvoyFilter")
+if [ -n "$rbac_at" ] && [ -n "$filter_at" ] && [ "$rbac_at" -lt "$filter_at" ] &&
+  ! grep -qx "kind: EnvoyFilter" "$WORK/full-kustomize.state/stdin.$rbac_at"; then
+  pass "full-kustomize: Role maas-gateway-sds applied before the EnvoyFilter that needs it"
+else
+  fail "full-kustomize: Role maas-gateway-sds applied before the EnvoyFilter" "rbac ${rbac_at:-none}, EnvoyFilter ${filter_at:-none}"
+fi
+check "full-kustomize: the internal API's three key pairs from one private CA, named and used right, no key shown" \
+  internal_pki_checks "$WORK/full-kustomize.state" team-maas full-kustomize
 manifests=$(grep -l "kind: EnvoyFilter" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
 if [ -n "$manifests" ] && grep -q "uri: oci://$WASM_IMG" "$manifests" && grep -q "namespace: team-maas" "$manifests"; then
   pass "full-kustomize: applied manifests carry the wasm image and the namespace"
@@ -365,7 +449,13 @@ changes() { # changes STATE FROM TO: the mutating calls FROM..TO and every docum
 first_calls=$(wc -l <"$WORK/full-kustomize.state/calls")
 KEEP_STATE=full-kustomize run_deploy full-kustomize-again MAAS_WASM_IMAGE="$WASM_IMG" -- --deployment-mode kustomize --namespace team-maas
 expect_exit full-kustomize-again 0 "MaaS Gateway is deployed."
-expect_output full-kustomize-again "reusing the existing Secret postgres-creds"
+expect_output full-kustomize-again "reusing the existing Secret postgres-creds" \
+  "reusing the certificates in Secrets maas-companion-internal-tls"
+if calls full-kustomize | sed -n "$((first_calls + 1)),\$p" | grep -q "rollout restart"; then
+  fail "full-kustomize-again: the internal certificates are kept, nothing restarts" "$(calls full-kustomize | grep 'rollout restart')"
+else
+  pass "full-kustomize-again: the internal certificates are kept, nothing restarts"
+fi
 second_calls=$(wc -l <"$WORK/full-kustomize.state/calls")
 changes full-kustomize 1 "$first_calls" >"$WORK/run1.changes"
 changes full-kustomize $((first_calls + 1)) "$second_calls" >"$WORK/run2.changes"
@@ -387,6 +477,23 @@ if [ "$delta" = "< uri: oci://$WASM_IMG
   pass "a new filter digest changes the module's uri in EnvoyFilter maas-filter and nothing else"
 else
   fail "a new filter digest changes the module's uri in EnvoyFilter maas-filter and nothing else" "$(head -n 6 <<<"$delta")"
+fi
+
+# Certificates about to expire (here: a renewal margin longer than their validity) are issued
+# again, from a new CA, and the running companion restarts to read them.
+third_calls=$(wc -l <"$WORK/full-kustomize.state/calls")
+KEEP_STATE=full-kustomize run_deploy full-kustomize-renew MAAS_WASM_IMAGE="registry.example.com:5000/team/maas-filter@$DIGEST_C" \
+  INTERNAL_RENEW_DAYS=800 -- --deployment-mode kustomize --namespace team-maas
+expect_exit full-kustomize-renew 0 "the internal certificates were issued again: restarting the companion"
+expect_output full-kustomize-renew "issued a private CA (its key kept nowhere)"
+renewed=$(sed -n "$((third_calls + 1)),\$p" "$WORK/full-kustomize.state/calls" | awk '
+  /^oc apply --server-side --force-conflicts/ { all = NR }
+  /^oc rollout restart deployment\/maas-companion -n team-maas/ { restart = NR }
+  END { print (all && restart > all) ? "ok" : "bad " all " " restart }')
+if [ "$renewed" = ok ]; then
+  pass "full-kustomize-renew: the companion restarts after the manifests are applied"
+else
+  fail "full-kustomize-renew: the companion restarts after the manifests are applied" "$renewed"
 fi
 
 # A given Redis: the URL goes into Secret maas-redis on stdin, never onto a command line or the

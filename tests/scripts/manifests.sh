@@ -92,8 +92,9 @@ else
   fail "odh + components/maas-resources renders" "$(cat "$WORK/maas-resources.yaml.err")"
 fi
 
-# Envoy itself accepts the companion cluster the EnvoyFilter adds (TLS on and off): the cluster
-# goes into a bootstrap, with an ADS source for the SDS CA secret, and `envoy --mode validate`
+# Envoy itself accepts the companion cluster the EnvoyFilter adds (TLS backend on and off; mutual
+# TLS to the internal port in both): the cluster goes into a bootstrap, with an ADS source for the
+# SDS secrets (the Gateway's key pair and the internal CA), and `envoy --mode validate`
 # checks it as the Gateway's Envoy would. Needs the project's Envoy (scripts/test.sh installs it
 # into .venv; or MAAS_ENVOY_BIN).
 ENVOY_BIN=${MAAS_ENVOY_BIN:-}
@@ -308,6 +309,29 @@ elif name == "companion-cluster-other-ca":
     ts = get("EnvoyFilter", "maas-companion-cluster")["spec"]["configPatches"][0]["patch"]["value"]["transport_socket"]
     ts["typed_config"]["common_tls_context"]["combined_validation_context"][
         "validation_context_sds_secret_config"]["name"] = "kubernetes://other-ca-cacert"
+elif name == "companion-cluster-without-client-cert":
+    ctx = get("EnvoyFilter", "maas-companion-cluster")["spec"]["configPatches"][0]["patch"]["value"][
+        "transport_socket"]["typed_config"]["common_tls_context"]
+    ctx.pop("tls_certificate_sds_secret_configs")
+elif name == "internal-auth-none":
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == "MAAS_INTERNAL_AUTH")["value"] = "none"
+elif name == "internal-any-caller-of-the-ca":
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    env[:] = [e for e in env if e["name"] != "MAAS_INTERNAL_CLIENT_NAMES"]
+elif name == "internal-ca-from-elsewhere":
+    vols = dep["spec"]["template"]["spec"]["volumes"]
+    next(v for v in vols if v["name"] == "internal-tls")["secret"]["secretName"] = "some-other-secret"
+elif name == "no-gateway-sds-rbac":
+    docs = [d for d in docs if not (d["kind"] == "Role" and d["metadata"]["name"] == "maas-gateway-sds")]
+elif name == "gateway-sds-rbac-reads-secrets":
+    get("Role", "maas-gateway-sds")["rules"][0]["verbs"] = ["get", "list", "watch"]
+elif name == "cleanup-plain-http":
+    c = get("CronJob", "maas-api-key-cleanup")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    c["command"][-1] = c["command"][-1].replace("https://", "http://")
+elif name == "cleanup-without-client-cert":
+    c = get("CronJob", "maas-api-key-cleanup")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    c["command"][-1] = c["command"][-1].replace("--cert /etc/maas/internal-client/tls.crt", "")
 elif name == "companion-cluster-on-every-proxy":
     get("EnvoyFilter", "maas-companion-cluster")["spec"].pop("workloadSelector")
 elif name == "alert-on-unknown-metric":
@@ -396,6 +420,14 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused plugin-uses-istio-cluster-name "expected 'maas-companion-internal'"
   expect_refused companion-cluster-public-port "expected maas-companion.opendatahub.svc.cluster.local:8081"
   expect_refused companion-cluster-without-tls "no TLS transport socket"
+  expect_refused companion-cluster-without-client-cert "presents no client certificate"
+  expect_refused internal-auth-none "MAAS_INTERNAL_AUTH=none"
+  expect_refused internal-any-caller-of-the-ca "MAAS_INTERNAL_CLIENT_NAMES \\[\\]"
+  expect_refused internal-ca-from-elsewhere "reads some-other-secret/ca.crt"
+  expect_refused no-gateway-sds-rbac "expected exactly one Role maas-gateway-sds"
+  expect_refused gateway-sds-rbac-reads-secrets "'get', 'list', 'watch'"
+  expect_refused cleanup-plain-http "calls the internal port without TLS"
+  expect_refused cleanup-without-client-cert "has no --cert"
   expect_refused companion-cluster-other-ca "kubernetes://other-ca-cacert"
   expect_refused companion-cluster-on-every-proxy "EnvoyFilter selects None"
   expect_refused alert-on-unknown-metric "unknown metric envoy_wasmcustom_maas_requests_unavailble"

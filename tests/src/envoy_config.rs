@@ -49,6 +49,48 @@ pub struct EnvoyConfigInput<'a> {
     pub simulator: SocketAddr,
     /// `None` renders bare Envoy (no filter).
     pub filter: Option<WasmFilterOptions>,
+    /// Mutual TLS to the companion's internal listener (`None`: plain HTTP, for a companion
+    /// run with `--internal-auth none`).
+    pub companion_tls: Option<CompanionTls>,
+}
+
+/// What Envoy's companion cluster presents and checks: the gateway's client certificate, the
+/// CA the companion's certificate must chain to, and the name it must carry (SNI and SAN), as
+/// the cluster's EnvoyFilter does over SDS.
+#[derive(Debug, Clone)]
+pub struct CompanionTls {
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub ca: PathBuf,
+    pub server_name: String,
+}
+
+impl CompanionTls {
+    /// The cluster's `transport_socket`.
+    pub fn transport_socket(&self) -> Value {
+        let mut context = json!({
+            "validation_context": {
+                "trusted_ca": {"filename": self.ca.to_string_lossy()},
+                "match_typed_subject_alt_names": [
+                    {"san_type": "DNS", "matcher": {"exact": self.server_name}}
+                ]
+            }
+        });
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            context["tls_certificates"] = json!([{
+                "certificate_chain": {"filename": cert.to_string_lossy()},
+                "private_key": {"filename": key.to_string_lossy()}
+            }]);
+        }
+        json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": self.server_name,
+                "common_tls_context": context
+            }
+        })
+    }
 }
 
 /// A model backend URL, parsed: `http://host:port[/base]` or `https://host[:port][/base]`.
@@ -426,8 +468,12 @@ pub fn with_node_id(rendered: &str, id: &str) -> Result<String> {
 
 /// Renders the Envoy bootstrap (JSON) for the stack.
 pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
+    let mut internal = addr_cluster(COMPANION_INTERNAL_CLUSTER, input.companion_internal);
+    if let Some(tls) = &input.companion_tls {
+        internal["transport_socket"] = tls.transport_socket();
+    }
     let mut clusters = vec![
-        addr_cluster(COMPANION_INTERNAL_CLUSTER, input.companion_internal),
+        internal,
         addr_cluster(COMPANION_PUBLIC_CLUSTER, input.companion_public),
         addr_cluster(SIMULATOR_CLUSTER, input.simulator),
     ];
@@ -610,6 +656,7 @@ mod tests {
                 wasm_path: "/x/maas_filter.wasm".into(),
                 poll_interval_ms: 500,
             }),
+            companion_tls: None,
         }
     }
 
@@ -699,6 +746,54 @@ mod tests {
             companion["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
                 ["socket_address"]["port_value"],
             7002
+        );
+        assert!(companion["transport_socket"].is_null(), "plain without TLS");
+    }
+
+    /// With mutual TLS, the companion cluster (and only it) presents the gateway's certificate
+    /// and checks the companion's against the CA and the name.
+    #[test]
+    fn the_companion_cluster_presents_the_gateways_certificate() {
+        let p = policy();
+        let mut inp = input(&p, true);
+        inp.companion_tls = Some(CompanionTls {
+            client_cert: Some("/pki/gw.crt".into()),
+            client_key: Some("/pki/gw.key".into()),
+            ca: "/pki/ca.crt".into(),
+            server_name: "maas-companion.local".into(),
+        });
+        let v: Value = serde_json::from_str(&render(&inp).unwrap()).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        let internal = clusters
+            .iter()
+            .find(|c| c["name"] == COMPANION_INTERNAL_CLUSTER)
+            .unwrap();
+        let tls = &internal["transport_socket"]["typed_config"];
+        assert_eq!(tls["sni"], "maas-companion.local");
+        let ctx = &tls["common_tls_context"];
+        assert_eq!(
+            ctx["tls_certificates"][0]["certificate_chain"]["filename"],
+            "/pki/gw.crt"
+        );
+        assert_eq!(
+            ctx["tls_certificates"][0]["private_key"]["filename"],
+            "/pki/gw.key"
+        );
+        assert_eq!(
+            ctx["validation_context"]["trusted_ca"]["filename"],
+            "/pki/ca.crt"
+        );
+        assert_eq!(
+            ctx["validation_context"]["match_typed_subject_alt_names"][0]["matcher"]["exact"],
+            "maas-companion.local"
+        );
+        let public = clusters
+            .iter()
+            .find(|c| c["name"] == COMPANION_PUBLIC_CLUSTER)
+            .unwrap();
+        assert!(
+            public["transport_socket"].is_null(),
+            "the public listener is unchanged"
         );
     }
 

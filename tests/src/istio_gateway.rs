@@ -290,6 +290,7 @@ mod tests {
                     wasm_path: "/x.wasm".into(),
                     poll_interval_ms: 500,
                 }),
+                companion_tls: None,
             })
             .unwrap(),
         )

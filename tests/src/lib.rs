@@ -11,6 +11,8 @@
 //!   filter over ECDS, the connection manager's settings), on a local bootstrap;
 //! - [`kube_standin`]: a local Kubernetes API stand-in serving the reference's resources to a
 //!   companion with `MAAS_POLICY_SOURCE=kubernetes`;
+//! - [`internal_pki`]: the private CA and certificates of the companion's internal listener
+//!   (mutual TLS: the gateway's Envoys present a client certificate);
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
 //!   trailers;
 //! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
@@ -18,6 +20,7 @@
 pub mod envoy_config;
 pub mod extra_envoy;
 pub mod h2client;
+pub mod internal_pki;
 pub mod istio_gateway;
 pub mod kube_standin;
 pub mod postgres;

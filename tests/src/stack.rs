@@ -15,7 +15,8 @@
 //! exits because another process took its port in between ("Address already in use"), it is
 //! started again on fresh ports (a bounded number of times). So many stacks can start at once.
 
-use crate::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
+use crate::envoy_config::{self, CompanionTls, EnvoyConfigInput, WasmFilterOptions};
+use crate::internal_pki::InternalPki;
 use crate::postgres::Postgres;
 use crate::process::{ManagedProcess, is_addr_in_use, log_tail};
 use crate::redis::Redis;
@@ -78,6 +79,11 @@ pub struct StackOptions {
     /// companion's policy file: for a companion whose models come from elsewhere (the
     /// reference's Kubernetes resources, `MAAS_POLICY_SOURCE=kubernetes`).
     pub envoy_policy: Option<String>,
+    /// The companions' internal listeners admit only the gateway's client certificate (a
+    /// private CA generated at start, see [`crate::internal_pki`]), which every Envoy presents.
+    /// `false` runs them with `--internal-auth none` (plain HTTP): only for tools that cannot
+    /// present a certificate (the benchmark's `wrk` straight at the companion).
+    pub internal_mtls: bool,
 }
 
 impl Default for StackOptions {
@@ -100,6 +106,7 @@ impl Default for StackOptions {
             replicas: 1,
             redis: None,
             envoy_policy: None,
+            internal_mtls: true,
         }
     }
 }
@@ -237,6 +244,8 @@ struct EnvoySpec {
     /// The user's gateway port: replica 0 listens there (it was checked free), replica i on
     /// port + i when free.
     gateway_port: Option<u16>,
+    /// What the companion cluster presents and checks (`None`: plain HTTP).
+    companion_tls: Option<CompanionTls>,
 }
 
 /// One gateway replica: a companion and the Envoy that talks to it. Its ports stay its own
@@ -379,6 +388,8 @@ pub struct Stack {
     identities_path: PathBuf,
     credentials_path: PathBuf,
     sim: SimHandle,
+    /// The internal listeners' PKI (`None` with `internal_mtls: false`).
+    internal_pki: Option<InternalPki>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -504,6 +515,7 @@ impl Core {
             companion_internal: ports.companion_internal,
             simulator: self.sim_addr,
             filter: spec.filter.clone(),
+            companion_tls: spec.companion_tls.clone(),
         })?;
         // Merged before the test's extra, which may replace it (`null` unsets it).
         let rendered = match &spec.filter {
@@ -728,6 +740,15 @@ impl Stack {
             env.push(("MAAS_REDIS_URL".to_string(), redis.url()));
         }
         env.extend(options.companion_env.iter().cloned());
+        let internal_pki = if options.internal_mtls {
+            Some(InternalPki::generate(&dir_path.join("internal-pki"))?)
+        } else {
+            None
+        };
+        let internal_auth_args = match &internal_pki {
+            Some(pki) => pki.companion_args(),
+            None => vec!["--internal-auth=none".to_string()],
+        };
         let companion = CompanionSpec {
             bin: companion_bin,
             args: vec![
@@ -741,7 +762,10 @@ impl Stack {
                 format!("--identities-file={}", identities_path.display()),
                 "--credentials-source=file".to_string(),
                 format!("--credentials-file={}", credentials_path.display()),
-            ],
+            ]
+            .into_iter()
+            .chain(internal_auth_args)
+            .collect(),
             env,
         };
 
@@ -773,6 +797,7 @@ impl Stack {
                 gateway_replicas: options.replicas,
                 gateway_host: ip,
                 gateway_port: options.gateway_port,
+                companion_tls: internal_pki.as_ref().map(InternalPki::envoy_tls),
             },
             sim_addr: sim.addr(),
             ready_timeout: options.ready_timeout,
@@ -825,6 +850,7 @@ impl Stack {
             identities_path,
             credentials_path,
             sim,
+            internal_pki,
         })
     }
 
@@ -918,9 +944,12 @@ impl Stack {
     pub fn envoy_admin_url_of(&self, index: usize) -> String {
         format!("http://{}", self.replica_or_panic(index).ports.admin)
     }
+    /// Replica `index`'s internal listener: `https://…` behind mutual TLS (call it with
+    /// [`Stack::internal_client`]), `http://…` with `internal_mtls: false`.
     pub fn companion_internal_url_of(&self, index: usize) -> String {
         format!(
-            "http://{}",
+            "{}://{}",
+            self.internal_scheme(),
             self.replica_or_panic(index).ports.companion_internal
         )
     }
@@ -1095,8 +1124,35 @@ impl Stack {
     pub fn companion_public_url(&self) -> String {
         format!("http://{}", self.primary.ports.companion_public)
     }
+    /// The internal listener: `https://…` behind mutual TLS (call it with
+    /// [`Stack::internal_client`]), `http://…` with `internal_mtls: false`.
     pub fn companion_internal_url(&self) -> String {
-        format!("http://{}", self.primary.ports.companion_internal)
+        format!(
+            "{}://{}",
+            self.internal_scheme(),
+            self.primary.ports.companion_internal
+        )
+    }
+    fn internal_scheme(&self) -> &'static str {
+        if self.internal_pki.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+    /// The internal listeners' PKI (`None` with `internal_mtls: false`).
+    pub fn internal_pki(&self) -> Option<&InternalPki> {
+        self.internal_pki.as_ref()
+    }
+    /// A client for the internal listeners that presents the gateway's certificate, as the
+    /// stack's Envoys do (a plain client with `internal_mtls: false`).
+    pub fn internal_client(&self) -> reqwest::Client {
+        match &self.internal_pki {
+            Some(pki) => pki.gateway_client().unwrap_or_else(|e| {
+                panic!("the gateway's client certificate cannot be loaded: {e:#}")
+            }),
+            None => self.client(),
+        }
     }
     /// The companion's metrics listener (`GET /metrics`).
     pub fn companion_metrics_url(&self) -> String {

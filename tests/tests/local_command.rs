@@ -13,6 +13,8 @@ struct Started {
     /// Every URL of the READY line (the first is `gateway`).
     gateways: Vec<String>,
     stack_dir: String,
+    /// The `Internal API:` line's URL.
+    internal: String,
     output: mpsc::Receiver<String>,
 }
 
@@ -93,6 +95,7 @@ fn start_local_with(extra: &[&str]) -> Started {
     });
     let mut gateways: Option<Vec<String>> = None;
     let mut stack_dir = None;
+    let mut internal = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     while stack_dir.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -104,6 +107,9 @@ fn start_local_with(extra: &[&str]) -> Started {
         });
         if let Some(urls) = line.strip_prefix("READY ") {
             gateways = Some(urls.split_whitespace().map(str::to_string).collect());
+        }
+        if let Some(url) = line.strip_prefix("Internal API: ") {
+            internal = Some(url.trim().to_string());
         }
         if let Some(dir) = line.strip_prefix("Logs: ") {
             stack_dir = Some(dir.trim().to_string());
@@ -117,6 +123,7 @@ fn start_local_with(extra: &[&str]) -> Started {
         gateway: gateways.first().expect("READY names a URL").clone(),
         gateways,
         stack_dir: stack_dir.unwrap(),
+        internal: internal.expect("an Internal API line before the Logs line"),
         output: rx,
     }
 }
@@ -198,6 +205,34 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
         .send()
         .unwrap();
     assert_eq!(resp.status(), 200);
+
+    // The internal API it prints refuses a caller without the gateway's certificate and
+    // answers one with it (the files it names).
+    let pki = std::path::Path::new(&started.stack_dir).join("internal-pki");
+    let ca = std::fs::read(pki.join("ca.crt")).unwrap();
+    let trusting = || {
+        reqwest::blocking::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+    };
+    let credentials = format!("{}/internal/v1/credentials", started.internal);
+    assert!(
+        started.internal.starts_with("https://"),
+        "{}",
+        started.internal
+    );
+    let refused = trusting().build().unwrap().get(&credentials).send();
+    assert!(refused.is_err(), "no certificate: {refused:?}");
+    let mut identity = std::fs::read(pki.join("gateway-client.crt")).unwrap();
+    identity.extend(std::fs::read(pki.join("gateway-client.key")).unwrap());
+    let admitted = trusting()
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap()
+        .get(&credentials)
+        .send()
+        .unwrap();
+    assert_eq!(admitted.status(), 200);
 
     // SAFETY: kill(2) on our own, not yet reaped child.
     unsafe { libc::kill(started.child.id() as libc::pid_t, libc::SIGINT) };

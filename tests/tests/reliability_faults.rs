@@ -65,7 +65,8 @@ async fn call(stack: &Stack, cred: &str, test_id: &str) -> Reply {
 /// `POST /internal/v1/authenticate` straight to the companion.
 async fn authenticate(stack: &Stack, credential: &str) -> Reply {
     send(
-        client()
+        stack
+            .internal_client()
             .post(format!(
                 "{}/internal/v1/authenticate",
                 stack.companion_internal_url()

@@ -67,7 +67,7 @@ fn invalid_policies() -> Vec<(&'static str, String)> {
 }
 
 async fn companion_policy(stack: &Stack) -> (String, Value) {
-    let r = send(client().get(format!(
+    let r = send(stack.internal_client().get(format!(
         "{}/internal/v1/policy",
         stack.companion_internal_url()
     )))
@@ -195,6 +195,7 @@ fn render_with_plugin_config(
             wasm_path: tools::wasm_file()?,
             poll_interval_ms: 500,
         }),
+        companion_tls: None,
     })?;
     let mut v: Value = serde_json::from_str(&rendered)?;
     let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut v).context("the wasm filter")?;

@@ -30,10 +30,11 @@ async fn controls_work_on_a_stack_of_its_own() {
     .unwrap()
     .expect("own stack starts");
     let client = stack.client();
+    let internal = stack.internal_client();
 
     // The policy given in the options is what the companion serves.
     let policy_url = format!("{}/internal/v1/policy", stack.companion_internal_url());
-    let served: Value = client
+    let served: Value = internal
         .get(&policy_url)
         .send()
         .await
@@ -51,7 +52,7 @@ async fn controls_work_on_a_stack_of_its_own() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let served: Value = client
+        let served: Value = internal
             .get(&policy_url)
             .send()
             .await
@@ -79,7 +80,7 @@ async fn controls_work_on_a_stack_of_its_own() {
     tokio::task::block_in_place(|| s.start_companion()).unwrap();
     assert_eq!(status_of(client.get(&health)).await, Some(200));
     let auth = |cred: &str| {
-        client
+        internal
             .post(format!(
                 "{}/internal/v1/authenticate",
                 stack.companion_internal_url()

@@ -99,6 +99,7 @@ fn bare_envoy_routes_generated_from_the_policy() {
                 companion_internal: local(nowhere[1]),
                 simulator: sim.addr(),
                 filter: None,
+                companion_tls: None,
             })?;
             Ok(serde_json::from_str(&config)?)
         },

@@ -143,8 +143,8 @@ async fn database_down_is_503_and_the_service_recovers() {
     let started = std::time::Instant::now();
     let app = maas_companion::Application::build(config).await.unwrap();
     let public = format!("http://{}", app.public_addr());
-    let internal = format!("http://{}", app.internal_addr());
-    let http = reqwest::Client::new();
+    let internal = format!("https://{}", app.internal_addr());
+    let http = crate::helpers::internal_pki().gateway_client();
 
     let health = http.get(format!("{public}/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
@@ -214,7 +214,7 @@ async fn unreachable_postgres_answers_503_fast() {
         &creds,
     );
     let app = maas_companion::Application::build(config).await.unwrap();
-    let http = reqwest::Client::new();
+    let http = crate::helpers::internal_pki().gateway_client();
     let started = std::time::Instant::now();
     let r = http
         .get(format!("http://{}/ready", app.public_addr()))
@@ -224,7 +224,7 @@ async fn unreachable_postgres_answers_503_fast() {
     assert_eq!(r.status(), 503);
     let r = http
         .post(format!(
-            "http://{}/internal/v1/authenticate",
+            "https://{}/internal/v1/authenticate",
             app.internal_addr()
         ))
         .json(&json!({"credential": "alice-token"}))

@@ -1,6 +1,6 @@
 //! The `maas-companion` binary: command line validation, the start log line, SIGTERM.
 
-use crate::helpers::{IDENTITIES, create_database, local_policy};
+use crate::helpers::{IDENTITIES, create_database, internal_pki, local_policy};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,6 +33,60 @@ fn invalid_configuration_exits_with_a_message_naming_the_flag() {
     assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
 }
 
+/// The internal listener's caller check is on unless turned off: without its CA the binary
+/// does not start, and says which flag (exit 2); with a CA file that holds no certificate it
+/// stops before listening, naming the flag and the file (exit 1).
+#[test]
+fn the_binary_refuses_to_start_without_a_usable_internal_client_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, local_policy()).unwrap();
+    let ids = dir.path().join("ids.yaml");
+    std::fs::write(&ids, IDENTITIES).unwrap();
+    let creds = dir.path().join("creds.yaml");
+    std::fs::write(&creds, "credentials: {}\n").unwrap();
+    let run = |envs: &[(&str, String)]| {
+        Command::new(BIN)
+            .env_clear()
+            .env("DATABASE_URL", "postgres://x@127.0.0.1:1/db")
+            .env("MAAS_POLICY_FILE", &policy)
+            .env("MAAS_IDENTITY_PROVIDER", "static")
+            .env("MAAS_IDENTITIES_FILE", &ids)
+            .env("MAAS_CREDENTIALS_SOURCE", "file")
+            .env("MAAS_CREDENTIALS_FILE", &creds)
+            .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
+            .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
+            .env("MAAS_METRICS_ADDR", "127.0.0.1:0")
+            .envs(envs.iter().map(|(k, v)| (*k, v)))
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--internal-client-ca (MAAS_INTERNAL_CLIENT_CA) is required"),
+        "{stderr}"
+    );
+
+    let garbage = dir.path().join("ca.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let mut env = internal_pki().env();
+    env.retain(|(k, _)| *k != "MAAS_INTERNAL_CLIENT_CA");
+    env.push(("MAAS_INTERNAL_CLIENT_CA", garbage.display().to_string()));
+    let out = run(&env);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot start: --internal-client-ca {}:",
+            garbage.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("listening"), "{stderr}");
+}
+
 #[tokio::test]
 async fn starts_logs_its_addresses_and_stops_on_sigterm() {
     let database_url = create_database().await;
@@ -51,6 +105,7 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
         .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
         .env("MAAS_METRICS_ADDR", "127.0.0.1:0")
+        .envs(internal_pki().env())
         .args(["--policy-file", policy.to_str().unwrap()])
         .args([
             "--identity-provider",
@@ -98,8 +153,9 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    let auth = reqwest::Client::new()
-        .post(format!("http://{internal}/internal/v1/authenticate"))
+    let auth = internal_pki()
+        .gateway_client()
+        .post(format!("https://{internal}/internal/v1/authenticate"))
         .json(&serde_json::json!({"credential": "alice-token"}))
         .send()
         .await
@@ -176,6 +232,7 @@ async fn exits_non_zero_when_its_address_is_taken(listener: &str) {
         .env("MAAS_PUBLIC_ADDR", addr("public"))
         .env("MAAS_INTERNAL_ADDR", addr("internal"))
         .env("MAAS_METRICS_ADDR", addr("metrics"))
+        .envs(internal_pki().env())
         .args(["--policy-file", policy.to_str().unwrap()])
         .args([
             "--identity-provider",

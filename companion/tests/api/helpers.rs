@@ -28,8 +28,153 @@ identities:
     groups: [no-tier-group]
 ";
 
+/// The gateway's identity on the internal listener in these tests: a URI subject alternative
+/// name of its client certificate, as the mesh would name the Gateway's service account.
+pub const GATEWAY_NAME: &str =
+    "spiffe://cluster.local/ns/openshift-ingress/sa/maas-default-gateway-openshift-default";
+
+/// A throwaway PKI for the internal listener's mutual TLS: a CA, the listener's certificate
+/// (127.0.0.1 and localhost) and, issued on demand, client certificates.
+pub struct InternalPki {
+    _dir: TempDir,
+    /// The CA certificate (PEM file): `--internal-client-ca`.
+    pub ca: PathBuf,
+    pub ca_pem: String,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    /// The gateway's client certificate and key (one PEM, a reqwest identity).
+    pub gateway_identity: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+/// A CA: its certificate (PEM) and the issuer that signs with it.
+pub fn new_ca(name: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), rcgen::Issuer::new(params, key))
+}
+
+/// A leaf certificate and its key (PEM) from `issuer`, for `sans` (`scheme://…` as URIs,
+/// addresses as IPs, the rest as DNS names), for a client or a server.
+pub fn issue(
+    issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+    sans: &[&str],
+    client: bool,
+) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = sans
+        .iter()
+        .map(|san| {
+            if san.contains("://") {
+                rcgen::SanType::URI(rcgen::string::Ia5String::try_from(*san).unwrap())
+            } else if let Ok(ip) = san.parse() {
+                rcgen::SanType::IpAddress(ip)
+            } else {
+                rcgen::SanType::DnsName(rcgen::string::Ia5String::try_from(*san).unwrap())
+            }
+        })
+        .collect();
+    params.extended_key_usages = vec![if client {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+impl InternalPki {
+    fn new() -> InternalPki {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca_pem, issuer) = new_ca("maas-internal test CA");
+        let (server_pem, server_key_pem) = issue(&issuer, &["127.0.0.1", "localhost"], false);
+        let (gateway_pem, gateway_key) = issue(&issuer, &[GATEWAY_NAME], true);
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        InternalPki {
+            ca: write("ca.crt", &ca_pem),
+            server_cert: write("tls.crt", &server_pem),
+            server_key: write("tls.key", &server_key_pem),
+            ca_pem,
+            gateway_identity: format!("{gateway_pem}{gateway_key}"),
+            issuer,
+            _dir: dir,
+        }
+    }
+
+    /// A client certificate from this CA naming `sans` (one PEM with its key).
+    pub fn client_identity(&self, sans: &[&str]) -> String {
+        let (cert, key) = issue(&self.issuer, sans, true);
+        format!("{cert}{key}")
+    }
+
+    /// The companion's flags for this PKI (the gateway is the one allowed caller).
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            format!("--internal-client-ca={}", self.ca.display()),
+            format!("--internal-tls-cert={}", self.server_cert.display()),
+            format!("--internal-tls-key={}", self.server_key.display()),
+            format!("--internal-client-names={GATEWAY_NAME}"),
+        ]
+    }
+
+    /// The same as environment variables (for the binary).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("MAAS_INTERNAL_CLIENT_CA", self.ca.display().to_string()),
+            (
+                "MAAS_INTERNAL_TLS_CERT",
+                self.server_cert.display().to_string(),
+            ),
+            (
+                "MAAS_INTERNAL_TLS_KEY",
+                self.server_key.display().to_string(),
+            ),
+            ("MAAS_INTERNAL_CLIENT_NAMES", GATEWAY_NAME.to_string()),
+        ]
+    }
+
+    /// A client trusting this CA, presenting `identity` (a PEM certificate and key) if any.
+    pub fn client(&self, identity: Option<&str>) -> reqwest::Client {
+        let mut b = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap());
+        if let Some(identity) = identity {
+            b = b.identity(reqwest::Identity::from_pem(identity.as_bytes()).unwrap());
+        }
+        b.build().unwrap()
+    }
+
+    /// The gateway's client: what these tests call the internal listener with.
+    pub fn gateway_client(&self) -> reqwest::Client {
+        self.client(Some(&self.gateway_identity))
+    }
+}
+
+/// One PKI per test binary.
+pub fn internal_pki() -> &'static InternalPki {
+    static PKI: OnceLock<InternalPki> = OnceLock::new();
+    PKI.get_or_init(InternalPki::new)
+}
+
 /// The settings of an in-process companion, parsed from flags as the binary does: static
-/// identities, file credentials, every listener on 127.0.0.1 port 0, short intervals.
+/// identities, file credentials, every listener on 127.0.0.1 port 0, short intervals, the
+/// internal listener behind mutual TLS ([`internal_pki`]).
 pub fn local_settings(
     database_url: &str,
     policy_file: &Path,
@@ -37,21 +182,25 @@ pub fn local_settings(
     credentials_file: &Path,
 ) -> Settings {
     let path = |p: &Path| p.to_str().unwrap().to_string();
-    Cli::try_parse_from([
-        "maas-companion".to_string(),
-        format!("--database-url={database_url}"),
-        "--db-max-connections=10".into(),
-        "--db-acquire-timeout-ms=1000".into(),
-        "--public-addr=127.0.0.1:0".into(),
-        "--internal-addr=127.0.0.1:0".into(),
-        "--metrics-addr=127.0.0.1:0".into(),
-        format!("--policy-file={}", path(policy_file)),
-        "--policy-reload-interval-ms=200".into(),
-        "--identity-provider=static".into(),
-        format!("--identities-file={}", path(identities_file)),
-        "--credentials-source=file".into(),
-        format!("--credentials-file={}", path(credentials_file)),
-    ])
+    Cli::try_parse_from(
+        [
+            "maas-companion".to_string(),
+            format!("--database-url={database_url}"),
+            "--db-max-connections=10".into(),
+            "--db-acquire-timeout-ms=1000".into(),
+            "--public-addr=127.0.0.1:0".into(),
+            "--internal-addr=127.0.0.1:0".into(),
+            "--metrics-addr=127.0.0.1:0".into(),
+            format!("--policy-file={}", path(policy_file)),
+            "--policy-reload-interval-ms=200".into(),
+            "--identity-provider=static".into(),
+            format!("--identities-file={}", path(identities_file)),
+            "--credentials-source=file".into(),
+            format!("--credentials-file={}", path(credentials_file)),
+        ]
+        .into_iter()
+        .chain(internal_pki().args()),
+    )
     .unwrap()
     .into_settings()
     .unwrap()
@@ -119,9 +268,11 @@ fn init_tracing() {
 pub struct TestApp {
     pub app: Application,
     pub public: String,
+    /// `https://…`: behind mutual TLS; [`TestApp::http`] presents the gateway's certificate.
     pub internal: String,
     /// The metrics listener (`/metrics` and `/health` only).
     pub metrics: String,
+    /// Presents the gateway's client certificate to the internal listener (plain HTTP elsewhere).
     pub http: reqwest::Client,
     pub pool: PgPool,
     /// Holds the policy, identities and credentials files for the app's lifetime.
@@ -155,11 +306,15 @@ pub async fn spawn_with_config(
     database_url: String,
     overrides: maas_companion::Overrides,
 ) -> TestApp {
+    let internal_scheme = match config.listeners.internal_auth {
+        maas_companion::settings::InternalAuth::Mtls(_) => "https",
+        maas_companion::settings::InternalAuth::None => "http",
+    };
     let app = Application::build_with(config, overrides)
         .await
         .expect("companion starts");
     let public = format!("http://{}", app.public_addr());
-    let internal = format!("http://{}", app.internal_addr());
+    let internal = format!("{internal_scheme}://{}", app.internal_addr());
     let metrics = format!("http://{}", app.metrics_addr());
     let pool = PgPool::connect(&database_url).await.unwrap();
     TestApp {
@@ -167,7 +322,7 @@ pub async fn spawn_with_config(
         public,
         internal,
         metrics,
-        http: reqwest::Client::new(),
+        http: internal_pki().gateway_client(),
         pool,
         _dir: dir,
         policy_path,

@@ -8,6 +8,7 @@ mod api_keys;
 mod authenticate;
 mod binary;
 mod helpers;
+mod internal_auth;
 mod kubernetes;
 mod oidc;
 mod operations;

@@ -329,6 +329,9 @@ async fn models_follow_the_callers_tier() {
     assert_eq!(enterprise["qualified"], false);
 }
 
+/// `--tls-cert` serves the public and metrics listeners, and the internal one too when its
+/// callers are not checked (`--internal-auth none`; with mTLS it has its own: see
+/// `internal_auth.rs`).
 #[tokio::test]
 async fn tls_on_every_listener() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,6 +345,7 @@ async fn tls_on_every_listener() {
             cert: cert_path.clone(),
             key: key_path.clone(),
         });
+        c.listeners.internal_auth = maas_companion::settings::InternalAuth::None;
     })
     .await;
     let http = reqwest::Client::builder()

@@ -431,6 +431,7 @@ fn start_envoy_run(
             wasm_path: w.to_path_buf(),
             poll_interval_ms: 2000,
         }),
+        companion_tls: None,
     };
     let mut config: Value = serde_json::from_str(&envoy_config::render(&input)?)?;
     if filter {
@@ -2001,6 +2002,9 @@ fn run() -> Result<()> {
             ("MAAS_KEY_CACHE_TTL_SECONDS".into(), "3600".into()),
             ("RUST_LOG".into(), "warn".into()),
         ],
+        // Plain HTTP to the companions' internal listeners, as in the figures so far: `wrk`
+        // (the companion-auth variant) cannot present the gateway's client certificate.
+        internal_mtls: false,
         ..StackOptions::default()
             .with_policy_yaml(POLICY)
             .with_identities_yaml(IDENTITIES)

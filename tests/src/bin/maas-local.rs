@@ -101,6 +101,24 @@ fn run() -> anyhow::Result<()> {
     outcome
 }
 
+/// Where the companion's internal API is, and that only the gateway's certificate gets in.
+fn print_internal_api(stack: &Stack) {
+    let url = stack.companion_internal_url();
+    let Some(pki) = stack.internal_pki() else {
+        println!("Internal API: {url} (no caller authentication)");
+        return;
+    };
+    println!(
+        r#"Internal API: {url}
+  (the filter's only: mutual TLS, callers need the gateway's client certificate; without it, refused)
+  curl --cacert {ca} {url}/internal/v1/credentials        # refused: no certificate
+  curl --cacert {ca} --cert {cert} --key {key} {url}/internal/v1/credentials"#,
+        ca = pki.ca_file.display(),
+        cert = pki.gateway_cert.display(),
+        key = pki.gateway_key.display(),
+    );
+}
+
 fn print_next_steps(stack: &Stack) {
     let gw = stack.gateway_url();
     let root = tools::workspace_root();
@@ -119,6 +137,7 @@ fn print_next_steps(stack: &Stack) {
             stack.redis_url().unwrap_or_else(|| "(none)".into())
         );
     }
+    print_internal_api(stack);
     println!(
         r#"
 The gateway, the companion's public API (under /maas-api) and the models share {gw}.
