@@ -602,6 +602,7 @@ render_manifests() {
     echo "              - name: companion"
     echo "                env:"
     echo "                  - {name: RUST_LOG, value: $rust_log}"
+    echo "                  - {name: MAAS_PUBLIC_URL, value: \"https://$(gateway_hostname)\"}"
   } >"$dir/kustomization.yaml"
   kubectl kustomize "$dir"
 }

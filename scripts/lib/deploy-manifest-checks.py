@@ -444,6 +444,20 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
     check("lease store: MAAS_REDIS_URL from an optional Secret; a dev Redis only when asked, "
           "single, hardened, unpersisted, password-protected, reachable from the companion only", dev_redis)
 
+    def public_url():
+        dep = one(docs, "Deployment", COMPANION)
+        env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        assert "MAAS_PUBLIC_URL" in env, \
+            "MAAS_PUBLIC_URL is not set: GET /v1/models would list models without their url"
+        url = env["MAAS_PUBLIC_URL"].get("value")
+        gw = one(docs, "Gateway", GATEWAY_NAME)
+        hosts = {l.get("hostname") for l in gw["spec"]["listeners"] if l.get("protocol") == "HTTPS"}
+        assert len(hosts) == 1, f"the Gateway's HTTPS listeners name {sorted(map(str, hosts))}"
+        want = f"https://{hosts.pop()}"
+        assert url == want, f"MAAS_PUBLIC_URL {url!r}, expected {want!r} (the Gateway's HTTPS hostname)"
+    check("public URL: the companion names models under the Gateway's HTTPS hostname (MAAS_PUBLIC_URL)",
+          public_url)
+
     def rbac():
         cr = one(docs, "ClusterRole", "maas-companion-tokenreview")
         assert cr["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],

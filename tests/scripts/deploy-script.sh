@@ -209,7 +209,8 @@ expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "
   "hostname: maas.apps.test.example.com" "+ oc apply --server-side --force-conflicts" \
   "+ oc rollout status deployment/maas-companion -n my-maas" "kind: PersistentVolumeClaim" \
   "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)" \
-  "lease store:       in process" "Lease store: in process in each companion replica"
+  "lease store:       in process" "Lease store: in process in each companion replica" \
+  "value: https://maas.apps.test.example.com"
 expect_absent dry-kustomize "<Secret maas-redis>"
 expect_absent dry-kustomize "oc rollout restart"
 rendered dry-kustomize >"$WORK/dry-kustomize.yaml"

@@ -252,6 +252,12 @@ elif name == "resources-no-watch":
     get("ClusterRole", "maas-companion-resources")["rules"][0]["verbs"] = ["get", "list"]
 elif name == "resources-crd-wrong-group":
     get("CustomResourceDefinition", "maassubscriptions.maas.opendatahub.io")["spec"]["group"] = "maas.example.com"
+elif name in ("public-url-elsewhere", "public-url-missing"):
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    if name == "public-url-missing":
+        env[:] = [e for e in env if e["name"] != "MAAS_PUBLIC_URL"]
+    else:
+        next(e for e in env if e["name"] == "MAAS_PUBLIC_URL")["value"] = "https://evil.example.net"
 elif name == "scrape-plain-http-with-tls":
     get("ServiceMonitor", "maas-companion")["spec"]["endpoints"][0]["scheme"] = "http"
 else:
@@ -298,6 +304,8 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused global-limits-off "limits.global.enabled is off"
   expect_refused redis-secret-required "is not optional"
   expect_refused no-lease-fallback-alert "missing alerts \\['MaaSGatewayLeaseFallback'\\]"
+  expect_refused public-url-elsewhere "MAAS_PUBLIC_URL 'https://evil.example.net', expected 'https://maas.apps.cluster.example.com'"
+  expect_refused public-url-missing "MAAS_PUBLIC_URL is not set"
 fi
 if [ -s "$WORK/dev-redis.yaml" ]; then
   MUTATE_SRC=dev-redis expect_refused dev-redis-persistent "persists its data"
