@@ -237,7 +237,7 @@ pub fn parse_params(
 pub struct Who<'a> {
     pub username: &'a str,
     pub is_admin: bool,
-    /// The caller's API key id (an API key caller), else `None`.
+    /// The key API's id of the caller's API key (an API key caller), else `None`.
     pub key_id: Option<&'a str>,
 }
 
@@ -279,7 +279,8 @@ pub struct UsageRow {
     /// `groupBy=model`, `day` and `hour`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// `groupBy=key`: the API key's id; `null` for usage with a token.
+    /// `groupBy=key`: the API key's id (the key API's: `GET /v1/api-keys/{id}`); `null` for
+    /// usage with a token.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub key_id: Option<Option<String>>,
@@ -354,9 +355,10 @@ fn group_by_name(g: GroupBy) -> &'static str {
     }
 }
 
-fn key_id_of(caller: &Caller) -> Option<&str> {
+/// The key API's id of an API key caller (the ledger's key id).
+fn key_id_of(caller: &Caller) -> Option<String> {
     match &caller.kind {
-        CallerKind::ApiKey { key_id, .. } => Some(key_id),
+        CallerKind::ApiKey { id, .. } => Some(id.to_string()),
         CallerKind::Cluster => None,
     }
 }
@@ -389,10 +391,11 @@ pub async fn usage(
         message: format!("query: {}", e.body_text()),
     })?;
     let params = parse_params(&pairs, Utc::now())?;
+    let own_key = key_id_of(&caller);
     let who = Who {
         username: &caller.username,
         is_admin: caller.is_admin,
-        key_id: key_id_of(&caller),
+        key_id: own_key.as_deref(),
     };
     let (subject, key_id, tier) = scope(who, params.user.as_deref(), params.tier.as_deref())?;
     let query = UsageQuery {
