@@ -475,9 +475,18 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
         crds = find(docs, "CustomResourceDefinition")
         if env.get("MAAS_POLICY_SOURCE") != "kubernetes":
-            assert not crds and not find(docs, "ClusterRole", "maas-companion-resources"), \
+            assert not crds and not find(docs, "ClusterRole", "maas-companion-resources") \
+                and not find(docs, "ClusterRole", "maas-companion-provider-secrets"), \
                 "reference CRDs or their RBAC rendered without MAAS_POLICY_SOURCE=kubernetes"
             return
+        # ExternalModels' provider keys: `get` on Secrets, bound per model namespace only.
+        secrets = one(docs, "ClusterRole", "maas-companion-provider-secrets")
+        assert secrets["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], \
+            f"maas-companion-provider-secrets rules {secrets['rules']}, expected get on secrets only"
+        bound = [d["metadata"]["name"] for d in find(docs, "ClusterRoleBinding")
+                 if d["roleRef"]["name"] == "maas-companion-provider-secrets"]
+        assert not bound, f"maas-companion-provider-secrets bound cluster-wide by {bound}: " \
+            "every namespace's Secrets readable (bind it per model namespace with a RoleBinding)"
         assert env.get("MAAS_POLICY_NAMESPACE"), "MAAS_POLICY_NAMESPACE is not set"
         plurals = {"maasmodelrefs": "MaaSModelRef", "externalmodels": "ExternalModel",
                    "maasauthpolicies": "MaaSAuthPolicy", "maassubscriptions": "MaaSSubscription"}
@@ -498,7 +507,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         assert crb["roleRef"]["name"] == "maas-companion-resources" and \
             [s["name"] for s in crb["subjects"]] == [COMPANION], crb
     check("policy resources: with MAAS_POLICY_SOURCE=kubernetes the four maas.opendatahub.io/v1alpha1 CRDs, "
-          "read-only access to them and Event writing; none without", policy_resources)
+          "read-only access to them and Event writing, provider-key Secrets `get` only and bound "
+          "per namespace, never cluster-wide; none without", policy_resources)
 
     def tls_objects():
         drs = find(docs, "DestinationRule", "maas-companion-tls")

@@ -250,6 +250,14 @@ elif name in ("dev-redis-persistent", "dev-redis-open-to-all", "dev-redis-two-re
         redis["metadata"]["labels"].pop("maas.opendatahub.io/dev-only")
 elif name == "resources-no-watch":
     get("ClusterRole", "maas-companion-resources")["rules"][0]["verbs"] = ["get", "list"]
+elif name == "provider-secrets-cluster-wide":
+    docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": "maas-companion-provider-secrets"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "maas-companion-provider-secrets"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "maas-companion", "namespace": "opendatahub"}]})
+elif name == "provider-secrets-list":
+    get("ClusterRole", "maas-companion-provider-secrets")["rules"][0]["verbs"] = ["get", "list", "watch"]
 elif name == "resources-crd-wrong-group":
     get("CustomResourceDefinition", "maassubscriptions.maas.opendatahub.io")["spec"]["group"] = "maas.example.com"
 elif name in ("public-url-elsewhere", "public-url-missing"):
@@ -317,6 +325,8 @@ fi
 if [ -s "$WORK/maas-resources.yaml" ]; then
   MUTATE_SRC=maas-resources expect_refused resources-no-watch "policy resources"
   MUTATE_SRC=maas-resources expect_refused resources-crd-wrong-group "group maas.example.com"
+  MUTATE_SRC=maas-resources expect_refused provider-secrets-cluster-wide "bound cluster-wide"
+  MUTATE_SRC=maas-resources expect_refused provider-secrets-list "expected get on secrets only"
 fi
 
 # The Grafana dashboard (base/companion/grafana-dashboard.json): valid JSON with panels whose
