@@ -121,7 +121,7 @@ def check(name, fn):
         record(name, False, f"missing or malformed field: {e!r}")
 
 
-def check_wiring(docs, namespace, tls, dev_redis_expected=None):
+def check_wiring(docs, namespace, tls, dev_redis_expected=None, lease_store="any"):
     svc = one(docs, "Service", COMPANION)
     ns = svc["metadata"].get("namespace")
     fqdn = f"{COMPANION}.{ns}.svc.cluster.local"
@@ -458,6 +458,18 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
     check("public URL: the companion names models under the Gateway's HTTPS hostname (MAAS_PUBLIC_URL)",
           public_url)
 
+    def companion_replicas():
+        dep = one(docs, "Deployment", COMPANION)
+        n = dep["spec"].get("replicas", 1)
+        if lease_store == "memory":
+            assert not find(docs, "Deployment", REDIS), "a dev Redis rendered where the counters are in process"
+            assert n == 1, \
+                f"companion replicas {n} with the lease counters in process: each replica is a budget of its " \
+                f"own ({n}x every limit); run one, or give it a Redis (--redis-url / --dev-redis)"
+        elif lease_store == "redis":
+            assert n >= 1, f"companion replicas {n}"
+    check(f"one budget: the companion's replicas fit its lease store ({lease_store})", companion_replicas)
+
     def rbac():
         cr = one(docs, "ClusterRole", "maas-companion-tokenreview")
         assert cr["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
@@ -563,6 +575,8 @@ def main():
     ap.add_argument("--kinds-only", action="store_true", help="schemas only (samples, postgres)")
     ap.add_argument("--dev-redis", choices=["yes", "no", "any"], default="any",
                     help="whether the development Redis must (not) be rendered")
+    ap.add_argument("--lease-store", choices=["memory", "redis", "any"], default="any",
+                    help="where the companion's lease counters are: memory requires one companion replica")
     ap.add_argument("file", nargs="?")
     args = ap.parse_args()
     text = open(args.file).read() if args.file else sys.stdin.read()
@@ -571,7 +585,8 @@ def main():
         record("render is not empty", False, "no objects")
     check_schemas(docs, args.schemas)
     if not args.kinds_only:
-        check_wiring(docs, args.namespace, args.tls, {"yes": True, "no": False}.get(args.dev_redis))
+        check_wiring(docs, args.namespace, args.tls, {"yes": True, "no": False}.get(args.dev_redis),
+                     args.lease_store)
     failed = 0
     for name, ok, why in results:
         print(f"PASS {name}" if ok else f"FAIL {name}: {why}")

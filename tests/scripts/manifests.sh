@@ -45,7 +45,7 @@ for spec in odh:opendatahub:on odh-tls-off:opendatahub:off rhoai:redhat-ods-appl
   IFS=: read -r overlay ns tls <<<"$spec"
   if render "$CRS/overlays/$overlay" "$WORK/$overlay.yaml"; then
     pass "overlays/$overlay renders"
-    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls" --dev-redis no
+    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls" --dev-redis no --lease-store memory
   else
     fail "overlays/$overlay renders" "$(cat "$WORK/$overlay.yaml.err")"
   fi
@@ -63,7 +63,7 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresour
 if render "$WORK/dev-redis" "$WORK/dev-redis.yaml"; then
   pass "odh + components/redis-dev renders"
   # (its objects in the companion's namespace: the checker's namespaces check)
-  run_checks "odh+dev-redis" "$WORK/dev-redis.yaml" --namespace opendatahub --tls on --dev-redis yes
+  run_checks "odh+dev-redis" "$WORK/dev-redis.yaml" --namespace opendatahub --tls on --dev-redis yes --lease-store redis
 else
   fail "odh + components/redis-dev renders" "$(cat "$WORK/dev-redis.yaml.err")"
 fi
@@ -87,7 +87,7 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamesp
 cp "$WORK/dev-redis/kustomization.yaml" "$WORK/maas-resources/kustomization.yaml"
 if render "$WORK/maas-resources" "$WORK/maas-resources.yaml"; then
   pass "odh + components/maas-resources renders"
-  run_checks "odh+maas-resources" "$WORK/maas-resources.yaml" --namespace opendatahub --tls on --dev-redis no
+  run_checks "odh+maas-resources" "$WORK/maas-resources.yaml" --namespace opendatahub --tls on --dev-redis no --lease-store memory
 else
   fail "odh + components/maas-resources renders" "$(cat "$WORK/maas-resources.yaml.err")"
 fi
@@ -250,6 +250,8 @@ elif name in ("dev-redis-persistent", "dev-redis-open-to-all", "dev-redis-two-re
         redis["metadata"]["labels"].pop("maas.opendatahub.io/dev-only")
 elif name == "resources-no-watch":
     get("ClusterRole", "maas-companion-resources")["rules"][0]["verbs"] = ["get", "list"]
+elif name == "two-companions-without-redis":
+    dep["spec"]["replicas"] = 2
 elif name == "provider-secrets-cluster-wide":
     docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                  "metadata": {"name": "maas-companion-provider-secrets"},
@@ -277,7 +279,7 @@ expect_refused() { # expect_refused MUTATION EXPECTED-TEXT
   local out
   if ! mutate "$1"; then fail "broken render '$1' refused" "mutation failed"; return; fi
   local rc=0
-  out=$("$PY" "$CHECKS" --schemas "$SCHEMAS" --namespace opendatahub --tls on "$WORK/broken.yaml" 2>&1) || rc=$?
+  out=$("$PY" "$CHECKS" --schemas "$SCHEMAS" --namespace opendatahub --tls on ${LEASE_STORE:+--lease-store "$LEASE_STORE"} "$WORK/broken.yaml" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ] && grep -q "^FAIL .*$2" <<<"$out"; then
     pass "broken render '$1' refused ($2)"
   else
@@ -314,6 +316,7 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused no-lease-fallback-alert "missing alerts \\['MaaSGatewayLeaseFallback'\\]"
   expect_refused public-url-elsewhere "MAAS_PUBLIC_URL 'https://evil.example.net', expected 'https://maas.apps.cluster.example.com'"
   expect_refused public-url-missing "MAAS_PUBLIC_URL is not set"
+  LEASE_STORE=memory expect_refused two-companions-without-redis "companion replicas 2 with the lease counters in process"
 fi
 if [ -s "$WORK/dev-redis.yaml" ]; then
   MUTATE_SRC=dev-redis expect_refused dev-redis-persistent "persists its data"
