@@ -94,10 +94,11 @@ Options:
                              Secret maas-redis (key url), never printed
   --dev-redis                deploy a development Redis (one pod, no persistence, a generated
                              password) and point the companion at it; not for production
-                             Without either, each companion replica keeps its own lease counters
-                             in process (limits exact only with one companion replica; counters
-                             lost on its restart). A Secret maas-redis from an earlier run stays
-                             in use until deleted.
+                             Without either, the companion runs ONE replica keeping the lease
+                             counters in process (one budget across Gateway replicas; the counts
+                             of the current windows are lost on its restart); with either, two
+                             replicas sharing the Redis. A Secret maas-redis from an earlier run
+                             stays in use (and two replicas with it) until deleted.
   --gateway-replicas N       Gateway pods (default 1; 1..10000), pinned on the Gateway's Deployment
                              (ConfigMap maas-gateway-options) and given to the filter as
                              limits.global.replicas: while the companion or Redis cannot be
@@ -537,6 +538,31 @@ wait_for_crd() {
   run oc wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
 }
 
+# ---- the companion's replicas follow the lease store ----------------------------------------------
+# Without a Redis each companion replica keeps its own lease counters: two replicas would be two
+# budgets (a user could spend each limit twice). So the companion runs one replica unless the
+# counters are in a Redis (--redis-url, --dev-redis, or Secret maas-redis left by an earlier run);
+# then two, for availability. COMPANION_REPLICAS and LEASE_STORE_WHY say which and why.
+COMPANION_REPLICAS=1
+LEASE_STORE_WHY="no Redis: one replica, whose in-process lease counters are the one budget across all Gateway replicas"
+choose_companion_replicas() {
+  local redis=""
+  if [ -n "$REDIS_URL" ]; then
+    redis="the given Redis"
+  elif [ "$DEV_REDIS" = true ]; then
+    redis="the development Redis"
+  elif [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    redis="the Redis of Secret maas-redis from an earlier run"
+  fi
+  if [ -n "$redis" ]; then
+    COMPANION_REPLICAS=2
+    LEASE_STORE_WHY="sharing the lease counters in $redis: one budget across Gateway and companion replicas"
+  else
+    COMPANION_REPLICAS=1
+    LEASE_STORE_WHY="no Redis: one replica, whose in-process lease counters are the one budget across all Gateway replicas (--redis-url or --dev-redis for two)"
+  fi
+}
+
 # ---- rendering ---------------------------------------------------------------------------------
 # split_image REF: prints "name" and either "tag T" or "digest D" for kustomize's images field.
 image_kustomization() {
@@ -620,12 +646,14 @@ render_manifests() {
     echo "      kind: Deployment"
     echo "      metadata: {name: maas-companion}"
     echo "      spec:"
+    echo "        replicas: $COMPANION_REPLICAS"
     echo "        template:"
     echo "          spec:"
     echo "            containers:"
     echo "              - name: companion"
     echo "                env:"
     echo "                  - {name: RUST_LOG, value: $rust_log}"
+    echo "                  - {name: MAAS_PUBLIC_URL, value: \"https://$(gateway_hostname)\"}"
   } >"$dir/kustomization.yaml"
   # The filter's limits.global.replicas follows the Gateway's replica count: the pluginConfig is
   # a JSON string inside the EnvoyFilter, out of kustomize's reach (its only `"replicas"` key).
@@ -746,7 +774,7 @@ deploy_lease_store() {
     if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       log_info "Lease store: Secret maas-redis from an earlier run stays in use (delete it for the in-process store)"
     else
-      log_info "Lease store: in process in each companion replica (no --redis-url / --dev-redis)"
+      log_info "Lease store: in process in the one companion replica (no --redis-url / --dev-redis)"
     fi
     return 0
   fi
@@ -975,7 +1003,8 @@ print_next_steps() {
   fi
   cat <<EOF
   Gateway:   https://$host  (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, filter EnvoyFilter maas-filter)
-  Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE; policy: ConfigMap maas-policy
+  Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE, $COMPANION_REPLICAS replica(s): $LEASE_STORE_WHY
+             policy: ConfigMap maas-policy
 
 Mint an API key with your OpenShift identity:
   HOST=$host
@@ -1014,7 +1043,7 @@ print_plan() {
   elif [ "$DEV_REDIS" = true ]; then
     log_info "  lease store:       development Redis (no persistence; not for production)"
   else
-    log_info "  lease store:       in process (no Redis: limits exact across Gateway replicas only with one companion replica)"
+    log_info "  lease store:       in process (no Redis: one companion replica, the one budget across Gateway replicas)"
   fi
   log_info "  Gateway replicas:  $GATEWAY_REPLICAS (the filter's limits.global.replicas: while the lease service is unreachable each admits limit ÷ $GATEWAY_REPLICAS)"
   if [ "$DEPLOYMENT_MODE" = operator ]; then
@@ -1030,6 +1059,8 @@ main() {
   check_required_tools
   print_plan
   check_cluster
+  choose_companion_replicas
+  log_info "Companion: $COMPANION_REPLICAS replica(s), $LEASE_STORE_WHY"
 
   WORK_DIR=$(mktemp -d)
   trap 'rm -rf "$WORK_DIR"' EXIT

@@ -16,11 +16,11 @@ use maas_types::{Credential, CredentialError};
 pub enum CallerKind {
     /// A cluster identity (static token, TokenReview, OIDC): may mint keys.
     Cluster,
-    /// An API key: may read, never mint. `tier` is the key's pinned tier, `key_id` its public
-    /// id (the one the gateway reports usage under).
+    /// An API key: may read, never mint. `tier` is the key's pinned tier, `id` the key API's
+    /// id (the one the usage ledger names it by).
     ApiKey {
         tier: Option<String>,
-        key_id: String,
+        id: uuid::Uuid,
         /// The subscription the key is bound to.
         subscription: Option<String>,
     },
@@ -83,7 +83,7 @@ where
                     groups: key.user_groups,
                     kind: CallerKind::ApiKey {
                         tier: key.tier,
-                        key_id: key.key_id,
+                        id: key.id,
                         subscription: key.subscription,
                     },
                     is_admin: false,

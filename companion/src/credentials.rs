@@ -3,9 +3,13 @@
 //!
 //! Sources: a YAML file `credentials: {ref: key}` (local stack, re-read at each request so edits
 //! apply at once), or Kubernetes Secrets named by the policy's `credentialRef`, data key
-//! `api-key`, in one namespace (cluster; cached for [`SECRET_CACHE_TTL`], well under the filter's
-//! poll interval, so a rotated Secret is served at the filter's next poll but one at worst, and
-//! the ETag makes an unchanged set a 304). Values are never logged.
+//! `api-key` (cluster; cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
+//! so a rotated Secret is served at the filter's next poll but one at worst, and the ETag makes
+//! an unchanged set a 304). A bare `name` is read in the credentials namespace (the platform's:
+//! `--credentials-namespace`); `namespace/name` in that namespace — models from ExternalModels
+//! always name their own namespace, never the platform's. A Secret the companion may not read
+//! (403: no RoleBinding in that namespace) or that is missing is left out and logged, as only
+//! that model's credential: the others are still served. Values are never logged.
 
 use crate::http::json_with_etag;
 use crate::policy::PolicyHandle;
@@ -116,13 +120,17 @@ fn read_file(path: &PathBuf) -> Result<CredentialsDocument, String> {
 
 async fn read_secrets(
     client: &kube::Client,
-    namespace: &str,
+    default_namespace: &str,
     refs: &BTreeSet<String>,
 ) -> Result<CredentialsDocument, String> {
     use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
     let mut credentials = BTreeMap::new();
-    for name in refs {
+    for reference in refs {
+        let (namespace, name) = match maas_types::policy::split_credential_ref(reference) {
+            (Some(ns), name) => (ns, name),
+            (None, name) => (default_namespace, name),
+        };
+        let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
         match api.get_opt(name).await {
             Ok(Some(secret)) => {
                 let value = secret
@@ -138,7 +146,7 @@ async fn read_secrets(
                     });
                 match value {
                     Some(v) => {
-                        credentials.insert(name.clone(), v.trim().to_string());
+                        credentials.insert(reference.clone(), v.trim().to_string());
                     }
                     None => {
                         tracing::warn!(secret = %name, %namespace, "Secret has no `api-key` entry")
@@ -146,6 +154,13 @@ async fn read_secrets(
                 }
             }
             Ok(None) => tracing::warn!(secret = %name, %namespace, "credential Secret not found"),
+            // Not granted in that namespace: that model's credential only (its requests get
+            // 503 provider_credential_missing), never the others'.
+            Err(kube::Error::Api(status)) if status.is_forbidden() => tracing::warn!(
+                secret = %name,
+                %namespace,
+                "credential Secret not readable: bind the ClusterRole maas-companion-provider-secrets to the companion's ServiceAccount in that namespace (docs/deploy.md)"
+            ),
             Err(e) => return Err(format!("reading Secret {namespace}/{name}: {e}")),
         }
     }

@@ -6,13 +6,14 @@ use crate::caller::Caller;
 use crate::policy::PolicyHandle;
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::header::{CACHE_CONTROL, HOST};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
+use axum::http::header::CACHE_CONTROL;
 use axum::response::{IntoResponse, Response};
 use maas_types::subscription::Subscription;
 use maas_types::{ErrorBody, ErrorKind, Limits, Model, PolicyDocument};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use utoipa::ToSchema;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -23,6 +24,8 @@ pub struct ModelEntry {
     pub created: i64,
     pub owned_by: String,
     pub ready: bool,
+    /// The model's base URL at the Gateway (`--public-url` + its path); absent when the
+    /// companion has no `--public-url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
 }
@@ -35,18 +38,21 @@ pub struct ModelList {
     pub data: Vec<ModelEntry>,
 }
 
-/// Base URL the caller reached us at, from `Host` (and `X-Forwarded-Proto` set by the gateway).
-fn base_url(headers: &HeaderMap) -> Option<String> {
-    let host = headers.get(HOST)?.to_str().ok()?;
-    if host.is_empty() || host.contains(['/', ' ']) {
-        return None;
+/// The Gateway's base URL (`--public-url`, checked, no trailing `/`), under which a model's
+/// `url` is its path. `None`: models are listed without `url`. Never taken from the request:
+/// its `Host` (or `X-Forwarded-*`) is whatever the client sent, and a forged one would put
+/// another host into every snippet built from the answer.
+#[derive(Debug, Clone, Default)]
+pub struct PublicUrl(pub Option<Arc<str>>);
+
+impl PublicUrl {
+    pub fn new(base: Option<String>) -> PublicUrl {
+        PublicUrl(base.map(Arc::from))
     }
-    let scheme = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .filter(|p| *p == "https" || *p == "http")
-        .unwrap_or("http");
-    Some(format!("{scheme}://{host}"))
+
+    fn model_url(&self, m: &Model) -> Option<String> {
+        self.0.as_ref().map(|b| format!("{b}{}", m.path))
+    }
 }
 
 #[utoipa::path(get, path = "/v1/models", summary = "Models the caller may use (OpenAI list): an API key bound to a subscription, that subscription's; else the caller's tier's",
@@ -59,19 +65,18 @@ fn base_url(headers: &HeaderMap) -> Option<String> {
 )]
 pub async fn list(
     State(policy): State<PolicyHandle>,
+    State(public): State<PublicUrl>,
     caller: Caller,
-    headers: HeaderMap,
 ) -> Response {
     let loaded = policy.current();
     let policy = &loaded.document;
-    let base = base_url(&headers);
     let entry = |m: &Model| ModelEntry {
         id: m.name.clone(),
         object: "model",
         created: loaded.loaded_at,
         owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
         ready: true,
-        url: base.as_ref().map(|b| format!("{b}{}", m.path)),
+        url: public.model_url(m),
     };
     let data = if let Some(bound) = caller.bound_subscription() {
         match maas_types::subscription::select(

@@ -211,6 +211,11 @@ pub struct Cli {
     /// public listener. Unset: `/ui/` answers 404 `ui_not_installed`.
     #[arg(long, env = "MAAS_UI_DIR")]
     pub ui_dir: Option<PathBuf>,
+    /// The Gateway's public base URL (`https://maas.apps.example.com`): `GET /v1/models` gives
+    /// each model's `url` under it. Unset: no `url` (a request's `Host` is never used: anyone
+    /// can forge it).
+    #[arg(long, env = "MAAS_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Redis holding the budget-lease counters (`redis://` or `rediss://` for TLS; user and
     /// password in the URL). Unset: the counters live in this process (one companion only).
     #[arg(long, env = "MAAS_REDIS_URL", hide_env_values = true)]
@@ -325,6 +330,26 @@ pub struct ListenerSettings {
     pub internal_auth: InternalAuth,
     /// A directory holding `index.html`: the web UI, on the public listener at `/ui/`.
     pub ui_dir: Option<PathBuf>,
+    /// The Gateway's base URL as clients reach it ([`public_url`]: `http(s)://host[:port][/path]`,
+    /// no trailing `/`), under which `GET /v1/models` names each model's `url`.
+    pub public_url: Option<String>,
+}
+
+/// Checks `--public-url`: an absolute `http` or `https` URL with a host and without user,
+/// password, query or fragment; answered without a trailing `/`.
+pub fn public_url(raw: &str) -> Result<String, String> {
+    const BAD: &str = "--public-url (MAAS_PUBLIC_URL) must be an http:// or https:// URL with a host and no user, query or fragment (e.g. https://maas.apps.example.com)";
+    let url = reqwest::Url::parse(raw.trim()).map_err(|e| format!("{BAD}: {e}"))?;
+    let ok = matches!(url.scheme(), "http" | "https")
+        && url.host_str().is_some_and(|h| !h.is_empty())
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.query().is_none()
+        && url.fragment().is_none();
+    if !ok {
+        return Err(BAD.into());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
 #[derive(Debug, Clone)]
@@ -728,6 +753,9 @@ impl Cli {
             }
             d => d,
         };
+        let public_url = non_empty(self.public_url)
+            .map(|u| public_url(&u))
+            .transpose()?;
         at_least(
             "--last-used-flush-interval-ms",
             self.last_used_flush_interval_ms,
@@ -761,6 +789,7 @@ impl Cli {
                 tls,
                 internal_auth,
                 ui_dir,
+                public_url,
             },
             policy: PolicySettings {
                 file: policy_file,
@@ -911,6 +940,33 @@ mod tests {
                 .unwrap_err()
                 .contains("--oidc-audience is required with --identity-provider oidc")
         );
+    }
+
+    #[test]
+    fn a_public_url_is_an_http_base_without_user_query_or_fragment() {
+        assert_eq!(
+            public_url("https://maas.apps.example.com/").unwrap(),
+            "https://maas.apps.example.com"
+        );
+        assert_eq!(
+            public_url("http://127.0.0.1:8080").unwrap(),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            public_url("https://gw.example.com/prefix/").unwrap(),
+            "https://gw.example.com/prefix"
+        );
+        for bad in [
+            "maas.apps.example.com",
+            "ftp://maas.example.com",
+            "https://user:pw@maas.example.com",
+            "https://maas.example.com/?x=1",
+            "https://maas.example.com/#top",
+            "https://",
+        ] {
+            let err = public_url(bad).unwrap_err();
+            assert!(err.contains("--public-url"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -274,6 +274,7 @@ impl Application {
             metrics: metrics.clone(),
             leases,
             usage: usage.clone(),
+            public_url: crate::models::PublicUrl::new(settings.listeners.public_url.clone()),
         };
         if let Some(digest) = policy_digest {
             background.push(policy.spawn_reloader(

@@ -7,6 +7,7 @@ use crate::credentials::CredentialsSource;
 use crate::keys::store::KeyStore;
 use crate::leases::Leases;
 use crate::metrics::Metrics;
+use crate::models::PublicUrl;
 use crate::policy::PolicyHandle;
 use crate::settings::KeySettings;
 use crate::usage::Usage;
@@ -23,6 +24,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub leases: Leases,
     pub usage: Usage,
+    pub public_url: PublicUrl,
 }
 
 macro_rules! substate {
@@ -43,3 +45,4 @@ substate!(credentials: Arc<CredentialsSource>);
 substate!(metrics: Arc<Metrics>);
 substate!(leases: Leases);
 substate!(usage: Usage);
+substate!(public_url: PublicUrl);

@@ -58,13 +58,24 @@ async fn hourly_sums(app: &TestApp) -> (i64, i64, i64) {
     .unwrap()
 }
 
-/// Mints a key for `token` and answers (key, key id as the gateway reports it).
-async fn key_of(app: &TestApp, token: &str, name: &str) -> (String, String) {
+/// A minted key: the plaintext, the key id the gateway reports it under (its secret's), and the
+/// key API's id (what the ledger names it by).
+struct Minted {
+    key: String,
+    reported: String,
+    id: String,
+}
+
+/// Mints a key for `token`.
+async fn key_of(app: &TestApp, token: &str, name: &str) -> Minted {
     let minted = app.mint_named(token, name).await;
     let key = minted["key"].as_str().unwrap().to_string();
     let auth = app.authenticate(&key).await;
     assert_eq!(auth.status, 200, "{}", auth.body);
-    (key, auth.body["key_id"].as_str().unwrap().to_string())
+    let reported = auth.body["key_id"].as_str().unwrap().to_string();
+    let id = minted["id"].as_str().unwrap().to_string();
+    assert_ne!(reported, id);
+    Minted { key, reported, id }
 }
 
 #[tokio::test]
@@ -232,9 +243,11 @@ async fn a_report_is_a_503_while_the_database_cannot_take_it() {
 }
 
 /// Alice: token usage and two keys, over two days and two models; bob (premium): one row.
+/// Answers alice's first key, and both keys' ids in the ledger (the key API's).
 async fn ledger_for_queries(app: &TestApp) -> (String, String, String) {
-    let (alice_key, k1) = key_of(app, "alice-token", "first").await;
-    let (_, k2) = key_of(app, "alice-token", "second").await;
+    let first = key_of(app, "alice-token", "first").await;
+    let second = key_of(app, "alice-token", "second").await;
+    let (alice_key, k1, k2) = (first.key, first.reported, second.reported);
     let today = now() - now() % DAY;
     let yesterday = today - DAY;
     let mut big = record(
@@ -256,7 +269,7 @@ async fn ledger_for_queries(app: &TestApp) -> (String, String, String) {
     ]);
     let r = report(app, "q1", records).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    (alice_key, k1, k2)
+    (alice_key, first.id, second.id)
 }
 
 /// From the day before yesterday to the end of today (the ledger's rows may lie an hour ahead).
@@ -383,6 +396,150 @@ async fn usage_is_grouped_by_day_hour_model_key_and_user() {
         )
         .await;
     assert_eq!(empty.body["data"], json!([]), "{}", empty.body);
+}
+
+/// The gateway reports a key by its secret's key id; the ledger row carries the key API's id,
+/// which the key API finds and revokes (`GET`/`DELETE /v1/api-keys/{id}`).
+#[tokio::test]
+async fn a_ledger_row_names_its_key_by_the_key_api_id_which_finds_and_revokes_it() {
+    let app = spawn_app().await;
+    let k = key_of(&app, "alice-token", "billed").await;
+    let h = this_hour();
+    let r = report(
+        &app,
+        "ids-1",
+        json!([record("alice", Some(&k.reported), "free", "sim-model", h)]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The row in PostgreSQL carries the key API's id.
+    let stored: Vec<String> = sqlx::query_scalar("SELECT key_id FROM usage_hourly")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![k.id.clone()]);
+    let by_key = app
+        .public_get(
+            &format!("/v1/usage?groupBy=key&{}", period()),
+            Some("alice-token"),
+        )
+        .await;
+    assert_eq!(by_key.status, 200, "{}", by_key.body);
+    let row = &by_key.body["data"][0];
+    assert_eq!(row["keyId"], json!(k.id), "{}", by_key.body);
+    assert_eq!(row["keyName"], "billed", "{}", by_key.body);
+    // The id the row names is the key API's: found, then revoked.
+    let id = row["keyId"].as_str().unwrap();
+    let found = app
+        .public_get(&format!("/v1/api-keys/{id}"), Some("alice-token"))
+        .await;
+    assert_eq!(found.status, 200, "{}", found.body);
+    assert_eq!(found.body["name"], "billed");
+    let revoked = app
+        .public_delete(&format!("/v1/api-keys/{id}"), Some("alice-token"))
+        .await;
+    assert_eq!(revoked.status, 200, "{}", revoked.body);
+    assert_eq!(app.authenticate(&k.key).await.status, 401);
+    // Two records of one row, one reported by the secret's key id and one already by the key
+    // API's id (a resend across an upgrade), make one row: nothing is refused or lost.
+    let r = report(
+        &app,
+        "ids-2",
+        json!([
+            record("alice", Some(&k.reported), "free", "sim-model", h),
+            record("alice", Some(&k.id), "free", "sim-model", h)
+        ]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT key_id, requests FROM usage_hourly")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, [(k.id.clone(), 6)]);
+}
+
+/// Ledger rows written before migration 0005 named keys by the secret's key id: the migration
+/// maps them to the key API's id (a key id whose key is gone stays as it was).
+#[tokio::test]
+async fn rows_written_before_are_migrated_to_the_key_api_id() {
+    let database_url = helpers::create_database().await;
+    let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
+    // The companion's migrations (the same directory it embeds) up to 0004.
+    let all = sqlx::migrate!("./migrations");
+    let before = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            all.migrations
+                .iter()
+                .filter(|m| m.version <= 4)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before.run(&pool).await.unwrap();
+    let id = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO api_keys (id, key_id, key_hash, username, name, user_groups, expires_at) \
+         VALUES ($1, 'OldKeyId0123456', 'hash', 'alice', 'old-key', '{}', now() + interval '1 day')",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let today = now() - now() % DAY;
+    for key in ["OldKeyId0123456", "GoneKeyId012345", ""] {
+        sqlx::query(
+            "INSERT INTO usage_hourly (key_id, subject, tier, model, hour_start, requests) \
+             VALUES ($1, 'alice', 'free', 'sim-model', to_timestamp($2), 3)",
+        )
+        .bind(key)
+        .bind(today)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO usage_daily (key_id, subject, tier, model, day, requests) \
+             VALUES ($1, 'alice', 'free', 'sim-model', (to_timestamp($2) AT TIME ZONE 'UTC')::date - 40, 5)",
+        )
+        .bind(key)
+        .bind(today)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let app = helpers::spawn_app_on(database_url, |_| {}).await;
+    for table in ["usage_hourly", "usage_daily"] {
+        let mut keys: Vec<String> =
+            sqlx::query_scalar(&format!("SELECT key_id FROM {table} ORDER BY key_id"))
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        keys.sort();
+        let mut want = vec![String::new(), "GoneKeyId012345".into(), id.to_string()];
+        want.sort();
+        assert_eq!(keys, want, "{table}");
+    }
+    let by_key = app
+        .public_get(
+            &format!(
+                "/v1/usage?groupBy=key&from={}&to={}",
+                day_of(today - 45 * DAY),
+                day_of(today)
+            ),
+            Some("alice-token"),
+        )
+        .await;
+    assert_eq!(by_key.status, 200, "{}", by_key.body);
+    let old = by_key.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["keyId"] == json!(id.to_string()))
+        .cloned()
+        .unwrap_or_else(|| panic!("no row for the key API's id: {}", by_key.body));
+    assert_eq!(old["keyName"], "old-key");
+    assert_eq!(old["requests"], 8, "the hourly and the daily row");
 }
 
 #[tokio::test]
@@ -573,7 +730,7 @@ async fn quota_follows_the_lease_counters(app: &TestApp, store: &str) {
         q.body
     );
     // An API key of alice's reads the same counters (one budget per person).
-    let (key, _) = key_of(app, "alice-token", "quota").await;
+    let key = key_of(app, "alice-token", "quota").await.key;
     let by_key = app.public_get("/v1/quota", Some(&key)).await;
     assert_eq!(by_key.body["data"][0]["used"], 5, "{}", by_key.body);
     // Bob's counters are his own; dave has no tier.

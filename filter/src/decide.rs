@@ -336,10 +336,23 @@ mod tests {
             Err((403, "not_found"))
         );
         let alice = caller("alice", &["team-a"], None);
+        // Someone else's subscription is answered as one that does not exist, message and all.
         assert_eq!(
             picked(&p, &alice, false, Some("premium-sub"), "sim"),
-            Err((403, "access_denied"))
+            Err((403, "not_found"))
         );
+        let others = subscription(
+            &p,
+            &alice,
+            false,
+            Some("premium-sub"),
+            p.model("sim").unwrap(),
+        )
+        .unwrap_err();
+        let unknown =
+            subscription(&p, &alice, false, Some("gold"), p.model("sim").unwrap()).unwrap_err();
+        assert_eq!(others.body(), unknown.body());
+        assert_eq!(others.status, unknown.status);
         // No subscription of the caller holds the model, or none at all: the tiers.
         assert_eq!(picked(&p, &alice, false, None, "big"), Ok(None));
         let carol = caller("carol", &["system:authenticated"], None);

@@ -150,7 +150,7 @@ def check(name, fn):
         record(name, False, f"missing or malformed field: {e!r}")
 
 
-def check_wiring(docs, namespace, tls, dev_redis_expected=None):
+def check_wiring(docs, namespace, tls, dev_redis_expected=None, lease_store="any"):
     svc = one(docs, "Service", COMPANION)
     ns = svc["metadata"].get("namespace")
     fqdn = f"{COMPANION}.{ns}.svc.cluster.local"
@@ -623,6 +623,32 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
     check("lease store: MAAS_REDIS_URL from an optional Secret; a dev Redis only when asked, "
           "single, hardened, unpersisted, password-protected, reachable from the companion only", dev_redis)
 
+    def public_url():
+        dep = one(docs, "Deployment", COMPANION)
+        env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        assert "MAAS_PUBLIC_URL" in env, \
+            "MAAS_PUBLIC_URL is not set: GET /v1/models would list models without their url"
+        url = env["MAAS_PUBLIC_URL"].get("value")
+        gw = one(docs, "Gateway", GATEWAY_NAME)
+        hosts = {l.get("hostname") for l in gw["spec"]["listeners"] if l.get("protocol") == "HTTPS"}
+        assert len(hosts) == 1, f"the Gateway's HTTPS listeners name {sorted(map(str, hosts))}"
+        want = f"https://{hosts.pop()}"
+        assert url == want, f"MAAS_PUBLIC_URL {url!r}, expected {want!r} (the Gateway's HTTPS hostname)"
+    check("public URL: the companion names models under the Gateway's HTTPS hostname (MAAS_PUBLIC_URL)",
+          public_url)
+
+    def companion_replicas():
+        dep = one(docs, "Deployment", COMPANION)
+        n = dep["spec"].get("replicas", 1)
+        if lease_store == "memory":
+            assert not find(docs, "Deployment", REDIS), "a dev Redis rendered where the counters are in process"
+            assert n == 1, \
+                f"companion replicas {n} with the lease counters in process: each replica is a budget of its " \
+                f"own ({n}x every limit); run one, or give it a Redis (--redis-url / --dev-redis)"
+        elif lease_store == "redis":
+            assert n >= 1, f"companion replicas {n}"
+    check(f"one budget: the companion's replicas fit its lease store ({lease_store})", companion_replicas)
+
     def rbac():
         cr = one(docs, "ClusterRole", "maas-companion-tokenreview")
         assert cr["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
@@ -640,9 +666,18 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
         crds = find(docs, "CustomResourceDefinition")
         if env.get("MAAS_POLICY_SOURCE") != "kubernetes":
-            assert not crds and not find(docs, "ClusterRole", "maas-companion-resources"), \
+            assert not crds and not find(docs, "ClusterRole", "maas-companion-resources") \
+                and not find(docs, "ClusterRole", "maas-companion-provider-secrets"), \
                 "reference CRDs or their RBAC rendered without MAAS_POLICY_SOURCE=kubernetes"
             return
+        # ExternalModels' provider keys: `get` on Secrets, bound per model namespace only.
+        secrets = one(docs, "ClusterRole", "maas-companion-provider-secrets")
+        assert secrets["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], \
+            f"maas-companion-provider-secrets rules {secrets['rules']}, expected get on secrets only"
+        bound = [d["metadata"]["name"] for d in find(docs, "ClusterRoleBinding")
+                 if d["roleRef"]["name"] == "maas-companion-provider-secrets"]
+        assert not bound, f"maas-companion-provider-secrets bound cluster-wide by {bound}: " \
+            "every namespace's Secrets readable (bind it per model namespace with a RoleBinding)"
         assert env.get("MAAS_POLICY_NAMESPACE"), "MAAS_POLICY_NAMESPACE is not set"
         plurals = {"maasmodelrefs": "MaaSModelRef", "externalmodels": "ExternalModel",
                    "maasauthpolicies": "MaaSAuthPolicy", "maassubscriptions": "MaaSSubscription"}
@@ -663,7 +698,8 @@ def check_wiring(docs, namespace, tls, dev_redis_expected=None):
         assert crb["roleRef"]["name"] == "maas-companion-resources" and \
             [s["name"] for s in crb["subjects"]] == [COMPANION], crb
     check("policy resources: with MAAS_POLICY_SOURCE=kubernetes the four maas.opendatahub.io/v1alpha1 CRDs, "
-          "read-only access to them and Event writing; none without", policy_resources)
+          "read-only access to them and Event writing, provider-key Secrets `get` only and bound "
+          "per namespace, never cluster-wide; none without", policy_resources)
 
     def tls_objects():
         drs = find(docs, "DestinationRule", "maas-companion-tls")
@@ -718,6 +754,8 @@ def main():
     ap.add_argument("--kinds-only", action="store_true", help="schemas only (samples, postgres)")
     ap.add_argument("--dev-redis", choices=["yes", "no", "any"], default="any",
                     help="whether the development Redis must (not) be rendered")
+    ap.add_argument("--lease-store", choices=["memory", "redis", "any"], default="any",
+                    help="where the companion's lease counters are: memory requires one companion replica")
     ap.add_argument("file", nargs="?")
     args = ap.parse_args()
     text = open(args.file).read() if args.file else sys.stdin.read()
@@ -726,7 +764,8 @@ def main():
         record("render is not empty", False, "no objects")
     check_schemas(docs, args.schemas)
     if not args.kinds_only:
-        check_wiring(docs, args.namespace, args.tls, {"yes": True, "no": False}.get(args.dev_redis))
+        check_wiring(docs, args.namespace, args.tls, {"yes": True, "no": False}.get(args.dev_redis),
+                     args.lease_store)
     failed = 0
     for name, ok, why in results:
         print(f"PASS {name}" if ok else f"FAIL {name}: {why}")

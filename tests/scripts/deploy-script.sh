@@ -236,7 +236,10 @@ expect_output dry-kustomize "MaaS Gateway has no controller" "image: $API_IMG" "
   "hostname: maas.apps.test.example.com" "+ oc apply --server-side --force-conflicts" \
   "+ oc rollout status deployment/maas-companion -n my-maas" "kind: PersistentVolumeClaim" \
   "POSTGRES_PASSWORD: <redacted>" "DB_CONNECTION_URL: <redacted>" "TOKEN=\$(oc whoami -t)" \
-  "lease store:       in process" "Lease store: in process in each companion replica"
+  "lease store:       in process" "Lease store: in process in the one companion replica" \
+  "value: https://maas.apps.test.example.com" \
+  "Companion: 1 replica(s), no Redis: one replica, whose in-process lease counters are the one budget across all Gateway replicas" \
+  "Companion: deployment/maas-companion in my-maas, 1 replica(s): no Redis"
 expect_output dry-kustomize "internal API:      mutual TLS, a private CA" \
   "+ oc apply -f - <<'<Secret my-maas/maas-companion-internal-tls>'" \
   "+ oc apply -f - <<'<Secret openshift-ingress/maas-gateway-internal-client>'" \
@@ -246,10 +249,24 @@ expect_output dry-kustomize "internal API:      mutual TLS, a private CA" \
 expect_absent dry-kustomize "LS0tLS1CRUdJTi"
 expect_absent dry-kustomize "BEGIN PRIVATE KEY"
 expect_absent dry-kustomize "<Secret maas-redis>"
+# companion_replicas NAME: spec.replicas of the rendered Deployment maas-companion.
+companion_replicas() {
+  rendered "$1" | "$DEPLOY_VENV/bin/python" -c '
+import sys, yaml
+for d in yaml.safe_load_all(sys.stdin):
+    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "maas-companion":
+        print(d["spec"].get("replicas", 1))'
+}
+expect_replicas() { # expect_replicas NAME N
+  local got
+  got=$(companion_replicas "$1")
+  if [ "$got" = "$2" ]; then pass "$1: the companion runs $2 replica(s)"; else fail "$1: the companion runs $2 replica(s)" "rendered: ${got:-none}"; fi
+}
+expect_replicas dry-kustomize 1
 expect_absent dry-kustomize "oc rollout restart"
 rendered dry-kustomize >"$WORK/dry-kustomize.yaml"
 if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
-  --namespace my-maas --tls on --dev-redis no "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
+  --namespace my-maas --tls on --dev-redis no --lease-store memory "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
   pass "dry-kustomize: its rendered manifests pass the schema and wiring checks"
 else
   fail "dry-kustomize: its rendered manifests pass the schema and wiring checks" "$(grep '^FAIL' "$WORK/dry-checks.out" | head -5)"
@@ -270,11 +287,12 @@ expect_output dry-operator-rhoai "MAAS_INTERNAL_CLIENT_CA" "kubernetes://maas-ga
   "<Secret redhat-ods-applications/maas-companion-internal-tls>"
 
 # ---- the lease store: --redis-url / --dev-redis ---------------------------------------------------
-# checks_pass NAME DEV-REDIS: the dry run's rendered manifests pass the checker with --dev-redis.
+# checks_pass NAME DEV-REDIS NAMESPACE: the dry run's rendered manifests pass the checker with
+# --dev-redis (and the lease counters in a Redis).
 checks_pass() {
   rendered "$1" >"$WORK/$1.yaml"
   if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
-    --namespace "$3" --tls on --dev-redis "$2" "$WORK/$1.yaml" >"$WORK/$1.checks" 2>&1; then
+    --namespace "$3" --tls on --dev-redis "$2" --lease-store redis "$WORK/$1.yaml" >"$WORK/$1.checks" 2>&1; then
     pass "$1: rendered manifests pass the checks with --dev-redis $2"
   else
     fail "$1: rendered manifests pass the checks with --dev-redis $2" "$(grep '^FAIL' "$WORK/$1.checks" | head -5)"
@@ -290,6 +308,8 @@ expect_output dry-redis-url "lease store:       Redis rediss://redis.example.com
   "+ oc apply -f - <<'<Secret maas-redis>'" "url: <redacted>" "+ oc rollout restart deployment/maas-companion -n lease-ns"
 expect_absent dry-redis-url "$REDIS_PW"
 checks_pass dry-redis-url no lease-ns
+expect_replicas dry-redis-url 2
+expect_output dry-redis-url "Companion: 2 replica(s), sharing the lease counters in the given Redis"
 
 run_deploy dry-dev-redis -- --dry-run --deployment-mode kustomize --namespace lease-ns --dev-redis
 expect_exit dry-dev-redis 0 "DRY RUN MODE"
@@ -297,6 +317,8 @@ expect_no_mutation dry-dev-redis
 expect_output dry-dev-redis "lease store:       development Redis" "url: <redacted>" "password: <redacted>" \
   "+ oc rollout status deployment/maas-redis -n lease-ns" "maas.opendatahub.io/dev-only"
 checks_pass dry-dev-redis yes lease-ns
+expect_replicas dry-dev-redis 2
+expect_output dry-dev-redis "Companion: 2 replica(s), sharing the lease counters in the development Redis"
 
 # ---- the Gateway's replica count: its pods and the filter's limits.global.replicas agree -----------
 run_deploy dry-gateway-replicas -- --dry-run --deployment-mode kustomize --namespace gw-ns --gateway-replicas 3
@@ -427,6 +449,23 @@ else
 fi
 check "full-kustomize: the internal API's three key pairs from one private CA, named and used right, no key shown" \
   internal_pki_checks "$WORK/full-kustomize.state" team-maas full-kustomize
+# expect_applied_replicas STATE N: spec.replicas of Deployment maas-companion in the last
+# manifests applied in STATE.
+expect_applied_replicas() {
+  local file got
+  file=$(grep -l "kind: EnvoyFilter" "$WORK/$1.state"/stdin.* 2>/dev/null | sort -t. -k2 -n | tail -1)
+  got=$("$DEPLOY_VENV/bin/python" -c '
+import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "maas-companion":
+        print(d["spec"].get("replicas", 1))' "${file:-/dev/null}" 2>/dev/null)
+  if [ "$got" = "$2" ]; then
+    pass "$1: the applied companion Deployment has $2 replica(s)"
+  else
+    fail "$1: the applied companion Deployment has $2 replica(s)" "applied: ${got:-none}"
+  fi
+}
+expect_applied_replicas full-kustomize 1
 manifests=$(grep -l "kind: EnvoyFilter" "$WORK/full-kustomize.state"/stdin.* 2>/dev/null | head -1)
 if [ -n "$manifests" ] && grep -q "uri: oci://$WASM_IMG" "$manifests" && grep -q "namespace: team-maas" "$manifests"; then
   pass "full-kustomize: applied manifests carry the wasm image and the namespace"
@@ -510,6 +549,7 @@ else
 fi
 expect_absent full-redis "$REDIS_PW"
 expect_absent full-redis "oc rollout restart"
+expect_applied_replicas full-redis 2
 first_redis_calls=$(wc -l <"$WORK/full-redis.state/calls")
 KEEP_STATE=full-redis run_deploy full-redis-again -- --deployment-mode kustomize --namespace lease-ns --redis-url "$REDIS_A"
 expect_exit full-redis-again 0 "MaaS Gateway is deployed."
@@ -535,6 +575,9 @@ fi
 # Deployed again without the flag: the Secret stays (and says so); nothing restarts.
 KEEP_STATE=full-redis run_deploy full-redis-then-none -- --deployment-mode kustomize --namespace lease-ns
 expect_exit full-redis-then-none 0 "Secret maas-redis from an earlier run stays in use"
+expect_output full-redis-then-none "Companion: 2 replica(s), sharing the lease counters in the Redis of Secret maas-redis from an earlier run"
+# A real run applies what it rendered: the companion's replicas in the last manifests applied.
+expect_applied_replicas full-redis 2
 
 # The development Redis: a generated password, in the Secret only, kept across runs.
 run_deploy full-dev-redis -- --deployment-mode kustomize --namespace lease-ns --dev-redis

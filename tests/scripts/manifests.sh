@@ -45,7 +45,7 @@ for spec in odh:opendatahub:on odh-tls-off:opendatahub:off rhoai:redhat-ods-appl
   IFS=: read -r overlay ns tls <<<"$spec"
   if render "$CRS/overlays/$overlay" "$WORK/$overlay.yaml"; then
     pass "overlays/$overlay renders"
-    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls" --dev-redis no
+    run_checks "$overlay" "$WORK/$overlay.yaml" --namespace "$ns" --tls "$tls" --dev-redis no --lease-store memory
   else
     fail "overlays/$overlay renders" "$(cat "$WORK/$overlay.yaml.err")"
   fi
@@ -63,7 +63,7 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresour
 if render "$WORK/dev-redis" "$WORK/dev-redis.yaml"; then
   pass "odh + components/redis-dev renders"
   # (its objects in the companion's namespace: the checker's namespaces check)
-  run_checks "odh+dev-redis" "$WORK/dev-redis.yaml" --namespace opendatahub --tls on --dev-redis yes
+  run_checks "odh+dev-redis" "$WORK/dev-redis.yaml" --namespace opendatahub --tls on --dev-redis yes --lease-store redis
 else
   fail "odh + components/redis-dev renders" "$(cat "$WORK/dev-redis.yaml.err")"
 fi
@@ -87,7 +87,7 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamesp
 cp "$WORK/dev-redis/kustomization.yaml" "$WORK/maas-resources/kustomization.yaml"
 if render "$WORK/maas-resources" "$WORK/maas-resources.yaml"; then
   pass "odh + components/maas-resources renders"
-  run_checks "odh+maas-resources" "$WORK/maas-resources.yaml" --namespace opendatahub --tls on --dev-redis no
+  run_checks "odh+maas-resources" "$WORK/maas-resources.yaml" --namespace opendatahub --tls on --dev-redis no --lease-store memory
 else
   fail "odh + components/maas-resources renders" "$(cat "$WORK/maas-resources.yaml.err")"
 fi
@@ -370,8 +370,24 @@ elif name in ("dev-redis-persistent", "dev-redis-open-to-all", "dev-redis-two-re
         redis["metadata"]["labels"].pop("maas.opendatahub.io/dev-only")
 elif name == "resources-no-watch":
     get("ClusterRole", "maas-companion-resources")["rules"][0]["verbs"] = ["get", "list"]
+elif name == "two-companions-without-redis":
+    dep["spec"]["replicas"] = 2
+elif name == "provider-secrets-cluster-wide":
+    docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": "maas-companion-provider-secrets"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "maas-companion-provider-secrets"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "maas-companion", "namespace": "opendatahub"}]})
+elif name == "provider-secrets-list":
+    get("ClusterRole", "maas-companion-provider-secrets")["rules"][0]["verbs"] = ["get", "list", "watch"]
 elif name == "resources-crd-wrong-group":
     get("CustomResourceDefinition", "maassubscriptions.maas.opendatahub.io")["spec"]["group"] = "maas.example.com"
+elif name in ("public-url-elsewhere", "public-url-missing"):
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    if name == "public-url-missing":
+        env[:] = [e for e in env if e["name"] != "MAAS_PUBLIC_URL"]
+    else:
+        next(e for e in env if e["name"] == "MAAS_PUBLIC_URL")["value"] = "https://evil.example.net"
 elif name == "scrape-plain-http-with-tls":
     get("ServiceMonitor", "maas-companion")["spec"]["endpoints"][0]["scheme"] = "http"
 else:
@@ -383,7 +399,7 @@ expect_refused() { # expect_refused MUTATION EXPECTED-TEXT
   local out
   if ! mutate "$1"; then fail "broken render '$1' refused" "mutation failed"; return; fi
   local rc=0
-  out=$("$PY" "$CHECKS" --schemas "$SCHEMAS" --namespace opendatahub --tls on "$WORK/broken.yaml" 2>&1) || rc=$?
+  out=$("$PY" "$CHECKS" --schemas "$SCHEMAS" --namespace opendatahub --tls on ${LEASE_STORE:+--lease-store "$LEASE_STORE"} "$WORK/broken.yaml" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ] && grep -q "^FAIL .*$2" <<<"$out"; then
     pass "broken render '$1' refused ($2)"
   else
@@ -438,6 +454,9 @@ if [ -s "$WORK/odh.yaml" ]; then
   expect_refused gateway-replicas-unpinned "infrastructure.parametersRef is None"
   expect_refused redis-secret-required "is not optional"
   expect_refused no-lease-fallback-alert "missing alerts \\['MaaSGatewayLeaseFallback'\\]"
+  expect_refused public-url-elsewhere "MAAS_PUBLIC_URL 'https://evil.example.net', expected 'https://maas.apps.cluster.example.com'"
+  expect_refused public-url-missing "MAAS_PUBLIC_URL is not set"
+  LEASE_STORE=memory expect_refused two-companions-without-redis "companion replicas 2 with the lease counters in process"
 fi
 if [ -s "$WORK/dev-redis.yaml" ]; then
   MUTATE_SRC=dev-redis expect_refused dev-redis-persistent "persists its data"
@@ -449,6 +468,8 @@ fi
 if [ -s "$WORK/maas-resources.yaml" ]; then
   MUTATE_SRC=maas-resources expect_refused resources-no-watch "policy resources"
   MUTATE_SRC=maas-resources expect_refused resources-crd-wrong-group "group maas.example.com"
+  MUTATE_SRC=maas-resources expect_refused provider-secrets-cluster-wide "bound cluster-wide"
+  MUTATE_SRC=maas-resources expect_refused provider-secrets-list "expected get on secrets only"
 fi
 
 # The Grafana dashboard (base/companion/grafana-dashboard.json): valid JSON with panels whose

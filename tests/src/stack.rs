@@ -263,12 +263,16 @@ struct Replica {
 
 impl Replica {
     fn gateway_connect_addr(&self) -> SocketAddr {
-        let g = self.ports.gateway;
-        if g.ip().is_unspecified() {
-            SocketAddr::from(([127, 0, 0, 1], g.port()))
-        } else {
-            g
-        }
+        connect_addr(self.ports.gateway)
+    }
+}
+
+/// Where a client reaches a listener bound to `addr` (an unspecified address: this host).
+fn connect_addr(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
     }
 }
 
@@ -484,6 +488,16 @@ impl Core {
             .arg(format!("--internal-addr={}", ports.companion_internal))
             .arg(format!("--metrics-addr={}", ports.companion_metrics))
             .args(&spec.args);
+        // The model URLs of `GET /v1/models` are this replica's gateway's, as a cluster's
+        // companion has the Gateway's hostname; a MAAS_PUBLIC_URL of the caller's wins.
+        let public_url_given = std::env::var_os("MAAS_PUBLIC_URL").is_some()
+            || spec.env.iter().any(|(k, _)| k == "MAAS_PUBLIC_URL");
+        if !public_url_given && ports.gateway.port() != 0 {
+            cmd.env(
+                "MAAS_PUBLIC_URL",
+                format!("http://{}", connect_addr(ports.gateway)),
+            );
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -589,6 +603,16 @@ impl Core {
         let envoy_log = replica_file(&self.dir_path, "envoy", "log", index);
         let envoy_config_path = replica_file(&self.dir_path, "envoy", "json", index);
         let node_id = format!("gateway-{index}");
+        // Replica 0 takes the user's port (checked free before anything started) on every
+        // attempt; replica i takes port + i on its first attempt when it is free. The gateway
+        // port is chosen before the companion starts: the companion names it (its public URL).
+        let fixed = (index == 0).then_some(self.envoy.gateway_port).flatten();
+        let mut preferred = self
+            .envoy
+            .gateway_port
+            .filter(|_| index > 0)
+            .and_then(|p| u16::try_from(usize::from(p) + index).ok())
+            .filter(|p| TcpListener::bind((ip, *p)).is_ok());
         let mut ports = ReplicaPorts {
             gateway: SocketAddr::new(ip, 0),
             admin: local(0),
@@ -596,7 +620,14 @@ impl Core {
             companion_internal: local(0),
             companion_metrics: local(0),
         };
-        let companion = retry_on_taken_port(
+        ports.gateway = SocketAddr::new(
+            ip,
+            match fixed.or(preferred.take()) {
+                Some(p) => p,
+                None => free_ports(1)?[0],
+            },
+        );
+        let mut companion = retry_on_taken_port(
             &mut ports,
             |ports| {
                 let p = free_ports(3)?;
@@ -607,38 +638,38 @@ impl Core {
             },
             |ports| self.spawn_companion(index, ports, &companion_log),
         )?;
-        // Replica 0 takes the user's port (checked free before anything started) on every
-        // attempt; replica i takes port + i on its first attempt when it is free.
-        let fixed = (index == 0).then_some(self.envoy.gateway_port).flatten();
-        let preferred = self
-            .envoy
-            .gateway_port
-            .filter(|_| index > 0)
-            .and_then(|p| u16::try_from(usize::from(p) + index).ok())
-            .filter(|p| TcpListener::bind((ip, *p)).is_ok());
-        let mut state = (ports, preferred);
+        let companion_gateway = ports.gateway;
+        let mut first = true;
+        let mut state = ports;
         let envoy = retry_on_taken_port(
             &mut state,
-            |(ports, preferred)| {
+            |ports| {
                 let p = free_ports(2)?;
                 ports.admin = local(p[0]);
-                ports.gateway = SocketAddr::new(ip, fixed.or(preferred.take()).unwrap_or(p[1]));
+                // After a taken gateway port, a fresh one (the companion is started again
+                // below to name it).
+                if !std::mem::take(&mut first) && fixed.is_none() {
+                    ports.gateway = SocketAddr::new(ip, p[1]);
+                }
                 self.write_envoy_config(ports, &node_id, &envoy_config_path)
             },
-            |(ports, _)| self.spawn_envoy(index, ports, &envoy_config_path, &envoy_log),
+            |ports| self.spawn_envoy(index, ports, &envoy_config_path, &envoy_log),
         );
         let envoy = match envoy {
             Ok(envoy) => envoy,
             Err(e) => {
-                let mut companion = companion;
                 companion.stop(Duration::from_secs(5));
                 return Err(e);
             }
         };
+        if state.gateway != companion_gateway {
+            companion.stop(Duration::from_secs(5));
+            companion = self.spawn_companion(index, &state, &companion_log)?;
+        }
         Ok(Arc::new(Replica {
             index,
             node_id,
-            ports: state.0,
+            ports: state,
             companion: Mutex::new(Some(companion)),
             envoy: Mutex::new(Some(envoy)),
             companion_log,

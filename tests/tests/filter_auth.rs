@@ -507,6 +507,37 @@ async fn routing_and_authorisation() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// `GET /maas-api/v1/models` through the gateway with a forged `Host`: each model's `url` is the
+/// gateway's own (the companion's configured public URL), never the client's host.
+#[tokio::test]
+async fn model_urls_name_the_gateway_whatever_host_the_client_sends() {
+    let _serial = serial().await;
+    let stack = stack();
+    let r = send(
+        client()
+            .get(format!("{}/maas-api/v1/models", stack.gateway_url()))
+            .bearer_auth("alice-token")
+            .header("host", "evil.example.net")
+            .header("x-forwarded-host", "evil.example.net")
+            .header("x-forwarded-proto", "https"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains("evil"), "{}", r.body);
+    let sim = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "sim-model")
+        .cloned()
+        .unwrap_or_else(|| panic!("no sim-model in {}", r.body));
+    assert_eq!(
+        sim["url"],
+        json!(format!("{}/llm/sim-model", stack.gateway_url())),
+        "{sim}"
+    );
+}
+
 #[tokio::test]
 async fn concurrent_misses_make_one_callout_per_worker() {
     let _serial = serial().await;

@@ -179,7 +179,8 @@ async fn a_token_selects_with_the_header_and_two_matches_without_it_are_refused(
     // Only large holds sim-other: selected without the header.
     let r = call(OTHER, "select", "alice-token", &[]).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    // A subscription the caller does not have, or that does not exist.
+    // A subscription the caller does not have, or that does not exist: one answer
+    // (`naming_someone_elses_subscription_is_answered_as_one_that_does_not_exist`).
     let e = call(
         SIM,
         "select",
@@ -188,7 +189,7 @@ async fn a_token_selects_with_the_header_and_two_matches_without_it_are_refused(
     )
     .await
     .error(403);
-    assert_eq!(e["code"], "access_denied", "{e}");
+    assert_eq!(e["code"], "not_found", "{e}");
     let e = call(
         SIM,
         "select",
@@ -202,6 +203,67 @@ async fn a_token_selects_with_the_header_and_two_matches_without_it_are_refused(
     assert_eq!(
         backend_subscription_headers("select"),
         vec![vec!["large".to_string()], vec!["large".to_string()]]
+    );
+}
+
+/// `X-MaaS-Subscription` naming another user's subscription and naming one that does not
+/// exist get the same answer from the gateway, byte for byte (status, headers that could
+/// differ, body): the header cannot be used to find out which subscriptions exist.
+#[tokio::test]
+async fn naming_someone_elses_subscription_is_answered_as_one_that_does_not_exist() {
+    let others = call(
+        SIM,
+        "enumerate",
+        "alice-token",
+        &[("x-maas-subscription", "revokable")],
+    )
+    .await;
+    let missing = call(
+        SIM,
+        "enumerate",
+        "alice-token",
+        &[("x-maas-subscription", "no-such-subscription")],
+    )
+    .await;
+    // The same holds for a namespace-qualified name and a subscription without the model.
+    let others_ns = call(
+        SIM,
+        "enumerate",
+        "alice-token",
+        &[("x-maas-subscription", "models-as-a-service/revokable")],
+    )
+    .await;
+    for r in [&others, &missing, &others_ns] {
+        let e = r.error(403);
+        assert_eq!(e["code"], "not_found", "{e}");
+        assert_eq!(e["message"], "requested subscription not found", "{e}");
+    }
+    assert_eq!(others.body, missing.body, "the bodies tell the cases apart");
+    assert_eq!(others_ns.body, missing.body);
+    for h in ["content-type", "content-length", "www-authenticate"] {
+        assert_eq!(others.header(h), missing.header(h), "{h}");
+    }
+    // Header names alike too; `date` moves with the clock and `connection: close` with whether
+    // Envoy had read the request body when the refusal went out (a race of each request, the
+    // same for both cases: both are refused at the headers).
+    let names = |r: &Reply| {
+        let mut n: Vec<String> = r
+            .headers
+            .keys()
+            .map(|k| k.as_str().to_string())
+            .filter(|k| k != "date" && k != "connection")
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&others), names(&missing));
+    eprintln!(
+        "subscriptions figure: someone else's and a missing subscription: {} {} (identical)",
+        others.status, others.body
+    );
+    assert!(
+        stack().sim_requests_with_test_id("enumerate").is_empty(),
+        "a refused request reached the backend"
     );
 }
 

@@ -142,8 +142,16 @@ fn usage_of(r: &Reply) -> (u64, u64) {
 #[tokio::test]
 async fn calls_through_the_gateway_show_in_the_ledger_by_model_with_refusals_and_per_key() {
     let s = stack();
-    let k1 = s.mint_key_plain("led-token", "ledger-k1").await.unwrap();
-    let k2 = s.mint_key_plain("led-token", "ledger-k2").await.unwrap();
+    let minted1 = s
+        .mint_key("led-token", json!({"name": "ledger-k1"}))
+        .await
+        .unwrap();
+    let minted2 = s
+        .mint_key("led-token", json!({"name": "ledger-k2"}))
+        .await
+        .unwrap();
+    let key_of = |m: &Value| m["key"].as_str().unwrap().to_string();
+    let (k1, k2) = (key_of(&minted1), key_of(&minted2));
 
     // k1: a JSON chat, a streamed chat (its usage event is added and stripped by the gateway:
     // the simulator's deterministic rule gives its numbers), an embeddings call, and a
@@ -219,26 +227,37 @@ async fn calls_through_the_gateway_show_in_the_ledger_by_model_with_refusals_and
     assert_eq!(usage_by_model(&k1).await, only_k1);
     let only_k2 = [("sim-model".to_string(), (1, p4, c4, json!({})))].into();
     assert_eq!(usage_by_model(&k2).await, only_k2);
-    // By key: both keys, named.
+    // By key: both keys, named, each by the key API's id (the one minting answered), which
+    // finds the key.
     let r = get("led-token", "/v1/usage?groupBy=key").await;
-    let mut by_key: Vec<(String, u64)> = r.json()["data"]
+    let mut by_key: Vec<(String, String, u64)> = r.json()["data"]
         .as_array()
         .unwrap()
         .iter()
         .map(|row| {
             (
                 row["keyName"].as_str().unwrap_or("-").to_string(),
+                row["keyId"].as_str().unwrap_or("-").to_string(),
                 row["requests"].as_u64().unwrap_or(0),
             )
         })
         .collect();
     by_key.sort();
+    let id_of = |m: &Value| m["id"].as_str().unwrap().to_string();
     assert_eq!(
         by_key,
-        [("ledger-k1".to_string(), 3), ("ledger-k2".to_string(), 1)],
+        [
+            ("ledger-k1".to_string(), id_of(&minted1), 3),
+            ("ledger-k2".to_string(), id_of(&minted2), 1)
+        ],
         "{}",
         r.body
     );
+    for (name, id, _) in &by_key {
+        let found = get("led-token", &format!("/v1/api-keys/{id}")).await;
+        assert_eq!(found.status, 200, "{}", found.body);
+        assert_eq!(found.json()["name"], json!(name), "{}", found.body);
+    }
     // The refused caller: one forwarded, one refused by rate limit.
     let tiny = [(
         "sim-model".to_string(),

@@ -236,8 +236,26 @@ impl Model {
 pub struct Provider {
     #[serde(rename = "type")]
     pub kind: ProviderKind,
-    /// Name of the Secret (key `api-key`) holding the provider credential.
+    /// The Secret (key `api-key`) holding the provider credential: `name` (in the companion's
+    /// credentials namespace; the local stack: an entry of its credentials file) or
+    /// `namespace/name` (models from the reference's ExternalModels: always their own
+    /// namespace's). The filter looks the credential up by this string as it is.
     pub credential_ref: String,
+}
+
+impl Provider {
+    /// The credential's Secret: `(namespace, name)`, the namespace `None` for a bare name.
+    pub fn secret(&self) -> (Option<&str>, &str) {
+        split_credential_ref(&self.credential_ref)
+    }
+}
+
+/// `namespace/name` → `(Some(namespace), name)`; `name` → `(None, name)`.
+pub fn split_credential_ref(r: &str) -> (Option<&str>, &str) {
+    match r.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, r),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -514,10 +532,18 @@ impl PolicyDocument {
                 }
             }
             if let Some(p) = &m.provider {
-                check_name(
-                    format!("models[{i}].provider.credentialRef"),
-                    &p.credential_ref,
-                )?;
+                let at = format!("models[{i}].provider.credentialRef");
+                check_name(at.clone(), &p.credential_ref)?;
+                if let (Some(ns), name) = p.secret()
+                    && (!crate::subscription::is_dns_label(ns)
+                        || name.is_empty()
+                        || name.contains('/'))
+                {
+                    return Err(err(
+                        at,
+                        "must be a Secret name, or namespace/name with a DNS-label namespace",
+                    ));
+                }
                 if m.upstream_cluster.is_none() {
                     return Err(err(
                         format!("models[{i}].upstreamCluster"),
@@ -765,6 +791,25 @@ mod tests {
             let mut v = sample();
             v["models"][0]["upstreamCluster"] = json!(bad);
             fails_at(v, "models[0].upstreamCluster");
+        }
+    }
+
+    #[test]
+    fn a_credential_ref_is_a_secret_name_or_namespace_slash_name() {
+        for (good, secret) in [
+            ("azure-key", (None, "azure-key")),
+            ("llm/azure-key", (Some("llm"), "azure-key")),
+        ] {
+            let mut v = sample();
+            v["models"][1]["provider"]["credentialRef"] = json!(good);
+            let doc = PolicyDocument::from_value(v).unwrap();
+            let p = doc.models[1].provider.as_ref().unwrap();
+            assert_eq!(p.secret(), secret, "{good}");
+        }
+        for bad in ["/azure-key", "llm/", "Tenant_X/key", "a/b/c", " "] {
+            let mut v = sample();
+            v["models"][1]["provider"]["credentialRef"] = json!(bad);
+            fails_at(v, "models[1].provider.credentialRef");
         }
     }
 

@@ -146,14 +146,18 @@ impl Subscription {
 // ---------------------------------------------------------------------------------------------
 
 /// Why no subscription was selected; [`SelectError::code`] is the reference's error code.
+///
+/// There is no "access denied": a subscription that exists but is not the caller's is
+/// [`SelectError::NotFound`], word for word as one that does not exist, so that naming
+/// subscriptions (in `X-MaaS-Subscription`, at mint) cannot tell which exist (the reference
+/// closed the same enumeration, FIND-009).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SelectError {
     /// None was requested and the caller has none (containing the model).
     NoSubscription,
-    /// The requested one does not exist.
+    /// The requested one does not exist, or is not the caller's (neither listed nor in a
+    /// listed group): one answer for both.
     NotFound,
-    /// The requested one exists but the caller is neither listed nor in a listed group.
-    AccessDenied,
     /// None was requested and the caller has several containing the model.
     MultipleSubscriptions,
     /// The requested one does not include the model.
@@ -161,24 +165,30 @@ pub enum SelectError {
 }
 
 impl SelectError {
-    pub const ALL: [SelectError; 5] = [
+    pub const ALL: [SelectError; 4] = [
         SelectError::NoSubscription,
         SelectError::NotFound,
-        SelectError::AccessDenied,
         SelectError::MultipleSubscriptions,
         SelectError::ModelNotInSubscription,
     ];
 
+    /// What a companion before the merged answer said of a subscription not the caller's.
+    pub const FORMER_ACCESS_DENIED_MESSAGE: &'static str =
+        "access denied to requested subscription";
+
     /// The error whose [`SelectError::message`] this is (the companion's authenticate refusal of
-    /// a key whose subscription no longer resolves carries only the message).
+    /// a key whose subscription no longer resolves carries only the message). An older
+    /// companion's access-denied message (a rolling upgrade) is [`SelectError::NotFound`].
     pub fn from_message(message: &str) -> Option<SelectError> {
+        if message == Self::FORMER_ACCESS_DENIED_MESSAGE {
+            return Some(SelectError::NotFound);
+        }
         Self::ALL.into_iter().find(|e| e.message() == message)
     }
 
     pub fn code(&self) -> &'static str {
         match self {
             SelectError::NoSubscription | SelectError::NotFound => "not_found",
-            SelectError::AccessDenied => "access_denied",
             SelectError::MultipleSubscriptions => "multiple_subscriptions",
             SelectError::ModelNotInSubscription => "model_not_in_subscription",
         }
@@ -189,7 +199,6 @@ impl SelectError {
         match self {
             SelectError::NoSubscription => "no matching subscription found for user",
             SelectError::NotFound => "requested subscription not found",
-            SelectError::AccessDenied => "access denied to requested subscription",
             SelectError::MultipleSubscriptions => {
                 "user has access to multiple subscriptions, must specify subscription using X-MaaS-Subscription header"
             }
@@ -257,7 +266,8 @@ pub fn find<'a>(doc: &'a PolicyDocument, requested: &str) -> Option<&'a Subscrip
 }
 
 /// The reference's selection. `requested` (bare `name` or `namespace/name`; blank = none):
-/// it must exist, the caller must have it, and it must include `model` when one is given.
+/// it must exist and the caller must have it (else [`SelectError::NotFound`], one answer for
+/// both), and it must include `model` when one is given.
 /// Nothing requested: the caller's subscriptions that include `model` (all of them when `None`);
 /// exactly one is selected, none → [`SelectError::NoSubscription`], several →
 /// [`SelectError::MultipleSubscriptions`].
@@ -271,10 +281,11 @@ pub fn select<'a>(
     let includes = |s: &Subscription| model.is_none_or(|m| s.includes_model(m));
     match requested.map(str::trim).filter(|r| !r.is_empty()) {
         Some(r) => {
-            let sub = find(doc, r).ok_or(SelectError::NotFound)?;
-            if !sub.has_access(user, groups) {
-                return Err(SelectError::AccessDenied);
-            }
+            // Not the caller's: the same answer as none of that name, so that it says
+            // nothing of what exists.
+            let sub = find(doc, r)
+                .filter(|s| s.has_access(user, groups))
+                .ok_or(SelectError::NotFound)?;
             if !includes(sub) {
                 return Err(SelectError::ModelNotInSubscription);
             }
@@ -936,9 +947,15 @@ mod tests {
             select(&d, "bob", &bob, Some("gold"), None),
             Err(SelectError::NotFound)
         );
+        // Someone else's subscription is answered as one that does not exist (whatever the
+        // model), so naming subscriptions tells nothing of which exist.
         assert_eq!(
             select(&d, "bob", &bob, Some("team-a"), None),
-            Err(SelectError::AccessDenied)
+            Err(SelectError::NotFound)
+        );
+        assert_eq!(
+            select(&d, "bob", &bob, Some("team-a"), Some("big")),
+            Err(SelectError::NotFound)
         );
         assert_eq!(
             select(&d, "alice", &alice, Some("team-a"), Some("big")),
@@ -984,7 +1001,20 @@ mod tests {
     fn error_codes_are_the_references() {
         assert_eq!(SelectError::NoSubscription.code(), "not_found");
         assert_eq!(SelectError::NotFound.code(), "not_found");
-        assert_eq!(SelectError::AccessDenied.code(), "access_denied");
+        // One code and message for a subscription that does not exist and one not the caller's.
+        assert_eq!(
+            (
+                SelectError::NotFound.code(),
+                SelectError::NotFound.message()
+            ),
+            ("not_found", "requested subscription not found")
+        );
+        assert!(SelectError::ALL.iter().all(|e| e.code() != "access_denied"));
+        assert_eq!(
+            SelectError::from_message("access denied to requested subscription"),
+            Some(SelectError::NotFound),
+            "an older companion's refusal is still recognised"
+        );
         assert_eq!(
             SelectError::MultipleSubscriptions.code(),
             "multiple_subscriptions"

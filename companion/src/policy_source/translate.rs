@@ -5,7 +5,8 @@
 //!   `<namespace>/<name>`, path `/<namespace>/<spec.modelRef.name>` (KServe's and the reference's
 //!   HTTPRoute prefix), `backend` = `status.endpoint` when set. Kind `ExternalModel`: the
 //!   ExternalModel of that name in the same namespace gives `provider` (`type` = `spec.provider`,
-//!   `credentialRef` = `spec.credentialRef.name`) and `upstreamCluster`
+//!   `credentialRef` = `<its namespace>/<spec.credentialRef.name>`: a Secret of its own
+//!   namespace only) and `upstreamCluster`
 //!   `outbound|<port>||<spec.endpoint>` (Istio's ServiceEntry cluster; port from the annotation
 //!   `maas.opendatahub.io/port`, default 443).
 //! - `MaaSAuthPolicy` (policy namespace) = **access**: who may use which models.
@@ -256,6 +257,59 @@ fn provider_kind(s: &str) -> Option<ProviderKind> {
     }
 }
 
+/// A Kubernetes object name (a DNS-1123 subdomain, as a Secret's): lower-case letters, digits,
+/// `-` and `.`, at most 253, starting and ending with a letter or digit.
+fn is_object_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// The provider key Secret of an ExternalModel, as the policy's `credentialRef`:
+/// `<its namespace>/<spec.credentialRef.name>`. An ExternalModel may use only Secrets of its
+/// own namespace (a tenant's model must not borrow the platform's key): a
+/// `credentialRef.namespace` naming another namespace, or a name that is not a Secret name
+/// (`other-ns/key`), is invalid and resolves nothing.
+fn external_model_secret(ext: &DynamicObject, spec: &Value) -> Result<String, Invalid> {
+    let (namespace, _) = ns_name(ext);
+    let reference = spec.get("credentialRef");
+    let name = reference.and_then(|c| str_at(c, "name")).ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_MODEL,
+            ext,
+            "spec.credentialRef.name",
+            "required",
+        )
+    })?;
+    if let Some(other) = reference.and_then(|c| c.get("namespace"))
+        && other.as_str() != Some(namespace.as_str())
+    {
+        return Err(bad(
+            KIND_EXTERNAL_MODEL,
+            ext,
+            "spec.credentialRef.namespace",
+            format!(
+                "{other}: a Secret of another namespace cannot be used: only Secrets in the ExternalModel's namespace ({namespace})"
+            ),
+        ));
+    }
+    if !is_object_name(name) {
+        return Err(bad(
+            KIND_EXTERNAL_MODEL,
+            ext,
+            "spec.credentialRef.name",
+            format!(
+                "{name:?} is not a Secret name: the Secret must be in the ExternalModel's namespace ({namespace}), named without a namespace"
+            ),
+        ));
+    }
+    Ok(format!("{namespace}/{name}"))
+}
+
 /// One MaaSModelRef as a model (tiers filled in by the caller).
 fn model_of(
     r: &DynamicObject,
@@ -277,6 +331,18 @@ fn model_of(
     // The reference's older samples name the model's namespace here; the current shape has the
     // MaaSModelRef in the model's namespace.
     let target_ns = str_at(&model_ref, "namespace").unwrap_or(&namespace);
+    if kind == "ExternalModel" && target_ns != namespace {
+        // An ExternalModel carries its namespace's provider key: a MaaSModelRef elsewhere
+        // would serve that key to models it names.
+        return Err(bad(
+            KIND_MODEL_REF,
+            r,
+            "spec.modelRef.namespace",
+            format!(
+                "an ExternalModel of another namespace ({target_ns}) cannot be used: only one in the MaaSModelRef's own namespace ({namespace})"
+            ),
+        ));
+    }
     let mut model = Model {
         name: name.clone(),
         path: format!("/{target_ns}/{target}"),
@@ -321,17 +387,7 @@ fn model_of(
             })?;
             let endpoint = str_at(&es, "endpoint")
                 .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.endpoint", "required"))?;
-            let credential = es
-                .get("credentialRef")
-                .and_then(|c| str_at(c, "name"))
-                .ok_or_else(|| {
-                    bad(
-                        KIND_EXTERNAL_MODEL,
-                        ext,
-                        "spec.credentialRef.name",
-                        "required",
-                    )
-                })?;
+            let credential = external_model_secret(ext, &es)?;
             let port = match annotation(ext, "maas.opendatahub.io/port") {
                 None => 443,
                 Some(p) => p
@@ -350,7 +406,7 @@ fn model_of(
             };
             model.provider = Some(Provider {
                 kind,
-                credential_ref: credential.to_string(),
+                credential_ref: credential,
             });
             model.upstream_cluster = Some(format!("outbound|{port}||{endpoint}"));
             if model.backend.is_none() {
@@ -717,7 +773,7 @@ mod tests {
                      "tiers": ["subscription-only"], "ownedBy": "llm/facebook-opt-125m-simulated"},
                     {"name": "gpt-4o", "path": "/llm/gpt-4o", "tiers": ["subscription-only"],
                      "backend": "https://api.openai.com", "ownedBy": "llm/gpt-4o",
-                     "provider": {"type": "openai", "credentialRef": "openai-api-key"},
+                     "provider": {"type": "openai", "credentialRef": "llm/openai-api-key"},
                      "upstreamCluster": "outbound|443||api.openai.com"},
                     {"name": "premium-simulated-simulated-premium", "path": "/llm/premium-simulated-simulated-premium",
                      "tiers": ["subscription-only"], "ownedBy": "llm/premium-simulated-simulated-premium"}
@@ -883,6 +939,84 @@ spec: {provider: bedrock-openai, endpoint: bedrock-mantle.us-east-2.api.aws, tar
         );
         // The valid resources still apply, exactly as without the invalid ones.
         assert_eq!(t.document, expected_reference_document());
+    }
+
+    #[test]
+    fn an_external_model_uses_only_secrets_of_its_own_namespace() {
+        // The reference's gpt-4o (namespace llm) names Secret openai-api-key: llm's.
+        let t = translate(None, &resources(REFERENCE));
+        let gpt = t.document.model("gpt-4o").unwrap();
+        assert_eq!(
+            gpt.provider.as_ref().unwrap().secret(),
+            (Some("llm"), "openai-api-key")
+        );
+        // A tenant's ExternalModels reaching for another namespace's Secret, and a tenant's
+        // MaaSModelRef reaching for another namespace's ExternalModel: invalid, left out.
+        let borrowing = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: by-field, namespace: tenant-b}
+spec: {provider: openai, endpoint: api.openai.com, targetModel: gpt-4o, credentialRef: {name: openai-api-key, namespace: opendatahub}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-field, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: by-field}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: by-name, namespace: tenant-b}
+spec: {provider: openai, endpoint: api.openai.com, targetModel: gpt-4o, credentialRef: {name: opendatahub/openai-api-key}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-name, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: by-name}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-model, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: gpt-4o, namespace: llm}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: own, namespace: tenant-b}
+spec: {provider: anthropic, endpoint: api.anthropic.com, targetModel: claude, credentialRef: {name: anthropic-key, namespace: tenant-b}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: own, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: own}}
+"#;
+        let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{borrowing}")));
+        let found: Vec<(&str, &str, &str)> = t
+            .invalid
+            .iter()
+            .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("ExternalModel", "by-field", "spec.credentialRef.namespace"),
+                ("ExternalModel", "by-name", "spec.credentialRef.name"),
+                ("MaaSModelRef", "by-model", "spec.modelRef.namespace"),
+            ]
+        );
+        for left_out in ["by-field", "by-name", "by-model"] {
+            assert!(t.document.model(left_out).is_none(), "{left_out}");
+        }
+        // Naming its own namespace is fine; every Secret named is its model's namespace's.
+        let own = t.document.model("own").unwrap();
+        assert_eq!(
+            own.provider.as_ref().unwrap().secret(),
+            (Some("tenant-b"), "anthropic-key")
+        );
+        for m in &t.document.models {
+            if let Some(p) = &m.provider {
+                let model_ns = m.owned_by.as_deref().and_then(|o| o.split('/').next());
+                assert_eq!(p.secret().0, model_ns, "{}", m.name);
+            }
+        }
     }
 
     #[test]

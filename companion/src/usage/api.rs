@@ -109,9 +109,37 @@ pub struct UsageParams {
     pub tier: Option<String>,
 }
 
+/// The earliest time a query may name: 0001-01-01T00:00:00Z. PostgreSQL's `timestamptz` holds
+/// 4713 BC to 294276 AD, chrono ±262,143 years: a bound inside both (and what RFC 3339 and a
+/// date can spell) keeps every accepted time one the ledger's statement can take.
+pub const EARLIEST: DateTime<Utc> = match NaiveDate::from_ymd_opt(1, 1, 1) {
+    Some(d) => d.and_time(chrono::NaiveTime::MIN).and_utc(),
+    None => DateTime::<Utc>::MIN_UTC,
+};
+/// The latest time a query may name: 10000-01-01T00:00:00Z (`to=9999-12-31` as a date).
+pub const LATEST: DateTime<Utc> = match NaiveDate::from_ymd_opt(10000, 1, 1) {
+    Some(d) => d.and_time(chrono::NaiveTime::MIN).and_utc(),
+    None => DateTime::<Utc>::MAX_UTC,
+};
+
 /// `from` / `to`: RFC 3339, a UTC date `YYYY-MM-DD` (as `to`: the end of that day, so the day is
-/// included), or Unix seconds.
+/// included), or Unix seconds; between [`EARLIEST`] and [`LATEST`].
 fn parse_time(
+    param: &'static str,
+    s: &str,
+    end_of_day: bool,
+) -> Result<DateTime<Utc>, UsageApiError> {
+    let t = parse_time_unbounded(param, s, end_of_day)?;
+    if t < EARLIEST || t > LATEST {
+        return Err(invalid(
+            param,
+            "must lie between 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z (Unix seconds -62135596800 to 253402300800)",
+        ));
+    }
+    Ok(t)
+}
+
+fn parse_time_unbounded(
     param: &'static str,
     s: &str,
     end_of_day: bool,
@@ -209,7 +237,7 @@ pub fn parse_params(
 pub struct Who<'a> {
     pub username: &'a str,
     pub is_admin: bool,
-    /// The caller's API key id (an API key caller), else `None`.
+    /// The key API's id of the caller's API key (an API key caller), else `None`.
     pub key_id: Option<&'a str>,
 }
 
@@ -251,7 +279,8 @@ pub struct UsageRow {
     /// `groupBy=model`, `day` and `hour`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// `groupBy=key`: the API key's id; `null` for usage with a token.
+    /// `groupBy=key`: the API key's id (the key API's: `GET /v1/api-keys/{id}`); `null` for
+    /// usage with a token.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub key_id: Option<Option<String>>,
@@ -326,9 +355,10 @@ fn group_by_name(g: GroupBy) -> &'static str {
     }
 }
 
-fn key_id_of(caller: &Caller) -> Option<&str> {
+/// The key API's id of an API key caller (the ledger's key id).
+fn key_id_of(caller: &Caller) -> Option<String> {
     match &caller.kind {
-        CallerKind::ApiKey { key_id, .. } => Some(key_id),
+        CallerKind::ApiKey { id, .. } => Some(id.to_string()),
         CallerKind::Cluster => None,
     }
 }
@@ -337,7 +367,7 @@ fn key_id_of(caller: &Caller) -> Option<&str> {
     description = "The caller's own usage (an API key: its own key's only), as the gateways reported it (at most one report interval behind). Rows older than the hourly retention are kept per day. Admins may pass user= (a name or *) and tier= (alone: everyone in the tier).",
     security(("bearer" = [])),
     params(
-        ("from" = Option<String>, Query, description = "Start (RFC 3339, YYYY-MM-DD or Unix seconds); default: 7 days before `to`"),
+        ("from" = Option<String>, Query, description = "Start (RFC 3339, YYYY-MM-DD or Unix seconds; 0001-01-01 to 10000-01-01); default: 7 days before `to`"),
         ("to" = Option<String>, Query, description = "End, exclusive (a date: the end of that day); default: now"),
         ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key or user"),
         ("user" = Option<String>, Query, description = "Admins: whose usage (`*`: everyone)"),
@@ -361,10 +391,11 @@ pub async fn usage(
         message: format!("query: {}", e.body_text()),
     })?;
     let params = parse_params(&pairs, Utc::now())?;
+    let own_key = key_id_of(&caller);
     let who = Who {
         username: &caller.username,
         is_admin: caller.is_admin,
-        key_id: key_id_of(&caller),
+        key_id: own_key.as_deref(),
     };
     let (subject, key_id, tier) = scope(who, params.user.as_deref(), params.tier.as_deref())?;
     let query = UsageQuery {
@@ -660,6 +691,42 @@ mod tests {
         assert_eq!(param_of(&[("model", "m")]), Some("query"), "unknown");
         assert_eq!(param_of(&[("tier", "a"), ("tier", "b")]), Some("tier"));
         assert_eq!(param_of(&[("groupBy", "key"), ("user", "bob")]), None);
+    }
+
+    #[test]
+    fn times_beyond_what_the_ledger_holds_are_named() {
+        // Unix seconds chrono takes but PostgreSQL's timestamptz does not (was a 500).
+        assert_eq!(
+            param_of(&[("from", "-8000000000000"), ("to", "-7999990000000")]),
+            Some("to")
+        );
+        assert_eq!(param_of(&[("from", "-8000000000000")]), Some("from"));
+        assert_eq!(
+            param_of(&[("from", "8000000000000"), ("to", "8000000010000")]),
+            Some("to")
+        );
+        assert_eq!(
+            param_of(&[("from", "2026-12-01"), ("to", "8000000000000")]),
+            Some("to")
+        );
+        // The bounds themselves are accepted.
+        let p = parse_params(
+            &pairs(&[("from", "-62135596800"), ("to", "0001-01-02")]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(p.from, EARLIEST);
+        let p = parse_params(
+            &pairs(&[("from", "9999-12-31"), ("to", "9999-12-31")]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(p.to, LATEST);
+        assert_eq!(LATEST.timestamp(), 253_402_300_800);
+        assert_eq!(
+            param_of(&[("from", "9999-12-31"), ("to", "253402300801")]),
+            Some("to")
+        );
     }
 
     fn who<'a>(username: &'a str, is_admin: bool, key_id: Option<&'a str>) -> Who<'a> {

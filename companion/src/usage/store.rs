@@ -1,5 +1,12 @@
 //! The one place with SQL on the usage ledger (migration 0003): a report batch applied in one
 //! statement, the hourly → daily rollup in one statement, and the `GET /v1/usage` query.
+//!
+//! The ledger names an API key by the key API's id (`api_keys.id`, the UUID of
+//! `GET /v1/api-keys/{id}`), so a user can find and revoke the key a row belongs to. The gateway
+//! reports the key id of the key's secret (`sk-oai-<key id>_…`, the authenticate answer's
+//! `key_id`): the batch's statement maps it (migration 0005 mapped the rows written before). A
+//! key id no longer in `api_keys` (an ephemeral key deleted by the cleanup) stays as reported;
+//! the query maps rows an older companion wrote during a rolling upgrade the same way.
 
 use crate::db::MigrationState;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -9,10 +16,10 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use crate::db::StoreError;
 
-/// One ledger row's dimensions.
+/// One ledger row's dimensions (as reported: the statement maps the key).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RowKey {
-    /// `''` for a token caller.
+    /// The reported key id (the one in the key's secret); `''` for a token caller.
     pub key_id: String,
     pub subject: String,
     pub tier: String,
@@ -220,11 +227,22 @@ impl UsageStore {
              ), added AS (
                  INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
                      requests, refused, prompt_tokens, completion_tokens, cached_input_tokens)
-                 SELECT k, s, t, m, to_timestamp(hs), r, f::jsonb, p, c, ci
-                 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
-                             $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[])
-                      AS u(k, s, t, m, hs, r, f, p, c, ci)
+                 SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
+                        maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
+                        SUM(ci)::bigint
+                 FROM (
+                     -- The gateway reports a key by the key id in its secret; the ledger
+                     -- names it by the key API's id. Mapped records of one row are added up
+                     -- (one statement may not update a row twice).
+                     SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
+                            u.p, u.c, u.ci
+                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[])
+                          AS u(k, s, t, m, hs, r, f, p, c, ci)
+                     LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
+                 ) AS mapped
                  WHERE EXISTS (SELECT 1 FROM batch)
+                 GROUP BY k, s, t, m, hs
                  ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
                      requests = h.requests + EXCLUDED.requests,
                      refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
@@ -314,12 +332,18 @@ impl UsageStore {
              SUM(u.prompt_tokens)::bigint AS prompt_tokens, \
              SUM(u.completion_tokens)::bigint AS completion_tokens, \
              SUM(u.cached_input_tokens)::bigint AS cached_input_tokens \
-             FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
-                          prompt_tokens, completion_tokens, cached_input_tokens FROM usage_hourly \
-                   UNION ALL \
-                   SELECT key_id, subject, tier, model, (day::timestamp AT TIME ZONE 'UTC') AS t, \
-                          requests, refused, prompt_tokens, completion_tokens, cached_input_tokens \
-                   FROM usage_daily) AS u \
+             FROM (SELECT COALESCE(a.id::text, l.key_id) AS key_id, l.subject, l.tier, l.model, \
+                          l.t, l.requests, l.refused, l.prompt_tokens, l.completion_tokens, \
+                          l.cached_input_tokens \
+                   FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
+                                prompt_tokens, completion_tokens, cached_input_tokens \
+                         FROM usage_hourly \
+                         UNION ALL \
+                         SELECT key_id, subject, tier, model, \
+                                (day::timestamp AT TIME ZONE 'UTC') AS t, requests, refused, \
+                                prompt_tokens, completion_tokens, cached_input_tokens \
+                         FROM usage_daily) AS l \
+                   LEFT JOIN api_keys a ON l.key_id <> '' AND a.key_id = l.key_id) AS u \
              WHERE u.t >= ",
         );
         b.push_bind(q.from).push(" AND u.t < ").push_bind(q.to);
@@ -353,10 +377,9 @@ impl UsageStore {
             });
         }
         if q.group_by == GroupBy::Key {
-            let ids: Vec<String> = out
+            let ids: Vec<uuid::Uuid> = out
                 .iter()
-                .map(|g| g.group.clone())
-                .filter(|g| !g.is_empty())
+                .filter_map(|g| uuid::Uuid::parse_str(&g.group).ok())
                 .collect();
             let names = self.key_names(pool, ids).await?;
             for g in &mut out {
@@ -366,22 +389,23 @@ impl UsageStore {
         Ok(out)
     }
 
-    /// The names of the keys still in `api_keys`, by key id.
+    /// The names of the keys still in `api_keys`, by the key API's id.
     async fn key_names(
         &self,
         pool: &PgPool,
-        ids: Vec<String>,
+        ids: Vec<uuid::Uuid>,
     ) -> Result<HashMap<String, String>, StoreError> {
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows = sqlx::query("SELECT key_id, name FROM api_keys WHERE key_id = ANY($1)")
+        let rows = sqlx::query("SELECT id, name FROM api_keys WHERE id = ANY($1)")
             .bind(ids)
             .fetch_all(pool)
             .await?;
         let mut names = HashMap::new();
         for row in rows {
-            names.insert(row.try_get("key_id")?, row.try_get("name")?);
+            let id: uuid::Uuid = row.try_get("id")?;
+            names.insert(id.to_string(), row.try_get("name")?);
         }
         Ok(names)
     }

@@ -87,8 +87,18 @@ fn the_binary_refuses_to_start_without_a_usable_internal_client_ca() {
     assert!(!stderr.contains("listening"), "{stderr}");
 }
 
-#[tokio::test]
-async fn starts_logs_its_addresses_and_stops_on_sigterm() {
+/// The binary, started on free ports with the local policy and identities and JSON logs on
+/// stderr (every line kept in `lines`).
+struct Started {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    public: String,
+    internal: String,
+    metrics: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_binary(env: &[(&str, &str)]) -> Started {
     let database_url = create_database().await;
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.yaml");
@@ -97,7 +107,8 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
     std::fs::write(&policy, local_policy()).unwrap();
     std::fs::write(&ids, IDENTITIES).unwrap();
     std::fs::write(&creds, "credentials: {}\n").unwrap();
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .env_clear()
         .env("RUST_LOG", "info")
         .env("MAAS_LOG_FORMAT", "json")
@@ -105,7 +116,11 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
         .env("MAAS_PUBLIC_ADDR", "127.0.0.1:0")
         .env("MAAS_INTERNAL_ADDR", "127.0.0.1:0")
         .env("MAAS_METRICS_ADDR", "127.0.0.1:0")
-        .envs(internal_pki().env())
+        .envs(internal_pki().env());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command
         .args(["--policy-file", policy.to_str().unwrap()])
         .args([
             "--identity-provider",
@@ -149,6 +164,53 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
             );
         }
     };
+    Started {
+        child,
+        lines: rx,
+        public,
+        internal,
+        metrics,
+        _dir: dir,
+    }
+}
+
+impl Started {
+    /// SIGTERM; waits for exit 0; answers every log line not read yet.
+    fn stop(mut self) -> Vec<String> {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status}");
+        // The reader thread ends with the pipe: every line is in.
+        let mut lines = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            lines.push(line);
+        }
+        lines
+    }
+}
+
+#[tokio::test]
+async fn starts_logs_its_addresses_and_stops_on_sigterm() {
+    let started = start_binary(&[]).await;
+    let (public, internal, metrics) = (
+        started.public.clone(),
+        started.internal.clone(),
+        started.metrics.clone(),
+    );
     let health = reqwest::get(format!("http://{public}/health"))
         .await
         .unwrap();
@@ -173,26 +235,46 @@ async fn starts_logs_its_addresses_and_stops_on_sigterm() {
             .contains("maas_authenticate_total")
     );
 
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status}");
+    let rest = started.stop();
     // Nothing in the log carries a credential.
-    let rest: Vec<String> = rx.try_iter().collect();
     assert!(!rest.iter().any(|l| l.contains("alice-token")));
+}
+
+/// `GET /v1/usage` with times chrono takes but PostgreSQL's timestamptz cannot hold: a 400
+/// naming the parameter, and no ERROR line (it was a 500 and one ERROR per request).
+#[tokio::test]
+async fn usage_times_beyond_the_ledger_are_a_400_naming_them_and_log_no_error() {
+    let started = start_binary(&[]).await;
+    let http = reqwest::Client::new();
+    for (query, param) in [
+        ("from=-8000000000000&to=-7999990000000", "to"),
+        ("from=-8000000000000", "from"),
+        ("from=2026-12-01&to=8000000000000", "to"),
+        ("from=-62135596801&to=2026-12-01", "from"),
+    ] {
+        let r = http
+            .get(format!("http://{}/v1/usage?{query}", started.public))
+            .bearer_auth("alice-token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{query}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["param"], param, "{query}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_parameter", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("0001-01-01"), "{message}");
+    }
+    let lines = started.stop();
+    let errors: Vec<&String> = lines
+        .iter()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .map(|e| e["level"] == "ERROR")
+                .unwrap_or(true)
+        })
+        .collect();
+    assert!(errors.is_empty(), "ERROR lines: {errors:?}");
 }
 
 #[tokio::test]

@@ -285,8 +285,13 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
-    init_tracing();
     let database_url = create_database().await;
+    spawn_app_on(database_url, adjust).await
+}
+
+/// The app over an existing database (e.g. one a test prepared at an older migration).
+pub async fn spawn_app_on(database_url: String, adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let policy_path = dir.path().join("policy.yaml");
     let identities = dir.path().join("identities.yaml");

@@ -329,10 +329,34 @@ async fn get_secret(
             ),
         );
     }
-    if namespace == "maas" && name == "openai-key" {
+    // A namespace whose Secrets the companion's ServiceAccount may not read (no RoleBinding).
+    if namespace == "locked" {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("secrets \"{name}\" is forbidden: User \"system:serviceaccount:maas:maas-companion\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{namespace}\""),
+                        "reason": "Forbidden", "details": {"name": name, "kind": "secrets"}, "code": 403}),
+            ),
+        );
+    }
+    // The platform's provider key (the companion's namespace) and a tenant's (llm), under the
+    // same Secret name.
+    let fixed = match (namespace.as_str(), name.as_str()) {
+        ("maas", "openai-api-key") => Some("sk-platform-key".to_string()),
+        ("llm", "openai-api-key") => Some("sk-llm-tenant-key".to_string()),
+        ("maas", "openai-key") => Some(
+            calls
+                .rotated_key
+                .lock()
+                .unwrap()
+                .clone()
+                .unwrap_or_else(|| "sk-from-secret".into()),
+        ),
+        _ => None,
+    };
+    if let Some(key) = fixed {
         use base64::Engine;
-        let key = calls.rotated_key.lock().unwrap().clone();
-        let key = key.as_deref().unwrap_or("sk-from-secret");
         return (
             StatusCode::OK,
             Json(json!({

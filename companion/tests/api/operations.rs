@@ -277,6 +277,60 @@ async fn listeners_are_separate_and_errors_are_json() {
     assert_eq!(r.body["error"]["code"], "method_not_allowed");
 }
 
+/// `GET /v1/models` with a forged `Host` (and `X-Forwarded-*`): the model URLs are the
+/// configured public URL's, or absent without one; the forged host appears nowhere.
+#[tokio::test]
+async fn a_forged_host_never_reaches_the_model_urls() {
+    let forged = |app: &crate::helpers::TestApp| {
+        app.http
+            .get(format!("{}/v1/models", app.public))
+            .bearer_auth("bob-token")
+            .header("host", "evil.example.net")
+            .header("x-forwarded-proto", "https")
+            .header("x-forwarded-host", "evil.example.net")
+            .header("forwarded", "host=evil.example.net;proto=https")
+            .send()
+    };
+    let configured = spawn_app_with(|s| {
+        s.listeners.public_url = Some("https://maas.apps.example.com".into());
+    })
+    .await;
+    let r = forged(&configured).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("evil"), "{text}");
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let urls: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["url"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            "https://maas.apps.example.com/llm/sim-model",
+            "https://maas.apps.example.com/llm/sim-premium"
+        ]
+    );
+
+    let unconfigured = spawn_app().await;
+    let r = forged(&unconfigured).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("evil"), "{text}");
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["data"].as_array().unwrap().len(), 2, "{body}");
+    assert!(
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.get("url").is_none()),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn models_follow_the_callers_tier() {
     let app = spawn_app().await;
@@ -298,7 +352,8 @@ async fn models_follow_the_callers_tier() {
     assert_eq!(m["owned_by"], "llm");
     assert_eq!(m["ready"], true);
     assert!(m["created"].as_i64().unwrap() > 0);
-    assert!(m["url"].as_str().unwrap().ends_with("/llm/sim-model"));
+    // No --public-url: no url (never one made from the request's Host).
+    assert!(m.get("url").is_none(), "{m}");
 
     let r = app.public_get("/v1/models", Some("bob-token")).await;
     assert_eq!(ids(&r), ["sim-model", "sim-premium"]);

@@ -48,7 +48,7 @@ fn expected() -> PolicyDocument {
                  "tiers": ["subscription-only"], "ownedBy": "llm/facebook-opt-125m-simulated"},
                 {"name": "gpt-4o", "path": "/llm/gpt-4o", "tiers": ["subscription-only"],
                  "backend": "https://api.openai.com", "ownedBy": "llm/gpt-4o",
-                 "provider": {"type": "openai", "credentialRef": "openai-api-key"},
+                 "provider": {"type": "openai", "credentialRef": "llm/openai-api-key"},
                  "upstreamCluster": "outbound|443||api.openai.com"},
                 {"name": "premium-simulated-simulated-premium", "path": "/llm/premium-simulated-simulated-premium",
                  "tiers": ["subscription-only"], "ownedBy": "llm/premium-simulated-simulated-premium"}
@@ -327,4 +327,123 @@ async fn the_key_api_works_from_resource_defined_subscriptions() {
         auth.body
     );
     let _: Value = auth.body;
+}
+
+/// Tenant resources reaching for a provider key of another namespace: by a
+/// `credentialRef.namespace`, by a namespace in the Secret's name, by a MaaSModelRef naming
+/// another namespace's ExternalModel. And one in a namespace whose Secrets the companion may not
+/// read (no RoleBinding there: 403).
+const BORROWING: &str = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: by-field, namespace: tenant-b}
+spec: {provider: openai, endpoint: api.openai.com, targetModel: gpt-4o, credentialRef: {name: openai-api-key, namespace: maas}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-field, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: by-field}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: by-name, namespace: tenant-b}
+spec: {provider: openai, endpoint: api.openai.com, targetModel: gpt-4o, credentialRef: {name: maas/openai-api-key}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-name, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: by-name}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: by-model, namespace: tenant-b}
+spec: {modelRef: {kind: ExternalModel, name: gpt-4o, namespace: llm}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: ExternalModel
+metadata: {name: sealed, namespace: locked}
+spec: {provider: openai, endpoint: api.openai.com, targetModel: gpt-4o, credentialRef: {name: openai-api-key}}
+---
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSModelRef
+metadata: {name: sealed, namespace: locked}
+spec: {modelRef: {kind: ExternalModel, name: sealed}}
+"#;
+
+/// With `--policy-source kubernetes` an ExternalModel's credentialRef is a Secret of the
+/// ExternalModel's own namespace: the reference's gpt-4o (namespace llm) gets llm's
+/// `openai-api-key`, never the Secret of the same name in the companion's namespace (the
+/// platform's key); a reference across namespaces is reported invalid and resolves nothing.
+#[tokio::test]
+async fn an_external_model_gets_its_own_namespaces_secret_never_the_platforms() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(REFERENCE);
+    let app = spawn_with_resources(calls.clone()).await;
+    let creds = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(creds.status, 200, "{}", creds.body);
+    assert_eq!(
+        creds.body,
+        json!({"credentials": {"llm/openai-api-key": "sk-llm-tenant-key"}})
+    );
+
+    calls.apply_yaml(BORROWING);
+    until(&app, "the locked namespace's model", |d| {
+        d.model("sealed").is_some()
+    })
+    .await;
+    let d = served(&app).await;
+    for left_out in ["by-field", "by-name", "by-model"] {
+        assert!(d.model(left_out).is_none(), "{left_out} is in the policy");
+    }
+    let mut invalid: Vec<(String, String, String)> = calls
+        .cluster
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| {
+            let note = e["note"].as_str().unwrap_or_default();
+            (
+                e["regarding"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                e["regarding"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                note.split(": ").next().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    invalid.sort();
+    assert_eq!(
+        invalid,
+        [
+            (
+                "ExternalModel".to_string(),
+                "by-field".to_string(),
+                "spec.credentialRef.namespace".to_string()
+            ),
+            (
+                "ExternalModel".to_string(),
+                "by-name".to_string(),
+                "spec.credentialRef.name".to_string()
+            ),
+            (
+                "MaaSModelRef".to_string(),
+                "by-model".to_string(),
+                "spec.modelRef.namespace".to_string()
+            ),
+        ]
+    );
+    // Nothing borrowed; the Secret the companion may not read (403) is left out alone: the
+    // others are still served (not a 503 for everyone).
+    let creds = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(creds.status, 200, "{}", creds.body);
+    assert_eq!(
+        creds.body,
+        json!({"credentials": {"llm/openai-api-key": "sk-llm-tenant-key"}})
+    );
+    assert!(!creds.body.to_string().contains("sk-platform-key"));
 }

@@ -436,3 +436,45 @@ async fn the_authenticate_answer_carries_the_subscription_and_follows_the_policy
     assert_eq!(r.status, 403, "{}", r.body);
     assert_eq!(app.authenticate(key(&c)).await.status, 200);
 }
+
+/// A key's subscription that is gone and one that no longer lists the key's owner are refused
+/// alike, at authentication and on `/v1/models`: the same status, code and message, byte for
+/// byte, so the answer does not tell whether the subscription still exists.
+#[tokio::test]
+async fn a_keys_subscription_gone_or_no_longer_its_owners_is_refused_alike() {
+    let app = spawn_with_subscriptions().await;
+    let alice = app.mint("alice-token", json!({"name": "a"})).await;
+    let dave = app.mint("dave-token", json!({"name": "d"})).await;
+    assert_eq!(alice["subscription"], "team-a");
+    assert_eq!(dave["subscription"], "dave-only");
+    // team-a leaves the policy; dave-only stays but is erin's now.
+    let changed = subscriptions_policy()
+        .replace("  - name: team-a", "  - name: team-z")
+        .replace("owner: {users: [dave]}", "owner: {users: [erin]}");
+    write_atomic(&app.policy_path, &changed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (gone, not_his) = loop {
+        let gone = app.authenticate(key(&alice)).await;
+        let not_his = app.authenticate(key(&dave)).await;
+        if gone.status == 403 && not_his.status == 403 {
+            break (gone, not_his);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "policy change not applied: {} / {}",
+            gone.body,
+            not_his.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(gone.code(), "invalid_subscription", "{}", gone.body);
+    assert_eq!(gone.message(), "requested subscription not found");
+    assert_eq!(
+        not_his.body, gone.body,
+        "authenticate tells the cases apart"
+    );
+    let gone = app.public_get("/v1/models", Some(key(&alice))).await;
+    let not_his = app.public_get("/v1/models", Some(key(&dave))).await;
+    assert_eq!((gone.status, not_his.status), (403, 403), "{}", gone.body);
+    assert_eq!(not_his.body, gone.body, "/v1/models tells the cases apart");
+}
