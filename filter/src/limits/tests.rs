@@ -724,6 +724,58 @@ fn a_never_written_slot_gives_no_read_to_start_from() {
     assert_eq!(requests_used(&s, &t, "bob", 0), 1);
 }
 
+/// The production sources of `limits` (its tests aside), as compiled.
+const SOURCES: [(&str, &str); 8] = [
+    ("limits.rs", include_str!("../limits.rs")),
+    ("admit.rs", include_str!("admit.rs")),
+    ("counters.rs", include_str!("counters.rs")),
+    ("grants.rs", include_str!("grants.rs")),
+    ("headers.rs", include_str!("headers.rs")),
+    ("probe.rs", include_str!("probe.rs")),
+    ("settle.rs", include_str!("settle.rs")),
+    ("slot.rs", include_str!("slot.rs")),
+];
+
+/// Every write of a counter slot goes through the one read → edit → CAS loop
+/// (`slot::update`): no other loop over CAS attempts, no other call of the CAS write.
+#[test]
+fn one_cas_loop_writes_every_counter_slot() {
+    let code = |src: &str| -> String {
+        src.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let count = |needle: &str| -> Vec<(&str, usize)> {
+        SOURCES
+            .iter()
+            .map(|(name, src)| (*name, code(src).matches(needle).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    };
+    assert_eq!(count("0..CAS_ATTEMPTS"), [("slot.rs", 1)], "CAS loops");
+    // The definition and its one call.
+    assert_eq!(count("write_slot("), [("slot.rs", 2)], "CAS writes");
+    assert_eq!(count(".set("), [("slot.rs", 1)], "shared-data writes");
+}
+
+/// [`SOURCES`] names every production file of `limits` (a new one is checked too).
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn every_limits_source_is_checked() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/limits");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.ends_with(".rs") && f != "tests.rs")
+        .collect();
+    files.push("limits.rs".into());
+    files.sort();
+    let mut checked: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
+    checked.sort();
+    assert_eq!(files, checked);
+}
+
 proptest::proptest! {
     #[test]
     fn decimal_is_to_string(n in proptest::prelude::any::<u64>()) {
