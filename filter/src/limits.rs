@@ -31,6 +31,11 @@
 //! counters a set of tiers defines), [`admit`] (admission and the precheck), [`settle`](mod@settle)
 //! (settlement), [`grants`] (leases: grants, claims, the recent rate), [`headers`] (the
 //! `x-ratelimit-*` headers). This file only says what the rest of the crate uses.
+//!
+//! Nothing here leaves the crate (`limits` is `pub(crate)`): items are `pub(crate)`, or
+//! `pub(super)` inside `limits`; the types that public signatures of other modules name
+//! (`lease`, `folds`, `request`: Kind, Reservation, Settled, RateHeaders, LeaseNeed, LeasePolicy,
+//! LeaseCounter, Grant, Claim, Meter) are declared `pub`, as the `private_interfaces` lint asks.
 
 mod admit;
 mod counters;

@@ -29,7 +29,7 @@ pub struct Reservation {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     Allowed {
         reservation: Reservation,
         headers: RateHeaders,

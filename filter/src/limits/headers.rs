@@ -7,10 +7,10 @@ use maas_types::Tier;
 
 /// State of one window after a decision, for the `x-ratelimit-*` headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowState {
-    pub limit: u64,
-    pub used: u64,
-    pub reset_seconds: u64,
+pub(crate) struct WindowState {
+    pub(crate) limit: u64,
+    pub(crate) used: u64,
+    pub(crate) reset_seconds: u64,
 }
 
 impl WindowState {
@@ -22,8 +22,8 @@ impl WindowState {
 /// The tightest request and token windows (least remaining), when the tiers have such limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RateHeaders {
-    pub requests: Option<WindowState>,
-    pub tokens: Option<WindowState>,
+    pub(crate) requests: Option<WindowState>,
+    pub(crate) tokens: Option<WindowState>,
 }
 
 impl RateHeaders {

@@ -76,7 +76,7 @@ pub(crate) fn counter_key(subject: &str, slots: u64) -> String {
 /// the heap beyond: a reservation and a slot read carry their key and subject without
 /// allocating.
 #[derive(Clone, PartialEq, Eq)]
-pub struct InlineStr(SmallVec<[u8; 32]>);
+pub(crate) struct InlineStr(SmallVec<[u8; 32]>);
 
 impl InlineStr {
     pub(super) fn new(s: &str) -> Self {
@@ -376,7 +376,7 @@ fn push_entry(out: &mut Vec<u8>, subject: &str, records: impl Iterator<Item = Re
 /// it instead of reading again. Its CAS write only succeeds if nothing was written since; when
 /// something was, the update reads the slot again (so nothing is ever decided on a stale count).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotRead {
+pub(crate) struct SlotRead {
     key: InlineStr,
     value: Option<Vec<u8>>,
     cas: u32,
