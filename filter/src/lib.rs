@@ -17,7 +17,7 @@ pub mod host;
 pub mod hygiene;
 pub mod lease;
 pub mod ledger;
-pub mod limits;
+pub(crate) mod limits;
 pub mod metrics;
 pub mod operations;
 pub mod path;

@@ -182,7 +182,15 @@ fn a_slot_written_in_between_makes_the_admission_read_again_with_the_folds() {
     let tiers = [&t];
     let (_, read) = limits::precheck_folded(&store, &key, &tiers, "alice", NOW, &folded);
     // Another worker admits meanwhile (its CAS write changes the slot).
-    let (other, _) = match limits::admit_in(&store, &key, &tiers, "alice", 7, NOW) {
+    let another = Ask {
+        key: &key,
+        tiers: &tiers,
+        subject: "alice",
+        reserve: 7,
+        now: NOW,
+        settled: &[],
+    };
+    let (other, _) = match limits::admit_leased(&store, &another, None, None) {
         Admission::Allowed {
             reservation,
             headers,

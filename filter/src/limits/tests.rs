@@ -1,6 +1,9 @@
+use super::headers::{Short, WindowState};
+use super::slot::{SLOT_SUBJECTS, SLOT_VERSION, Slot, read_slot, slot_of, used};
 use super::*;
-use crate::store::MemStore;
+use crate::store::{MemStore, SharedStore};
 use maas_types::PolicyDocument;
+use maas_types::Tier;
 use serde_json::json;
 
 const SLOTS: u64 = DEFAULT_COUNTER_SLOTS;
@@ -38,6 +41,53 @@ fn allowed(a: Admission) -> (Reservation, RateHeaders) {
         } => (reservation, headers),
         other => panic!("expected allowed, got {other:?}"),
     }
+}
+
+/// A request of `subject` to admit in slot `key` (no folded settlements).
+fn ask<'a>(
+    key: &'a str,
+    tiers: &'a [&'a Tier],
+    subject: &'a str,
+    reserve: u64,
+    now: u64,
+) -> Ask<'a> {
+    Ask {
+        key,
+        tiers,
+        subject,
+        reserve,
+        now,
+        settled: &[],
+    }
+}
+
+/// Admits a request of `subject` in its slot of `slots`, global limits off.
+fn admit(
+    s: &dyn SharedStore,
+    tiers: &[&Tier],
+    subject: &str,
+    reserve: u64,
+    now: u64,
+    slots: u64,
+) -> Admission {
+    let key = counter_key(subject, slots);
+    admit_leased(s, &ask(&key, tiers, subject, reserve, now), None, None)
+}
+
+/// The precheck of `subject` in its slot of `slots` (no folded settlements).
+fn precheck(
+    s: &dyn SharedStore,
+    tiers: &[&Tier],
+    subject: &str,
+    now: u64,
+    slots: u64,
+) -> Option<Admission> {
+    precheck_folded(s, &counter_key(subject, slots), tiers, subject, now, &[]).0
+}
+
+/// OpenAI-style duration as text.
+fn duration(seconds: u64) -> String {
+    Short::duration(seconds).as_str().to_string()
 }
 
 fn admit1(s: &dyn SharedStore, t: &Tier, subject: &str, reserve: u64, now: u64) -> Admission {
@@ -605,11 +655,16 @@ fn admission_starts_from_the_prechecks_read_without_reading_again() {
     let t = tier();
     let key = counter_key("alice", SLOTS);
     allowed(admit1(&s, &t, "alice", 10, 0));
-    let (refused, read) = precheck_read(&s, &key, &[&t], "alice", 1);
+    let (refused, read) = precheck_folded(&s, &key, &[&t], "alice", 1, &[]);
     assert!(refused.is_none());
     assert!(read.is_some());
     s.gets.set(0);
-    allowed(admit_from(&s, &key, &[&t], "alice", 10, 1, read));
+    allowed(admit_leased(
+        &s,
+        &ask(&key, &[&t], "alice", 10, 1),
+        read,
+        None,
+    ));
     assert_eq!(s.gets.get(), 0, "no second read");
     assert_eq!(requests_used(&s, &t, "alice", 1), 2);
     assert_eq!(tokens_used(&s, &t, "alice", 1), 20);
@@ -621,11 +676,16 @@ fn admission_from_a_stale_read_reads_again_and_loses_no_count() {
     let t = tier();
     let key = counter_key("alice", SLOTS);
     allowed(admit1(&s, &t, "alice", 10, 0));
-    let (_, read) = precheck_read(&s, &key, &[&t], "alice", 1);
+    let (_, read) = precheck_folded(&s, &key, &[&t], "alice", 1, &[]);
     // Another request of the subject is admitted in between (another worker, or this one).
     allowed(admit1(&s, &t, "alice", 10, 1));
     s.gets.set(0);
-    allowed(admit_from(&s, &key, &[&t], "alice", 10, 1, read));
+    allowed(admit_leased(
+        &s,
+        &ask(&key, &[&t], "alice", 10, 1),
+        read,
+        None,
+    ));
     assert_eq!(s.gets.get(), 1, "the CAS write failed: read again");
     assert_eq!(requests_used(&s, &t, "alice", 1), 3);
     // A stale read that saw room never lets a request past a full window: bob's third request
@@ -633,11 +693,11 @@ fn admission_from_a_stale_read_reads_again_and_loses_no_count() {
     let bob = counter_key("bob", SLOTS);
     allowed(admit1(&s, &t, "bob", 10, 1));
     allowed(admit1(&s, &t, "bob", 10, 1));
-    let (refused, stale) = precheck_read(&s, &bob, &[&t], "bob", 1);
+    let (refused, stale) = precheck_folded(&s, &bob, &[&t], "bob", 1, &[]);
     assert!(refused.is_none());
     allowed(admit1(&s, &t, "bob", 10, 1));
     assert!(matches!(
-        admit_from(&s, &bob, &[&t], "bob", 10, 1, stale),
+        admit_leased(&s, &ask(&bob, &[&t], "bob", 10, 1), stale, None),
         Admission::Limited { .. }
     ));
 }
@@ -647,16 +707,73 @@ fn a_never_written_slot_gives_no_read_to_start_from() {
     let s = MemStore::new();
     let t = tier();
     let key = counter_key("alice", SLOTS);
-    let (refused, read) = precheck_read(&s, &key, &[&t], "alice", 0);
+    let (refused, read) = precheck_folded(&s, &key, &[&t], "alice", 0, &[]);
     assert!(refused.is_none());
     assert!(read.is_none(), "its first write cannot be a CAS");
     // A read of another slot is not used.
     allowed(admit1(&s, &t, "alice", 10, 0));
     allowed(admit1(&s, &t, "bob", 10, 0));
-    let (_, bobs) = precheck_read(&s, &counter_key("bob", SLOTS), &[&t], "bob", 0);
-    allowed(admit_from(&s, &key, &[&t], "alice", 10, 0, bobs));
+    let (_, bobs) = precheck_folded(&s, &counter_key("bob", SLOTS), &[&t], "bob", 0, &[]);
+    allowed(admit_leased(
+        &s,
+        &ask(&key, &[&t], "alice", 10, 0),
+        bobs,
+        None,
+    ));
     assert_eq!(requests_used(&s, &t, "alice", 0), 2);
     assert_eq!(requests_used(&s, &t, "bob", 0), 1);
+}
+
+/// The production sources of `limits` (its tests aside), as compiled.
+const SOURCES: [(&str, &str); 8] = [
+    ("limits.rs", include_str!("../limits.rs")),
+    ("admit.rs", include_str!("admit.rs")),
+    ("counters.rs", include_str!("counters.rs")),
+    ("grants.rs", include_str!("grants.rs")),
+    ("headers.rs", include_str!("headers.rs")),
+    ("probe.rs", include_str!("probe.rs")),
+    ("settle.rs", include_str!("settle.rs")),
+    ("slot.rs", include_str!("slot.rs")),
+];
+
+/// Every write of a counter slot goes through the one read → edit → CAS loop
+/// (`slot::update`): no other loop over CAS attempts, no other call of the CAS write.
+#[test]
+fn one_cas_loop_writes_every_counter_slot() {
+    let code = |src: &str| -> String {
+        src.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let count = |needle: &str| -> Vec<(&str, usize)> {
+        SOURCES
+            .iter()
+            .map(|(name, src)| (*name, code(src).matches(needle).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    };
+    assert_eq!(count("0..CAS_ATTEMPTS"), [("slot.rs", 1)], "CAS loops");
+    // The definition and its one call.
+    assert_eq!(count("write_slot("), [("slot.rs", 2)], "CAS writes");
+    assert_eq!(count(".set("), [("slot.rs", 1)], "shared-data writes");
+}
+
+/// [`SOURCES`] names every production file of `limits` (a new one is checked too).
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn every_limits_source_is_checked() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/limits");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.ends_with(".rs") && f != "tests.rs")
+        .collect();
+    files.push("limits.rs".into());
+    files.sort();
+    let mut checked: Vec<&str> = SOURCES.iter().map(|(name, _)| *name).collect();
+    checked.sort();
+    assert_eq!(files, checked);
 }
 
 proptest::proptest! {

@@ -1,6 +1,7 @@
 //! Global limits (budget leases): records with `granted` / `others`, admission against the
 //! lease, grants, claims, and the guarantee that admitted requests never exceed what was granted.
 
+use super::super::grants::prefetch;
 use super::*;
 use maas_types::lease::{LeaseItem, apply_item};
 use proptest::prelude::*;
@@ -281,7 +282,12 @@ fn a_version_2_slot_keeps_the_other_subjects_counts_when_written() {
         v.extend_from_slice(&count.to_le_bytes());
     }
     s.set(&key, &v, None).unwrap();
-    allowed(admit_in(&s, &key, &[&t], "alice", 1, NOW));
+    allowed(admit_leased(
+        &s,
+        &ask(&key, &[&t], "alice", 1, NOW),
+        None,
+        None,
+    ));
     assert_eq!(s.get(&key).0.unwrap()[0], SLOT_VERSION);
     assert_eq!(state(&s, Kind::Requests, NOW), (5, 0, 0));
     assert_eq!(

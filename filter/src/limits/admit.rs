@@ -1,0 +1,393 @@
+//! Admission: one request counted in every request window of its tiers and its tokens reserved
+//! in every token window — one read and one CAS write of the subject's slot — or refused without
+//! counting; and the read-only precheck that refuses what is already certain before the body.
+
+use super::counters::{LeaseCounters, all_limits, distinct, lease_counters, windows};
+use super::grants::{LeaseNeed, LeasePolicy, prefetch};
+use super::headers::RateHeaders;
+use super::settle::{Settled, apply_folded};
+use super::slot::{
+    self, Edit, InlineStr, Kind, Record, Records, SlotError, SlotRead, current, read_slot, used,
+};
+use crate::response::Refusal;
+use crate::store::SharedStore;
+use maas_types::{Tier, Window};
+use smallvec::SmallVec;
+
+/// Reserved when neither the request nor the tier names a max_tokens.
+pub(crate) const FALLBACK_RESERVATION: u64 = 256;
+
+/// What was taken at admission, to settle at the end of the response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) subject: InlineStr,
+    /// The subject's counter slot.
+    pub(crate) key: InlineStr,
+    pub(crate) reserved: u64,
+    /// (window seconds, window start) of each token counter the reservation went into.
+    pub(crate) token_windows: SmallVec<[(u64, u64); 4]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Admission {
+    Allowed {
+        reservation: Reservation,
+        headers: RateHeaders,
+    },
+    /// A window is full: 429, nothing counted.
+    Limited {
+        kind: Kind,
+        /// Seconds to the end of the (latest) blocking window.
+        retry_after: u64,
+        /// The tier whose limit blocks (the latest blocking window's).
+        tier: String,
+        headers: RateHeaders,
+    },
+    /// The reservation exceeds the limit of a token window: it can never fit. 400, nothing counted.
+    TooLarge {
+        requested: u64,
+        limit: u64,
+        window: Window,
+        tier: String,
+    },
+    /// The counters cannot be updated (slot full of live subjects, unreadable, or persistent
+    /// contention): 503, nothing counted.
+    Unavailable { reason: &'static str },
+    /// Global limits: the replica's lease of a counter is short (the limit is not reached):
+    /// nothing counted; ask the companion for `items`, apply the grants, admit again.
+    NeedsLease {
+        items: Vec<LeaseNeed>,
+        /// The first short counter's kind and tier (for a 429 when the lease stays short).
+        kind: Kind,
+        tier: String,
+        headers: RateHeaders,
+    },
+}
+
+impl Admission {
+    /// The refusal to answer with; `None` for an allowed request.
+    pub(crate) fn into_refusal(self) -> Option<Refusal> {
+        match self {
+            Admission::Allowed { .. } => None,
+            Admission::Limited {
+                kind,
+                retry_after,
+                tier,
+                headers,
+            } => {
+                let mut h: Vec<(String, String)> = headers
+                    .headers()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                h.push(("retry-after".to_string(), retry_after.to_string()));
+                Some(Refusal::rate_limited(
+                    format!(
+                        "rate limit reached for {} on tier {tier}: retry in {retry_after}s",
+                        kind.as_str()
+                    ),
+                    h,
+                ))
+            }
+            Admission::TooLarge {
+                requested,
+                limit,
+                window,
+                tier,
+            } => Some(Refusal::bad_request(
+                "tokens_exceed_limit",
+                format!(
+                    "this request reserves {requested} tokens (prompt estimate + max_tokens) but \
+                     tier {tier} allows {limit} per {window}; lower max_tokens or shorten the prompt"
+                ),
+            )),
+            Admission::Unavailable { reason } => Some(Refusal::unavailable(
+                "limits_unavailable",
+                format!("rate limit counters are unavailable ({reason}); retry shortly"),
+            )),
+            // A short lease that is not asked for (the caller's choice) refuses like a window
+            // that is full for a moment.
+            Admission::NeedsLease {
+                kind,
+                tier,
+                headers,
+                ..
+            } => Admission::Limited {
+                kind,
+                retry_after: 1,
+                tier,
+                headers,
+            }
+            .into_refusal(),
+        }
+    }
+}
+
+/// Tokens to reserve: the request's cap (`None`: the body has none), else the tier default, else a
+/// fallback.
+pub(crate) fn reservation_for(max_tokens: Option<u64>, tier: &Tier) -> u64 {
+    max_tokens
+        .or(tier.default_max_tokens)
+        .unwrap_or(FALLBACK_RESERVATION)
+        .max(1)
+}
+
+fn slot_error(e: SlotError) -> Admission {
+    Admission::Unavailable {
+        reason: match e {
+            SlotError::Unreadable => "unreadable counter slot",
+            SlotError::Full => "counter slot full",
+            // Persistent contention: refuse rather than count wrong.
+            SlotError::Contended => "contention",
+        },
+    }
+}
+
+/// One request to admit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    /// The subject's counter slot ([`super::counter_key`]).
+    pub(crate) key: &'a str,
+    /// The tier the request runs on first, then the subject's highest tier (repeats are
+    /// ignored).
+    pub(crate) tiers: &'a [&'a Tier],
+    pub(crate) subject: &'a str,
+    pub(crate) reserve: u64,
+    /// Unix seconds.
+    pub(crate) now: u64,
+    /// Settlements of this subject this worker folded and did not write yet
+    /// ([`crate::folds`]): applied to the slot as read, and written with the admission.
+    pub(crate) settled: &'a [Settled],
+}
+
+impl Ask<'_> {
+    /// What admitting this request adds to a counter of `kind`.
+    fn add(&self, kind: Kind) -> u64 {
+        match kind {
+            Kind::Requests => 1,
+            Kind::Tokens => self.reserve,
+        }
+    }
+
+    /// The reservation of this request in the token windows `counters` (a token counter's
+    /// window as of now).
+    fn reservation(&self, counters: &[(Kind, Window)]) -> Reservation {
+        Reservation {
+            subject: InlineStr::new(self.subject),
+            key: InlineStr::new(self.key),
+            reserved: self.reserve,
+            token_windows: counters
+                .iter()
+                .filter(|(k, _)| *k == Kind::Tokens)
+                .map(|(_, w)| (w.seconds(), w.start_of(self.now)))
+                .collect(),
+        }
+    }
+}
+
+/// Admits one request (`ask`): counts it in every request window and reserves `ask.reserve`
+/// tokens in every token window — one read and one CAS write of its slot — or refuses without
+/// counting. `read`: the precheck's read of the slot, to start from (read again if the slot
+/// changed since). `lease`: global limits (`None` = off), every counter must then fit in this
+/// replica's lease too.
+pub(crate) fn admit_leased(
+    store: &dyn SharedStore,
+    ask: &Ask,
+    read: Option<SlotRead>,
+    lease: Option<&LeasePolicy>,
+) -> Admission {
+    let tiers = distinct(ask.tiers);
+    let counters = windows(&tiers);
+    if counters.is_empty() {
+        return Admission::Allowed {
+            reservation: ask.reservation(&[]),
+            headers: RateHeaders::default(),
+        };
+    }
+    if let Some(refusal) = too_large(&tiers, ask.reserve) {
+        return refusal;
+    }
+    let leased = lease.map(|_| lease_counters(&tiers)).unwrap_or_default();
+    let admitted = slot::update(store, ask.key, ask.subject, ask.now, read, |records| {
+        // This worker's folded settlements count as written (and are, with this admission).
+        for f in ask.settled {
+            apply_folded(records, f, ask.now);
+        }
+        if let Some(refusal) = limited(&tiers, records, ask.now, |kind| ask.add(kind)) {
+            return Edit::Keep(refusal);
+        }
+        // Global limits: every counter must fit in this replica's lease too.
+        if let Some(policy) = lease
+            && let Some(refusal) = short_lease(policy, &leased, &tiers, records, ask)
+        {
+            return Edit::Keep(refusal);
+        }
+        *records = counted(records, &counters, ask);
+        Edit::Write(Admission::Allowed {
+            reservation: ask.reservation(&counters),
+            headers: RateHeaders::from_records(&tiers, records, ask.now),
+        })
+    });
+    admitted.unwrap_or_else(slot_error)
+}
+
+/// A reservation above a token window's limit can never fit: refused without counting (the
+/// tightest such window named).
+fn too_large(tiers: &[&Tier], reserve: u64) -> Option<Admission> {
+    let (l, tier) = all_limits(tiers)
+        .filter(|(k, l, _)| *k == Kind::Tokens && reserve > l.limit)
+        .map(|(_, l, t)| (l, t))
+        .min_by_key(|(l, _)| l.limit)?;
+    Some(Admission::TooLarge {
+        requested: reserve,
+        limit: l.limit,
+        window: l.window,
+        tier: tier.to_string(),
+    })
+}
+
+/// The 429 of a window of `tiers` that `records` leave no room in for `add(kind)` more (the
+/// window that blocks longest named), if any.
+fn limited(
+    tiers: &[&Tier],
+    records: &[Record],
+    now: u64,
+    add: impl Fn(Kind) -> u64,
+) -> Option<Admission> {
+    let mut blocked: Option<(Kind, u64, &str)> = None;
+    for (kind, l, tier) in all_limits(tiers) {
+        if used(records, kind, l.window, now).saturating_add(add(kind)) > l.limit {
+            let retry = l.window.seconds_left(now);
+            if blocked.is_none_or(|(_, r, _)| retry > r) {
+                blocked = Some((kind, retry, tier));
+            }
+        }
+    }
+    let (kind, retry_after, tier) = blocked?;
+    Some(Admission::Limited {
+        kind,
+        retry_after,
+        tier: tier.to_string(),
+        headers: RateHeaders::from_records(tiers, records, now),
+    })
+}
+
+/// Global limits: the refusal when a counter of `leased` would not fit in this replica's lease
+/// after `ask` — [`Admission::NeedsLease`] naming what to ask for, or in fallback a 429 with the
+/// policy's short retry — and none when every counter fits.
+fn short_lease(
+    policy: &LeasePolicy,
+    leased: &LeaseCounters,
+    tiers: &[&Tier],
+    records: &[Record],
+    ask: &Ask,
+) -> Option<Admission> {
+    let now = ask.now;
+    let mut items: Vec<LeaseNeed> = Vec::new();
+    let mut first: Option<(Kind, &str, u64)> = None;
+    for &(kind, window, limit, tier) in leased {
+        let rec = current(records, kind, window, now);
+        let count = rec.map_or(0, |r| r.count);
+        let granted = rec.map_or(0, |r| r.granted);
+        let others = rec.map_or(0, |r| r.others);
+        let after = count.saturating_add(ask.add(kind));
+        if after <= policy.lease(granted, limit, others) {
+            continue;
+        }
+        let start = window.start_of(now);
+        let need = after.saturating_sub(granted);
+        let since = rec.map_or(0, |r| r.since);
+        let since = if since > 0 { since } else { now };
+        items.push(LeaseNeed {
+            kind,
+            window: window.seconds(),
+            start,
+            limit,
+            need,
+            want: prefetch(
+                after,
+                now.saturating_sub(since),
+                policy.horizon_ms,
+                need,
+                limit,
+            ),
+        });
+        if first.is_none() {
+            first = Some((kind, tier, window.seconds_left(now)));
+        }
+    }
+    let (kind, tier, left) = first?;
+    let headers = RateHeaders::from_records(tiers, records, now);
+    if policy.fallback_share.is_some() {
+        return Some(Admission::Limited {
+            kind,
+            retry_after: policy.short_retry_s.clamp(1, left.max(1)),
+            tier: tier.to_string(),
+            headers,
+        });
+    }
+    Some(Admission::NeedsLease {
+        items,
+        kind,
+        tier: tier.to_string(),
+        headers,
+    })
+}
+
+/// `records` with `ask` counted in every counter of `counters` (in the window current at its
+/// time: a record of an older window starts again, its lease with it); other records kept.
+fn counted(records: &[Record], counters: &[(Kind, Window)], ask: &Ask) -> Records {
+    let now = ask.now;
+    let mut next: Records = records
+        .iter()
+        .filter(|r| {
+            !counters
+                .iter()
+                .any(|(k, w)| r.kind == k.code() && r.window == w.seconds())
+        })
+        .copied()
+        .collect();
+    for &(kind, window) in counters {
+        let (granted, others, since) = current(records, kind, window, now)
+            .map_or((0, 0, 0), |r| (r.granted, r.others, r.since));
+        next.push(Record {
+            kind: kind.code(),
+            window: window.seconds(),
+            start: window.start_of(now),
+            count: used(records, kind, window, now).saturating_add(ask.add(kind)),
+            granted,
+            others,
+            since: if since > 0 { since } else { now },
+        });
+    }
+    next
+}
+
+/// Refusal that is certain before the body is read: a request window already full, or a token
+/// window with no token left, in any of `tiers`, with this worker's folded settlements of the
+/// subject (`settled`) counted as written. Read-only (one shared-data read): admission decides
+/// for real later, and may start from the slot as read (none when the slot was never written:
+/// its first write cannot be a CAS, so it must not start from an old read).
+pub(crate) fn precheck_folded(
+    store: &dyn SharedStore,
+    key: &str,
+    tiers: &[&Tier],
+    subject: &str,
+    now: u64,
+    settled: &[Settled],
+) -> (Option<Admission>, Option<SlotRead>) {
+    let tiers = distinct(tiers);
+    if windows(&tiers).is_empty() {
+        return (None, None);
+    }
+    let (value, cas) = store.get(key);
+    // An unreadable slot is admission's to refuse.
+    let Ok(mut view) = read_slot(value.as_deref(), subject) else {
+        return (None, None);
+    };
+    for f in settled {
+        apply_folded(&mut view.mine, f, now);
+    }
+    let refusal = limited(&tiers, &view.mine, now, |_| 1);
+    (refusal, SlotRead::new(key, value, cas))
+}

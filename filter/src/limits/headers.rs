@@ -1,0 +1,165 @@
+//! The `x-ratelimit-*` headers: the tightest request and token windows after a decision,
+//! formatted as OpenAI sends them.
+
+use super::counters::all_limits;
+use super::slot::{Kind, Record, used_globally};
+use maas_types::Tier;
+
+/// State of one window after a decision, for the `x-ratelimit-*` headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowState {
+    pub(crate) limit: u64,
+    pub(crate) used: u64,
+    pub(crate) reset_seconds: u64,
+}
+
+impl WindowState {
+    pub(crate) fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.used)
+    }
+}
+
+/// The tightest request and token windows (least remaining), when the tiers have such limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub(crate) requests: Option<WindowState>,
+    pub(crate) tokens: Option<WindowState>,
+}
+
+impl RateHeaders {
+    fn note(slot: &mut Option<WindowState>, w: WindowState) {
+        match slot {
+            Some(cur) if cur.remaining() <= w.remaining() => {}
+            _ => *slot = Some(w),
+        }
+    }
+
+    pub(super) fn from_records(tiers: &[&Tier], records: &[Record], now: u64) -> Self {
+        let mut h = RateHeaders::default();
+        for (kind, l, _) in all_limits(tiers) {
+            let w = WindowState {
+                limit: l.limit,
+                used: used_globally(records, kind, l.window, now),
+                reset_seconds: l.window.seconds_left(now),
+            };
+            match kind {
+                Kind::Requests => Self::note(&mut h.requests, w),
+                Kind::Tokens => Self::note(&mut h.tokens, w),
+            }
+        }
+        h
+    }
+
+    /// `x-ratelimit-*` headers as OpenAI sends them, each handed to `f` (formatted on the
+    /// stack: per request on every response, nothing allocated).
+    pub(crate) fn each(&self, mut f: impl FnMut(&'static str, &str)) {
+        let [limit, remaining, reset] = REQUEST_RATE_HEADERS;
+        if let Some(r) = self.requests {
+            f(limit, Short::decimal(r.limit).as_str());
+            f(remaining, Short::decimal(r.remaining()).as_str());
+            f(reset, Short::duration(r.reset_seconds).as_str());
+        }
+        let [limit, remaining, reset] = TOKEN_RATE_HEADERS;
+        if let Some(t) = self.tokens {
+            f(limit, Short::decimal(t.limit).as_str());
+            f(remaining, Short::decimal(t.remaining()).as_str());
+            f(reset, Short::duration(t.reset_seconds).as_str());
+        }
+    }
+
+    /// Whether [`Self::each`] hands over a header `name` (any case).
+    pub(crate) fn sends(&self, name: &str) -> bool {
+        let among = |names: [&str; 3]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+        (self.requests.is_some() && among(REQUEST_RATE_HEADERS))
+            || (self.tokens.is_some() && among(TOKEN_RATE_HEADERS))
+    }
+
+    /// [`Self::each`] as owned pairs (a refusal's headers).
+    pub(crate) fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(6);
+        self.each(|name, value| out.push((name, value.to_string())));
+        out
+    }
+}
+
+/// The `x-ratelimit-*` names of request windows and of token windows (limit, remaining, reset).
+const REQUEST_RATE_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+];
+const TOKEN_RATE_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+
+/// A short ASCII text on the stack: a number or a duration (without the formatting machinery,
+/// which is slow inside the VM, and without allocating). Holds the longest duration of a u64.
+pub(super) struct Short {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Short {
+    fn new() -> Self {
+        Short {
+            bytes: [0; 32],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, b: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    /// Appends `n` in decimal.
+    fn push_decimal(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = n;
+        loop {
+            at -= 1;
+            if let Some(d) = digits.get_mut(at) {
+                *d = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 || at == 0 {
+                break;
+            }
+        }
+        for &d in digits.get(at..).unwrap_or_default() {
+            self.push(d);
+        }
+    }
+
+    pub(super) fn decimal(n: u64) -> Self {
+        let mut out = Short::new();
+        out.push_decimal(n);
+        out
+    }
+
+    /// OpenAI-style duration: `59s`, `6m0s`, `1h2m3s`.
+    pub(super) fn duration(seconds: u64) -> Self {
+        let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
+        let mut out = Short::new();
+        if h > 0 {
+            out.push_decimal(h);
+            out.push(b'h');
+        }
+        if h > 0 || m > 0 {
+            out.push_decimal(m);
+            out.push(b'm');
+        }
+        out.push_decimal(s);
+        out.push(b's');
+        out
+    }
+
+    pub(super) fn as_str(&self) -> &str {
+        std::str::from_utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
+    }
+}
