@@ -187,6 +187,7 @@ pub fn settled_tokens(seen: &Seen, reserved: Tokens) -> Tokens {
     reserved
 }
 
+#[cfg(test)]
 /// What to settle a reservation to in the limits' unit: [`settled_tokens`] weighted.
 pub fn settle_amount(seen: &Seen, reserved: Tokens, weights: TokenWeights) -> u64 {
     settled_tokens(seen, reserved).weighted(weights)

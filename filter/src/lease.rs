@@ -693,6 +693,34 @@ pub fn exhausted_retry(needs: &[LeaseNeed], resp: &LeaseResponse, now_s: u64) ->
         .max()
 }
 
+/// A lease callout of this worker, for the requests of one subject waiting for it.
+#[derive(Debug)]
+pub struct Flight {
+    pub subject: String,
+    /// The subject's counter slot key.
+    pub key: String,
+    pub needs: Vec<crate::limits::LeaseNeed>,
+    /// The context that dispatched it (a request, or the root context).
+    pub carrier: u32,
+    /// The requests waiting for it (context ids).
+    pub members: Vec<u32>,
+    /// Its `batchId` and body as sent (re-sent by the outbox when unanswered).
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+impl Flight {
+    /// This flight as a batch of the outbox (its answer never came).
+    pub fn orphan(&self) -> Batch {
+        Batch {
+            id: self.id.clone(),
+            body: self.body.clone(),
+            claims: vec![(self.subject.clone(), self.key.clone(), asked(&self.needs))],
+            token: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::indexing_slicing, clippy::unwrap_used)]

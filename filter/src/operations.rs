@@ -78,19 +78,6 @@ impl Operation {
     pub fn is_unmetered(self) -> bool {
         self == Operation::CountTokens
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::ChatCompletions => "chat_completions",
-            Operation::Completions => "completions",
-            Operation::Embeddings => "embeddings",
-            Operation::Responses => "responses",
-            Operation::Messages => "messages",
-            Operation::CountTokens => "count_tokens",
-            Operation::Models => "models",
-            Operation::Custom => "custom",
-        }
-    }
 }
 
 /// (method, path relative to the model prefix) pairs of an API family's defaults.

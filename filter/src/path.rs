@@ -141,6 +141,7 @@ pub fn classify<'a>(
     Ok(PathClass::Model(path))
 }
 
+#[cfg(test)]
 /// True for model discovery (`<model prefix>/v1/models[/…]`): authenticated, never token-limited.
 pub fn is_discovery(path: &str, model_prefix: &str) -> bool {
     path.strip_prefix(model_prefix)
