@@ -349,7 +349,7 @@ pub fn fallback_rule(g: &GlobalConfig) -> (bool, String) {
     if g.on_unavailable == OnUnavailable::Refuse {
         return (
             false,
-            "lease service unreachable → 503 limits_unavailable beyond the leases held \
+            "lease service not answering → 503 limits_unavailable beyond the leases held \
              (onUnavailable: refuse)"
                 .into(),
         );
@@ -358,19 +358,19 @@ pub fn fallback_rule(g: &GlobalConfig) -> (bool, String) {
         (Some(f), _) => (
             false,
             format!(
-                "lease service unreachable → each limit × {f} on this replica (fallbackFraction)"
+                "lease service not answering → each limit × {f} on this replica (fallbackFraction)"
             ),
         ),
         (None, Some(n)) => (
             false,
             format!(
-                "lease service unreachable → each limit ÷ {n} on this replica, or ÷ more when \
+                "lease service not answering → each limit ÷ {n} on this replica, or ÷ more when \
                  the companion last counted more (limits.global.replicas)"
             ),
         ),
         (None, None) => (
             true,
-            "limits.global.replicas is not set: while the lease service is unreachable, \
+            "limits.global.replicas is not set: while the lease service does not answer, \
              requests beyond the leases held are refused (503 limits_unavailable); set it to the \
              Gateway's replica count to admit within a local share instead"
                 .into(),

@@ -63,7 +63,10 @@ impl Root {
                 return false;
             }
         };
-        let mut w = self.worker.borrow_mut();
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            log::error!("maas: the worker's state is busy at configure, filter not started");
+            return false;
+        };
         if w.policy.is_none()
             && let Some(p) = &cfg.bootstrap_policy
         {
@@ -103,7 +106,9 @@ impl Root {
     pub fn tick(&mut self, host: &dyn Host) {
         crate::request::probe_held_headers(host, &self.worker, &self.requests, self.id);
         let (cfg, policy_etag, cred_etag, have_policy_answer) = {
-            let w = self.worker.borrow();
+            let Ok(w) = self.worker.try_borrow() else {
+                return;
+            };
             w.metrics.flush(host);
             let Some(cfg) = w.config.clone() else { return };
             (
@@ -115,7 +120,9 @@ impl Root {
         };
         let now = host.now_ms();
         // Folded refunds are written before the lease batch reads the counters.
-        self.worker.borrow_mut().folds.tick(host, now / 1000);
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            w.folds.tick(host, now / 1000);
+        }
         if cfg.limits.global.enabled {
             self.lease_tick(host, &cfg, now);
         }
@@ -147,13 +154,9 @@ impl Root {
     /// The answer to one of the root's polls.
     pub fn on_call_response(&mut self, host: &dyn Host, token: u32, body_size: usize) {
         // A lease flight the root carried for pending requests (it reads its own answer).
-        let flight = {
-            let mut w = self.worker.borrow_mut();
-            if w.lease_flights.is_empty() {
-                None
-            } else {
-                w.lease_flights.remove(&token)
-            }
+        let flight = match self.worker.try_borrow_mut() {
+            Ok(mut w) if !w.lease_flights.is_empty() => w.lease_flights.remove(&token),
+            _ => None,
         };
         if let Some(f) = flight {
             crate::request::answer_flight(
@@ -179,10 +182,11 @@ impl Root {
         }
         let etag = host.header(Headers::CallResponse, "etag");
         let body = (body_size > 0).then(|| read_body(host, Body::CallResponse, body_size));
-        let batch = {
-            let mut w = self.worker.borrow_mut();
-            w.leases.take_answered(token)
-        };
+        let batch = self
+            .worker
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut w| w.leases.take_answered(token));
         if let Some(batch) = batch {
             self.on_batch_answer(host, batch, status, &body.unwrap_or_default());
             return;
@@ -201,14 +205,18 @@ impl Root {
     /// a new batch of this worker's claims (in fallback even an empty one: the probe).
     fn lease_tick(&mut self, host: &dyn Host, cfg: &PluginConfig, now: u64) {
         {
-            let mut w = self.worker.borrow_mut();
+            let Ok(mut w) = self.worker.try_borrow_mut() else {
+                return;
+            };
             let w = &mut *w;
             lease::sync(host, &mut w.leases, w.metrics.lease_fallback);
             // Callouts dispatched from here answer to the root context.
             w.active = self.id;
         }
         crate::request::dispatch_pending(host, &self.worker, &self.requests, cfg, self.id);
-        let mut w = self.worker.borrow_mut();
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            return;
+        };
         let w = &mut *w;
         let out = w.leases.outbox.front().is_some_and(|b| b.token.is_some());
         if out || now < w.leases.next_report_ms {
@@ -266,7 +274,15 @@ impl Root {
         body: &[u8],
     ) {
         let now = host.now_ms();
-        let mut w = self.worker.borrow_mut();
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            // Callbacks do not re-enter, so this does not happen; if it did, nothing is applied
+            // and the batch's claims stay counted (never a grant counted twice).
+            log::error!(
+                "maas: lease batch {} answer not applied (worker busy)",
+                batch.id
+            );
+            return;
+        };
         let w = &mut *w;
         match lease::answer(status, body, batch.items()) {
             Some(resp) => {
@@ -331,7 +347,9 @@ impl Root {
         match status {
             Some(200) => {
                 let body = body.unwrap_or_default();
-                let mut w = self.worker.borrow_mut();
+                let Ok(mut w) = self.worker.try_borrow_mut() else {
+                    return;
+                };
                 match PolicyDocument::from_json(&body) {
                     Ok(doc) => {
                         let revoked: HashSet<String> =
@@ -385,7 +403,9 @@ impl Root {
                 let body = body.unwrap_or_default();
                 match serde_json::from_slice::<CredentialsDocument>(&body) {
                     Ok(doc) => {
-                        let mut w = self.worker.borrow_mut();
+                        let Ok(mut w) = self.worker.try_borrow_mut() else {
+                            return;
+                        };
                         // Names only: never the values.
                         log::info!(
                             "maas: provider credentials updated: {:?}",
