@@ -37,7 +37,7 @@
 
 use crate::config::{PluginConfig, UsageConfig};
 use crate::host::Host;
-use crate::state::Metrics;
+use crate::metrics::Metrics;
 use maas_types::usage::{
     MAX_REFUSAL_REASONS, MAX_USAGE_COUNT, MAX_USAGE_ID_BYTES, MAX_USAGE_RECORDS, USAGE_PATH,
     UsageReport, hour_start_of, is_reason,

@@ -44,6 +44,7 @@ fn under_ci(path: &str, prefix: &str) -> bool {
 
 /// What one pass over a path finds; the rules are then applied in their order, so a path
 /// breaking several gets the same refusal whatever their positions.
+#[allow(clippy::struct_excessive_bools)] // independent findings of one pass, each its own refusal
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Findings {
     /// A byte outside visible ASCII.
