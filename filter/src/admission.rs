@@ -20,7 +20,7 @@ use crate::limits;
 use crate::operations::{self, Operation};
 use crate::path::{self, PathClass};
 use crate::request_body::RequestInfo;
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use maas_types::subscription::counter_subject;
 use maas_types::{CredentialsDocument, Model, PolicyDocument, Tier, TokenWeights};
 use smallvec::SmallVec;
@@ -294,7 +294,7 @@ pub fn authorize<'h>(
         Some(sub) => Some(Box::new(SubscriptionRun {
             name: sub.name.clone(),
             tier: sub.limits_tier(&model.name).ok_or_else(|| {
-                Refusal::forbidden("model_not_in_subscription", "model not in subscription")
+                Refusal::new(Deny::ModelNotInSubscription, "model not in subscription")
             })?,
             counter_subject: Rc::from(counter_subject(&identity.subject, &sub.name, &model.name)),
         })),
@@ -356,8 +356,8 @@ fn provider_key<'c>(
     };
     match credentials.credentials.get(&p.credential_ref) {
         Some(k) => Ok(Some((p.kind, k.as_str()))),
-        None => Err(Refusal::unavailable(
-            "provider_credential_missing",
+        None => Err(Refusal::new(
+            Deny::ProviderCredentialMissing,
             format!("no credential for model {} yet; retry shortly", model.name),
         )),
     }
@@ -459,7 +459,7 @@ pub fn ask(
     match body {
         Some(Ok(info)) => decide::check_body_model(info, model)?,
         Some(Err(e)) if !op.discovery => {
-            return Err(Refusal::bad_request("invalid_body", e.as_str()));
+            return Err(Refusal::new(Deny::InvalidBody, e.as_str()));
         }
         _ => {}
     }

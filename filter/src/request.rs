@@ -37,7 +37,7 @@ use crate::host::{HeaderMap, Headers, Host};
 use crate::hygiene;
 use crate::lease;
 use crate::limits::{self, Admission, LeaseNeed, RateHeaders, Reservation, SlotRead};
-use crate::response::{Decision, Refusal};
+use crate::response::{Decision, Deny, Refusal};
 use crate::state::{SharedWorker, Worker};
 use maas_types::{CredentialsDocument, Model, PolicyDocument};
 use proxy_wasm::types::Action;
@@ -780,15 +780,19 @@ fn apply_header_plan(host: &dyn Host, plan: &HeaderPlan<'_>) {
 
 /// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.
 fn lease_unavailable() -> Refusal {
-    Refusal::unavailable(
-        "limits_unavailable",
+    Refusal::new(
+        Deny::LimitsUnavailable,
         "global rate limits cannot be checked now (lease service not answering); retry shortly",
     )
 }
 
 fn limited_refusal(a: Admission) -> Refusal {
-    a.into_refusal()
-        .unwrap_or_else(|| Refusal::unavailable("internal", "admission refused without a reason"))
+    a.into_refusal().unwrap_or_else(|| {
+        Refusal::new(
+            Deny::AdmissionUndecided,
+            "admission refused without a reason",
+        )
+    })
 }
 
 #[cfg(test)]

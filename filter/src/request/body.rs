@@ -6,7 +6,7 @@ use super::{Phase, Request, Step};
 use crate::admission::BodyIntent;
 use crate::host::{Body, Headers, Host, read_body};
 use crate::request_body::{self, RequestInfo};
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use proxy_wasm::types::Action;
 
 /// Where the body is.
@@ -93,7 +93,7 @@ impl RequestBody {
             ));
         };
         request_body::set_number_member(&mut pending.bytes, field, value)
-            .map_err(|e| Refusal::bad_request("invalid_body", e.to_string()))?;
+            .map_err(|e| Refusal::new(Deny::InvalidBody, e.to_string()))?;
         pending.rewritten = true;
         Ok(())
     }
