@@ -9,7 +9,7 @@ use super::settle::{Settled, apply_folded};
 use super::slot::{
     self, Edit, InlineStr, Kind, Record, Records, SlotError, SlotRead, current, read_slot, used,
 };
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use crate::store::SharedStore;
 use maas_types::{Tier, Window};
 use smallvec::SmallVec;
@@ -94,15 +94,15 @@ impl Admission {
                 limit,
                 window,
                 tier,
-            } => Some(Refusal::bad_request(
-                "tokens_exceed_limit",
+            } => Some(Refusal::new(
+                Deny::TokensExceedLimit,
                 format!(
                     "this request reserves {requested} tokens (prompt estimate + max_tokens) but \
                      tier {tier} allows {limit} per {window}; lower max_tokens or shorten the prompt"
                 ),
             )),
-            Admission::Unavailable { reason } => Some(Refusal::unavailable(
-                "limits_unavailable",
+            Admission::Unavailable { reason } => Some(Refusal::new(
+                Deny::LimitsUnavailable,
                 format!("rate limit counters are unavailable ({reason}); retry shortly"),
             )),
             // A short lease that is not asked for (the caller's choice) refuses like a window
