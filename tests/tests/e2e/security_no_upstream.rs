@@ -11,9 +11,7 @@
 //! requests), and refusals decided on the headers still start nothing. On a stack of its own so
 //! that no other test moves the counter.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use serde_json::{Value, json};

@@ -13,10 +13,8 @@
 //! chunked body with a trailer section) must get the same body decision as any other: model
 //! check, admission, reservation, settlement.
 
-mod filter_support;
-
+use crate::helpers::*;
 use anyhow::Context;
-use filter_support::*;
 use futures_util::FutureExt;
 use maas_e2e::Stack;
 use maas_e2e::envoy_config;

@@ -4,9 +4,7 @@
 //! .wasm, the real companion and PostgreSQL, on a stack of this binary's own; tests run one at a
 //! time because they stop and start its processes.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use futures_util::StreamExt;
 use maas_e2e::Stack;
 use serde_json::{Value, json};

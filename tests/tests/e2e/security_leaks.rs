@@ -5,9 +5,7 @@
 //! PostgreSQL; revoked, expired and de-tiered keys are refused in time; other users' keys are
 //! 404 and searching them 403; forged `x-maas-*` headers change nothing.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::{Mutex, OnceLock};

@@ -6,9 +6,7 @@
 //! certificate gets no answer and no provider key; an Envoy whose companion cluster presents no
 //! certificate fails closed.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::internal_pki::{Ca, GATEWAY_CLIENT_NAME};

@@ -2,9 +2,7 @@
 //! release .wasm — companion killed mid-test, revocation within a poll interval, live tier and
 //! model changes.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::json;
 use std::sync::OnceLock;

@@ -10,10 +10,8 @@
 //! The simulator records every request it receives (its own record, independent of the filter);
 //! the hijacking route points at a second recorder.
 
-mod filter_support;
-
+use crate::helpers::*;
 use anyhow::Context;
-use filter_support::*;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::{Stack, envoy_config, sim};
 use serde_json::{Value, json};

@@ -7,9 +7,7 @@
 //!
 //! Windows are a day long so that no test straddles a window boundary.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::OnceLock;

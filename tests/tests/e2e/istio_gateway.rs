@@ -20,9 +20,7 @@
 //!
 //! What only a cluster proves is in docs/deploy.md ("Holding headers for the body").
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::envoy_config;
 use maas_e2e::extra_envoy::ExtraEnvoy;

@@ -13,9 +13,7 @@
 //! `small` tier (3,000 tokens a day) shows the refusals; the `meter` tier (1,000,000) the
 //! reservations. Windows are a day long so that no test straddles a window boundary.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::OnceLock;

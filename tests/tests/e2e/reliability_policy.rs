@@ -4,10 +4,8 @@
 //! pluginConfig (the filter refuses to load, the log names the field, no request reaches the
 //! backend).
 
-mod filter_support;
-
+use crate::helpers::*;
 use anyhow::Context;
-use filter_support::*;
 use maas_e2e::envoy_config::{self, EnvoyConfigInput, WasmFilterOptions};
 use maas_e2e::extra_envoy::{ExtraEnvoy, ExtraEnvoyOptions, Ready};
 use maas_e2e::sim::{self, SimConfig};

@@ -4,9 +4,7 @@
 //!
 //! Windows are a day long so that no test straddles a window boundary.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use futures_util::future::join_all;
 use maas_e2e::Stack;
 use serde_json::json;

@@ -10,9 +10,7 @@
 //!
 //! Each test has its own subject; windows are a day long.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::OnceLock;

@@ -7,9 +7,7 @@
 //!
 //! Prints `usage-ledger figure:` lines (how long after the last call the ledger showed it).
 
-mod filter_support;
-
-use filter_support::{Reply, bearer, client, send};
+use crate::helpers::{Reply, bearer, client, send};
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::OnceLock;
@@ -58,7 +56,7 @@ const EMBEDDINGS: &str = "/llm/sim-embed/v1/embeddings";
 
 fn stack() -> &'static Stack {
     static S: OnceLock<Result<Stack, String>> = OnceLock::new();
-    filter_support::stack_with_plugin_config(
+    crate::helpers::stack_with_plugin_config(
         &S,
         POLICY,
         IDENTITIES,

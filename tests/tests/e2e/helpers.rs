@@ -1,5 +1,5 @@
-//! Helpers shared by the filter e2e tests (tests/tests/filter_*.rs): a stack per test binary with
-//! the binary's own policy and identities, metrics from Envoy's admin, and request shorthands.
+//! Helpers shared by the e2e modules: a stack per module with the module's own policy and
+//! identities, metrics from Envoy's admin, and request shorthands.
 
 #![allow(dead_code)]
 

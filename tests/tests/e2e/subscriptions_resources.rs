@@ -11,9 +11,7 @@
 //! policy (it would be the routes file's, without subscriptions): it decides only by what it
 //! polls from the companion.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::kube_standin::KubeStandin;
 use maas_e2e::{Stack, StackOptions};
 use serde_json::{Value, json};
@@ -30,7 +28,7 @@ const NAMESPACE: &str = "models-as-a-service";
 /// in the subscription namespace, the MaaSSubscriptions verbatim). The two LLMInferenceServices
 /// they name are served by the simulator under the same names (the reference's samples are
 /// simulators too); the ExternalModel sample (gpt-4o) is left out: no upstream here.
-const REFERENCE: &str = include_str!("../fixtures/reference/maas-system-samples.yaml");
+const REFERENCE: &str = include_str!("../../fixtures/reference/maas-system-samples.yaml");
 
 /// Ours, beside the samples: a second subscription on the free model for premium users (lower
 /// priority, so not the default), and one per user for the watch test.

@@ -8,9 +8,7 @@
 //! concurrency: N clients against a small budget never get more than the budget plus one
 //! reservation.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

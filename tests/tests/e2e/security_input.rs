@@ -5,9 +5,7 @@
 //! may not use. Requests are written byte for byte on a raw socket, so no client library
 //! normalises or refuses them first.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::Value;
 use std::io::{Read, Write};

@@ -11,9 +11,7 @@
 //! The control test runs the same traffic with `limits.global.enabled: false`: it must admit
 //! twice the limit, which proves the alternating test detects per-replica counting.
 
-mod filter_support;
-
-use filter_support::{Reply, client, send};
+use crate::helpers::{Reply, client, send};
 use maas_e2e::{Stack, StackOptions};
 use serde_json::{Value, json};
 use std::sync::Arc;

@@ -1,9 +1,7 @@
 //! Filter e2e (issue 4): authentication, credential hygiene, provider credentials, routing and
 //! authorisation — through real Envoy with the release .wasm, the real companion and PostgreSQL.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::json;
 use std::collections::BTreeSet;

@@ -15,9 +15,7 @@
 //! Both over HTTP/1.1 (header names written as given, upper case included) and HTTP/2 (h2c;
 //! HTTP/2 names are lower case by definition).
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::h2client::{self, FramedRequest};

@@ -1,9 +1,7 @@
 //! Filter e2e (issue 4): pluginConfig options through real Envoy with the release .wasm —
 //! extra headers removed, the request body cap, the bounded cache and its negative TTL.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::json;
 use std::sync::OnceLock;

@@ -7,9 +7,7 @@
 //! after it (as filter_limits.rs does): a non-streamed chat completion of known usage. Each test
 //! has its own subject, so the windows do not mix; windows are a day long.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::OnceLock;

@@ -2,9 +2,7 @@
 //! header) get a 4xx and never pass — and the filter survives them: later requests on every
 //! worker still work. On a stack of its own, since a trap in the filter takes a worker down.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use maas_e2e::Stack;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -4,9 +4,7 @@
 //!
 //! Windows are a day (or a year) long so that no test straddles a window boundary.
 
-mod filter_support;
-
-use filter_support::*;
+use crate::helpers::*;
 use futures_util::StreamExt;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
