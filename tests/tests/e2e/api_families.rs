@@ -10,7 +10,6 @@
 use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 
 const LIMIT: u64 = 100_000;
 
@@ -47,7 +46,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

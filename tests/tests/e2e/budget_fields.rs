@@ -16,7 +16,6 @@
 use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 
 const METER_LIMIT: u64 = 1_000_000;
 const METER_DEFAULT_MAX_TOKENS: u64 = 100;
@@ -75,7 +74,7 @@ const RESPONSES: &str = "/llm/sim-openai/v1/responses";
 const MESSAGES: &str = "/llm/sim-claude/v1/messages";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

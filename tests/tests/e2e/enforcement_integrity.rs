@@ -8,7 +8,6 @@ use crate::helpers::*;
 use futures_util::future::join_all;
 use maas_e2e::Stack;
 use serde_json::json;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -49,7 +48,7 @@ identities:
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

@@ -5,7 +5,6 @@ use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::json;
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 
 const POLICY: &str = r#"
 tiers:
@@ -85,8 +84,15 @@ credentials:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, CREDENTIALS)
+}
+
+/// Tests of this module that read its stack's global metrics take this so they do not count
+/// each other (other modules have stacks of their own).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 fn body(model: &str) -> serde_json::Value {

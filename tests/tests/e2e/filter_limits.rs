@@ -8,7 +8,6 @@ use crate::helpers::*;
 use futures_util::StreamExt;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -78,7 +77,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

@@ -5,12 +5,15 @@
 
 use maas_e2e::{Stack, StackOptions};
 use serde_json::Value;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Starts (once per test binary) a stack with this policy and identities; stopped at exit.
+pub use maas_e2e::module_stack::ModuleStack;
+
+/// The module's stack with this policy and identities: started when its first test asks (again
+/// after it stopped), stopped once the module's tests are done (see [`ModuleStack`]).
+#[track_caller]
 pub fn stack_with(
-    cell: &'static OnceLock<Result<Stack, String>>,
+    cell: &'static ModuleStack<Stack>,
     policy: &'static str,
     identities: &'static str,
     credentials: &'static str,
@@ -19,29 +22,35 @@ pub fn stack_with(
 }
 
 /// As [`stack_with`], with extra pluginConfig merged over the stack's.
+#[track_caller]
 pub fn stack_with_plugin_config(
-    cell: &'static OnceLock<Result<Stack, String>>,
+    cell: &'static ModuleStack<Stack>,
     policy: &'static str,
     identities: &'static str,
     credentials: &'static str,
     plugin_config_extra: Option<Value>,
 ) -> &'static Stack {
-    let result = cell.get_or_init(|| {
-        std::thread::spawn(move || {
-            let mut options = StackOptions::default()
-                .with_policy_yaml(policy)
-                .with_identities_yaml(identities)
-                .with_credentials_yaml(credentials);
-            options.plugin_config_extra = plugin_config_extra;
-            Stack::start(options).map_err(|e| format!("{e:#}"))
-        })
-        .join()
-        .unwrap_or_else(|_| Err("stack start panicked".into()))
-    });
-    match result {
-        Ok(s) => s,
-        Err(e) => panic!("stack did not start: {e}"),
-    }
+    cell.get_or_start(|| start_stack(policy, identities, credentials, plugin_config_extra))
+}
+
+/// Starts a stack with this policy and identities on a thread of its own (not on the calling
+/// test's async runtime).
+pub fn start_stack(
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+    plugin_config_extra: Option<Value>,
+) -> Result<Stack, String> {
+    std::thread::spawn(move || {
+        let mut options = StackOptions::default()
+            .with_policy_yaml(policy)
+            .with_identities_yaml(identities)
+            .with_credentials_yaml(credentials);
+        options.plugin_config_extra = plugin_config_extra;
+        Stack::start(options).map_err(|e| format!("{e:#}"))
+    })
+    .join()
+    .unwrap_or_else(|_| Err("stack start panicked".into()))
 }
 
 /// A wasm custom metric's value (`wasmcustom.<name>` in /stats) once what happened before the
@@ -195,12 +204,6 @@ pub fn raw_json_request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0))
-}
-
-/// Tests of one binary that read global metrics take this so they do not count each other.
-pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
 }
 
 /// Credential validations the companion has answered (`maas_authenticate_total`, all results):

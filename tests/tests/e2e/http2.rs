@@ -20,10 +20,11 @@ use maas_e2e::Stack;
 use maas_e2e::envoy_config;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::h2client::{self, End, FramedRequest, TestCert, TlsTarget};
+use maas_e2e::module_stack::Stoppable;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -86,9 +87,40 @@ const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 /// The name the TLS listeners' certificate is for.
 const TLS_NAME: &str = "localhost";
 
+/// The module's stack and, once a test asks, its two gateways.
+struct Started {
+    stack: Stack,
+    gateways: OnceLock<Result<Gateways, String>>,
+}
+
+impl Stoppable for Started {
+    fn stop(&self) {
+        if let Some(Ok(gateways)) = self.gateways.get() {
+            for gateway in &gateways.list {
+                let envoy = gateway
+                    .envoy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                drop(envoy); // stops it
+            }
+        }
+        self.stack.shutdown();
+    }
+}
+
+fn started() -> &'static Started {
+    static S: ModuleStack<Started> = ModuleStack::new();
+    S.get_or_start(|| {
+        Ok(Started {
+            stack: start_stack(POLICY, IDENTITIES, "credentials: {}\n", None)?,
+            gateways: OnceLock::new(),
+        })
+    })
+}
+
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
-    stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+    &started().stack
 }
 
 // ---- the two gateways ----
@@ -118,7 +150,8 @@ struct Gateway {
     plain: SocketAddr,
     /// TLS listener: ALPN h2 or http/1.1.
     tls: SocketAddr,
-    _envoy: ExtraEnvoy,
+    /// Taken (stopped) when the module's stack stops.
+    envoy: Mutex<Option<ExtraEnvoy>>,
 }
 
 struct Gateways {
@@ -126,11 +159,11 @@ struct Gateways {
     tls: TlsTarget,
 }
 
-/// Both gateways, started once per test binary (stopped when it exits: supervised processes).
+/// Both gateways, started once beside the module's stack (stopped with it).
 fn gateways() -> &'static Gateways {
-    static G: OnceLock<Result<Gateways, String>> = OnceLock::new();
-    let result = G.get_or_init(|| {
-        let stack = stack();
+    let started = started();
+    let result = started.gateways.get_or_init(|| {
+        let stack = &started.stack;
         std::thread::spawn(move || start_gateways(stack).map_err(|e| format!("{e:#}")))
             .join()
             .unwrap_or_else(|_| Err("starting the gateways panicked".into()))
@@ -185,7 +218,7 @@ fn start_gateway(
         mode,
         plain: envoy.ports.listen,
         tls: envoy.ports.second.context("a port for the TLS listener")?,
-        _envoy: envoy,
+        envoy: Mutex::new(Some(envoy)),
     })
 }
 

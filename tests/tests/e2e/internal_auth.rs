@@ -11,7 +11,6 @@ use maas_e2e::Stack;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::internal_pki::{Ca, GATEWAY_CLIENT_NAME};
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const PROVIDER_KEY: &str = "sk-prov-internal-auth-4711";
@@ -42,7 +41,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(
         &S,
         POLICY,

@@ -28,7 +28,6 @@ use maas_e2e::istio_gateway::{self, ShippedGateway};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
@@ -62,7 +61,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

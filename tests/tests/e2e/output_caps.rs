@@ -10,7 +10,6 @@
 use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 
 const POLICY: &str = r#"
 tiers:
@@ -52,7 +51,7 @@ identities:
 const CONTEXT: &str = "100000";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

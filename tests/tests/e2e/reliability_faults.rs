@@ -1,14 +1,13 @@
 //! Reliability e2e (issue 7): faults survived, nothing lost — the companion stopped during
 //! traffic, PostgreSQL stopped, the companion restarted while keys are minted, and upstream
 //! faults (500, not JSON, dropped stream, no usage, no `[DONE]`). Real Envoy with the release
-//! .wasm, the real companion and PostgreSQL, on a stack of this binary's own; tests run one at a
+//! .wasm, the real companion and PostgreSQL, on a stack of this module's own; tests run one at a
 //! time because they stop and start its processes.
 
 use crate::helpers::*;
 use futures_util::StreamExt;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
@@ -42,8 +41,15 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+}
+
+/// Tests of this module that read its stack's global metrics take this so they do not count
+/// each other (other modules have stacks of their own).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";

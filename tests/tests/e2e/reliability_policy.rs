@@ -42,7 +42,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     static P: OnceLock<String> = OnceLock::new();
     let p: &'static str = P.get_or_init(|| policy(1000));
     stack_with(&S, p, IDENTITIES, "credentials: {}\n")

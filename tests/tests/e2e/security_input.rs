@@ -10,7 +10,6 @@ use maas_e2e::Stack;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -51,7 +50,7 @@ identities:
 const CREDENTIALS: &str = "credentials:\n  openai-key: sk-prov-secret-openai\n";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, CREDENTIALS)
 }
 
@@ -243,7 +242,7 @@ fn bad_requests_get_4xx_never_5xx_never_a_pass() {
             head("POST", CHAT, "bi-6", &[auth]),
             b"{\"model\":\"sim-\xff\xfemodel\"}".to_vec(),
         ),
-        // Non-UTF-8 header values: tests/tests/security_non_utf8.rs (a stack of its own).
+        // Non-UTF-8 header values: tests/tests/e2e/security_non_utf8.rs (a stack of its own).
         (
             "x-api-key, key prefix, bad chars",
             head("POST", CHAT, "bi-7", &[b"x-api-key: sk-oai-!!"]),

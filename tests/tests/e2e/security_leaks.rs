@@ -94,13 +94,20 @@ const PROVIDER_SECRETS: &[&str] = &[
 ];
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     static P: OnceLock<String> = OnceLock::new();
     let p: &'static str = P.get_or_init(|| policy("g-vip"));
     stack_with(&S, p, IDENTITIES, CREDENTIALS)
 }
 
-/// Every user credential the tests of this binary used (scanned for in the logs).
+/// Tests of this module that read its stack's global metrics take this so they do not count
+/// each other (other modules have stacks of their own).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Every user credential the tests of this module used (scanned for in the logs).
 fn used() -> &'static Mutex<Vec<String>> {
     static U: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
     U.get_or_init(|| {

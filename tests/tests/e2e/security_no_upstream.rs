@@ -15,7 +15,6 @@ use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -53,7 +52,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

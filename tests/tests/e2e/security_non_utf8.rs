@@ -6,7 +6,6 @@ use crate::helpers::*;
 use maas_e2e::Stack;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -29,7 +28,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

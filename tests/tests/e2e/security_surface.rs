@@ -16,7 +16,6 @@ use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::{Stack, envoy_config, sim};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const POLICY: &str = r#"
@@ -71,7 +70,7 @@ credentials:
 const OPENAI_KEY: &str = "sk-prov-openai-surface-9b2e";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, CREDENTIALS)
 }
 

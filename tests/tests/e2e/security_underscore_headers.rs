@@ -21,7 +21,6 @@ use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::h2client::{self, FramedRequest};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 
 const POLICY: &str = r#"
 tiers:
@@ -43,7 +42,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
 }
 

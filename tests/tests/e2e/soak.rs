@@ -12,7 +12,6 @@ use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -52,8 +51,15 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+}
+
+/// Tests of this module that read its stack's global metrics take this so they do not count
+/// each other (other modules have stacks of their own).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";

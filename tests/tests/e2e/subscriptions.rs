@@ -71,7 +71,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     static P: OnceLock<String> = OnceLock::new();
     let policy = P.get_or_init(|| format!("{POLICY}{DOOMED}"));
     let policy: &'static str = policy.as_str();

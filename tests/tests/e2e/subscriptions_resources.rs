@@ -13,9 +13,9 @@
 
 use crate::helpers::*;
 use maas_e2e::kube_standin::KubeStandin;
+use maas_e2e::module_stack::Stoppable;
 use maas_e2e::{Stack, StackOptions};
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// `--policy-namespace`: the reference's namespace for MaaSAuthPolicies and MaaSSubscriptions.
@@ -91,9 +91,19 @@ identities:
 const FREE: &str = "/llm/facebook-opt-125m-simulated/v1/chat/completions";
 const PREMIUM: &str = "/llm/premium-simulated-simulated-premium/v1/chat/completions";
 
-fn started() -> &'static (KubeStandin, Stack) {
-    static S: OnceLock<Result<(KubeStandin, Stack), String>> = OnceLock::new();
-    let result = S.get_or_init(|| {
+/// The stand-in and the stack whose companion reads it (the stand-in runs in this process: it
+/// serves on, idle, once the stack stopped).
+struct Started(KubeStandin, Stack);
+
+impl Stoppable for Started {
+    fn stop(&self) {
+        self.1.shutdown();
+    }
+}
+
+fn started() -> &'static Started {
+    static S: ModuleStack<Started> = ModuleStack::new();
+    S.get_or_start(|| {
         std::thread::spawn(|| {
             let kube = KubeStandin::start(NAMESPACE).map_err(|e| format!("{e:#}"))?;
             for yaml in [REFERENCE, OURS, INVALID] {
@@ -110,15 +120,11 @@ fn started() -> &'static (KubeStandin, Stack) {
             options.companion_env = kube.companion_env();
             let stack = Stack::start(options).map_err(|e| format!("{e:#}"))?;
             filter_has_the_resources_policy(&stack)?;
-            Ok((kube, stack))
+            Ok(Started(kube, stack))
         })
         .join()
         .unwrap_or_else(|_| Err("stack start panicked".into()))
-    });
-    match result {
-        Ok(s) => s,
-        Err(e) => panic!("stack did not start: {e}"),
-    }
+    })
 }
 
 /// Without a bootstrap policy the filter refuses (503) until its first poll: waits until a

@@ -13,7 +13,6 @@
 use crate::helpers::*;
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const TOKEN_LIMIT: u64 = 1000;
@@ -53,7 +52,7 @@ identities:
 "#;
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     stack_with_plugin_config(
         &S,
         POLICY,

@@ -7,10 +7,9 @@
 //!
 //! Prints `usage-ledger figure:` lines (how long after the last call the ledger showed it).
 
-use crate::helpers::{Reply, bearer, client, send};
+use crate::helpers::{ModuleStack, Reply, bearer, client, send};
 use maas_e2e::Stack;
 use serde_json::{Value, json};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
@@ -55,7 +54,7 @@ const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 const EMBEDDINGS: &str = "/llm/sim-embed/v1/embeddings";
 
 fn stack() -> &'static Stack {
-    static S: OnceLock<Result<Stack, String>> = OnceLock::new();
+    static S: ModuleStack<Stack> = ModuleStack::new();
     crate::helpers::stack_with_plugin_config(
         &S,
         POLICY,
