@@ -4,14 +4,7 @@
 //! counters. The companion in-process over a fresh PostgreSQL database
 //! (`MAAS_TEST_DATABASE_URL`, as the other companion tests).
 
-// A test crate: a failed unwrap or panic is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-#[allow(dead_code)]
-#[path = "api/helpers.rs"]
-mod helpers;
-
-use helpers::{IDENTITIES, TestApp, local_settings, spawn_with_config};
+use crate::helpers::{self, IDENTITIES, TestApp, local_settings, spawn_with_config};
 use maas_types::lease::LEASES_PATH;
 use maas_types::subscription::counter_subject;
 use serde_json::{Value, json};

@@ -4,14 +4,7 @@
 //!
 //! redis-server: `$MAAS_REDIS_SERVER`, else `/usr/bin/redis-server`. Missing, the tests fail.
 
-// A test crate: a failed unwrap or panic is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-#[allow(dead_code)]
-#[path = "api/helpers.rs"]
-mod helpers;
-
-use helpers::{Reply, TestApp, spawn_app_with};
+use crate::helpers::{self, Reply, TestApp, spawn_app_with};
 use maas_companion::settings::RedisSettings;
 use maas_types::lease::{LEASES_PATH, LeaseItem, LeaseKind, apply_item};
 use rand::{Rng, SeedableRng};

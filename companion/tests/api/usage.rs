@@ -3,14 +3,7 @@
 //! daily rollup and the chargeback metrics. The companion in-process (port 0) over a fresh
 //! PostgreSQL database per test (`MAAS_TEST_DATABASE_URL`, as the other companion tests).
 
-// A test crate: a failed unwrap or panic is a failed test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-#[allow(dead_code)]
-#[path = "api/helpers.rs"]
-mod helpers;
-
-use helpers::{Reply, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{self, Reply, TestApp, spawn_app, spawn_app_with};
 use maas_companion::settings::RedisSettings;
 use maas_types::lease::LEASES_PATH;
 use maas_types::usage::USAGE_PATH;
