@@ -7,10 +7,10 @@
 //! (`module::test`), so once a test of another module asks for its stack, every test of this
 //! module has started; and libtest runs each test on a thread of its own, so a test that got a
 //! module's stack holds a lease on it until its thread ends. A module's stack stops once another
-//! module has asked since it started and no lease on it is left, both for [`GRACE`]: a test that
-//! started before the other module asked may still be building its request. Should a test of a
-//! stopped module still ask (later than that, or in a shuffled order), the stack starts again:
-//! the test is still right, only slower.
+//! module has asked since it started and no lease on it is left, both for `GRACE` (10 s): a test
+//! that started before the other module asked may still be building its request. Should a test
+//! of a stopped module still ask (later than that, or in a shuffled order), the stack starts
+//! again: the test is still right, only slower.
 //!
 //! At most [`Gate::limit`] module stacks are starting, up or stopping at once
 //! (`MAAS_E2E_STACKS`, default 3: two test threads on two cores, plus one stopping); a module
