@@ -149,6 +149,15 @@ struct ReplicaPorts {
 /// times in all.
 const START_ATTEMPTS: usize = 5;
 
+#[cfg(test)]
+thread_local! {
+    /// What the next call of `free_ports(n)` on this thread hands out, by `n` (to make a
+    /// start meet taken ports: PostgreSQL asks for 1, the companion 3, Envoy 2). Here, not in
+    /// the tests module: `free_ports` reads it, and code does not reach into its tests.
+    static FORCED_PORTS: std::cell::RefCell<std::collections::HashMap<usize, Vec<u16>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 /// Picks distinct free ports (all held until all are picked, then released: see the module
 /// doc for why that is not enough on its own: start a program on them through a retrying start,
 /// e.g. [`crate::extra_envoy`], or use them only where nothing has to listen).
@@ -162,7 +171,7 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
         .map(|l| Ok(l.local_addr()?.port()))
         .collect::<Result<Vec<u16>>>()?;
     #[cfg(test)]
-    if let Some(forced) = tests::FORCED_PORTS.with_borrow_mut(|f| f.remove(&n)) {
+    if let Some(forced) = FORCED_PORTS.with_borrow_mut(|f| f.remove(&n)) {
         ports.iter_mut().zip(forced).for_each(|(p, f)| *p = f);
     }
     Ok(ports)
@@ -1347,15 +1356,6 @@ impl Drop for Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    thread_local! {
-        /// What the next call of `free_ports(n)` on this thread hands out, by `n` (to make a
-        /// start meet taken ports: PostgreSQL asks for 1, the companion 3, Envoy 2).
-        pub(super) static FORCED_PORTS: RefCell<HashMap<usize, Vec<u16>>> =
-            RefCell::new(HashMap::new());
-    }
 
     /// Every program's first ports are taken by someone else (as when stacks start at once and
     /// another one binds a port between our pick and the program's bind): PostgreSQL, the
