@@ -13,7 +13,7 @@
 //! the caller is an admin, so ids cannot be probed.
 
 use crate::caller::{Caller, CallerKind};
-use crate::http::{ApiJson, error_response};
+use crate::http::{ApiJson, database_failure, error_response};
 use crate::keys::rules::{self, EPHEMERAL_MAX, InvalidField, invalid};
 use crate::keys::store::{
     KeyRow, KeyStatus, KeyStore, NewKey, SearchQuery, SortColumn, StoreError,
@@ -102,7 +102,7 @@ impl IntoResponse for ApiKeyError {
                 ErrorKind::Permission,
                 Some("forbidden"),
             ),
-            ApiKeyError::Store(e) => e.response(),
+            ApiKeyError::Store(e) => database_failure(e.is_unavailable(), &e),
         }
     }
 }
