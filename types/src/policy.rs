@@ -731,6 +731,19 @@ impl PolicyDocument {
 
     /// Checks what serde cannot: references, uniqueness, non-empty names, sane paths and limits.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        let tier_names = self.validate_tiers()?;
+        self.validate_models(&tier_names)?;
+        validate_subscriptions(self)?;
+        for (i, id) in self.revoked_key_ids.iter().enumerate() {
+            if !crate::apikey::is_key_id(id) {
+                return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
+            }
+        }
+        Ok(())
+    }
+
+    /// At least one tier, each named once, with sane groups, limits and weights: their names.
+    fn validate_tiers(&self) -> Result<BTreeSet<&str>, PolicyError> {
         if self.tiers.is_empty() {
             return Err(err("tiers", "at least one tier is required"));
         }
@@ -774,6 +787,12 @@ impl PolicyDocument {
             }
             check_token_weights(&format!("tiers[{i}].tokenWeights"), &t.token_weights)?;
         }
+        Ok(tier_names)
+    }
+
+    /// Each model named and routed once, on known tiers, with its provider, cluster and
+    /// operations checked.
+    fn validate_models(&self, tier_names: &BTreeSet<&str>) -> Result<(), PolicyError> {
         let mut model_names = BTreeSet::new();
         let mut model_paths = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
@@ -849,12 +868,6 @@ impl PolicyDocument {
                         ));
                     }
                 }
-            }
-        }
-        validate_subscriptions(self)?;
-        for (i, id) in self.revoked_key_ids.iter().enumerate() {
-            if !crate::apikey::is_key_id(id) {
-                return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
             }
         }
         Ok(())

@@ -372,10 +372,11 @@ mod tests {
         assert_eq!(doc(v).subscriptions[0].priority, 0);
     }
 
-    #[test]
-    fn validation_errors_name_the_field() {
-        type Mutation = Box<dyn Fn(&mut Value)>;
-        let cases: Vec<(&str, Mutation)> = vec![
+    type Mutation = Box<dyn Fn(&mut Value)>;
+
+    /// A mutation of [`sample`] and the field its error names: the subscription's own fields.
+    fn subscription_field_cases() -> Vec<(&'static str, Mutation)> {
+        vec![
             (
                 "subscriptions[1].name",
                 Box::new(|v| v["subscriptions"][1]["name"] = json!("team-a")),
@@ -424,6 +425,12 @@ mod tests {
                 "subscriptions[0].models",
                 Box::new(|v| v["subscriptions"][0]["models"] = json!([])),
             ),
+        ]
+    }
+
+    /// As [`subscription_field_cases`]: its models' fields, priority, token metadata.
+    fn model_field_cases() -> Vec<(&'static str, Mutation)> {
+        vec![
             (
                 "subscriptions[0].models[0].name",
                 Box::new(|v| v["subscriptions"][0]["models"][0]["name"] = json!("nope")),
@@ -504,7 +511,14 @@ mod tests {
                 "subscriptions[0].extra",
                 Box::new(|v| v["subscriptions"][0]["extra"] = json!(1)),
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn validation_errors_name_the_field() {
+        let cases = subscription_field_cases()
+            .into_iter()
+            .chain(model_field_cases());
         for (path, mutate) in cases {
             let mut v = sample();
             mutate(&mut v);
