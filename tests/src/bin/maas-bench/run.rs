@@ -30,6 +30,8 @@ use std::time::{Duration, Instant, SystemTime};
 pub(crate) type Results = BTreeMap<(String, u32), Vec<WrkResult>>;
 
 /// What this run measures, from `--only`, `--quick` and what is installed.
+// Independent switches from the command line, not states of one thing.
+#[allow(clippy::struct_excessive_bools)]
 pub(crate) struct Plan {
     /// `hostcalls` alone: the prices of every kind, printed only; with other variants (and in
     /// the full run) the prices that bill the filter's calls, in the report.
