@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests, the companion's tests against a real (throwaway) PostgreSQL, the
-# end-to-end tests through real Envoy with the real filter (each e2e test binary starts its own
-# local stack), the filter's and types' unit tests again for wasm32-wasip1 (under Node's WASI),
-# then every suite in tests/scripts/ (one that is not executable fails). Installs what is missing.
+# end-to-end tests through real Envoy with the real filter (one test binary; each of its modules
+# starts its own local stack, stopped once the module's tests are done), the filter's and types'
+# unit tests again for wasm32-wasip1 (under Node's WASI), then every suite in tests/scripts/ (one
+# that is not executable fails). Installs what is missing.
 # Extra arguments go to `cargo test` (e.g. ./scripts/test.sh -p maas-e2e).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
@@ -11,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 ensure_all
 ensure_browser
 build_all
-# The web UI: built once here (tests/tests/ui_browser.rs builds it too when run alone).
+# The web UI: built once here (tests/tests/e2e/ui_browser.rs builds it too when run alone).
 build_ui
 
 free_port() {

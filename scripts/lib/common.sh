@@ -152,7 +152,7 @@ ensure_redis() {
 }
 
 # Headless Chromium and chromedriver (Debian's) for the web UI's browser test
-# (tests/tests/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
+# (tests/tests/e2e/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
 ensure_browser() {
   if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
     apt_install chromium chromium-driver

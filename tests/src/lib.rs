@@ -9,6 +9,8 @@
 //! - [`extra_envoy`]: more Envoys beside a stack's, started again on fresh ports when one is taken;
 //! - [`istio_gateway`]: the Gateway's Envoy as Istio builds it from the shipped EnvoyFilters (the
 //!   filter over ECDS, the connection manager's settings), on a local bootstrap;
+//! - [`module_stack`]: one stack per e2e module in the one e2e test binary, stopped once the
+//!   module's tests are done, a bounded number at once;
 //! - [`kube_standin`]: a local Kubernetes API stand-in serving the reference's resources to a
 //!   companion with `MAAS_POLICY_SOURCE=kubernetes`;
 //! - [`internal_pki`]: the private CA and certificates of the companion's internal listener
@@ -23,6 +25,7 @@ pub mod h2client;
 pub mod internal_pki;
 pub mod istio_gateway;
 pub mod kube_standin;
+pub mod module_stack;
 pub mod postgres;
 pub mod process;
 pub mod redis;
