@@ -856,19 +856,14 @@ async fn hourly_count(app: &TestApp, before: i64) -> i64 {
         .unwrap()
 }
 
-#[tokio::test]
-async fn hours_past_the_retention_are_rolled_up_into_days_once() {
-    let app = spawn_app_with(|s| {
-        s.usage.hourly_retention_days = 31;
-        s.usage.rollup_interval = Duration::from_millis(200);
-    })
-    .await;
-    let day = now() - now() % DAY - 40 * DAY;
+/// Records of two days past a 31-day retention (`day` and the day before, one refused, one
+/// with cached input tokens) and one of this hour.
+fn records_past_the_retention(day: i64) -> serde_json::Value {
     let mut refused = record("alice", None, "free", "sim-model", day + 2 * HOUR);
     refused["refused"] = json!({"rate_limit_exceeded": 4});
     let mut cached = record("alice", None, "free", "sim-model", day + HOUR);
     cached["cachedInputTokens"] = json!(4);
-    let records = json!([
+    json!([
         cached,
         refused,
         record("alice", None, "free", "sim-model", day + 23 * HOUR),
@@ -880,8 +875,10 @@ async fn hours_past_the_retention_are_rolled_up_into_days_once() {
             day - DAY + 3 * HOUR
         ),
         record("alice", None, "free", "sim-model", this_hour()),
-    ]);
-    // Batch ids are forgotten after a day.
+    ])
+}
+
+async fn insert_a_day_old_batch(app: &TestApp) {
     sqlx::query(
         "INSERT INTO usage_batches (replica, batch_id, applied_at) \
          VALUES ('gw-old', 'b-old', now() - interval '25 hours')",
@@ -889,6 +886,19 @@ async fn hours_past_the_retention_are_rolled_up_into_days_once() {
     .execute(&app.pool)
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn hours_past_the_retention_are_rolled_up_into_days_once() {
+    let app = spawn_app_with(|s| {
+        s.usage.hourly_retention_days = 31;
+        s.usage.rollup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let day = now() - now() % DAY - 40 * DAY;
+    let records = records_past_the_retention(day);
+    // Batch ids are forgotten after a day.
+    insert_a_day_old_batch(&app).await;
     let before = app
         .public_get(
             &format!("/v1/usage?groupBy=model&from={}", day - DAY),

@@ -4,7 +4,7 @@
 use crate::cache::{self, CachedAnswer, CachedIdentity, Caller};
 use crate::config::CacheConfig;
 use crate::credential::CacheIdentity;
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use crate::store::SharedStore;
 use maas_types::{AuthenticateResponse, ErrorBody};
 
@@ -50,8 +50,7 @@ pub fn interpret(
             }
             Err(e) => {
                 log::error!("maas: unreadable authenticate answer from the companion: {e}");
-                Err(Refusal::unavailable(
-                    "auth_unavailable",
+                Err(Refusal::auth_unavailable(
                     "authentication service answered badly",
                 ))
             }
@@ -87,8 +86,7 @@ pub fn interpret(
                 Some(answer) => cached_result(answer),
                 None => {
                     log::warn!("maas: authentication service unavailable (status {other:?})");
-                    Err(Refusal::unavailable(
-                        "auth_unavailable",
+                    Err(Refusal::auth_unavailable(
                         "authentication service unavailable; retry shortly",
                     ))
                 }
@@ -118,7 +116,10 @@ pub fn cached_result(answer: CachedAnswer) -> Result<Caller, Refusal> {
 /// What waiters get when the request that made the callout goes away, or when the answer is
 /// not for their very credential.
 pub fn interrupted() -> Refusal {
-    Refusal::unavailable("auth_interrupted", "authentication was interrupted; retry")
+    Refusal::new(
+        Deny::AuthInterrupted,
+        "authentication was interrupted; retry",
+    )
 }
 
 #[cfg(test)]

@@ -322,6 +322,118 @@ fn is_token_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
+/// `companion`: the cluster (also the callouts' default `:authority`, so neither may hold
+/// spaces or control characters), the authority, the timeout.
+fn companion_config(raw: RawCompanion) -> Result<CompanionConfig, ConfigError> {
+    let cluster = raw.cluster.trim().to_string();
+    if cluster.is_empty() {
+        return Err(err("companion.cluster", "must not be empty"));
+    }
+    if cluster.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err(err(
+            "companion.cluster",
+            "must not hold spaces or control characters",
+        ));
+    }
+    let authority = match raw.authority {
+        Some(a) if a.trim().is_empty() || a.bytes().any(|b| b.is_ascii_control() || b == b' ') => {
+            return Err(err(
+                "companion.authority",
+                "must not be empty or hold spaces or control characters",
+            ));
+        }
+        Some(a) => a,
+        None => cluster.clone(),
+    };
+    let timeout_ms = in_range(
+        "companion.timeoutMs",
+        raw.timeout_ms.unwrap_or(1000),
+        1,
+        60_000,
+    )?;
+    Ok(CompanionConfig {
+        cluster,
+        authority,
+        timeout_ms,
+    })
+}
+
+fn cache_config(raw: &RawCache) -> Result<CacheConfig, ConfigError> {
+    Ok(CacheConfig {
+        max_entries: in_range(
+            "cache.maxEntries",
+            raw.max_entries.unwrap_or(100_000),
+            1,
+            10_000_000,
+        )?,
+        max_ttl_seconds: in_range(
+            "cache.maxTtlSeconds",
+            raw.max_ttl_seconds.unwrap_or(300),
+            0,
+            86_400,
+        )?,
+        negative_ttl_seconds: in_range(
+            "cache.negativeTtlSeconds",
+            raw.negative_ttl_seconds.unwrap_or(5),
+            0,
+            3_600,
+        )?,
+    })
+}
+
+/// `removeHeaders`: header names (lower-cased), never the ones framing the request.
+fn remove_headers(names: &[String]) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::with_capacity(names.len());
+    for (i, h) in names.iter().enumerate() {
+        let field = format!("removeHeaders[{i}]");
+        if h.is_empty() || !h.bytes().all(is_token_char) {
+            return Err(err(field, format!("{h:?} is not a header name")));
+        }
+        let lower = h.to_ascii_lowercase();
+        if matches!(
+            lower.as_str(),
+            "host" | "content-length" | "transfer-encoding"
+        ) {
+            return Err(err(field, format!("{lower} cannot be removed")));
+        }
+        out.push(lower);
+    }
+    Ok(out)
+}
+
+fn management_path_prefix(raw: Option<String>) -> Result<String, ConfigError> {
+    let prefix = raw.unwrap_or_else(|| "/maas-api".to_string());
+    if !prefix.starts_with('/')
+        || prefix.len() < 2
+        || prefix.ends_with('/')
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.'))
+        || prefix.contains("//")
+    {
+        return Err(err(
+            "managementPathPrefix",
+            "must be an absolute path like /maas-api, without a trailing '/'",
+        ));
+    }
+    Ok(prefix)
+}
+
+/// `bootstrapPolicy`: a policy document both sides accept; errors name the field under it.
+fn bootstrap_policy(raw: Option<serde_json::Value>) -> Result<Option<PolicyDocument>, ConfigError> {
+    match raw {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => PolicyDocument::from_value(v).map(Some).map_err(|e| {
+            let field = if e.path.is_empty() || e.path == "." {
+                "bootstrapPolicy".to_string()
+            } else {
+                format!("bootstrapPolicy.{}", e.path)
+            };
+            err(field, e.message)
+        }),
+    }
+}
+
 impl PluginConfig {
     /// Parses and validates pluginConfig JSON. The error names the field.
     pub fn parse(bytes: &[u8]) -> Result<PluginConfig, ConfigError> {
@@ -333,61 +445,14 @@ impl PluginConfig {
         })?;
         de.end().map_err(|e| err("", e.to_string()))?;
 
-        let cluster = raw.companion.cluster.trim().to_string();
-        if cluster.is_empty() {
-            return Err(err("companion.cluster", "must not be empty"));
-        }
-        // It is also the default `:authority` of callouts, which may hold neither.
-        if cluster.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-            return Err(err(
-                "companion.cluster",
-                "must not hold spaces or control characters",
-            ));
-        }
-        let authority = match raw.companion.authority {
-            Some(a)
-                if a.trim().is_empty() || a.bytes().any(|b| b.is_ascii_control() || b == b' ') =>
-            {
-                return Err(err(
-                    "companion.authority",
-                    "must not be empty or hold spaces or control characters",
-                ));
-            }
-            Some(a) => a,
-            None => cluster.clone(),
-        };
-        let timeout_ms = in_range(
-            "companion.timeoutMs",
-            raw.companion.timeout_ms.unwrap_or(1000),
-            1,
-            60_000,
-        )?;
+        let companion = companion_config(raw.companion)?;
         let poll_interval_ms = in_range(
             "pollIntervalMs",
             raw.poll_interval_ms.unwrap_or(2000),
             100,
             3_600_000,
         )?;
-        let cache = CacheConfig {
-            max_entries: in_range(
-                "cache.maxEntries",
-                raw.cache.max_entries.unwrap_or(100_000),
-                1,
-                10_000_000,
-            )?,
-            max_ttl_seconds: in_range(
-                "cache.maxTtlSeconds",
-                raw.cache.max_ttl_seconds.unwrap_or(300),
-                0,
-                86_400,
-            )?,
-            negative_ttl_seconds: in_range(
-                "cache.negativeTtlSeconds",
-                raw.cache.negative_ttl_seconds.unwrap_or(5),
-                0,
-                3_600,
-            )?,
-        };
+        let cache = cache_config(&raw.cache)?;
         let limits = LimitsConfig {
             counter_slots: in_range(
                 "limits.counterSlots",
@@ -399,37 +464,8 @@ impl PluginConfig {
             )?,
             global: global_config(raw.limits.global)?,
         };
-        let mut remove_headers = Vec::with_capacity(raw.remove_headers.len());
-        for (i, h) in raw.remove_headers.iter().enumerate() {
-            let field = format!("removeHeaders[{i}]");
-            if h.is_empty() || !h.bytes().all(is_token_char) {
-                return Err(err(field, format!("{h:?} is not a header name")));
-            }
-            let lower = h.to_ascii_lowercase();
-            if matches!(
-                lower.as_str(),
-                "host" | "content-length" | "transfer-encoding"
-            ) {
-                return Err(err(field, format!("{lower} cannot be removed")));
-            }
-            remove_headers.push(lower);
-        }
-        let management_path_prefix = raw
-            .management_path_prefix
-            .unwrap_or_else(|| "/maas-api".to_string());
-        if !management_path_prefix.starts_with('/')
-            || management_path_prefix.len() < 2
-            || management_path_prefix.ends_with('/')
-            || !management_path_prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.'))
-            || management_path_prefix.contains("//")
-        {
-            return Err(err(
-                "managementPathPrefix",
-                "must be an absolute path like /maas-api, without a trailing '/'",
-            ));
-        }
+        let remove_headers = remove_headers(&raw.remove_headers)?;
+        let management_path_prefix = management_path_prefix(raw.management_path_prefix)?;
         let max_request_body_bytes = in_range(
             "maxRequestBodyBytes",
             raw.max_request_body_bytes
@@ -437,23 +473,9 @@ impl PluginConfig {
             1024,
             64 * 1024 * 1024,
         )?;
-        let bootstrap_policy = match raw.bootstrap_policy {
-            None | Some(serde_json::Value::Null) => None,
-            Some(v) => Some(PolicyDocument::from_value(v).map_err(|e| {
-                let field = if e.path.is_empty() || e.path == "." {
-                    "bootstrapPolicy".to_string()
-                } else {
-                    format!("bootstrapPolicy.{}", e.path)
-                };
-                err(field, e.message)
-            })?),
-        };
+        let bootstrap_policy = bootstrap_policy(raw.bootstrap_policy)?;
         Ok(PluginConfig {
-            companion: CompanionConfig {
-                cluster,
-                authority,
-                timeout_ms,
-            },
+            companion,
             poll_interval_ms,
             cache,
             limits,

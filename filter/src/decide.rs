@@ -4,7 +4,7 @@
 use crate::cache::CachedIdentity;
 use crate::limits;
 use crate::request_body::RequestInfo;
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use crate::usage::Usage;
 use maas_types::subscription::{self, SelectError, Subscription};
 use maas_types::{Model, PolicyDocument, Tier, TokenWeights, UncappedRequests};
@@ -33,15 +33,15 @@ pub fn subscription<'p>(
     if let Some(bound) = identity.subscription.as_deref() {
         return match subscription::select(policy, user, groups, Some(bound), Some(&model.name)) {
             Ok(s) => Ok(Some(s)),
-            Err(SelectError::ModelNotInSubscription) => Err(Refusal::forbidden(
-                "model_not_in_subscription",
+            Err(SelectError::ModelNotInSubscription) => Err(Refusal::new(
+                Deny::ModelNotInSubscription,
                 format!(
                     "the subscription of this API key does not include model {}",
                     model.name
                 ),
             )),
-            Err(_) => Err(Refusal::forbidden(
-                "invalid_subscription",
+            Err(_) => Err(Refusal::new(
+                Deny::InvalidSubscription,
                 "the subscription of this API key no longer exists or no longer includes you",
             )),
         };
@@ -53,7 +53,7 @@ pub fn subscription<'p>(
         Ok(s) => Ok(Some(s)),
         // Nothing requested and no subscription of the caller holds the model: the tiers.
         Err(SelectError::NoSubscription) if requested.is_none() => Ok(None),
-        Err(e) => Err(Refusal::forbidden(e.code(), e.message())),
+        Err(e) => Err(Refusal::new(Deny::from(e), e.message())),
     }
 }
 
@@ -65,10 +65,10 @@ pub fn authorize<'p>(
 ) -> Result<&'p Tier, Refusal> {
     let tier = policy
         .resolve_tier(&identity.groups, identity.pinned_tier.as_deref())
-        .ok_or_else(|| Refusal::forbidden("no_tier", "no tier: your groups qualify for none"))?;
+        .ok_or_else(|| Refusal::new(Deny::NoTier, "no tier: your groups qualify for none"))?;
     if !model.tiers.iter().any(|t| t == &tier.name) {
-        return Err(Refusal::forbidden(
-            "model_not_allowed",
+        return Err(Refusal::new(
+            Deny::ModelNotAllowed,
             format!("tier {} may not use model {}", tier.name, model.name),
         ));
     }
@@ -78,8 +78,8 @@ pub fn authorize<'p>(
 /// A body naming another model than the path's is refused, so one model cannot be billed as another.
 pub fn check_body_model(info: &RequestInfo, model: &Model) -> Result<(), Refusal> {
     match &info.model {
-        Some(m) if m != &model.name => Err(Refusal::bad_request(
-            "model_mismatch",
+        Some(m) if m != &model.name => Err(Refusal::new(
+            Deny::ModelMismatch,
             format!(
                 "body names model {m:?} but the path is for {:?}",
                 model.name
@@ -187,6 +187,7 @@ pub fn settled_tokens(seen: &Seen, reserved: Tokens) -> Tokens {
     reserved
 }
 
+#[cfg(test)]
 /// What to settle a reservation to in the limits' unit: [`settled_tokens`] weighted.
 pub fn settle_amount(seen: &Seen, reserved: Tokens, weights: TokenWeights) -> u64 {
     settled_tokens(seen, reserved).weighted(weights)

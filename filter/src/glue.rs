@@ -201,7 +201,7 @@ impl RootContext for RootCtx {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http::new(context_id, self.0.worker.clone())))
+        Some(Box::new(self.0.http(context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

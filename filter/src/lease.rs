@@ -349,7 +349,7 @@ pub fn fallback_rule(g: &GlobalConfig) -> (bool, String) {
     if g.on_unavailable == OnUnavailable::Refuse {
         return (
             false,
-            "lease service unreachable → 503 limits_unavailable beyond the leases held \
+            "lease service not answering → 503 limits_unavailable beyond the leases held \
              (onUnavailable: refuse)"
                 .into(),
         );
@@ -358,19 +358,19 @@ pub fn fallback_rule(g: &GlobalConfig) -> (bool, String) {
         (Some(f), _) => (
             false,
             format!(
-                "lease service unreachable → each limit × {f} on this replica (fallbackFraction)"
+                "lease service not answering → each limit × {f} on this replica (fallbackFraction)"
             ),
         ),
         (None, Some(n)) => (
             false,
             format!(
-                "lease service unreachable → each limit ÷ {n} on this replica, or ÷ more when \
+                "lease service not answering → each limit ÷ {n} on this replica, or ÷ more when \
                  the companion last counted more (limits.global.replicas)"
             ),
         ),
         (None, None) => (
             true,
-            "limits.global.replicas is not set: while the lease service is unreachable, \
+            "limits.global.replicas is not set: while the lease service does not answer, \
              requests beyond the leases held are refused (503 limits_unavailable); set it to the \
              Gateway's replica count to admit within a local share instead"
                 .into(),
@@ -691,6 +691,34 @@ pub fn exhausted_retry(needs: &[LeaseNeed], resp: &LeaseResponse, now_s: u64) ->
                 .max(1)
         })
         .max()
+}
+
+/// A lease callout of this worker, for the requests of one subject waiting for it.
+#[derive(Debug)]
+pub struct Flight {
+    pub subject: String,
+    /// The subject's counter slot key.
+    pub key: String,
+    pub needs: Vec<crate::limits::LeaseNeed>,
+    /// The context that dispatched it (a request, or the root context).
+    pub carrier: u32,
+    /// The requests waiting for it (context ids).
+    pub members: Vec<u32>,
+    /// Its `batchId` and body as sent (re-sent by the outbox when unanswered).
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+impl Flight {
+    /// This flight as a batch of the outbox (its answer never came).
+    pub fn orphan(&self) -> Batch {
+        Batch {
+            id: self.id.clone(),
+            body: self.body.clone(),
+            claims: vec![(self.subject.clone(), self.key.clone(), asked(&self.needs))],
+            token: None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@
 
 use crate::config::{PluginConfig, UsageConfig};
 use crate::host::Host;
-use crate::worker::SharedWorker;
+use crate::metrics::Metrics;
 use maas_types::usage::{
     MAX_REFUSAL_REASONS, MAX_USAGE_COUNT, MAX_USAGE_ID_BYTES, MAX_USAGE_RECORDS, USAGE_PATH,
     UsageReport, hour_start_of, is_reason,
@@ -496,34 +496,29 @@ pub fn dispatch(host: &dyn Host, cfg: &PluginConfig, body: &[u8]) -> Result<u32,
 
 /// The root context's tick: the "dropped" log line and counter, and the batch due (kept
 /// verbatim after a failure, else the oldest open records), dispatched from the root context
-/// (`root_id`: never cancelled with a request's stream).
-pub fn tick(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConfig, root_id: u32, now: u64) {
-    let mut w = worker.borrow_mut();
-    let w = &mut *w;
-    if let Some(line) = w.ledger.drop_log(now) {
+/// (never cancelled with a request's stream).
+pub fn tick(host: &dyn Host, ledger: &mut Ledger, metrics: &Metrics, cfg: &PluginConfig, now: u64) {
+    if let Some(line) = ledger.drop_log(now) {
         log::warn!("{line}");
     }
-    let dropped = std::mem::take(&mut w.ledger.dropped_unflushed);
-    w.metrics.inc(w.metrics.usage_dropped, dropped);
-    let Some(body) = w.ledger.due(now).map(|b| b.body.clone()) else {
+    let dropped = std::mem::take(&mut ledger.dropped_unflushed);
+    metrics.inc(metrics.usage_dropped, dropped);
+    let Some(body) = ledger.due(now).map(|b| b.body.clone()) else {
         return;
     };
-    w.active = root_id;
     match dispatch(host, cfg, &body) {
-        Ok(token) => w.ledger.sent(token),
+        Ok(token) => ledger.sent(token),
         Err(e) => {
             log::debug!("maas: cannot send the usage report (kept for the next one): {e}");
-            w.ledger.not_sent();
+            ledger.not_sent();
         }
     }
 }
 
 /// The companion's answer to this worker's usage report (on the root context).
-pub fn on_answer(host: &dyn Host, worker: &SharedWorker, status: Option<u32>) {
+pub fn on_answer(host: &dyn Host, ledger: &mut Ledger, metrics: &Metrics, status: Option<u32>) {
     let now = host.now_ms();
-    let mut w = worker.borrow_mut();
-    let w = &mut *w;
-    match w.ledger.answered(status, now) {
+    match ledger.answered(status, now) {
         Outcome::Refused(id) => {
             log::error!("maas: usage report {id} refused by the companion (status 400); dropped");
         }
@@ -532,8 +527,8 @@ pub fn on_answer(host: &dyn Host, worker: &SharedWorker, status: Option<u32>) {
         }
         Outcome::Applied | Outcome::Unknown => {}
     }
-    let dropped = std::mem::take(&mut w.ledger.dropped_unflushed);
-    w.metrics.inc(w.metrics.usage_dropped, dropped);
+    let dropped = std::mem::take(&mut ledger.dropped_unflushed);
+    metrics.inc(metrics.usage_dropped, dropped);
 }
 
 #[cfg(test)]

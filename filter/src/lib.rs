@@ -6,26 +6,40 @@
 //! `host::Host` seam, natively tested with a recording host; `glue` is the thin proxy-wasm adapter
 //! (compiled for wasm32 only). See README.md for the module map.
 
-pub mod authenticate;
-pub mod cache;
+// A panic traps the VM and drops every stream of the worker: production code refuses instead
+// (clippy.toml allows these in tests).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+// Tests may borrow a RefCell (a panic there is a failed test); the filter itself may not
+// (filter/clippy.toml `disallowed-methods`, checked on the library and wasm32 targets).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
+pub(crate) mod admission;
+pub(crate) mod authenticate;
+pub(crate) mod cache;
 pub mod config;
-pub mod credential;
-pub mod decide;
-pub mod encoding;
-pub mod folds;
+pub(crate) mod credential;
+pub(crate) mod decide;
+pub(crate) mod encoding;
+pub(crate) mod folds;
 pub mod host;
-pub mod hygiene;
-pub mod lease;
-pub mod ledger;
+pub(crate) mod hygiene;
+pub(crate) mod lease;
+pub(crate) mod ledger;
 pub(crate) mod limits;
-pub mod metrics;
-pub mod operations;
-pub mod path;
+pub(crate) mod metrics;
+pub(crate) mod operations;
+pub(crate) mod path;
 pub mod request;
 pub mod request_body;
-pub mod response;
+pub(crate) mod response;
 pub mod sse;
-pub mod store;
+pub mod state;
+pub(crate) mod store;
 pub mod usage;
 pub mod worker;
 
@@ -39,7 +53,7 @@ mod glue;
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 #[cfg(test)]
-pub mod alloc_count;
+pub(crate) mod alloc_count;
 #[cfg(test)]
 #[global_allocator]
 static ALLOCATOR: alloc_count::Counting = alloc_count::Counting;

@@ -11,7 +11,7 @@
 //! case-sensitive, segment by segment, `*` standing for one segment. The method must match
 //! exactly (`HEAD` / `OPTIONS` only when listed).
 
-use crate::response::Refusal;
+use crate::response::{Deny, Refusal};
 use maas_types::{ApiFamily, Model};
 
 /// What a forwarded request does, for the decisions that depend on it (e.g. whether the body
@@ -77,19 +77,6 @@ impl Operation {
     /// settled, its response not scanned for usage.
     pub fn is_unmetered(self) -> bool {
         self == Operation::CountTokens
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::ChatCompletions => "chat_completions",
-            Operation::Completions => "completions",
-            Operation::Embeddings => "embeddings",
-            Operation::Responses => "responses",
-            Operation::Messages => "messages",
-            Operation::CountTokens => "count_tokens",
-            Operation::Models => "models",
-            Operation::Custom => "custom",
-        }
     }
 }
 
@@ -157,8 +144,8 @@ fn kind(method: &str, rest: &str) -> Operation {
 }
 
 fn not_allowed(model: &Model) -> Refusal {
-    Refusal::not_found(
-        "operation_not_allowed",
+    Refusal::new(
+        Deny::OperationNotAllowed,
         format!(
             "this method and path are not served for model {}",
             model.name
@@ -216,8 +203,8 @@ pub fn check_upstream(
 }
 
 fn mismatch(model: &Model) -> Refusal {
-    Refusal::unavailable(
-        "upstream_mismatch",
+    Refusal::new(
+        Deny::UpstreamMismatch,
         format!(
             "the gateway routed this request away from model {}'s upstream; it was not forwarded",
             model.name

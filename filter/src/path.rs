@@ -44,6 +44,7 @@ fn under_ci(path: &str, prefix: &str) -> bool {
 
 /// What one pass over a path finds; the rules are then applied in their order, so a path
 /// breaking several gets the same refusal whatever their positions.
+#[allow(clippy::struct_excessive_bools)] // independent findings of one pass, each its own refusal
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Findings {
     /// A byte outside visible ASCII.
@@ -141,6 +142,7 @@ pub fn classify<'a>(
     Ok(PathClass::Model(path))
 }
 
+#[cfg(test)]
 /// True for model discovery (`<model prefix>/v1/models[/…]`): authenticated, never token-limited.
 pub fn is_discovery(path: &str, model_prefix: &str) -> bool {
     path.strip_prefix(model_prefix)

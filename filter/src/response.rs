@@ -44,9 +44,199 @@ impl Decision {
     }
 }
 
-/// A request the filter answers itself.
+/// Every refusal the filter answers, a closed set: its `code`, HTTP status, error `type` and
+/// metric decision are decided here and only here ([`Deny::code`], [`Deny::status`]). Each
+/// code is listed in docs/contracts.md "Filter refusals" (a test checks both ways).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deny {
+    /// 400: a path the gateway will not route (encoded separators, dot segments…).
+    InvalidPath,
+    /// 400: two different credentials, or a malformed one.
+    InvalidCredential,
+    /// 400: a body that is not a JSON object of the API's shape.
+    InvalidBody,
+    /// 400: the body names another model than the path's.
+    ModelMismatch,
+    /// 400: the reservation alone is larger than a token window's limit.
+    TokensExceedLimit,
+    /// 401: no credential, or one that is unknown, expired or revoked.
+    InvalidApiKey,
+    /// 403: the caller's groups qualify for no tier.
+    NoTier,
+    /// 403: the caller's tier may not use the model.
+    ModelNotAllowed,
+    /// 403: an API key's subscription no longer exists or no longer includes its owner.
+    InvalidSubscription,
+    /// 403: the subscription does not include the model.
+    ModelNotInSubscription,
+    /// 403: the subscription named does not exist, or is not the caller's (one answer for both).
+    SubscriptionNotFound,
+    /// 403: several subscriptions hold the model and none is named.
+    MultipleSubscriptions,
+    /// 404: a path nobody serves.
+    PathNotFound,
+    /// 404: no model is served at the path.
+    ModelNotFound,
+    /// 404: the model does not serve this method and path.
+    OperationNotAllowed,
+    /// 413: the body is larger than `maxRequestBodyBytes`.
+    RequestTooLarge,
+    /// 429: a request or token window is full.
+    RateLimitExceeded,
+    /// 500: the filter's own state could not be read.
+    GatewayInternal,
+    /// 503: no pluginConfig.
+    NotConfigured,
+    /// 503: no policy loaded yet.
+    NoPolicy,
+    /// 503: the companion cannot authenticate now.
+    AuthUnavailable,
+    /// 503: the callout this request waited for went away.
+    AuthInterrupted,
+    /// 503: the model's provider credential is not loaded yet.
+    ProviderCredentialMissing,
+    /// 503: Envoy routed the request away from the model's own upstream.
+    UpstreamMismatch,
+    /// 503: the rate limit counters (or the lease service, `onUnavailable: refuse`) cannot be
+    /// read.
+    LimitsUnavailable,
+    /// 503: admission gave no decision.
+    AdmissionUndecided,
+}
+
+impl Deny {
+    #[cfg(test)]
+    pub const ALL: [Deny; 26] = [
+        Deny::InvalidPath,
+        Deny::InvalidCredential,
+        Deny::InvalidBody,
+        Deny::ModelMismatch,
+        Deny::TokensExceedLimit,
+        Deny::InvalidApiKey,
+        Deny::NoTier,
+        Deny::ModelNotAllowed,
+        Deny::InvalidSubscription,
+        Deny::ModelNotInSubscription,
+        Deny::SubscriptionNotFound,
+        Deny::MultipleSubscriptions,
+        Deny::PathNotFound,
+        Deny::ModelNotFound,
+        Deny::OperationNotAllowed,
+        Deny::RequestTooLarge,
+        Deny::RateLimitExceeded,
+        Deny::GatewayInternal,
+        Deny::NotConfigured,
+        Deny::NoPolicy,
+        Deny::AuthUnavailable,
+        Deny::AuthInterrupted,
+        Deny::ProviderCredentialMissing,
+        Deny::UpstreamMismatch,
+        Deny::LimitsUnavailable,
+        Deny::AdmissionUndecided,
+    ];
+
+    /// The error body's `code`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Deny::InvalidPath => "invalid_path",
+            Deny::InvalidCredential => "invalid_credential",
+            Deny::InvalidBody => "invalid_body",
+            Deny::ModelMismatch => "model_mismatch",
+            Deny::TokensExceedLimit => "tokens_exceed_limit",
+            Deny::InvalidApiKey => "invalid_api_key",
+            Deny::NoTier => "no_tier",
+            Deny::ModelNotAllowed => "model_not_allowed",
+            Deny::InvalidSubscription => "invalid_subscription",
+            Deny::ModelNotInSubscription => "model_not_in_subscription",
+            // The reference's code for a subscription that is not found (or not the caller's).
+            Deny::SubscriptionNotFound | Deny::PathNotFound => "not_found",
+            Deny::MultipleSubscriptions => "multiple_subscriptions",
+            Deny::ModelNotFound => "model_not_found",
+            Deny::OperationNotAllowed => "operation_not_allowed",
+            Deny::RequestTooLarge => "request_too_large",
+            Deny::RateLimitExceeded => "rate_limit_exceeded",
+            Deny::GatewayInternal => "gateway_internal",
+            Deny::NotConfigured => "not_configured",
+            Deny::NoPolicy => "no_policy",
+            Deny::AuthUnavailable => "auth_unavailable",
+            Deny::AuthInterrupted => "auth_interrupted",
+            Deny::ProviderCredentialMissing => "provider_credential_missing",
+            Deny::UpstreamMismatch => "upstream_mismatch",
+            Deny::LimitsUnavailable => "limits_unavailable",
+            Deny::AdmissionUndecided => "internal",
+        }
+    }
+
+    pub fn status(self) -> u32 {
+        match self {
+            Deny::InvalidPath
+            | Deny::InvalidCredential
+            | Deny::InvalidBody
+            | Deny::ModelMismatch
+            | Deny::TokensExceedLimit => 400,
+            Deny::InvalidApiKey => 401,
+            Deny::NoTier
+            | Deny::ModelNotAllowed
+            | Deny::InvalidSubscription
+            | Deny::ModelNotInSubscription
+            | Deny::SubscriptionNotFound
+            | Deny::MultipleSubscriptions => 403,
+            Deny::PathNotFound | Deny::ModelNotFound | Deny::OperationNotAllowed => 404,
+            Deny::RequestTooLarge => 413,
+            Deny::RateLimitExceeded => 429,
+            Deny::GatewayInternal => 500,
+            Deny::NotConfigured
+            | Deny::NoPolicy
+            | Deny::AuthUnavailable
+            | Deny::AuthInterrupted
+            | Deny::ProviderCredentialMissing
+            | Deny::UpstreamMismatch
+            | Deny::LimitsUnavailable
+            | Deny::AdmissionUndecided => 503,
+        }
+    }
+
+    /// The error body's `type`, fixed by the status (`maas_types::ErrorKind`).
+    pub fn kind(self) -> &'static str {
+        match self.status() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            429 => "rate_limit_exceeded",
+            500 => "server_error",
+            503 => "service_unavailable",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The requests metric's decision.
+    pub fn decision(self) -> Decision {
+        match self.status() {
+            401 => Decision::Unauthenticated,
+            403 => Decision::Forbidden,
+            404 => Decision::NotFound,
+            429 => Decision::RateLimited,
+            500 | 503 => Decision::Unavailable,
+            _ => Decision::BadRequest,
+        }
+    }
+}
+
+impl From<maas_types::SelectError> for Deny {
+    fn from(e: maas_types::SelectError) -> Self {
+        use maas_types::SelectError;
+        match e {
+            SelectError::NoSubscription | SelectError::NotFound => Deny::SubscriptionNotFound,
+            SelectError::MultipleSubscriptions => Deny::MultipleSubscriptions,
+            SelectError::ModelNotInSubscription => Deny::ModelNotInSubscription,
+        }
+    }
+}
+
+/// A request the filter answers itself: a [`Deny`] with its message (and, for a 429, its
+/// rate-limit headers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
+    pub deny: Deny,
     pub status: u32,
     pub kind: &'static str,
     pub code: &'static str,
@@ -56,96 +246,37 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(
-        status: u32,
-        kind: &'static str,
-        code: &'static str,
-        message: impl Into<String>,
-        decision: Decision,
-    ) -> Self {
+    /// The one constructor: status, type, code and decision come from `deny`.
+    pub fn new(deny: Deny, message: impl Into<String>) -> Self {
         Refusal {
-            status,
-            kind,
-            code,
+            deny,
+            status: deny.status(),
+            kind: deny.kind(),
+            code: deny.code(),
             message: message.into(),
-            decision,
+            decision: deny.decision(),
             headers: Vec::new(),
         }
     }
 
     pub fn unauthenticated(message: impl Into<String>) -> Self {
-        Self::new(
-            401,
-            "authentication_error",
-            "invalid_api_key",
-            message,
-            Decision::Unauthenticated,
-        )
-    }
-
-    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(403, "permission_error", code, message, Decision::Forbidden)
-    }
-
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            404,
-            "invalid_request_error",
-            code,
-            message,
-            Decision::NotFound,
-        )
-    }
-
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            400,
-            "invalid_request_error",
-            code,
-            message,
-            Decision::BadRequest,
-        )
+        Self::new(Deny::InvalidApiKey, message)
     }
 
     pub fn too_large(limit: u64) -> Self {
         Self::new(
-            413,
-            "invalid_request_error",
-            "request_too_large",
+            Deny::RequestTooLarge,
             format!("request body is larger than {limit} bytes"),
-            Decision::BadRequest,
-        )
-    }
-
-    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            503,
-            "service_unavailable",
-            code,
-            message,
-            Decision::Unavailable,
         )
     }
 
     /// The filter's own state could not be read: refused, never let through.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(
-            500,
-            "server_error",
-            "gateway_internal",
-            message,
-            Decision::Unavailable,
-        )
+        Self::new(Deny::GatewayInternal, message)
     }
 
     pub fn rate_limited(message: impl Into<String>, headers: Vec<(String, String)>) -> Self {
-        let mut r = Self::new(
-            429,
-            "rate_limit_exceeded",
-            "rate_limit_exceeded",
-            message,
-            Decision::RateLimited,
-        );
+        let mut r = Self::new(Deny::RateLimitExceeded, message);
         r.headers = headers;
         r
     }
@@ -155,9 +286,9 @@ impl Refusal {
     pub fn from_companion(status: u32, message: &str) -> Self {
         match status {
             403 if maas_types::SelectError::from_message(message).is_some() => {
-                Self::forbidden("invalid_subscription", message)
+                Self::new(Deny::InvalidSubscription, message)
             }
-            403 => Self::forbidden("no_tier", message),
+            403 => Self::new(Deny::NoTier, message),
             _ => Self::unauthenticated(message),
         }
     }
@@ -187,28 +318,28 @@ impl Refusal {
     }
 
     pub fn not_configured() -> Self {
-        Self::unavailable("not_configured", "gateway filter not configured")
+        Self::new(Deny::NotConfigured, "gateway filter not configured")
     }
 
     pub fn no_policy() -> Self {
-        Self::unavailable("no_policy", "no policy loaded yet; retry shortly")
+        Self::new(Deny::NoPolicy, "no policy loaded yet; retry shortly")
     }
 
     pub fn model_not_found() -> Self {
-        Self::not_found("model_not_found", "no model is served at this path")
+        Self::new(Deny::ModelNotFound, "no model is served at this path")
     }
 
     pub fn auth_unavailable(message: &'static str) -> Self {
-        Self::unavailable("auth_unavailable", message)
+        Self::new(Deny::AuthUnavailable, message)
     }
 }
 
 impl From<PathError> for Refusal {
     fn from(e: PathError) -> Self {
         if e.status() == 404 {
-            Refusal::not_found("not_found", e.message())
+            Refusal::new(Deny::PathNotFound, e.message())
         } else {
-            Refusal::bad_request("invalid_path", e.message())
+            Refusal::new(Deny::InvalidPath, e.message())
         }
     }
 }
@@ -216,7 +347,7 @@ impl From<PathError> for Refusal {
 impl From<CredentialError> for Refusal {
     fn from(e: CredentialError) -> Self {
         if e.status() == 400 {
-            Refusal::bad_request("invalid_credential", e.message())
+            Refusal::new(Deny::InvalidCredential, e.message())
         } else {
             Refusal::unauthenticated(e.message())
         }
@@ -226,6 +357,65 @@ impl From<CredentialError> for Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/contracts.md "Filter refusals": its rows are exactly the refusals (code, status).
+    #[test]
+    fn every_refusal_is_in_the_contract_and_every_listed_one_exists() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/contracts.md"));
+        let table = doc
+            .split("<!-- filter-refusals -->")
+            .nth(1)
+            .and_then(|t| t.split("<!-- /filter-refusals -->").next())
+            .expect("the Filter refusals table in docs/contracts.md");
+        let listed: std::collections::BTreeSet<(String, u32)> = table
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.split('|').map(str::trim).skip(1);
+                let code = cells.next()?.strip_prefix('`')?.strip_suffix('`')?;
+                let status = cells.next()?.parse().ok()?;
+                Some((code.to_string(), status))
+            })
+            .collect();
+        let built: std::collections::BTreeSet<(String, u32)> = Deny::ALL
+            .iter()
+            .map(|d| (d.code().to_string(), d.status()))
+            .collect();
+        assert_eq!(
+            built.len(),
+            Deny::ALL.len(),
+            "two refusals share a code and status"
+        );
+        let undocumented: Vec<_> = built.difference(&listed).collect();
+        let unbuilt: Vec<_> = listed.difference(&built).collect();
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/contracts.md: {undocumented:?}"
+        );
+        assert!(
+            unbuilt.is_empty(),
+            "in docs/contracts.md, not a refusal: {unbuilt:?}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_takes_everything_from_its_deny() {
+        for d in Deny::ALL {
+            let r = Refusal::new(d, "m");
+            assert_eq!((r.status, r.code, r.kind), (d.status(), d.code(), d.kind()));
+            assert_eq!(
+                r.kind,
+                maas_types::ErrorKind::ALL
+                    .into_iter()
+                    .find(|k| k.as_str() == r.kind)
+                    .map_or("", |k| k.as_str()),
+                "{d:?}: a type maas_types knows"
+            );
+        }
+        // The subscription codes are the reference's (as the companion answers them).
+        for e in maas_types::SelectError::ALL {
+            assert_eq!(Deny::from(e).code(), e.code(), "{e:?}");
+        }
+    }
 
     #[test]
     fn bodies_are_openai_shaped() {

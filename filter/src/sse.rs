@@ -63,6 +63,7 @@ enum AfterCr {
 }
 
 /// Scanner for one `text/event-stream` response body.
+#[allow(clippy::struct_excessive_bools)] // parser flags on the stream hot path (measured in V8; see tests/bench/notes.md)
 #[derive(Debug)]
 pub struct SseScanner {
     strip: bool,

@@ -12,13 +12,15 @@ pub trait SharedStore {
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), CasMismatch>;
 }
 
-/// In-memory store with Envoy's CAS semantics (tests and benchmarks of the decision code).
+/// In-memory store with Envoy's CAS semantics (native tests of the decision code).
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct MemStore {
     map: std::cell::RefCell<std::collections::HashMap<String, (Vec<u8>, u32)>>,
     next_cas: std::cell::Cell<u32>,
 }
 
+#[cfg(test)]
 impl MemStore {
     pub fn new() -> Self {
         Self::default()
@@ -43,6 +45,7 @@ impl MemStore {
     }
 }
 
+#[cfg(test)]
 impl SharedStore for MemStore {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         match self.map.borrow().get(key) {

@@ -58,6 +58,7 @@ enum Top {
 ///
 /// Memory is bounded by [`KEY_CAP`] + [`USAGE_CAP`] whatever the body's size; chunks are never
 /// held back (the scanner only observes). The last well-formed top-level `usage` wins.
+#[allow(clippy::struct_excessive_bools)] // parser flags on the response hot path
 #[derive(Debug)]
 pub struct JsonUsageScanner {
     top: Top,

@@ -1,219 +1,18 @@
-//! One VM's state (Envoy runs one VM per worker thread) and the root context's logic:
-//! configuration, policy and provider-credential polling, metric ids and their batched
-//! increments. Plain code over the [`Host`]; the proxy-wasm adapter only delegates.
+//! The root context's logic: configuration, policy and provider-credential polling, the tick
+//! (metrics, folds, leases, ledger). Plain code over the [`Host`]; the proxy-wasm adapter only
+//! delegates. The VM's state it shares with the requests is in [`crate::state`].
 
 use crate::cache;
 use crate::config::PluginConfig;
 use crate::credential;
-use crate::host::{Body, Headers, Host, MetricKind, read_body};
+use crate::host::{Body, Headers, Host, read_body};
 use crate::lease;
-use crate::metrics;
-use crate::request::Request;
-use crate::response::Decision;
+use crate::request::Registry;
+pub use crate::state::{HeldHeaders, HoldSupport, Metrics, SharedWorker, Worker};
 use maas_types::{CredentialsDocument, PolicyDocument};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
-
-/// Metric ids of this VM (names are shared: Envoy aggregates them across VMs), and the counter
-/// increments not yet handed to Envoy: flushed every tick, so a request costs no metric host
-/// calls (counters lag by at most one tick).
-#[derive(Debug, Default)]
-pub struct Metrics {
-    pub decisions: Vec<u32>,
-    pub cache_hit: u32,
-    pub cache_miss: u32,
-    pub callout_latency: u32,
-    pub callout_failed: u32,
-    pub callouts: u32,
-    pub policy_updates: u32,
-    pub policy_rejected: u32,
-    pub malformed_upstream: u32,
-    pub lease_callouts: u32,
-    pub lease_fallback_entered: u32,
-    /// Gauge.
-    pub lease_fallback: u32,
-    /// Usage records dropped (ledger bound, or a batch the companion refused).
-    pub usage_dropped: u32,
-    /// Gauge: Envoy does not hand a held request's body over (see [`HeldHeaders`]).
-    pub hold_unsupported: u32,
-    /// (tier, model, prompt id, completion id), defined on first use.
-    tokens: Vec<(String, String, u32, u32)>,
-    pending: RefCell<Vec<(u32, u64)>>,
-}
-
-impl Metrics {
-    pub fn define_all(host: &dyn Host) -> Self {
-        let c = |name: &str| host.define_metric(MetricKind::Counter, name);
-        Metrics {
-            decisions: Decision::ALL
-                .iter()
-                .map(|d| c(&metrics::request_metric(*d)))
-                .collect(),
-            cache_hit: c(metrics::CACHE_HIT),
-            cache_miss: c(metrics::CACHE_MISS),
-            callout_latency: host.define_metric(MetricKind::Histogram, metrics::CALLOUT_LATENCY_MS),
-            callout_failed: c(metrics::CALLOUT_FAILED),
-            callouts: c(metrics::CALLOUTS),
-            policy_updates: c(metrics::POLICY_UPDATES),
-            policy_rejected: c(metrics::POLICY_REJECTED),
-            malformed_upstream: c(metrics::MALFORMED_UPSTREAM),
-            lease_callouts: c(metrics::LEASE_CALLOUTS),
-            lease_fallback_entered: c(metrics::LEASE_FALLBACK_ENTERED),
-            lease_fallback: host.define_metric(MetricKind::Gauge, metrics::LEASE_FALLBACK),
-            usage_dropped: c(metrics::USAGE_RECORDS_DROPPED),
-            hold_unsupported: host
-                .define_metric(MetricKind::Gauge, metrics::HEADERS_HOLD_UNSUPPORTED),
-            tokens: Vec::new(),
-            pending: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// Counts `by` on metric `id` (handed to the host at the next flush).
-    pub fn inc(&self, id: u32, by: u64) {
-        if id == 0 || by == 0 {
-            return;
-        }
-        if let Ok(mut p) = self.pending.try_borrow_mut() {
-            match p.iter_mut().find(|(i, _)| *i == id) {
-                Some((_, n)) => *n = n.saturating_add(by),
-                None => p.push((id, by)),
-            }
-        }
-    }
-
-    pub fn decision(&self, d: Decision) {
-        if let Some(id) = self.decisions.get(d.index()) {
-            self.inc(*id, 1);
-        }
-    }
-
-    pub fn flush(&self, host: &dyn Host) {
-        if let Ok(mut p) = self.pending.try_borrow_mut() {
-            for (id, n) in p.iter_mut() {
-                if *n > 0 {
-                    host.increment_metric(*id, i64::try_from(*n).unwrap_or(i64::MAX));
-                    *n = 0;
-                }
-            }
-        }
-    }
-
-    pub fn tokens(
-        &mut self,
-        host: &dyn Host,
-        tier: &str,
-        model: &str,
-        prompt: u64,
-        completion: u64,
-    ) {
-        let found = self
-            .tokens
-            .iter()
-            .find(|(t, m, _, _)| t == tier && m == model)
-            .map(|(_, _, p, c)| (*p, *c));
-        let (p, c) = match found {
-            Some(ids) => ids,
-            None => {
-                let p = host.define_metric(
-                    MetricKind::Counter,
-                    &metrics::token_metric("prompt", tier, model),
-                );
-                let c = host.define_metric(
-                    MetricKind::Counter,
-                    &metrics::token_metric("completion", tier, model),
-                );
-                self.tokens
-                    .push((tier.to_string(), model.to_string(), p, c));
-                (p, c)
-            }
-        };
-        self.inc(p, prompt);
-        self.inc(c, completion);
-    }
-}
-
-/// State of one VM (one worker thread), shared by the root context and the HTTP contexts of
-/// that thread.
-#[derive(Debug, Default)]
-pub struct Worker {
-    pub config: Option<Rc<PluginConfig>>,
-    pub policy: Option<Rc<PolicyDocument>>,
-    pub policy_etag: Option<String>,
-    pub revoked: HashSet<String>,
-    pub credentials: Rc<CredentialsDocument>,
-    pub credentials_etag: Option<String>,
-    /// Requests of this worker waiting for a callout another request made for the same
-    /// credential (flight key — the whole credential, never the key id alone → waiters).
-    pub waiting: HashMap<String, Vec<Rc<RefCell<Request>>>>,
-    /// This worker's copy of shared allows (see [`cache::LocalCache`]).
-    pub local_cache: cache::LocalCache,
-    pub metrics: Metrics,
-    /// Budget leases (global limits): replica id, fallback view, tracked subjects, batch.
-    pub leases: lease::Leases,
-    /// Lease callouts out (token → flight: the subject's requests waiting for it).
-    pub lease_flights: HashMap<u32, crate::request::LeaseFlight>,
-    /// Short requests waiting for the root's next lease flight.
-    pub lease_pending: Vec<std::rc::Weak<RefCell<Request>>>,
-    /// The context whose callback is running (the one a callout dispatched now answers to).
-    pub active: u32,
-    /// Usage records for the companion's ledger (`crate::ledger`).
-    pub ledger: crate::ledger::Ledger,
-    /// Refunds folded into the subject's next counter write (`crate::folds`).
-    pub folds: crate::folds::Folds,
-    /// Whether Envoy hands over the body of a request whose headers are held
-    /// (`pauseHeadersForBody`), as far as this worker has seen.
-    pub held: HeldHeaders,
-}
-
-/// Whether Envoy hands the body of a request whose headers the filter holds to the filter.
-/// Envoy does only with the Wasm filter's `allow_on_headers_stop_iteration: true` (Envoy 1.35 or
-/// newer); without it (an older Envoy, or a control plane that dropped the field) Envoy turns the
-/// filter's pause into StopAllIterationAndWatermark: the body is buffered in Envoy and never
-/// reaches the filter, and the request would wait until a timeout.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum HoldSupport {
-    /// Nothing seen yet: held requests are watched.
-    #[default]
-    Unknown,
-    /// A held request's body reached the filter.
-    Confirmed,
-    /// Envoy received a held request's body bytes and the filter did not: headers go on before
-    /// the body on this worker from now on (the default mode's guarantees).
-    Missing,
-}
-
-/// This worker's view of [`HoldSupport`] and, while it is unknown, the requests holding their
-/// headers for a body that has not reached the filter yet (the root's tick looks at them:
-/// `crate::request::probe_held_headers`).
-#[derive(Debug, Default)]
-pub struct HeldHeaders {
-    pub support: HoldSupport,
-    pub watched: Vec<(u32, std::rc::Weak<RefCell<Request>>)>,
-}
-
-impl HeldHeaders {
-    /// A request now holds its headers for its body (watched only while support is unknown).
-    pub fn watch(&mut self, id: u32, request: std::rc::Weak<RefCell<Request>>) {
-        if self.support == HoldSupport::Unknown {
-            self.watched.push((id, request));
-        }
-    }
-
-    /// A held request's body (or trailers) reached the filter: Envoy hands it over.
-    pub fn confirm(&mut self) {
-        if self.support == HoldSupport::Unknown {
-            self.support = HoldSupport::Confirmed;
-            self.watched = Vec::new();
-        }
-    }
-
-    pub fn missing(&self) -> bool {
-        self.support == HoldSupport::Missing
-    }
-}
-
-pub type SharedWorker = Rc<RefCell<Worker>>;
 
 /// Tick period: short so that the first poll happens soon after start; polls themselves follow
 /// `pollIntervalMs`.
@@ -227,6 +26,8 @@ pub const CREDENTIALS_PATH: &str = "/internal/v1/credentials";
 pub struct Root {
     pub id: u32,
     pub worker: SharedWorker,
+    /// This worker's requests by context id.
+    pub requests: Registry,
     pub policy_call: Option<u32>,
     pub credentials_call: Option<u32>,
     pub next_poll_ms: u64,
@@ -238,11 +39,17 @@ impl Root {
         Root {
             id,
             worker: Rc::new(RefCell::new(Worker::default())),
+            requests: Registry::default(),
             policy_call: None,
             credentials_call: None,
             next_poll_ms: 0,
             last_poll_warning_ms: 0,
         }
+    }
+
+    /// A new HTTP context of this worker: its request, registered.
+    pub fn http(&self, id: u32) -> crate::request::Http {
+        crate::request::Http::new(id, self.worker.clone(), &self.requests)
     }
 
     /// pluginConfig arrived: parse it (false: the filter does not start), define the metrics and
@@ -256,11 +63,14 @@ impl Root {
                 return false;
             }
         };
-        let mut w = self.worker.borrow_mut();
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            log::error!("maas: the worker's state is busy at configure, filter not started");
+            return false;
+        };
         if w.policy.is_none()
             && let Some(p) = &cfg.bootstrap_policy
         {
-            w.revoked = p.revoked_key_ids.iter().cloned().collect();
+            w.revoked = Rc::new(p.revoked_key_ids.iter().cloned().collect());
             w.policy = Some(Rc::new(p.clone()));
         }
         if cfg.limits.global.enabled && w.leases.replica.is_empty() {
@@ -294,9 +104,11 @@ impl Root {
 
     /// Every [`TICK_MS`]: hand counters to the host; poll when due.
     pub fn tick(&mut self, host: &dyn Host) {
-        crate::request::probe_held_headers(host, &self.worker, self.id);
+        crate::request::probe_held_headers(host, &self.worker, &self.requests, self.id);
         let (cfg, policy_etag, cred_etag, have_policy_answer) = {
-            let w = self.worker.borrow();
+            let Ok(w) = self.worker.try_borrow() else {
+                return;
+            };
             w.metrics.flush(host);
             let Some(cfg) = w.config.clone() else { return };
             (
@@ -308,11 +120,18 @@ impl Root {
         };
         let now = host.now_ms();
         // Folded refunds are written before the lease batch reads the counters.
-        self.worker.borrow_mut().folds.tick(host, now / 1000);
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            w.folds.tick(host, now / 1000);
+        }
         if cfg.limits.global.enabled {
             self.lease_tick(host, &cfg, now);
         }
-        crate::ledger::tick(host, &self.worker, &cfg, self.id, now);
+        if let Ok(mut w) = self.worker.try_borrow_mut() {
+            let w = &mut *w;
+            // A report dispatched now answers to the root context (never cancelled).
+            w.active = self.id;
+            crate::ledger::tick(host, &mut w.ledger, &w.metrics, &cfg, now);
+        }
         if now < self.next_poll_ms {
             return;
         }
@@ -335,31 +154,39 @@ impl Root {
     /// The answer to one of the root's polls.
     pub fn on_call_response(&mut self, host: &dyn Host, token: u32, body_size: usize) {
         // A lease flight the root carried for pending requests (it reads its own answer).
-        let flight = {
-            let mut w = self.worker.borrow_mut();
-            if w.lease_flights.is_empty() {
-                None
-            } else {
-                w.lease_flights.remove(&token)
-            }
+        let flight = match self.worker.try_borrow_mut() {
+            Ok(mut w) if !w.lease_flights.is_empty() => w.lease_flights.remove(&token),
+            _ => None,
         };
         if let Some(f) = flight {
-            crate::request::answer_flight(host, &self.worker, f, body_size, None, self.id);
+            crate::request::answer_flight(
+                host,
+                &self.worker,
+                &self.requests,
+                f,
+                body_size,
+                None,
+                self.id,
+            );
             return;
         }
         let status = host
             .header(Headers::CallResponse, ":status")
             .and_then(|s| s.parse::<u32>().ok());
-        if self.worker.borrow().ledger.is_batch(token) {
-            crate::ledger::on_answer(host, &self.worker, status);
+        if let Ok(mut w) = self.worker.try_borrow_mut()
+            && w.ledger.is_batch(token)
+        {
+            let w = &mut *w;
+            crate::ledger::on_answer(host, &mut w.ledger, &w.metrics, status);
             return;
         }
         let etag = host.header(Headers::CallResponse, "etag");
         let body = (body_size > 0).then(|| read_body(host, Body::CallResponse, body_size));
-        let batch = {
-            let mut w = self.worker.borrow_mut();
-            w.leases.take_answered(token)
-        };
+        let batch = self
+            .worker
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut w| w.leases.take_answered(token));
         if let Some(batch) = batch {
             self.on_batch_answer(host, batch, status, &body.unwrap_or_default());
             return;
@@ -378,14 +205,18 @@ impl Root {
     /// a new batch of this worker's claims (in fallback even an empty one: the probe).
     fn lease_tick(&mut self, host: &dyn Host, cfg: &PluginConfig, now: u64) {
         {
-            let mut w = self.worker.borrow_mut();
+            let Ok(mut w) = self.worker.try_borrow_mut() else {
+                return;
+            };
             let w = &mut *w;
             lease::sync(host, &mut w.leases, w.metrics.lease_fallback);
             // Callouts dispatched from here answer to the root context.
             w.active = self.id;
         }
-        crate::request::dispatch_pending(host, &self.worker, cfg, self.id);
-        let mut w = self.worker.borrow_mut();
+        crate::request::dispatch_pending(host, &self.worker, &self.requests, cfg, self.id);
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            return;
+        };
         let w = &mut *w;
         let out = w.leases.outbox.front().is_some_and(|b| b.token.is_some());
         if out || now < w.leases.next_report_ms {
@@ -443,7 +274,15 @@ impl Root {
         body: &[u8],
     ) {
         let now = host.now_ms();
-        let mut w = self.worker.borrow_mut();
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            // Callbacks do not re-enter, so this does not happen; if it did, nothing is applied
+            // and the batch's claims stay counted (never a grant counted twice).
+            log::error!(
+                "maas: lease batch {} answer not applied (worker busy)",
+                batch.id
+            );
+            return;
+        };
         let w = &mut *w;
         match lease::answer(status, body, batch.items()) {
             Some(resp) => {
@@ -508,7 +347,9 @@ impl Root {
         match status {
             Some(200) => {
                 let body = body.unwrap_or_default();
-                let mut w = self.worker.borrow_mut();
+                let Ok(mut w) = self.worker.try_borrow_mut() else {
+                    return;
+                };
                 match PolicyDocument::from_json(&body) {
                     Ok(doc) => {
                         let revoked: HashSet<String> =
@@ -519,7 +360,7 @@ impl Root {
                             cache::evict(host, &credential::api_key_cache_key(id), max_entries);
                             w.local_cache.revoke(id);
                         }
-                        w.revoked = revoked;
+                        w.revoked = Rc::new(revoked);
                         log::info!(
                             "maas: policy updated ({} tiers, {} models, {} revoked keys, etag {})",
                             doc.tiers.len(),
@@ -562,7 +403,9 @@ impl Root {
                 let body = body.unwrap_or_default();
                 match serde_json::from_slice::<CredentialsDocument>(&body) {
                     Ok(doc) => {
-                        let mut w = self.worker.borrow_mut();
+                        let Ok(mut w) = self.worker.try_borrow_mut() else {
+                            return;
+                        };
                         // Names only: never the values.
                         log::info!(
                             "maas: provider credentials updated: {:?}",

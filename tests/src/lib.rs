@@ -37,3 +37,19 @@ pub mod tools;
 
 pub use sim::RecordedRequest;
 pub use stack::{ConfigSource, Stack, StackOptions};
+
+// No import cycles among the harness's modules (the checker: `lints/module_graph.rs`).
+#[cfg(test)]
+#[path = "../../lints/module_graph.rs"]
+mod module_graph;
+
+#[cfg(test)]
+#[test]
+fn harness_modules_import_each_other_without_cycles() {
+    module_graph::assert_no_cycle(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        // Each binary is its own crate: it reaches the library as `maas_e2e::`.
+        &["bin"],
+        ("stack", "envoy_config"),
+    );
+}

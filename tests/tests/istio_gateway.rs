@@ -124,10 +124,37 @@ fn istio_envoy(stack: &Stack, name: &str, shape: Shape) -> ExtraEnvoy {
         }
     }
     istio_gateway::write_ecds_file(&ecds, &ec).unwrap();
-    ExtraEnvoy::beside(stack, name, false, |v, _| {
+    let envoy = ExtraEnvoy::beside(stack, name, false, |v, _| {
         istio_gateway::apply(v, &shipped, &ecds)
     })
-    .unwrap_or_else(|e| panic!("the Istio-shaped Envoy did not start: {e:#}"))
+    .unwrap_or_else(|e| panic!("the Istio-shaped Envoy did not start: {e:#}"));
+    wait_for_policy(&envoy);
+    envoy
+}
+
+/// The shipped pluginConfig has no bootstrap policy: until its first poll is answered the filter
+/// refuses every model request with 503 `no_policy`. Ready once a model path without a
+/// credential is a 401 (routed to a model: the policy is there).
+fn wait_for_policy(envoy: &ExtraEnvoy) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = maas_e2e::stack::http_request(
+            envoy.ports.listen,
+            "GET",
+            "/llm/sim-model/v1/models",
+            Duration::from_secs(2),
+        )
+        .map(|(s, _)| s)
+        .unwrap_or(0);
+        if status == 401 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Istio-shaped Envoy has no policy after 30 s (last status {status})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Envoy's count of requests started to the model cluster.

@@ -296,6 +296,8 @@ fn pid_listening_on(port: u16) -> Option<i32> {
 
 /// Mints keys from 3 clients (bounded in count and time) while the companion is stopped
 /// (SIGTERM, graceful) or killed (SIGKILL) and started again; every 201 must be a working key.
+// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+#[allow(clippy::too_many_lines)]
 async fn minting_through_a_restart(kill: bool) {
     let stack = stack();
     let tag = if kill { "k" } else { "t" };

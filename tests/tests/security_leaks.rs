@@ -157,6 +157,8 @@ type ModelCase = (
 );
 
 #[tokio::test]
+// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+#[allow(clippy::too_many_lines)]
 async fn no_user_credential_reaches_any_backend_only_the_providers() {
     let _serial = serial().await;
     let stack = stack();

@@ -181,6 +181,8 @@ fn usage_of_stream(body: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+#[allow(clippy::too_many_lines)]
 async fn soak_mixed_traffic_counters_exact_memory_flat() {
     let _serial = serial().await;
     let stack = stack();
@@ -416,6 +418,8 @@ fn sim_seen_by(stack: &Stack, id: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+#[allow(clippy::too_many_lines)]
 async fn token_budget_holds_under_concurrency() {
     let _serial = serial().await;
     let stack = stack();

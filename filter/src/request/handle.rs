@@ -1,56 +1,70 @@
 //! The adapter's handle on a request: each proxy-wasm callback borrows the request's state and
-//! runs one transition; a request-side callback that finds the state busy refuses.
+//! runs one transition; a request-side callback that finds the state busy refuses. The worker's
+//! requests are registered by context id: waiters, lease flights and held requests name them by
+//! id, and this registry finds their state.
 
-use super::{Phase, Request, Waiting};
+use super::Request;
+use crate::FastMap;
 use crate::host::Host;
 use crate::response::Refusal;
-use crate::worker::SharedWorker;
+use crate::state::SharedWorker;
 use proxy_wasm::types::Action;
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
-/// The handle the adapter's HTTP context holds: the request's state, shared with the worker's
-/// waiters' lists (a waiter is woken through it). A callback that finds the state busy (a
-/// re-entrant call) refuses on the request side, never lets it through.
+/// This worker's live requests by context id.
+#[derive(Debug, Clone, Default)]
+pub struct Registry(Rc<RefCell<FastMap<u32, Weak<RefCell<Request>>>>>);
+
+impl Registry {
+    /// The request of context `id`, while it lives.
+    pub(crate) fn get(&self, id: u32) -> Option<Rc<RefCell<Request>>> {
+        self.0.try_borrow().ok()?.get(&id)?.upgrade()
+    }
+
+    fn insert(&self, id: u32, request: &Rc<RefCell<Request>>) {
+        if let Ok(mut map) = self.0.try_borrow_mut() {
+            map.insert(id, Rc::downgrade(request));
+        }
+    }
+
+    fn remove(&self, id: u32) {
+        if let Ok(mut map) = self.0.try_borrow_mut() {
+            map.remove(&id);
+        }
+    }
+
+    /// How many requests are registered (tests: none is left behind).
+    pub fn len(&self) -> usize {
+        self.0.try_borrow().map_or(0, |m| m.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The handle the adapter's HTTP context holds: the request's state, registered with the
+/// worker's requests (a waiter is woken through the registry). A callback that finds the state
+/// busy (a re-entrant call) refuses on the request side, never lets it through.
 #[derive(Debug, Clone)]
-pub struct Http(pub Rc<RefCell<Request>>);
+pub struct Http(pub(crate) Rc<RefCell<Request>>);
 
 impl Http {
-    pub fn new(id: u32, worker: SharedWorker) -> Self {
-        let req = Rc::new(RefCell::new(Request::new(id, worker)));
-        if let Ok(mut r) = req.try_borrow_mut() {
-            r.me = Rc::downgrade(&req);
-        }
+    pub fn new(id: u32, worker: SharedWorker, registry: &Registry) -> Self {
+        let req = Rc::new(RefCell::new(Request::new(id, worker, registry.clone())));
+        registry.insert(id, &req);
         Http(req)
     }
 
     pub fn on_request_headers(&self, host: &dyn Host, end_of_stream: bool) -> Action {
-        let action = match self.0.try_borrow_mut() {
+        match self.0.try_borrow_mut() {
             Ok(mut req) => {
                 req.enter();
                 req.on_headers(host, end_of_stream)
             }
-            Err(_) => return refuse_undecidable(host),
-        };
-        // A request that waits for another request's callout joins the worker's waiters for its
-        // credential (the handle is needed to resume it from the request that made the callout).
-        if let Ok(req) = self.0.try_borrow()
-            && matches!(
-                req.phase,
-                Phase::Authenticating {
-                    waiting: Waiting::OtherRequest
-                }
-            )
-            && let Some(identity) = &req.identity
-        {
-            let key = identity.flight_key();
-            let worker = req.worker.clone();
-            drop(req);
-            if let Some(list) = worker.borrow_mut().waiting.get_mut(&key) {
-                list.push(self.0.clone());
-            }
+            Err(_) => refuse_undecidable(host),
         }
-        action
     }
 
     pub fn on_request_body(
@@ -110,14 +124,13 @@ impl Http {
     pub fn on_call_response(&self, host: &dyn Host, token: u32, body_size: usize) {
         if let Ok(mut req) = self.0.try_borrow_mut() {
             req.enter();
-            let flight = {
-                let mut w = req.worker.borrow_mut();
+            let flight = req.worker_mut().and_then(|mut w| {
                 if w.lease_flights.is_empty() {
                     None
                 } else {
                     w.lease_flights.remove(&token)
                 }
-            };
+            });
             match flight {
                 Some(f) => req.on_lease_answer(host, f, body_size),
                 None => req.on_auth_response(host, body_size),
@@ -134,19 +147,7 @@ impl Http {
     pub fn on_done(&self, host: &dyn Host) -> bool {
         if let Ok(mut req) = self.0.try_borrow_mut() {
             req.on_done(host);
-        }
-        // A waiter that goes away leaves the waiters' list (nothing to look for, and no flight
-        // key to build, when this worker has no callout in flight).
-        if let Ok(req) = self.0.try_borrow()
-            && let Some(identity) = &req.identity
-            && !req.worker.borrow().waiting.is_empty()
-        {
-            let key = identity.flight_key();
-            let worker = req.worker.clone();
-            drop(req);
-            if let Some(list) = worker.borrow_mut().waiting.get_mut(&key) {
-                list.retain(|w| !Rc::ptr_eq(w, &self.0));
-            }
+            req.registry.remove(req.id);
         }
         true
     }

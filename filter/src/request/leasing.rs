@@ -16,49 +16,16 @@
 //! lease outbox and is re-sent verbatim by the root until a 200 — the grants made then reach
 //! this replica (and are released when idle) instead of staying taken to the window's end.
 
-use super::{Admitted, Phase, Request, Step, lease_unavailable, limited_refusal};
+use super::{Admitted, Phase, Registry, Request, Step, lease_unavailable, limited_refusal};
 use crate::config::PluginConfig;
 use crate::host::{Body, Headers, Host, read_body};
 use crate::lease;
-use crate::limits::{self, Admission, Kind, LeaseNeed};
-use crate::worker::SharedWorker;
-use std::cell::RefCell;
-use std::rc::Weak;
+use crate::limits::{self, Admission, Kind, LeaseNeed, SlotRead};
+use crate::state::SharedWorker;
 
 /// Rounds a request waits for at most (a flight, then follow-ups while answers grant but it
 /// is still short: other requests of the subject used the grant first). Then 429.
 const MAX_ROUNDS: u8 = 8;
-
-/// A lease callout of this worker, for the requests of one subject waiting for it.
-#[derive(Debug)]
-pub struct LeaseFlight {
-    pub subject: String,
-    /// The subject's counter slot key.
-    pub key: String,
-    pub needs: Vec<LeaseNeed>,
-    /// The context that dispatched it (a request, or the root context).
-    pub carrier: u32,
-    pub members: Vec<Weak<RefCell<Request>>>,
-    /// Its `batchId` and body as sent (re-sent by the outbox when unanswered).
-    pub id: String,
-    pub body: Vec<u8>,
-}
-
-impl LeaseFlight {
-    /// This flight as a batch of the outbox (its answer never came).
-    pub fn orphan(&self) -> lease::Batch {
-        lease::Batch {
-            id: self.id.clone(),
-            body: self.body.clone(),
-            claims: vec![(
-                self.subject.clone(),
-                self.key.clone(),
-                lease::asked(&self.needs),
-            )],
-            token: None,
-        }
-    }
-}
 
 /// `needs` summed per counter (several requests' needs in one item).
 fn summed(all: &[Vec<LeaseNeed>]) -> Vec<LeaseNeed> {
@@ -88,17 +55,19 @@ fn flight(
     key: String,
     mut needs: Vec<LeaseNeed>,
     carrier: u32,
-    members: Vec<Weak<RefCell<Request>>>,
+    members: Vec<u32>,
     horizon_ms: u64,
-) -> Result<LeaseFlight, String> {
-    let mut w = worker.borrow_mut();
+) -> Result<lease::Flight, String> {
+    let mut w = worker
+        .try_borrow_mut()
+        .map_err(|_| "the worker's state is busy".to_string())?;
     for n in &mut needs {
         let recent = w.leases.recent(&subject, n.kind, n.window, horizon_ms);
         n.want = n.want.max(recent.min(n.limit)).max(n.need);
     }
     let id = w.leases.next_batch_id();
     let body = lease::encode(&w.leases.replica, &id, lease::items_for(&subject, &needs))?;
-    Ok(LeaseFlight {
+    Ok(lease::Flight {
         subject,
         key,
         needs,
@@ -114,10 +83,12 @@ fn dispatch(
     host: &dyn Host,
     worker: &SharedWorker,
     cfg: &PluginConfig,
-    flight: LeaseFlight,
+    flight: lease::Flight,
 ) -> Result<(), String> {
     let token = lease::dispatch(host, cfg, &flight.body)?;
-    let mut w = worker.borrow_mut();
+    let mut w = worker
+        .try_borrow_mut()
+        .map_err(|_| "the worker's state is busy".to_string())?;
     w.metrics.inc(w.metrics.lease_callouts, 1);
     w.lease_flights.insert(token, flight);
     Ok(())
@@ -125,7 +96,9 @@ fn dispatch(
 
 /// This Envoy enters fallback (a lease callout failed).
 fn enter_fallback(host: &dyn Host, worker: &SharedWorker, now_s: u64) {
-    let mut w = worker.borrow_mut();
+    let Ok(mut w) = worker.try_borrow_mut() else {
+        return;
+    };
     let w = &mut *w;
     if lease::enter_fallback(
         host,
@@ -137,16 +110,17 @@ fn enter_fallback(host: &dyn Host, worker: &SharedWorker, now_s: u64) {
     }
 }
 
-/// Runs `f` on `m` with its context effective (`me`: the request whose callback runs, used
-/// directly when it is `m`); false when `m` is gone or busy.
+/// Runs `f` on request `id` with its context effective (`me`: the request whose callback runs,
+/// used directly when it is `id`); false when it is gone or busy.
 fn on_member(
     host: &dyn Host,
+    registry: &Registry,
     me: &mut Option<&mut Request>,
-    m: &Weak<RefCell<Request>>,
+    id: u32,
     f: &mut dyn FnMut(&mut Request, &dyn Host),
 ) -> bool {
     if let Some(req) = me.as_deref_mut()
-        && m.ptr_eq(&req.me)
+        && req.id == id
     {
         if !host.set_effective_context(req.id) {
             return false;
@@ -154,7 +128,9 @@ fn on_member(
         f(req, host);
         return true;
     }
-    let Some(rc) = m.upgrade() else { return false };
+    let Some(rc) = registry.get(id) else {
+        return false;
+    };
     let Ok(mut member) = rc.try_borrow_mut() else {
         return false;
     };
@@ -165,112 +141,125 @@ fn on_member(
     true
 }
 
-/// The answer to a flight (found by its token; `me`: the request whose context it arrived on,
-/// `back_to`: the context to leave effective): grants added, the members admitted again
-/// (resumed when allowed); members still short wait for the root's next flight while answers
-/// grant (at most [`MAX_ROUNDS`]), else 429.
-pub fn answer_flight(
+/// The grants of a flight's answer added to the subject's counter slot; `None` when the callout
+/// failed (the flight is kept to be re-sent, and this Envoy enters fallback). Else whether it
+/// granted anything, and when the limit is reached globally the retry-after of its window.
+fn apply_answer(
     host: &dyn Host,
     worker: &SharedWorker,
-    flight: LeaseFlight,
+    flight: &lease::Flight,
     body_size: usize,
-    mut me: Option<&mut Request>,
-    back_to: u32,
-) {
+    now_s: u64,
+) -> (bool, Option<u64>) {
     let status = host
         .header(Headers::CallResponse, ":status")
         .and_then(|s| s.parse::<u32>().ok());
     let body = read_body(host, Body::CallResponse, body_size);
-    let now_s = host.now_ms() / 1000;
-    let (granted, retry) = match lease::answer(status, &body, flight.needs.len()) {
-        Some(resp) => {
-            let grants: Vec<limits::Grant> = flight
-                .needs
-                .iter()
-                .zip(&resp.grants)
-                .map(|(n, g)| limits::Grant {
-                    kind: n.kind,
-                    window: n.window,
-                    start: n.start,
-                    granted: g.granted,
-                    taken: g.taken,
-                })
-                .collect();
-            limits::apply_grants(host, &flight.key, &flight.subject, &grants, now_s);
-            {
-                let mut w = worker.borrow_mut();
-                let w = &mut *w;
-                lease::answered(
-                    host,
-                    &mut w.leases,
-                    w.metrics.lease_fallback,
-                    resp.replicas,
-                    false,
-                );
-            }
-            let any = resp.grants.iter().any(|g| g.granted > 0);
-            (any, lease::exhausted_retry(&flight.needs, &resp, now_s))
+    let Some(resp) = lease::answer(status, &body, flight.needs.len()) else {
+        log::warn!("maas: lease callout failed (status {status:?}); re-sent by the next report");
+        if let Ok(mut w) = worker.try_borrow_mut() {
+            w.leases.orphan(flight.orphan());
         }
-        None => {
-            log::warn!(
-                "maas: lease callout failed (status {status:?}); re-sent by the next report"
-            );
-            worker.borrow_mut().leases.orphan(flight.orphan());
-            enter_fallback(host, worker, now_s);
-            (false, None)
-        }
+        enter_fallback(host, worker, now_s);
+        return (false, None);
     };
+    let grants: Vec<limits::Grant> = flight
+        .needs
+        .iter()
+        .zip(&resp.grants)
+        .map(|(n, g)| limits::Grant {
+            kind: n.kind,
+            window: n.window,
+            start: n.start,
+            granted: g.granted,
+            taken: g.taken,
+        })
+        .collect();
+    limits::apply_grants(host, &flight.key, &flight.subject, &grants, now_s);
+    if let Ok(mut w) = worker.try_borrow_mut() {
+        let w = &mut *w;
+        lease::answered(
+            host,
+            &mut w.leases,
+            w.metrics.lease_fallback,
+            resp.replicas,
+            false,
+        );
+    }
+    let any = resp.grants.iter().any(|g| g.granted > 0);
+    (any, lease::exhausted_retry(&flight.needs, &resp, now_s))
+}
+
+/// The answer to a flight (found by its token; `me`: the request whose context it arrived on,
+/// `back_to`: the context to leave effective): grants added, the members admitted again
+/// (resumed when allowed); members still short wait for the root's next flight while answers
+/// grant (at most [`MAX_ROUNDS`]), else 429.
+pub(crate) fn answer_flight(
+    host: &dyn Host,
+    worker: &SharedWorker,
+    registry: &Registry,
+    flight: lease::Flight,
+    body_size: usize,
+    mut me: Option<&mut Request>,
+    back_to: u32,
+) {
+    let now_s = host.now_ms() / 1000;
+    let (granted, retry) = apply_answer(host, worker, &flight, body_size, now_s);
     let mut pending = Vec::new();
-    for m in &flight.members {
+    for &m in &flight.members {
         let mut wait = false;
-        on_member(host, &mut me, m, &mut |req, host| {
-            if !matches!(req.phase, Phase::Leasing) {
+        on_member(host, registry, &mut me, m, &mut |req, host| {
+            if !matches!(req.phase, Phase::Leasing { .. }) {
                 return;
             }
             match req.readmit(host, now_s) {
                 Ok(Step::Continue) => host.resume_request(),
                 Ok(_) => {}
-                Err(items) if granted && retry.is_none() && req.lease_rounds < MAX_ROUNDS => {
-                    req.lease_needs = items;
+                Err(items) if granted && retry.is_none() && req.lease_rounds() < MAX_ROUNDS => {
+                    if let Phase::Leasing { needs, .. } = &mut req.phase {
+                        *needs = items;
+                    }
                     wait = true;
                 }
                 Err(_) => req.refuse_short(host, retry),
             }
         });
         if wait {
-            pending.push(m.clone());
+            pending.push(m);
         }
     }
     host.set_effective_context(back_to);
-    worker.borrow_mut().lease_pending.extend(pending);
+    if let Ok(mut w) = worker.try_borrow_mut() {
+        w.lease_pending.extend(pending);
+    }
 }
 
 /// Pending requests of one subject.
 struct Group {
     subject: String,
     key: String,
-    members: Vec<Weak<RefCell<Request>>>,
+    members: Vec<u32>,
     needs: Vec<Vec<LeaseNeed>>,
 }
 
-/// The root's tick: one flight per subject for the pending requests (carried by the root
-/// context, which is never cancelled). In fallback they are admitted on the local share.
-pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConfig, root: u32) {
-    let pending = std::mem::take(&mut worker.borrow_mut().lease_pending);
-    if pending.is_empty() {
-        return;
-    }
-    let now_s = host.now_ms() / 1000;
+/// The pending requests grouped by subject (each counted one more round); in fallback each is
+/// admitted on the local share instead.
+fn group_pending(
+    host: &dyn Host,
+    registry: &Registry,
+    pending: Vec<u32>,
+    fallback: bool,
+    now_s: u64,
+) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
-    let fallback = worker.borrow().leases.state.fallback;
     for m in pending {
-        let Some(rc) = m.upgrade() else { continue };
+        let Some(rc) = registry.get(m) else { continue };
         let Ok(mut req) = rc.try_borrow_mut() else {
             continue;
         };
-        if !matches!(req.phase, Phase::Leasing) {
+        let Phase::Leasing { needs, rounds, .. } = &mut req.phase else {
             continue;
-        }
+        };
         if fallback {
             if host.set_effective_context(req.id)
                 && req.final_admission(host, now_s, None) == Step::Continue
@@ -279,26 +268,46 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
             }
             continue;
         }
-        req.lease_rounds = req.lease_rounds.saturating_add(1);
-        let subject = req
-            .limits_subject()
-            .as_deref()
-            .unwrap_or_default()
-            .to_string();
-        let needs = std::mem::take(&mut req.lease_needs);
+        *rounds = rounds.saturating_add(1);
+        let needs = std::mem::take(needs);
+        let Some(auth) = req.auth.as_ref() else {
+            continue;
+        };
+        let subject = auth.limits_subject();
         match groups.iter_mut().find(|g| g.subject == subject) {
             Some(g) => {
-                g.members.push(m.clone());
+                g.members.push(m);
                 g.needs.push(needs);
             }
             None => groups.push(Group {
-                subject,
-                key: req.counter_key.to_string(),
-                members: vec![m.clone()],
+                subject: subject.to_string(),
+                key: auth.counter_key.to_string(),
+                members: vec![m],
                 needs: vec![needs],
             }),
         }
     }
+    groups
+}
+
+/// The root's tick: one flight per subject for the pending requests (carried by the root
+/// context, which is never cancelled). In fallback they are admitted on the local share.
+pub fn dispatch_pending(
+    host: &dyn Host,
+    worker: &SharedWorker,
+    registry: &Registry,
+    cfg: &PluginConfig,
+    root: u32,
+) {
+    let (pending, fallback) = match worker.try_borrow_mut() {
+        Ok(mut w) if !w.lease_pending.is_empty() => (
+            std::mem::take(&mut w.lease_pending),
+            w.leases.state.fallback,
+        ),
+        _ => return,
+    };
+    let now_s = host.now_ms() / 1000;
+    let groups = group_pending(host, registry, pending, fallback, now_s);
     host.set_effective_context(root);
     for g in groups {
         let members = g.members.clone();
@@ -315,8 +324,8 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
         if let Err(e) = sent {
             log::warn!("maas: cannot call the companion for a lease: {e}");
             enter_fallback(host, worker, now_s);
-            for m in &members {
-                on_member(host, &mut None, m, &mut |req, host| {
+            for &m in &members {
+                on_member(host, registry, &mut None, m, &mut |req, host| {
                     if req.final_admission(host, now_s, None) == Step::Continue {
                         host.resume_request();
                     }
@@ -328,47 +337,68 @@ pub fn dispatch_pending(host: &dyn Host, worker: &SharedWorker, cfg: &PluginConf
 }
 
 impl Request {
+    /// Flights this request waited for.
+    fn lease_rounds(&self) -> u8 {
+        match self.phase {
+            Phase::Leasing { rounds, .. } => rounds,
+            _ => 0,
+        }
+    }
+
     /// The lease is short: join this worker's flight for the subject, or make one from this
     /// request's own callback (the request waits), or wait for the root's next flight;
     /// in fallback with `onUnavailable: refuse` 503. A callout that cannot be dispatched enters
     /// fallback and admits again against the local share.
-    pub(super) fn ask_lease(&mut self, host: &dyn Host, items: Vec<LeaseNeed>, now_s: u64) -> Step {
-        let Some(cfg) = self.config() else {
+    pub(super) fn ask_lease(
+        &mut self,
+        host: &dyn Host,
+        items: Vec<LeaseNeed>,
+        limited: Option<Admission>,
+        now_s: u64,
+    ) -> Step {
+        let (Some(cfg), Some(auth)) = (self.config(), self.auth.as_ref()) else {
             self.refuse(host, &crate::response::Refusal::not_configured());
             return Step::Refused;
         };
-        if self.worker.borrow().leases.state.fallback {
+        let subject = auth.limits_subject().to_string();
+        let key = auth.counter_key.to_string();
+        let Some(mut w) = self.worker_mut() else {
+            self.refuse(host, &crate::response::Refusal::undecidable());
+            return Step::Refused;
+        };
+        if w.leases.state.fallback {
             // Only `refuse` mode gets here in fallback (the share mode answers without a lease).
+            drop(w);
             self.refuse(host, &lease_unavailable());
             return Step::Refused;
         }
-        let subject = self
-            .limits_subject()
-            .as_deref()
-            .unwrap_or_default()
-            .to_string();
-        self.phase = Phase::Leasing;
-        // Kept: asked for again by the root when this request ends up pending.
-        self.lease_needs = items.clone();
-        {
-            let mut w = self.worker.borrow_mut();
-            if let Some(f) = w.lease_flights.values_mut().find(|f| f.subject == subject) {
-                f.members.push(self.me.clone());
-                return Step::Wait;
-            }
-            if w.active != self.id {
-                // Inside another context's callback: the root dispatches at its next tick.
-                w.lease_pending.push(self.me.clone());
-                return Step::Wait;
-            }
+        // The needs are kept: asked for again by the root when this request ends up pending.
+        let joined = if let Some(f) = w.lease_flights.values_mut().find(|f| f.subject == subject) {
+            f.members.push(self.id);
+            true
+        } else if w.active != self.id {
+            // Inside another context's callback: the root dispatches at its next tick.
+            w.lease_pending.push(self.id);
+            true
+        } else {
+            false
+        };
+        drop(w);
+        self.phase = Phase::Leasing {
+            needs: items.clone(),
+            rounds: 0,
+            limited,
+        };
+        if joined {
+            return Step::Wait;
         }
         let sent = flight(
             &self.worker,
             subject,
-            self.counter_key.to_string(),
+            key,
             items,
             self.id,
-            vec![self.me.clone()],
+            vec![self.id],
             cfg.limits.global.lease_horizon_ms,
         )
         .and_then(|f| dispatch(host, &self.worker, &cfg, f));
@@ -385,14 +415,20 @@ impl Request {
     /// Admission after a lease answer: forwarded, refused, or still short (`Err`: the needs;
     /// the 429 to answer is kept). In fallback with `onUnavailable: refuse` a short lease is 503.
     fn readmit(&mut self, host: &dyn Host, now_s: u64) -> Result<Step, Vec<LeaseNeed>> {
-        match self.decide_body(host, now_s) {
+        match self.decide(host, None::<SlotRead>, now_s) {
             Ok(Admitted::Forward(reservation)) => Ok(self.forward(host, reservation)),
             Ok(Admitted::Short { items, limited }) => {
-                if self.worker.borrow().leases.state.fallback {
+                if self
+                    .worker
+                    .try_borrow()
+                    .map_or(true, |w| w.leases.state.fallback)
+                {
                     self.refuse(host, &lease_unavailable());
                     return Ok(Step::Refused);
                 }
-                self.lease_limited = Some(limited);
+                if let Phase::Leasing { limited: kept, .. } = &mut self.phase {
+                    *kept = Some(limited);
+                }
                 Err(items)
             }
             Err(r) => {
@@ -406,13 +442,14 @@ impl Request {
     /// reached globally, else a few seconds: other replicas hand back idle leases).
     fn refuse_short(&mut self, host: &dyn Host, retry: Option<u64>) {
         let short_retry = self
-            .worker
-            .borrow()
-            .config
-            .as_ref()
+            .config()
             .map_or(1, |c| lease::short_retry_s(&c.limits.global));
         let retry_after = retry.unwrap_or(short_retry);
-        let refusal = match self.lease_limited.take() {
+        let kept = match &mut self.phase {
+            Phase::Leasing { limited, .. } => limited.take(),
+            _ => None,
+        };
+        let refusal = match kept {
             Some(Admission::NeedsLease {
                 kind,
                 tier,
@@ -450,30 +487,33 @@ impl Request {
     pub(super) fn on_lease_answer(
         &mut self,
         host: &dyn Host,
-        flight: LeaseFlight,
+        flight: lease::Flight,
         body_size: usize,
     ) {
         let worker = self.worker.clone();
+        let registry = self.registry.clone();
         let id = self.id;
-        answer_flight(host, &worker, flight, body_size, Some(self), id);
+        answer_flight(host, &worker, &registry, flight, body_size, Some(self), id);
     }
 
     /// The stream ends: a waiting request leaves its flight; the flights this request carries
     /// are cancelled with its stream, their other members wait for the root's next flight.
     pub(super) fn leave_leasing(&mut self) {
-        let mut w = self.worker.borrow_mut();
+        let Some(mut w) = self.worker_mut() else {
+            return;
+        };
         if w.lease_flights.is_empty() && w.lease_pending.is_empty() {
             return;
         }
-        let me = self.me.clone();
-        w.lease_pending.retain(|m| !m.ptr_eq(&me));
+        let me = self.id;
+        w.lease_pending.retain(|m| *m != me);
         for f in w.lease_flights.values_mut() {
-            f.members.retain(|m| !m.ptr_eq(&me));
+            f.members.retain(|m| *m != me);
         }
         let tokens: Vec<u32> = w
             .lease_flights
             .iter()
-            .filter(|(_, f)| f.carrier == self.id)
+            .filter(|(_, f)| f.carrier == me)
             .map(|(t, _)| *t)
             .collect();
         for t in tokens {
@@ -484,7 +524,7 @@ impl Request {
             }
         }
         drop(w);
-        if matches!(self.phase, Phase::Leasing) {
+        if matches!(self.phase, Phase::Leasing { .. }) {
             self.phase = Phase::Settled;
         }
     }

@@ -130,12 +130,13 @@ impl Request {
             }
         });
         // An unmetered operation (count_tokens) generates nothing: its answer is not read.
-        let scan = if self.unmetered {
+        let strip = self.body.strip_usage_event;
+        let scan = if self.traits().is_none_or(|t| t.unmetered) {
             Scan::None
         } else {
-            scan_for(content_type, coding, self.strip_usage_event)
+            scan_for(content_type, coding, strip)
         };
-        if matches!(scan, Scan::Sse(_)) && self.strip_usage_event {
+        if matches!(scan, Scan::Sse(_)) && strip {
             host.set_header(Headers::Response, "content-length", None);
         }
         self.phase = Phase::Responding {
@@ -234,8 +235,9 @@ impl Request {
             Scan::None | Scan::Unreadable => (None, 0),
         };
         if usage.is_none() && status == 200 && !matches!(*scan, Scan::None) {
-            let w = self.worker.borrow();
-            w.metrics.inc(w.metrics.malformed_upstream, 1);
+            if let Ok(w) = self.worker.try_borrow() {
+                w.metrics.inc(w.metrics.malformed_upstream, 1);
+            }
             log::warn!(
                 "maas: no usage in a {status} response from model {}",
                 self.model().map(|m| m.name.as_str()).unwrap_or("-")
@@ -245,11 +247,11 @@ impl Request {
             usage,
             content_events,
             status,
-            prompt_tokens_estimate: self.prompt_tokens_estimate,
+            prompt_tokens_estimate: self.metering.prompt_tokens_estimate,
         };
         // The limits count weighted tokens; the ledger and the metrics the raw ones.
-        let settled = decide::settled_tokens(&seen, self.reserved_tokens);
-        let actual = settled.weighted(self.token_weights);
+        let settled = decide::settled_tokens(&seen, self.metering.reserved);
+        let actual = settled.weighted(self.metering.weights);
         let now_s = host.now_ms() / 1000;
         // A busy subject's refund is folded into its next counter write (`crate::folds`).
         let folded = self
@@ -275,14 +277,9 @@ impl Request {
                 cached,
             },
         );
-        if let (Some(u), Some(m)) = (usage, self.model()) {
-            self.worker.borrow_mut().metrics.tokens(
-                host,
-                tier,
-                &m.name,
-                u.prompt_tokens,
-                u.completion_tokens,
-            );
+        if let (Some(u), Some(m), Ok(mut w)) = (usage, self.model(), self.worker.try_borrow_mut()) {
+            w.metrics
+                .tokens(host, tier, &m.name, u.prompt_tokens, u.completion_tokens);
         }
     }
 }
@@ -290,9 +287,10 @@ impl Request {
 /// The usage ledger's side of a request (in the VM: no host call).
 impl Request {
     fn ledger_add(&self, tier: &str, event: Event<'_>) {
-        let (Some(subject), Some(model)) = (self.subject.as_deref(), self.model()) else {
+        let (Some(auth), Some(model)) = (self.auth.as_ref(), self.model()) else {
             return;
         };
+        let subject = &auth.subject;
         let key_id = self.identity.as_ref().and_then(|i| i.key_id());
         if let Ok(mut w) = self.worker.try_borrow_mut()
             && w.ledger.enabled
@@ -304,14 +302,8 @@ impl Request {
     /// The tier the request runs on: under a subscription its stand-in tier
     /// (`subscription:<S>`), else its tier in the policy it was decided with.
     fn tier_name(&self) -> Option<&str> {
-        match &self.sub_tier {
-            Some(t) => Some(t.name.as_str()),
-            None => self
-                .policy
-                .as_ref()
-                .and_then(|p| p.tiers.get(self.tier_idx?))
-                .map(|t| t.name.as_str()),
-        }
+        let policy = &self.route.as_ref()?.policy;
+        self.auth.as_ref()?.tier(policy).map(|t| t.name.as_str())
     }
 
     /// A refusal of a request whose subject and tier are known.
@@ -323,8 +315,14 @@ impl Request {
 
     /// A refusal while the headers were decided (the subject is known, not kept yet): counted
     /// under the tier the caller resolves to, when there is one.
-    pub(super) fn ledger_refused_as(&self, identity: &crate::cache::CachedIdentity, code: &str) {
-        let (Some(policy), Some(model)) = (self.policy.as_ref(), self.model()) else {
+    pub(super) fn ledger_refused_as(
+        &self,
+        identity: &crate::cache::CachedIdentity,
+        requested_subscription: Option<&str>,
+        code: &str,
+    ) {
+        let (Some(policy), Some(model)) = (self.route.as_ref().map(|r| &r.policy), self.model())
+        else {
             return;
         };
         let key_id = self.identity.as_ref().and_then(|i| i.key_id());
@@ -334,7 +332,7 @@ impl Request {
             policy,
             identity,
             key_id.is_some(),
-            self.requested_subscription(),
+            requested_subscription,
             model,
         )
         .ok()

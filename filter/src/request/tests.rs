@@ -3,8 +3,12 @@
 //! [`RecordingHost`] playing Envoy for one worker.
 
 use super::*;
-use crate::cache::CachedAnswer;
+use crate::authenticate::AUTHENTICATE_PATH;
+use crate::cache::{CachedAnswer, CachedIdentity};
+use crate::credential;
+use crate::host::Body;
 use crate::host::recording::{Call, RecordingHost, Sent};
+use crate::request_body;
 use crate::worker::Root;
 use maas_types::CredentialsDocument;
 use serde_json::{Value, json};
@@ -79,7 +83,7 @@ impl Fx {
 
     pub fn http(&self) -> (u32, Http) {
         let id = self.context_id();
-        (id, Http::new(id, self.root.worker.clone()))
+        (id, self.root.http(id))
     }
 
     /// A fresh context id (for a context made by the caller).
@@ -460,7 +464,7 @@ fn a_waiter_holding_another_credential_is_interrupted_not_answered() {
         .waiting
         .get_mut(&flight)
         .unwrap()
-        .push(hb.0.clone());
+        .push(b);
     fx.answer(a, &ha, Some(200), &alice());
     let s = fx.sent_to(b).unwrap();
     assert_eq!((s.status, s.code().as_str()), (503, "auth_interrupted"));
@@ -542,7 +546,7 @@ fn a_revoked_key_is_refused_401_and_its_cache_entry_evicted() {
         .key_id()
         .unwrap()
         .to_string();
-    fx.root.worker.borrow_mut().revoked.insert(key_id);
+    std::rc::Rc::make_mut(&mut fx.root.worker.borrow_mut().revoked).insert(key_id);
     let (id, h) = fx.http();
     assert_eq!(
         fx.headers(id, &h, &refs(&chat(&key(2))), false),
@@ -599,16 +603,17 @@ fn busy_state_refuses_every_request_callback() {
 fn without_configuration_every_request_is_refused() {
     let host = RecordingHost::new();
     let root = Root::new(1);
-    let h = Http::new(5, root.worker.clone());
+    let h = root.http(5);
     host.enter(5);
     host.set_map(Headers::Request, &refs(&chat(&key(2))));
     assert_eq!(h.on_request_headers(&host, false), Action::Pause);
     assert_eq!(host.last_sent().unwrap().code(), "not_configured");
     // A body reaching an unconfigured request is refused too, never passed.
-    let mut r = Request::new(6, root.worker.clone());
-    r.body = BodyState::Buffering;
+    let mut r = Request::new(6, root.worker.clone(), Registry::default());
+    r.body.start(false, None);
     r.phase = Phase::BodyBuffering {
         headers_held: false,
+        slot_read: None,
     };
     assert_eq!(r.on_body(&host, 3, true), Action::Pause);
     assert_eq!(host.last_sent().unwrap().status, 503);
@@ -822,6 +827,6 @@ fn a_revoked_key_is_refused_even_with_a_workers_copy() {
         .key_id()
         .unwrap()
         .to_string();
-    fx.root.worker.borrow_mut().revoked.insert(key_id);
+    std::rc::Rc::make_mut(&mut fx.root.worker.borrow_mut().revoked).insert(key_id);
     assert_eq!(cached_request(&fx, &key(2)), 401);
 }

@@ -57,6 +57,7 @@ pub fn summarize_event(data: &[u8]) -> Option<EventSummary> {
 }
 
 /// What [`scan_keys`] found.
+#[allow(clippy::struct_excessive_bools)] // independent keys one byte scan found
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Keys {
     /// A `usage` key with an object value, or a `content`/`text` key with an array value.

@@ -1322,6 +1322,8 @@ fn bill(counts: &CallCounts, prices: &Prices) -> (f64, u64) {
 
 /// The host-call section: counts per request by kind (variants as columns), each kind's price
 /// and each variant's priced bill, allocations; then the price table.
+// TODO(issue 27): the split of maas-bench.rs (another branch) brings this under 100 lines.
+#[allow(clippy::too_many_lines)]
 fn render_host_calls(counts: &Result<HostCallCounts, String>, prices: Option<&Prices>) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "## Host calls per request (issue 14)\n");
@@ -1940,6 +1942,8 @@ struct Target {
     met: Option<bool>,
 }
 
+// TODO(issue 27): the split of maas-bench.rs (another branch) brings this under 100 lines.
+#[allow(clippy::too_many_lines)]
 fn run() -> Result<()> {
     let mut args = Args::parse();
     if args.quick {
@@ -3121,6 +3125,8 @@ fn callgrind_total(text: &str) -> Option<u64> {
 }
 
 /// The section: Envoy's instructions per request by variant, and the differences that matter.
+// TODO(issue 27): the split of maas-bench.rs (another branch) brings this under 100 lines.
+#[allow(clippy::too_many_lines)]
 fn render_envoy_instructions(rows: &[EnvoyInstructionRow]) -> String {
     let mut o = String::from(
         "
@@ -3286,6 +3292,8 @@ fn utc_now() -> String {
 
 /// The two-replica section: on vs off per concurrency, and the Redis round trips per subject per
 /// replica per second against the target.
+// TODO(issue 27): the split of maas-bench.rs (another branch) brings this under 100 lines.
+#[allow(clippy::too_many_lines)]
 fn render_two_replica(
     args: &Args,
     results: &BTreeMap<(String, u32), Vec<WrkResult>>,
@@ -3526,6 +3534,8 @@ struct TtfbRow {
 }
 
 #[allow(clippy::too_many_arguments)]
+// TODO(issue 27): the split of maas-bench.rs (another branch) brings this under 100 lines.
+#[allow(clippy::too_many_lines)]
 fn render_report(
     args: &Args,
     started_at: std::time::SystemTime,

@@ -25,7 +25,7 @@ fn default_mode_body_end_by_end_stream_rewrites_a_stream_for_usage() {
     assert_eq!(fx.body(id, &h, STREAM, true), Action::Continue);
     let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
     assert_eq!(sent["stream_options"]["include_usage"], true);
-    assert!(h.0.borrow().strip_usage_event);
+    assert!(h.0.borrow().body.strip_usage_event);
     // Headers left before the body: their length was removed, not corrected.
     assert!(!fx.host.calls.borrow().iter().any(|c| matches!(
         c,
@@ -485,9 +485,9 @@ fn without_one_plain_content_length_the_body_is_held_to_its_end() {
         assert!(fx.phase(&h).starts_with("Forwarding"), "{why}");
     }
     // (Repeated `content-length` headers are counted by the caller: the cases above.)
-    assert_eq!(declared_length("60"), Some(60));
+    assert_eq!(crate::admission::declared_length("60"), Some(60));
     for bad in ["9999999999999", "+60", "", "6 0", "0x3c"] {
-        assert_eq!(declared_length(bad), None, "{bad:?}");
+        assert_eq!(crate::admission::declared_length(bad), None, "{bad:?}");
     }
 }
 

@@ -352,7 +352,7 @@ fn a_stream_cut_short_settles_to_what_was_seen() {
     chunk(&fx, id, &h, b"\n\n", false);
     fx.host.enter(id);
     h.on_done(&fx.host);
-    let estimate = h.0.borrow().prompt_tokens_estimate;
+    let estimate = h.0.borrow().metering.prompt_tokens_estimate;
     assert_eq!(fx.tokens_used("alice"), estimate + 1);
 }
 
@@ -842,7 +842,7 @@ fn native_cost(
 /// from its entry (`--toggle-collect`), the host calls inside excluded.
 #[inline(never)]
 fn cached_request_callbacks(fx: &Fx, id: u32) {
-    let h = Http::new(id, fx.root.worker.clone());
+    let h = fx.root.http(id);
     let host = &fx.host;
     assert_eq!(h.on_request_headers(host, false), Action::Continue);
     assert_eq!(h.on_request_body(host, BODY.len(), true), Action::Continue);
@@ -922,7 +922,7 @@ fn native_cost_of_a_cached_stream() {
 /// the callbacks (host side: not counted).
 #[inline(never)]
 fn cached_stream_callbacks(fx: &Fx, id: u32, chunks: &[Vec<u8>]) {
-    let h = Http::new(id, fx.root.worker.clone());
+    let h = fx.root.http(id);
     let host = &fx.host;
     assert_eq!(h.on_request_headers(host, false), Action::Continue);
     assert_eq!(

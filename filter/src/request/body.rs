@@ -1,0 +1,260 @@
+//! The request body stage: buffered until its end (END_STREAM, trailers, or its one declared
+//! length), inspected once, rewritten at most once (`stream_options`, the output cap), then
+//! decided.
+
+use super::{Phase, Request, Step};
+use crate::admission::BodyIntent;
+use crate::host::{Body, Headers, Host, read_body};
+use crate::request_body::{self, RequestInfo};
+use crate::response::{Deny, Refusal};
+use proxy_wasm::types::Action;
+
+/// Where the body is.
+#[derive(Debug, Default)]
+enum Stage {
+    /// No body to read (none, or one streamed through unread).
+    #[default]
+    None,
+    Buffering,
+    /// Read and inspected (the error's message when it is not a body the gateway accepts).
+    Done(Result<RequestInfo, String>),
+}
+
+/// A request body kept from its end until admission.
+#[derive(Debug)]
+struct PendingBody {
+    bytes: Vec<u8>,
+    /// Not what the host holds yet (written when the request is forwarded).
+    rewritten: bool,
+}
+
+/// The request body's state.
+#[derive(Debug, Default)]
+pub(super) struct RequestBody {
+    stage: Stage,
+    /// The headers wait for the body decision (pauseHeadersForBody).
+    hold: bool,
+    /// The request's one plain `content-length`: a body that reaches it is whole.
+    declared: Option<usize>,
+    /// Bytes buffered so far (the host's buffer size at the last chunk).
+    pub(super) buffered: usize,
+    /// The body was decided when it reached its declared length, before END_STREAM.
+    decided_early: bool,
+    /// The body kept from its end to admission: one that names no cap (admission sets the one
+    /// it reserves), or one rewritten (`stream_options`) and not written yet, so a body is
+    /// written once whatever is changed in it.
+    pending: Option<PendingBody>,
+    /// The gateway asked for the stream's usage: the usage-only event is removed.
+    pub(super) strip_usage_event: bool,
+}
+
+impl RequestBody {
+    pub(super) fn start(&mut self, hold: bool, declared: Option<usize>) {
+        self.stage = Stage::Buffering;
+        self.hold = hold;
+        self.declared = declared;
+    }
+
+    pub(super) fn is_buffering(&self) -> bool {
+        matches!(self.stage, Stage::Buffering)
+    }
+
+    pub(super) fn holds(&self) -> bool {
+        self.hold
+    }
+
+    pub(super) fn stop_holding(&mut self) {
+        self.hold = false;
+    }
+
+    pub(super) fn intent(&self) -> BodyIntent {
+        match self.stage {
+            Stage::Buffering => BodyIntent::Read {
+                hold: self.hold,
+                declared: self.declared,
+            },
+            _ => BodyIntent::Unread,
+        }
+    }
+
+    /// The inspected body, once read.
+    pub(super) fn info(&self) -> Option<&Result<RequestInfo, String>> {
+        match &self.stage {
+            Stage::Done(info) => Some(info),
+            _ => None,
+        }
+    }
+
+    /// Sets the output cap on the kept body (written when the request is forwarded).
+    pub(super) fn set_cap(&mut self, field: &str, value: u64) -> Result<(), Refusal> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(Refusal::internal(
+                "the gateway could not set the request's output cap; retry",
+            ));
+        };
+        request_body::set_number_member(&mut pending.bytes, field, value)
+            .map_err(|e| Refusal::new(Deny::InvalidBody, e.to_string()))?;
+        pending.rewritten = true;
+        Ok(())
+    }
+
+    /// Writes a body changed since its end (once), and drops the kept copy.
+    pub(super) fn write_pending(&mut self, host: &dyn Host) {
+        if let Some(p) = self.pending.take().filter(|p| p.rewritten) {
+            self.replace(host, &p.bytes);
+        }
+    }
+
+    /// Replaces the whole buffered request body (held headers get its new length).
+    fn replace(&mut self, host: &dyn Host, new_body: &[u8]) {
+        host.set_body(Body::Request, self.buffered, new_body);
+        self.buffered = new_body.len();
+        if self.hold {
+            // Headers still held (allow_on_headers_stop_iteration): keep them exact.
+            host.set_header(
+                Headers::Request,
+                "content-length",
+                Some(&new_body.len().to_string()),
+            );
+        }
+    }
+}
+
+impl Request {
+    /// A body of a request whose headers are held reached the filter: Envoy hands it over.
+    fn confirm_held(&self) {
+        if self.body.hold
+            && let Some(mut w) = self.worker_mut()
+        {
+            w.held.confirm();
+        }
+    }
+
+    /// Request body chunk (buffered until the end, or until it reaches its declared length).
+    pub(super) fn on_body(
+        &mut self,
+        host: &dyn Host,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        self.confirm_held();
+        if self.body.decided_early {
+            return self.after_early_body();
+        }
+        if self.decided() || !self.body.is_buffering() {
+            return Action::Continue;
+        }
+        let Some(cfg) = self.config() else {
+            return self.refused(host, &Refusal::not_configured());
+        };
+        if body_size as u64 > cfg.max_request_body_bytes {
+            return self.refused(host, &Refusal::too_large(cfg.max_request_body_bytes));
+        }
+        self.body.buffered = body_size;
+        if !end_of_stream {
+            // The whole declared body is here (Envoy's codecs hold a request to its
+            // `content-length`): decided now, without holding it to END_STREAM. Only once the
+            // caller is authorised; while authenticating the answer decides.
+            if self.body.declared == Some(body_size)
+                && matches!(self.phase, Phase::BodyBuffering { .. })
+            {
+                self.body.decided_early = true;
+                return self.end_of_body(host);
+            }
+            return Action::Pause;
+        }
+        self.end_of_body(host)
+    }
+
+    /// A body chunk, trailers or the end of the stream after the body was decided at its
+    /// declared length: a request that still waits (lease) or was refused stays paused, any
+    /// other goes on. Envoy's codecs end the body there: HTTP/1.1 frames it by its length (what
+    /// follows is the next request), HTTP/2 resets a stream whose DATA exceed it.
+    fn after_early_body(&self) -> Action {
+        // Only a request decided and let through goes on: any phase still deciding pauses.
+        if !self.decided() || matches!(self.phase, Phase::Refused) {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    /// Request trailers end the request: an HTTP/2 body whose last DATA frame has no END_STREAM
+    /// (or an HTTP/1.1 chunked body with trailers) is decided here, exactly as at the end of a
+    /// body, so no request reaches the backend undecided.
+    pub(super) fn on_trailers(&mut self, host: &dyn Host) -> Action {
+        self.confirm_held();
+        if self.body.decided_early {
+            return self.after_early_body();
+        }
+        if self.decided() || !self.body.is_buffering() {
+            return Action::Continue;
+        }
+        self.end_of_body(host)
+    }
+
+    /// The whole request body is buffered: inspect it (and rewrite it where the API accepts
+    /// `stream_options`), then decide if the caller is already authorised.
+    fn end_of_body(&mut self, host: &dyn Host) -> Action {
+        let body_size = self.body.buffered;
+        let bytes = read_body(host, Body::Request, body_size);
+        if bytes.len() != body_size {
+            return self.refused(
+                host,
+                &Refusal::internal("the gateway could not read the request body; retry"),
+            );
+        }
+        let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
+        self.keep_or_rewrite(host, &info, bytes);
+        self.body.stage = Stage::Done(info);
+        let Phase::BodyBuffering { slot_read, .. } = &mut self.phase else {
+            // Still authenticating (headers held): the answer decides.
+            return Action::Pause;
+        };
+        let slot_read = slot_read.take();
+        match self.admit(host, slot_read, host.now_ms() / 1000) {
+            Step::Continue => Action::Continue,
+            Step::Wait | Step::Refused => Action::Pause,
+        }
+    }
+
+    /// Asks a stream for its usage (only APIs that accept `stream_options`; the usage-only
+    /// event is removed from what the client sees), and keeps a body that may take a cap until
+    /// admission, so it is written once.
+    fn keep_or_rewrite(
+        &mut self,
+        host: &dyn Host,
+        info: &Result<RequestInfo, String>,
+        bytes: Vec<u8>,
+    ) {
+        let Some(traits) = self.traits() else { return };
+        let may_take_a_cap = info.as_ref().is_ok_and(|i| i.max_tokens.is_none())
+            && traits.cap_field.is_some()
+            && !traits.discovery
+            && !traits.unmetered;
+        if let Ok(i) = info
+            && i.stream
+            && !i.include_usage
+            && !traits.discovery
+            && traits.accepts_stream_options
+            // `inspect` accepted the body just above: splice without parsing it again.
+            && let Ok(new_body) = request_body::splice_include_usage(&bytes)
+        {
+            self.body.strip_usage_event = true;
+            if may_take_a_cap {
+                // Written at admission, with the cap it may set (one write).
+                self.body.pending = Some(PendingBody {
+                    bytes: new_body,
+                    rewritten: true,
+                });
+            } else {
+                self.body.replace(host, &new_body);
+            }
+        } else if may_take_a_cap {
+            self.body.pending = Some(PendingBody {
+                bytes,
+                rewritten: false,
+            });
+        }
+    }
+}
