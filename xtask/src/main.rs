@@ -87,3 +87,18 @@ fn main() -> ExitCode {
         }
     }
 }
+
+// No import cycles among the build tasks' modules (the checker: `lints/module_graph.rs`).
+#[cfg(test)]
+#[path = "../../lints/module_graph.rs"]
+mod module_graph;
+
+#[cfg(test)]
+#[test]
+fn xtask_modules_import_each_other_without_cycles() {
+    module_graph::assert_no_cycle(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &[],
+        ("oci", "gzip"),
+    );
+}
