@@ -47,7 +47,8 @@ run_pg "$MAAS_PG_BIN_DIR/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w 
   start >/dev/null || { cat "$PG_DIR/postgres.log" >&2; die "PostgreSQL did not start"; }
 export MAAS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 
-# The filter's manifest tests render the kustomizations with `kubectl kustomize` (v5+).
+# The manifest tests (the filter's manifest_plugin_config, maas-e2e's deploy_checks) render the
+# kustomizations with `kubectl kustomize` (v5+).
 if KUBECTL="$(bash -c '. "$1/scripts/lib/deploy-test-env.sh" && ensure_kubectl >/dev/null && printf "%s" "$KUBECTL"' _ "$ROOT")"; then
   export KUBECTL
 else

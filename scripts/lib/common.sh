@@ -190,12 +190,14 @@ ensure_all() {
 }
 
 # Builds the companion and the stack binaries (debug) and the filter (release wasm), in one
-# target directory.
+# target directory, with cargo's progress on stderr: a first build compiles every dependency
+# (several minutes on two cores), later ones only what changed.
 build_all() {
-  log "building (cargo) …"
-  (cd "$ROOT" &&
-    cargo build -q -p maas-companion -p maas-e2e --bins &&
-    cargo build -q -p maas-filter --release --target wasm32-wasip1)
+  log "building the companion and the local stack: cargo build -p maas-companion -p maas-e2e --bins" \
+    "(the first build compiles every dependency: several minutes) …"
+  (cd "$ROOT" && cargo build -p maas-companion -p maas-e2e --bins) || die "cargo build (companion, stack) failed"
+  log "building the filter: cargo build -p maas-filter --release --target wasm32-wasip1 …"
+  (cd "$ROOT" && cargo build -p maas-filter --release --target wasm32-wasip1) || die "cargo build (filter) failed"
 }
 
 target_dir() {

@@ -17,7 +17,10 @@
 //!   (mutual TLS: the gateway's Envoys present a client certificate);
 //! - [`h2client`]: HTTP/2 (h2c, TLS + ALPN) and HTTP/1.1 chunked requests with chosen framing and
 //!   trailers;
-//! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found.
+//! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found;
+//! - [`manifest_checks`]: the schema and wiring checks on rendered manifests (the `deploy_checks`
+//!   test on every overlay, the `maas-manifest-checks` binary on deploy.sh's renders);
+//! - [`migration_checks`]: the companion's migrations stay forward-only and additive.
 
 pub mod envoy_config;
 pub mod extra_envoy;
@@ -25,6 +28,8 @@ pub mod h2client;
 pub mod internal_pki;
 pub mod istio_gateway;
 pub mod kube_standin;
+pub mod manifest_checks;
+pub mod migration_checks;
 pub mod module_stack;
 pub mod postgres;
 pub mod process;
