@@ -40,6 +40,7 @@ mod models;
 mod openapi;
 mod policy;
 mod policy_source;
+mod readiness;
 mod routes;
 pub mod settings;
 pub mod startup;

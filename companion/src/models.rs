@@ -1,9 +1,10 @@
-//! `GET /v1/models` (OpenAI list of what the caller's tier, or its key's subscription, may
-//! call), `GET /v1/tiers`, and the subscription listings `GET /v1/subscriptions` and
+//! `GET /v1/models` (OpenAI list of what the caller may call — its key's subscription, or its
+//! tier and subscriptions — in the reference's shape, `ready` from [`Readiness`]), `GET /v1/tiers`, and the subscription listings `GET /v1/subscriptions` and
 //! `GET /v1/model/{id}/subscriptions` (the reference's item shape, snake_case).
 
 use crate::caller::Caller;
 use crate::policy::PolicyHandle;
+use crate::readiness::Readiness;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -16,25 +17,71 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
+/// The reference's `modelDetails`: from the model's `details` (a MaaSModelRef's annotations).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDetailsEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub genai_use_case: Option<String>,
+    /// Tokens, a string as the reference gives it (`"8192"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub model_capabilities: Vec<String>,
+}
+
+/// A subscription through which the caller may use a model.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSubscription {
+    /// The value for `X-MaaS-Subscription` (and for naming at mint).
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// One model, in the reference's shape (OpenAI's model object plus `kind`, `url`, `ready`,
+/// `modelDetails`, `aliases`, `subscriptions`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ModelEntry {
+    /// What clients send as the body's `model`.
     pub id: String,
     #[schema(value_type = String)]
     pub object: &'static str,
     pub created: i64,
     pub owned_by: String,
+    /// `ExternalModel` for a model with a provider, else `llmisvc` (the reference's values).
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    /// Whether the model's server answered its probe (cached; `false` when down, slow, or not
+    /// probed).
     pub ready: bool,
     /// The model's base URL at the Gateway (`--public-url` + its path); absent when the
     /// companion has no `--public-url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    #[serde(rename = "modelDetails", skip_serializing_if = "Option::is_none")]
+    pub model_details: Option<ModelDetailsEntry>,
+    /// Other ids the body's `model` may carry for this model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// The caller's subscriptions that include the model (sorted by name); absent when the
+    /// caller reaches it through its tier only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub subscriptions: Vec<ModelSubscription>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ModelList {
     #[schema(value_type = String)]
     pub object: &'static str,
-    /// Always an array, empty when the caller's tier may use nothing.
+    /// Always an array, empty when the caller may use nothing.
     pub data: Vec<ModelEntry>,
 }
 
@@ -55,7 +102,63 @@ impl PublicUrl {
     }
 }
 
-#[utoipa::path(get, path = "/v1/models", summary = "Models the caller may use (OpenAI list): an API key bound to a subscription, that subscription's; else the caller's tier's",
+fn details_entry(m: &Model) -> Option<ModelDetailsEntry> {
+    m.details
+        .as_ref()
+        .filter(|d| !d.is_empty())
+        .map(|d| ModelDetailsEntry {
+            display_name: d.display_name.clone(),
+            description: d.description.clone(),
+            genai_use_case: d.genai_use_case.clone(),
+            context_window: d.context_window.clone(),
+            model_capabilities: d.capabilities.clone(),
+        })
+}
+
+/// The models the caller may use, each with the caller's subscriptions that include it.
+/// A key bound to a subscription: that subscription's models. A key pinned to a tier: the
+/// tier's. Anyone else: the models of their tier and of every subscription they have.
+fn callers_models<'a>(
+    policy: &'a PolicyDocument,
+    caller: &Caller,
+) -> Result<Vec<(&'a Model, Vec<&'a Subscription>)>, maas_types::SelectError> {
+    let mut out: Vec<(&Model, Vec<&Subscription>)> = Vec::new();
+    let mut add = |m: &'a Model, sub: Option<&'a Subscription>| match out
+        .iter_mut()
+        .find(|(o, _)| o.name == m.name)
+    {
+        Some((_, subs)) => subs.extend(sub),
+        None => out.push((m, sub.into_iter().collect())),
+    };
+    if let Some(bound) = caller.bound_subscription() {
+        let sub = maas_types::subscription::select(
+            policy,
+            &caller.username,
+            &caller.groups,
+            Some(bound),
+            None,
+        )?;
+        for m in sub.models.iter().filter_map(|m| policy.model(&m.name)) {
+            add(m, Some(sub));
+        }
+        return Ok(out);
+    }
+    if let Some(tier) = policy.resolve_tier(&caller.groups, caller.pinned_tier()) {
+        for m in policy.models_for_tier(&tier.name) {
+            add(m, None);
+        }
+    }
+    if caller.pinned_tier().is_none() {
+        for sub in maas_types::subscription::accessible(policy, &caller.username, &caller.groups) {
+            for m in sub.models.iter().filter_map(|m| policy.model(&m.name)) {
+                add(m, Some(sub));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[utoipa::path(get, path = "/v1/models", summary = "Models the caller may use (OpenAI list, the reference's fields): an API key bound to a subscription, that subscription's; a key pinned to a tier, the tier's; else the caller's tier's and every subscription's it has",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "models", body = ModelList),
@@ -66,47 +169,57 @@ impl PublicUrl {
 pub async fn list(
     State(policy): State<PolicyHandle>,
     State(public): State<PublicUrl>,
+    State(readiness): State<Readiness>,
     caller: Caller,
 ) -> Response {
     let loaded = policy.current();
     let policy = &loaded.document;
-    let entry = |m: &Model| ModelEntry {
-        id: m.name.clone(),
-        object: "model",
-        created: loaded.loaded_at,
-        owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
-        ready: true,
-        url: public.model_url(m),
-    };
-    let data = if let Some(bound) = caller.bound_subscription() {
-        match maas_types::subscription::select(
-            policy,
-            &caller.username,
-            &caller.groups,
-            Some(bound),
-            None,
-        ) {
-            Ok(sub) => sub
-                .models
-                .iter()
-                .filter_map(|m| policy.model(&m.name))
-                .map(entry)
-                .collect(),
-            Err(e) => {
-                return crate::http::error_response(
-                    StatusCode::FORBIDDEN,
-                    e.message(),
-                    ErrorKind::Permission,
-                    Some("invalid_subscription"),
-                );
-            }
-        }
-    } else {
-        match policy.resolve_tier(&caller.groups, caller.pinned_tier()) {
-            None => Vec::new(),
-            Some(tier) => policy.models_for_tier(&tier.name).map(entry).collect(),
+    let models = match callers_models(policy, &caller) {
+        Ok(m) => m,
+        Err(e) => {
+            return crate::http::error_response(
+                StatusCode::FORBIDDEN,
+                e.message(),
+                ErrorKind::Permission,
+                Some("invalid_subscription"),
+            );
         }
     };
+    let ready = readiness
+        .ready(&models.iter().map(|(m, _)| *m).collect::<Vec<_>>())
+        .await;
+    let data = models
+        .into_iter()
+        .zip(ready)
+        .map(|((m, subs), ready)| ModelEntry {
+            id: m.name.clone(),
+            object: "model",
+            created: loaded.loaded_at,
+            owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
+            kind: if m.provider.is_some() {
+                "ExternalModel"
+            } else {
+                "llmisvc"
+            },
+            ready,
+            url: public.model_url(m),
+            model_details: details_entry(m),
+            aliases: m.aliases.clone(),
+            subscriptions: {
+                let mut subs: Vec<ModelSubscription> = subs
+                    .into_iter()
+                    .map(|s| ModelSubscription {
+                        name: s.name.clone(),
+                        display_name: s.display_name.clone(),
+                        description: s.description.clone(),
+                    })
+                    .collect();
+                subs.sort_by(|a, b| a.name.cmp(&b.name));
+                subs.dedup_by(|a, b| a.name == b.name);
+                subs
+            },
+        })
+        .collect();
     (
         [(CACHE_CONTROL, "no-store")],
         Json(ModelList {

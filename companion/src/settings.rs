@@ -216,6 +216,17 @@ pub struct Cli {
     /// can forge it).
     #[arg(long, env = "MAAS_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// How long a model server's probe answer (`ready` in `GET /v1/models`) is reused.
+    #[arg(long, env = "MAAS_MODEL_READY_TTL_MS", default_value_t = 10_000)]
+    pub model_ready_ttl_ms: u64,
+    /// How long a model server's probe may take before the model shows `ready: false` (a
+    /// listing waits at most this long).
+    #[arg(long, env = "MAAS_MODEL_PROBE_TIMEOUT_MS", default_value_t = 2_000)]
+    pub model_probe_timeout_ms: u64,
+    /// Where the models with `backend: simulator` run (the local stack's simulator), for their
+    /// readiness probe. Unset: they are not probed and show `ready: false`.
+    #[arg(long, env = "MAAS_SIMULATOR_URL")]
+    pub simulator_url: Option<String>,
     /// Redis holding the budget-lease counters (`redis://` or `rediss://` for TLS; user and
     /// password in the URL). Unset: the counters live in this process (one companion only).
     #[arg(long, env = "MAAS_REDIS_URL", hide_env_values = true)]
@@ -254,7 +265,19 @@ pub struct Settings {
     pub keys: KeySettings,
     pub leases: LeaseSettings,
     pub usage: UsageSettings,
+    pub model_probe: ModelProbeSettings,
     pub log_format: LogFormat,
+}
+
+/// The model servers' readiness probe (`ready` in `GET /v1/models`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelProbeSettings {
+    /// How long a probe's answer is reused (at least 1 ms).
+    pub ttl: Duration,
+    /// How long a probe may take (at least 1 ms).
+    pub timeout: Duration,
+    /// Where `backend: simulator` models run; unset: not probed.
+    pub simulator_url: Option<String>,
 }
 
 /// The usage ledger and its metrics.
@@ -762,6 +785,30 @@ fn non_empty(v: Option<String>) -> Option<String> {
     v.filter(|s| !s.is_empty())
 }
 
+/// The model servers' probe settings from their flags.
+fn model_probe_settings(
+    ttl_ms: u64,
+    timeout_ms: u64,
+    simulator_url: Option<String>,
+) -> Result<ModelProbeSettings, String> {
+    at_least("--model-ready-ttl-ms", ttl_ms, 1)?;
+    at_least("--model-probe-timeout-ms", timeout_ms, 1)?;
+    Ok(ModelProbeSettings {
+        ttl: Duration::from_millis(ttl_ms),
+        timeout: Duration::from_millis(timeout_ms),
+        simulator_url: non_empty(simulator_url)
+            .map(|u| {
+                public_url(&u).map_err(|e| {
+                    e.replace(
+                        "--public-url (MAAS_PUBLIC_URL)",
+                        "--simulator-url (MAAS_SIMULATOR_URL)",
+                    )
+                })
+            })
+            .transpose()?,
+    })
+}
+
 fn at_least(flag: &str, value: u64, min: u64) -> Result<(), String> {
     if value < min {
         return Err(format!("{flag} must be at least {min}"));
@@ -877,10 +924,6 @@ impl Cli {
             (self.internal_tls_cert, self.internal_tls_key),
             tls.as_ref(),
         )?;
-        let ui_dir = ui_dir(self.ui_dir)?;
-        let public_url = non_empty(self.public_url)
-            .map(|u| public_url(&u))
-            .transpose()?;
         at_least(
             "--last-used-flush-interval-ms",
             self.last_used_flush_interval_ms,
@@ -904,8 +947,10 @@ impl Cli {
                 metrics: self.metrics_addr,
                 tls,
                 internal_auth,
-                ui_dir,
-                public_url,
+                ui_dir: ui_dir(self.ui_dir)?,
+                public_url: non_empty(self.public_url)
+                    .map(|u| public_url(&u))
+                    .transpose()?,
             },
             policy,
             identity: IdentitySettings {
@@ -930,6 +975,11 @@ impl Cli {
                     .transpose()?,
             },
             usage,
+            model_probe: model_probe_settings(
+                self.model_ready_ttl_ms,
+                self.model_probe_timeout_ms,
+                self.simulator_url,
+            )?,
             log_format: self.log_format,
         })
     }

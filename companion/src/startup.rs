@@ -420,6 +420,7 @@ impl Application {
             leases,
             usage: usage.clone(),
             public_url: crate::models::PublicUrl::new(settings.listeners.public_url.clone()),
+            readiness: crate::readiness::Readiness::new(settings.model_probe.clone()),
         };
         if let Some(digest) = policy_digest {
             background.push(policy.spawn_reloader(

@@ -9,6 +9,7 @@ use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::models::PublicUrl;
 use crate::policy::PolicyHandle;
+use crate::readiness::Readiness;
 use crate::settings::KeySettings;
 use crate::usage::Usage;
 use axum::extract::FromRef;
@@ -25,6 +26,7 @@ pub struct AppState {
     pub leases: Leases,
     pub usage: Usage,
     pub public_url: PublicUrl,
+    pub readiness: Readiness,
 }
 
 macro_rules! substate {
@@ -46,3 +48,4 @@ substate!(metrics: Arc<Metrics>);
 substate!(leases: Leases);
 substate!(usage: Usage);
 substate!(public_url: PublicUrl);
+substate!(readiness: Readiness);

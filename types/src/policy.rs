@@ -201,6 +201,65 @@ pub struct Model {
     /// Required with `provider`; checked when given for on-cluster models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_cluster: Option<String>,
+    /// What `/v1/models` tells clients about the model (the reference's `modelDetails`); the
+    /// filter does not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<ModelDetails>,
+}
+
+/// A model's catalogue entry, as the reference's `modelDetails` (from a MaaSModelRef's
+/// annotations `openshift.io/display-name`, `openshift.io/description`,
+/// `opendatahub.io/genai-use-case`, `opendatahub.io/context-window`,
+/// `opendatahub.io/model-capabilities`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelDetails {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// e.g. `chat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genai_use_case: Option<String>,
+    /// Tokens, as the reference writes it (a string: `"8192"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<String>,
+    /// e.g. `["text-generation", "chat"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+}
+
+impl ModelDetails {
+    /// Nothing to tell: left out of the listing.
+    pub fn is_empty(&self) -> bool {
+        *self == ModelDetails::default()
+    }
+}
+
+/// Checks a model's details: text fields not blank, bounded, no control characters; the
+/// context window a positive number of tokens.
+fn check_model_details(at: &str, d: &ModelDetails) -> Result<(), PolicyError> {
+    for (field, v) in [
+        ("displayName", &d.display_name),
+        ("description", &d.description),
+        ("genaiUseCase", &d.genai_use_case),
+    ] {
+        if let Some(v) = v {
+            check_text(format!("{at}.{field}"), v, false)?;
+        }
+    }
+    if let Some(w) = &d.context_window
+        && !w.parse::<u64>().is_ok_and(|n| n > 0)
+    {
+        return Err(err(
+            format!("{at}.contextWindow"),
+            "must be a positive number of tokens, e.g. \"8192\"",
+        ));
+    }
+    for (i, c) in d.capabilities.iter().enumerate() {
+        check_text(format!("{at}.capabilities[{i}]"), c, false)?;
+    }
+    Ok(())
 }
 
 /// Which API a model speaks (its default operations).
@@ -873,6 +932,9 @@ impl PolicyDocument {
             if let Some(served) = &m.served_name {
                 check_model_id(format!("models[{i}].servedName"), served)?;
             }
+            if let Some(d) = &m.details {
+                check_model_details(&format!("models[{i}].details"), d)?;
+            }
             check_model_path(format!("models[{i}].path"), &m.path)?;
             if !model_paths.insert(m.path.to_ascii_lowercase()) {
                 return Err(err(
@@ -986,7 +1048,10 @@ impl PolicyDocument {
 
     /// The model clients name `id` (its name or an alias) and its index.
     pub fn model_by_id(&self, id: &str) -> Option<(usize, &Model)> {
-        self.models.iter().enumerate().find(|(_, m)| m.answers_to(id))
+        self.models
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.answers_to(id))
     }
 
     /// The tier a subject gets: the pinned tier when it still qualifies, else the highest-level
@@ -1299,6 +1364,42 @@ mod tests {
         assert!(doc.model_for_path("/other").is_none());
     }
 
+    /// `details` (the listing's `modelDetails`) round-trips, is left out when absent, and its
+    /// fields are checked: no blank text, a positive context window.
+    #[test]
+    fn model_details_are_checked_and_optional() {
+        let mut v = sample();
+        v["models"][0]["details"] = json!({"displayName": "Sim", "description": "A simulator",
+            "genaiUseCase": "chat", "contextWindow": "8192", "capabilities": ["chat"]});
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let d = doc.models[0].details.as_ref().unwrap();
+        assert_eq!(d.context_window.as_deref(), Some("8192"));
+        assert_eq!(d.capabilities, ["chat"]);
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["models"][0]["details"]["displayName"], "Sim");
+        assert!(json["models"][1].get("details").is_none());
+        for (field, bad) in [
+            ("displayName", json!(" ")),
+            ("contextWindow", json!("lots")),
+            ("contextWindow", json!("0")),
+            ("capabilities", json!(["a\u{7}"])),
+        ] {
+            let mut w = v.clone();
+            w["models"][0]["details"][field] = bad;
+            let e = PolicyDocument::from_value(w).unwrap_err();
+            assert!(
+                e.path.starts_with(&format!("models[0].details.{field}")),
+                "{e}"
+            );
+        }
+        let mut w = v;
+        w["models"][0]["details"]["colour"] = json!("red");
+        assert!(
+            PolicyDocument::from_value(w).is_err(),
+            "unknown fields are refused"
+        );
+    }
+
     /// A body's `model` finds one model by its name or an alias; every id names one model, and
     /// none is blank, holds a control character or is too long; `servedName` likewise.
     #[test]
@@ -1308,7 +1409,10 @@ mod tests {
         v["models"][0]["servedName"] = json!("facebook/opt-125m");
         let doc = PolicyDocument::from_value(v.clone()).unwrap();
         for id in ["sim", "publishers/llm/models/sim", "sim-latest"] {
-            assert_eq!(doc.model_by_id(id).map(|(i, m)| (i, &*m.name)), Some((0, "sim")));
+            assert_eq!(
+                doc.model_by_id(id).map(|(i, m)| (i, &*m.name)),
+                Some((0, "sim"))
+            );
         }
         assert_eq!(doc.model_by_id("gpt").map(|(i, _)| i), Some(1));
         for id in ["SIM", "facebook/opt-125m", "", "sim "] {
@@ -1335,7 +1439,12 @@ mod tests {
         let mut name_is_alias = v.clone();
         name_is_alias["models"][1]["name"] = json!("sim-latest");
         fails_at(name_is_alias, "models[0].aliases[1]");
-        for bad in [json!(""), json!(" "), json!("a\u{7}b"), json!("x".repeat(254))] {
+        for bad in [
+            json!(""),
+            json!(" "),
+            json!("a\u{7}b"),
+            json!("x".repeat(254)),
+        ] {
             let mut w = v.clone();
             w["models"][0]["aliases"] = json!([bad.clone()]);
             fails_at(w, "models[0].aliases[0]");

@@ -406,6 +406,7 @@ fn model_of(
         name: name.clone(),
         aliases: Vec::new(),
         served_name: None,
+        details: None,
         path: format!("/{target_ns}/{target}"),
         tiers: Vec::new(),
         backend: r

@@ -11,6 +11,7 @@ mod helpers;
 mod internal_auth;
 mod kubernetes;
 mod leases;
+mod models;
 mod oidc;
 mod operations;
 mod policy;

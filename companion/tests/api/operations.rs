@@ -350,7 +350,9 @@ async fn models_follow_the_callers_tier() {
     let m = &r.body["data"][0];
     assert_eq!(m["object"], "model");
     assert_eq!(m["owned_by"], "llm");
-    assert_eq!(m["ready"], true);
+    // `backend: simulator` without --simulator-url: not probed, so not known to be up.
+    assert_eq!(m["ready"], false);
+    assert_eq!(m["kind"], "llmisvc");
     assert!(m["created"].as_i64().unwrap() > 0);
     // No --public-url: no url (never one made from the request's Host).
     assert!(m.get("url").is_none(), "{m}");
