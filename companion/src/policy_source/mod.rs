@@ -93,6 +93,11 @@ impl Stores {
             external_models: objects(&self.external_models),
             auth_policies: objects(&self.auth_policies),
             subscriptions: objects(&self.subscriptions),
+            // Not watched yet: `inference.opendatahub.io` ExternalModels and ExternalProviders
+            // are translated (translate.rs) but no watcher feeds them here (a cluster without
+            // their CRDs must not hold the first policy back).
+            inference_models: Vec::new(),
+            external_providers: Vec::new(),
         }
     }
 

@@ -30,7 +30,7 @@
 //! with the field named; every other resource still applies.
 
 use kube::api::DynamicObject;
-use maas_types::policy::{Limit, Model, Provider, ProviderKind, Tier};
+use maas_types::policy::{ApiFamily, Limit, Model, ModelDetails, Provider, ProviderKind, Tier};
 use maas_types::subscription::{
     BillingRate, Owner, Subscription, SubscriptionModel, TokenMetadata,
 };
@@ -48,6 +48,7 @@ pub const ALL_AUTHENTICATED: &str = "system:authenticated";
 
 pub const KIND_MODEL_REF: &str = "MaaSModelRef";
 pub const KIND_EXTERNAL_MODEL: &str = "ExternalModel";
+pub const KIND_EXTERNAL_PROVIDER: &str = "ExternalProvider";
 pub const KIND_AUTH_POLICY: &str = "MaaSAuthPolicy";
 pub const KIND_SUBSCRIPTION: &str = "MaaSSubscription";
 
@@ -55,7 +56,14 @@ pub const KIND_SUBSCRIPTION: &str = "MaaSSubscription";
 #[derive(Debug, Clone, Default)]
 pub struct Resources {
     pub model_refs: Vec<DynamicObject>,
+    /// `maas.opendatahub.io` ExternalModels (the older shape: `provider`, `endpoint`,
+    /// `targetModel`, `credentialRef`).
     pub external_models: Vec<DynamicObject>,
+    /// `inference.opendatahub.io` ExternalModels (v0.2.1: `modelName`, `externalProviderRefs`);
+    /// a MaaSModelRef's ExternalModel is looked up here first, as the reference does.
+    pub inference_models: Vec<DynamicObject>,
+    /// `inference.opendatahub.io` ExternalProviders (`provider`, `endpoint`, `auth`).
+    pub external_providers: Vec<DynamicObject>,
     pub auth_policies: Vec<DynamicObject>,
     pub subscriptions: Vec<DynamicObject>,
 }
@@ -369,10 +377,260 @@ fn external_model(
     ))
 }
 
+/// `modelDetails` from a MaaSModelRef's annotations (the reference's keys); `None` when none.
+fn details_of(r: &DynamicObject) -> Option<ModelDetails> {
+    let text = |k| annotation(r, k).map(str::to_string);
+    let d = ModelDetails {
+        display_name: text("openshift.io/display-name"),
+        description: text("openshift.io/description"),
+        genai_use_case: text("opendatahub.io/genai-use-case"),
+        context_window: text("opendatahub.io/context-window").map(|w| w.trim().to_string()),
+        // A JSON list of strings, as the reference reads it; anything else is left out.
+        capabilities: annotation(r, "opendatahub.io/model-capabilities")
+            .and_then(|c| serde_json::from_str::<Vec<String>>(c).ok())
+            .unwrap_or_default(),
+    };
+    (!d.is_empty()).then_some(d)
+}
+
+/// The model id KServe gives an LLMInferenceService (`status.resolvedModelAlias`, mirrored by
+/// the reference's controller: `publishers/<ns>/models/<spec.model.name>`), and the name the
+/// server serves (`<spec.model.name>`, what vLLM expects in the body).
+fn resolved_alias(r: &DynamicObject) -> Option<(String, Option<String>)> {
+    let alias = r
+        .data
+        .get("status")
+        .and_then(|s| str_at(s, "resolvedModelAlias"))?;
+    let served = alias
+        .strip_prefix("publishers/")
+        .and_then(|rest| rest.split_once("/models/"))
+        .map(|(_, served)| served.to_string())
+        .filter(|s| !s.is_empty());
+    Some((alias.to_string(), served))
+}
+
+/// The binding an ExternalModel's traffic goes to: the first with a weight above 0 (the rest
+/// noted: weighted splits are not built).
+fn served_binding<'a>(
+    em: &DynamicObject,
+    refs: &'a [Value],
+    notes: &mut Vec<String>,
+) -> Result<(usize, &'a Value), Invalid> {
+    let (namespace, name) = ns_name(em);
+    let weight = |r: &Value| r.get("weight").and_then(Value::as_u64).unwrap_or(1);
+    let (i, binding) = refs
+        .iter()
+        .enumerate()
+        .find(|(_, r)| weight(r) > 0)
+        .ok_or_else(|| {
+            bad(
+                KIND_EXTERNAL_MODEL,
+                em,
+                "spec.externalProviderRefs",
+                "every binding has weight 0: no traffic may go anywhere",
+            )
+        })?;
+    let at = format!("spec.externalProviderRefs[{i}]");
+    let served = refs.iter().filter(|r| weight(r) > 0).count();
+    if served > 1 {
+        notes.push(format!(
+            "ExternalModel {namespace}/{name}: {served} provider bindings with weight: only {at} is served (weighted splits are not supported)"
+        ));
+    }
+    Ok((i, binding))
+}
+
+/// The Secret of a binding's key (the binding's `auth`, else its provider's): `apikey` and
+/// `simple` only.
+fn binding_secret(
+    em: &DynamicObject,
+    provider: &DynamicObject,
+    binding: &Value,
+    at: &str,
+) -> Result<String, Invalid> {
+    let ps = provider.data.get("spec").cloned().unwrap_or(Value::Null);
+    // The binding's auth overrides the provider's.
+    let (auth, auth_at, auth_of) = match binding.get("auth").filter(|a| !a.is_null()) {
+        Some(a) => (a.clone(), format!("{at}.auth"), em),
+        None => (
+            ps.get("auth").cloned().unwrap_or(Value::Null),
+            "spec.auth".to_string(),
+            provider,
+        ),
+    };
+    let auth_kind = if std::ptr::eq(auth_of, em) {
+        KIND_EXTERNAL_MODEL
+    } else {
+        KIND_EXTERNAL_PROVIDER
+    };
+    match str_at(&auth, "type") {
+        Some("apikey" | "simple") => {}
+        Some(other) => {
+            return Err(bad(
+                auth_kind,
+                auth_of,
+                format!("{auth_at}.type"),
+                format!(
+                    "{other:?} is not supported: only apikey and simple (a static key) are served; the model is not served"
+                ),
+            ));
+        }
+        None => {
+            return Err(bad(
+                auth_kind,
+                auth_of,
+                format!("{auth_at}.type"),
+                "required",
+            ));
+        }
+    }
+    let secret = auth
+        .get("secretRef")
+        .and_then(|r| str_at(r, "name"))
+        .filter(|n| is_object_name(n))
+        .ok_or_else(|| {
+            bad(
+                auth_kind,
+                auth_of,
+                format!("{auth_at}.secretRef.name"),
+                "required: a Secret name (the Secret is in the provider's namespace)",
+            )
+        })?;
+    Ok(secret.to_string())
+}
+
+/// What an `inference.opendatahub.io` ExternalModel gives its MaaSModelRef's model.
+struct InferenceExternal {
+    provider: Provider,
+    upstream_cluster: String,
+    endpoint: String,
+    /// `targetModel`: what the provider expects in the body.
+    served_name: String,
+    /// `spec.modelName`, else the ExternalModel's name: what clients send.
+    client_name: String,
+    api: Option<ApiFamily>,
+}
+
+/// An `inference.opendatahub.io` ExternalModel and its ExternalProvider (same namespace). One
+/// provider binding is served: the first with a weight above 0 (weighted splits across several
+/// are not built: the others are left out with a note). `auth.type` `apikey` and `simple` are
+/// served (the Secret's `api-key`, of the provider's namespace); `sigv4` and `oauth2` are not:
+/// the model is invalid, named in the report.
+fn inference_external(
+    em: &DynamicObject,
+    providers: &BTreeMap<(String, String), &DynamicObject>,
+    notes: &mut Vec<String>,
+) -> Result<InferenceExternal, Invalid> {
+    let (namespace, name) = ns_name(em);
+    let spec = em.data.get("spec").cloned().unwrap_or(Value::Null);
+    let refs = spec
+        .get("externalProviderRefs")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            bad(
+                KIND_EXTERNAL_MODEL,
+                em,
+                "spec.externalProviderRefs",
+                "at least one provider binding is required",
+            )
+        })?;
+    let (i, binding) = served_binding(em, refs, notes)?;
+    let at = format!("spec.externalProviderRefs[{i}]");
+    let provider_name = binding
+        .get("ref")
+        .and_then(|r| str_at(r, "name"))
+        .ok_or_else(|| {
+            bad(
+                KIND_EXTERNAL_MODEL,
+                em,
+                format!("{at}.ref.name"),
+                "required",
+            )
+        })?;
+    let provider = providers
+        .get(&(namespace.clone(), provider_name.to_string()))
+        .ok_or_else(|| {
+            bad(
+                KIND_EXTERNAL_MODEL,
+                em,
+                format!("{at}.ref.name"),
+                format!("no ExternalProvider {namespace}/{provider_name}"),
+            )
+        })?;
+    let ps = provider.data.get("spec").cloned().unwrap_or(Value::Null);
+    let kind_name = str_at(&ps, "provider").ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_PROVIDER,
+            provider,
+            "spec.provider",
+            "required",
+        )
+    })?;
+    let kind = provider_kind(kind_name).ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_PROVIDER,
+            provider,
+            "spec.provider",
+            format!("{kind_name:?} is not supported (openai, anthropic, azure-openai, vertex)"),
+        )
+    })?;
+    let endpoint = str_at(&ps, "endpoint").ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_PROVIDER,
+            provider,
+            "spec.endpoint",
+            "required",
+        )
+    })?;
+    let secret = binding_secret(em, provider, binding, &at)?;
+    let api = match str_at(binding, "apiFormat") {
+        Some("openai-chat") => Some(ApiFamily::Openai),
+        Some("messages") => Some(ApiFamily::Anthropic),
+        other => {
+            let why = other.map_or("required".to_string(), |f| {
+                format!("{f:?} is not supported: openai-chat or messages")
+            });
+            return Err(bad(KIND_EXTERNAL_MODEL, em, format!("{at}.apiFormat"), why));
+        }
+    };
+    let target = str_at(binding, "targetModel").ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_MODEL,
+            em,
+            format!("{at}.targetModel"),
+            "required",
+        )
+    })?;
+    Ok(InferenceExternal {
+        provider: Provider {
+            kind,
+            credential_ref: format!("{namespace}/{secret}"),
+        },
+        upstream_cluster: format!("outbound|443||{endpoint}"),
+        endpoint: endpoint.to_string(),
+        served_name: target.to_string(),
+        client_name: str_at(&spec, "modelName").unwrap_or(&name).to_string(),
+        api,
+    })
+}
+
 /// One MaaSModelRef as a model (tiers filled in by the caller).
+fn by_name(list: &[DynamicObject]) -> BTreeMap<(String, String), &DynamicObject> {
+    list.iter().map(|e| (ns_name(e), e)).collect()
+}
+
+/// The ExternalModels and ExternalProviders by `(namespace, name)`.
+struct Externals<'a> {
+    legacy: BTreeMap<(String, String), &'a DynamicObject>,
+    inference: BTreeMap<(String, String), &'a DynamicObject>,
+    providers: BTreeMap<(String, String), &'a DynamicObject>,
+}
+
 fn model_of(
     r: &DynamicObject,
-    externals: &BTreeMap<(String, String), &DynamicObject>,
+    externals: &Externals<'_>,
+    notes: &mut Vec<String>,
 ) -> Result<Model, Invalid> {
     let (namespace, name) = ns_name(r);
     let spec = r.data.get("spec").cloned().unwrap_or(Value::Null);
@@ -406,7 +664,7 @@ fn model_of(
         name: name.clone(),
         aliases: Vec::new(),
         served_name: None,
-        details: None,
+        details: details_of(r),
         path: format!("/{target_ns}/{target}"),
         tiers: Vec::new(),
         backend: r
@@ -421,15 +679,51 @@ fn model_of(
         operations: None,
         upstream_cluster: None,
     };
+    // Another id clients may send, when it differs from the MaaSModelRef's name.
+    let alias = |model: &mut Model, id: &str| {
+        if id != model.name && !model.aliases.iter().any(|a| a == id) {
+            model.aliases.push(id.to_string());
+        }
+    };
     match kind {
-        "LLMInferenceService" => {}
+        "LLMInferenceService" => {
+            if let Some((id, served)) = resolved_alias(r) {
+                alias(&mut model, &id);
+                model.served_name = served;
+            }
+        }
         "ExternalModel" => {
-            let (provider, upstream_cluster, endpoint) =
-                external_model(r, externals, target_ns, target)?;
-            model.provider = Some(provider);
-            model.upstream_cluster = Some(upstream_cluster);
-            if model.backend.is_none() {
-                model.backend = Some(format!("https://{endpoint}"));
+            let key = (target_ns.to_string(), target.to_string());
+            if let Some(em) = externals.inference.get(&key) {
+                let ext = inference_external(em, &externals.providers, notes)?;
+                model.provider = Some(ext.provider);
+                model.upstream_cluster = Some(ext.upstream_cluster);
+                model.api = ext.api;
+                if model.backend.is_none() {
+                    model.backend = Some(format!("https://{}", ext.endpoint));
+                }
+                alias(&mut model, &ext.client_name);
+                model.served_name = Some(ext.served_name);
+            } else {
+                let (provider, upstream_cluster, endpoint) =
+                    external_model(r, &externals.legacy, target_ns, target)?;
+                model.provider = Some(provider);
+                model.upstream_cluster = Some(upstream_cluster);
+                if model.backend.is_none() {
+                    model.backend = Some(format!("https://{endpoint}"));
+                }
+                // The reference lists the ExternalModel's name as the id; the provider gets
+                // its targetModel.
+                alias(&mut model, target);
+                let target_model = externals
+                    .legacy
+                    .get(&key)
+                    .and_then(|e| e.data.get("spec"))
+                    .and_then(|s| str_at(s, "targetModel"));
+                // Needed only when a client's id may differ from it.
+                model.served_name = target_model
+                    .filter(|t| *t != model.name || !model.aliases.is_empty())
+                    .map(str::to_string);
             }
         }
         other => {
@@ -449,6 +743,9 @@ fn model_field(e: &PolicyError) -> String {
     let rest = e.path.split_once("].").map(|(_, r)| r).unwrap_or("");
     match rest.split('.').next().unwrap_or("") {
         "name" | "path" => "metadata.name".into(),
+        "aliases" => "status.resolvedModelAlias (or the ExternalModel's modelName)".into(),
+        "servedName" => "the served model name (targetModel, or status.resolvedModelAlias)".into(),
+        "details" => "metadata.annotations".into(),
         "provider" => "spec.credentialRef.name (ExternalModel)".into(),
         "upstreamCluster" => "spec.endpoint (ExternalModel)".into(),
         _ => "spec".into(),
@@ -691,14 +988,14 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         doc.tiers.push(only_tier.clone());
     }
     let access = access_map(&res.auth_policies, &mut invalid);
-    let externals: BTreeMap<(String, String), &DynamicObject> = res
-        .external_models
-        .iter()
-        .map(|e| (ns_name(e), e))
-        .collect();
+    let externals = Externals {
+        legacy: by_name(&res.external_models),
+        inference: by_name(&res.inference_models),
+        providers: by_name(&res.external_providers),
+    };
 
     for r in sorted(&res.model_refs) {
-        let mut model = match model_of(r, &externals) {
+        let mut model = match model_of(r, &externals, &mut notes) {
             Ok(m) => m,
             Err(e) => {
                 invalid.push(e);
@@ -775,6 +1072,19 @@ pub(crate) mod samples {
     );
 
     /// The YAML documents of `text` as objects.
+    /// The reference's v0.2.1 samples, unchanged: `docs/samples/maas-system/{free,premium}/maas/`
+    /// (copies in `tests/fixtures/reference/v0.2.1/`, each naming its source).
+    pub const V0_2_1: &str = concat!(
+        include_str!("../../../tests/fixtures/reference/v0.2.1/maas-system-free.yaml"),
+        "\n---\n",
+        include_str!("../../../tests/fixtures/reference/v0.2.1/maas-system-premium.yaml")
+    );
+
+    /// An `inference.opendatahub.io` ExternalModel + ExternalProvider written to the v0.2.1
+    /// CRDs (the release has no sample of them).
+    pub const V0_2_1_INFERENCE: &str =
+        include_str!("../../../tests/fixtures/reference/v0.2.1/inference-external-model.yaml");
+
     pub fn objects(text: &str) -> Vec<kube::api::DynamicObject> {
         text.split("\n---\n")
             .filter(|d| !d.trim().is_empty())
@@ -786,8 +1096,14 @@ pub(crate) mod samples {
         let mut r = super::Resources::default();
         for o in objects(text) {
             let kind = o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+            let inference = o
+                .types
+                .as_ref()
+                .is_some_and(|t| t.api_version.starts_with("inference.opendatahub.io/"));
             match kind.as_str() {
                 "MaaSModelRef" => r.model_refs.push(o),
+                "ExternalModel" if inference => r.inference_models.push(o),
+                "ExternalProvider" => r.external_providers.push(o),
                 "ExternalModel" => r.external_models.push(o),
                 "MaaSAuthPolicy" => r.auth_policies.push(o),
                 "MaaSSubscription" => r.subscriptions.push(o),
@@ -1077,5 +1393,144 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
         assert!(t.document.model("gpt-4o").is_none());
         assert!(t.document.subscription("gpt-4o-subscription").is_none());
         assert!(t.document.model("sim").is_some());
+    }
+
+    /// The v0.2.1 samples (`docs/samples/maas-system/{free,premium}/maas/`, unchanged): their
+    /// annotations become `details`, their subscriptions keep their priorities and names.
+    #[test]
+    fn the_v0_2_1_samples_translate_with_details() {
+        use super::samples::V0_2_1;
+        let t = translate(None, &resources(V0_2_1));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        let doc = &t.document;
+        let free = doc.model("facebook-opt-125m-simulated").unwrap();
+        assert_eq!(free.path, "/llm/facebook-opt-125m-simulated");
+        let d = free.details.as_ref().unwrap();
+        assert_eq!(
+            d.display_name.as_deref(),
+            Some("Facebook OPT 125M (Simulated)")
+        );
+        assert_eq!(
+            d.description.as_deref(),
+            Some("A simulated OPT-125M model for free-tier testing")
+        );
+        // No status yet: no alias, the body goes to the server as the client sent it.
+        assert!(free.aliases.is_empty());
+        assert!(free.served_name.is_none());
+        let sub = doc.subscription("simulator-subscription").unwrap();
+        assert_eq!(sub.priority, 10);
+        assert_eq!(
+            sub.display_name.as_deref(),
+            Some("Simulator Subscription (Free)")
+        );
+        assert_eq!(
+            doc.subscription("premium-simulator-subscription")
+                .unwrap()
+                .priority,
+            20
+        );
+        assert_eq!(
+            doc.model("premium-simulated-simulated-premium")
+                .unwrap()
+                .details
+                .as_ref()
+                .unwrap()
+                .display_name
+                .as_deref(),
+            Some("Premium Simulator")
+        );
+    }
+
+    /// The reference's id for an on-cluster model (`status.resolvedModelAlias`,
+    /// `publishers/<ns>/models/<served name>`) is an alias, and the served name is what the
+    /// body is rewritten to: the sample's MaaSModelRef serving `facebook/opt-125m` satisfies
+    /// both the client and vLLM.
+    #[test]
+    fn the_resolved_model_alias_is_an_alias_and_names_the_served_model() {
+        use super::samples::V0_2_1;
+        let with_status = V0_2_1.replacen(
+            "    name: facebook-opt-125m-simulated\n---",
+            "    name: facebook-opt-125m-simulated\nstatus:\n  phase: Ready\n  resolvedModelAlias: publishers/llm/models/facebook/opt-125m\n---",
+            1,
+        );
+        assert_ne!(with_status, V0_2_1);
+        let t = translate(None, &resources(&with_status));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let m = t.document.model("facebook-opt-125m-simulated").unwrap();
+        assert_eq!(m.aliases, ["publishers/llm/models/facebook/opt-125m"]);
+        assert_eq!(m.served_name.as_deref(), Some("facebook/opt-125m"));
+        assert_eq!(
+            t.document
+                .model_by_id("publishers/llm/models/facebook/opt-125m")
+                .map(|(_, m)| m.name.as_str()),
+            Some("facebook-opt-125m-simulated")
+        );
+    }
+
+    /// An `inference.opendatahub.io` ExternalModel: its provider's endpoint and key (`apikey`),
+    /// `apiFormat`, `targetModel` as the served name and `modelName` as an alias.
+    #[test]
+    fn an_inference_external_model_is_served_through_its_provider() {
+        use super::samples::V0_2_1_INFERENCE;
+        let t = translate(None, &resources(V0_2_1_INFERENCE));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        let p = m.provider.as_ref().unwrap();
+        assert_eq!(p.kind, ProviderKind::Openai);
+        assert_eq!(p.secret(), (Some("llm"), "openai-api-key"));
+        assert_eq!(
+            m.upstream_cluster.as_deref(),
+            Some("outbound|443||api.openai.com")
+        );
+        assert_eq!(m.backend.as_deref(), Some("https://api.openai.com"));
+        assert_eq!(m.api, Some(ApiFamily::Openai));
+        assert_eq!(m.served_name.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+        assert_eq!(m.aliases, ["openai/gpt-4o-mini"]);
+        let d = m.details.as_ref().unwrap();
+        assert_eq!(d.context_window.as_deref(), Some("128000"));
+        assert_eq!(d.capabilities, ["text-generation", "chat"]);
+    }
+
+    /// `sigv4` and `oauth2` are refused by name (the model is not served); a binding of weight
+    /// 0 carries no traffic; of several weighted bindings only the first is served, noted.
+    #[test]
+    fn unsupported_provider_auth_is_reported_and_weights_pick_one_binding() {
+        use super::samples::V0_2_1_INFERENCE;
+        for auth in ["sigv4", "oauth2"] {
+            let text = V0_2_1_INFERENCE.replace("type: apikey", &format!("type: {auth}"));
+            let t = translate(None, &resources(&text));
+            assert!(t.document.model("gpt-4o-mini").is_none());
+            let found: Vec<(&str, &str, &str)> = t
+                .invalid
+                .iter()
+                .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
+                .collect();
+            assert_eq!(
+                found,
+                [("ExternalProvider", "openai", "spec.auth.type")],
+                "{auth}"
+            );
+            assert!(
+                t.invalid[0].message.contains("not supported"),
+                "{}",
+                t.invalid[0]
+            );
+        }
+        let two = V0_2_1_INFERENCE.replace(
+            "      weight: 1\n",
+            "      weight: 0\n    - ref: {name: openai}\n      apiFormat: messages\n      path: /v1/messages\n      targetModel: second\n      weight: 3\n    - ref: {name: openai}\n      apiFormat: openai-chat\n      path: /v1/chat/completions\n      targetModel: third\n",
+        );
+        let t = translate(None, &resources(&two));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        assert_eq!(m.served_name.as_deref(), Some("second"));
+        assert_eq!(m.api, Some(ApiFamily::Anthropic));
+        assert_eq!(t.notes.len(), 1, "{:?}", t.notes);
+        assert!(
+            t.notes[0].contains("externalProviderRefs[1]"),
+            "{:?}",
+            t.notes
+        );
     }
 }
