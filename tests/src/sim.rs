@@ -95,6 +95,14 @@ struct SimState {
 pub struct SimHandle {
     state: Arc<SimState>,
     addr: SocketAddr,
+    /// The serving thread while the simulator listens (see [`SimHandle::stop`]).
+    server: Arc<Mutex<Option<Serving>>>,
+}
+
+/// A serving thread and how to end it.
+struct Serving {
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl SimHandle {
@@ -111,6 +119,24 @@ impl SimHandle {
     pub fn clear(&self) {
         lock(&self.state.recorded).clear();
     }
+    /// Stops listening (a model server that went down): returns once the port is closed, so
+    /// a connection after this is refused. Open connections are closed after their request.
+    pub fn stop(&self) {
+        let serving = lock(&self.server).take();
+        if let Some(serving) = serving {
+            let _ = serving.shutdown.send(());
+            let _ = serving.thread.join();
+        }
+    }
+    /// Listens again on the same address after [`SimHandle::stop`] (no-op while listening).
+    pub fn start(&self) -> std::io::Result<()> {
+        let mut server = lock(&self.server);
+        if server.is_none() {
+            let listener = std::net::TcpListener::bind(self.addr)?;
+            *server = Some(serve_on_thread(listener, self.state.clone())?);
+        }
+        Ok(())
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,8 +149,11 @@ fn router(config: SimConfig) -> (Router, Arc<SimState>) {
         config,
         recorded: Mutex::new(VecDeque::new()),
     });
-    let app = Router::new().fallback(handle).with_state(state.clone());
-    (app, state)
+    (app(state.clone()), state)
+}
+
+fn app(state: Arc<SimState>) -> Router {
+    Router::new().fallback(handle).with_state(state)
 }
 
 /// Serves the simulator on an already bound listener until the future is dropped.
@@ -144,13 +173,27 @@ fn nodelay(
 }
 
 /// Starts the simulator on `addr` on a dedicated runtime thread that lives as long as the
-/// process, so it outlives the tokio runtime of any one test.
+/// process (or until [`SimHandle::stop`]), so it outlives the tokio runtime of any one test.
 pub fn spawn(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimHandle> {
     let std_listener = std::net::TcpListener::bind(addr)?;
-    std_listener.set_nonblocking(true)?;
     let addr = std_listener.local_addr()?;
-    let (app, state) = router(config);
-    std::thread::Builder::new()
+    let (_, state) = router(config);
+    let serving = serve_on_thread(std_listener, state.clone())?;
+    Ok(SimHandle {
+        state,
+        addr,
+        server: Arc::new(Mutex::new(Some(serving))),
+    })
+}
+
+/// Serves `state` on `std_listener` on a thread with its own runtime until shut down.
+fn serve_on_thread(
+    std_listener: std::net::TcpListener,
+    state: Arc<SimState>,
+) -> std::io::Result<Serving> {
+    std_listener.set_nonblocking(true)?;
+    let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
         .name("model-sim".into())
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -168,15 +211,22 @@ pub fn spawn(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimHandle> 
             runtime.block_on(async move {
                 match tokio::net::TcpListener::from_std(std_listener) {
                     Ok(listener) => {
-                        if let Err(e) = axum::serve(nodelay(listener), app).await {
+                        let served = axum::serve(nodelay(listener), app(state))
+                            .with_graceful_shutdown(async {
+                                let _ = stopped.await;
+                            })
+                            .await;
+                        if let Err(e) = served {
                             eprintln!("model-sim: server error: {e}");
                         }
                     }
                     Err(e) => eprintln!("model-sim: cannot listen: {e}"),
                 }
             });
+            // Connections still open (a stream in flight) end with the runtime.
+            runtime.shutdown_background();
         })?;
-    Ok(SimHandle { state, addr })
+    Ok(Serving { shutdown, thread })
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {

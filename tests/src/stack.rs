@@ -785,11 +785,13 @@ fn start_replicas(core: &Core, n: usize) -> Result<Vec<Arc<Replica>>> {
 }
 
 /// The companion's command line: its database, the policy, identities and credentials files
-/// (`files`, in that order), and how the internal listener authenticates callers.
+/// (`files`, in that order), where the simulator runs (the readiness probe of `backend:
+/// simulator` models) and how the internal listener authenticates callers.
 fn companion_args(
     postgres: &Postgres,
     policy_reload_interval_ms: u64,
     files: [&Path; 3],
+    simulator: SocketAddr,
     internal_pki: Option<&InternalPki>,
 ) -> Vec<String> {
     let [policy_path, identities_path, credentials_path] = files;
@@ -805,6 +807,7 @@ fn companion_args(
         format!("--identities-file={}", identities_path.display()),
         "--credentials-source=file".to_string(),
         format!("--credentials-file={}", credentials_path.display()),
+        format!("--simulator-url=http://{}", connect_addr(simulator)),
     ]
     .into_iter()
     .chain(internal_auth_args)
@@ -908,6 +911,7 @@ impl Stack {
                 &postgres,
                 options.policy_reload_interval_ms,
                 [&policy_path, &identities_path, &credentials_path],
+                sim.addr(),
                 internal_pki.as_ref(),
             ),
             env,
