@@ -2,7 +2,9 @@
 //! `MAAS_POLICY_SOURCE=kubernetes`: HTTPS on 127.0.0.1 with a certificate from a throwaway CA,
 //! list + watch (one JSON line per event, resumed from a `resourceVersion`) of the
 //! `maas.opendatahub.io/v1alpha1` resources (`MaaSModelRef`, `ExternalModel` across namespaces;
-//! `MaaSAuthPolicy`, `MaaSSubscription` in one), and `events.k8s.io/v1` Events recorded.
+//! `MaaSAuthPolicy`, `MaaSSubscription` in one) and the `inference.opendatahub.io/v1alpha1`
+//! `ExternalModel` and `ExternalProvider` (kept by group and plural: both groups have
+//! `externalmodels`), and `events.k8s.io/v1` Events recorded.
 //! The companion reaches it through its real `kube` client, configured by the kubeconfig file
 //! written here ([`KubeStandin::companion_env`]: `KUBECONFIG` and the policy source).
 //!
@@ -20,33 +22,41 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-const API_PREFIX: &str = "/apis/maas.opendatahub.io/v1alpha1";
+const MAAS: &str = "maas.opendatahub.io";
+const INFERENCE: &str = "inference.opendatahub.io";
+const VERSION: &str = "v1alpha1";
 
-/// The plural (URL segment) of a served kind.
-fn plural(kind: &str) -> Result<&'static str> {
-    Ok(match kind {
-        "MaaSModelRef" => "maasmodelrefs",
-        "ExternalModel" => "externalmodels",
-        "MaaSAuthPolicy" => "maasauthpolicies",
-        "MaaSSubscription" => "maassubscriptions",
-        other => bail!("the stand-in does not serve kind {other:?}"),
+/// The `(group, plural)` of a served `apiVersion` and kind.
+fn resource(api_version: &str, kind: &str) -> Result<(&'static str, &'static str)> {
+    let group = api_version.split('/').next().unwrap_or_default();
+    Ok(match (group, kind) {
+        (MAAS, "MaaSModelRef") => (MAAS, "maasmodelrefs"),
+        (MAAS, "ExternalModel") => (MAAS, "externalmodels"),
+        (MAAS, "MaaSAuthPolicy") => (MAAS, "maasauthpolicies"),
+        (MAAS, "MaaSSubscription") => (MAAS, "maassubscriptions"),
+        (INFERENCE, "ExternalModel") => (INFERENCE, "externalmodels"),
+        (INFERENCE, "ExternalProvider") => (INFERENCE, "externalproviders"),
+        other => bail!("the stand-in does not serve {other:?}"),
     })
 }
 
 /// One change, as a watch replays it.
 struct Change {
     version: u64,
-    plural: &'static str,
+    resource: (&'static str, &'static str),
     namespace: String,
     kind: &'static str,
     object: Value,
 }
 
+/// A served resource: (group, plural).
+type Resource = (&'static str, &'static str);
+
 #[derive(Default)]
 struct Cluster {
     version: u64,
-    /// (plural, namespace, name) → object.
-    objects: BTreeMap<(&'static str, String, String), Value>,
+    /// ((group, plural), namespace, name) → object.
+    objects: BTreeMap<(Resource, String, String), Value>,
     history: Vec<Change>,
     events: Vec<Value>,
 }
@@ -65,7 +75,7 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn record(&self, key: (&'static str, String, String), change: Option<Value>) -> Result<()> {
+    fn record(&self, key: (Resource, String, String), change: Option<Value>) -> Result<()> {
         {
             let mut c = self.lock();
             c.version += 1;
@@ -80,7 +90,7 @@ impl Shared {
                     (if old.is_some() { "MODIFIED" } else { "ADDED" }, new)
                 }
                 (None, Some(old)) => ("DELETED", old),
-                (None, None) => bail!("{}/{}/{} does not exist", key.0, key.1, key.2),
+                (None, None) => bail!("{}/{}/{}/{} does not exist", key.0.0, key.0.1, key.1, key.2),
             };
             object["metadata"]["resourceVersion"] = json!(version.to_string());
             if kind != "DELETED" {
@@ -88,7 +98,7 @@ impl Shared {
             }
             c.history.push(Change {
                 version,
-                plural: key.0,
+                resource: key.0,
                 namespace: key.1,
                 kind,
                 object,
@@ -117,12 +127,14 @@ struct ListQuery {
 
 fn list_or_watch(
     shared: Arc<Shared>,
+    group: &'static str,
     plural: String,
     namespace: Option<String>,
     q: ListQuery,
 ) -> Response {
-    let in_scope =
-        move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
+    let in_scope = move |r: &Resource, ns: &str| {
+        r.0 == group && r.1 == plural && namespace.as_deref().is_none_or(|n| n == ns)
+    };
     if !q.watch.unwrap_or(false) {
         let c = shared.lock();
         let items: Vec<&Value> = c
@@ -132,7 +144,7 @@ fn list_or_watch(
             .map(|(_, o)| o)
             .collect();
         return Json(json!({
-            "apiVersion": "maas.opendatahub.io/v1alpha1",
+            "apiVersion": format!("{group}/{VERSION}"),
             "kind": "List",
             "metadata": {"resourceVersion": c.version.to_string()},
             "items": items
@@ -150,7 +162,7 @@ fn list_or_watch(
                 {
                     let c = shared.lock();
                     for ch in c.history.iter().filter(|ch| ch.version > seen) {
-                        if in_scope(ch.plural, &ch.namespace) {
+                        if in_scope(&ch.resource, &ch.namespace) {
                             lines.push_str(
                                 &json!({"type": ch.kind, "object": ch.object}).to_string(),
                             );
@@ -177,19 +189,21 @@ fn list_or_watch(
 }
 
 async fn list_all(
+    group: &'static str,
     State(shared): State<Arc<Shared>>,
     Path(plural): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    list_or_watch(shared, plural, None, q)
+    list_or_watch(shared, group, plural, None, q)
 }
 
 async fn list_namespaced(
+    group: &'static str,
     State(shared): State<Arc<Shared>>,
     Path((namespace, plural)): Path<(String, String)>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    list_or_watch(shared, plural, Some(namespace), q)
+    list_or_watch(shared, group, plural, Some(namespace), q)
 }
 
 async fn create_event(
@@ -229,12 +243,19 @@ impl KubeStandin {
         )?;
 
         let shared = Arc::new(Shared::default());
-        let router = Router::new()
-            .route(&format!("{API_PREFIX}/{{plural}}"), get(list_all))
-            .route(
-                &format!("{API_PREFIX}/namespaces/{{namespace}}/{{plural}}"),
-                get(list_namespaced),
-            )
+        let mut router = Router::new();
+        for group in [MAAS, INFERENCE] {
+            router = router
+                .route(
+                    &format!("/apis/{group}/{VERSION}/{{plural}}"),
+                    get(move |s, p, q| list_all(group, s, p, q)),
+                )
+                .route(
+                    &format!("/apis/{group}/{VERSION}/namespaces/{{namespace}}/{{plural}}"),
+                    get(move |s, p, q| list_namespaced(group, s, p, q)),
+                );
+        }
+        let router = router
             .route(
                 "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
                 post(create_event),
@@ -313,14 +334,24 @@ impl KubeStandin {
             let name = object["metadata"]["name"]
                 .as_str()
                 .context("metadata.name")?;
-            let key = (plural(kind)?, ns.to_string(), name.to_string());
+            let api_version = object["apiVersion"].as_str().context("apiVersion")?;
+            let key = (
+                resource(api_version, kind)?,
+                ns.to_string(),
+                name.to_string(),
+            );
             self.shared.record(key, Some(object))?;
         }
         Ok(())
     }
 
-    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Result<()> {
-        let key = (plural(kind)?, namespace.to_string(), name.to_string());
+    /// Deletes the object of `api_version` (e.g. `maas.opendatahub.io/v1alpha1`) and `kind`.
+    pub fn delete(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<()> {
+        let key = (
+            resource(api_version, kind)?,
+            namespace.to_string(),
+            name.to_string(),
+        );
         self.shared.record(key, None)
     }
 

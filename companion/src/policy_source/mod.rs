@@ -1,7 +1,11 @@
 //! The policy from the reference's resources (`--policy-source kubernetes`): kube-runtime
 //! watchers (list + watch, resumed and relisted with backoff) on `MaaSModelRef` and
 //! `ExternalModel` in all namespaces and `MaaSAuthPolicy` and `MaaSSubscription` in
-//! `--policy-namespace`, each feeding a reflector store. Every change (and every
+//! `--policy-namespace`, and on `inference.opendatahub.io` `ExternalModel` and
+//! `ExternalProvider` in all namespaces, each feeding a reflector store. The two
+//! `inference.opendatahub.io` kinds are optional: a cluster without their CRDs answers their
+//! list 404, which counts as listed empty (the first policy does not wait for them); the list is
+//! retried with the watcher's backoff, so CRDs installed later are read then. Every change (and every
 //! `--policy-reload-interval-ms`, for the base file) rebuilds the document with
 //! [`translate::translate`] over the base file (tiers, defaults; optional) and, when it differs,
 //! replaces the policy in force: the filter gets it at its next poll of
@@ -33,17 +37,51 @@ use translate::{Invalid, Resources};
 
 pub const GROUP: &str = "maas.opendatahub.io";
 pub const VERSION: &str = "v1alpha1";
+/// The group of the reference's (v0.2.1) ExternalModel and ExternalProvider.
+pub const INFERENCE_GROUP: &str = "inference.opendatahub.io";
+pub const INFERENCE_VERSION: &str = "v1alpha1";
 /// `reportingController` of the Events written on invalid resources.
 pub const REPORTER: &str = "maas-companion";
 pub const REASON_INVALID: &str = "InvalidSpec";
 
 fn api_resource(kind: &str, plural: &str) -> ApiResource {
+    group_resource(GROUP, VERSION, kind, plural)
+}
+
+fn group_resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
         kind: kind.into(),
         plural: plural.into(),
+    }
+}
+
+/// Whether a watcher error is the API server's 404 on the list: the kind's CRD is not installed.
+fn crd_absent(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
+/// A watched kind: its store, and (for an optional kind) whether its last list answered 404.
+struct Watched {
+    store: Store<DynamicObject>,
+    /// `true` while the kind's CRD is absent (its list answered 404).
+    absent: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Watched {
+    /// Until the first listing, or (optional kinds) until the list answers 404.
+    async fn listed(&self, optional: bool) {
+        let mut absent = self.absent.clone();
+        if optional {
+            tokio::select! {
+                _ = self.store.wait_until_ready() => {}
+                _ = absent.wait_for(|a| *a) => {}
+            }
+        } else {
+            let _ = self.store.wait_until_ready().await;
+        }
     }
 }
 
@@ -53,7 +91,7 @@ fn watch(
     ar: ApiResource,
     namespace: Option<&str>,
     changed: Arc<Notify>,
-) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
+) -> (Watched, tokio::task::JoinHandle<()>) {
     let api: kube::Api<DynamicObject> = match namespace {
         Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &ar),
         None => kube::Api::all_with(client.clone(), &ar),
@@ -62,17 +100,33 @@ fn watch(
     let reader = writer.as_reader();
     let stream =
         reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-    let kind = ar.kind.clone();
+    let kind = format!("{}/{}", ar.api_version, ar.kind);
+    let (absent_tx, absent) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => changed.notify_one(),
+                Ok(_) => {
+                    absent_tx.send_if_modified(|a| std::mem::replace(a, false));
+                    changed.notify_one();
+                }
+                // Logged once per absence, not at every retry.
+                Err(e) if crd_absent(&e) => {
+                    if absent_tx.send_if_modified(|a| !std::mem::replace(a, true)) {
+                        tracing::info!(%kind, "no such resource on this cluster (CRD not installed): none read, the list is retried");
+                    }
+                }
                 Err(e) => tracing::warn!(%kind, error = %e, "watching policy resources"),
             }
         }
     });
-    (reader, task)
+    (
+        Watched {
+            store: reader,
+            absent,
+        },
+        task,
+    )
 }
 
 fn objects(store: &Store<DynamicObject>) -> Vec<DynamicObject> {
@@ -80,58 +134,140 @@ fn objects(store: &Store<DynamicObject>) -> Vec<DynamicObject> {
 }
 
 struct Stores {
-    model_refs: Store<DynamicObject>,
-    external_models: Store<DynamicObject>,
-    auth_policies: Store<DynamicObject>,
-    subscriptions: Store<DynamicObject>,
+    model_refs: Watched,
+    external_models: Watched,
+    auth_policies: Watched,
+    subscriptions: Watched,
+    /// `inference.opendatahub.io` (optional: their CRDs may be absent).
+    inference_models: Watched,
+    external_providers: Watched,
 }
 
 impl Stores {
+    /// Starts a watcher per kind; every event wakes `changed`.
+    fn start(
+        client: &kube::Client,
+        namespace: &str,
+        changed: &Arc<Notify>,
+    ) -> (Stores, Vec<tokio::task::JoinHandle<()>>) {
+        let ns = Some(namespace);
+        let (model_refs, t1) = watch(
+            client,
+            api_resource(translate::KIND_MODEL_REF, "maasmodelrefs"),
+            None,
+            changed.clone(),
+        );
+        let (external_models, t2) = watch(
+            client,
+            api_resource(translate::KIND_EXTERNAL_MODEL, "externalmodels"),
+            None,
+            changed.clone(),
+        );
+        let (auth_policies, t3) = watch(
+            client,
+            api_resource(translate::KIND_AUTH_POLICY, "maasauthpolicies"),
+            ns,
+            changed.clone(),
+        );
+        let (subscriptions, t4) = watch(
+            client,
+            api_resource(translate::KIND_SUBSCRIPTION, "maassubscriptions"),
+            ns,
+            changed.clone(),
+        );
+        let (inference_models, t5) = watch(
+            client,
+            group_resource(
+                INFERENCE_GROUP,
+                INFERENCE_VERSION,
+                translate::KIND_EXTERNAL_MODEL,
+                "externalmodels",
+            ),
+            None,
+            changed.clone(),
+        );
+        let (external_providers, t6) = watch(
+            client,
+            group_resource(
+                INFERENCE_GROUP,
+                INFERENCE_VERSION,
+                translate::KIND_EXTERNAL_PROVIDER,
+                "externalproviders",
+            ),
+            None,
+            changed.clone(),
+        );
+        let stores = Stores {
+            model_refs,
+            external_models,
+            auth_policies,
+            subscriptions,
+            inference_models,
+            external_providers,
+        };
+        (stores, vec![t1, t2, t3, t4, t5, t6])
+    }
+
     fn resources(&self) -> Resources {
         Resources {
-            model_refs: objects(&self.model_refs),
-            external_models: objects(&self.external_models),
-            auth_policies: objects(&self.auth_policies),
-            subscriptions: objects(&self.subscriptions),
-            // Not watched yet: `inference.opendatahub.io` ExternalModels and ExternalProviders
-            // are translated (translate.rs) but no watcher feeds them here (a cluster without
-            // their CRDs must not hold the first policy back).
-            inference_models: Vec::new(),
-            external_providers: Vec::new(),
+            model_refs: objects(&self.model_refs.store),
+            external_models: objects(&self.external_models.store),
+            auth_policies: objects(&self.auth_policies.store),
+            subscriptions: objects(&self.subscriptions.store),
+            inference_models: objects(&self.inference_models.store),
+            external_providers: objects(&self.external_providers.store),
         }
     }
 
+    /// Every kind listed; an optional kind whose CRD is absent counts as listed (empty).
     async fn ready(&self) {
-        let _ = futures::join!(
-            self.model_refs.wait_until_ready(),
-            self.external_models.wait_until_ready(),
-            self.auth_policies.wait_until_ready(),
-            self.subscriptions.wait_until_ready(),
+        futures::join!(
+            self.model_refs.listed(false),
+            self.external_models.listed(false),
+            self.auth_policies.listed(false),
+            self.subscriptions.listed(false),
+            self.inference_models.listed(true),
+            self.external_providers.listed(true),
         );
     }
 }
 
-/// The resource an [`Invalid`] names, for the Event's `regarding`.
+/// The resource an [`Invalid`] names, for the Event's `regarding`. ExternalModel is a kind of
+/// both groups: the one of the object's `apiVersion`, else the first list holding that name.
 fn reference(res: &Resources, inv: &Invalid) -> Option<ObjectReference> {
-    let list = match inv.kind {
-        translate::KIND_MODEL_REF => &res.model_refs,
-        translate::KIND_EXTERNAL_MODEL => &res.external_models,
-        translate::KIND_AUTH_POLICY => &res.auth_policies,
-        _ => &res.subscriptions,
+    use translate::Group::{Inference, Maas};
+    let lists: Vec<(&Vec<DynamicObject>, translate::Group)> = match inv.kind {
+        translate::KIND_MODEL_REF => vec![(&res.model_refs, Maas)],
+        translate::KIND_EXTERNAL_MODEL => vec![
+            (&res.external_models, Maas),
+            (&res.inference_models, Inference),
+        ],
+        translate::KIND_EXTERNAL_PROVIDER => vec![(&res.external_providers, Inference)],
+        translate::KIND_AUTH_POLICY => vec![(&res.auth_policies, Maas)],
+        _ => vec![(&res.subscriptions, Maas)],
     };
-    list.iter()
-        .find(|o| {
-            o.metadata.namespace.as_deref() == Some(inv.namespace.as_str())
-                && o.metadata.name.as_deref() == Some(inv.name.as_str())
-        })
-        .map(|o| ObjectReference {
-            api_version: Some(format!("{GROUP}/{VERSION}")),
-            kind: Some(inv.kind.to_string()),
-            name: o.metadata.name.clone(),
-            namespace: o.metadata.namespace.clone(),
-            uid: o.metadata.uid.clone(),
-            resource_version: o.metadata.resource_version.clone(),
-            field_path: None,
+    lists
+        .into_iter()
+        .filter(|(_, group)| inv.group.is_none_or(|g| g == *group))
+        .find_map(|(list, group)| {
+            let api_version = match group {
+                Maas => format!("{GROUP}/{VERSION}"),
+                Inference => format!("{INFERENCE_GROUP}/{INFERENCE_VERSION}"),
+            };
+            list.iter()
+                .find(|o| {
+                    o.metadata.namespace.as_deref() == Some(inv.namespace.as_str())
+                        && o.metadata.name.as_deref() == Some(inv.name.as_str())
+                })
+                .map(|o| ObjectReference {
+                    api_version: Some(api_version),
+                    kind: Some(inv.kind.to_string()),
+                    name: o.metadata.name.clone(),
+                    namespace: o.metadata.namespace.clone(),
+                    uid: o.metadata.uid.clone(),
+                    resource_version: o.metadata.resource_version.clone(),
+                    field_path: None,
+                })
         })
 }
 
@@ -161,6 +297,7 @@ fn count_invalid(metrics: &Metrics, invalid: &[Invalid]) {
     for kind in [
         translate::KIND_MODEL_REF,
         translate::KIND_EXTERNAL_MODEL,
+        translate::KIND_EXTERNAL_PROVIDER,
         translate::KIND_AUTH_POLICY,
         translate::KIND_SUBSCRIPTION,
     ] {
@@ -220,7 +357,8 @@ impl KubernetesPolicy {
     }
 
     /// Starts the watchers and the rebuild loop. The receiver resolves once the first listing
-    /// of all four kinds has been translated and applied.
+    /// of every kind (an absent optional kind counting as listed) has been translated and
+    /// applied.
     pub fn spawn(
         self,
         policy: PolicyHandle,
@@ -230,37 +368,7 @@ impl KubernetesPolicy {
         tokio::sync::oneshot::Receiver<()>,
     ) {
         let changed = Arc::new(Notify::new());
-        let ns = Some(self.namespace.as_str());
-        let (model_refs, t1) = watch(
-            &self.client,
-            api_resource(translate::KIND_MODEL_REF, "maasmodelrefs"),
-            None,
-            changed.clone(),
-        );
-        let (external_models, t2) = watch(
-            &self.client,
-            api_resource(translate::KIND_EXTERNAL_MODEL, "externalmodels"),
-            None,
-            changed.clone(),
-        );
-        let (auth_policies, t3) = watch(
-            &self.client,
-            api_resource(translate::KIND_AUTH_POLICY, "maasauthpolicies"),
-            ns,
-            changed.clone(),
-        );
-        let (subscriptions, t4) = watch(
-            &self.client,
-            api_resource(translate::KIND_SUBSCRIPTION, "maassubscriptions"),
-            ns,
-            changed.clone(),
-        );
-        let stores = Stores {
-            model_refs,
-            external_models,
-            auth_policies,
-            subscriptions,
-        };
+        let (stores, mut tasks) = Stores::start(&self.client, &self.namespace, &changed);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let recorder = Recorder::new(
             self.client.clone(),
@@ -314,6 +422,7 @@ impl KubernetesPolicy {
                 }
             }
         });
-        (vec![t1, t2, t3, t4, main], ready_rx)
+        tasks.push(main);
+        (tasks, ready_rx)
     }
 }

@@ -73,10 +73,20 @@ pub struct Resources {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Invalid {
     pub kind: &'static str,
+    /// The resource's group when the object carried its `apiVersion` (ExternalModel is a kind
+    /// of two groups).
+    pub group: Option<Group>,
     pub namespace: String,
     pub name: String,
     pub field: String,
     pub message: String,
+}
+
+/// The API group of a resource: `maas.opendatahub.io` or `inference.opendatahub.io`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Group {
+    Maas,
+    Inference,
 }
 
 impl std::fmt::Display for Invalid {
@@ -130,6 +140,13 @@ fn bad(
     let (namespace, name) = ns_name(o);
     Invalid {
         kind,
+        group: o.types.as_ref().map(|t| {
+            if t.api_version.starts_with("inference.opendatahub.io/") {
+                Group::Inference
+            } else {
+                Group::Maas
+            }
+        }),
         namespace,
         name,
         field: field.into(),

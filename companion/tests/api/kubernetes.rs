@@ -1,8 +1,11 @@
 //! The Kubernetes paths (TokenReview identity, Secret credentials) through the real `kube`
 //! client, against a small local HTTPS stand-in for the API server that speaks the real
 //! `authentication.k8s.io/v1` TokenReview and `v1` Secret JSON, and (for the policy from the
-//! reference's resources, `resources.rs`) list + watch of `maas.opendatahub.io/v1alpha1`
-//! resources with resource versions, and `events.k8s.io/v1` Event creation.
+//! reference's resources, `resources.rs`) list + watch of `maas.opendatahub.io/v1alpha1` and
+//! `inference.opendatahub.io/v1alpha1` resources (kept by group and plural: both groups have
+//! `externalmodels`) with resource versions, and `events.k8s.io/v1` Event creation. A cluster
+//! without the `inference.opendatahub.io` CRDs ([`Calls::without_inference_crds`]) answers their
+//! paths 404 as the API server does.
 
 use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_config};
 use axum::extract::{Path, State};
@@ -22,9 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[derive(Default)]
 pub(crate) struct Cluster {
     version: u64,
-    /// (plural, namespace, name) → object.
+    /// (group/plural, namespace, name) → object.
     objects: std::collections::BTreeMap<(String, String, String), Value>,
-    /// (resource version, plural, namespace, ADDED|MODIFIED|DELETED, object).
+    /// (resource version, group/plural, namespace, ADDED|MODIFIED|DELETED, object).
     history: Vec<(u64, String, String, &'static str, Value)>,
     pub events: Vec<Value>,
 }
@@ -43,23 +46,51 @@ pub(crate) struct Calls {
     pub cluster: std::sync::Mutex<Cluster>,
     /// Wakes the open watches when the cluster changes.
     changed: tokio::sync::Notify,
+    /// The `inference.opendatahub.io` CRDs are not installed: their paths answer 404.
+    pub inference_crds_absent: std::sync::atomic::AtomicBool,
+    /// List requests of `inference.opendatahub.io` resources answered (any status).
+    pub inference_lists: AtomicUsize,
 }
 
-fn plural_of(kind: &str) -> String {
+const MAAS: &str = "maas.opendatahub.io";
+const INFERENCE: &str = "inference.opendatahub.io";
+
+/// `<group>/<plural>` of an object's `apiVersion` and `kind`: the key of the stand-in's store.
+fn resource_of(api_version: &str, kind: &str) -> String {
+    let group = api_version.split('/').next().unwrap_or_default();
+    let plural = match (group, kind) {
+        (MAAS, "MaaSModelRef") => "maasmodelrefs",
+        (MAAS | INFERENCE, "ExternalModel") => "externalmodels",
+        (INFERENCE, "ExternalProvider") => "externalproviders",
+        (MAAS, "MaaSAuthPolicy") => "maasauthpolicies",
+        (MAAS, "MaaSSubscription") => "maassubscriptions",
+        other => panic!("the stand-in does not serve {other:?}"),
+    };
+    format!("{group}/{plural}")
+}
+
+/// The group of a kind for [`Calls::delete`] (ExternalModel: `maas.opendatahub.io`'s).
+fn group_of(kind: &str) -> &'static str {
     match kind {
-        "MaaSModelRef" => "maasmodelrefs",
-        "ExternalModel" => "externalmodels",
-        "MaaSAuthPolicy" => "maasauthpolicies",
-        "MaaSSubscription" => "maassubscriptions",
-        other => panic!("the stand-in does not serve kind {other}"),
+        "ExternalProvider" => INFERENCE,
+        _ => MAAS,
     }
-    .to_string()
 }
 
 impl Calls {
+    /// A cluster without the `inference.opendatahub.io` CRDs.
+    pub(crate) fn without_inference_crds() -> Calls {
+        let calls = Calls::default();
+        calls.inference_crds_absent.store(true, Ordering::SeqCst);
+        calls
+    }
+
     /// Creates or replaces an object (as `kubectl apply`): new resource version, a watch event.
     pub(crate) fn apply(&self, mut object: Value) {
-        let plural = plural_of(object["kind"].as_str().unwrap());
+        let plural = resource_of(
+            object["apiVersion"].as_str().unwrap(),
+            object["kind"].as_str().unwrap(),
+        );
         let ns = object["metadata"]["namespace"]
             .as_str()
             .unwrap()
@@ -95,7 +126,7 @@ impl Calls {
     }
 
     pub(crate) fn delete(&self, kind: &str, ns: &str, name: &str) {
-        let plural = plural_of(kind);
+        let plural = resource_of(group_of(kind), kind);
         {
             let mut c = self.cluster.lock().unwrap();
             let key = (plural.clone(), ns.to_string(), name.to_string());
@@ -120,19 +151,21 @@ struct ListQuery {
 }
 
 async fn list_all(
+    group: &'static str,
     State(calls): State<Arc<Calls>>,
     Path(plural): Path<String>,
     axum::extract::Query(q): axum::extract::Query<ListQuery>,
 ) -> axum::response::Response {
-    list_or_watch(calls, plural, None, q).await
+    list_or_watch(calls, group, plural, None, q).await
 }
 
 async fn list_namespaced(
+    group: &'static str,
     State(calls): State<Arc<Calls>>,
     Path((namespace, plural)): Path<(String, String)>,
     axum::extract::Query(q): axum::extract::Query<ListQuery>,
 ) -> axum::response::Response {
-    list_or_watch(calls, plural, Some(namespace), q).await
+    list_or_watch(calls, group, plural, Some(namespace), q).await
 }
 
 /// A list (items + the current resource version), or a watch: the changes after the given
@@ -140,10 +173,24 @@ async fn list_namespaced(
 /// streams them).
 async fn list_or_watch(
     calls: Arc<Calls>,
+    group: &'static str,
     plural: String,
     namespace: Option<String>,
     q: ListQuery,
 ) -> axum::response::Response {
+    if group == INFERENCE {
+        calls.inference_lists.fetch_add(1, Ordering::SeqCst);
+        if calls.inference_crds_absent.load(Ordering::SeqCst) {
+            // What the API server answers for a group it does not serve: plain text.
+            return (
+                StatusCode::NOT_FOUND,
+                [("content-type", "text/plain; charset=utf-8")],
+                "404 page not found\n",
+            )
+                .into_response();
+        }
+    }
+    let plural = format!("{group}/{plural}");
     let in_scope =
         move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
     let watching = q.watch.unwrap_or(false);
@@ -162,7 +209,7 @@ async fn list_or_watch(
             .map(|k| format!("{k}List"))
             .unwrap_or_else(|| "List".into());
         return Json(json!({
-            "apiVersion": "maas.opendatahub.io/v1alpha1",
+            "apiVersion": format!("{group}/v1alpha1"),
             "kind": kind,
             "metadata": {"resourceVersion": version},
             "items": items
@@ -404,10 +451,21 @@ pub(crate) async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             post(subject_access_review),
         )
-        .route("/apis/maas.opendatahub.io/v1alpha1/{plural}", get(list_all))
+        .route(
+            "/apis/maas.opendatahub.io/v1alpha1/{plural}",
+            get(|s, p, q| list_all(MAAS, s, p, q)),
+        )
         .route(
             "/apis/maas.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}",
-            get(list_namespaced),
+            get(|s, p, q| list_namespaced(MAAS, s, p, q)),
+        )
+        .route(
+            "/apis/inference.opendatahub.io/v1alpha1/{plural}",
+            get(|s, p, q| list_all(INFERENCE, s, p, q)),
+        )
+        .route(
+            "/apis/inference.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}",
+            get(|s, p, q| list_namespaced(INFERENCE, s, p, q)),
         )
         .route(
             "/apis/events.k8s.io/v1/namespaces/{namespace}/events",

@@ -447,3 +447,252 @@ async fn an_external_model_gets_its_own_namespaces_secret_never_the_platforms() 
     );
     assert!(!creds.body.to_string().contains("sk-platform-key"));
 }
+
+/// An `inference.opendatahub.io` ExternalModel and ExternalProvider written to the v0.2.1 CRDs
+/// (the release ships no sample for them), with the MaaSModelRef naming the ExternalModel.
+const INFERENCE_EXTERNAL: &str =
+    include_str!("../../../tests/fixtures/reference/v0.2.1/inference-external-model.yaml");
+
+/// Polls `check` for up to `within` (the watcher's list retry backs off from 0.8 s).
+async fn until_within(
+    app: &crate::helpers::TestApp,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&PolicyDocument) -> bool,
+) {
+    let start = Instant::now();
+    while !check(&served(app).await) {
+        assert!(
+            start.elapsed() < within,
+            "{what}: not served after {within:?}: {:?}",
+            served(app).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `inference.opendatahub.io` kinds are watched: an ExternalModel + ExternalProvider (and
+/// the provider's Secret, `llm/openai-api-key`) applied to a running cluster are served — the
+/// provider's endpoint, the body's model rewritten to `targetModel`, the provider's key.
+#[tokio::test]
+async fn an_inference_external_model_and_its_provider_are_watched_and_served() {
+    let calls = Arc::new(Calls::default());
+    let app = spawn_with_resources(calls.clone()).await;
+    assert!(served(&app).await.model("gpt-4o-mini").is_none());
+    calls.apply_yaml(INFERENCE_EXTERNAL);
+    until(&app, "the inference ExternalModel", |d| {
+        d.model("gpt-4o-mini").is_some()
+    })
+    .await;
+    let d = served(&app).await;
+    let m = d.model("gpt-4o-mini").unwrap();
+    let p = m.provider.as_ref().unwrap();
+    assert_eq!(p.secret(), (Some("llm"), "openai-api-key"));
+    assert_eq!(
+        m.upstream_cluster.as_deref(),
+        Some("outbound|443||api.openai.com")
+    );
+    assert_eq!(m.served_name.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+    assert_eq!(m.aliases, ["openai/gpt-4o-mini"]);
+    // The provider's Secret is what the filter gets as the model's key.
+    let creds = app.internal_get("/internal/v1/credentials").await;
+    assert_eq!(creds.status, 200, "{}", creds.body);
+    assert_eq!(
+        creds.body,
+        json!({"credentials": {"llm/openai-api-key": "sk-llm-tenant-key"}})
+    );
+
+    // The provider switched to an auth the gateway cannot serve: the model leaves, and the
+    // Event names the ExternalProvider of the inference group (not a maas ExternalModel).
+    calls.apply_yaml(&INFERENCE_EXTERNAL.replace("type: apikey", "type: sigv4"));
+    until(&app, "the model left out", |d| {
+        d.model("gpt-4o-mini").is_none()
+    })
+    .await;
+    let events = calls.cluster.lock().unwrap().events.clone();
+    let regarding: Vec<&Value> = events.iter().map(|e| &e["regarding"]).collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(regarding[0]["kind"], "ExternalProvider");
+    assert_eq!(
+        regarding[0]["apiVersion"],
+        "inference.opendatahub.io/v1alpha1"
+    );
+    assert_eq!(regarding[0]["name"], "openai");
+    assert!(
+        events[0]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.auth.type: "),
+        "{events:?}"
+    );
+}
+
+/// A cluster without the `inference.opendatahub.io` CRDs (their lists answer 404) still gets
+/// its first policy from the `maas.opendatahub.io` resources, at once; the CRDs installed later
+/// are read (the list is retried).
+#[tokio::test]
+async fn a_cluster_without_the_inference_crds_gets_its_first_policy() {
+    let calls = Arc::new(Calls::without_inference_crds());
+    calls.apply_yaml(REFERENCE);
+    let app = tokio::time::timeout(Duration::from_secs(20), spawn_with_resources(calls.clone()))
+        .await
+        .expect("the companion starts without the inference CRDs");
+    assert_eq!(served(&app).await, expected());
+    // The companion did ask for both inference kinds.
+    assert!(
+        calls
+            .inference_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2,
+        "the inference kinds were never listed"
+    );
+    // The CRDs arrive with resources: read at the next retry of the list.
+    calls
+        .inference_crds_absent
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    calls.apply_yaml(INFERENCE_EXTERNAL);
+    until_within(
+        &app,
+        Duration::from_secs(20),
+        "the CRDs installed later",
+        |d| d.model("gpt-4o-mini").is_some(),
+    )
+    .await;
+}
+
+/// The reference's samples at v0.2.1, unchanged: opendatahub-io/models-as-a-service 4ce31a32
+/// `docs/samples/maas-system/free/maas/{maas-model,maas-auth-policy,maas-subscription}.yaml`
+/// and `docs/samples/maas-system/premium/maas/` (copied to tests/fixtures/reference/v0.2.1/).
+const V0_2_1_SAMPLES: &str = concat!(
+    include_str!("../../../tests/fixtures/reference/v0.2.1/maas-system-free.yaml"),
+    "\n---\n",
+    include_str!("../../../tests/fixtures/reference/v0.2.1/maas-system-premium.yaml")
+);
+
+/// The v0.2.1 samples (and an inference ExternalModel) loaded into the stand-in drive the
+/// companion's real policy source: the served policy has their models with the annotations'
+/// details, their subscriptions with names, priorities and limits; the status KServe's
+/// controller writes (`resolvedModelAlias`) becomes the model's alias and served name; a
+/// caller's `/v1/models` lists its subscription's model in the reference's shape.
+#[tokio::test]
+async fn the_v0_2_1_samples_drive_the_served_policy() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(V0_2_1_SAMPLES);
+    calls.apply_yaml(INFERENCE_EXTERNAL);
+    let app = spawn_with_resources(calls.clone()).await;
+    let d = served(&app).await;
+    assert!(calls.cluster.lock().unwrap().events.is_empty());
+
+    let mut names: Vec<&str> = d.models.iter().map(|m| m.name.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "facebook-opt-125m-simulated",
+            "gpt-4o-mini",
+            "premium-simulated-simulated-premium"
+        ]
+    );
+    let free = d.model("facebook-opt-125m-simulated").unwrap();
+    assert_eq!(free.path, "/llm/facebook-opt-125m-simulated");
+    assert_eq!(free.tiers, ["subscription-only"]);
+    let details = free.details.as_ref().unwrap();
+    assert_eq!(
+        details.display_name.as_deref(),
+        Some("Facebook OPT 125M (Simulated)")
+    );
+    assert_eq!(
+        details.description.as_deref(),
+        Some("A simulated OPT-125M model for free-tier testing")
+    );
+    assert!(free.aliases.is_empty() && free.served_name.is_none());
+    let premium = d.model("premium-simulated-simulated-premium").unwrap();
+    assert_eq!(
+        premium.details.as_ref().unwrap().display_name.as_deref(),
+        Some("Premium Simulator")
+    );
+
+    let subs: Vec<(&str, i32, Value)> = d
+        .subscriptions
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.priority,
+                serde_json::to_value(&s.models).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        subs,
+        [
+            (
+                "premium-simulator-subscription",
+                20,
+                json!([{"name": "premium-simulated-simulated-premium",
+                        "tokenRateLimits": [{"limit": 1000, "window": "1m"}]}])
+            ),
+            (
+                "simulator-subscription",
+                10,
+                json!([{"name": "facebook-opt-125m-simulated",
+                        "tokenRateLimits": [{"limit": 100, "window": "1m"}]}])
+            ),
+        ]
+    );
+    let free_sub = d.subscription("simulator-subscription").unwrap();
+    assert_eq!(
+        free_sub.display_name.as_deref(),
+        Some("Simulator Subscription (Free)")
+    );
+    let gpt = d.model("gpt-4o-mini").unwrap();
+    assert_eq!(gpt.aliases, ["openai/gpt-4o-mini"]);
+    assert_eq!(gpt.served_name.as_deref(), Some("gpt-4o-mini-2024-07-18"));
+
+    // The status the reference's controller mirrors from KServe: the reference's model id.
+    let with_status = include_str!(
+        "../../../tests/fixtures/reference/v0.2.1/maas-system-free.yaml"
+    )
+    .split("\n---\n")
+    .next()
+    .unwrap()
+    .to_string()
+        + "\nstatus:\n  phase: Ready\n  resolvedModelAlias: publishers/llm/models/facebook/opt-125m\n";
+    calls.apply_yaml(&with_status);
+    until(&app, "the resolved model alias", |d| {
+        d.model("facebook-opt-125m-simulated")
+            .is_some_and(|m| !m.aliases.is_empty())
+    })
+    .await;
+    let d = served(&app).await;
+    let free = d.model("facebook-opt-125m-simulated").unwrap();
+    assert_eq!(free.aliases, ["publishers/llm/models/facebook/opt-125m"]);
+    assert_eq!(free.served_name.as_deref(), Some("facebook/opt-125m"));
+
+    assert_free_listing_in_the_references_shape(&app).await;
+}
+
+/// Any authenticated caller has the v0.2.1 free subscription: its model, in the reference's
+/// shape (alias, details, the subscription by name).
+async fn assert_free_listing_in_the_references_shape(app: &crate::helpers::TestApp) {
+    let r = app.public_get("/v1/models", Some("kube-other")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let listed: Vec<&Value> = r.body["data"].as_array().unwrap().iter().collect();
+    assert_eq!(listed.len(), 1, "{}", r.body);
+    let m = listed[0];
+    assert_eq!(m["id"], "facebook-opt-125m-simulated", "{m}");
+    assert_eq!(
+        m["aliases"],
+        json!(["publishers/llm/models/facebook/opt-125m"])
+    );
+    assert_eq!(
+        m["modelDetails"]["displayName"],
+        "Facebook OPT 125M (Simulated)"
+    );
+    assert_eq!(
+        m["subscriptions"],
+        json!([{"name": "simulator-subscription",
+                "displayName": "Simulator Subscription (Free)",
+                "description": "Free-tier subscription with 100 tokens/min rate limit"}])
+    );
+}

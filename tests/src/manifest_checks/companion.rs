@@ -532,6 +532,7 @@ pub fn policy_resources(cx: &Context) -> Verdict {
         rules
             == &json!([
                 {"apiGroups": ["maas.opendatahub.io"], "resources": plurals, "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["inference.opendatahub.io"], "resources": ["externalmodels", "externalproviders"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
             ]),
         "{}",
