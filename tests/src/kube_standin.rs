@@ -360,3 +360,98 @@ impl KubeStandin {
         self.shared.lock().events.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the stand-in lists at `path` (over HTTPS, trusting its CA only).
+    fn names_at(standin: &KubeStandin, path: &str) -> Vec<String> {
+        let config = std::fs::read_to_string(&standin.kubeconfig).unwrap();
+        let line = |key: &str| {
+            config
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(key))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let ca = std::fs::read(line("certificate-authority:")).unwrap();
+        let client = reqwest::blocking::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .build()
+            .unwrap();
+        let list: Value = client
+            .get(format!("{}{path}", line("server:")))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Both groups have `externalmodels`: each group's list holds its own only.
+    #[test]
+    fn resources_are_kept_by_group_and_plural() {
+        let standin = KubeStandin::start("models-as-a-service").unwrap();
+        standin
+            .apply_yaml(include_str!(
+                "../fixtures/reference/external-model-gpt-4o.yaml"
+            ))
+            .unwrap();
+        standin
+            .apply_yaml(include_str!(
+                "../fixtures/reference/v0.2.1/inference-external-model.yaml"
+            ))
+            .unwrap();
+        assert_eq!(
+            names_at(
+                &standin,
+                "/apis/maas.opendatahub.io/v1alpha1/externalmodels"
+            ),
+            ["gpt-4o"]
+        );
+        assert_eq!(
+            names_at(
+                &standin,
+                "/apis/inference.opendatahub.io/v1alpha1/externalmodels"
+            ),
+            ["gpt-4o-mini"]
+        );
+        assert_eq!(
+            names_at(
+                &standin,
+                "/apis/inference.opendatahub.io/v1alpha1/namespaces/llm/externalproviders"
+            ),
+            ["openai"]
+        );
+        standin
+            .delete(
+                "inference.opendatahub.io/v1alpha1",
+                "ExternalModel",
+                "llm",
+                "gpt-4o-mini",
+            )
+            .unwrap();
+        assert!(
+            names_at(
+                &standin,
+                "/apis/inference.opendatahub.io/v1alpha1/externalmodels"
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            names_at(
+                &standin,
+                "/apis/maas.opendatahub.io/v1alpha1/externalmodels"
+            ),
+            ["gpt-4o"]
+        );
+    }
+}
