@@ -10,7 +10,7 @@ use super::context::{
 };
 use super::docs::{
     Docs, Verdict, at, ensure, env_map, is_true, list_at, list_or_empty, name_of, namespace_of,
-    opt, opt_str, repr, repr_opt, str_at, truthy,
+    opt, opt_str, repr, repr_opt, repr_str, str_at, truthy,
 };
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -436,15 +436,34 @@ pub fn companion_replicas(cx: &Context) -> Verdict {
     Ok(())
 }
 
-/// tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace.
+/// tokenreviews and subjectaccessreviews create cluster-wide; Secrets/ConfigMaps read-only in
+/// its namespace.
 pub fn rbac(cx: &Context) -> Verdict {
     let cr = cx.docs.one("ClusterRole", "maas-companion-tokenreview")?;
     let rules = at(cr, "rules")?;
     ensure!(
         rules
-            == &json!([{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]),
+            == &json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+            ]),
         "{}",
         repr(rules)
+    );
+    let bound = cx
+        .docs
+        .all("ClusterRoleBinding")
+        .into_iter()
+        .any(|b| {
+            opt_str(b, "roleRef.name") == Some("maas-companion-tokenreview")
+                && list_or_empty(b, "subjects").iter().any(|s| {
+                    opt_str(s, "kind") == Some("ServiceAccount")
+                        && opt_str(s, "name") == Some(COMPANION)
+                })
+        });
+    ensure!(
+        bound,
+        "ClusterRole maas-companion-tokenreview is not bound to the companion's service account"
     );
     let role = cx.docs.one("Role", COMPANION)?;
     let mut resources = Vec::new();
@@ -477,6 +496,54 @@ const PLURALS: [(&str, &str); 4] = [
 
 /// With MAAS_POLICY_SOURCE=kubernetes the four CRDs, read-only access to them and Event
 /// writing, provider-key Secrets `get` only and bound per namespace; none without.
+/// The reference's admin rule (maas-api `sar_admin_checker.go`): may `create`
+/// `maasauthpolicies.maas.opendatahub.io` in the subscription namespace.
+pub const ADMIN_SAR_RESOURCE: &str = "maasauthpolicies.maas.opendatahub.io";
+pub const ADMIN_SAR_VERB: &str = "create";
+
+/// Admins by the reference's SubjectAccessReview out of the box: MAAS_ADMIN_SAR_NAMESPACE set
+/// (a DNS label; the policy namespace when the policy comes from the reference's resources), the
+/// resource and verb the reference's (or left to the companion's defaults, which are).
+pub fn admin_sar(cx: &Context) -> Verdict {
+    let (_, c) = companion_pod(cx.docs)?;
+    let env = env_map(c);
+    let value = |var: &str| env.get(var).and_then(|e| opt_str(e, "value"));
+    let Some(namespace) = value("MAAS_ADMIN_SAR_NAMESPACE") else {
+        return Err(
+            "MAAS_ADMIN_SAR_NAMESPACE is not set: admins would be MAAS_ADMIN_GROUPS only, not the \
+             reference's SubjectAccessReview rule"
+                .to_string(),
+        );
+    };
+    ensure!(
+        maas_types::subscription::is_dns_label(namespace),
+        "MAAS_ADMIN_SAR_NAMESPACE {} is not a namespace name",
+        repr_str(namespace)
+    );
+    for (var, want) in [
+        ("MAAS_ADMIN_SAR_RESOURCE", ADMIN_SAR_RESOURCE),
+        ("MAAS_ADMIN_SAR_VERB", ADMIN_SAR_VERB),
+    ] {
+        if env.contains_key(var) {
+            let got = value(var);
+            ensure!(
+                got == Some(want),
+                "{var} {}, expected {want} (the reference's rule)",
+                repr_opt(got.map(|g| json!(g)).as_ref())
+            );
+        }
+    }
+    if value("MAAS_POLICY_SOURCE") == Some("kubernetes") {
+        let policy_ns = value("MAAS_POLICY_NAMESPACE");
+        ensure!(
+            policy_ns == Some(namespace),
+            "MAAS_ADMIN_SAR_NAMESPACE {namespace} but the subscriptions are in MAAS_POLICY_NAMESPACE {}",
+            repr_opt(policy_ns.map(|g| json!(g)).as_ref())
+        );
+    }
+    Ok(())
+}
+
 pub fn policy_resources(cx: &Context) -> Verdict {
     let (_, c) = companion_pod(cx.docs)?;
     let env = env_map(c);

@@ -51,7 +51,7 @@ use std::path::Path;
 type Wiring = (&'static str, fn(&Context) -> Verdict);
 
 /// Every wiring check, in the order they report.
-const WIRING: [Wiring; 19] = [
+const WIRING: [Wiring; 20] = [
     (
         "namespaces: companion objects together, gateway objects in openshift-ingress",
         scope::namespaces,
@@ -121,8 +121,14 @@ const WIRING: [Wiring; 19] = [
         companion::companion_replicas,
     ),
     (
-        "RBAC: tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace",
+        "RBAC: tokenreviews and subjectaccessreviews create cluster-wide; Secrets/ConfigMaps read-only in its \
+             namespace",
         companion::rbac,
+    ),
+    (
+        "admins: the reference's SubjectAccessReview rule (create maasauthpolicies.maas.opendatahub.io in the \
+             subscription namespace, MAAS_ADMIN_SAR_NAMESPACE)",
+        companion::admin_sar,
     ),
     (
         "policy resources: with MAAS_POLICY_SOURCE=kubernetes the four maas.opendatahub.io/v1alpha1 CRDs, \
