@@ -37,6 +37,27 @@ DEV_REDIS=${DEV_REDIS:-false}
 # limits.global.replicas: always the same number (each replica's share of a limit while the
 # lease service is unreachable is limit ÷ this).
 GATEWAY_REPLICAS=${GATEWAY_REPLICAS:-1}
+# The reference's development switch (its --dev: the dev overlay): here the development defaults,
+# a development Redis (unless --redis-url) beside the development PostgreSQL (unless
+# --postgres-connection).
+DEV_MODE=${DEV_MODE:-false}
+# External OIDC (the reference's --external-oidc, OIDC_ISSUER_URL, OIDC_CLIENT_ID): the companion
+# verifies JWTs of that issuer itself (MAAS_OIDC_*), beside the cluster's tokens (TokenReview).
+# OIDC_JWKS_URL: the issuer's keys; when empty, read from the issuer's discovery document.
+EXTERNAL_OIDC=${EXTERNAL_OIDC:-false}
+OIDC_ISSUER_URL=${OIDC_ISSUER_URL:-}
+OIDC_CLIENT_ID=${OIDC_CLIENT_ID:-}
+OIDC_JWKS_URL=${OIDC_JWKS_URL:-}
+OIDC_GROUPS_CLAIM=${OIDC_GROUPS_CLAIM:-}
+# The reference deploys a Keycloak (--enable-keycloak); MaaS Gateway does not (refused, naming
+# what to pass instead).
+ENABLE_KEYCLOAK=${ENABLE_KEYCLOAK:-false}
+# The reference's --policy-engine: kuadrant (odh's default) or rhcl (rhoai's). Here the policies
+# are enforced by the MaaS filter; the engine is what operator mode installs for the operator.
+POLICY_ENGINE=${POLICY_ENGINE:-}
+# Admins: whoever may create MaaSAuthPolicies in this namespace (the reference's
+# MAAS_SUBSCRIPTION_NAMESPACE; the companion's MAAS_ADMIN_SAR_NAMESPACE).
+MAAS_SUBSCRIPTION_NAMESPACE=${MAAS_SUBSCRIPTION_NAMESPACE:-models-as-a-service}
 LOG_LEVEL=${LOG_LEVEL:-INFO}
 CERT_NAME=${CERT_NAME:-}
 CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-}
@@ -112,6 +133,21 @@ Options:
   --operator-image IMG       custom operator image (env OPERATOR_IMAGE)
   --channel CH               operator subscription channel (env OPERATOR_CHANNEL)
   --maas-controller-image IMG  accepted for compatibility and ignored (no controller here)
+  --dev                      development defaults (the reference's --dev): a development Redis
+                             (as --dev-redis, unless --redis-url) and the development PostgreSQL
+                             (unless --postgres-connection); images are still required
+  --external-oidc            users may also sign in with JWTs of an external OIDC issuer: the
+                             companion verifies them itself (MAAS_OIDC_*), beside OpenShift
+                             tokens. Needs --oidc-issuer-url and --oidc-client-id
+  --oidc-issuer-url URL      the issuer (https://..., the tokens' iss; env OIDC_ISSUER_URL)
+  --oidc-client-id ID        the client the tokens are for: required in their aud
+                             (env OIDC_CLIENT_ID)
+  --oidc-jwks-url URL        the issuer's signing keys (env OIDC_JWKS_URL); default: jwks_uri of
+                             URL/.well-known/openid-configuration, read at deploy time
+  --enable-keycloak          refused: MaaS Gateway deploys no Keycloak; run one and pass
+                             --external-oidc --oidc-issuer-url ... --oidc-client-id ...
+  --policy-engine ENGINE     kuadrant (default for odh) or rhcl (default for rhoai): the engine
+                             operator mode installs; MaaS Gateway's filter enforces the policies
   --verbose                  debug logging (LOG_LEVEL=DEBUG), also for the companion
   --dry-run                  print every command and the rendered manifests; change nothing
   -h, --help                 this help
@@ -119,6 +155,9 @@ Options:
 Environment: DEPLOYMENT_MODE, OPERATOR_TYPE, DEPLOYMENT_NAMESPACE, ENABLE_TLS_BACKEND, VERBOSE,
 DRY_RUN, OPERATOR_CATALOG, OPERATOR_IMAGE, OPERATOR_CHANNEL, OPERATOR_STARTING_CSV,
 MAAS_API_IMAGE, MAAS_WASM_IMAGE, MAAS_CONTROLLER_IMAGE (ignored, warns), POSTGRES_CONNECTION,
+DEV_MODE, EXTERNAL_OIDC, OIDC_ISSUER_URL, OIDC_CLIENT_ID, OIDC_JWKS_URL, OIDC_GROUPS_CLAIM,
+ENABLE_KEYCLOAK (refused), POLICY_ENGINE, MAAS_SUBSCRIPTION_NAMESPACE (admins: who may create
+MaaSAuthPolicies there; default models-as-a-service),
 POSTGRES_USER, POSTGRES_DB, REDIS_URL, DEV_REDIS, GATEWAY_REPLICAS, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
 Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
 CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
@@ -162,6 +201,13 @@ parse_arguments() {
       --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
       --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
       --maas-controller-image) require_flag_value "$@"; MAAS_CONTROLLER_IMAGE=$2; shift 2 ;;
+      --dev) DEV_MODE=true; shift ;;
+      --external-oidc) EXTERNAL_OIDC=true; shift ;;
+      --oidc-issuer-url) require_flag_value "$@"; OIDC_ISSUER_URL=$2; shift 2 ;;
+      --oidc-client-id) require_flag_value "$@"; OIDC_CLIENT_ID=$2; shift 2 ;;
+      --oidc-jwks-url) require_flag_value "$@"; OIDC_JWKS_URL=$2; shift 2 ;;
+      --enable-keycloak) ENABLE_KEYCLOAK=true; shift ;;
+      --policy-engine) require_flag_value "$@"; POLICY_ENGINE=$2; shift 2 ;;
       -h | --help) usage; exit 0 ;;
       *)
         log_error "unknown option: $1"
@@ -237,6 +283,9 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
     die "--postgres-connection must start with postgres:// or postgresql://"
   fi
   if is_true "$DEV_REDIS"; then DEV_REDIS=true; else DEV_REDIS=false; fi
+  if is_true "$DEV_MODE"; then DEV_MODE=true; else DEV_MODE=false; fi
+  if [ "$DEV_MODE" = true ] && [ -z "$REDIS_URL" ]; then DEV_REDIS=true; fi
+  validate_identity_options
   if [ -n "$REDIS_URL" ]; then
     # Only the scheme is checked here (the companion parses the rest and refuses a bad URL by
     # name): never echo the URL itself, it carries the password.
@@ -253,6 +302,58 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
     if [ "$OPERATOR_TYPE" = rhoai ]; then OPERATOR_CHANNEL=fast-3.x; else OPERATOR_CHANNEL=fast-3; fi
   fi
   [[ $OPERATOR_CHANNEL =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--channel '$OPERATOR_CHANNEL' is not a channel name"
+  validate_policy_engine
+}
+
+# validate_identity_options: --enable-keycloak refused; --external-oidc needs the issuer and the
+# client id (each refusal names the flag and its variable).
+validate_identity_options() {
+  if is_true "$ENABLE_KEYCLOAK"; then
+    die "--enable-keycloak (ENABLE_KEYCLOAK): MaaS Gateway does not deploy a Keycloak. Run your OIDC provider
+  (e.g. Keycloak: a realm, a client, and an audience mapper so that its tokens carry the client id in aud),
+then pass --external-oidc --oidc-issuer-url https://<keycloak>/realms/<realm> --oidc-client-id <client>"
+  fi
+  if is_true "$EXTERNAL_OIDC"; then EXTERNAL_OIDC=true; else EXTERNAL_OIDC=false; fi
+  if [ "$EXTERNAL_OIDC" = false ]; then
+    if [ -n "$OIDC_ISSUER_URL$OIDC_CLIENT_ID$OIDC_JWKS_URL" ]; then
+      log_warn "OIDC_ISSUER_URL / OIDC_CLIENT_ID / OIDC_JWKS_URL are ignored without --external-oidc (EXTERNAL_OIDC=true)"
+    fi
+    return 0
+  fi
+  [ -n "$OIDC_ISSUER_URL" ] || die "--external-oidc needs the issuer: --oidc-issuer-url https://... (OIDC_ISSUER_URL)"
+  [ -n "$OIDC_CLIENT_ID" ] || die "--external-oidc needs the client id its tokens carry in aud: --oidc-client-id ID (OIDC_CLIENT_ID)"
+  https_url "$OIDC_ISSUER_URL" || die "--oidc-issuer-url must be an https:// URL without spaces, quotes or a query, not '$OIDC_ISSUER_URL'"
+  [[ $OIDC_CLIENT_ID =~ ^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$ ]] || die "--oidc-client-id '$OIDC_CLIENT_ID' is not a client id (letters, digits, . _ : / @ -)"
+  if [ -n "$OIDC_JWKS_URL" ]; then
+    https_url "$OIDC_JWKS_URL" || die "--oidc-jwks-url must be an https:// URL without spaces, quotes or a query, not '$OIDC_JWKS_URL'"
+  fi
+  if [ -n "$OIDC_GROUPS_CLAIM" ] && [[ ! $OIDC_GROUPS_CLAIM =~ ^[A-Za-z0-9_.:/-]+$ ]]; then
+    die "OIDC_GROUPS_CLAIM '$OIDC_GROUPS_CLAIM' is not a claim name"
+  fi
+}
+
+# https_url URL: https://, then no whitespace, quote, backslash, query or fragment (the value goes
+# into YAML and the companion's settings as is).
+https_url() { [[ $1 =~ ^https://[^[:space:]\"\'\\?#]+$ ]]; }
+
+# validate_policy_engine: the reference's values. Operator mode installs that engine for the
+# operator (default: kuadrant for odh, rhcl for rhoai); kustomize mode installs none (the filter
+# enforces the policies), so there it only notes the value.
+validate_policy_engine() {
+  local default=kuadrant
+  if [ "$OPERATOR_TYPE" = rhoai ]; then default=rhcl; fi
+  case ${POLICY_ENGINE:-$default} in
+    kuadrant | rhcl) POLICY_ENGINE=${POLICY_ENGINE:-$default} ;;
+    *) die "--policy-engine must be kuadrant or rhcl (the reference's values), not '$POLICY_ENGINE': MaaS Gateway enforces
+  the policies in its filter; operator mode installs Kuadrant (odh's default) or Red Hat Connectivity Link (rhcl,
+  rhoai's default) for the operator, kustomize mode none" ;;
+  esac
+  if [ "$DEPLOYMENT_MODE" = kustomize ] && [ "$POLICY_ENGINE" != "$default" ]; then
+    log_warn "--policy-engine $POLICY_ENGINE: kustomize mode installs no policy engine (the MaaS filter enforces the policies); noted only"
+  fi
+  if [[ ! $MAAS_SUBSCRIPTION_NAMESPACE =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || [ ${#MAAS_SUBSCRIPTION_NAMESPACE} -gt 63 ]; then
+    die "MAAS_SUBSCRIPTION_NAMESPACE '$MAAS_SUBSCRIPTION_NAMESPACE' is not a valid namespace name (DNS-1123 label)"
+  fi
 }
 
 # ---- running commands --------------------------------------------------------------------------
@@ -382,7 +483,7 @@ check_conflicting_operators() {
 
 install_policy_engine() {
   local package source prefix minimum channel catalog_yaml=""
-  if [ "$OPERATOR_TYPE" = rhoai ]; then
+  if [ "$POLICY_ENGINE" = rhcl ]; then
     package=rhcl-operator source=redhat-operators prefix=rhcl-operator minimum=$MIN_RHCL_VERSION channel=stable
   else
     package=kuadrant-operator source=maas-kuadrant-catalog prefix=kuadrant-operator minimum=$MIN_KUADRANT_VERSION channel=stable
@@ -654,10 +755,40 @@ render_manifests() {
     echo "                env:"
     echo "                  - {name: RUST_LOG, value: $rust_log}"
     echo "                  - {name: MAAS_PUBLIC_URL, value: \"https://$(gateway_hostname)\"}"
+    echo "                  - {name: MAAS_ADMIN_SAR_NAMESPACE, value: $MAAS_SUBSCRIPTION_NAMESPACE}"
+    if [ "$EXTERNAL_OIDC" = true ]; then
+      # Validated (https, no quotes): safe inside double quotes.
+      echo "                  - {name: MAAS_OIDC_ISSUER, value: \"$OIDC_ISSUER_URL\"}"
+      echo "                  - {name: MAAS_OIDC_AUDIENCE, value: \"$OIDC_CLIENT_ID\"}"
+      echo "                  - {name: MAAS_OIDC_JWKS_URL, value: \"$OIDC_JWKS_URL\"}"
+      if [ -n "$OIDC_GROUPS_CLAIM" ]; then
+        echo "                  - {name: MAAS_OIDC_GROUPS_CLAIM, value: \"$OIDC_GROUPS_CLAIM\"}"
+      fi
+    fi
   } >"$dir/kustomization.yaml"
   # The filter's limits.global.replicas follows the Gateway's replica count: the pluginConfig is
   # a JSON string inside the EnvoyFilter, out of kustomize's reach (its only `"replicas"` key).
   kubectl kustomize "$dir" | sed "s/\"replicas\": 1\b/\"replicas\": $GATEWAY_REPLICAS/"
+}
+
+# resolve_oidc_jwks_url: with --external-oidc and no --oidc-jwks-url, the jwks_uri of the issuer's
+# discovery document (read-only; in a dry run a failure only warns and a placeholder is rendered).
+resolve_oidc_jwks_url() {
+  [ "$EXTERNAL_OIDC" = true ] && [ -z "$OIDC_JWKS_URL" ] || return 0
+  local discovery=${OIDC_ISSUER_URL%/}/.well-known/openid-configuration document=""
+  if command -v curl >/dev/null 2>&1; then
+    document=$(query curl -fsS --max-time 10 "$discovery" 2>/dev/null || true)
+  fi
+  # One JSON string value; the URL has no quotes (https_url refuses them anyway).
+  OIDC_JWKS_URL=$(printf '%s' "$document" | tr -d '\n' |
+    sed -n 's/.*"jwks_uri"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p')
+  if [ -n "$OIDC_JWKS_URL" ] && https_url "$OIDC_JWKS_URL"; then
+    log_info "OIDC: the issuer's keys at $OIDC_JWKS_URL (jwks_uri of $discovery)"
+    return 0
+  fi
+  OIDC_JWKS_URL=""
+  prerequisite_failed "--external-oidc: could not read an https jwks_uri from $discovery (curl needed, and the issuer reachable from here); pass the issuer's keys URL with --oidc-jwks-url https://... (OIDC_JWKS_URL)"
+  OIDC_JWKS_URL=${OIDC_ISSUER_URL%/}/jwks-url-not-discovered
 }
 
 gateway_hostname() { echo "maas.${CLUSTER_DOMAIN:-apps.cluster.example.com}"; }
@@ -1049,6 +1180,18 @@ print_plan() {
   if [ "$DEPLOYMENT_MODE" = operator ]; then
     log_info "  operator:          $(operator_package) from $(operator_source), channel $OPERATOR_CHANNEL"
   fi
+  if [ "$DEPLOYMENT_MODE" = operator ]; then
+    log_info "  policy engine:     $POLICY_ENGINE (installed for the operator; the MaaS filter enforces the policies)"
+  fi
+  if [ "$EXTERNAL_OIDC" = true ]; then
+    log_info "  identity:          OpenShift tokens (TokenReview) and OIDC JWTs of $OIDC_ISSUER_URL for client $OIDC_CLIENT_ID"
+  else
+    log_info "  identity:          OpenShift tokens (TokenReview)"
+  fi
+  log_info "  admins:            who may create MaaSAuthPolicies in $MAAS_SUBSCRIPTION_NAMESPACE (SubjectAccessReview), and group maas-admins"
+  if [ "$DEV_MODE" = true ]; then
+    log_info "  dev mode:          development Redis and PostgreSQL where none is given (not for production)"
+  fi
   log_info "  log level:         $LOG_LEVEL"
   if [ "$DRY_RUN" = true ]; then log_info "DRY RUN MODE - no changes will be applied"; fi
 }
@@ -1059,6 +1202,7 @@ main() {
   check_required_tools
   print_plan
   check_cluster
+  resolve_oidc_jwks_url
   choose_companion_replicas
   log_info "Companion: $COMPANION_REPLICAS replica(s), $LEASE_STORE_WHY"
 
