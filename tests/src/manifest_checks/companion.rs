@@ -4,9 +4,8 @@
 
 use super::context::{
     CLEANUP_CLIENT_NAME, CLEANUP_CLIENT_SECRET, COMPANION, COMPANION_INTERNAL_SECRET,
-    COMPANION_PORTS, Context, GATEWAY_CLIENT_NAME, GATEWAY_NAME, GATEWAY_NS, GATEWAY_SDS_RBAC,
-    GATEWAY_SERVICE_ACCOUNT, INTERNAL_PORT, LeaseStore, METRICS_PORT, PUBLIC_PORT, REDIS,
-    REDIS_SECRET, Tls,
+    COMPANION_PORTS, Context, GATEWAY_CLIENT_NAME, GATEWAY_NAME, GATEWAY_SDS_RBAC, INTERNAL_PORT,
+    LeaseStore, METRICS_PORT, PUBLIC_PORT, Platform, REDIS, REDIS_SECRET, Tls,
 };
 use super::docs::{
     Docs, Verdict, at, ensure, env_map, is_true, list_at, list_or_empty, name_of, namespace_of,
@@ -105,16 +104,17 @@ pub fn internal_mtls(cx: &Context) -> Verdict {
         names == expected,
         "MAAS_INTERNAL_CLIENT_NAMES {shown}, expected exactly the Gateway and the cleanup job"
     );
-    gateway_sds_rbac(cx.docs)?;
+    gateway_sds_rbac(cx)?;
     cleanup_client(cx.docs)
 }
 
 /// istiod serves the Gateway its client key pair only if its service account may list Secrets
-/// in openshift-ingress: exactly that, nothing more.
-fn gateway_sds_rbac(docs: &Docs) -> Verdict {
+/// in the Gateway's namespace: exactly that, nothing more.
+fn gateway_sds_rbac(cx: &Context) -> Verdict {
+    let docs = cx.docs;
     let role = docs.one("Role", GATEWAY_SDS_RBAC)?;
     ensure!(
-        namespace_of(role) == Some(GATEWAY_NS),
+        namespace_of(role) == Some(cx.gateway_ns),
         "{}",
         repr_opt(role.get("metadata"))
     );
@@ -135,7 +135,7 @@ fn gateway_sds_rbac(docs: &Docs) -> Verdict {
     let subjects = at(binding, "subjects")?;
     ensure!(
         subjects
-            == &json!([{"kind": "ServiceAccount", "name": GATEWAY_SERVICE_ACCOUNT, "namespace": GATEWAY_NS}]),
+            == &json!([{"kind": "ServiceAccount", "name": cx.options.platform.gateway_service_account(), "namespace": cx.gateway_ns}]),
         "{}",
         repr(subjects)
     );
@@ -450,17 +450,13 @@ pub fn rbac(cx: &Context) -> Verdict {
         "{}",
         repr(rules)
     );
-    let bound = cx
-        .docs
-        .all("ClusterRoleBinding")
-        .into_iter()
-        .any(|b| {
-            opt_str(b, "roleRef.name") == Some("maas-companion-tokenreview")
-                && list_or_empty(b, "subjects").iter().any(|s| {
-                    opt_str(s, "kind") == Some("ServiceAccount")
-                        && opt_str(s, "name") == Some(COMPANION)
-                })
-        });
+    let bound = cx.docs.all("ClusterRoleBinding").into_iter().any(|b| {
+        opt_str(b, "roleRef.name") == Some("maas-companion-tokenreview")
+            && list_or_empty(b, "subjects").iter().any(|s| {
+                opt_str(s, "kind") == Some("ServiceAccount")
+                    && opt_str(s, "name") == Some(COMPANION)
+            })
+    });
     ensure!(
         bound,
         "ClusterRole maas-companion-tokenreview is not bound to the companion's service account"
@@ -661,6 +657,37 @@ fn resource_crds(crds: &[&Value]) -> Verdict {
 }
 
 /// The TLS backend's objects exist exactly when TLS is on.
+/// Who issues the public port's certificate: OpenShift's service CA (the Service's annotation
+/// names the Secret it fills), or on plain Kubernetes deploy.sh's private CA (the internal port's
+/// Secret, mounted as the public port's; no annotation nobody would honour).
+fn serving_certificate(cx: &Context) -> Verdict {
+    let annotation = opt(cx.svc, "metadata.annotations")
+        .and_then(|a| a.get("service.beta.openshift.io/serving-cert-secret-name"));
+    let (want_annotation, want_secret) = match cx.options.platform {
+        Platform::OpenShift => (Some(json!("maas-companion-tls")), "maas-companion-tls"),
+        Platform::Kubernetes => (None, COMPANION_INTERNAL_SECRET),
+    };
+    ensure!(
+        annotation.cloned() == want_annotation,
+        "service CA annotation {}, expected {} on {}",
+        repr_opt(annotation),
+        repr_opt(want_annotation.as_ref()),
+        cx.options.platform
+    );
+    let (pod, _) = companion_pod(cx.docs)?;
+    let secret = list_or_empty(pod, "volumes")
+        .iter()
+        .find(|v| opt_str(v, "name") == Some("tls"))
+        .and_then(|v| opt_str(v, "secret.secretName"));
+    ensure!(
+        secret == Some(want_secret),
+        "the public port's certificate from Secret {}, expected {want_secret} on {}",
+        repr_opt(secret.map(|s| json!(s)).as_ref()),
+        cx.options.platform
+    );
+    Ok(())
+}
+
 pub fn tls_objects(cx: &Context) -> Verdict {
     let drs = cx.docs.find("DestinationRule", Some("maas-companion-tls"));
     match cx.options.tls {
@@ -681,14 +708,7 @@ pub fn tls_objects(cx: &Context) -> Verdict {
                 "{}",
                 repr_opt(sni)
             );
-            let annotations = opt(cx.svc, "metadata.annotations");
-            ensure!(
-                annotations
-                    .and_then(|a| a.get("service.beta.openshift.io/serving-cert-secret-name"))
-                    == Some(&json!("maas-companion-tls")),
-                "{}",
-                repr_opt(annotations)
-            );
+            serving_certificate(cx)?;
         }
         Tls::Off => ensure!(
             drs.is_empty(),
