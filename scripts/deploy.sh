@@ -10,7 +10,13 @@ REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 CRS_DIR=$REPO_ROOT/wasm-plugin-crs
 
 # ---- defaults (each can come from the environment) -------------------------------------------
+# Where the mode came from: on plain Kubernetes the default is kustomize, an explicit operator
+# mode is refused.
+DEPLOYMENT_MODE_GIVEN=${DEPLOYMENT_MODE:+true}
 DEPLOYMENT_MODE=${DEPLOYMENT_MODE:-operator}
+# openshift, kubernetes (any Gateway API cluster whose implementation is Istio: no oc, Routes,
+# SCCs or service CA; overlays/kubernetes), or auto: openshift when `oc` is installed.
+PLATFORM=${PLATFORM:-auto}
 OPERATOR_TYPE=${OPERATOR_TYPE:-odh}
 DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-}
 ENABLE_TLS_BACKEND=${ENABLE_TLS_BACKEND:-true}
@@ -74,6 +80,8 @@ MIN_KUADRANT_VERSION=1.4.2
 MIN_RHCL_VERSION=1.3.0
 MIN_KUSTOMIZE_MAJOR=5
 GATEWAY_NAMESPACE=openshift-ingress
+# The cluster CLI: oc on OpenShift, kubectl on plain Kubernetes (validate_platform).
+KCLI=oc
 GATEWAY_NAME=maas-default-gateway
 POLICY_ENGINE_NAMESPACE=kuadrant-system
 OPERATOR_NAMESPACE=openshift-operators
@@ -96,6 +104,13 @@ Deploys MaaS Gateway on OpenShift (>= 4.19.9, Gateway API): the companion servic
 database, the Gateway maas-default-gateway and the MaaS filter (EnvoyFilter maas-filter) in its Envoy.
 
 Options:
+  --platform P               openshift, kubernetes or auto (default: openshift when oc is
+                             installed, else kubernetes). kubernetes: any Gateway API cluster whose
+                             implementation is Istio (1.24+, GatewayClass istio): kubectl only, the
+                             Gateway in maas-gateway, the companion in maas (--namespace), TLS from
+                             this script's private CA; kustomize mode only; CLUSTER_DOMAIN and the
+                             Gateway's certificate Secret maas-gateway/CERT_NAME (default
+                             maas-gateway-tls, e.g. from cert-manager) are yours
   --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
                              engine first; kustomize: apply MaaS Gateway's manifests only
   --operator-type TYPE       odh (default) or rhoai
@@ -183,7 +198,8 @@ require_flag_value() {
 parse_arguments() {
   while [ $# -gt 0 ]; do
     case $1 in
-      --deployment-mode) require_flag_value "$@"; DEPLOYMENT_MODE=$2; shift 2 ;;
+      --deployment-mode) require_flag_value "$@"; DEPLOYMENT_MODE=$2; DEPLOYMENT_MODE_GIVEN=true; shift 2 ;;
+      --platform) require_flag_value "$@"; PLATFORM=$2; shift 2 ;;
       --operator-type) require_flag_value "$@"; OPERATOR_TYPE=$2; shift 2 ;;
       --enable-tls-backend) ENABLE_TLS_BACKEND=true; shift ;;
       --disable-tls-backend) ENABLE_TLS_BACKEND=false; shift ;;
@@ -239,7 +255,33 @@ valid_image() {
   [[ $1 =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$ ]]
 }
 
+# validate_platform: openshift or kubernetes (auto: by the presence of oc) and what follows from it.
+validate_platform() {
+  case $PLATFORM in
+    auto)
+      if command -v oc >/dev/null 2>&1; then PLATFORM=openshift; else
+        PLATFORM=kubernetes
+        log_info "oc is not installed: deploying for plain Kubernetes (--platform kubernetes; --platform openshift to insist)"
+      fi ;;
+    openshift | kubernetes) ;;
+    *) die "--platform must be openshift, kubernetes or auto, not '$PLATFORM'" ;;
+  esac
+  [ "$PLATFORM" = kubernetes ] || return 0
+  KCLI=kubectl
+  GATEWAY_NAMESPACE=maas-gateway
+  if [ "$DEPLOYMENT_MODE_GIVEN" = true ] && [ "$DEPLOYMENT_MODE" = operator ]; then
+    die "--platform kubernetes: operator mode installs the ODH/RHOAI operator from OpenShift's OperatorHub; use --deployment-mode kustomize (the default on Kubernetes)"
+  fi
+  DEPLOYMENT_MODE=kustomize
+  DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-maas}
+  CERT_NAME=${CERT_NAME:-maas-gateway-tls}
+  [ -n "$CLUSTER_DOMAIN" ] || die "--platform kubernetes needs CLUSTER_DOMAIN: the Gateway answers at maas.<CLUSTER_DOMAIN> (there is no OpenShift ingress domain to read)"
+  [[ $CLUSTER_DOMAIN =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "CLUSTER_DOMAIN '$CLUSTER_DOMAIN' is not a DNS name"
+  [[ $CERT_NAME =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "CERT_NAME '$CERT_NAME' is not a Secret name"
+}
+
 validate_configuration() {
+  validate_platform
   case $DEPLOYMENT_MODE in operator | kustomize) ;; *) die "--deployment-mode must be operator or kustomize, not '$DEPLOYMENT_MODE'" ;; esac
   case $OPERATOR_TYPE in odh | rhoai) ;; *) die "--operator-type must be odh or rhoai, not '$OPERATOR_TYPE'" ;; esac
   case ${LOG_LEVEL^^} in DEBUG | INFO | WARN | ERROR) LOG_LEVEL=${LOG_LEVEL^^} ;; *) die "LOG_LEVEL must be DEBUG, INFO, WARN or ERROR, not '$LOG_LEVEL'" ;; esac
@@ -414,7 +456,7 @@ prerequisite_failed() {
 
 check_required_tools() {
   command -v kubectl >/dev/null 2>&1 || die "kubectl is required (it renders the manifests)"
-  if ! command -v oc >/dev/null 2>&1; then
+  if [ "$PLATFORM" = openshift ] && ! command -v oc >/dev/null 2>&1; then
     prerequisite_failed "oc is required (install the OpenShift CLI)"
     HAVE_OC=false
   fi
@@ -429,12 +471,16 @@ check_required_tools() {
 
 check_cluster() {
   log_info "Checking the cluster"
-  if [ "${HAVE_OC:-true}" = false ] || ! query oc whoami >/dev/null 2>&1; then
+  if [ "$PLATFORM" = kubernetes ]; then
+    check_kubernetes_cluster
+    return 0
+  fi
+  if [ "${HAVE_OC:-true}" = false ] || ! query "$KCLI" whoami >/dev/null 2>&1; then
     prerequisite_failed "not logged in to a cluster (oc login ...)"
     return 0
   fi
   local version
-  version=$(query oc get clusterversion version -o jsonpath='{.status.desired.version}' 2>/dev/null || true)
+  version=$(query "$KCLI" get clusterversion version -o jsonpath='{.status.desired.version}' 2>/dev/null || true)
   if [ -z "$version" ]; then
     prerequisite_failed "cannot read the OpenShift version (is this OpenShift?)"
   elif ! version_ge "$version" "$MIN_OPENSHIFT_VERSION"; then
@@ -444,24 +490,46 @@ check_cluster() {
   fi
   local crd
   for crd in gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io; do
-    if ! query oc get crd "$crd" >/dev/null 2>&1; then
+    if ! query "$KCLI" get crd "$crd" >/dev/null 2>&1; then
       prerequisite_failed "Gateway API CRD $crd is missing (OpenShift >= $MIN_OPENSHIFT_VERSION installs it)"
     fi
   done
   if [ -z "$CLUSTER_DOMAIN" ]; then
-    CLUSTER_DOMAIN=$(query oc get ingresses.config.openshift.io cluster -o jsonpath='{.spec.domain}' 2>/dev/null || true)
+    CLUSTER_DOMAIN=$(query "$KCLI" get ingresses.config.openshift.io cluster -o jsonpath='{.spec.domain}' 2>/dev/null || true)
   fi
   if [ -z "$CERT_NAME" ]; then
-    CERT_NAME=$(query oc get ingresscontroller default -n openshift-ingress-operator \
+    CERT_NAME=$(query "$KCLI" get ingresscontroller default -n openshift-ingress-operator \
       -o jsonpath='{.spec.defaultCertificate.name}' 2>/dev/null || true)
     CERT_NAME=${CERT_NAME:-router-certs-default}
+  fi
+}
+
+# check_kubernetes_cluster: reachable, Gateway API CRDs, Istio's EnvoyFilter CRD and GatewayClass
+# istio; the Gateway's certificate Secret (only warns: cert-manager may issue it later).
+check_kubernetes_cluster() {
+  if ! query kubectl get --raw /version >/dev/null 2>&1; then
+    prerequisite_failed "cannot reach the cluster with kubectl (check your kubeconfig context)"
+    return 0
+  fi
+  local crd
+  for crd in gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
+    envoyfilters.networking.istio.io destinationrules.networking.istio.io; do
+    if ! query kubectl get crd "$crd" >/dev/null 2>&1; then
+      prerequisite_failed "CRD $crd is missing: install the Gateway API CRDs and Istio (1.24 or newer) first"
+    fi
+  done
+  if ! query kubectl get gatewayclass istio >/dev/null 2>&1; then
+    prerequisite_failed "GatewayClass istio is missing: MaaS Gateway runs on Istio's Gateway API implementation"
+  fi
+  if ! query kubectl get secret "$CERT_NAME" -n "$GATEWAY_NAMESPACE" >/dev/null 2>&1; then
+    log_warn "Secret $GATEWAY_NAMESPACE/$CERT_NAME (the Gateway's certificate for maas.$CLUSTER_DOMAIN) does not exist yet: create it (cert-manager Certificate, or kubectl create secret tls) or set CERT_NAME; until then the HTTPS listener is not programmed"
   fi
 }
 
 # Reads the policy engine's CSV version; prints nothing when it is not installed.
 policy_engine_version() {
   local prefix=$1
-  query oc get csv -n "$POLICY_ENGINE_NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+  query "$KCLI" get csv -n "$POLICY_ENGINE_NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
     awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }'
 }
 
@@ -476,7 +544,7 @@ operator_source() {
 check_conflicting_operators() {
   local other
   if [ "$OPERATOR_TYPE" = rhoai ]; then other=opendatahub-operator; else other=rhods-operator; fi
-  if query oc get subscriptions.operators.coreos.com -A -o jsonpath='{.items[*].spec.name}' 2>/dev/null | tr ' ' '\n' | grep -qx "$other"; then
+  if query "$KCLI" get subscriptions.operators.coreos.com -A -o jsonpath='{.items[*].spec.name}' 2>/dev/null | tr ' ' '\n' | grep -qx "$other"; then
     prerequisite_failed "$other is installed: ODH and RHOAI operators cannot run side by side (remove one or pick --operator-type)"
   fi
 }
@@ -530,7 +598,7 @@ spec:
   sourceNamespace: openshift-marketplace
   installPlanApproval: Automatic
 ' "$catalog_yaml" "$POLICY_ENGINE_NAMESPACE" "$package" "$POLICY_ENGINE_NAMESPACE" "$package" "$channel" "$source" |
-    run_stdin "policy engine subscription" oc apply -f -
+    run_stdin "policy engine subscription" "$KCLI" apply -f -
   wait_for_csv "$POLICY_ENGINE_NAMESPACE" "$prefix" "$minimum"
   printf 'apiVersion: kuadrant.io/v1beta1
 kind: Kuadrant
@@ -538,7 +606,7 @@ metadata:
   name: kuadrant
   namespace: %s
 spec: {}
-' "$POLICY_ENGINE_NAMESPACE" | run_stdin "Kuadrant CR" oc apply -f -
+' "$POLICY_ENGINE_NAMESPACE" | run_stdin "Kuadrant CR" "$KCLI" apply -f -
 }
 
 wait_for_csv() {
@@ -549,7 +617,7 @@ wait_for_csv() {
   fi
   deadline=$((SECONDS + CSV_TIMEOUT))
   while [ $SECONDS -lt $deadline ]; do
-    version=$(query oc get csv -n "$namespace" -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+    version=$(query "$KCLI" get csv -n "$namespace" -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
       awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }')
     if [ -n "$version" ]; then
       version_ge "$version" "$minimum" || die "$prefix $version installed, $minimum or newer required"
@@ -576,7 +644,7 @@ spec:
   sourceType: grpc
   image: %s
   displayName: MaaS operator catalog
-' "$OPERATOR_CATALOG" | run_stdin "custom catalog" oc apply -f -
+' "$OPERATOR_CATALOG" | run_stdin "custom catalog" "$KCLI" apply -f -
   fi
   {
     printf 'apiVersion: operators.coreos.com/v1alpha1
@@ -594,13 +662,13 @@ spec:
     if [ -n "$OPERATOR_STARTING_CSV" ] && [ "$OPERATOR_STARTING_CSV" != - ]; then
       printf '  startingCSV: %s\n' "$OPERATOR_STARTING_CSV"
     fi
-  } | run_stdin "operator subscription" oc apply -f -
+  } | run_stdin "operator subscription" "$KCLI" apply -f -
   wait_for_csv "$OPERATOR_NAMESPACE" "$package" 0
   if [ -n "$OPERATOR_IMAGE" ]; then
     local csv
-    csv=$(query oc get subscription "$package" -n "$OPERATOR_NAMESPACE" -o jsonpath='{.status.installedCSV}' 2>/dev/null || true)
+    csv=$(query "$KCLI" get subscription "$package" -n "$OPERATOR_NAMESPACE" -o jsonpath='{.status.installedCSV}' 2>/dev/null || true)
     csv=${csv:-<installed CSV of $package>}
-    run oc patch csv "$csv" -n "$OPERATOR_NAMESPACE" --type json \
+    run "$KCLI" patch csv "$csv" -n "$OPERATOR_NAMESPACE" --type json \
       -p "[{\"op\":\"replace\",\"path\":\"/spec/install/spec/deployments/0/spec/template/spec/containers/0/image\",\"value\":\"$OPERATOR_IMAGE\"}]"
   fi
 }
@@ -631,12 +699,12 @@ spec:
         managementState: Removed
     dashboard:
       managementState: Managed
-' "$DEPLOYMENT_NAMESPACE" | run_stdin "DSCInitialization and DataScienceCluster" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  run oc wait --for=jsonpath='{.status.phase}'=Ready datasciencecluster/default-dsc --timeout="${CUSTOM_RESOURCE_TIMEOUT}s"
+' "$DEPLOYMENT_NAMESPACE" | run_stdin "DSCInitialization and DataScienceCluster" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  run "$KCLI" wait --for=jsonpath='{.status.phase}'=Ready datasciencecluster/default-dsc --timeout="${CUSTOM_RESOURCE_TIMEOUT}s"
 }
 
 wait_for_crd() {
-  run oc wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
+  run "$KCLI" wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
 }
 
 # ---- the companion's replicas follow the lease store ----------------------------------------------
@@ -652,7 +720,7 @@ choose_companion_replicas() {
     redis="the given Redis"
   elif [ "$DEV_REDIS" = true ]; then
     redis="the development Redis"
-  elif [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+  elif [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
     redis="the Redis of Secret maas-redis from an earlier run"
   fi
   if [ -n "$redis" ]; then
@@ -687,9 +755,20 @@ image_kustomization() {
 # the images, TLS on/off, the Gateway's hostname) and prints the rendered objects.
 render_manifests() {
   local dir=$1 crs_rel crs_rel_companion rust_log
-  mkdir -p "$dir/companion"
+  mkdir -p "$dir/companion" "$dir/gateway"
   crs_rel=$(realpath -m --relative-to="$dir" "$CRS_DIR")
   crs_rel_companion=$(realpath -m --relative-to="$dir/companion" "$CRS_DIR")
+  # On Kubernetes the Gateway's objects move to maas-gateway (base/gateway names
+  # openshift-ingress; kustomize would give the GatewayClass a namespace too, but
+  # components/kubernetes drops it).
+  {
+    echo "# Generated by scripts/deploy.sh"
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "namespace: $GATEWAY_NAMESPACE"
+    echo "resources:"
+    echo "  - $(realpath -m --relative-to="$dir/gateway" "$CRS_DIR")/base/gateway"
+  } >"$dir/gateway/kustomization.yaml"
   {
     echo "# Generated by scripts/deploy.sh"
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
@@ -709,11 +788,15 @@ render_manifests() {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources:"
-    echo "  - $crs_rel/base/gateway"
+    if [ "$PLATFORM" = kubernetes ]; then echo "  - gateway"; else echo "  - $crs_rel/base/gateway"; fi
     echo "  - companion"
     echo "components:"
     if [ "$ENABLE_TLS_BACKEND" = true ]; then echo "  - $crs_rel/components/tls-backend"; fi
     echo "  - $crs_rel/components/wiring"
+    if [ "$PLATFORM" = kubernetes ]; then
+      echo "  - $crs_rel/components/kubernetes"
+      if [ "$ENABLE_TLS_BACKEND" = true ]; then echo "  - $crs_rel/components/tls-backend-kubernetes"; fi
+    fi
     echo "images:"
     image_kustomization quay.io/maas-gateway/maas-companion "$MAAS_API_IMAGE"
     echo "patches:"
@@ -821,30 +904,36 @@ select_named() {
 
 # ---- deployment steps --------------------------------------------------------------------------
 ensure_namespace() {
-  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" "$KCLI" apply -f -
 }
 
 # The Gateway admits HTTPRoutes only from namespaces with this label (base/gateway/gateway.yaml);
 # the companion's maas-api route lives in its namespace. Model namespaces are labelled the same way.
 label_routes_namespace() {
-  run oc label namespace "$1" maas.opendatahub.io/gateway-routes=true --overwrite
+  run "$KCLI" label namespace "$1" maas.opendatahub.io/gateway-routes=true --overwrite
 }
 
 deploy_gateway() {
-  log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
-  select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
-  run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
+  if [ "$PLATFORM" = kubernetes ]; then
+    log_info "Gateway: $GATEWAY_NAME in $GATEWAY_NAMESPACE on Istio's GatewayClass istio"
+    ensure_namespace "$GATEWAY_NAMESPACE"
+    run "$KCLI" wait --for=condition=Accepted gatewayclass/istio --timeout="${RESOURCE_TIMEOUT}s"
+  else
+    log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
+    select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
+    run "$KCLI" wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
+  fi
   wait_for_crd envoyfilters.networking.istio.io
   # The Gateway's pod count first: the Gateway names this ConfigMap (infrastructure.parametersRef).
   log_info "  $GATEWAY_REPLICAS Gateway replica(s) (ConfigMap maas-gateway-options; the filter's limits.global.replicas)"
   select_named "$RENDERED" maas-gateway-options ConfigMap |
-    run_stdin "ConfigMap maas-gateway-options" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    run_stdin "ConfigMap maas-gateway-options" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  select_kinds "$RENDERED" Gateway | run_stdin "Gateway" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
   # Before the EnvoyFilter asks istiod for the Gateway's client key pair (the manifests, later):
   # istiod serves it only once this Role lets the Gateway's service account list Secrets.
   select_named "$RENDERED" maas-gateway-sds Role RoleBinding |
-    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
 # 24 random bytes as hex: od reads exactly that much, so no pipe is cut short (pipefail).
@@ -858,21 +947,21 @@ deploy_database() {
   else
     log_info "Database: development PostgreSQL maas-postgres (PersistentVolumeClaim maas-postgres-data)"
     local password=""
-    if [ "$DRY_RUN" != true ] && query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       # Keep the existing password: the database on the volume was initialised with it.
-      password=$(query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.POSTGRES_PASSWORD}' | base64 -d)
+      password=$(query "$KCLI" get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.POSTGRES_PASSWORD}' | base64 -d)
       log_info "  reusing the existing Secret postgres-creds"
     else
       password=$(random_password)
     fi
     secret_yaml postgres-creds app.kubernetes.io/name=maas-postgres \
       POSTGRES_USER "$POSTGRES_USER" POSTGRES_PASSWORD "$password" POSTGRES_DB "$POSTGRES_DB" |
-      run_stdin "Secret postgres-creds" oc apply -f -
+      run_stdin "Secret postgres-creds" "$KCLI" apply -f -
     url="postgresql://$POSTGRES_USER:$password@maas-postgres.$DEPLOYMENT_NAMESPACE.svc:5432/$POSTGRES_DB?sslmode=disable"
-    select_kinds "$RENDERED" PersistentVolumeClaim | run_stdin "PersistentVolumeClaim" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    select_kinds "$RENDERED" PersistentVolumeClaim | run_stdin "PersistentVolumeClaim" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
   fi
   secret_yaml maas-db-config app.kubernetes.io/name=maas-companion DB_CONNECTION_URL "$url" |
-    run_stdin "Secret maas-db-config" oc apply -f -
+    run_stdin "Secret maas-db-config" "$KCLI" apply -f -
 }
 
 # redis_display URL: scheme://host[:port] of a Redis URL, without user, password or database.
@@ -895,14 +984,14 @@ deploy_lease_store() {
     url=$REDIS_URL
   elif [ "$DEV_REDIS" = true ]; then
     log_info "Lease store: development Redis maas-redis (one pod, no persistence; Secret maas-redis)"
-    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
-      password=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.password}' | base64 -d)
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      password=$(query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.password}' | base64 -d)
       [ -z "$password" ] || log_info "  reusing the password in the existing Secret maas-redis"
     fi
     password=${password:-$(random_password)}
     url="redis://:$password@maas-redis.$DEPLOYMENT_NAMESPACE.svc:6379/0"
   else
-    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       log_info "Lease store: Secret maas-redis from an earlier run stays in use (delete it for the in-process store)"
     else
       log_info "Lease store: in process in the one companion replica (no --redis-url / --dev-redis)"
@@ -910,8 +999,8 @@ deploy_lease_store() {
     return 0
   fi
   if [ "$DRY_RUN" != true ]; then
-    old=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.url}' 2>/dev/null | base64 -d 2>/dev/null || true)
-    if [ "$old" != "$url" ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    old=$(query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.url}' 2>/dev/null | base64 -d 2>/dev/null || true)
+    if [ "$old" != "$url" ] && query "$KCLI" get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       LEASE_STORE_CHANGED=true
     fi
   fi
@@ -919,17 +1008,17 @@ deploy_lease_store() {
     secret_yaml maas-redis app.kubernetes.io/name=maas-redis url "$url" password "$password"
   else
     secret_yaml maas-redis app.kubernetes.io/name=maas-companion url "$url"
-  fi | run_stdin "Secret maas-redis" oc apply -f -
+  fi | run_stdin "Secret maas-redis" "$KCLI" apply -f -
 }
 
 restart_companion_if_lease_store_changed() {
   if [ "$DRY_RUN" = true ] && { [ -n "$REDIS_URL" ] || [ "$DEV_REDIS" = true ]; }; then
-    echo "+ oc rollout restart deployment/maas-companion -n $DEPLOYMENT_NAMESPACE  (only when Secret maas-redis changed on a running companion)"
+    echo "+ $KCLI rollout restart deployment/maas-companion -n $DEPLOYMENT_NAMESPACE  (only when Secret maas-redis changed on a running companion)"
     return 0
   fi
   [ "$LEASE_STORE_CHANGED" = true ] || return 0
   log_info "  the lease store changed: restarting the companion to read Secret maas-redis"
-  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+  run "$KCLI" rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
 }
 
 # secret_yaml NAME LABEL KEY VALUE...: a Secret manifest on stdout (values never in argv of oc).
@@ -948,10 +1037,29 @@ secret_yaml() {
 apply_manifests() {
   log_info "Applying the manifests (companion in $DEPLOYMENT_NAMESPACE, filter on $GATEWAY_NAME)"
   if [ "$DRY_RUN" = true ]; then
-    echo "+ oc apply --server-side --force-conflicts --field-manager=$FIELD_MANAGER -f - <<'<the rendered manifests above>'"
+    echo "+ $KCLI apply --server-side --force-conflicts --field-manager=$FIELD_MANAGER -f - <<'<the rendered manifests above>'"
     return 0
   fi
-  run_stdin "rendered manifests" oc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$RENDERED"
+  local manifests=$RENDERED
+  if [ "$PLATFORM" = kubernetes ] && ! query kubectl get crd servicemonitors.monitoring.coreos.com >/dev/null 2>&1; then
+    log_warn "no Prometheus Operator (CRD servicemonitors.monitoring.coreos.com): the ServiceMonitor, PodMonitor and PrometheusRules are left out"
+    manifests=$WORK_DIR/without-monitoring.yaml
+    drop_kinds "$RENDERED" ServiceMonitor PodMonitor PrometheusRule >"$manifests"
+  fi
+  run_stdin "rendered manifests" "$KCLI" apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$manifests"
+}
+
+# drop_kinds FILE KIND...: the documents of FILE whose kind is none of KIND.
+drop_kinds() {
+  local file=$1
+  shift
+  awk -v kinds=" $* " '
+    function flush() { if (doc != "" && keep) { printf "%s", (n++ ? "---\n" : ""); printf "%s", doc } doc = ""; keep = 1 }
+    BEGIN { keep = 1 }
+    /^---/ { flush(); next }
+    /^kind: / { keep = index(kinds, " " $2 " ") == 0 }
+    { doc = doc $0 "\n" }
+    END { flush() }' "$file"
 }
 
 # remove_old_wasmplugin: a deployment made before the filter moved to the EnvoyFilter maas-filter
@@ -959,24 +1067,28 @@ apply_manifests() {
 # counting every request against the limits: the WasmPlugin goes once the EnvoyFilter is
 # applied (after, not before: in between the Gateway would have no filter at all).
 remove_old_wasmplugin() {
-  if [ "$DRY_RUN" != true ] && ! query oc get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
+  if [ "$DRY_RUN" != true ] && ! query "$KCLI" get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
     return 0
   fi
   log_info "The filter comes from EnvoyFilter maas-filter: removing an older WasmPlugin maas-filter, if any"
-  run oc delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
+  run "$KCLI" delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
 }
 
 configure_tls_backend() {
   [ "$ENABLE_TLS_BACKEND" = true ] || return 0
+  if [ "$PLATFORM" = kubernetes ]; then
+    configure_tls_backend_private_ca
+    return 0
+  fi
   log_info "TLS backend: the Gateway verifies the companion against the OpenShift service CA"
   if [ "$DRY_RUN" = true ]; then
     echo "+ wait for the service CA to fill ConfigMap $GATEWAY_NAMESPACE/maas-service-ca (key service-ca.crt)"
-    echo "+ oc apply -f - <<'<Secret $GATEWAY_NAMESPACE/maas-companion-ca with ca.crt = that bundle>'"
+    echo "+ $KCLI apply -f - <<'<Secret $GATEWAY_NAMESPACE/maas-companion-ca with ca.crt = that bundle>'"
     return 0
   fi
   local deadline=$((SECONDS + RESOURCE_TIMEOUT)) ca=""
   while [ $SECONDS -lt $deadline ]; do
-    ca=$(query oc get configmap maas-service-ca -n "$GATEWAY_NAMESPACE" -o jsonpath='{.data.service-ca\.crt}' 2>/dev/null || true)
+    ca=$(query "$KCLI" get configmap maas-service-ca -n "$GATEWAY_NAMESPACE" -o jsonpath='{.data.service-ca\.crt}' 2>/dev/null || true)
     [ -n "$ca" ] && break
     sleep 3
   done
@@ -984,7 +1096,23 @@ configure_tls_backend() {
   {
     printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: maas-companion-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\ndata:\n' "$GATEWAY_NAMESPACE"
     printf '  ca.crt: %s\n' "$(printf '%s\n' "$ca" | base64 | tr -d '\n')"
-  } | run_stdin "Secret maas-companion-ca" oc apply -f -
+  } | run_stdin "Secret maas-companion-ca" "$KCLI" apply -f -
+}
+
+# configure_tls_backend_private_ca: on plain Kubernetes the companion's public port serves the
+# internal CA's server certificate (components/tls-backend-kubernetes); the Gateway verifies it
+# with that CA (Secret maas-companion-ca) and Prometheus too (ConfigMap maas-service-ca).
+configure_tls_backend_private_ca() {
+  log_info "TLS backend: the Gateway verifies the companion against this script's private CA"
+  local ca=$WORK_DIR/internal-pki/server.ca
+  {
+    printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: maas-companion-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\ndata:\n' "$GATEWAY_NAMESPACE"
+    printf '  ca.crt: %s\n' "$(base64 <"$ca" | tr -d '\n')"
+  } | run_stdin "Secret $GATEWAY_NAMESPACE/maas-companion-ca" "$KCLI" apply -f -
+  {
+    printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: maas-service-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ndata:\n  service-ca.crt: |\n' "$DEPLOYMENT_NAMESPACE"
+    sed 's/^/    /' "$ca"
+  } | run_stdin "ConfigMap $DEPLOYMENT_NAMESPACE/maas-service-ca" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER-ca" -f -
 }
 
 # ---- the internal API's mutual TLS -------------------------------------------------------------
@@ -1022,7 +1150,7 @@ read_internal_secrets() {
   while read -r prefix namespace secret; do
     for key in ca.crt tls.crt tls.key; do
       case $key in ca.crt) file=$dir/$prefix.ca ;; tls.crt) file=$dir/$prefix.crt ;; *) file=$dir/$prefix.key ;; esac
-      value=$(query oc get secret "$secret" -n "$namespace" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null) || return 1
+      value=$(query "$KCLI" get secret "$secret" -n "$namespace" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null) || return 1
       [ -n "$value" ] || return 1
       printf '%s' "$value" | base64 -d >"$file" 2>/dev/null || return 1
     done
@@ -1093,13 +1221,13 @@ configure_internal_mtls() {
     rm -f "$dir"/*
     issue_internal_pki "$dir" || die "openssl could not issue the internal API's certificates"
     log_info "  issued a private CA (its key kept nowhere) and, valid ${INTERNAL_CERT_DAYS} days: the companion's certificate (maas-companion.$DEPLOYMENT_NAMESPACE.svc), the Gateway's ($INTERNAL_GATEWAY_NAME) and the cleanup job's ($INTERNAL_CLEANUP_NAME)"
-    if [ "$DRY_RUN" != true ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       INTERNAL_CERTS_CHANGED=true
     fi
   fi
   while read -r prefix namespace secret; do
     internal_secret_yaml "$secret" "$namespace" "$dir" "$prefix" |
-      run_stdin "Secret $namespace/$secret" oc apply -f -
+      run_stdin "Secret $namespace/$secret" "$KCLI" apply -f -
   done < <(internal_secrets)
 }
 
@@ -1107,19 +1235,19 @@ configure_internal_mtls() {
 restart_companion_if_internal_certs_changed() {
   [ "$INTERNAL_CERTS_CHANGED" = true ] || return 0
   log_info "  the internal certificates were issued again: restarting the companion to read them"
-  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+  run "$KCLI" rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
 }
 
 wait_for_readiness() {
   log_info "Waiting for readiness"
   if [ -z "$POSTGRES_CONNECTION" ]; then
-    run oc rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+    run "$KCLI" rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   fi
   if [ "$DEV_REDIS" = true ]; then
-    run oc rollout status deployment/maas-redis -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+    run "$KCLI" rollout status deployment/maas-redis -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   fi
-  run oc rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
-  run oc wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
+  run "$KCLI" rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+  run "$KCLI" wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
 }
 
 print_next_steps() {
@@ -1137,9 +1265,9 @@ print_next_steps() {
   Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE, $COMPANION_REPLICAS replica(s): $LEASE_STORE_WHY
              policy: ConfigMap maas-policy
 
-Mint an API key with your OpenShift identity:
+Mint an API key with your $(if [ "$PLATFORM" = kubernetes ]; then echo "cluster identity (a token the API server's TokenReview accepts, or an OIDC JWT with --external-oidc)"; else echo "OpenShift identity"; fi):
   HOST=$host
-  TOKEN=\$(oc whoami -t)
+  TOKEN=$(if [ "$PLATFORM" = kubernetes ]; then echo "<your token>"; else echo "\$(oc whoami -t)"; fi)
   curl -sS -X POST "https://\$HOST/maas-api/v1/api-keys" -H "Authorization: Bearer \$TOKEN" \\
     -H 'Content-Type: application/json' -d '{"name":"my-key","expiresIn":"30d"}'
   # the response's "key" (sk-oai-...) is shown once: keep it, e.g. in KEY
@@ -1150,13 +1278,14 @@ List the models your tier may use, then call one:
     -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
     -d '{"model":"facebook/opt-125m","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
 
-Models, tiers and limits: oc edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
+Models, tiers and limits: $KCLI edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
 Samples (KServe route, external OpenAI model): wasm-plugin-crs/samples.
 EOF
 }
 
 print_plan() {
   log_info "Deployment plan"
+  log_info "  platform:          $PLATFORM (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, $KCLI)"
   log_info "  mode:              $DEPLOYMENT_MODE ($OPERATOR_TYPE)"
   log_info "  namespace:         $DEPLOYMENT_NAMESPACE"
   log_info "  TLS backend:       $ENABLE_TLS_BACKEND (public and metrics ports)"

@@ -31,12 +31,13 @@ CHECKS=${CARGO_TARGET_DIR:-$ROOT/target}/debug/maas-manifest-checks
 fact() { "$CHECKS" --facts "$2" | sed -n "s/^$1 //p"; }
 
 # ---- the stand-ins -----------------------------------------------------------------------------
-mkdir -p "$WORK/bin"
-cat >"$WORK/bin/oc" <<'STANDIN'
+# The cluster: one script behind oc and kubectl (CLI names the command in the record).
+mkdir -p "$WORK/bin" "$WORK/bin-kube" "$WORK/standin"
+cat >"$WORK/standin/cluster" <<'STANDIN'
 #!/usr/bin/env bash
 # Records the call; answers queries from FAKE_* variables; remembers what was applied.
 n=$(($(wc -l <"$FAKE_STATE/calls" 2>/dev/null || echo 0) + 1))
-echo "oc $*" >>"$FAKE_STATE/calls"
+echo "$CLI $*" >>"$FAKE_STATE/calls"
 for arg in "$@"; do
   if [ "$arg" = "-" ]; then cat >"$FAKE_STATE/stdin.$n"; fi
 done
@@ -103,15 +104,15 @@ case "$1 ${2:-}" in
   *) exit 0 ;;
 esac
 STANDIN
-cat >"$WORK/bin/kubectl" <<'STANDIN'
+printf '#!/usr/bin/env bash\nCLI=oc exec %q "$@"\n' "$WORK/standin/cluster" >"$WORK/bin/oc"
+cat >"$WORK/bin/kubectl" <<STANDIN
 #!/usr/bin/env bash
-# Rendering and version queries go to the real kubectl (no cluster involved); anything else is
-# recorded like oc's calls.
-case "${1:-}" in
-  kustomize | version) exec "$REAL_KUBECTL" "$@" ;;
+# Rendering and version queries go to the real kubectl (no cluster involved); anything else to
+# the cluster stand-in, as oc's calls.
+case "\${1:-}" in
+  kustomize | version) exec "\$REAL_KUBECTL" "\$@" ;;
 esac
-echo "kubectl $*" >>"$FAKE_STATE/calls"
-exit 0
+CLI=kubectl exec $(printf %q "$WORK/standin/cluster") "\$@"
 STANDIN
 # curl: only the OIDC discovery document (FAKE_OIDC_DISCOVERY for FAKE_OIDC_ISSUER), else 404.
 cat >"$WORK/bin/curl" <<'STANDIN'
@@ -125,7 +126,10 @@ fi
 echo "curl: (22) The requested URL returned error: 404" >&2
 exit 22
 STANDIN
-chmod +x "$WORK/bin/oc" "$WORK/bin/kubectl" "$WORK/bin/curl"
+chmod +x "$WORK/standin/cluster" "$WORK/bin/oc" "$WORK/bin/kubectl" "$WORK/bin/curl"
+# Plain Kubernetes: no oc on PATH (only system directories besides: no oc there either).
+ln -s "$WORK/bin/kubectl" "$WORK/bin-kube/kubectl"
+ln -s "$WORK/bin/curl" "$WORK/bin-kube/curl"
 
 # run_deploy NAME [ENV=VALUE...] -- ARGS...: runs deploy.sh with the stand-ins; output in
 # $WORK/NAME.out, exit code in RC, calls in $WORK/NAME.state/calls. Both images are set (pinned
@@ -151,8 +155,8 @@ run_deploy() {
   env -u MAAS_API_IMAGE -u MAAS_WASM_IMAGE -u MAAS_CONTROLLER_IMAGE -u LOG_LEVEL -u POSTGRES_CONNECTION \
     -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE -u REDIS_URL -u DEV_REDIS -u GATEWAY_REPLICAS \
     -u DEV_MODE -u EXTERNAL_OIDC -u OIDC_ISSUER_URL -u OIDC_CLIENT_ID -u OIDC_JWKS_URL -u OIDC_GROUPS_CLAIM -u ENABLE_KEYCLOAK \
-    -u POLICY_ENGINE -u MAAS_SUBSCRIPTION_NAMESPACE -u PLATFORM \
-    PATH="$WORK/bin:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
+    -u POLICY_ENGINE -u MAAS_SUBSCRIPTION_NAMESPACE -u PLATFORM -u CLUSTER_DOMAIN -u CERT_NAME \
+    PATH="${STANDIN_BIN:-$WORK/bin}:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
     MAAS_API_IMAGE="registry.example.com/team/maas-companion@$DIGEST_B" \
     MAAS_WASM_IMAGE="registry.example.com/team/maas-filter@$DIGEST_B" \
     "${envs[@]}" bash "$DEPLOY" "$@" >"$WORK/$name.out" 2>&1 || RC=$?
@@ -450,6 +454,59 @@ checks_pass dry-dev yes dev-ns
 run_deploy dry-dev-given-redis -- --dry-run --deployment-mode kustomize --namespace dev-ns --dev --redis-url redis://redis.example.com:6379/0
 expect_exit dry-dev-given-redis 0 "lease store:       Redis redis://redis.example.com:6379"
 expect_absent dry-dev-given-redis "maas.opendatahub.io/dev-only"
+
+# ---- plain Kubernetes: --platform kubernetes (or no oc installed) --------------------------------
+run_deploy dry-kubernetes CLUSTER_DOMAIN=k8s.example.org -- --dry-run --platform kubernetes
+expect_exit dry-kubernetes 0 "DRY RUN MODE"
+expect_no_mutation dry-kubernetes
+expect_output dry-kubernetes "platform:          kubernetes (Gateway maas-default-gateway in maas-gateway, kubectl)" \
+  "gatewayClassName: istio" "name: maas-default-gateway-istio" "hostname: maas.k8s.example.org" "name: maas-gateway-tls" \
+  "+ kubectl wait --for=condition=Accepted gatewayclass/istio" "+ kubectl apply --server-side --force-conflicts" \
+  "<Secret maas-gateway/maas-companion-ca>" "<ConfigMap maas/maas-service-ca>" "secretName: maas-companion-internal-tls" \
+  "TOKEN=<your token>"
+expect_absent dry-kubernetes "+ oc "
+expect_absent dry-kubernetes "openshift-ingress"
+expect_absent dry-kubernetes "kind: GatewayClass"
+rendered dry-kubernetes >"$WORK/dry-kubernetes.yaml"
+if "$CHECKS" --platform kubernetes --namespace maas --tls on --dev-redis no --lease-store memory "$WORK/dry-kubernetes.yaml" >"$WORK/dry-kubernetes.checks" 2>&1; then
+  pass "dry-kubernetes: its rendered manifests pass the schema and wiring checks for plain Kubernetes"
+else
+  fail "dry-kubernetes: its rendered manifests pass the checks for plain Kubernetes" "$(grep '^FAIL' "$WORK/dry-kubernetes.checks" | head -5)"
+fi
+STANDIN_BIN=$WORK/bin-kube run_deploy dry-kubernetes-auto CLUSTER_DOMAIN=k8s.example.org -- --dry-run --namespace team-k
+expect_exit dry-kubernetes-auto 0 "oc is not installed: deploying for plain Kubernetes"
+expect_output dry-kubernetes-auto "platform:          kubernetes" "namespace: team-k"
+run_deploy kubernetes-no-domain -- --dry-run --platform kubernetes
+expect_exit kubernetes-no-domain 1 "--platform kubernetes needs CLUSTER_DOMAIN"
+run_deploy kubernetes-operator CLUSTER_DOMAIN=k8s.example.org -- --dry-run --platform kubernetes --deployment-mode operator
+expect_exit kubernetes-operator 1 "use --deployment-mode kustomize (the default on Kubernetes)"
+run_deploy bad-platform -- --dry-run --platform nomad
+expect_exit bad-platform 1 "--platform must be openshift, kubernetes or auto, not 'nomad'"
+for name in kubernetes-no-domain kubernetes-operator bad-platform; do expect_no_mutation "$name"; done
+
+STANDIN_BIN=$WORK/bin-kube run_deploy full-kubernetes CLUSTER_DOMAIN=k8s.example.org -- --namespace team-k
+expect_exit full-kubernetes 0 "MaaS Gateway is deployed."
+if calls full-kubernetes | grep -q "^oc "; then
+  fail "full-kubernetes: every call is kubectl" "$(calls full-kubernetes | grep '^oc ' | head -3)"
+else
+  pass "full-kubernetes: every call is kubectl"
+fi
+order=$(calls full-kubernetes | awk '
+  /^kubectl apply -f - *$/ && !ns { ns = NR }
+  /^kubectl wait --for=condition=Accepted gatewayclass\/istio/ { gc = NR }
+  /^kubectl apply --server-side --force-conflicts/ { all = NR }
+  /^kubectl rollout status deployment\/maas-companion -n team-k/ { roll = NR }
+  END { print (ns && gc && all && roll && ns < gc && gc < all && all < roll) ? "ok" : "bad " ns " " gc " " all " " roll }')
+if [ "$order" = ok ]; then pass "full-kubernetes: namespace → GatewayClass istio accepted → apply → rollout"; else fail "full-kubernetes: order" "$order"; fi
+# The Gateway verifies the companion with the CA that issued its certificate.
+ca_secret=$(grep -l "name: maas-companion-ca" "$WORK/full-kubernetes.state"/stdin.* 2>/dev/null | head -1)
+server_secret=$(grep -lx "  name: maas-companion-internal-tls" "$WORK/full-kubernetes.state"/stdin.* 2>/dev/null | head -1)
+if [ -n "$ca_secret" ] && [ -n "$server_secret" ] && grep -qx "  namespace: maas-gateway" "$ca_secret" &&
+  [ "$(sed -n 's/^  ca.crt: //p' "$ca_secret")" = "$(sed -n 's/^  ca.crt: //p' "$server_secret")" ]; then
+  pass "full-kubernetes: Secret maas-gateway/maas-companion-ca holds the CA of the companion's certificate"
+else
+  fail "full-kubernetes: Secret maas-gateway/maas-companion-ca holds the CA of the companion's certificate" "${ca_secret:-none} ${server_secret:-none}"
+fi
 
 # ---- a full run against the stand-ins ------------------------------------------------------------
 run_deploy full-kustomize MAAS_WASM_IMAGE="$WASM_IMG" -- --deployment-mode kustomize --namespace team-maas
