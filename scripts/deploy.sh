@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deploys MaaS Gateway on OpenShift: the companion service (API keys, identity, policy,
+# Deploys MaaS Gateway on OpenShift (or, --platform kubernetes, on plain Kubernetes with Istio): the companion service (API keys, identity, policy,
 # credentials), its database, the Gateway and the MaaS filter (EnvoyFilter maas-filter) in the Gateway's Envoy.
 # Flags and variables follow the reference MaaS deploy script so its users can carry on.
 # `--dry-run` prints every command it would run and the rendered manifests, and changes nothing.
