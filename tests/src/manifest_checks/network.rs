@@ -3,8 +3,8 @@
 //! companion's three ports.
 
 use super::context::{
-    CLEANUP_POD_LABEL, COMPANION, COMPANION_PORTS, Context, GATEWAY_NAME, GATEWAY_NS,
-    GATEWAY_POD_LABEL, MONITORING_NS, PROMETHEUS_POD_LABEL, PUBLIC_PORT, ROUTES_NAMESPACE_LABEL,
+    CLEANUP_POD_LABEL, COMPANION, COMPANION_PORTS, Context, GATEWAY_NAME, GATEWAY_POD_LABEL,
+    MONITORING_NS, PROMETHEUS_POD_LABEL, PUBLIC_PORT, ROUTES_NAMESPACE_LABEL,
 };
 use super::docs::{
     Verdict, at, ensure, labels_match, list_at, list_or_empty, name_of, namespace_of, opt, opt_str,
@@ -70,7 +70,7 @@ pub fn routes(cx: &Context) -> Verdict {
         repr(parent)
     );
     ensure!(
-        opt_str(parent, "namespace") == Some(GATEWAY_NS),
+        opt_str(parent, "namespace") == Some(cx.gateway_ns),
         "maas-api's parent {}",
         repr(parent)
     );
@@ -110,8 +110,9 @@ pub fn gateway_routes(cx: &Context) -> Verdict {
             );
         } else {
             ensure!(
-                cx.ns == GATEWAY_NS,
-                "listener {name} admits only {GATEWAY_NS} routes; maas-api lives in {}",
+                cx.ns == cx.gateway_ns,
+                "listener {name} admits only {} routes; maas-api lives in {}",
+                cx.gateway_ns,
                 cx.ns
             );
         }
@@ -120,12 +121,12 @@ pub fn gateway_routes(cx: &Context) -> Verdict {
 }
 
 /// Who a NetworkPolicy peer is: the Gateway's pods, the cleanup job, Prometheus, or someone else.
-fn peer_kind(peer: &Value) -> Option<&'static str> {
+fn peer_kind(peer: &Value, gateway_ns: &str) -> Option<&'static str> {
     let pod_labels = opt(peer, "podSelector.matchLabels");
     let pod_label = |(k, v): (&str, &str)| pod_labels.and_then(|l| l.get(k)) == Some(&json!(v));
     let ns_labels = opt(peer, "namespaceSelector.matchLabels");
     let namespace_is = |ns: &str| ns_labels == Some(&json!({"kubernetes.io/metadata.name": ns}));
-    if namespace_is(GATEWAY_NS) && pod_label(GATEWAY_POD_LABEL) {
+    if namespace_is(gateway_ns) && pod_label(GATEWAY_POD_LABEL) {
         Some("gateway")
     } else if peer.get("namespaceSelector").is_none() && pod_label(CLEANUP_POD_LABEL) {
         Some("cleanup")
@@ -193,7 +194,7 @@ pub fn network_policies(cx: &Context) -> Verdict {
                     "{name} opens {} to an ipBlock",
                     repr(&json!(ports))
                 );
-                let who = peer_kind(peer);
+                let who = peer_kind(peer, cx.gateway_ns);
                 for port in &ports {
                     ensure!(
                         who.is_some_and(|w| allowed[port].contains(&w)),

@@ -366,4 +366,20 @@ refused! {
     provider_secrets_list: @"maas-resources", "expected get on secrets only", |d: &mut Docs| {
         *at(doc(d, "ClusterRole", "maas-companion-provider-secrets"), "/rules/0/verbs") = json!(["get", "list", "watch"]);
     };
+    // Admins by the reference's SubjectAccessReview rule, out of the box.
+    admins_by_groups_only: "MAAS_ADMIN_SAR_NAMESPACE is not set", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .retain(|e| e["name"] != json!("MAAS_ADMIN_SAR_NAMESPACE"));
+    };
+    admins_by_another_verb: "MAAS_ADMIN_SAR_VERB 'get'", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .push(json!({"name": "MAAS_ADMIN_SAR_VERB", "value": "get"}));
+    };
+    no_subject_access_review_right: "subjectaccessreviews", |d: &mut Docs| {
+        at(doc(d, "ClusterRole", "maas-companion-tokenreview"), "/rules").as_array_mut().expect("rules")
+            .retain(|r| r["resources"] != json!(["subjectaccessreviews"]));
+    };
+    admins_elsewhere_than_the_subscriptions: @"maas-resources", "but the subscriptions are in MAAS_POLICY_NAMESPACE", |d: &mut Docs| {
+        *at(env(d, "MAAS_ADMIN_SAR_NAMESPACE"), "/value") = json!("team-a");
+    };
 }
