@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests, the companion's tests against a real (throwaway) PostgreSQL, the
-# end-to-end tests through real Envoy with the real filter (each e2e test binary starts its own
-# local stack), the filter's and types' unit tests again for wasm32-wasip1 (under Node's WASI),
-# then every suite in tests/scripts/ (one that is not executable fails). Installs what is missing.
+# end-to-end tests through real Envoy with the real filter (one test binary; each of its modules
+# starts its own local stack, stopped once the module's tests are done), the filter's and types'
+# unit tests again for wasm32-wasip1 (under Node's WASI), then every suite in tests/scripts/ (one
+# that is not executable fails). Installs what is missing.
 # Extra arguments go to `cargo test` (e.g. ./scripts/test.sh -p maas-e2e).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
@@ -11,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 ensure_all
 ensure_browser
 build_all
-# The web UI: built once here (tests/tests/ui_browser.rs builds it too when run alone).
+# The web UI: built once here (tests/tests/e2e/ui_browser.rs builds it too when run alone).
 build_ui
 
 free_port() {
@@ -46,7 +47,8 @@ run_pg "$MAAS_PG_BIN_DIR/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w 
   start >/dev/null || { cat "$PG_DIR/postgres.log" >&2; die "PostgreSQL did not start"; }
 export MAAS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 
-# The filter's manifest tests render the kustomizations with `kubectl kustomize` (v5+).
+# The manifest tests (the filter's manifest_plugin_config, maas-e2e's deploy_checks) render the
+# kustomizations with `kubectl kustomize` (v5+).
 if KUBECTL="$(bash -c '. "$1/scripts/lib/deploy-test-env.sh" && ensure_kubectl >/dev/null && printf "%s" "$KUBECTL"' _ "$ROOT")"; then
   export KUBECTL
 else

@@ -42,22 +42,6 @@ impl StoreError {
             StoreError::Database(e) => is_unavailable(e),
         }
     }
-
-    /// The answer: 503 while the database cannot be reached (retry), else 500 (logged here;
-    /// the body never carries the database's message).
-    pub fn response(&self) -> axum::response::Response {
-        if self.is_unavailable() {
-            tracing::warn!(error = %self, "database unavailable");
-            return crate::http::unavailable("database unavailable, try again");
-        }
-        tracing::error!(error = %self, "database error");
-        crate::http::error_response(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal error",
-            maas_types::ErrorKind::Server,
-            Some("internal_error"),
-        )
-    }
 }
 
 /// True for database errors that mean "cannot reach it now" (answer 503, not 500).

@@ -35,6 +35,23 @@ pub fn unavailable(message: impl Into<String>) -> Response {
     )
 }
 
+/// The answer to a failed database call (a store's error, mapped by the capability that met
+/// it): 503 while the database cannot be reached (retry), else 500 (logged here; the body never
+/// carries the database's message). Takes what it needs, so persistence never names HTTP.
+pub fn database_failure(unreachable: bool, error: &dyn std::fmt::Display) -> Response {
+    if unreachable {
+        tracing::warn!(error = %error, "database unavailable");
+        return unavailable("database unavailable, try again");
+    }
+    tracing::error!(error = %error, "database error");
+    error_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal error",
+        ErrorKind::Server,
+        Some("internal_error"),
+    )
+}
+
 /// Errors of the request itself (body not JSON, too large, unknown route).
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {

@@ -1,5 +1,25 @@
 //! `maas-companion`: parses the configuration, starts the service, stops on SIGTERM/SIGINT.
 
+// The companion's own lints (the workspace's are in the root Cargo.toml). A panic in a handler
+// drops the connection and in a background task silently stops it: production code answers
+// errors instead. Tests may unwrap (clippy.toml allows it in tests). Logs go through tracing to
+// stderr; stdout is not an output channel of the service. No `as` casts that may truncate or
+// wrap silently. The same list is at the root of the library and of the binary.
+#![forbid(unsafe_code)]
+#![warn(unused_qualifications)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+#![warn(
+    clippy::print_stderr,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use clap::Parser;
 use maas_companion::settings::LogFormat;
 use maas_companion::{Application, Cli};

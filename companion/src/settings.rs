@@ -520,6 +520,236 @@ impl Settings {
     }
 }
 
+/// The database URL (`--database-url`, else `DB_CONNECTION_URL`): present, and PostgreSQL's.
+fn database_url(
+    database_url: Option<SecretString>,
+    db_connection_url: Option<SecretString>,
+) -> Result<SecretString, String> {
+    let url = database_url
+        .or(db_connection_url)
+        .ok_or("--database-url (DATABASE_URL or DB_CONNECTION_URL) is required")?;
+    let scheme_ok = {
+        let u = url.expose_secret();
+        u.starts_with("postgres://") || u.starts_with("postgresql://")
+    };
+    if !scheme_ok {
+        return Err("--database-url must start with postgres:// or postgresql://".into());
+    }
+    Ok(url)
+}
+
+/// Where the policy comes from: `--policy-file` (required with `file`), or the reference's
+/// resources in `--policy-namespace` (and a file to start from, if given); how often it is
+/// read again.
+fn policy_settings(
+    kind: PolicySourceKind,
+    policy_file: Option<PathBuf>,
+    policy_namespace: String,
+    reload_interval_ms: u64,
+) -> Result<PolicySettings, String> {
+    let (file, source) = match kind {
+        PolicySourceKind::File => (
+            Some(existing_file(
+                "--policy-file",
+                policy_file,
+                "(MAAS_POLICY_FILE) is required",
+            )?),
+            PolicySource::File,
+        ),
+        PolicySourceKind::Kubernetes => {
+            if !maas_types::subscription::is_dns_label(&policy_namespace) {
+                return Err(
+                    "--policy-namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into(),
+                );
+            }
+            let file = match policy_file {
+                None => None,
+                Some(p) => Some(existing_file(
+                    "--policy-file",
+                    Some(p),
+                    "(MAAS_POLICY_FILE)",
+                )?),
+            };
+            (
+                file,
+                PolicySource::Kubernetes {
+                    namespace: policy_namespace,
+                },
+            )
+        }
+    };
+    at_least("--policy-reload-interval-ms", reload_interval_ms, 100)?;
+    Ok(PolicySettings {
+        file,
+        source,
+        reload_interval: Duration::from_millis(reload_interval_ms),
+    })
+}
+
+/// The OIDC settings: all three of issuer, audience and JWKS URL, or none (an error naming
+/// the first missing one, for the `oidc` provider).
+fn oidc_settings(
+    issuer: Option<String>,
+    audience: Option<String>,
+    jwks_url: Option<String>,
+    groups_claim: String,
+    provider: IdentityProviderKind,
+) -> Result<Option<OidcSettings>, String> {
+    let oidc = match (non_empty(issuer), non_empty(audience), non_empty(jwks_url)) {
+        (Some(issuer), Some(audience), Some(jwks_url)) => Some(OidcSettings {
+            issuer,
+            audience,
+            jwks_url,
+            groups_claim,
+        }),
+        (None, None, None) => None,
+        (issuer, audience, _) => {
+            let missing = if issuer.is_none() {
+                "--oidc-issuer"
+            } else if audience.is_none() {
+                "--oidc-audience"
+            } else {
+                "--oidc-jwks-url"
+            };
+            if provider == IdentityProviderKind::Oidc {
+                return Err(format!(
+                    "{missing} is required with --identity-provider oidc"
+                ));
+            }
+            return Err("--oidc-issuer, --oidc-audience and --oidc-jwks-url go together".into());
+        }
+    };
+    Ok(oidc)
+}
+
+/// Who callers are: a static identities file, OIDC tokens, or Kubernetes tokens (with OIDC
+/// beside them when configured).
+fn identity_provider(
+    kind: IdentityProviderKind,
+    oidc_issuer: Option<String>,
+    oidc_audience: Option<String>,
+    oidc_jwks_url: Option<String>,
+    oidc_groups_claim: String,
+    identities_file: Option<PathBuf>,
+    token_audiences: Vec<String>,
+) -> Result<IdentityProvider, String> {
+    let oidc = oidc_settings(
+        oidc_issuer,
+        oidc_audience,
+        oidc_jwks_url,
+        oidc_groups_claim,
+        kind,
+    )?;
+    let provider = match kind {
+        IdentityProviderKind::Static => IdentityProvider::Static {
+            identities_file: existing_file(
+                "--identities-file",
+                identities_file,
+                "(MAAS_IDENTITIES_FILE) is required with --identity-provider static",
+            )?,
+        },
+        IdentityProviderKind::Oidc => IdentityProvider::Oidc(
+            oidc.ok_or("--oidc-issuer is required with --identity-provider oidc")?,
+        ),
+        IdentityProviderKind::Kubernetes => IdentityProvider::Kubernetes {
+            audiences: token_audiences,
+            oidc,
+        },
+    };
+    Ok(provider)
+}
+
+/// The public listener's certificate and key: both or neither.
+fn tls_files(cert: Option<PathBuf>, key: Option<PathBuf>) -> Result<Option<TlsFiles>, String> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (None, None) => Ok(None),
+        _ => Err("--tls-cert and --tls-key must be given together".into()),
+    }
+}
+
+/// The usage ledger's retention and roll-up, and whether metrics are labelled per user.
+fn usage_settings(
+    hourly_retention_days: u32,
+    rollup_interval_ms: u64,
+    metrics_per_user: bool,
+    metrics_max_users: u32,
+) -> Result<UsageSettings, String> {
+    at_least(
+        "--usage-hourly-retention-days",
+        hourly_retention_days.into(),
+        1,
+    )?;
+    at_least("--usage-rollup-interval-ms", rollup_interval_ms, 100)?;
+    at_least("--usage-metrics-max-users", metrics_max_users.into(), 1)?;
+    Ok(UsageSettings {
+        hourly_retention_days,
+        rollup_interval: Duration::from_millis(rollup_interval_ms),
+        metrics_max_users: metrics_per_user.then_some(metrics_max_users),
+    })
+}
+
+/// Where provider credentials come from: `--credentials-file`, or Secrets.
+fn credentials_settings(
+    kind: CredentialsSourceKind,
+    credentials_file: Option<PathBuf>,
+    credentials_namespace: Option<String>,
+) -> Result<CredentialsSettings, String> {
+    let credentials = match kind {
+        CredentialsSourceKind::File => CredentialsSettings::File(existing_file(
+            "--credentials-file",
+            credentials_file,
+            "(MAAS_CREDENTIALS_FILE) is required with --credentials-source file",
+        )?),
+        CredentialsSourceKind::Kubernetes => CredentialsSettings::Kubernetes {
+            namespace: credentials_namespace,
+        },
+    };
+    Ok(credentials)
+}
+
+/// Who is an admin: `--admin-groups` (no empty name), and the SubjectAccessReview asked when
+/// `--admin-sar-namespace` is given.
+fn admin_sar(
+    admin_groups: &[String],
+    namespace: Option<String>,
+    resource: String,
+    verb: String,
+) -> Result<Option<AdminSarSettings>, String> {
+    if admin_groups.iter().any(|g| g.trim().is_empty()) {
+        return Err("--admin-groups must not hold empty names".into());
+    }
+    if resource.trim().is_empty() || verb.trim().is_empty() {
+        return Err("--admin-sar-resource and --admin-sar-verb must not be empty".into());
+    }
+    let admin_sar = match namespace {
+        Some(n) if n.is_empty() => {
+            return Err("--admin-sar-namespace must not be empty".into());
+        }
+        Some(namespace) => Some(AdminSarSettings {
+            namespace,
+            resource,
+            verb,
+        }),
+        None => None,
+    };
+    Ok(admin_sar)
+}
+
+/// The web UI's files: a directory holding `index.html`, if given.
+fn ui_dir(ui_dir: Option<PathBuf>) -> Result<Option<PathBuf>, String> {
+    let ui_dir = match ui_dir {
+        Some(d) if !d.join("index.html").is_file() => {
+            return Err(format!(
+                "--ui-dir {}: no index.html there (build the UI: cd ui && npm ci && npm run build, then give ui/dist)",
+                d.display()
+            ));
+        }
+        d => d,
+    };
+    Ok(ui_dir)
+}
+
 fn existing_file(flag: &str, path: Option<PathBuf>, required: &str) -> Result<PathBuf, String> {
     match path {
         None => Err(format!("{flag} {required}")),
@@ -605,138 +835,41 @@ impl Cli {
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
     pub fn into_settings(self) -> Result<Settings, String> {
-        let url = self
-            .database_url
-            .or(self.db_connection_url)
-            .ok_or("--database-url (DATABASE_URL or DB_CONNECTION_URL) is required")?;
-        let scheme_ok = {
-            let u = url.expose_secret();
-            u.starts_with("postgres://") || u.starts_with("postgresql://")
-        };
-        if !scheme_ok {
-            return Err("--database-url must start with postgres:// or postgresql://".into());
-        }
+        let url = database_url(self.database_url, self.db_connection_url)?;
         at_least("--db-max-connections", self.db_max_connections.into(), 1)?;
         at_least("--db-acquire-timeout-ms", self.db_acquire_timeout_ms, 1)?;
-        let (policy_file, policy_source) = match self.policy_source {
-            PolicySourceKind::File => (
-                Some(existing_file(
-                    "--policy-file",
-                    self.policy_file,
-                    "(MAAS_POLICY_FILE) is required",
-                )?),
-                PolicySource::File,
-            ),
-            PolicySourceKind::Kubernetes => {
-                if !maas_types::subscription::is_dns_label(&self.policy_namespace) {
-                    return Err(
-                        "--policy-namespace must be a DNS label (a-z, 0-9, '-', at most 63)".into(),
-                    );
-                }
-                let file = match self.policy_file {
-                    None => None,
-                    Some(p) => Some(existing_file(
-                        "--policy-file",
-                        Some(p),
-                        "(MAAS_POLICY_FILE)",
-                    )?),
-                };
-                (
-                    file,
-                    PolicySource::Kubernetes {
-                        namespace: self.policy_namespace,
-                    },
-                )
-            }
-        };
-        at_least(
-            "--policy-reload-interval-ms",
+        let policy = policy_settings(
+            self.policy_source,
+            self.policy_file,
+            self.policy_namespace,
             self.policy_reload_interval_ms,
-            100,
         )?;
-        let oidc = match (
-            non_empty(self.oidc_issuer),
-            non_empty(self.oidc_audience),
-            non_empty(self.oidc_jwks_url),
-        ) {
-            (Some(issuer), Some(audience), Some(jwks_url)) => Some(OidcSettings {
-                issuer,
-                audience,
-                jwks_url,
-                groups_claim: self.oidc_groups_claim,
-            }),
-            (None, None, None) => None,
-            (issuer, audience, _) => {
-                let missing = if issuer.is_none() {
-                    "--oidc-issuer"
-                } else if audience.is_none() {
-                    "--oidc-audience"
-                } else {
-                    "--oidc-jwks-url"
-                };
-                if self.identity_provider == IdentityProviderKind::Oidc {
-                    return Err(format!(
-                        "{missing} is required with --identity-provider oidc"
-                    ));
-                }
-                return Err(
-                    "--oidc-issuer, --oidc-audience and --oidc-jwks-url go together".into(),
-                );
-            }
-        };
-        let provider = match self.identity_provider {
-            IdentityProviderKind::Static => IdentityProvider::Static {
-                identities_file: existing_file(
-                    "--identities-file",
-                    self.identities_file,
-                    "(MAAS_IDENTITIES_FILE) is required with --identity-provider static",
-                )?,
-            },
-            IdentityProviderKind::Oidc => IdentityProvider::Oidc(
-                oidc.ok_or("--oidc-issuer is required with --identity-provider oidc")?,
-            ),
-            IdentityProviderKind::Kubernetes => IdentityProvider::Kubernetes {
-                audiences: self.token_audiences,
-                oidc,
-            },
-        };
-        let credentials = match self.credentials_source {
-            CredentialsSourceKind::File => CredentialsSettings::File(existing_file(
-                "--credentials-file",
-                self.credentials_file,
-                "(MAAS_CREDENTIALS_FILE) is required with --credentials-source file",
-            )?),
-            CredentialsSourceKind::Kubernetes => CredentialsSettings::Kubernetes {
-                namespace: self.credentials_namespace,
-            },
-        };
-        if self.admin_groups.iter().any(|g| g.trim().is_empty()) {
-            return Err("--admin-groups must not hold empty names".into());
-        }
-        if self.admin_sar_resource.trim().is_empty() || self.admin_sar_verb.trim().is_empty() {
-            return Err("--admin-sar-resource and --admin-sar-verb must not be empty".into());
-        }
-        let admin_sar = match self.admin_sar_namespace {
-            Some(n) if n.is_empty() => {
-                return Err("--admin-sar-namespace must not be empty".into());
-            }
-            Some(namespace) => Some(AdminSarSettings {
-                namespace,
-                resource: self.admin_sar_resource,
-                verb: self.admin_sar_verb,
-            }),
-            None => None,
-        };
+        let provider = identity_provider(
+            self.identity_provider,
+            self.oidc_issuer,
+            self.oidc_audience,
+            self.oidc_jwks_url,
+            self.oidc_groups_claim,
+            self.identities_file,
+            self.token_audiences,
+        )?;
+        let credentials = credentials_settings(
+            self.credentials_source,
+            self.credentials_file,
+            self.credentials_namespace,
+        )?;
+        let admin_sar = admin_sar(
+            &self.admin_groups,
+            self.admin_sar_namespace,
+            self.admin_sar_resource,
+            self.admin_sar_verb,
+        )?;
         at_least(
             "--api-key-max-expiration-days",
             self.api_key_max_expiration_days.into(),
             1,
         )?;
-        let tls = match (self.tls_cert, self.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
-            (None, None) => None,
-            _ => return Err("--tls-cert and --tls-key must be given together".into()),
-        };
+        let tls = tls_files(self.tls_cert, self.tls_key)?;
         let internal_auth = internal_auth(
             self.internal_auth,
             self.internal_client_ca,
@@ -744,15 +877,7 @@ impl Cli {
             (self.internal_tls_cert, self.internal_tls_key),
             tls.as_ref(),
         )?;
-        let ui_dir = match self.ui_dir {
-            Some(d) if !d.join("index.html").is_file() => {
-                return Err(format!(
-                    "--ui-dir {}: no index.html there (build the UI: cd ui && npm ci && npm run build, then give ui/dist)",
-                    d.display()
-                ));
-            }
-            d => d,
-        };
+        let ui_dir = ui_dir(self.ui_dir)?;
         let public_url = non_empty(self.public_url)
             .map(|u| public_url(&u))
             .transpose()?;
@@ -761,20 +886,11 @@ impl Cli {
             self.last_used_flush_interval_ms,
             1,
         )?;
-        at_least(
-            "--usage-hourly-retention-days",
-            self.usage_hourly_retention_days.into(),
-            1,
-        )?;
-        at_least(
-            "--usage-rollup-interval-ms",
+        let usage = usage_settings(
+            self.usage_hourly_retention_days,
             self.usage_rollup_interval_ms,
-            100,
-        )?;
-        at_least(
-            "--usage-metrics-max-users",
-            self.usage_metrics_max_users.into(),
-            1,
+            self.usage_metrics_per_user,
+            self.usage_metrics_max_users,
         )?;
         Ok(Settings {
             database: DatabaseSettings {
@@ -791,11 +907,7 @@ impl Cli {
                 ui_dir,
                 public_url,
             },
-            policy: PolicySettings {
-                file: policy_file,
-                source: policy_source,
-                reload_interval: Duration::from_millis(self.policy_reload_interval_ms),
-            },
+            policy,
             identity: IdentitySettings {
                 provider,
                 token_cache_ttl: Duration::from_secs(self.token_cache_ttl_seconds),
@@ -812,18 +924,12 @@ impl Cli {
                 last_used_flush_interval: Duration::from_millis(self.last_used_flush_interval_ms),
             },
             leases: LeaseSettings {
-                redis: match self.redis_url {
-                    Some(url) => Some(redis_settings(url, self.redis_timeout_ms)?),
-                    None => None,
-                },
+                redis: self
+                    .redis_url
+                    .map(|url| redis_settings(url, self.redis_timeout_ms))
+                    .transpose()?,
             },
-            usage: UsageSettings {
-                hourly_retention_days: self.usage_hourly_retention_days,
-                rollup_interval: Duration::from_millis(self.usage_rollup_interval_ms),
-                metrics_max_users: self
-                    .usage_metrics_per_user
-                    .then_some(self.usage_metrics_max_users),
-            },
+            usage,
             log_format: self.log_format,
         })
     }

@@ -17,7 +17,8 @@ use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
 use crate::routes::{internal_router, metrics_router, public_router};
 use crate::settings::{
-    ClientName, CredentialsSettings, IdentityProvider, InternalAuth, OidcSettings, Settings,
+    ClientName, CredentialsSettings, IdentityProvider, IdentitySettings, InternalAuth,
+    OidcSettings, Settings,
 };
 use crate::state::AppState;
 use crate::usage::Usage;
@@ -107,6 +108,259 @@ async fn lease_store(settings: &Settings, metrics: &Arc<Metrics>) -> anyhow::Res
     Ok(leases)
 }
 
+/// The file policy, loaded (and refused when invalid) before anything else starts, with its
+/// digest; `None` with `--policy-source kubernetes`.
+fn load_file_policy(settings: &Settings) -> anyhow::Result<Option<(PolicyHandle, [u8; 32])>> {
+    let file_policy = match (&settings.policy.source, &settings.policy.file) {
+        (crate::settings::PolicySource::File, Some(file)) => {
+            Some(PolicyHandle::load(file).map_err(anyhow::Error::msg)?)
+        }
+        (crate::settings::PolicySource::File, None) => {
+            anyhow::bail!("--policy-file is required with --policy-source file")
+        }
+        (crate::settings::PolicySource::Kubernetes { .. }, _) => None,
+    };
+    Ok(file_policy)
+}
+
+/// The Kubernetes client: the one given, else the environment's when a setting needs one.
+async fn kube_client(
+    overrides: Overrides,
+    settings: &Settings,
+) -> anyhow::Result<Option<kube::Client>> {
+    let kube_client = match (overrides.kube_client, settings.needs_kubernetes()) {
+    (Some(c), _) => Some(c),
+    (None, true) => Some(kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "Kubernetes client (needed by --identity-provider kubernetes, --credentials-source kubernetes or --admin-sar-namespace): {e}"
+        )
+    })?),
+    (None, false) => None,
+};
+    Ok(kube_client)
+}
+
+/// The policy: the file's (with its digest, for the reloader), or the reference's resources
+/// (with the tasks that watch them), waiting a while for their first listing.
+async fn policy_handle(
+    file_policy: Option<(PolicyHandle, [u8; 32])>,
+    settings: &Settings,
+    kube_client: Option<&kube::Client>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<(PolicyHandle, Option<[u8; 32]>, Vec<JoinHandle<()>>)> {
+    let mut policy_tasks = Vec::new();
+    let (policy, policy_digest) = match (file_policy, &settings.policy.source) {
+        (Some(loaded), _) => (loaded.0, Some(loaded.1)),
+        (None, crate::settings::PolicySource::Kubernetes { namespace }) => {
+            let source = crate::policy_source::KubernetesPolicy {
+                client: kube_needed(kube_client)?,
+                namespace: namespace.clone(),
+                base_file: settings.policy.file.clone(),
+                reload_interval: settings.policy.reload_interval,
+            };
+            let initial = source.initial().map_err(anyhow::Error::msg)?;
+            let handle = PolicyHandle::from_document(
+                initial,
+                std::path::PathBuf::from(format!("kubernetes:{namespace}")),
+            );
+            let (tasks, ready) = source.spawn(handle.clone(), metrics.clone());
+            policy_tasks = tasks;
+            // Serve the resources' policy from the first answer when the API server lists
+            // them in time; else start with the base document and catch up.
+            if tokio::time::timeout(POLICY_RESOURCES_WAIT, ready)
+                .await
+                .is_err()
+            {
+                tracing::warn!("policy resources not listed yet: starting with the base document");
+            }
+            (handle, None)
+        }
+        (None, crate::settings::PolicySource::File) => {
+            anyhow::bail!("--policy-file is required with --policy-source file")
+        }
+    };
+    Ok((policy, policy_digest, policy_tasks))
+}
+
+/// Who callers are (the identity provider the settings name) and who is an admin.
+fn identity_service(
+    identity_settings: &IdentitySettings,
+    kube_client: Option<&kube::Client>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<IdentityService>> {
+    let provider = match &identity_settings.provider {
+        IdentityProvider::Static { identities_file } => {
+            Provider::Static(StaticIdentities::load(identities_file).map_err(anyhow::Error::msg)?)
+        }
+        IdentityProvider::Kubernetes { audiences, oidc } => Provider::Kubernetes(
+            TokenReviewer::new(kube_needed(kube_client)?, audiences.clone()),
+            oidc.as_ref().map(oidc_verifier),
+        ),
+        IdentityProvider::Oidc(oidc) => Provider::Oidc(oidc_verifier(oidc)),
+    };
+    let admin_sar = match (&identity_settings.admin_sar, kube_client) {
+        (Some(sar), Some(client)) => Some(AdminSar::new(
+            client.clone(),
+            sar.namespace.clone(),
+            &sar.resource,
+            sar.verb.clone(),
+        )),
+        _ => None,
+    };
+    let identity = Arc::new(IdentityService::new(
+        provider,
+        identity_settings.token_cache_ttl,
+        identity_settings.token_negative_cache_ttl,
+        identity_settings.admin_groups.clone(),
+        admin_sar,
+        metrics.clone(),
+    ));
+    Ok(identity)
+}
+
+/// Where provider credentials are read, checked once before the start goes on.
+fn credentials_source(
+    settings: &CredentialsSettings,
+    kube_client: Option<&kube::Client>,
+) -> anyhow::Result<CredentialsSource> {
+    let credentials = match settings {
+        CredentialsSettings::File(path) => CredentialsSource::File(path.clone()),
+        CredentialsSettings::Kubernetes { namespace } => {
+            let client = kube_needed(kube_client)?;
+            let namespace = namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string());
+            CredentialsSource::kubernetes(client, namespace)
+        }
+    };
+    credentials.check().map_err(anyhow::Error::msg)?;
+    Ok(credentials)
+}
+
+/// The internal listener's mutual TLS (its certificate files are read now, so a bad one
+/// stops the start), unless `--internal-auth none`.
+fn internal_mtls(
+    auth: &InternalAuth,
+) -> anyhow::Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+    let internal_mtls = match auth {
+        InternalAuth::Mtls(mtls) => {
+            let config = crate::internal_tls::server_config(mtls)?;
+            tracing::info!(
+                client_ca = %mtls.client_ca.display(),
+                allowed = %allowed_names(&mtls.client_names),
+                "internal listener: mutual TLS, callers need a client certificate from the CA"
+            );
+            Some(axum_server::tls_rustls::RustlsConfig::from_config(
+                Arc::new(config),
+            ))
+        }
+        InternalAuth::None => None,
+    };
+    Ok(internal_mtls)
+}
+
+/// Applies the migrations once, in line, so a reachable database is ready when the start
+/// returns; else the task that retries them in the background (503 meanwhile).
+async fn migrate_at_start(pool: &sqlx::PgPool) -> (MigrationState, Option<JoinHandle<()>>) {
+    let migrations = MigrationState::default();
+    let mut retrying = None;
+    match crate::db::MIGRATOR.run(pool).await {
+        Ok(()) => migrations.set_done(),
+        Err(e) => {
+            tracing::warn!(error = %e, "migrations failed at start (database unreachable?), retrying in the background");
+            retrying = Some(tokio::spawn(crate::db::migrate_with_retry(
+                pool.clone(),
+                migrations.clone(),
+            )));
+        }
+    }
+    (migrations, retrying)
+}
+
+/// The public (and metrics) listener's TLS, from `--tls-cert`/`--tls-key`.
+async fn public_tls(
+    files: Option<&crate::settings::TlsFiles>,
+) -> anyhow::Result<Option<axum_server::tls_rustls::RustlsConfig>> {
+    let tls = match files {
+        Some(files) => Some(
+            axum_server::tls_rustls::RustlsConfig::from_pem_file(&files.cert, &files.key)
+                .await
+                .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(tls)
+}
+
+/// The internal listener's TLS: mutual TLS unless explicitly turned off (then the public
+/// listener's, with a warning).
+fn internal_tls(
+    mtls: Option<axum_server::tls_rustls::RustlsConfig>,
+    tls: &Option<axum_server::tls_rustls::RustlsConfig>,
+    internal_addr: SocketAddr,
+) -> Option<axum_server::tls_rustls::RustlsConfig> {
+    match mtls {
+        Some(config) => Some(config),
+        None => {
+            tracing::warn!(
+                "internal listener: NO caller authentication (--internal-auth none): whoever reaches {internal_addr} reads every provider credential; development only"
+            );
+            tls.clone()
+        }
+    }
+}
+
+/// Serves `router` on `listener` (over TLS when given; the internal listener counts and logs
+/// refused handshakes): the handle that stops it and its task.
+fn serve(
+    name: &'static str,
+    listener: std::net::TcpListener,
+    router: axum::Router,
+    tls: &Option<axum_server::tls_rustls::RustlsConfig>,
+    metrics: &Metrics,
+) -> anyhow::Result<(
+    axum_server::Handle<SocketAddr>,
+    JoinHandle<std::io::Result<()>>,
+)> {
+    let handle = axum_server::Handle::new();
+    let service = router.into_make_service();
+    let server = match tls {
+        Some(tls) if name == "internal" => {
+            let refused = metrics.internal_handshakes_failed.clone();
+            tokio::spawn(
+            axum_server::from_tcp_rustls(listener, tls.clone())?
+                .accept_error_handler(move |peer, error| {
+                    // A connection closed before its handshake began (a TCP probe,
+                    // a port check) is no caller.
+                    if error.kind() == std::io::ErrorKind::UnexpectedEof {
+                        tracing::debug!(peer = ?peer, %error, "internal listener: connection closed before the TLS handshake");
+                        return;
+                    }
+                    refused.inc();
+                    tracing::warn!(
+                        peer = ?peer,
+                        %error,
+                        "internal listener: connection refused at the TLS handshake"
+                    );
+                })
+                .handle(handle.clone())
+                .serve(service),
+        )
+        }
+        Some(tls) => tokio::spawn(
+            axum_server::from_tcp_rustls(listener, tls.clone())?
+                .handle(handle.clone())
+                .serve(service),
+        ),
+        None => tokio::spawn(
+            axum_server::from_tcp(listener)?
+                .handle(handle.clone())
+                .serve(service),
+        ),
+    };
+    Ok((handle, server))
+}
+
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         Self::build_with(settings, Overrides::default()).await
@@ -120,112 +374,15 @@ impl Application {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let metrics = Metrics::new();
         // The file policy is loaded (and refused when invalid) before anything else starts.
-        let file_policy = match (&settings.policy.source, &settings.policy.file) {
-            (crate::settings::PolicySource::File, Some(file)) => {
-                Some(PolicyHandle::load(file).map_err(anyhow::Error::msg)?)
-            }
-            (crate::settings::PolicySource::File, None) => {
-                anyhow::bail!("--policy-file is required with --policy-source file")
-            }
-            (crate::settings::PolicySource::Kubernetes { .. }, _) => None,
-        };
+        let file_policy = load_file_policy(&settings)?;
 
-        let kube_client = match (overrides.kube_client, settings.needs_kubernetes()) {
-            (Some(c), _) => Some(c),
-            (None, true) => Some(kube::Client::try_default().await.map_err(|e| {
-                anyhow::anyhow!(
-                    "Kubernetes client (needed by --identity-provider kubernetes, --credentials-source kubernetes or --admin-sar-namespace): {e}"
-                )
-            })?),
-            (None, false) => None,
-        };
-        let mut policy_tasks = Vec::new();
-        let (policy, policy_digest) = match (file_policy, &settings.policy.source) {
-            (Some(loaded), _) => (loaded.0, Some(loaded.1)),
-            (None, crate::settings::PolicySource::Kubernetes { namespace }) => {
-                let source = crate::policy_source::KubernetesPolicy {
-                    client: kube_needed(kube_client.as_ref())?,
-                    namespace: namespace.clone(),
-                    base_file: settings.policy.file.clone(),
-                    reload_interval: settings.policy.reload_interval,
-                };
-                let initial = source.initial().map_err(anyhow::Error::msg)?;
-                let handle = PolicyHandle::from_document(
-                    initial,
-                    std::path::PathBuf::from(format!("kubernetes:{namespace}")),
-                );
-                let (tasks, ready) = source.spawn(handle.clone(), metrics.clone());
-                policy_tasks = tasks;
-                // Serve the resources' policy from the first answer when the API server lists
-                // them in time; else start with the base document and catch up.
-                if tokio::time::timeout(POLICY_RESOURCES_WAIT, ready)
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(
-                        "policy resources not listed yet: starting with the base document"
-                    );
-                }
-                (handle, None)
-            }
-            (None, crate::settings::PolicySource::File) => {
-                anyhow::bail!("--policy-file is required with --policy-source file")
-            }
-        };
-        let identity_settings = &settings.identity;
-        let provider = match &identity_settings.provider {
-            IdentityProvider::Static { identities_file } => Provider::Static(
-                StaticIdentities::load(identities_file).map_err(anyhow::Error::msg)?,
-            ),
-            IdentityProvider::Kubernetes { audiences, oidc } => Provider::Kubernetes(
-                TokenReviewer::new(kube_needed(kube_client.as_ref())?, audiences.clone()),
-                oidc.as_ref().map(oidc_verifier),
-            ),
-            IdentityProvider::Oidc(oidc) => Provider::Oidc(oidc_verifier(oidc)),
-        };
-        let admin_sar = match (&identity_settings.admin_sar, &kube_client) {
-            (Some(sar), Some(client)) => Some(AdminSar::new(
-                client.clone(),
-                sar.namespace.clone(),
-                &sar.resource,
-                sar.verb.clone(),
-            )),
-            _ => None,
-        };
-        let identity = Arc::new(IdentityService::new(
-            provider,
-            identity_settings.token_cache_ttl,
-            identity_settings.token_negative_cache_ttl,
-            identity_settings.admin_groups.clone(),
-            admin_sar,
-            metrics.clone(),
-        ));
-        let credentials = match &settings.credentials {
-            CredentialsSettings::File(path) => CredentialsSource::File(path.clone()),
-            CredentialsSettings::Kubernetes { namespace } => {
-                let client = kube_needed(kube_client.as_ref())?;
-                let namespace = namespace
-                    .clone()
-                    .unwrap_or_else(|| client.default_namespace().to_string());
-                CredentialsSource::kubernetes(client, namespace)
-            }
-        };
-        credentials.check().map_err(anyhow::Error::msg)?;
+        let kube_client = kube_client(overrides, &settings).await?;
+        let (policy, policy_digest, policy_tasks) =
+            policy_handle(file_policy, &settings, kube_client.as_ref(), &metrics).await?;
+        let identity = identity_service(&settings.identity, kube_client.as_ref(), &metrics)?;
+        let credentials = credentials_source(&settings.credentials, kube_client.as_ref())?;
         // Its certificate files are read before anything listens: a bad one stops the start.
-        let internal_mtls = match &settings.listeners.internal_auth {
-            InternalAuth::Mtls(mtls) => {
-                let config = crate::internal_tls::server_config(mtls)?;
-                tracing::info!(
-                    client_ca = %mtls.client_ca.display(),
-                    allowed = %allowed_names(&mtls.client_names),
-                    "internal listener: mutual TLS, callers need a client certificate from the CA"
-                );
-                Some(axum_server::tls_rustls::RustlsConfig::from_config(
-                    Arc::new(config),
-                ))
-            }
-            InternalAuth::None => None,
-        };
+        let internal_mtls = internal_mtls(&settings.listeners.internal_auth)?;
 
         let pool = crate::db::pool(&settings.database).map_err(anyhow::Error::msg)?;
 
@@ -237,20 +394,8 @@ impl Application {
         let internal_addr = internal_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
-        let migrations = MigrationState::default();
-        let mut background = Vec::new();
-        // Try once in line so a reachable database is ready when build returns; otherwise keep
-        // retrying in the background and serve 503 meanwhile.
-        match crate::db::MIGRATOR.run(&pool).await {
-            Ok(()) => migrations.set_done(),
-            Err(e) => {
-                tracing::warn!(error = %e, "migrations failed at start (database unreachable?), retrying in the background");
-                background.push(tokio::spawn(crate::db::migrate_with_retry(
-                    pool.clone(),
-                    migrations.clone(),
-                )));
-            }
-        }
+        let (migrations, retrying) = migrate_at_start(&pool).await;
+        let mut background: Vec<JoinHandle<()>> = retrying.into_iter().collect();
 
         let leases = lease_store(&settings, &metrics).await?;
 
@@ -288,24 +433,8 @@ impl Application {
             .push(keys.spawn_flusher(settings.keys.last_used_flush_interval, metrics.clone()));
         background.push(usage.spawn_rollup());
 
-        let tls = match &listeners.tls {
-            Some(files) => Some(
-                axum_server::tls_rustls::RustlsConfig::from_pem_file(&files.cert, &files.key)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
-            ),
-            None => None,
-        };
-        // The internal listener: mutual TLS unless explicitly turned off.
-        let internal_tls = match internal_mtls {
-            Some(config) => Some(config),
-            None => {
-                tracing::warn!(
-                    "internal listener: NO caller authentication (--internal-auth none): whoever reaches {internal_addr} reads every provider credential; development only"
-                );
-                tls.clone()
-            }
-        };
+        let tls = public_tls(listeners.tls.as_ref()).await?;
+        let internal_tls = internal_tls(internal_mtls, &tls, internal_addr);
         let mut handles = Vec::new();
         let mut servers = Vec::new();
         for (name, listener, router, tls) in [
@@ -323,43 +452,8 @@ impl Application {
             ),
             ("metrics", metrics_listener, metrics_router(&state), &tls),
         ] {
-            let handle = axum_server::Handle::new();
-            handles.push(handle.clone());
-            let service = router.into_make_service();
-            let server = match tls {
-                Some(tls) if name == "internal" => {
-                    let refused = metrics.internal_handshakes_failed.clone();
-                    tokio::spawn(
-                        axum_server::from_tcp_rustls(listener, tls.clone())?
-                            .accept_error_handler(move |peer, error| {
-                                // A connection closed before its handshake began (a TCP probe,
-                                // a port check) is no caller.
-                                if error.kind() == std::io::ErrorKind::UnexpectedEof {
-                                    tracing::debug!(peer = ?peer, %error, "internal listener: connection closed before the TLS handshake");
-                                    return;
-                                }
-                                refused.inc();
-                                tracing::warn!(
-                                    peer = ?peer,
-                                    %error,
-                                    "internal listener: connection refused at the TLS handshake"
-                                );
-                            })
-                            .handle(handle)
-                            .serve(service),
-                    )
-                }
-                Some(tls) => tokio::spawn(
-                    axum_server::from_tcp_rustls(listener, tls.clone())?
-                        .handle(handle)
-                        .serve(service),
-                ),
-                None => tokio::spawn(
-                    axum_server::from_tcp(listener)?
-                        .handle(handle)
-                        .serve(service),
-                ),
-            };
+            let (handle, server) = serve(name, listener, router, tls, &metrics)?;
+            handles.push(handle);
             servers.push((name, server));
         }
         tracing::info!(

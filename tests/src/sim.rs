@@ -551,6 +551,67 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     }
 }
 
+/// Keeps the request for `/_sim/requests` (the oldest goes past [`MAX_RECORDED`]).
+fn record(state: &SimState, parts: &http::request::Parts, path: String, bytes: &[u8]) {
+    let mut rec = lock(&state.recorded);
+    if rec.len() >= MAX_RECORDED {
+        rec.pop_front();
+    }
+    rec.push_back(RecordedRequest {
+        method: parts.method.to_string(),
+        path,
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: String::from_utf8_lossy(bytes).into_owned(),
+    });
+}
+
+/// The operation a model path ends with (`None`: not one the simulator answers as a model).
+fn model_kind(path: &str) -> Option<Kind> {
+    if path.ends_with("/chat/completions") {
+        Some(Kind::Chat)
+    } else if path.ends_with("/completions") {
+        Some(Kind::Completion)
+    } else if path.ends_with("/responses") {
+        Some(Kind::Responses)
+    } else if path.ends_with("/messages") {
+        Some(Kind::Messages)
+    } else if path.ends_with("/embeddings") {
+        Some(Kind::Embeddings)
+    } else {
+        None
+    }
+}
+
+/// `GET …/models`: the simulator's models.
+fn list_models(state: &SimState, method: &Method, fault: &str) -> Response {
+    if method != Method::GET {
+        return error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET",
+            "invalid_request_error",
+        );
+    }
+    if fault == "not-json" {
+        return not_json();
+    }
+    let data: Vec<Value> = state
+        .config
+        .models
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "model-sim"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
 async fn handle_model(state: &SimState, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts
@@ -572,27 +633,7 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
     if let Some(rest) = only_path.strip_prefix("/_sim/") {
         return sim_control(state, &parts.method, rest);
     }
-    {
-        let mut rec = lock(&state.recorded);
-        if rec.len() >= MAX_RECORDED {
-            rec.pop_front();
-        }
-        rec.push_back(RecordedRequest {
-            method: parts.method.to_string(),
-            path,
-            headers: parts
-                .headers
-                .iter()
-                .map(|(n, v)| {
-                    (
-                        n.as_str().to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect(),
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        });
-    }
+    record(state, &parts, path, &bytes);
     // `x-sim-response-delay-ms: N` (≤ 60 s): the answer starts N ms late (a slow backend; a client
     // that gives up first abandons work the backend has started).
     if let Some(ms) =
@@ -611,40 +652,16 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
     if only_path.ends_with("/messages/count_tokens") {
         return count_tokens(&parts.method, &bytes);
     }
-    let kind = if only_path.ends_with("/chat/completions") {
-        Kind::Chat
-    } else if only_path.ends_with("/completions") {
-        Kind::Completion
-    } else if only_path.ends_with("/responses") {
-        Kind::Responses
-    } else if only_path.ends_with("/messages") {
-        Kind::Messages
-    } else if only_path.ends_with("/embeddings") {
-        Kind::Embeddings
-    } else if only_path.ends_with("/models") {
-        if parts.method != Method::GET {
+    let kind = match model_kind(only_path) {
+        Some(kind) => kind,
+        None if only_path.ends_with("/models") => return list_models(state, &parts.method, fault),
+        None => {
             return error_response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use GET",
+                StatusCode::NOT_FOUND,
+                "unknown path",
                 "invalid_request_error",
             );
         }
-        if fault == "not-json" {
-            return not_json();
-        }
-        let data: Vec<Value> = state
-            .config
-            .models
-            .iter()
-            .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "model-sim"}))
-            .collect();
-        return json_response(StatusCode::OK, &json!({"object": "list", "data": data}));
-    } else {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            "unknown path",
-            "invalid_request_error",
-        );
     };
     if parts.method != Method::POST {
         return error_response(

@@ -149,6 +149,15 @@ struct ReplicaPorts {
 /// times in all.
 const START_ATTEMPTS: usize = 5;
 
+#[cfg(test)]
+thread_local! {
+    /// What the next call of `free_ports(n)` on this thread hands out, by `n` (to make a
+    /// start meet taken ports: PostgreSQL asks for 1, the companion 3, Envoy 2). Here, not in
+    /// the tests module: `free_ports` reads it, and code does not reach into its tests.
+    static FORCED_PORTS: std::cell::RefCell<std::collections::HashMap<usize, Vec<u16>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 /// Picks distinct free ports (all held until all are picked, then released: see the module
 /// doc for why that is not enough on its own: start a program on them through a retrying start,
 /// e.g. [`crate::extra_envoy`], or use them only where nothing has to listen).
@@ -162,7 +171,7 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
         .map(|l| Ok(l.local_addr()?.port()))
         .collect::<Result<Vec<u16>>>()?;
     #[cfg(test)]
-    if let Some(forced) = tests::FORCED_PORTS.with_borrow_mut(|f| f.remove(&n)) {
+    if let Some(forced) = FORCED_PORTS.with_borrow_mut(|f| f.remove(&n)) {
         ports.iter_mut().zip(forced).for_each(|(p, f)| *p = f);
     }
     Ok(ports)
@@ -679,6 +688,166 @@ impl Core {
     }
 }
 
+/// The model simulator, serving the models whose backend is `simulator`.
+fn spawn_sim(policy: &PolicyDocument, chunk_delay: Duration) -> Result<sim::SimHandle> {
+    let sim_models = policy
+        .models
+        .iter()
+        .filter(|m| m.backend.as_deref().unwrap_or("simulator") == "simulator")
+        .map(|m| m.name.clone())
+        .collect();
+    Ok(sim::spawn(
+        local(0),
+        SimConfig {
+            chunk_delay,
+            models: sim_models,
+        },
+    )?)
+}
+
+/// PostgreSQL (in `dir`/postgres) and, when asked for, Redis (in `dir`/redis), started side by
+/// side on free ports.
+fn start_postgres_and_redis(
+    pg_bin: &Path,
+    dir: &Path,
+    with_redis: bool,
+) -> Result<(Postgres, Option<Redis>)> {
+    let pg_dir = dir.join("postgres");
+    std::fs::create_dir_all(&pg_dir)?;
+    let redis_dir = dir.join("redis");
+    // PostgreSQL and Redis start side by side.
+    let (postgres, redis) = std::thread::scope(|s| {
+        let redis = s.spawn(|| {
+            with_redis
+                .then(|| Redis::start_on_free_port(&redis_dir, || Ok(free_ports(1)?[0])))
+                .transpose()
+        });
+        let postgres =
+            Postgres::init_and_start_on_free_port(pg_bin, &pg_dir, || Ok(free_ports(1)?[0]));
+        let redis = redis
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("starting redis panicked")));
+        (postgres, redis)
+    });
+    Ok((postgres?, redis?))
+}
+
+/// The companion's environment: `RUST_LOG` (ours, else `info`), the Redis URL, the options'.
+fn companion_env(redis: Option<&Redis>, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env = vec![(
+        "RUST_LOG".to_string(),
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+    )];
+    if let Some(redis) = redis {
+        env.push(("MAAS_REDIS_URL".to_string(), redis.url()));
+    }
+    env.extend(extra.iter().cloned());
+    env
+}
+
+/// Starts the `n` replicas; if any fails, stops the stack and answers the first error.
+fn start_replicas(core: &Core, n: usize) -> Result<Vec<Arc<Replica>>> {
+    // Replicas start side by side; each Envoy waits for its own companion. One replica
+    // starts on this thread.
+    let started: Vec<Result<Arc<Replica>>> = if n == 1 {
+        vec![core.start_replica(0)]
+    } else {
+        std::thread::scope(|s| {
+            let core = &core;
+            let handles: Vec<_> = (0..n)
+                .map(|i| s.spawn(move || core.start_replica(i)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a replica panicked")))
+                })
+                .collect()
+        })
+    };
+    let mut replicas = Vec::with_capacity(started.len());
+    let mut first_err = None;
+    for r in started {
+        match r {
+            Ok(r) => replicas.push(r),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    *lock(&core.res.replicas) = replicas.clone();
+    if let Some(e) = first_err {
+        core.res.shutdown();
+        return Err(e);
+    }
+    Ok(replicas)
+}
+
+/// The companion's command line: its database, the policy, identities and credentials files
+/// (`files`, in that order), and how the internal listener authenticates callers.
+fn companion_args(
+    postgres: &Postgres,
+    policy_reload_interval_ms: u64,
+    files: [&Path; 3],
+    internal_pki: Option<&InternalPki>,
+) -> Vec<String> {
+    let [policy_path, identities_path, credentials_path] = files;
+    let internal_auth_args = match internal_pki {
+        Some(pki) => pki.companion_args(),
+        None => vec!["--internal-auth=none".to_string()],
+    };
+    vec![
+        format!("--database-url={}", postgres.url("maas")),
+        format!("--policy-file={}", policy_path.display()),
+        format!("--policy-reload-interval-ms={policy_reload_interval_ms}"),
+        "--identity-provider=static".to_string(),
+        format!("--identities-file={}", identities_path.display()),
+        "--credentials-source=file".to_string(),
+        format!("--credentials-file={}", credentials_path.display()),
+    ]
+    .into_iter()
+    .chain(internal_auth_args)
+    .collect()
+}
+
+/// The policy Envoy's routes are rendered from: the stack's own, or the one the options give
+/// Envoy alone (written beside it as `envoy-policy.yaml`).
+fn envoy_policy(yaml: Option<&str>, policy_path: &Path, dir: &Path) -> Result<PolicyDocument> {
+    match yaml {
+        None => load_policy(policy_path),
+        Some(yaml) => {
+            let path = dir.join("envoy-policy.yaml");
+            std::fs::write(&path, yaml)?;
+            load_policy(&path)
+        }
+    }
+}
+
+/// How each replica's Envoy is started and configured.
+fn envoy_spec(
+    options: &StackOptions,
+    bin: PathBuf,
+    policy: PolicyDocument,
+    wasm: Option<PathBuf>,
+    companion_tls: Option<crate::envoy_config::CompanionTls>,
+) -> EnvoySpec {
+    EnvoySpec {
+        bin,
+        concurrency: options.envoy_concurrency,
+        policy,
+        filter: wasm.map(|wasm_path| WasmFilterOptions {
+            wasm_path,
+            poll_interval_ms: options.poll_interval_ms,
+        }),
+        plugin_config_extra: options.plugin_config_extra.clone(),
+        gateway_replicas: options.replicas,
+        gateway_host: options.gateway_host,
+        gateway_port: options.gateway_port,
+        companion_tls,
+    }
+}
+
 impl Stack {
     /// Starts everything and waits until every piece answers.
     pub fn start(options: StackOptions) -> Result<Stack> {
@@ -710,14 +879,7 @@ impl Stack {
         let policy_path = place_config(&options.policy, "policy.yaml", &dir_path)?;
         let identities_path = place_config(&options.identities, "identities.yaml", &dir_path)?;
         let credentials_path = place_config(&options.credentials, "credentials.yaml", &dir_path)?;
-        let policy = match &options.envoy_policy {
-            None => load_policy(&policy_path)?,
-            Some(yaml) => {
-                let path = dir_path.join("envoy-policy.yaml");
-                std::fs::write(&path, yaml)?;
-                load_policy(&path)?
-            }
-        };
+        let policy = envoy_policy(options.envoy_policy.as_deref(), &policy_path, &dir_path)?;
 
         let ip = options.gateway_host;
         if let Some(p) = options.gateway_port
@@ -728,75 +890,26 @@ impl Stack {
             );
         }
 
-        let sim_models = policy
-            .models
-            .iter()
-            .filter(|m| m.backend.as_deref().unwrap_or("simulator") == "simulator")
-            .map(|m| m.name.clone())
-            .collect();
-        let sim = sim::spawn(
-            local(0),
-            SimConfig {
-                chunk_delay: options.sim_chunk_delay,
-                models: sim_models,
-            },
-        )?;
+        let sim = spawn_sim(&policy, options.sim_chunk_delay)?;
 
-        let pg_dir = dir_path.join("postgres");
-        std::fs::create_dir_all(&pg_dir)?;
-        let redis_dir = dir_path.join("redis");
-        // PostgreSQL and Redis start side by side.
-        let (postgres, redis) = std::thread::scope(|s| {
-            let redis = s.spawn(|| {
-                with_redis
-                    .then(|| Redis::start_on_free_port(&redis_dir, || Ok(free_ports(1)?[0])))
-                    .transpose()
-            });
-            let postgres =
-                Postgres::init_and_start_on_free_port(&pg_bin, &pg_dir, || Ok(free_ports(1)?[0]));
-            let redis = redis
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("starting redis panicked")));
-            (postgres, redis)
-        });
-        let (postgres, redis) = (postgres?, redis?);
+        let (postgres, redis) = start_postgres_and_redis(&pg_bin, &dir_path, with_redis)?;
         let postgres_port = postgres.port();
         let redis_addr = redis.as_ref().map(Redis::addr);
 
-        let mut env = vec![(
-            "RUST_LOG".to_string(),
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )];
-        if let Some(redis) = &redis {
-            env.push(("MAAS_REDIS_URL".to_string(), redis.url()));
-        }
-        env.extend(options.companion_env.iter().cloned());
+        let env = companion_env(redis.as_ref(), &options.companion_env);
         let internal_pki = if options.internal_mtls {
             Some(InternalPki::generate(&dir_path.join("internal-pki"))?)
         } else {
             None
         };
-        let internal_auth_args = match &internal_pki {
-            Some(pki) => pki.companion_args(),
-            None => vec!["--internal-auth=none".to_string()],
-        };
         let companion = CompanionSpec {
             bin: companion_bin,
-            args: vec![
-                format!("--database-url={}", postgres.url("maas")),
-                format!("--policy-file={}", policy_path.display()),
-                format!(
-                    "--policy-reload-interval-ms={}",
-                    options.policy_reload_interval_ms
-                ),
-                "--identity-provider=static".to_string(),
-                format!("--identities-file={}", identities_path.display()),
-                "--credentials-source=file".to_string(),
-                format!("--credentials-file={}", credentials_path.display()),
-            ]
-            .into_iter()
-            .chain(internal_auth_args)
-            .collect(),
+            args: companion_args(
+                &postgres,
+                options.policy_reload_interval_ms,
+                [&policy_path, &identities_path, &credentials_path],
+                internal_pki.as_ref(),
+            ),
             env,
         };
 
@@ -816,60 +929,20 @@ impl Stack {
             }),
             dir_path,
             companion,
-            envoy: EnvoySpec {
-                bin: envoy_bin,
-                concurrency: options.envoy_concurrency,
+            envoy: envoy_spec(
+                &options,
+                envoy_bin,
                 policy,
-                filter: wasm.map(|wasm_path| WasmFilterOptions {
-                    wasm_path,
-                    poll_interval_ms: options.poll_interval_ms,
-                }),
-                plugin_config_extra: options.plugin_config_extra.clone(),
-                gateway_replicas: options.replicas,
-                gateway_host: ip,
-                gateway_port: options.gateway_port,
-                companion_tls: internal_pki.as_ref().map(InternalPki::envoy_tls),
-            },
+                wasm,
+                internal_pki.as_ref().map(InternalPki::envoy_tls),
+            ),
             sim_addr: sim.addr(),
             ready_timeout: options.ready_timeout,
         };
         if options.keep_dir {
             eprintln!("maas stack directory (kept): {}", core.dir_path.display());
         }
-        // Replicas start side by side; each Envoy waits for its own companion. One replica
-        // starts on this thread.
-        let started: Vec<Result<Arc<Replica>>> = if options.replicas == 1 {
-            vec![core.start_replica(0)]
-        } else {
-            std::thread::scope(|s| {
-                let core = &core;
-                let handles: Vec<_> = (0..options.replicas)
-                    .map(|i| s.spawn(move || core.start_replica(i)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a replica panicked")))
-                    })
-                    .collect()
-            })
-        };
-        let mut replicas = Vec::with_capacity(started.len());
-        let mut first_err = None;
-        for r in started {
-            match r {
-                Ok(r) => replicas.push(r),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        *lock(&core.res.replicas) = replicas.clone();
-        if let Some(e) = first_err {
-            core.res.shutdown();
-            return Err(e);
-        }
+        let replicas = start_replicas(&core, options.replicas)?;
         let primary = replicas.first().cloned().context("no replica started")?;
         Ok(Stack {
             core,
@@ -1347,15 +1420,6 @@ impl Drop for Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    thread_local! {
-        /// What the next call of `free_ports(n)` on this thread hands out, by `n` (to make a
-        /// start meet taken ports: PostgreSQL asks for 1, the companion 3, Envoy 2).
-        pub(super) static FORCED_PORTS: RefCell<HashMap<usize, Vec<u16>>> =
-            RefCell::new(HashMap::new());
-    }
 
     /// Every program's first ports are taken by someone else (as when stacks start at once and
     /// another one binds a port between our pick and the program's bind): PostgreSQL, the

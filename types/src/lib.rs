@@ -6,6 +6,9 @@
 //! extraction rule), and the OpenAI-style error body and error types.
 //! The crate is `no I/O`, no clock: callers pass the time in.
 
+// Compiled into the filter, where a panic traps the VM (clippy.toml allows these in tests).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 pub mod apikey;
 pub mod auth;
 pub mod credential;

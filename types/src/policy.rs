@@ -9,7 +9,7 @@
 
 use crate::window::Window;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -20,7 +20,7 @@ pub struct PolicyDocument {
     /// Subscriptions (owner, per-model token limits, priority). Left out of the served JSON when
     /// empty, so a tier-only document is served exactly as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub subscriptions: Vec<crate::subscription::Subscription>,
+    pub subscriptions: Vec<Subscription>,
     /// Key ids (the `key_id` half of `sk-oai-{key_id}_{secret}`) revoked recently, kept longer
     /// than any cache TTL, so every cache evicts them within one poll interval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -355,11 +355,19 @@ fn check_name(path: String, name: &str) -> Result<(), PolicyError> {
     Ok(())
 }
 
-fn check_limits(path: &str, limits: &[Limit]) -> Result<(), PolicyError> {
+fn check_limits(path: &str, limits: &[Limit], max: Option<u64>) -> Result<(), PolicyError> {
     let mut windows = BTreeSet::new();
     for (i, l) in limits.iter().enumerate() {
         if l.limit == 0 {
             return Err(err(format!("{path}[{i}].limit"), "must be at least 1"));
+        }
+        if let Some(max) = max
+            && l.limit > max
+        {
+            return Err(err(
+                format!("{path}[{i}].limit"),
+                format!("must be at most {max}"),
+            ));
         }
         if !windows.insert(l.window) {
             return Err(err(
@@ -503,6 +511,273 @@ fn check_operation(path: &str, op: &OperationSpec) -> Result<(), PolicyError> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// Subscriptions: their schema and validation, part of the document's (the decisions over them,
+// selection and counters, are `crate::subscription`, above this module)
+// ---------------------------------------------------------------------------------------------
+
+/// Longest subscription name and namespace (a DNS label).
+pub const MAX_DNS_LABEL_LEN: usize = 63;
+/// Largest token limit of a subscription (the reference's CRD bound).
+pub const MAX_TOKEN_LIMIT: u64 = 1_000_000_000;
+/// Longest display name, description or label value of a subscription.
+const MAX_TEXT_LEN: usize = 1024;
+/// Most `tokenMetadata.labels` of a subscription.
+const MAX_LABELS: usize = 64;
+
+/// A subscription (the reference's `MaaSSubscription`): who may use which models with which
+/// token budgets; selection is in [`crate::subscription`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Subscription {
+    /// Unique in the document; `[a-z0-9-]`, at most 63, starts and ends with a letter or digit.
+    pub name: String,
+    /// Default [`crate::subscription::DEFAULT_NAMESPACE`]; only used to match `namespace/name` requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Higher wins when a key is minted without naming a subscription.
+    #[serde(default)]
+    pub priority: i32,
+    pub owner: Owner,
+    pub models: Vec<SubscriptionModel>,
+    #[serde(default, skip_serializing_if = "TokenMetadata::is_empty")]
+    pub token_metadata: TokenMetadata,
+    /// As a tier's `defaultMaxTokens`, for requests under this subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_max_tokens: Option<u64>,
+    /// As a tier's `uncappedRequests`, for requests under this subscription.
+    #[serde(default, skip_serializing_if = "UncappedRequests::is_default")]
+    pub uncapped_requests: UncappedRequests,
+}
+
+/// Who has the subscription: any listed user, or any member of a listed group.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Owner {
+    #[serde(default)]
+    pub groups: Vec<String>,
+    #[serde(default)]
+    pub users: Vec<String>,
+}
+
+/// A model of a subscription and its limits (per subject, per subscription, per model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionModel {
+    /// A `models[].name` of the document.
+    pub name: String,
+    /// At least one (as the reference's CRD requires: no silent default).
+    pub token_rate_limits: Vec<Limit>,
+    /// Ours (the reference meters tokens only); optional.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_rate_limits: Vec<Limit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing_rate: Option<BillingRate>,
+    /// Ours: how input and output tokens count against `tokenRateLimits` (default 1 and 1).
+    #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
+    pub token_weights: TokenWeights,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BillingRate {
+    /// A non-negative decimal string, e.g. `"0.000002"` (kept as text: no float rounding).
+    pub per_token: String,
+}
+
+/// Attribution carried with the usage of the subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub organization_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_center: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl TokenMetadata {
+    pub fn is_empty(&self) -> bool {
+        self.organization_id.is_none() && self.cost_center.is_none() && self.labels.is_empty()
+    }
+}
+
+/// `[a-z0-9-]`, 1..=63, starting and ending with a letter or digit (a DNS label).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_DNS_LABEL_LEN
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+fn check_label_name(path: String, s: &str) -> Result<(), PolicyError> {
+    if is_dns_label(s) {
+        Ok(())
+    } else {
+        Err(err(
+            path,
+            format!(
+                "must be 1 to {MAX_DNS_LABEL_LEN} of a-z, 0-9 and '-', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+fn check_text(path: String, s: &str, blank_ok: bool) -> Result<(), PolicyError> {
+    if !blank_ok && s.trim().is_empty() {
+        return Err(err(path, "must not be blank when given"));
+    }
+    if s.chars().count() > MAX_TEXT_LEN {
+        return Err(err(
+            path,
+            format!("must be at most {MAX_TEXT_LEN} characters"),
+        ));
+    }
+    if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return Err(err(path, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+fn check_subject(path: String, s: &str) -> Result<(), PolicyError> {
+    if s.trim().is_empty()
+        || s.len() > 253
+        || s.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(err(
+            path,
+            "must be 1 to 253 characters without whitespace or control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// A non-negative decimal: digits, optionally `.` and digits.
+fn is_decimal(s: &str) -> bool {
+    let (int, frac) = match s.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (s, None),
+    };
+    !int.is_empty()
+        && int.len() <= 20
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac
+            .is_none_or(|f| !f.is_empty() && f.len() <= 20 && f.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Checks `subscriptions` against the rest of the document (called by
+/// [`PolicyDocument::validate`]).
+fn validate_subscriptions(doc: &PolicyDocument) -> Result<(), PolicyError> {
+    let mut names = BTreeSet::new();
+    for (i, s) in doc.subscriptions.iter().enumerate() {
+        let at = format!("subscriptions[{i}]");
+        check_label_name(format!("{at}.name"), &s.name)?;
+        if !names.insert(s.name.as_str()) {
+            return Err(err(
+                format!("{at}.name"),
+                format!("subscription {:?} is defined twice", s.name),
+            ));
+        }
+        if let Some(ns) = &s.namespace {
+            check_label_name(format!("{at}.namespace"), ns)?;
+        }
+        if let Some(d) = &s.display_name {
+            check_text(format!("{at}.displayName"), d, false)?;
+        }
+        if let Some(d) = &s.description {
+            check_text(format!("{at}.description"), d, true)?;
+        }
+        if s.owner.groups.is_empty() && s.owner.users.is_empty() {
+            return Err(err(
+                format!("{at}.owner"),
+                "at least one group or user is required",
+            ));
+        }
+        for (g, group) in s.owner.groups.iter().enumerate() {
+            check_subject(format!("{at}.owner.groups[{g}]"), group)?;
+        }
+        for (u, user) in s.owner.users.iter().enumerate() {
+            check_subject(format!("{at}.owner.users[{u}]"), user)?;
+        }
+        if s.models.is_empty() {
+            return Err(err(
+                format!("{at}.models"),
+                "at least one model is required",
+            ));
+        }
+        let mut models = BTreeSet::new();
+        for (m, model) in s.models.iter().enumerate() {
+            let mat = format!("{at}.models[{m}]");
+            if doc.model(&model.name).is_none() {
+                return Err(err(
+                    format!("{mat}.name"),
+                    format!("unknown model {:?}", model.name),
+                ));
+            }
+            if !models.insert(model.name.as_str()) {
+                return Err(err(
+                    format!("{mat}.name"),
+                    format!("model {:?} is listed twice", model.name),
+                ));
+            }
+            if model.token_rate_limits.is_empty() {
+                return Err(err(
+                    format!("{mat}.tokenRateLimits"),
+                    "at least one token limit is required",
+                ));
+            }
+            check_limits(
+                &format!("{mat}.tokenRateLimits"),
+                &model.token_rate_limits,
+                Some(MAX_TOKEN_LIMIT),
+            )?;
+            check_limits(
+                &format!("{mat}.requestRateLimits"),
+                &model.request_rate_limits,
+                None,
+            )?;
+            check_token_weights(&format!("{mat}.tokenWeights"), &model.token_weights)?;
+            if let Some(rate) = &model.billing_rate
+                && !is_decimal(&rate.per_token)
+            {
+                return Err(err(
+                    format!("{mat}.billingRate.perToken"),
+                    "must be a non-negative decimal string, e.g. \"0.000002\"",
+                ));
+            }
+        }
+        if s.default_max_tokens == Some(0) {
+            return Err(err(format!("{at}.defaultMaxTokens"), "must be at least 1"));
+        }
+        let meta = &s.token_metadata;
+        if let Some(o) = &meta.organization_id {
+            check_text(format!("{at}.tokenMetadata.organizationId"), o, false)?;
+        }
+        if let Some(c) = &meta.cost_center {
+            check_text(format!("{at}.tokenMetadata.costCenter"), c, false)?;
+        }
+        if meta.labels.len() > MAX_LABELS {
+            return Err(err(
+                format!("{at}.tokenMetadata.labels"),
+                format!("at most {MAX_LABELS} labels"),
+            ));
+        }
+        for (k, v) in &meta.labels {
+            check_subject(format!("{at}.tokenMetadata.labels.{k}"), k)?;
+            check_text(format!("{at}.tokenMetadata.labels.{k}"), v, true)?;
+        }
+    }
+    Ok(())
+}
+
 impl PolicyDocument {
     /// Parses JSON and validates; the error names the field.
     pub fn from_json(bytes: &[u8]) -> Result<Self, PolicyError> {
@@ -519,6 +794,19 @@ impl PolicyDocument {
 
     /// Checks what serde cannot: references, uniqueness, non-empty names, sane paths and limits.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        let tier_names = self.validate_tiers()?;
+        self.validate_models(&tier_names)?;
+        validate_subscriptions(self)?;
+        for (i, id) in self.revoked_key_ids.iter().enumerate() {
+            if !crate::apikey::is_key_id(id) {
+                return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
+            }
+        }
+        Ok(())
+    }
+
+    /// At least one tier, each named once, with sane groups, limits and weights: their names.
+    fn validate_tiers(&self) -> Result<BTreeSet<&str>, PolicyError> {
         if self.tiers.is_empty() {
             return Err(err("tiers", "at least one tier is required"));
         }
@@ -548,8 +836,12 @@ impl PolicyDocument {
             for (g, group) in t.groups.iter().enumerate() {
                 check_name(format!("tiers[{i}].groups[{g}]"), group)?;
             }
-            check_limits(&format!("tiers[{i}].limits.requests"), &t.limits.requests)?;
-            check_limits(&format!("tiers[{i}].limits.tokens"), &t.limits.tokens)?;
+            check_limits(
+                &format!("tiers[{i}].limits.requests"),
+                &t.limits.requests,
+                None,
+            )?;
+            check_limits(&format!("tiers[{i}].limits.tokens"), &t.limits.tokens, None)?;
             if t.default_max_tokens == Some(0) {
                 return Err(err(
                     format!("tiers[{i}].defaultMaxTokens"),
@@ -558,6 +850,12 @@ impl PolicyDocument {
             }
             check_token_weights(&format!("tiers[{i}].tokenWeights"), &t.token_weights)?;
         }
+        Ok(tier_names)
+    }
+
+    /// Each model named and routed once, on known tiers, with its provider, cluster and
+    /// operations checked.
+    fn validate_models(&self, tier_names: &BTreeSet<&str>) -> Result<(), PolicyError> {
         let mut model_names = BTreeSet::new();
         let mut model_paths = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
@@ -599,9 +897,7 @@ impl PolicyDocument {
                 let at = format!("models[{i}].provider.credentialRef");
                 check_name(at.clone(), &p.credential_ref)?;
                 if let (Some(ns), name) = p.secret()
-                    && (!crate::subscription::is_dns_label(ns)
-                        || name.is_empty()
-                        || name.contains('/'))
+                    && (!is_dns_label(ns) || name.is_empty() || name.contains('/'))
                 {
                     return Err(err(
                         at,
@@ -639,22 +935,44 @@ impl PolicyDocument {
             }
         }
         check_model_ids_unique(&self.models)?;
-        crate::subscription::validate(self)?;
-        for (i, id) in self.revoked_key_ids.iter().enumerate() {
-            if !crate::apikey::is_key_id(id) {
-                return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
-            }
-        }
         Ok(())
     }
 
-    /// What is valid but probably a mistake (duplicate subscription priorities sharing an
-    /// owner), one line each, for the loader to log.
+    /// What is valid but probably a mistake, one line each, for the loader to log: two
+    /// subscriptions with the same priority sharing an owner group or user (a key minted without
+    /// naming one then depends on the tie-breaks).
     pub fn warnings(&self) -> Vec<String> {
-        crate::subscription::warnings(self)
+        let mut out = Vec::new();
+        for (i, a) in self.subscriptions.iter().enumerate() {
+            for (j, b) in self.subscriptions.iter().enumerate().skip(i + 1) {
+                if a.priority != b.priority {
+                    continue;
+                }
+                let shared = a
+                    .owner
+                    .groups
+                    .iter()
+                    .find(|g| b.owner.groups.contains(g))
+                    .map(|g| format!("group {g:?}"))
+                    .or_else(|| {
+                        a.owner
+                            .users
+                            .iter()
+                            .find(|u| b.owner.users.contains(u))
+                            .map(|u| format!("user {u:?}"))
+                    });
+                if let Some(shared) = shared {
+                    out.push(format!(
+                        "subscriptions[{i}] ({}) and subscriptions[{j}] ({}) share owner {shared} and priority {}: a key minted without naming a subscription takes the one with the larger token limit, then the first by name",
+                        a.name, b.name, a.priority
+                    ));
+                }
+            }
+        }
+        out
     }
 
-    pub fn subscription(&self, name: &str) -> Option<&crate::subscription::Subscription> {
+    pub fn subscription(&self, name: &str) -> Option<&Subscription> {
         self.subscriptions.iter().find(|s| s.name == name)
     }
 

@@ -13,7 +13,7 @@
 //! the caller is an admin, so ids cannot be probed.
 
 use crate::caller::{Caller, CallerKind};
-use crate::http::{ApiJson, error_response};
+use crate::http::{ApiJson, database_failure, error_response};
 use crate::keys::rules::{self, EPHEMERAL_MAX, InvalidField, invalid};
 use crate::keys::store::{
     KeyRow, KeyStatus, KeyStore, NewKey, SearchQuery, SortColumn, StoreError,
@@ -26,7 +26,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use maas_types::{ErrorBody, ErrorKind};
+use maas_types::{ErrorBody, ErrorKind, PolicyDocument};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -102,7 +102,7 @@ impl IntoResponse for ApiKeyError {
                 ErrorKind::Permission,
                 Some("forbidden"),
             ),
-            ApiKeyError::Store(e) => e.response(),
+            ApiKeyError::Store(e) => database_failure(e.is_unavailable(), &e),
         }
     }
 }
@@ -285,71 +285,18 @@ pub async fn create(
     let labels_map = req.labels.unwrap_or_default();
     let labels = rules::check_labels(&labels_map, "labels")?;
     let policy = policy.document();
-    let requested_tier = req.tier.as_deref().map(str::trim).filter(|t| !t.is_empty());
-    let requested_sub = req
-        .subscription
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty());
-    if requested_tier.is_some() && requested_sub.is_some() {
-        return Err(invalid(
-            "tier and subscription cannot both be given: a key follows either a tier or a subscription",
-            "subscription",
-        )
-        .into());
-    }
-    let subscription = match requested_sub {
-        Some(r) => Some(
-            maas_types::subscription::select(
-                &policy,
-                &caller.username,
-                &caller.groups,
-                Some(r),
-                None,
-            )
-            .map_err(|e| {
-                tracing::info!(user = %caller.username, reason = e.code(), "mint refused: subscription");
-                ApiKeyError::InvalidSubscription
-            })?
-            .name
-            .clone(),
-        ),
-        None if requested_tier.is_none() => {
-            maas_types::subscription::default_for_mint(&policy, &caller.username, &caller.groups)
-                .map(|s| s.name.clone())
-        }
-        None => None,
-    };
-    let pinned = match requested_tier {
-        Some(t) => {
-            if !policy.qualifying_tiers(&caller.groups).any(|q| q.name == t) {
-                return Err(ApiKeyError::InvalidTier);
-            }
-            Some(t.to_string())
-        }
-        None => None,
-    };
-    let tier = policy
-        .resolve_tier(&caller.groups, pinned.as_deref())
-        .map(|t| t.name.clone());
-    if tier.is_none() && subscription.is_none() {
-        return Err(ApiKeyError::NoTier);
-    }
+    let Binding {
+        pinned,
+        tier,
+        subscription,
+    } = binding(
+        &policy,
+        &caller,
+        req.tier.as_deref(),
+        req.subscription.as_deref(),
+    )?;
 
-    let mut key_id_bytes = [0u8; maas_types::apikey::KEY_ID_BYTES];
-    let mut secret_bytes = [0u8; maas_types::apikey::SECRET_BYTES];
-    rand::rngs::OsRng.fill_bytes(&mut key_id_bytes);
-    rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
-    let (key_id, key) = maas_types::apikey::format_key(&key_id_bytes, &secret_bytes);
-    let hash = match maas_types::apikey::parse(&key) {
-        Ok(parts) => maas_types::apikey::hash(parts),
-        Err(_) => {
-            return Err(StoreError::Database(sqlx::Error::Protocol(
-                "generated key does not parse".into(),
-            ))
-            .into());
-        }
-    };
+    let (key_id, key, hash) = generate_key()?;
     let id = Uuid::new_v4();
     let now = Utc::now();
     let expires_at =
@@ -389,6 +336,93 @@ pub async fn create(
             ephemeral,
         }),
     ))
+}
+
+/// What a new key follows: a tier pinned at mint, or a subscription (named, else the caller's
+/// default one), and the tier it resolves to now.
+struct Binding {
+    pinned: Option<String>,
+    tier: Option<String>,
+    subscription: Option<String>,
+}
+
+/// Checks the tier or subscription a mint names against the policy and the caller.
+fn binding(
+    policy: &PolicyDocument,
+    caller: &Caller,
+    tier: Option<&str>,
+    subscription: Option<&str>,
+) -> Result<Binding, ApiKeyError> {
+    let requested_tier = tier.map(str::trim).filter(|t| !t.is_empty());
+    let requested_sub = subscription.map(str::trim).filter(|s| !s.is_empty());
+    if requested_tier.is_some() && requested_sub.is_some() {
+        return Err(invalid(
+            "tier and subscription cannot both be given: a key follows either a tier or a subscription",
+            "subscription",
+        )
+        .into());
+    }
+    let subscription = match requested_sub {
+        Some(r) => Some(
+            maas_types::subscription::select(
+                policy,
+                &caller.username,
+                &caller.groups,
+                Some(r),
+                None,
+            )
+            .map_err(|e| {
+                tracing::info!(user = %caller.username, reason = e.code(), "mint refused: subscription");
+                ApiKeyError::InvalidSubscription
+            })?
+            .name
+            .clone(),
+        ),
+        None if requested_tier.is_none() => {
+            maas_types::subscription::default_for_mint(policy, &caller.username, &caller.groups)
+                .map(|s| s.name.clone())
+        }
+        None => None,
+    };
+    let pinned = match requested_tier {
+        Some(t) => {
+            if !policy.qualifying_tiers(&caller.groups).any(|q| q.name == t) {
+                return Err(ApiKeyError::InvalidTier);
+            }
+            Some(t.to_string())
+        }
+        None => None,
+    };
+    let tier = policy
+        .resolve_tier(&caller.groups, pinned.as_deref())
+        .map(|t| t.name.clone());
+    if tier.is_none() && subscription.is_none() {
+        return Err(ApiKeyError::NoTier);
+    }
+    Ok(Binding {
+        pinned,
+        tier,
+        subscription,
+    })
+}
+
+/// A fresh key from the OS's randomness: its public id, the key itself, its stored hash.
+fn generate_key() -> Result<(String, String, String), ApiKeyError> {
+    let mut key_id_bytes = [0u8; maas_types::apikey::KEY_ID_BYTES];
+    let mut secret_bytes = [0u8; maas_types::apikey::SECRET_BYTES];
+    rand::rngs::OsRng.fill_bytes(&mut key_id_bytes);
+    rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
+    let (key_id, key) = maas_types::apikey::format_key(&key_id_bytes, &secret_bytes);
+    let hash = match maas_types::apikey::parse(&key) {
+        Ok(parts) => maas_types::apikey::hash(parts),
+        Err(_) => {
+            return Err(StoreError::Database(sqlx::Error::Protocol(
+                "generated key does not parse".into(),
+            ))
+            .into());
+        }
+    };
+    Ok((key_id, key, hash))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 //! One companion only: a second one would keep its own counters, and a restart forgets them
 //! (each gateway replica still caps a subject at the limit locally).
 
-use super::{Applied, Batch, expires_at_ms};
+use super::batch::{Applied, Batch, CounterId, expires_at_ms};
 use maas_types::lease::{
     BATCH_MEMORY_SECONDS, LeaseGrant, LeaseKind, REPLICA_TTL_SECONDS, apply_item,
 };
@@ -110,7 +110,7 @@ impl MemoryStore {
     }
 
     /// A counter's `taken` at `now_ms` (0 when absent or expired).
-    pub fn taken(&self, counter: &super::CounterId<'_>, now_ms: u64) -> u64 {
+    pub fn taken(&self, counter: &CounterId<'_>, now_ms: u64) -> u64 {
         let inner = self
             .inner
             .lock()
@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(s.apply(&once, 1_000_500), first, "the same answer");
         let read = |now| {
             s.taken(
-                &super::super::CounterId {
+                &CounterId {
                     subject: "u",
                     kind: LeaseKind::Tokens,
                     window_seconds: 60,
@@ -244,7 +244,7 @@ mod tests {
         assert_eq!(s.counters(), 2);
         // `taken` reads a window's counter; an expired one reads 0.
         let read = |window_start, now_ms| {
-            let id = super::super::CounterId {
+            let id = CounterId {
                 subject: "u",
                 kind: LeaseKind::Tokens,
                 window_seconds: 60,

@@ -8,13 +8,13 @@
 //! apply a whole batch atomically and follow [`maas_types::lease::apply_item`] exactly.
 
 pub mod api;
+pub mod batch;
 pub mod memory;
 pub mod redis;
 
 use crate::metrics::Metrics;
-use maas_types::lease::{
-    LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, MAX_BATCH_ID_BYTES, MAX_BATCH_ITEMS,
-};
+pub use batch::{Applied, Batch, CounterId, StoreError};
+use maas_types::lease::{LeaseKind, LeaseRequest, MAX_BATCH_ID_BYTES, MAX_BATCH_ITEMS};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -27,22 +27,6 @@ pub const MAX_NUMBER: u64 = (1 << 53) - 1;
 /// Largest window length and start (seconds; year 2106): keeps `(start + length + 60) × 1000`
 /// exact in the script.
 pub const MAX_WINDOW_SECONDS: u64 = u32::MAX as u64;
-
-/// Counters are kept this long after their window's end.
-pub const EXPIRY_MARGIN_SECONDS: u64 = 60;
-
-/// What the store answered for a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
-    pub replicas: u32,
-    pub grants: Vec<LeaseGrant>,
-}
-
-/// The store could not apply the batch (nothing was applied, or — after a response timeout —
-/// possibly all of it: the replica's retry then over-counts, never under-counts).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
 
 /// Where the counters live.
 pub enum LeaseStore {
@@ -78,34 +62,6 @@ impl LeaseStore {
             LeaseStore::Memory(m) => Ok(m.taken(counter, now_ms)),
         }
     }
-}
-
-/// A checked batch as the stores take it.
-#[derive(Debug, Clone, Copy)]
-pub struct Batch<'a> {
-    pub replica: &'a str,
-    /// Its idempotency key: a repeated id is answered from memory, nothing applied again.
-    pub id: Option<&'a str>,
-    pub items: &'a [LeaseItem],
-}
-
-impl<'a> Batch<'a> {
-    pub fn of(request: &'a LeaseRequest) -> Batch<'a> {
-        Batch {
-            replica: &request.replica,
-            id: request.batch_id.as_deref(),
-            items: &request.items,
-        }
-    }
-}
-
-/// One counter's identity: (subject, kind, window length, window start).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CounterId<'a> {
-    pub subject: &'a str,
-    pub kind: LeaseKind,
-    pub window_seconds: u64,
-    pub window_start: u64,
 }
 
 /// The lease capability as handlers see it: the store and the metrics it feeds.
@@ -196,14 +152,6 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
-}
-
-/// When an item's counter may be forgotten: its window's end plus a margin (Unix ms).
-pub fn expires_at_ms(item: &LeaseItem) -> u64 {
-    item.window_start
-        .saturating_add(item.window_seconds)
-        .saturating_add(EXPIRY_MARGIN_SECONDS)
-        .saturating_mul(1000)
 }
 
 /// A refused batch: the JSON field at fault (`items[3].windowStart`) and why.
@@ -298,8 +246,10 @@ pub fn validate(request: &LeaseRequest) -> Result<(), Invalid> {
 
 #[cfg(test)]
 mod tests {
+    use super::batch::expires_at_ms;
     use super::*;
     use maas_types::LeaseKind;
+    use maas_types::lease::LeaseItem;
 
     fn item() -> LeaseItem {
         LeaseItem {

@@ -7,7 +7,7 @@
 //! lazily (the companion starts, and authenticates, without Redis), and is replaced after any
 //! other failure (a refused password, a handshake error) so that nothing sticks.
 
-use super::{Applied, Batch, CounterId, StoreError, expires_at_ms};
+use super::batch::{Applied, Batch, CounterId, StoreError, expires_at_ms};
 use crate::settings::RedisSettings;
 use maas_types::lease::{BATCH_MEMORY_SECONDS, LeaseGrant, LeaseItem, REPLICA_TTL_SECONDS};
 use prometheus_client::metrics::counter::Counter;

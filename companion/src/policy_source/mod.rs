@@ -151,6 +151,62 @@ fn read_base(path: Option<&PathBuf>) -> Result<Option<PolicyDocument>, String> {
     }
 }
 
+/// The `policy_resources_invalid` gauge of each kind: how many of its resources are left out.
+fn count_invalid(metrics: &Metrics, invalid: &[Invalid]) {
+    for kind in [
+        translate::KIND_MODEL_REF,
+        translate::KIND_EXTERNAL_MODEL,
+        translate::KIND_AUTH_POLICY,
+        translate::KIND_SUBSCRIPTION,
+    ] {
+        let n = invalid.iter().filter(|i| i.kind == kind).count();
+        metrics
+            .policy_resources_invalid
+            .get_or_create(&vec![("kind", kind.to_string())])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Logs each invalid resource, and writes a Warning Event on it, once while it stays as it is
+/// (the same resource version): the set reported now, for the next round.
+async fn report_invalid(
+    recorder: &Recorder,
+    res: &Resources,
+    invalid: &[Invalid],
+    reported: &BTreeSet<(Invalid, Option<String>)>,
+) -> BTreeSet<(Invalid, Option<String>)> {
+    let mut now_reported = BTreeSet::new();
+    for inv in invalid {
+        let reference = reference(res, inv);
+        let key = (
+            inv.clone(),
+            reference.as_ref().and_then(|r| r.resource_version.clone()),
+        );
+        if !reported.contains(&key) {
+            tracing::warn!(kind = inv.kind, namespace = %inv.namespace, name = %inv.name, field = %inv.field, message = %inv.message, "invalid policy resource left out");
+            if let Some(r) = &reference {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: REASON_INVALID.into(),
+                    note: Some(
+                        format!("{}: {}", inv.field, inv.message)
+                            .chars()
+                            .take(1000)
+                            .collect(),
+                    ),
+                    action: "TranslatePolicy".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&event, r).await {
+                    tracing::warn!(error = %e, "cannot write the InvalidSpec event");
+                }
+            }
+        }
+        now_reported.insert(key);
+    }
+    now_reported
+}
+
 impl KubernetesPolicy {
     /// The first document (before any resource is listed): the base file's, or an empty one.
     pub fn initial(&self) -> Result<PolicyDocument, String> {
@@ -234,48 +290,8 @@ impl KubernetesPolicy {
                         .inc();
                     tracing::info!(namespace = %self.namespace, "policy rebuilt from the resources");
                 }
-                for kind in [
-                    translate::KIND_MODEL_REF,
-                    translate::KIND_EXTERNAL_MODEL,
-                    translate::KIND_AUTH_POLICY,
-                    translate::KIND_SUBSCRIPTION,
-                ] {
-                    let n = t.invalid.iter().filter(|i| i.kind == kind).count();
-                    metrics
-                        .policy_resources_invalid
-                        .get_or_create(&vec![("kind", kind.to_string())])
-                        .set(i64::try_from(n).unwrap_or(i64::MAX));
-                }
-                let mut now_reported = BTreeSet::new();
-                for inv in &t.invalid {
-                    let reference = reference(&res, inv);
-                    let key = (
-                        inv.clone(),
-                        reference.as_ref().and_then(|r| r.resource_version.clone()),
-                    );
-                    if !reported.contains(&key) {
-                        tracing::warn!(kind = inv.kind, namespace = %inv.namespace, name = %inv.name, field = %inv.field, message = %inv.message, "invalid policy resource left out");
-                        if let Some(r) = &reference {
-                            let event = Event {
-                                type_: EventType::Warning,
-                                reason: REASON_INVALID.into(),
-                                note: Some(
-                                    format!("{}: {}", inv.field, inv.message)
-                                        .chars()
-                                        .take(1000)
-                                        .collect(),
-                                ),
-                                action: "TranslatePolicy".into(),
-                                secondary: None,
-                            };
-                            if let Err(e) = recorder.publish(&event, r).await {
-                                tracing::warn!(error = %e, "cannot write the InvalidSpec event");
-                            }
-                        }
-                    }
-                    now_reported.insert(key);
-                }
-                reported = now_reported;
+                count_invalid(&metrics, &t.invalid);
+                reported = report_invalid(&recorder, &res, &t.invalid, &reported).await;
                 for note in t.notes {
                     if noted.insert(note.clone()) {
                         tracing::warn!(%note, "policy resource partly left out");

@@ -310,6 +310,65 @@ fn external_model_secret(ext: &DynamicObject, spec: &Value) -> Result<String, In
     Ok(format!("{namespace}/{name}"))
 }
 
+/// The ExternalModel a MaaSModelRef names: its provider (kind and credential), the Envoy
+/// cluster of its endpoint, and the endpoint.
+fn external_model(
+    r: &DynamicObject,
+    externals: &BTreeMap<(String, String), &DynamicObject>,
+    target_ns: &str,
+    target: &str,
+) -> Result<(Provider, String, String), Invalid> {
+    let ext = externals
+        .get(&(target_ns.to_string(), target.to_string()))
+        .ok_or_else(|| {
+            bad(
+                KIND_MODEL_REF,
+                r,
+                "spec.modelRef.name",
+                format!("no ExternalModel {target_ns}/{target}"),
+            )
+        })?;
+    let es = ext.data.get("spec").cloned().unwrap_or(Value::Null);
+    let provider = str_at(&es, "provider")
+        .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.provider", "required"))?;
+    let kind = provider_kind(provider).ok_or_else(|| {
+        bad(
+            KIND_EXTERNAL_MODEL,
+            ext,
+            "spec.provider",
+            format!("{provider:?} is not supported (openai, anthropic, azure-openai, vertex)"),
+        )
+    })?;
+    let endpoint = str_at(&es, "endpoint")
+        .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.endpoint", "required"))?;
+    let credential = external_model_secret(ext, &es)?;
+    let port = match annotation(ext, "maas.opendatahub.io/port") {
+        None => 443,
+        Some(p) => p
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| {
+                bad(
+                    KIND_EXTERNAL_MODEL,
+                    ext,
+                    "metadata.annotations[maas.opendatahub.io/port]",
+                    "must be a port number",
+                )
+            })?,
+    };
+    let provider = Provider {
+        kind,
+        credential_ref: credential,
+    };
+    Ok((
+        provider,
+        format!("outbound|{port}||{endpoint}"),
+        endpoint.to_string(),
+    ))
+}
+
 /// One MaaSModelRef as a model (tiers filled in by the caller).
 fn model_of(
     r: &DynamicObject,
@@ -364,53 +423,10 @@ fn model_of(
     match kind {
         "LLMInferenceService" => {}
         "ExternalModel" => {
-            let ext = externals
-                .get(&(target_ns.to_string(), target.to_string()))
-                .ok_or_else(|| {
-                    bad(
-                        KIND_MODEL_REF,
-                        r,
-                        "spec.modelRef.name",
-                        format!("no ExternalModel {target_ns}/{target}"),
-                    )
-                })?;
-            let es = ext.data.get("spec").cloned().unwrap_or(Value::Null);
-            let provider = str_at(&es, "provider")
-                .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.provider", "required"))?;
-            let kind = provider_kind(provider).ok_or_else(|| {
-                bad(
-                    KIND_EXTERNAL_MODEL,
-                    ext,
-                    "spec.provider",
-                    format!(
-                        "{provider:?} is not supported (openai, anthropic, azure-openai, vertex)"
-                    ),
-                )
-            })?;
-            let endpoint = str_at(&es, "endpoint")
-                .ok_or_else(|| bad(KIND_EXTERNAL_MODEL, ext, "spec.endpoint", "required"))?;
-            let credential = external_model_secret(ext, &es)?;
-            let port = match annotation(ext, "maas.opendatahub.io/port") {
-                None => 443,
-                Some(p) => p
-                    .trim()
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| {
-                        bad(
-                            KIND_EXTERNAL_MODEL,
-                            ext,
-                            "metadata.annotations[maas.opendatahub.io/port]",
-                            "must be a port number",
-                        )
-                    })?,
-            };
-            model.provider = Some(Provider {
-                kind,
-                credential_ref: credential,
-            });
-            model.upstream_cluster = Some(format!("outbound|{port}||{endpoint}"));
+            let (provider, upstream_cluster, endpoint) =
+                external_model(r, externals, target_ns, target)?;
+            model.provider = Some(provider);
+            model.upstream_cluster = Some(upstream_cluster);
             if model.backend.is_none() {
                 model.backend = Some(format!("https://{endpoint}"));
             }
@@ -487,6 +503,58 @@ fn limits(v: Option<&Value>, at: &str) -> Result<Vec<Limit>, (String, String)> {
     Ok(out)
 }
 
+/// A subscription's model reference as written.
+struct ModelRef<'a> {
+    /// The MaaSModelRef's name and namespace.
+    name: &'a str,
+    namespace: &'a str,
+    /// At least one.
+    token_rate_limits: Vec<Limit>,
+    billing_rate: Option<BillingRate>,
+}
+
+/// Reads a subscription's model reference (`at`: where it is, for errors).
+fn model_ref<'a>(r: &'a Value, at: &str) -> Result<ModelRef<'a>, (String, String)> {
+    let mname = str_at(r, "name").ok_or_else(|| {
+        (
+            format!("{at}.name"),
+            "required: the MaaSModelRef name".to_string(),
+        )
+    })?;
+    let mns = str_at(r, "namespace").ok_or_else(|| {
+        (
+            format!("{at}.namespace"),
+            "required: the MaaSModelRef namespace".to_string(),
+        )
+    })?;
+    let token_rate_limits = limits(r.get("tokenRateLimits"), &format!("{at}.tokenRateLimits"))?;
+    if token_rate_limits.is_empty() {
+        return Err((
+            format!("{at}.tokenRateLimits"),
+            "at least one token limit is required".to_string(),
+        ));
+    }
+    let billing_rate = match r.get("billingRate") {
+        None | Some(Value::Null) => None,
+        Some(b) => Some(BillingRate {
+            per_token: str_at(b, "perToken")
+                .ok_or_else(|| {
+                    (
+                        format!("{at}.billingRate.perToken"),
+                        "required: a decimal string".to_string(),
+                    )
+                })?
+                .to_string(),
+        }),
+    };
+    Ok(ModelRef {
+        name: mname,
+        namespace: mns,
+        token_rate_limits,
+        billing_rate,
+    })
+}
+
 /// One MaaSSubscription, its models resolved and filtered by access; the second value maps
 /// each kept model to its index in `spec.modelRefs`.
 fn subscription_of(
@@ -524,38 +592,12 @@ fn subscription_of(
     let mut index = Vec::new();
     for (i, r) in refs.iter().enumerate() {
         let at = format!("spec.modelRefs[{i}]");
-        let mname = str_at(r, "name").ok_or_else(|| {
-            (
-                format!("{at}.name"),
-                "required: the MaaSModelRef name".to_string(),
-            )
-        })?;
-        let mns = str_at(r, "namespace").ok_or_else(|| {
-            (
-                format!("{at}.namespace"),
-                "required: the MaaSModelRef namespace".to_string(),
-            )
-        })?;
-        let token_rate_limits = limits(r.get("tokenRateLimits"), &format!("{at}.tokenRateLimits"))?;
-        if token_rate_limits.is_empty() {
-            return Err((
-                format!("{at}.tokenRateLimits"),
-                "at least one token limit is required".to_string(),
-            ));
-        }
-        let billing_rate = match r.get("billingRate") {
-            None | Some(Value::Null) => None,
-            Some(b) => Some(BillingRate {
-                per_token: str_at(b, "perToken")
-                    .ok_or_else(|| {
-                        (
-                            format!("{at}.billingRate.perToken"),
-                            "required: a decimal string".to_string(),
-                        )
-                    })?
-                    .to_string(),
-            }),
-        };
+        let ModelRef {
+            name: mname,
+            namespace: mns,
+            token_rate_limits,
+            billing_rate,
+        } = model_ref(r, &at)?;
         let owned = format!("{mns}/{mname}");
         if !doc
             .models

@@ -7,7 +7,7 @@
 use super::Usage;
 use super::store::{GroupBy, StoreError, UsageGroup, UsageQuery};
 use crate::caller::{Caller, CallerKind};
-use crate::http::error_response;
+use crate::http::{database_failure, error_response};
 use crate::leases::Leases;
 use crate::policy::PolicyHandle;
 use axum::Json;
@@ -81,7 +81,7 @@ impl IntoResponse for UsageApiError {
                 ErrorKind::Permission,
                 Some("invalid_subscription"),
             ),
-            UsageApiError::Store(e) => e.response(),
+            UsageApiError::Store(e) => database_failure(e.is_unavailable(), &e),
             UsageApiError::LeaseStore => error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the lease store (the limits' counters) cannot be reached; try again",

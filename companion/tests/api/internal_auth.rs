@@ -282,6 +282,42 @@ async fn unusable_certificate_files_stop_the_start_naming_the_flag() {
     assert!(start(&|_| {}).await.is_ok());
 }
 
+/// Issues the internal PKI into `dir` as `scripts/deploy.sh` does (namespace `team-maas`).
+fn issue_internal_pki(root: &std::path::Path, dir: &std::path::Path) {
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(
+            r#"set -e; source "$1/scripts/deploy.sh"; DEPLOYMENT_NAMESPACE=team-maas; issue_internal_pki "$2""#,
+        )
+        .arg("issue")
+        .arg(root)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `MAAS_INTERNAL_CLIENT_NAMES` of the shipped companion Deployment.
+fn shipped_internal_client_names(root: &std::path::Path) -> String {
+    let deployment: Value = yaml_serde::from_str(
+        &std::fs::read_to_string(root.join("wasm-plugin-crs/base/companion/deployment.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MAAS_INTERNAL_CLIENT_NAMES")
+        .and_then(|e| e["value"].as_str())
+        .unwrap()
+        .to_string()
+}
+
 /// The certificates `scripts/deploy.sh` issues (openssl, a private CA) work with the companion
 /// as the shipped Deployment configures it: the Gateway's client certificate gets answers, the
 /// key cleanup job's `curl` (the CronJob's command) too, both checking the companion's
@@ -290,38 +326,12 @@ async fn unusable_certificate_files_stop_the_start_naming_the_flag() {
 async fn the_certificates_deploy_sh_issues_admit_the_gateway_and_the_cleanup_job() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let pki = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(
-            r#"set -e; source "$1/scripts/deploy.sh"; DEPLOYMENT_NAMESPACE=team-maas; issue_internal_pki "$2""#,
-        )
-        .arg("issue")
-        .arg(&root)
-        .arg(pki.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    issue_internal_pki(&root, pki.path());
     let file = |name: &str| pki.path().join(name);
     assert!(!file("ca.key").exists(), "the CA's key is not kept");
 
     // The allowed callers as the shipped Deployment names them.
-    let deployment: Value = yaml_serde::from_str(
-        &std::fs::read_to_string(root.join("wasm-plugin-crs/base/companion/deployment.yaml"))
-            .unwrap(),
-    )
-    .unwrap();
-    let names = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "MAAS_INTERNAL_CLIENT_NAMES")
-        .and_then(|e| e["value"].as_str())
-        .unwrap()
-        .to_string();
+    let names = shipped_internal_client_names(&root);
     let app = spawn_app_with(|s| {
         s.listeners.internal_auth =
             maas_companion::settings::InternalAuth::Mtls(maas_companion::settings::InternalMtls {

@@ -5,28 +5,16 @@
 use super::counters::{LeaseCounters, all_limits, distinct, lease_counters, windows};
 use super::grants::{LeaseNeed, LeasePolicy, prefetch};
 use super::headers::RateHeaders;
-use super::settle::{Settled, apply_folded};
+use super::settle::{Reservation, Settled, apply_folded};
 use super::slot::{
     self, Edit, InlineStr, Kind, Record, Records, SlotError, SlotRead, current, read_slot, used,
 };
 use crate::response::{Deny, Refusal};
 use crate::store::SharedStore;
 use maas_types::{Tier, Window};
-use smallvec::SmallVec;
 
 /// Reserved when neither the request nor the tier names a max_tokens.
 pub(crate) const FALLBACK_RESERVATION: u64 = 256;
-
-/// What was taken at admission, to settle at the end of the response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reservation {
-    pub(crate) subject: InlineStr,
-    /// The subject's counter slot.
-    pub(crate) key: InlineStr,
-    pub(crate) reserved: u64,
-    /// (window seconds, window start) of each token counter the reservation went into.
-    pub(crate) token_windows: SmallVec<[(u64, u64); 4]>,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Admission {

@@ -1,10 +1,20 @@
 //! Settlement: a reservation's tokens replaced by the tokens really used, written at the end of
 //! the response or folded into the subject's next write ([`crate::folds`]).
 
-use super::admit::Reservation;
-use super::slot::{self, Edit, Kind, Record, Records};
+use super::slot::{self, Edit, InlineStr, Kind, Record, Records};
 use crate::store::SharedStore;
 use smallvec::SmallVec;
+
+/// What was taken at admission, to settle at the end of the response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) subject: InlineStr,
+    /// The subject's counter slot.
+    pub(crate) key: InlineStr,
+    pub(crate) reserved: u64,
+    /// (window seconds, window start) of each token counter the reservation went into.
+    pub(crate) token_windows: SmallVec<[(u64, u64); 4]>,
+}
 
 /// A reservation settled but not written yet: `reserved` tokens of token window `window` (s)
 /// starting at `start` settled to `actual`. Several of one window add up (both sums).

@@ -1,0 +1,69 @@
+//! Every render passes every check: one schema check per object plus every wiring check.
+
+use crate::renders::{OVERLAYS, options_for, render, run};
+use maas_e2e::manifest_checks::{Options, WIRING_CHECKS};
+
+fn passes_every_check(name: &str) {
+    let docs = render(name);
+    let options = options_for(name);
+    let report = run(docs, &options);
+    println!("{name}:\n{report}");
+    let failures: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
+    assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n"));
+    let wiring = if options.kinds_only { 0 } else { WIRING_CHECKS };
+    assert_eq!(
+        report.outcomes.len(),
+        docs.0.len() + wiring,
+        "{name}: one schema check per object and {wiring} wiring checks"
+    );
+}
+
+#[test]
+fn odh_passes_every_check() {
+    passes_every_check(OVERLAYS[0]);
+}
+
+#[test]
+fn odh_tls_off_passes_every_check() {
+    passes_every_check(OVERLAYS[1]);
+}
+
+#[test]
+fn rhoai_passes_every_check() {
+    passes_every_check(OVERLAYS[2]);
+}
+
+#[test]
+fn rhoai_tls_off_passes_every_check() {
+    passes_every_check(OVERLAYS[3]);
+}
+
+#[test]
+fn odh_with_the_dev_redis_passes_every_check() {
+    passes_every_check("dev-redis");
+}
+
+#[test]
+fn odh_with_the_reference_resources_passes_every_check() {
+    passes_every_check("maas-resources");
+}
+
+#[test]
+fn postgres_and_samples_validate_against_their_schemas() {
+    passes_every_check("base/postgres");
+    passes_every_check("samples");
+}
+
+/// The default expectation (no dev Redis) refuses a render that brings one uninvited.
+#[test]
+fn a_render_with_the_dev_redis_is_refused_where_none_is_expected() {
+    let options = Options {
+        dev_redis: Some(false),
+        ..options_for("dev-redis")
+    };
+    let report = run(render("dev-redis"), &options);
+    assert!(
+        report.refuses_with("development Redis rendered: True, expected False"),
+        "{report}"
+    );
+}

@@ -1,0 +1,226 @@
+//! Helpers shared by the e2e modules: a stack per module with the module's own policy and
+//! identities, metrics from Envoy's admin, and request shorthands.
+
+#![allow(dead_code)]
+
+use maas_e2e::{Stack, StackOptions};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+pub use maas_e2e::module_stack::ModuleStack;
+
+/// The module's stack with this policy and identities: started when its first test asks (again
+/// after it stopped), stopped once the module's tests are done (see [`ModuleStack`]).
+#[track_caller]
+pub fn stack_with(
+    cell: &'static ModuleStack<Stack>,
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+) -> &'static Stack {
+    stack_with_plugin_config(cell, policy, identities, credentials, None)
+}
+
+/// As [`stack_with`], with extra pluginConfig merged over the stack's.
+#[track_caller]
+pub fn stack_with_plugin_config(
+    cell: &'static ModuleStack<Stack>,
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+    plugin_config_extra: Option<Value>,
+) -> &'static Stack {
+    cell.get_or_start(|| start_stack(policy, identities, credentials, plugin_config_extra))
+}
+
+/// Starts a stack with this policy and identities on a thread of its own (not on the calling
+/// test's async runtime).
+pub fn start_stack(
+    policy: &'static str,
+    identities: &'static str,
+    credentials: &'static str,
+    plugin_config_extra: Option<Value>,
+) -> Result<Stack, String> {
+    std::thread::spawn(move || {
+        let mut options = StackOptions::default()
+            .with_policy_yaml(policy)
+            .with_identities_yaml(identities)
+            .with_credentials_yaml(credentials);
+        options.plugin_config_extra = plugin_config_extra;
+        Stack::start(options).map_err(|e| format!("{e:#}"))
+    })
+    .join()
+    .unwrap_or_else(|_| Err("stack start panicked".into()))
+}
+
+/// A wasm custom metric's value (`wasmcustom.<name>` in /stats) once what happened before the
+/// call has been handed to Envoy, 0 when not defined yet. For a snapshot whose right value is
+/// not known in advance (e.g. "unchanged since"); to wait for a known value, poll
+/// [`metric_now`] with [`eventually`] instead.
+pub async fn metric(stack: &Stack, name: &str) -> u64 {
+    // The filter hands counters to Envoy once per tick (200 ms): waiting out two ticks is what
+    // makes this a snapshot of everything before the call (no condition to poll for).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    metric_now(stack, name).await
+}
+
+/// A wasm custom metric's value in Envoy right now (the filter's last tick), 0 when not defined.
+pub async fn metric_now(stack: &Stack, name: &str) -> u64 {
+    let text = client()
+        .get(format!(
+            "{}/stats?filter=wasmcustom",
+            stack.envoy_admin_url()
+        ))
+        .send()
+        .await
+        .expect("envoy admin answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    let wanted = format!("wasmcustom.{name}: ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&wanted))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `check` until true or `timeout` passes; returns how long it took.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Status, headers and body of a response.
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    /// Asserts an OpenAI-style error with this status and returns the error object.
+    pub fn error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let v = self.json();
+        assert!(v["error"]["message"].is_string(), "{}", self.body);
+        assert!(v["error"]["type"].is_string(), "{}", self.body);
+        v["error"].clone()
+    }
+}
+
+pub async fn send(req: reqwest::RequestBuilder) -> Reply {
+    let resp = req.send().await.expect("gateway answers");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.text().await.unwrap_or_default();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// POST a chat completion for `model` at `path` with these headers.
+pub async fn chat(
+    stack: &Stack,
+    path: &str,
+    test_id: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> Reply {
+    let mut req = client()
+        .post(format!("{}{path}", stack.gateway_url()))
+        .header("x-test-id", test_id)
+        .json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    send(req).await
+}
+
+pub fn bearer(cred: &str) -> String {
+    format!("Bearer {cred}")
+}
+
+/// A client for the current test's runtime (a pooled connection must not outlive its runtime,
+/// and each #[tokio::test] has its own).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("reqwest client")
+}
+
+/// Sends `method path` as written (no client-side normalisation of `..` or `//`) and returns
+/// the status.
+pub fn raw_status(stack: &Stack, method: &str, path: &str) -> u16 {
+    maas_e2e::stack::http_request(stack.gateway_addr(), method, path, Duration::from_secs(5))
+        .map(|(s, _)| s)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Sends one HTTP/1.1 request exactly as written (no client-side normalisation of `..`, `//` or
+/// encodings), with these headers, a JSON `body` and `Connection: close`; returns the status
+/// (0 when the answer has no status line). Fails when nothing answers.
+pub fn raw_json_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    write!(
+        s,
+        "{head}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    Ok(String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
+}
+
+/// Credential validations the companion has answered (`maas_authenticate_total`, all results):
+/// the ground truth for how many callouts the filter made.
+pub async fn companion_validations(stack: &Stack) -> u64 {
+    let text = client()
+        .get(format!("{}/metrics", stack.companion_metrics_url()))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("companion /metrics answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("maas_authenticate_total"))
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
+}

@@ -1,0 +1,394 @@
+//! The Gateway's Envoy as Istio builds it from the objects `wasm-plugin-crs/` ships (issue 26
+//! items 5 and 11), run with the real Envoy and the real `.wasm`: the filter installed by the
+//! EnvoyFilter maas-filter (an HTTP filter first in the chain, its configuration delivered over
+//! ECDS — read here from a file, as `path_config_source` — in the form the istio-agent hands it to
+//! Envoy: the module a local file, its `ISTIO_META_*` variables gone), and the connection
+//! manager settings of the EnvoyFilter maas-gateway-connection-manager merged in
+//! (`maas_e2e::istio_gateway` says what is done by hand and why). Only the pluginConfig's
+//! companion cluster and poll interval are the local stack's.
+//!
+//! - With the shipped knob (`allow_on_headers_stop_iteration`) and `pauseHeadersForBody`, a
+//!   request refused on its body never opens an upstream request: Envoy's counter for the model
+//!   cluster (`upstream_rq_total`) does not move, even for a body that arrives in two parts
+//!   300 ms apart (the headers would have gone upstream meanwhile).
+//! - Without the knob and the flag (what a WasmPlugin gives), that slow body refusal opens one:
+//!   the same counter moves by one — the difference the knob makes, so the first test can fail.
+//! - The flag without the knob (an Envoy older than 1.35, or an istiod that dropped the field):
+//!   no request hangs; the filter finds out, lets requests go on as without the flag and sets
+//!   `maas_headers_hold_unsupported`.
+//! - The shipped connection manager settings refuse a header name with an underscore.
+//!
+//! What only a cluster proves is in docs/deploy.md ("Holding headers for the body").
+
+use crate::helpers::*;
+use maas_e2e::Stack;
+use maas_e2e::envoy_config;
+use maas_e2e::extra_envoy::ExtraEnvoy;
+use maas_e2e::istio_gateway::{self, ShippedGateway};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const POLICY: &str = r#"
+tiers:
+  - name: free
+    level: 0
+    groups: [system:authenticated]
+    limits:
+      requests: [{limit: 100000, window: 1d}]
+      tokens: [{limit: 500, window: 1d}]
+  - name: premium
+    level: 1
+    groups: [g-premium]
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [free]
+    backend: simulator
+  - name: sim-premium
+    path: /llm/sim-premium
+    tiers: [premium]
+    backend: simulator
+"#;
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: held-token, username: held, groups: [system:authenticated]}
+  - {token: plugin-token, username: plugin, groups: [system:authenticated]}
+  - {token: noknob-token, username: noknob, groups: [system:authenticated]}
+  - {token: headers-token, username: headers, groups: [system:authenticated]}
+"#;
+
+fn stack() -> &'static Stack {
+    static S: ModuleStack<Stack> = ModuleStack::new();
+    stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+}
+
+const CHAT: &str = "/llm/sim-model/v1/chat/completions";
+
+/// How the shipped Wasm config is changed for one test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// As shipped.
+    Shipped,
+    /// The knob and `pauseHeadersForBody` both off: what a WasmPlugin gives.
+    WasmPlugin,
+    /// `pauseHeadersForBody` on, the knob gone: an Envoy or istiod that drops the field.
+    KnobDropped,
+}
+
+/// An Envoy beside the stack built from the stack's bootstrap and the shipped EnvoyFilters.
+fn istio_envoy(stack: &Stack, name: &str, shape: Shape) -> ExtraEnvoy {
+    let shipped = ShippedGateway::load().expect("the shipped EnvoyFilters load");
+    let dir = stack.dir().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ecds = dir.join("ecds.json");
+    let mut ec = shipped
+        .agent_converted_extension_config(&istio_gateway::wasm_path().unwrap())
+        .unwrap();
+    // The stack's companion (its cluster and authority), from the stack's own bootstrap.
+    let mut local: Value =
+        serde_json::from_str(&std::fs::read_to_string(stack.envoy_config_path()).unwrap()).unwrap();
+    let local_plugin: Value = serde_json::from_str(
+        envoy_config::wasm_filter_mut(&mut local).unwrap()["typed_config"]["config"]
+            ["configuration"]["value"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    istio_gateway::merge_extension_plugin_config(
+        &mut ec,
+        &json!({"companion": local_plugin["companion"], "pollIntervalMs": 500}),
+    )
+    .unwrap();
+    match shape {
+        Shape::Shipped => {}
+        Shape::WasmPlugin => {
+            istio_gateway::merge_extension_plugin_config(
+                &mut ec,
+                &json!({"pauseHeadersForBody": false}),
+            )
+            .unwrap();
+            istio_gateway::wasm_plugin_config_mut(&mut ec)
+                .unwrap()
+                .remove("allow_on_headers_stop_iteration");
+        }
+        Shape::KnobDropped => {
+            istio_gateway::wasm_plugin_config_mut(&mut ec)
+                .unwrap()
+                .remove("allow_on_headers_stop_iteration");
+        }
+    }
+    istio_gateway::write_ecds_file(&ecds, &ec).unwrap();
+    let envoy = ExtraEnvoy::beside(stack, name, false, |v, _| {
+        istio_gateway::apply(v, &shipped, &ecds)
+    })
+    .unwrap_or_else(|e| panic!("the Istio-shaped Envoy did not start: {e:#}"));
+    wait_for_policy(&envoy);
+    envoy
+}
+
+/// The shipped pluginConfig has no bootstrap policy: until its first poll is answered the filter
+/// refuses every model request with 503 `no_policy`. Ready once a model path without a
+/// credential is a 401 (routed to a model: the policy is there).
+fn wait_for_policy(envoy: &ExtraEnvoy) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = maas_e2e::stack::http_request(
+            envoy.ports.listen,
+            "GET",
+            "/llm/sim-model/v1/models",
+            Duration::from_secs(2),
+        )
+        .map(|(s, _)| s)
+        .unwrap_or(0);
+        if status == 401 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Istio-shaped Envoy has no policy after 30 s (last status {status})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Envoy's count of requests started to the model cluster.
+async fn started(admin: &str) -> u64 {
+    stat(admin, "cluster.model-sim.upstream_rq_total").await
+}
+
+async fn stat(admin: &str, name: &str) -> u64 {
+    let text = send(client().get(format!("{admin}/stats?filter={name}")))
+        .await
+        .body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// An HTTP/1.1 request whose body comes in two parts `pause` apart (a slow client): the
+/// status and how long the answer took.
+fn two_part_request(
+    addr: SocketAddr,
+    token: &str,
+    test_id: &str,
+    body: &str,
+    pause: Duration,
+) -> (u16, Duration) {
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nauthorization: Bearer {token}\r\n\
+         x-test-id: {test_id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let (first, rest) = body.split_at(body.len() / 2);
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(first.as_bytes()).unwrap();
+    std::thread::sleep(pause);
+    let _ = s.write_all(rest.as_bytes());
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let status = String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, started.elapsed())
+}
+
+fn ok_body() -> String {
+    json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+}
+
+fn mismatch_body() -> String {
+    json!({"model": "sim-premium", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+}
+
+/// Body refusals on `envoy`, each body in two parts 300 ms apart: status and upstream requests
+/// started for each (model mismatch, a reservation beyond the token window, a body that is not
+/// JSON).
+async fn body_refusals(
+    stack: &Stack,
+    envoy: &ExtraEnvoy,
+    token: &str,
+    tag: &str,
+) -> Vec<(String, u16, u64, usize)> {
+    let admin = envoy.admin_url();
+    let addr = envoy.ports.listen;
+    let cases = [
+        ("model_mismatch", mismatch_body()),
+        (
+            "tokens_exceed_limit",
+            json!({"model": "sim-model", "max_tokens": 100000, "messages": []}).to_string(),
+        ),
+        ("invalid_body", "[1,2,3,4,5,6,7,8]".to_string()),
+    ];
+    let mut out = Vec::new();
+    for (what, body) in cases {
+        let id = format!("ig-{tag}-{what}");
+        let before = started(&admin).await;
+        let token = token.to_string();
+        let (status, _) = tokio::task::spawn_blocking(move || {
+            two_part_request(addr, &token, &id, &body, Duration::from_millis(300))
+        })
+        .await
+        .unwrap();
+        // A late upstream request gets time to show (nothing to poll for).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let id = format!("ig-{tag}-{what}");
+        out.push((
+            what.to_string(),
+            status,
+            started(&admin).await - before,
+            stack.sim_requests_with_test_id(&id).len(),
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_shipped_filter_over_ecds_opens_no_upstream_request_for_a_body_refusal() {
+    let stack = stack();
+    let envoy = istio_envoy(stack, "istio-shipped", Shape::Shipped);
+    let admin = envoy.admin_url();
+    // Envoy runs the shipped extension config: knob on, fail closed.
+    let dump = send(client().get(format!("{admin}/config_dump?resource=ecds_filters")))
+        .await
+        .json();
+    let config = &dump["configs"][0]["ecds_filter"]["typed_config"]["config"];
+    assert_eq!(config["allow_on_headers_stop_iteration"], true, "{dump}");
+    assert_eq!(config["failure_policy"], "FAIL_CLOSED");
+    assert_eq!(dump["configs"][0]["ecds_filter"]["name"], "maas-filter");
+    // Allowed: one upstream request, also with the body in two parts.
+    let before = started(&admin).await;
+    let addr = envoy.ports.listen;
+    let (status, _) = tokio::task::spawn_blocking(move || {
+        two_part_request(
+            addr,
+            "held-token",
+            "ig-held-ok",
+            &ok_body(),
+            Duration::from_millis(300),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(started(&admin).await, before + 1);
+    let seen = stack.sim_requests_with_test_id("ig-held-ok");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("content-length"),
+        Some(seen[0].body.len().to_string().as_str()),
+        "held headers keep an exact content-length"
+    );
+    let refusals = body_refusals(stack, &envoy, "held-token", "held").await;
+    for (what, status, upstream, received) in &refusals {
+        assert_eq!(*status, 400, "{what}: {refusals:?}");
+        assert_eq!(
+            *upstream, 0,
+            "{what} opened an upstream request: {refusals:?}"
+        );
+        assert_eq!(*received, 0, "{what}: {refusals:?}");
+    }
+    assert_eq!(
+        stat(&admin, "wasmcustom.maas_headers_hold_unsupported").await,
+        0
+    );
+}
+
+/// The knob makes the difference: the same slow body refusal through the filter configured as
+/// a WasmPlugin configures it opens an upstream request (reset before the backend has it all).
+#[tokio::test]
+async fn without_the_knob_a_body_refusal_opens_an_upstream_request() {
+    let stack = stack();
+    let envoy = istio_envoy(stack, "istio-wasmplugin", Shape::WasmPlugin);
+    let refusals = body_refusals(stack, &envoy, "plugin-token", "plugin").await;
+    for (what, status, upstream, received) in &refusals {
+        assert_eq!(*status, 400, "{what}: {refusals:?}");
+        assert_eq!(*upstream, 1, "{what}: {refusals:?}");
+        assert_eq!(
+            *received, 0,
+            "{what}: the backend never has it whole: {refusals:?}"
+        );
+    }
+}
+
+/// `pauseHeadersForBody` without the knob: nothing hangs (without the filter's probe, Envoy
+/// never hands the held body over and the request waits for the stream idle timeout, 300 s).
+#[tokio::test]
+async fn the_flag_without_the_knob_does_not_hang() {
+    let stack = stack();
+    let envoy = istio_envoy(stack, "istio-knob-dropped", Shape::KnobDropped);
+    let admin = envoy.admin_url();
+    let addr = envoy.ports.listen;
+    for (i, body) in [ok_body(), ok_body(), mismatch_body()]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("ig-noknob-{i}");
+        let (status, took) = tokio::task::spawn_blocking(move || {
+            two_part_request(addr, "noknob-token", &id, &body, Duration::from_millis(50))
+        })
+        .await
+        .unwrap();
+        let want = if i == 2 { 400 } else { 200 };
+        assert_eq!(status, want, "request {i}");
+        assert!(took < Duration::from_secs(3), "request {i} took {took:?}");
+    }
+    assert_eq!(
+        stat(&admin, "wasmcustom.maas_headers_hold_unsupported").await,
+        1
+    );
+    assert!(
+        envoy
+            .log()
+            .contains("allow_on_headers_stop_iteration is not set"),
+        "the filter says why"
+    );
+}
+
+/// The shipped connection manager settings (EnvoyFilter maas-gateway-connection-manager) refuse
+/// a request carrying a header name with an underscore before any filter runs.
+#[tokio::test]
+async fn the_shipped_connection_manager_refuses_underscore_headers() {
+    let stack = stack();
+    let envoy = istio_envoy(stack, "istio-headers", Shape::Shipped);
+    let body = ok_body();
+    let status = |header: &str, id: &str| {
+        raw_json_request(
+            envoy.ports.listen,
+            "POST",
+            CHAT,
+            &[
+                ("authorization", "Bearer headers-token"),
+                ("x-test-id", id),
+                (header, "admin"),
+            ],
+            &body,
+        )
+        .unwrap()
+    };
+    assert_eq!(status("x-request-tag", "ig-headers-ok"), 200);
+    assert_eq!(status("x_maas_user", "ig-headers-reserved"), 400);
+    assert!(
+        stack
+            .sim_requests_with_test_id("ig-headers-reserved")
+            .is_empty()
+    );
+    assert_eq!(
+        stat(
+            &envoy.admin_url(),
+            "http1.requests_rejected_with_underscores_in_headers"
+        )
+        .await,
+        1
+    );
+}

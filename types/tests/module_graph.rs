@@ -1,0 +1,15 @@
+//! No import cycles among the shared types' modules (the checker: `lints/module_graph.rs`).
+
+#[path = "../../lints/module_graph.rs"]
+mod module_graph;
+
+use std::path::Path;
+
+#[test]
+fn types_modules_import_each_other_without_cycles() {
+    module_graph::assert_no_cycle(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &[],
+        ("credential", "apikey"),
+    );
+}
