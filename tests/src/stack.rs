@@ -701,6 +701,7 @@ fn spawn_sim(policy: &PolicyDocument, chunk_delay: Duration) -> Result<sim::SimH
         SimConfig {
             chunk_delay,
             models: sim_models,
+            served_only: false,
         },
     )?)
 }

@@ -986,7 +986,10 @@ impl PolicyDocument {
 
     /// The model clients name `id` (its name or an alias) and its index.
     pub fn model_by_id(&self, id: &str) -> Option<(usize, &Model)> {
-        self.models.iter().enumerate().find(|(_, m)| m.answers_to(id))
+        self.models
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.answers_to(id))
     }
 
     /// The tier a subject gets: the pinned tier when it still qualifies, else the highest-level
@@ -1308,7 +1311,10 @@ mod tests {
         v["models"][0]["servedName"] = json!("facebook/opt-125m");
         let doc = PolicyDocument::from_value(v.clone()).unwrap();
         for id in ["sim", "publishers/llm/models/sim", "sim-latest"] {
-            assert_eq!(doc.model_by_id(id).map(|(i, m)| (i, &*m.name)), Some((0, "sim")));
+            assert_eq!(
+                doc.model_by_id(id).map(|(i, m)| (i, &*m.name)),
+                Some((0, "sim"))
+            );
         }
         assert_eq!(doc.model_by_id("gpt").map(|(i, _)| i), Some(1));
         for id in ["SIM", "facebook/opt-125m", "", "sim "] {
@@ -1335,7 +1341,12 @@ mod tests {
         let mut name_is_alias = v.clone();
         name_is_alias["models"][1]["name"] = json!("sim-latest");
         fails_at(name_is_alias, "models[0].aliases[1]");
-        for bad in [json!(""), json!(" "), json!("a\u{7}b"), json!("x".repeat(254))] {
+        for bad in [
+            json!(""),
+            json!(" "),
+            json!("a\u{7}b"),
+            json!("x".repeat(254)),
+        ] {
             let mut w = v.clone();
             w["models"][0]["aliases"] = json!([bad.clone()]);
             fails_at(w, "models[0].aliases[0]");
