@@ -746,3 +746,83 @@ async fn another_clusters_answer_at_the_one_url_never_reaches_the_client() {
     let (on_sim, on_opt) = seen(stack, "foreign-route");
     assert_eq!((on_sim.len(), on_opt.len()), (1, 0));
 }
+
+/// The official SDKs as users call the gateway (tests/sdk/clients.py, versions pinned in
+/// tests/sdk/requirements.txt, `MAAS_SDK_PYTHON` from scripts/lib/common.sh's ensure step): one
+/// OpenAI client with `base_url = {gateway}/v1` calls two models on two backends, not streamed
+/// and streamed, and lists the models; the Anthropic client with `base_url = {gateway}` calls
+/// Messages, not streamed and streamed.
+#[tokio::test]
+async fn the_official_sdks_use_the_one_base_url() {
+    let stack = stack();
+    let python = std::env::var("MAAS_SDK_PYTHON").expect(
+        "MAAS_SDK_PYTHON: a Python with tests/sdk/requirements.txt (scripts/lib/common.sh \
+         ensure_sdk_clients sets it)",
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/clients.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            stack.gateway_url().as_str(),
+            "free-token",
+            "sdk",
+            "sim-model",
+            "facebook-opt-125m-simulated",
+        ])
+        .env("ANTHROPIC_MODEL", "sim-claude")
+        .output()
+        .await
+        .expect("the SDK script runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!(
+        "openai {} anthropic {}",
+        v["openai_version"], v["anthropic_version"]
+    );
+    for (model, answered_as) in [
+        ("sim-model", "sim-model"),
+        ("facebook-opt-125m-simulated", "facebook/opt-125m"),
+    ] {
+        let m = &v[model];
+        assert_eq!(m["model"], answered_as, "{v}");
+        assert_eq!(m["text"], "tok0 tok1 tok2", "{v}");
+        assert_eq!(m["completion_tokens"], 3, "{v}");
+        assert_eq!(m["stream_text"], "tok0 tok1 tok2", "{v}");
+    }
+    assert_eq!(
+        v["models"],
+        json!(["sim-model", "facebook-opt-125m-simulated", "sim-claude"])
+    );
+    assert_eq!(
+        v["unknown"],
+        json!({"status": 404, "code": "model_not_found"})
+    );
+    let a = &v["anthropic"];
+    assert_eq!(a["type"], "message", "{v}");
+    assert_eq!(a["text"], "tok0 tok1 tok2 tok3", "{v}");
+    assert_eq!(a["stream_text"], "tok0 tok1 tok2 tok3", "{v}");
+    assert_eq!(a["stream_output_tokens"], 4, "{v}");
+    // Each call reached its own backend (the unknown model none).
+    let (on_sim, on_opt) = seen(stack, "sdk");
+    assert_eq!(on_opt.len(), 2, "the opt model's two calls");
+    assert!(
+        on_opt
+            .iter()
+            .all(|r| body_of(r)["model"] == "facebook/opt-125m")
+    );
+    let paths: Vec<&str> = on_sim.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/v1/messages"
+        ],
+        "sim-model's two chat calls and sim-claude's two Messages calls"
+    );
+}
