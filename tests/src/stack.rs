@@ -1279,6 +1279,16 @@ impl Stack {
     pub fn policy_path(&self) -> &Path {
         &self.policy_path
     }
+    /// The models Envoy routes (name and path prefix), as the stack started.
+    pub fn routed_models(&self) -> Vec<(String, String)> {
+        self.core
+            .envoy
+            .policy
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.path.clone()))
+            .collect()
+    }
     pub fn identities_path(&self) -> &Path {
         &self.identities_path
     }
