@@ -4,10 +4,13 @@
 //! applies — a refusal to answer, headers to change, counters to ask.
 //!
 //! 1. [`route`] (at the request headers): management or a model; its operation, the credential
-//!    and whether the body is read (and the headers held for it).
-//! 2. [`authorize`] (once the caller is known): the subscription or tiers, whose counters, the
-//!    provider credential and the upstream check, and the [`HeaderPlan`] of what the backend
-//!    must not see and what it must.
+//!    and whether the body is read (and the headers held for it). At the one base URL
+//!    (`{gateway}/v1/chat/completions`…) the body names the model: [`route_body`] finds it
+//!    once the body is read; `GET /v1/models` is answered from the policy ([`catalog`]).
+//! 2. [`authorize`] (once the caller and the model are known): the subscription or tiers, whose
+//!    counters, the provider credential and the upstream check, and the [`HeaderPlan`] of what
+//!    the backend must not see and what it must (at the one base URL also the routing header
+//!    [`ROUTING_HEADER`] Envoy chooses the model's route by).
 //! 3. [`ask`] (once the body is known): the body's model, the tokens to reserve (weighted) and
 //!    the output cap to set on a body that names none.
 
@@ -17,7 +20,7 @@ use crate::credential::{self, Credential};
 use crate::decide;
 use crate::hygiene;
 use crate::limits;
-use crate::operations::{self, Operation};
+use crate::operations::{self, OneUrl, Operation};
 use crate::path::{self, PathClass};
 use crate::request_body::RequestInfo;
 use crate::response::{Deny, Refusal};
@@ -30,6 +33,12 @@ use std::rc::Rc;
 
 /// The client header that names a subscription (token callers); never forwarded as sent.
 pub const SUBSCRIPTION_HEADER: &str = "x-maas-subscription";
+
+/// The header the filter sets to the model's name at the one base URL: the gateway's routes
+/// for the one base URL match it, and Envoy chooses the route again once the filter changed the
+/// request headers. In the reserved namespace, so a client's copy is removed first and never
+/// routes anything.
+pub const ROUTING_HEADER: &str = maas_types::MODEL_ROUTING_HEADER;
 
 /// What a decision reads of the worker's state, borrowed for one callback.
 #[derive(Clone, Copy)]
@@ -69,10 +78,23 @@ pub enum Route<'h> {
 /// A request for a model.
 #[derive(Debug)]
 pub struct ModelRoute<'h> {
-    pub model_idx: usize,
+    pub target: Target<'h>,
     pub operation: Operation,
     pub credential: Credential<'h>,
     pub body: BodyIntent,
+}
+
+/// Which model a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'h> {
+    /// The model whose path prefix the path is under (its index in the policy decided with).
+    Path(usize),
+    /// The one base URL: the body's `model` names the model ([`route_body`]); the operation's
+    /// path, which is also its path relative to a model prefix.
+    Body(&'static str),
+    /// `GET /v1/models` (`None`) or `GET /v1/models/{id}` at the one base URL: answered by the
+    /// gateway from the policy once the caller is known ([`catalog`]).
+    Catalog(Option<&'h str>),
 }
 
 /// Whether the body is read before the request is decided.
@@ -101,8 +123,9 @@ impl From<Refusal> for RouteRefusal {
     }
 }
 
-/// The request headers: management path, or the model, its allow-listed operation, the
-/// credential and the body's handling. Everything refused here never reaches a backend.
+/// The request headers: management path, or the model (the path's, or the one the body will
+/// name at the one base URL), its allow-listed operation, the credential and the body's
+/// handling. Everything refused here never reaches a backend.
 pub fn route<'h>(f: &HeaderFacts<'h>, s: &Snapshot<'_>) -> Result<Route<'h>, RouteRefusal> {
     let model_path = match path::classify(f.path, &s.cfg.management_path_prefix) {
         Ok(PathClass::Model(p)) => p,
@@ -110,16 +133,23 @@ pub fn route<'h>(f: &HeaderFacts<'h>, s: &Snapshot<'_>) -> Result<Route<'h>, Rou
         Err(e) => return Err(RouteRefusal::Refused(e.into())),
     };
     let policy = s.policy.ok_or_else(Refusal::no_policy)?;
-    let model = policy
-        .model_for_path(model_path)
-        .ok_or_else(Refusal::model_not_found)?;
-    // Only the model's allow-listed (method, path) pairs go on (404 otherwise).
-    let operation = operations::allowed(model, f.method, model_path)?;
-    let model_idx = policy
-        .models
-        .iter()
-        .position(|m| std::ptr::eq(m, model))
-        .ok_or_else(Refusal::model_not_found)?;
+    let (target, operation) = match operations::one_url(f.method, model_path) {
+        Some(Ok(OneUrl::Model(operation, rest))) => {
+            // The body picks the route: the headers must wait for it (else they would leave
+            // undecided, to no model's route).
+            if !s.hold_headers {
+                return Err(body_routing_unavailable().into());
+            }
+            if f.end_of_stream {
+                return Err(no_model_named().into());
+            }
+            (Target::Body(rest), operation)
+        }
+        Some(Ok(OneUrl::List)) => (Target::Catalog(None), Operation::Models),
+        Some(Ok(OneUrl::Retrieve(id))) => (Target::Catalog(Some(id)), Operation::Models),
+        Some(Err(r)) => return Err(r.into()),
+        None => path_model(policy, f.method, model_path)?,
+    };
     let credential = credential::extract(f.authorization, f.x_api_key)
         .map_err(|e| RouteRefusal::Refused(e.into()))?;
     if let Some(key_id) = credential.key_id()
@@ -130,8 +160,10 @@ pub fn route<'h>(f: &HeaderFacts<'h>, s: &Snapshot<'_>) -> Result<Route<'h>, Rou
         });
     }
     // The metered JSON APIs are read whatever content-type the client claims (a backend may
-    // parse the body as JSON anyway); only custom operations may stream uploads unread.
-    let read = operation != Operation::Custom || hygiene::inspect_body(f.content_type);
+    // parse the body as JSON anyway); only custom operations may stream uploads unread. The
+    // gateway's own list of models reads none.
+    let read = !matches!(target, Target::Catalog(_))
+        && (operation != Operation::Custom || hygiene::inspect_body(f.content_type));
     let body = if f.end_of_stream || !read {
         BodyIntent::Unread
     } else {
@@ -144,11 +176,74 @@ pub fn route<'h>(f: &HeaderFacts<'h>, s: &Snapshot<'_>) -> Result<Route<'h>, Rou
         }
     };
     Ok(Route::Model(ModelRoute {
-        model_idx,
+        target,
         operation,
         credential,
         body,
     }))
+}
+
+/// The model a path prefix names and its allow-listed operation (404 otherwise).
+fn path_model<'h>(
+    policy: &PolicyDocument,
+    method: &str,
+    model_path: &str,
+) -> Result<(Target<'h>, Operation), Refusal> {
+    let model = policy
+        .model_for_path(model_path)
+        .ok_or_else(Refusal::model_not_found)?;
+    let operation = operations::allowed(model, method, model_path)?;
+    let model_idx = policy
+        .models
+        .iter()
+        .position(|m| std::ptr::eq(m, model))
+        .ok_or_else(Refusal::model_not_found)?;
+    Ok((Target::Path(model_idx), operation))
+}
+
+/// 503: the one base URL without the headers held for the body.
+pub fn body_routing_unavailable() -> Refusal {
+    Refusal::new(
+        Deny::BodyRoutingUnavailable,
+        "this gateway cannot route by the body's model now (request headers are not held for \
+         the body); call the model's own URL (<model path>/v1/...) instead",
+    )
+}
+
+/// 404: the one base URL and no `model` in the body.
+fn no_model_named() -> Refusal {
+    Refusal::new(
+        Deny::ModelNotFound,
+        "the request names no model: set the body's \"model\" to an id of GET /v1/models",
+    )
+}
+
+/// The one base URL, its body read: the model the body's `model` names (by name or alias) and
+/// the operation it serves at `rest` (its allow-list). A body that is not JSON of the API's
+/// shape is 400 `invalid_body`; no `model`, or one no model answers to, 404 `model_not_found`;
+/// an operation the model does not serve 404 `operation_not_allowed`. Whether the caller may
+/// use it is [`authorize`]'s.
+pub fn route_body(
+    policy: &PolicyDocument,
+    body: &Result<RequestInfo, String>,
+    rest: &str,
+) -> Result<(usize, Operation), Refusal> {
+    let info = body
+        .as_ref()
+        .map_err(|e| Refusal::new(Deny::InvalidBody, e.as_str()))?;
+    let id = info.model.as_deref().ok_or_else(no_model_named)?;
+    let (idx, model) = policy.model_by_id(id).ok_or_else(|| unknown_model(id))?;
+    // The one base URL serves only POST operations.
+    let operation = operations::allowed_rest(model, "POST", rest)?;
+    Ok((idx, operation))
+}
+
+/// 404 for an id no model answers to (OpenAI's words).
+fn unknown_model(id: &str) -> Refusal {
+    Refusal::new(
+        Deny::ModelNotFound,
+        format!("the model {id:?} does not exist or you do not have access to it"),
+    )
 }
 
 /// The body length a request declares in its only `content-length` (the caller counts them):
@@ -266,17 +361,29 @@ pub struct Caller<'a, 'h> {
     pub counter_key: Option<Rc<str>>,
 }
 
+/// When the upstream check reads the cluster Envoy routed the request to.
+#[derive(Clone, Copy)]
+pub enum Upstream<'a> {
+    /// Now: the route the request arrived on is the one that serves it (a path prefix). Reads
+    /// Envoy's cluster name (only when the model names one).
+    Now(&'a dyn Fn() -> Option<String>),
+    /// The one base URL: Envoy chooses the route once the plan's [`ROUTING_HEADER`] is set and
+    /// the request goes on; the filter sees that route's cluster only at the response, where the
+    /// shell checks with [`check_routed`].
+    AfterRouting,
+}
+
 /// The caller is known: subscription or tier (403s), the provider credential (503 when it is
 /// not there yet), the upstream check (503 `upstream_mismatch`: a route the gateway did not
-/// create never gets the provider key; `cluster` reads Envoy's cluster name, only when the
-/// model names one) and the header plan.
+/// create never gets the provider key; see [`Upstream`]) and the header plan — at the one base
+/// URL with the routing header naming the model.
 pub fn authorize<'h>(
     s: &Snapshot<'_>,
     model_idx: usize,
     intent: BodyIntent,
     op: OperationTraits,
     caller: Caller<'_, 'h>,
-    cluster: &dyn Fn() -> Option<String>,
+    upstream: Upstream<'_>,
 ) -> Result<(Authorized, HeaderPlan<'h>), Refusal> {
     let policy = s.policy.ok_or_else(Refusal::no_policy)?;
     let model = policy
@@ -326,13 +433,22 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model)?;
-    operations::check_upstream(model, cluster)?;
+    let routing = match upstream {
+        Upstream::Now(cluster) => {
+            operations::check_upstream(model, cluster)?;
+            None
+        }
+        Upstream::AfterRouting => Some(model.name.as_str()),
+    };
     let plan = header_plan(
         s.cfg,
         caller.header_names,
-        provider_key,
-        subscription.as_deref().map(|sub| sub.name.as_str()),
-        matches!(intent, BodyIntent::Read { hold: false, .. }) && !op.discovery,
+        PlanSets {
+            provider_key,
+            subscription: subscription.as_deref().map(|sub| sub.name.as_str()),
+            routing,
+            unframe_body: matches!(intent, BodyIntent::Read { hold: false, .. }) && !op.discovery,
+        },
     );
     Ok((
         Authorized {
@@ -344,6 +460,24 @@ pub fn authorize<'h>(
         },
         plan,
     ))
+}
+
+/// The one base URL, at the response: the upstream check against the cluster that answered
+/// (`cluster`; see [`Upstream`]). A mismatch: the answer is not passed on.
+pub fn check_routed(
+    model: &Model,
+    cluster: impl FnOnce() -> Option<String>,
+) -> Result<(), Refusal> {
+    operations::check_upstream(model, cluster).map_err(|_| {
+        Refusal::new(
+            Deny::UpstreamMismatch,
+            format!(
+                "the gateway routed this request away from model {}'s upstream; its answer \
+                 was not passed on",
+                model.name
+            ),
+        )
+    })
 }
 
 /// The model's provider credential, when it has a provider.
@@ -363,17 +497,29 @@ fn provider_key<'c>(
     }
 }
 
+/// What a [`HeaderPlan`] sets besides hygiene.
+struct PlanSets<'a> {
+    provider_key: Option<(maas_types::ProviderKind, &'a str)>,
+    /// The subscription the gateway selected.
+    subscription: Option<&'a str>,
+    /// The model's name, for [`ROUTING_HEADER`] (the one base URL).
+    routing: Option<&'a str>,
+    /// The body may be rewritten after the headers left: no `content-length`.
+    unframe_body: bool,
+}
+
 /// Hygiene: nothing the client sent reaches the backend as identity; usage asked uncompressed;
 /// the provider credential; the subscription the gateway selected (as the reference's gateway
-/// injects it), never the client's value; a body that may be rewritten after the headers left
-/// is framed by the upstream codec (no `content-length`).
-fn header_plan<'h>(
-    cfg: &PluginConfig,
-    names: &[&'h str],
-    provider_key: Option<(maas_types::ProviderKind, &str)>,
-    subscription: Option<&str>,
-    unframe_body: bool,
-) -> HeaderPlan<'h> {
+/// injects it), never the client's value; at the one base URL the routing header (the client's
+/// own is removed with the reserved namespace); a body that may be rewritten after the headers
+/// left is framed by the upstream codec (no `content-length`).
+fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) -> HeaderPlan<'h> {
+    let PlanSets {
+        provider_key,
+        subscription,
+        routing,
+        unframe_body,
+    } = sets;
     let mut plan = HeaderPlan::default();
     let mut client_anthropic_version = false;
     for name in names {
@@ -396,10 +542,77 @@ fn header_plan<'h>(
         plan.set
             .push((SUBSCRIPTION_HEADER, Some(Cow::Owned(name.to_string()))));
     }
+    if let Some(model) = routing {
+        plan.set
+            .push((ROUTING_HEADER, Some(Cow::Owned(model.to_string()))));
+    }
     if unframe_body {
         plan.set.push(("content-length", None));
     }
     plan
+}
+
+/// The name to give the body's `model` before it is forwarded: the model's `servedName`, when
+/// the body names the model by another id (the backend knows only its own name). `None`: the
+/// body is forwarded as sent (no `servedName`, the served name sent, or no `model` at all).
+pub fn served_name<'m>(model: &'m Model, body: &Result<RequestInfo, String>) -> Option<&'m str> {
+    let served = model.served_name.as_deref()?;
+    let sent = body.as_ref().ok()?.model.as_deref()?;
+    (sent != served).then_some(served)
+}
+
+/// `GET /v1/models` (`id` none) or `GET /v1/models/{id}` at the one base URL, the caller known:
+/// the OpenAI list of the models the caller may call — each model [`authorize`] would admit it
+/// on (its tier's, its subscriptions'; one held by several of a token's subscriptions too,
+/// usable with `X-MaaS-Subscription`) — ids as the body names them; or the one model `id`
+/// names (by name or alias; 404 `model_not_found` when it is not among them). An API key whose
+/// subscription is gone, or a subscription named that is not the caller's, is refused as the
+/// model requests are (403).
+pub fn catalog(
+    policy: &PolicyDocument,
+    identity: &CachedIdentity,
+    api_key: bool,
+    requested: Option<&str>,
+    id: Option<&str>,
+) -> Result<Vec<u8>, Refusal> {
+    let (user, groups) = (identity.subject.as_str(), identity.groups.as_slice());
+    if let Some(bound) = identity.subscription.as_deref() {
+        maas_types::subscription::select(policy, user, groups, Some(bound), None).map_err(
+            |_| {
+                Refusal::new(
+                    Deny::InvalidSubscription,
+                    "the subscription of this API key no longer exists or no longer includes you",
+                )
+            },
+        )?;
+    } else if let Some(name) = requested.filter(|_| !api_key && !policy.subscriptions.is_empty()) {
+        maas_types::subscription::select(policy, user, groups, Some(name), None)
+            .map_err(|e| Refusal::new(Deny::from(e), e.message()))?;
+    }
+    let usable = |m: &Model| match decide::subscription(policy, identity, api_key, requested, m) {
+        Ok(Some(_)) => true,
+        Ok(None) => decide::authorize(policy, identity, m).is_ok(),
+        Err(r) => r.deny == Deny::MultipleSubscriptions,
+    };
+    let entry = |m: &Model| {
+        serde_json::json!({
+            "id": m.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": m.owned_by.as_deref().unwrap_or("maas"),
+        })
+    };
+    let value = match id {
+        None => serde_json::json!({
+            "object": "list",
+            "data": policy.models.iter().filter(|m| usable(m)).map(entry).collect::<Vec<_>>(),
+        }),
+        Some(id) => match policy.model_by_id(id) {
+            Some((_, m)) if usable(m) => entry(m),
+            _ => return Err(unknown_model(id)),
+        },
+    };
+    serde_json::to_vec(&value).map_err(|e| Refusal::internal(e.to_string()))
 }
 
 /// What [`ask`] decided: the tokens to reserve and what the response settles against.

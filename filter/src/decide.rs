@@ -75,10 +75,11 @@ pub fn authorize<'p>(
     Ok(tier)
 }
 
-/// A body naming another model than the path's is refused, so one model cannot be billed as another.
+/// A body naming another model than the path's (by none of its ids: its name or an alias) is
+/// refused, so one model cannot be billed as another.
 pub fn check_body_model(info: &RequestInfo, model: &Model) -> Result<(), Refusal> {
     match &info.model {
-        Some(m) if m != &model.name => Err(Refusal::new(
+        Some(m) if !model.answers_to(m) => Err(Refusal::new(
             Deny::ModelMismatch,
             format!(
                 "body names model {m:?} but the path is for {:?}",

@@ -164,6 +164,12 @@ pub fn allowed(model: &Model, method: &str, path: &str) -> Result<Operation, Ref
         // The model prefix itself, or not at a segment boundary.
         return Err(not_allowed(model));
     }
+    allowed_rest(model, method, rest)
+}
+
+/// [`allowed`] for a path relative to the model's prefix (`/v1/chat/completions`): what the
+/// one base URL asks of the model the body names.
+pub fn allowed_rest(model: &Model, method: &str, rest: &str) -> Result<Operation, Refusal> {
     let listed = match &model.operations {
         Some(ops) => ops
             .iter()
@@ -177,6 +183,61 @@ pub fn allowed(model: &Model, method: &str, path: &str) -> Result<Operation, Ref
     } else {
         Err(not_allowed(model))
     }
+}
+
+/// What the one base URL (`{gateway}/v1/…`) serves: the model operations whose model the body
+/// names, and the gateway's own list of the caller's models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneUrl<'p> {
+    /// A model operation: its kind and its path, which is also its path relative to a model's
+    /// prefix (what the model's `operations` allow-list is matched against).
+    Model(Operation, &'static str),
+    /// `GET /v1/models`: the models the caller may use.
+    List,
+    /// `GET /v1/models/{id}`: one of them (the id may hold `/`).
+    Retrieve(&'p str),
+}
+
+/// The model operations of the one base URL: `POST` each (the body names the model).
+const ONE_URL_OPERATIONS: [(&str, Operation); 6] = [
+    ("/v1/chat/completions", Operation::ChatCompletions),
+    ("/v1/completions", Operation::Completions),
+    ("/v1/embeddings", Operation::Embeddings),
+    ("/v1/responses", Operation::Responses),
+    ("/v1/messages", Operation::Messages),
+    ("/v1/messages/count_tokens", Operation::CountTokens),
+];
+
+/// The one base URL's discovery path.
+const ONE_URL_MODELS: &str = "/v1/models";
+
+/// What a request to the one base URL asks for: `None` when `path` (query stripped, as
+/// [`crate::path::classify`] returned it) is none of its paths; a 404 `operation_not_allowed`
+/// for one of its paths with another method (`GET /v1/chat/completions`). Matching is exact
+/// and case-sensitive, as for a model's operations.
+pub fn one_url<'p>(method: &str, path: &'p str) -> Option<Result<OneUrl<'p>, Refusal>> {
+    let refuse = || {
+        Refusal::new(
+            Deny::OperationNotAllowed,
+            format!("{method} is not served at {path}"),
+        )
+    };
+    if let Some((p, op)) = ONE_URL_OPERATIONS.iter().find(|(p, _)| *p == path) {
+        return Some(if method == "POST" {
+            Ok(OneUrl::Model(*op, p))
+        } else {
+            Err(refuse())
+        });
+    }
+    let id = match path.strip_prefix(ONE_URL_MODELS)? {
+        "" => None,
+        rest => Some(rest.strip_prefix('/').filter(|id| !id.is_empty())?),
+    };
+    Some(match (method, id) {
+        ("GET", None) => Ok(OneUrl::List),
+        ("GET", Some(id)) => Ok(OneUrl::Retrieve(id)),
+        _ => Err(refuse()),
+    })
 }
 
 /// Envoy property naming the cluster the route picked for the request.
@@ -394,6 +455,64 @@ mod tests {
                 "{method} {rest}"
             );
         }
+    }
+
+    #[test]
+    fn the_one_base_url_serves_model_operations_and_the_model_list() {
+        for (path, op) in ONE_URL_OPERATIONS {
+            assert_eq!(one_url("POST", path), Some(Ok(OneUrl::Model(op, path))));
+            for method in ["GET", "PUT", "post", "HEAD"] {
+                let r = one_url(method, path).unwrap().unwrap_err();
+                assert_eq!(
+                    (r.status, r.code),
+                    (404, "operation_not_allowed"),
+                    "{method} {path}"
+                );
+            }
+        }
+        assert_eq!(one_url("GET", "/v1/models"), Some(Ok(OneUrl::List)));
+        assert_eq!(
+            one_url("GET", "/v1/models/publishers/llm/models/opt"),
+            Some(Ok(OneUrl::Retrieve("publishers/llm/models/opt")))
+        );
+        assert_eq!(
+            one_url("GET", "/v1/models/gpt-4o"),
+            Some(Ok(OneUrl::Retrieve("gpt-4o")))
+        );
+        assert!(matches!(one_url("POST", "/v1/models"), Some(Err(_))));
+        assert!(matches!(one_url("DELETE", "/v1/models/x"), Some(Err(_))));
+        for other in [
+            "/v1/models/",
+            "/v1/modelsx",
+            "/v1/chat/completions/",
+            "/v1/chat",
+            "/V1/chat/completions",
+            "/v1/files",
+            "/v1/messages/batches",
+            "/llm/sim/v1/chat/completions",
+            "/v1",
+            "/",
+        ] {
+            assert_eq!(one_url("POST", other), None, "{other}");
+            assert_eq!(one_url("GET", other), None, "{other}");
+        }
+        // A model operation at the one base URL is matched against the model's allow-list.
+        let p = policy();
+        assert_eq!(
+            allowed_rest(model(&p, "gpt"), "POST", "/v1/chat/completions"),
+            Ok(Operation::ChatCompletions)
+        );
+        assert_eq!(
+            allowed_rest(model(&p, "claude"), "POST", "/v1/chat/completions")
+                .unwrap_err()
+                .code,
+            "operation_not_allowed"
+        );
+        assert_eq!(
+            allowed_rest(model(&p, "claude"), "POST", "/v1/messages/count_tokens"),
+            Ok(Operation::CountTokens)
+        );
+        assert!(allowed_rest(model(&p, "custom"), "POST", "/v1/completions").is_err());
     }
 
     #[test]

@@ -11,9 +11,12 @@
 //!    ├─────────────────────────────────────────────────────────────────────▶ Refused
 //!    │ cache miss: own callout, or wait for this worker's callout of the same credential
 //!    ├──▶ Authenticating ──answer (or interruption) refused──────────────────▶ Refused
-//!    │          │ allowed
-//!    ▼          ▼
+//!    │          │ allowed        GET /v1/models (one base URL): the list ───▶ Settled
+//!    │          │ one base URL, body not read yet ──▶ AwaitingModel (headers held)
+//!    │          │                                        │ body: route_body (model by id)
+//!    ▼          ▼                                        ▼
 //! authorize: tier, provider key, upstream, header plan ──refused──────────▶ Refused
+//!    (one base URL: the routing header set, then the upstream check)
 //!    │ body to read                          │ no body (or body already read while held)
 //!    ▼                                       │
 //! BodyBuffering ──END_STREAM / trailers──▶ ask (model field, limits) ───────▶ Refused
@@ -28,7 +31,7 @@
 
 use crate::admission::{
     self, Authorized, BodyIntent, HeaderFacts, HeaderPlan, Metering, OperationTraits, Route,
-    RouteRefusal, SUBSCRIPTION_HEADER, Snapshot,
+    RouteRefusal, SUBSCRIPTION_HEADER, Snapshot, Target, Upstream,
 };
 use crate::cache::{self, CachedAnswer, Caller};
 use crate::config::PluginConfig;
@@ -80,6 +83,9 @@ pub(crate) enum Phase {
         headers: HeaderMap,
         names_subscription: bool,
     },
+    /// The one base URL: the caller is known, the headers wait (held) for the body, whose
+    /// `model` names the model; the caller and the client's headers are kept for the decision.
+    AwaitingModel { caller: Box<Known> },
     /// Authorised and the headers decided; the body is buffered until its end (END_STREAM or
     /// trailers). `headers_held`: the headers wait for the body decision (pauseHeadersForBody);
     /// `slot_read`: the counter slot as the precheck read it (admission starts from it).
@@ -121,6 +127,7 @@ impl std::fmt::Debug for Phase {
                 .debug_struct("Authenticating")
                 .field("waiting", waiting)
                 .finish_non_exhaustive(),
+            Phase::AwaitingModel { .. } => f.write_str("AwaitingModel"),
             Phase::BodyBuffering { headers_held, .. } => f
                 .debug_struct("BodyBuffering")
                 .field("headers_held", headers_held)
@@ -150,13 +157,40 @@ impl std::fmt::Debug for Phase {
     }
 }
 
-/// A request for a model, as routed at its headers: the policy it is decided with, the model,
-/// and what its operation means.
+/// A request for a model, as routed at its headers (or, at the one base URL, by its body): the
+/// policy it is decided with, the model, and what its operation means.
 #[derive(Debug)]
 struct Routed {
     policy: Rc<PolicyDocument>,
     model_idx: usize,
     traits: OperationTraits,
+    /// The body named the model (the one base URL): Envoy routes by [`admission::ROUTING_HEADER`].
+    by_body: bool,
+}
+
+/// A request to the one base URL whose model is not known yet.
+#[derive(Debug)]
+enum Unrouted {
+    /// The body's `model` names it; `rest`: the operation's path.
+    Body {
+        policy: Rc<PolicyDocument>,
+        rest: &'static str,
+    },
+    /// `GET /v1/models[/{id}]`: answered from the policy once the caller is known.
+    Catalog {
+        policy: Rc<PolicyDocument>,
+        id: Option<String>,
+    },
+}
+
+/// An authenticated caller whose request waits for its model (the one base URL): what
+/// authorisation reads once the body names it.
+#[derive(Debug)]
+pub(crate) struct Known {
+    caller: Caller,
+    counter_key: Option<Rc<str>>,
+    headers: HeaderMap,
+    names_subscription: bool,
 }
 
 impl Routed {
@@ -177,7 +211,7 @@ enum Step {
     Continue,
     /// The headers wait (companion, or the body while held).
     Wait,
-    /// Answered with an error.
+    /// Answered locally (a refusal, or the gateway's own answer: `GET /v1/models`).
     Refused,
 }
 
@@ -236,8 +270,10 @@ pub(crate) struct Request {
     /// The worker's requests by context id (waiters and lease flights name requests by id).
     registry: Registry,
     phase: Phase,
-    /// Set at the headers of a model request.
+    /// Set at the headers of a model request (at the one base URL, once the body named it).
     route: Option<Routed>,
+    /// The one base URL, until the model is known.
+    unrouted: Option<Unrouted>,
     /// The credential's place in the cache (its flight key; the key id for the ledger).
     identity: Option<CacheIdentity>,
     /// This request's authentication callout, while it is out.
@@ -257,6 +293,7 @@ impl Request {
             registry,
             phase: Phase::Headers,
             route: None,
+            unrouted: None,
             identity: None,
             flight: None,
             body: body::RequestBody::default(),
@@ -310,6 +347,7 @@ impl Request {
             self.phase,
             Phase::Headers
                 | Phase::Authenticating { .. }
+                | Phase::AwaitingModel { .. }
                 | Phase::BodyBuffering { .. }
                 | Phase::Leasing { .. }
         )
@@ -388,15 +426,27 @@ impl Request {
         let Some(policy) = view.policy.clone() else {
             return self.refused(host, &Refusal::no_policy());
         };
-        let traits = match policy.models.get(model.model_idx) {
-            Some(m) => OperationTraits::of(model.operation, m),
-            None => return self.refused(host, &Refusal::model_not_found()),
-        };
-        self.route = Some(Routed {
-            policy,
-            model_idx: model.model_idx,
-            traits,
-        });
+        match model.target {
+            Target::Path(model_idx) => {
+                let traits = match policy.models.get(model_idx) {
+                    Some(m) => OperationTraits::of(model.operation, m),
+                    None => return self.refused(host, &Refusal::model_not_found()),
+                };
+                self.route = Some(Routed {
+                    policy,
+                    model_idx,
+                    traits,
+                    by_body: false,
+                });
+            }
+            Target::Body(rest) => self.unrouted = Some(Unrouted::Body { policy, rest }),
+            Target::Catalog(id) => {
+                self.unrouted = Some(Unrouted::Catalog {
+                    policy,
+                    id: id.map(str::to_string),
+                })
+            }
+        }
         if let BodyIntent::Read { hold, declared } = model.body {
             self.body.start(hold, declared);
         }
@@ -494,6 +544,43 @@ impl Request {
                 return Step::Refused;
             }
         };
+        match &self.unrouted {
+            Some(Unrouted::Catalog { .. }) => {
+                return self.answer_catalog(host, &caller, &headers, names_subscription);
+            }
+            // The body names the model: authorised once it is read (the headers are held).
+            Some(Unrouted::Body { .. }) if self.route.is_none() => {
+                let known = Box::new(Known {
+                    caller,
+                    counter_key,
+                    headers,
+                    names_subscription,
+                });
+                return self.await_model(host, known);
+            }
+            _ => {}
+        }
+        self.authorize_known(
+            host,
+            caller,
+            counter_key,
+            headers,
+            names_subscription,
+            now_s,
+        )
+    }
+
+    /// The caller and its model are known: authorise (the subscription named, if any), apply
+    /// the header plan, and go as far as the body allows.
+    fn authorize_known(
+        &mut self,
+        host: &dyn Host,
+        caller: Caller,
+        counter_key: Option<Rc<str>>,
+        headers: HeaderMap,
+        names_subscription: bool,
+        now_s: u64,
+    ) -> Step {
         let requested = names_subscription
             .then(|| {
                 maas_types::subscription::requested_from_header(
@@ -518,6 +605,105 @@ impl Request {
         self.admit(host, slot_read, now_s)
     }
 
+    /// The one base URL, at the response: the upstream check against the cluster that answered.
+    /// Envoy chooses the route again once the filter set the routing header, but only when its
+    /// router asks for it, after the filter let the request go: before that, `xds.cluster_name`
+    /// still names the route chosen for the headers as the client sent them (Envoy 1.40). So
+    /// the check runs where the cluster is known; a path prefix is checked at authorisation.
+    pub(super) fn check_routed(&self, host: &dyn Host) -> Result<(), Refusal> {
+        match &self.route {
+            Some(route) if route.by_body => {
+                let model = route.model().ok_or_else(Refusal::no_policy)?;
+                admission::check_routed(model, || {
+                    host.property(&crate::operations::CLUSTER_PROPERTY)
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The one base URL, the caller known before the body: the headers stay held until the body
+    /// names the model.
+    fn await_model(&mut self, host: &dyn Host, known: Box<Known>) -> Step {
+        if !self.body.holds() || self.worker_mut().is_some_and(|w| w.held.missing()) {
+            // Found out while this request waited for the companion: never forwarded undecided.
+            self.refuse(host, &admission::body_routing_unavailable());
+            return Step::Refused;
+        }
+        self.phase = Phase::AwaitingModel { caller: known };
+        if self.body.buffered == 0
+            && let Some(mut w) = self.worker_mut()
+        {
+            w.held.watch(self.id);
+        }
+        Step::Wait
+    }
+
+    /// The body of a request to the one base URL is read: the model it names (by name or alias)
+    /// becomes the request's route.
+    fn route_by_body(&mut self) -> Result<(), Refusal> {
+        let Some(Unrouted::Body { policy, rest }) = &self.unrouted else {
+            return Ok(());
+        };
+        let body = self.body.info().ok_or_else(Refusal::no_policy)?;
+        let (model_idx, operation) = admission::route_body(policy, body, rest)?;
+        let model = policy
+            .models
+            .get(model_idx)
+            .ok_or_else(Refusal::no_policy)?;
+        let traits = OperationTraits::of(operation, model);
+        let policy = policy.clone();
+        self.unrouted = None;
+        self.route = Some(Routed {
+            policy,
+            model_idx,
+            traits,
+            by_body: true,
+        });
+        Ok(())
+    }
+
+    /// `GET /v1/models[/{id}]` at the one base URL, the caller known: answered from the policy.
+    fn answer_catalog(
+        &mut self,
+        host: &dyn Host,
+        caller: &Caller,
+        headers: &HeaderMap,
+        names_subscription: bool,
+    ) -> Step {
+        let Some(Unrouted::Catalog { policy, id }) = &self.unrouted else {
+            self.refuse(host, &Refusal::undecidable());
+            return Step::Refused;
+        };
+        let requested = names_subscription
+            .then(|| {
+                maas_types::subscription::requested_from_header(
+                    headers.get_all(SUBSCRIPTION_HEADER),
+                )
+            })
+            .flatten();
+        let api_key = self.identity.as_ref().is_some_and(|i| i.key_id().is_some());
+        match admission::catalog(policy, &caller.identity, api_key, requested, id.as_deref()) {
+            Ok(body) => {
+                self.phase = Phase::Settled;
+                self.count_decision(Decision::Allowed);
+                host.send_response(
+                    200,
+                    &[
+                        ("content-type", "application/json"),
+                        ("cache-control", "no-store"),
+                    ],
+                    &body,
+                );
+                Step::Refused
+            }
+            Err(r) => {
+                self.refuse(host, &r);
+                Step::Refused
+            }
+        }
+    }
+
     /// [`admission::authorize`] with this request's facts, then (the headers about to leave
     /// before the body is read) the precheck that refuses now what is certain — a full request
     /// or token window — so that such a 429 starts no upstream request.
@@ -537,6 +723,7 @@ impl Request {
         }
         let route = self.route.as_ref().ok_or_else(Refusal::no_policy)?;
         let names: smallvec::SmallVec<[&str; 16]> = headers.names().collect();
+        let cluster = || host.property(&crate::operations::CLUSTER_PROPERTY);
         let (auth, plan) = admission::authorize(
             &snapshot,
             route.model_idx,
@@ -550,7 +737,11 @@ impl Request {
                 header_names: &names,
                 counter_key,
             },
-            &|| host.property(&crate::operations::CLUSTER_PROPERTY),
+            if route.by_body {
+                Upstream::AfterRouting
+            } else {
+                Upstream::Now(&cluster)
+            },
         )?;
         let slot_read = if self.body.is_buffering() && !self.body.holds() && !route.traits.discovery
         {
@@ -763,8 +954,14 @@ impl Request {
             Phase::BodyBuffering {
                 headers_held: true,
                 ..
-            }
+            } | Phase::AwaitingModel { .. }
         ) && self.body.buffered == 0
+    }
+
+    /// The one base URL while its model is still to be read from the body.
+    fn routes_by_body(&self) -> bool {
+        matches!(self.unrouted, Some(Unrouted::Body { .. }))
+            || self.route.as_ref().is_some_and(|r| r.by_body)
     }
 }
 

@@ -494,7 +494,32 @@ pub fn splice_include_usage(body: &[u8]) -> Result<Vec<u8>, BodyError> {
 /// the body has no room for the change ([`splice_include_usage`] leaves [`CAP_ROOM`]).
 pub fn set_number_member(body: &mut Vec<u8>, name: &str, value: u64) -> Result<(), BodyError> {
     use std::io::Write;
-    let malformed = || BodyError::NotJson("malformed object".to_string());
+    // At most 20 digits, formatted without an allocation.
+    let mut digits = [0u8; 24];
+    let left = {
+        let mut w = digits.as_mut_slice();
+        write!(w, "{value}").map_err(|_| malformed())?;
+        w.len()
+    };
+    let len = digits.len().saturating_sub(left);
+    let digits = digits.get(..len).ok_or_else(malformed)?;
+    set_member(body, name, digits)
+}
+
+/// Sets the body's top-level member `name` to the string `value` (JSON-escaped), in place, as
+/// [`set_number_member`] does: the served model name given to the body's `model`.
+pub fn set_string_member(body: &mut Vec<u8>, name: &str, value: &str) -> Result<(), BodyError> {
+    let encoded = serde_json::to_vec(value).map_err(|e| BodyError::NotJson(e.to_string()))?;
+    set_member(body, name, &encoded)
+}
+
+fn malformed() -> BodyError {
+    BodyError::NotJson("malformed object".to_string())
+}
+
+/// Replaces the value of the last top-level member `name` with `raw` (a JSON value's bytes),
+/// or inserts `"name":raw` as the first member.
+fn set_member(body: &mut Vec<u8>, name: &str, raw: &[u8]) -> Result<(), BodyError> {
     let open = skip_ws(body, 0);
     let (at, remove_to, key, comma) = match find_member(body, open, name).ok_or_else(malformed)? {
         (_, Some((start, end))) => (start, end, false, false),
@@ -503,23 +528,20 @@ pub fn set_number_member(body: &mut Vec<u8>, name: &str, value: u64) -> Result<(
             (at, at, true, members > 0)
         }
     };
-    // At most `"name":` + 20 digits + `,`, formatted without an allocation.
-    let mut insert = [0u8; 96];
-    let mut w = insert.as_mut_slice();
-    let written = if key {
-        write!(w, "\"{name}\":{value}")
-    } else {
-        write!(w, "{value}")
-    }
-    .and_then(|()| if comma { w.write_all(b",") } else { Ok(()) });
-    written.map_err(|_| malformed())?;
-    let left = w.len();
-    let len = insert.len().saturating_sub(left);
-    let insert = insert.get(..len).ok_or_else(malformed)?;
     if remove_to > body.len() || at > remove_to {
         return Err(malformed());
     }
-    body.splice(at..remove_to, insert.iter().copied());
+    let (quote, colon): (&[u8], &[u8]) = if key { (b"\"", b"\":") } else { (b"", b"") };
+    let key_name: &[u8] = if key { name.as_bytes() } else { b"" };
+    let comma: &[u8] = if comma { b"," } else { b"" };
+    let insert = quote
+        .iter()
+        .chain(key_name)
+        .chain(colon)
+        .chain(raw)
+        .chain(comma)
+        .copied();
+    body.splice(at..remove_to, insert);
     Ok(())
 }
 

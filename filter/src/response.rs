@@ -102,11 +102,14 @@ pub enum Deny {
     LimitsUnavailable,
     /// 503: admission gave no decision.
     AdmissionUndecided,
+    /// 503: the one base URL needs the request headers held for the body (its `model` picks the
+    /// route), and this gateway cannot hold them.
+    BodyRoutingUnavailable,
 }
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 26] = [
+    pub const ALL: [Deny; 27] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
@@ -133,6 +136,7 @@ impl Deny {
         Deny::UpstreamMismatch,
         Deny::LimitsUnavailable,
         Deny::AdmissionUndecided,
+        Deny::BodyRoutingUnavailable,
     ];
 
     /// The error body's `code`.
@@ -164,6 +168,7 @@ impl Deny {
             Deny::UpstreamMismatch => "upstream_mismatch",
             Deny::LimitsUnavailable => "limits_unavailable",
             Deny::AdmissionUndecided => "internal",
+            Deny::BodyRoutingUnavailable => "body_routing_unavailable",
         }
     }
 
@@ -192,7 +197,8 @@ impl Deny {
             | Deny::ProviderCredentialMissing
             | Deny::UpstreamMismatch
             | Deny::LimitsUnavailable
-            | Deny::AdmissionUndecided => 503,
+            | Deny::AdmissionUndecided
+            | Deny::BodyRoutingUnavailable => 503,
         }
     }
 

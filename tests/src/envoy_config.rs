@@ -217,6 +217,27 @@ fn prefix_routes(prefix: &str, rewrite_base: &str, route: &Value) -> [Value; 2] 
     ]
 }
 
+/// The one base URL's route for a model: `/v1/…` when the routing header names the model, to
+/// the model's cluster, the path rewritten as the model's prefix route rewrites it (`/v1/…` →
+/// `<backend base>/v1/…`). Without the header (the filter refused, or no filter) no such route
+/// matches and the catch-all answers 404. The header has done its work once the route is
+/// chosen: the backend does not get it.
+fn one_url_route(model: &str, rewrite_base: &str, route: &Value) -> Value {
+    let mut to = route.clone();
+    to["prefix_rewrite"] = json!(format!("{rewrite_base}/v1/"));
+    json!({
+        "match": {
+            "prefix": "/v1/",
+            "headers": [{
+                "name": maas_types::MODEL_ROUTING_HEADER,
+                "string_match": {"exact": model}
+            }]
+        },
+        "route": to,
+        "request_headers_to_remove": [maas_types::MODEL_ROUTING_HEADER]
+    })
+}
+
 /// The pluginConfig the filter gets (docs/contracts.md).
 pub fn plugin_config(input: &EnvoyConfigInput<'_>, poll_interval_ms: u64) -> Value {
     json!({
@@ -488,6 +509,7 @@ fn model_routes(
         .filter_map(|m| m.upstream_cluster.as_deref())
         .collect();
     let mut generated: BTreeMap<String, String> = BTreeMap::new();
+    let mut one_url_routes = Vec::new();
     for model in models {
         let backend = model.backend.as_deref().unwrap_or("simulator");
         let url = if backend == "simulator" {
@@ -534,7 +556,11 @@ fn model_routes(
             route["auto_host_rewrite"] = json!(true);
         }
         routes.extend(prefix_routes(&model.path, &base, &route));
+        one_url_routes.push(one_url_route(&model.name, &base, &route));
     }
+    // The one base URL: the filter names the model in the routing header (a client's own copy
+    // is removed first), and Envoy chooses the route again once the filter changed the headers.
+    routes.extend(one_url_routes);
     Ok(())
 }
 

@@ -25,8 +25,8 @@ pub use credential::{Credential, CredentialError};
 pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use policy::{
-    ApiFamily, Limit, Limits, Model, OperationSpec, PolicyDocument, PolicyError, Provider,
-    ProviderKind, Tier, TokenWeights, UncappedRequests,
+    ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ONE_BASE_PATH, OperationSpec,
+    PolicyDocument, PolicyError, Provider, ProviderKind, Tier, TokenWeights, UncappedRequests,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -163,6 +163,15 @@ pub struct Limit {
 pub struct Model {
     /// The model id clients send in the body's `model` field and see in `/v1/models`.
     pub name: String,
+    /// Other ids clients may send for the model (in the body's `model`, at either URL form):
+    /// unique across every model's name and aliases.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    /// The model name the backend expects in the body's `model` (vLLM's served model name, an
+    /// ExternalModel's `targetModel`): the gateway rewrites the body's `model` to it when the
+    /// client sent another id. Default: the body is forwarded with the id the client sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
     /// Path prefix the model is served under, e.g. `/llm/sim-model` (KServe: `/<namespace>/<name>`).
     pub path: String,
     /// Tiers allowed to call the model.
@@ -221,6 +230,12 @@ pub struct OperationSpec {
 }
 
 impl Model {
+    /// Whether clients may name the model `id` (its name or one of its aliases; exact, case
+    /// sensitive).
+    pub fn answers_to(&self, id: &str) -> bool {
+        self.name == id || self.aliases.iter().any(|a| a == id)
+    }
+
     /// The API family: `api` when given, else from the provider type.
     pub fn api_family(&self) -> ApiFamily {
         match (self.api, &self.provider) {
@@ -364,6 +379,48 @@ fn check_limits(path: &str, limits: &[Limit], max: Option<u64>) -> Result<(), Po
     Ok(())
 }
 
+/// Checks a model id (a name, an alias or a served name): what a JSON body's `model` can carry
+/// and a header can hold — not blank, no control characters, at most [`MAX_NAME_LEN`] bytes.
+fn check_model_id(path: String, id: &str) -> Result<(), PolicyError> {
+    if id.trim().is_empty() || id.chars().any(|c| c.is_control()) {
+        return Err(err(path, "must not be empty or hold control characters"));
+    }
+    if id.len() > MAX_NAME_LEN {
+        return Err(err(path, format!("must be at most {MAX_NAME_LEN} bytes")));
+    }
+    Ok(())
+}
+
+/// Every model's name and aliases name one model only: a body's `model` finds one model.
+fn check_model_ids_unique(models: &[Model]) -> Result<(), PolicyError> {
+    let names: BTreeSet<&str> = models.iter().map(|m| m.name.as_str()).collect();
+    let mut aliases: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    for (i, m) in models.iter().enumerate() {
+        for (j, alias) in m.aliases.iter().enumerate() {
+            let taken = if names.contains(alias.as_str()) {
+                Some(format!("{alias:?} is already the name of a model"))
+            } else {
+                aliases
+                    .insert(alias.as_str(), m.name.as_str())
+                    .map(|other| format!("{alias:?} is already an alias of model {other:?}"))
+            };
+            if let Some(message) = taken {
+                return Err(err(format!("models[{i}].aliases[{j}]"), message));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The path prefix of the one base URL (`/v1/chat/completions`, `/v1/messages`, `/v1/models`…):
+/// no model path may lie under it.
+pub const ONE_BASE_PATH: &str = "/v1";
+
+/// The request header the gateway's filter sets to the model's name at the one base URL, and
+/// that the gateway's routes for it match (the local Envoy's, the cluster's HTTPRoutes): in the
+/// reserved `x-maas-*` namespace, so a client's own copy is removed and never routes anything.
+pub const MODEL_ROUTING_HEADER: &str = "x-maas-model";
+
 /// Checks a model path prefix: absolute, normalized, no trailing slash, no encoded or dot segments.
 fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
     if !p.starts_with('/') || p.len() < 2 {
@@ -390,6 +447,12 @@ fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
         }
     }
     let lower = p.to_ascii_lowercase();
+    if lower == ONE_BASE_PATH || lower.starts_with("/v1/") {
+        return Err(err(
+            path,
+            "must not be /v1 or under it: the gateway's one base URL serves /v1/… for every model",
+        ));
+    }
     if lower == "/maas-api"
         || lower.starts_with("/maas-api/")
         || lower == "/internal"
@@ -796,17 +859,18 @@ impl PolicyDocument {
         let mut model_names = BTreeSet::new();
         let mut model_paths = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
-            if m.name.trim().is_empty() || m.name.chars().any(|c| c.is_control()) {
-                return Err(err(
-                    format!("models[{i}].name"),
-                    "must not be empty or hold control characters",
-                ));
-            }
+            check_model_id(format!("models[{i}].name"), &m.name)?;
             if !model_names.insert(m.name.as_str()) {
                 return Err(err(
                     format!("models[{i}].name"),
                     format!("model {:?} is defined twice", m.name),
                 ));
+            }
+            for (j, alias) in m.aliases.iter().enumerate() {
+                check_model_id(format!("models[{i}].aliases[{j}]"), alias)?;
+            }
+            if let Some(served) = &m.served_name {
+                check_model_id(format!("models[{i}].servedName"), served)?;
             }
             check_model_path(format!("models[{i}].path"), &m.path)?;
             if !model_paths.insert(m.path.to_ascii_lowercase()) {
@@ -870,6 +934,7 @@ impl PolicyDocument {
                 }
             }
         }
+        check_model_ids_unique(&self.models)?;
         Ok(())
     }
 
@@ -917,6 +982,14 @@ impl PolicyDocument {
 
     pub fn model(&self, name: &str) -> Option<&Model> {
         self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The model clients name `id` (its name or an alias) and its index.
+    pub fn model_by_id(&self, id: &str) -> Option<(usize, &Model)> {
+        self.models
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.answers_to(id))
     }
 
     /// The tier a subject gets: the pinned tier when it still qualifies, else the highest-level
@@ -1227,6 +1300,73 @@ mod tests {
         assert!(doc.model_for_path("/llm/simulator/v1/models").is_none());
         assert!(doc.model_for_path("/LLM/sim/v1/models").is_none());
         assert!(doc.model_for_path("/other").is_none());
+    }
+
+    /// A body's `model` finds one model by its name or an alias; every id names one model, and
+    /// none is blank, holds a control character or is too long; `servedName` likewise.
+    #[test]
+    fn model_ids_are_names_and_aliases_each_naming_one_model() {
+        let mut v = sample();
+        v["models"][0]["aliases"] = json!(["publishers/llm/models/sim", "sim-latest"]);
+        v["models"][0]["servedName"] = json!("facebook/opt-125m");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        for id in ["sim", "publishers/llm/models/sim", "sim-latest"] {
+            assert_eq!(
+                doc.model_by_id(id).map(|(i, m)| (i, &*m.name)),
+                Some((0, "sim"))
+            );
+        }
+        assert_eq!(doc.model_by_id("gpt").map(|(i, _)| i), Some(1));
+        for id in ["SIM", "facebook/opt-125m", "", "sim "] {
+            assert!(doc.model_by_id(id).is_none(), "{id:?}");
+        }
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["models"][0]["servedName"], "facebook/opt-125m");
+        assert!(
+            json["models"][1].get("aliases").is_none(),
+            "left out when empty: documents without aliases are served as before"
+        );
+
+        let mut twice = v.clone();
+        twice["models"][1]["aliases"] = json!(["sim-latest"]);
+        let e = PolicyDocument::from_value(twice).unwrap_err();
+        assert_eq!(e.path, "models[1].aliases[0]");
+        assert!(e.message.contains("alias of model \"sim\""), "{e}");
+        let mut a_name = v.clone();
+        a_name["models"][1]["aliases"] = json!(["sim"]);
+        fails_at(a_name, "models[1].aliases[0]");
+        let mut own_name = v.clone();
+        own_name["models"][0]["aliases"] = json!(["sim"]);
+        fails_at(own_name, "models[0].aliases[0]");
+        let mut name_is_alias = v.clone();
+        name_is_alias["models"][1]["name"] = json!("sim-latest");
+        fails_at(name_is_alias, "models[0].aliases[1]");
+        for bad in [
+            json!(""),
+            json!(" "),
+            json!("a\u{7}b"),
+            json!("x".repeat(254)),
+        ] {
+            let mut w = v.clone();
+            w["models"][0]["aliases"] = json!([bad.clone()]);
+            fails_at(w, "models[0].aliases[0]");
+            let mut w = v.clone();
+            w["models"][0]["servedName"] = bad;
+            fails_at(w, "models[0].servedName");
+        }
+    }
+
+    /// The one base URL owns `/v1`: a model path there would take its requests.
+    #[test]
+    fn no_model_path_lies_under_the_one_base_url() {
+        for path in ["/v1", "/v1/chat", "/V1/x", "/v1/models"] {
+            let mut v = sample();
+            v["models"][0]["path"] = json!(path);
+            fails_at(v, "models[0].path");
+        }
+        let mut v = sample();
+        v["models"][0]["path"] = json!("/v1x/sim");
+        PolicyDocument::from_value(v).unwrap();
     }
 
     mod props {

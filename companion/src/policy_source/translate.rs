@@ -404,6 +404,8 @@ fn model_of(
     }
     let mut model = Model {
         name: name.clone(),
+        aliases: Vec::new(),
+        served_name: None,
         path: format!("/{target_ns}/{target}"),
         tiers: Vec::new(),
         backend: r

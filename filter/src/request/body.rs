@@ -1,9 +1,9 @@
 //! The request body stage: buffered until its end (END_STREAM, trailers, or its one declared
-//! length), inspected once, rewritten at most once (`stream_options`, the output cap), then
-//! decided.
+//! length), inspected once (at the one base URL its `model` then names the model), rewritten at
+//! most once (`stream_options`, the served model name, the output cap), then decided.
 
-use super::{Phase, Request, Step};
-use crate::admission::BodyIntent;
+use super::{Known, Phase, Request, Step};
+use crate::admission::{self, BodyIntent};
 use crate::host::{Body, Headers, Host, read_body};
 use crate::request_body::{self, RequestInfo};
 use crate::response::{Deny, Refusal};
@@ -156,7 +156,10 @@ impl Request {
             // `content-length`): decided now, without holding it to END_STREAM. Only once the
             // caller is authorised; while authenticating the answer decides.
             if self.body.declared == Some(body_size)
-                && matches!(self.phase, Phase::BodyBuffering { .. })
+                && matches!(
+                    self.phase,
+                    Phase::BodyBuffering { .. } | Phase::AwaitingModel { .. }
+                )
             {
                 self.body.decided_early = true;
                 return self.end_of_body(host);
@@ -193,8 +196,9 @@ impl Request {
         self.end_of_body(host)
     }
 
-    /// The whole request body is buffered: inspect it (and rewrite it where the API accepts
-    /// `stream_options`), then decide if the caller is already authorised.
+    /// The whole request body is buffered: inspect it (at the one base URL its `model` names
+    /// the model), rewrite it where needed (`stream_options`, the served model name), then
+    /// decide if the caller is already known.
     fn end_of_body(&mut self, host: &dyn Host) -> Action {
         let body_size = self.body.buffered;
         let bytes = read_body(host, Body::Request, body_size);
@@ -205,56 +209,86 @@ impl Request {
             );
         }
         let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
-        self.keep_or_rewrite(host, &info, bytes);
         self.body.stage = Stage::Done(info);
-        let Phase::BodyBuffering { slot_read, .. } = &mut self.phase else {
-            // Still authenticating (headers held): the answer decides.
-            return Action::Pause;
+        if let Err(r) = self
+            .route_by_body()
+            .and_then(|()| self.keep_or_rewrite(host, bytes))
+        {
+            return self.refused(host, &r);
+        }
+        let step = match std::mem::replace(&mut self.phase, Phase::Headers) {
+            Phase::BodyBuffering { slot_read, .. } => {
+                self.admit(host, slot_read, host.now_ms() / 1000)
+            }
+            Phase::AwaitingModel { caller } => {
+                let Known {
+                    caller,
+                    counter_key,
+                    headers,
+                    names_subscription,
+                } = *caller;
+                self.authorize_known(
+                    host,
+                    caller,
+                    counter_key,
+                    headers,
+                    names_subscription,
+                    host.now_ms() / 1000,
+                )
+            }
+            other => {
+                // Still authenticating (headers held): the answer decides.
+                self.phase = other;
+                Step::Wait
+            }
         };
-        let slot_read = slot_read.take();
-        match self.admit(host, slot_read, host.now_ms() / 1000) {
+        match step {
             Step::Continue => Action::Continue,
             Step::Wait | Step::Refused => Action::Pause,
         }
     }
 
     /// Asks a stream for its usage (only APIs that accept `stream_options`; the usage-only
-    /// event is removed from what the client sees), and keeps a body that may take a cap until
-    /// admission, so it is written once.
-    fn keep_or_rewrite(
-        &mut self,
-        host: &dyn Host,
-        info: &Result<RequestInfo, String>,
-        bytes: Vec<u8>,
-    ) {
-        let Some(traits) = self.traits() else { return };
+    /// event is removed from what the client sees), gives the body's `model` the model's served
+    /// name, and keeps a body that may take a cap until admission, so it is written once.
+    fn keep_or_rewrite(&mut self, host: &dyn Host, bytes: Vec<u8>) -> Result<(), Refusal> {
+        let (Some(route), Some(info)) = (self.route.as_ref(), self.body.info()) else {
+            return Ok(());
+        };
+        let traits = route.traits;
+        // The policy the request is decided with (a reference count, no copy): the served name
+        // is borrowed from it while the body changes.
+        let policy = route.policy.clone();
+        let rename = policy
+            .models
+            .get(route.model_idx)
+            .and_then(|m| admission::served_name(m, info));
         let may_take_a_cap = info.as_ref().is_ok_and(|i| i.max_tokens.is_none())
             && traits.cap_field.is_some()
             && !traits.discovery
             && !traits.unmetered;
-        if let Ok(i) = info
-            && i.stream
-            && !i.include_usage
+        let ask_usage = info.as_ref().is_ok_and(|i| i.stream && !i.include_usage)
             && !traits.discovery
-            && traits.accepts_stream_options
-            // `inspect` accepted the body just above: splice without parsing it again.
-            && let Ok(new_body) = request_body::splice_include_usage(&bytes)
-        {
+            && traits.accepts_stream_options;
+        let mut bytes = bytes;
+        let mut rewritten = false;
+        // `inspect` accepted the body just above: splice without parsing it again.
+        if ask_usage && let Ok(new_body) = request_body::splice_include_usage(&bytes) {
             self.body.strip_usage_event = true;
-            if may_take_a_cap {
-                // Written at admission, with the cap it may set (one write).
-                self.body.pending = Some(PendingBody {
-                    bytes: new_body,
-                    rewritten: true,
-                });
-            } else {
-                self.body.replace(host, &new_body);
-            }
-        } else if may_take_a_cap {
-            self.body.pending = Some(PendingBody {
-                bytes,
-                rewritten: false,
-            });
+            bytes = new_body;
+            rewritten = true;
         }
+        if let Some(name) = rename {
+            request_body::set_string_member(&mut bytes, "model", name)
+                .map_err(|e| Refusal::new(Deny::InvalidBody, e.to_string()))?;
+            rewritten = true;
+        }
+        if may_take_a_cap {
+            // Written at admission, with the cap it may set (one write).
+            self.body.pending = Some(PendingBody { bytes, rewritten });
+        } else if rewritten {
+            self.body.replace(host, &bytes);
+        }
+        Ok(())
     }
 }

@@ -14,7 +14,9 @@ use crate::state::{HoldSupport, SharedWorker};
 /// worker stops holding headers, and every watched request goes on as in the default mode
 /// (headers first, then the body Envoy buffered, which the filter then reads and decides as
 /// usual). A client that is merely slow has sent no body bytes: it is not taken for a missing
-/// knob. `root`: the context to leave effective.
+/// knob. A request to the one base URL still waiting for its body is refused (503
+/// `body_routing_unavailable`): its route depends on the body. `root`: the context to leave
+/// effective.
 pub fn probe_held_headers(host: &dyn Host, worker: &SharedWorker, registry: &Registry, root: u32) {
     let watched = match worker.try_borrow_mut() {
         Ok(mut w) if w.held.support == HoldSupport::Unknown && !w.held.watched.is_empty() => {
@@ -69,8 +71,13 @@ pub fn probe_held_headers(host: &dyn Host, worker: &SharedWorker, registry: &Reg
             continue;
         };
         if req.waits_for_held_body() && host.set_effective_context(id) {
-            req.stop_holding(host);
-            host.resume_request();
+            if req.routes_by_body() {
+                // The one base URL cannot go on undecided: its route depends on the body.
+                req.refuse(host, &crate::admission::body_routing_unavailable());
+            } else {
+                req.stop_holding(host);
+                host.resume_request();
+            }
         }
     }
     host.set_effective_context(root);

@@ -22,6 +22,7 @@ mod http2;
 mod internal_auth;
 mod istio_gateway;
 mod local_command;
+mod one_url;
 mod output_caps;
 mod reliability_faults;
 mod reliability_policy;
