@@ -17,8 +17,12 @@
 //!   no request hangs; the filter finds out, lets requests go on as without the flag and sets
 //!   `maas_headers_hold_unsupported`.
 //! - The shipped connection manager settings refuse a header name with an underscore.
+//! - The one base URL in the routes istiod generates from the sample model HTTPRoutes
+//!   (`istio_gateway::istio_routes`): each sample model named in the body lands on its own
+//!   backend, `x-maas-model` never reaches it, a body refusal opens no upstream request.
 //!
-//! What only a cluster proves is in docs/deploy.md ("Holding headers for the body").
+//! What only a cluster proves is in docs/deploy.md ("Holding headers for the body", "A model at
+//! the one base URL").
 
 use crate::helpers::*;
 use maas_e2e::Stack;
