@@ -25,6 +25,8 @@
 //!    companion's Redis URL (budget leases) comes from an optional Secret, and a development
 //!    Redis, when rendered, is single, hardened, unpersisted, password-protected and reachable
 //!    from the companion only.
+//! 3. The sample model HTTPRoutes ([`model_routes`], on the `samples` render): each model of the
+//!    policy they serve is also published at the one base URL (`/v1` + `x-maas-model`).
 
 mod companion;
 mod context;
@@ -40,6 +42,7 @@ mod scope;
 pub use context::{LeaseStore, Options, Platform, Tls};
 pub use docs::{Docs, Verdict, name_of, opt, repr};
 pub use monitoring::{dashboard, exported_metrics};
+pub use network::model_routes;
 pub use report::{Outcome, Report};
 pub use schema::{Schemas, schema_file_name};
 

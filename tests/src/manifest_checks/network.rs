@@ -7,8 +7,8 @@ use super::context::{
     MONITORING_NS, PROMETHEUS_POD_LABEL, PUBLIC_PORT, ROUTES_NAMESPACE_LABEL,
 };
 use super::docs::{
-    Verdict, at, ensure, labels_match, list_at, list_or_empty, name_of, namespace_of, opt, opt_str,
-    repr, repr_opt, string_map, truthy,
+    Docs, Verdict, at, ensure, labels_match, list_at, list_or_empty, name_of, namespace_of, opt,
+    opt_str, repr, repr_opt, str_at, string_map, truthy,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -226,5 +226,105 @@ pub fn network_policies(cx: &Context) -> Verdict {
         "cleanup pods lack their label {}",
         repr_opt(job_labels)
     );
+    Ok(())
+}
+
+/// Every model HTTPRoute (the samples) publishes its model at the one base URL too: beside each
+/// prefix rule serving a model of `policy` (the policy document: its `models[].path`), a rule
+/// matching PathPrefix `/v1` with the header `x-maas-model` exactly the model's `name` (what the
+/// filter sets), to the same backendRefs, with the same host rewrite and timeouts, no path
+/// rewrite (the client's `/v1/…` is the server's), and `x-maas-model` removed before the
+/// backend. Without it a model is reachable only at its path prefix.
+pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
+    let header = maas_types::MODEL_ROUTING_HEADER;
+    let models = list_at(policy, "models")?;
+    let routes = docs.all("HTTPRoute");
+    ensure!(!routes.is_empty(), "no model HTTPRoute");
+    for r in routes {
+        let name = format!(
+            "{}/{}",
+            namespace_of(r).unwrap_or("None"),
+            name_of(r).unwrap_or("None")
+        );
+        let rules = list_at(r, "spec.rules")?;
+        let mut served = 0;
+        for rule in rules {
+            let Some(path) = list_or_empty(rule, "matches")
+                .iter()
+                .find_map(|m| opt_str(m, "path.value"))
+                .filter(|p| *p != maas_types::ONE_BASE_PATH)
+            else {
+                continue;
+            };
+            let model = models
+                .iter()
+                .find(|m| opt_str(m, "path") == Some(path))
+                .ok_or_else(|| {
+                    format!("HTTPRoute {name} serves {path}: no model of the policy has that path")
+                })?;
+            let model_name = str_at(model, "name")?;
+            served += 1;
+            let hostname = |rule: &Value| {
+                list_or_empty(rule, "filters")
+                    .iter()
+                    .find_map(|f| opt_str(f, "urlRewrite.hostname"))
+                    .map(str::to_string)
+            };
+            let one_url = rules.iter().find(|other| {
+                list_or_empty(other, "matches").iter().any(|m| {
+                    opt_str(m, "path.type") == Some("PathPrefix")
+                        && opt_str(m, "path.value") == Some(maas_types::ONE_BASE_PATH)
+                        && list_or_empty(m, "headers").iter().any(|h| {
+                            opt_str(h, "name").is_some_and(|n| n.eq_ignore_ascii_case(header))
+                                && matches!(opt_str(h, "type"), None | Some("Exact"))
+                                && opt_str(h, "value") == Some(model_name)
+                        })
+                })
+            });
+            let Some(one_url) = one_url else {
+                return Err(format!(
+                    "HTTPRoute {name}: no rule for the one base URL of model {model_name} \
+                     (PathPrefix {} with header {header}: {model_name}, Exact)",
+                    maas_types::ONE_BASE_PATH
+                ));
+            };
+            ensure!(
+                one_url.get("backendRefs") == rule.get("backendRefs"),
+                "HTTPRoute {name}: the {header} rule of {model_name} leads to {}, its prefix rule to {}",
+                repr_opt(one_url.get("backendRefs")),
+                repr_opt(rule.get("backendRefs"))
+            );
+            ensure!(
+                hostname(one_url) == hostname(rule),
+                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the host to {:?}, its \
+                 prefix rule to {:?}",
+                hostname(one_url),
+                hostname(rule)
+            );
+            ensure!(
+                one_url.get("timeouts") == rule.get("timeouts"),
+                "HTTPRoute {name}: the {header} rule of {model_name} has timeouts {}, its prefix \
+                 rule {}",
+                repr_opt(one_url.get("timeouts")),
+                repr_opt(rule.get("timeouts"))
+            );
+            let filters = list_or_empty(one_url, "filters");
+            ensure!(
+                !filters.iter().any(|f| opt(f, "urlRewrite.path").is_some()),
+                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the path (the \
+                 client's /v1/… is the server's)"
+            );
+            ensure!(
+                filters.iter().any(|f| {
+                    list_or_empty(f, "requestHeaderModifier.remove")
+                        .iter()
+                        .any(|h| h.as_str().is_some_and(|h| h.eq_ignore_ascii_case(header)))
+                }),
+                "HTTPRoute {name}: the {header} rule of {model_name} does not remove {header} \
+                 before the backend (RequestHeaderModifier remove)"
+            );
+        }
+        ensure!(served > 0, "HTTPRoute {name} serves no model path");
+    }
     Ok(())
 }
