@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deploys MaaS Gateway on OpenShift: the companion service (API keys, identity, policy,
+# Deploys MaaS Gateway on OpenShift (or, --platform kubernetes, on plain Kubernetes with Istio): the companion service (API keys, identity, policy,
 # credentials), its database, the Gateway and the MaaS filter (EnvoyFilter maas-filter) in the Gateway's Envoy.
 # Flags and variables follow the reference MaaS deploy script so its users can carry on.
 # `--dry-run` prints every command it would run and the rendered manifests, and changes nothing.
@@ -10,7 +10,13 @@ REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 CRS_DIR=$REPO_ROOT/wasm-plugin-crs
 
 # ---- defaults (each can come from the environment) -------------------------------------------
+# Where the mode came from: on plain Kubernetes the default is kustomize, an explicit operator
+# mode is refused.
+DEPLOYMENT_MODE_GIVEN=${DEPLOYMENT_MODE:+true}
 DEPLOYMENT_MODE=${DEPLOYMENT_MODE:-operator}
+# openshift, kubernetes (any Gateway API cluster whose implementation is Istio: no oc, Routes,
+# SCCs or service CA; overlays/kubernetes), or auto: openshift when `oc` is installed.
+PLATFORM=${PLATFORM:-auto}
 OPERATOR_TYPE=${OPERATOR_TYPE:-odh}
 DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-}
 ENABLE_TLS_BACKEND=${ENABLE_TLS_BACKEND:-true}
@@ -37,6 +43,27 @@ DEV_REDIS=${DEV_REDIS:-false}
 # limits.global.replicas: always the same number (each replica's share of a limit while the
 # lease service is unreachable is limit ÷ this).
 GATEWAY_REPLICAS=${GATEWAY_REPLICAS:-1}
+# The reference's development switch (its --dev: the dev overlay): here the development defaults,
+# a development Redis (unless --redis-url) beside the development PostgreSQL (unless
+# --postgres-connection).
+DEV_MODE=${DEV_MODE:-false}
+# External OIDC (the reference's --external-oidc, OIDC_ISSUER_URL, OIDC_CLIENT_ID): the companion
+# verifies JWTs of that issuer itself (MAAS_OIDC_*), beside the cluster's tokens (TokenReview).
+# OIDC_JWKS_URL: the issuer's keys; when empty, read from the issuer's discovery document.
+EXTERNAL_OIDC=${EXTERNAL_OIDC:-false}
+OIDC_ISSUER_URL=${OIDC_ISSUER_URL:-}
+OIDC_CLIENT_ID=${OIDC_CLIENT_ID:-}
+OIDC_JWKS_URL=${OIDC_JWKS_URL:-}
+OIDC_GROUPS_CLAIM=${OIDC_GROUPS_CLAIM:-}
+# The reference deploys a Keycloak (--enable-keycloak); MaaS Gateway does not (refused, naming
+# what to pass instead).
+ENABLE_KEYCLOAK=${ENABLE_KEYCLOAK:-false}
+# The reference's --policy-engine: kuadrant (odh's default) or rhcl (rhoai's). Here the policies
+# are enforced by the MaaS filter; the engine is what operator mode installs for the operator.
+POLICY_ENGINE=${POLICY_ENGINE:-}
+# Admins: whoever may create MaaSAuthPolicies in this namespace (the reference's
+# MAAS_SUBSCRIPTION_NAMESPACE; the companion's MAAS_ADMIN_SAR_NAMESPACE).
+MAAS_SUBSCRIPTION_NAMESPACE=${MAAS_SUBSCRIPTION_NAMESPACE:-models-as-a-service}
 LOG_LEVEL=${LOG_LEVEL:-INFO}
 CERT_NAME=${CERT_NAME:-}
 CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-}
@@ -53,6 +80,8 @@ MIN_KUADRANT_VERSION=1.4.2
 MIN_RHCL_VERSION=1.3.0
 MIN_KUSTOMIZE_MAJOR=5
 GATEWAY_NAMESPACE=openshift-ingress
+# The cluster CLI: oc on OpenShift, kubectl on plain Kubernetes (validate_platform).
+KCLI=oc
 GATEWAY_NAME=maas-default-gateway
 POLICY_ENGINE_NAMESPACE=kuadrant-system
 OPERATOR_NAMESPACE=openshift-operators
@@ -75,6 +104,13 @@ Deploys MaaS Gateway on OpenShift (>= 4.19.9, Gateway API): the companion servic
 database, the Gateway maas-default-gateway and the MaaS filter (EnvoyFilter maas-filter) in its Envoy.
 
 Options:
+  --platform P               openshift, kubernetes or auto (default: openshift when oc is
+                             installed, else kubernetes). kubernetes: any Gateway API cluster whose
+                             implementation is Istio (1.24+, GatewayClass istio): kubectl only, the
+                             Gateway in maas-gateway, the companion in maas (--namespace), TLS from
+                             this script's private CA; kustomize mode only; CLUSTER_DOMAIN and the
+                             Gateway's certificate Secret maas-gateway/CERT_NAME (default
+                             maas-gateway-tls, e.g. from cert-manager) are yours
   --deployment-mode MODE     operator (default): install the ODH/RHOAI operator and the policy
                              engine first; kustomize: apply MaaS Gateway's manifests only
   --operator-type TYPE       odh (default) or rhoai
@@ -112,6 +148,21 @@ Options:
   --operator-image IMG       custom operator image (env OPERATOR_IMAGE)
   --channel CH               operator subscription channel (env OPERATOR_CHANNEL)
   --maas-controller-image IMG  accepted for compatibility and ignored (no controller here)
+  --dev                      development defaults (the reference's --dev): a development Redis
+                             (as --dev-redis, unless --redis-url) and the development PostgreSQL
+                             (unless --postgres-connection); images are still required
+  --external-oidc            users may also sign in with JWTs of an external OIDC issuer: the
+                             companion verifies them itself (MAAS_OIDC_*), beside OpenShift
+                             tokens. Needs --oidc-issuer-url and --oidc-client-id
+  --oidc-issuer-url URL      the issuer (https://..., the tokens' iss; env OIDC_ISSUER_URL)
+  --oidc-client-id ID        the client the tokens are for: required in their aud
+                             (env OIDC_CLIENT_ID)
+  --oidc-jwks-url URL        the issuer's signing keys (env OIDC_JWKS_URL); default: jwks_uri of
+                             URL/.well-known/openid-configuration, read at deploy time
+  --enable-keycloak          refused: MaaS Gateway deploys no Keycloak; run one and pass
+                             --external-oidc --oidc-issuer-url ... --oidc-client-id ...
+  --policy-engine ENGINE     kuadrant (default for odh) or rhcl (default for rhoai): the engine
+                             operator mode installs; MaaS Gateway's filter enforces the policies
   --verbose                  debug logging (LOG_LEVEL=DEBUG), also for the companion
   --dry-run                  print every command and the rendered manifests; change nothing
   -h, --help                 this help
@@ -119,6 +170,9 @@ Options:
 Environment: DEPLOYMENT_MODE, OPERATOR_TYPE, DEPLOYMENT_NAMESPACE, ENABLE_TLS_BACKEND, VERBOSE,
 DRY_RUN, OPERATOR_CATALOG, OPERATOR_IMAGE, OPERATOR_CHANNEL, OPERATOR_STARTING_CSV,
 MAAS_API_IMAGE, MAAS_WASM_IMAGE, MAAS_CONTROLLER_IMAGE (ignored, warns), POSTGRES_CONNECTION,
+DEV_MODE, EXTERNAL_OIDC, OIDC_ISSUER_URL, OIDC_CLIENT_ID, OIDC_JWKS_URL, OIDC_GROUPS_CLAIM,
+ENABLE_KEYCLOAK (refused), POLICY_ENGINE, MAAS_SUBSCRIPTION_NAMESPACE (admins: who may create
+MaaSAuthPolicies there; default models-as-a-service),
 POSTGRES_USER, POSTGRES_DB, REDIS_URL, DEV_REDIS, GATEWAY_REPLICAS, LOG_LEVEL (DEBUG|INFO|WARN|ERROR), CERT_NAME (Gateway certificate
 Secret in openshift-ingress), CLUSTER_DOMAIN (default: the cluster's apps domain), timeouts
 CRD_TIMEOUT, CSV_TIMEOUT, CUSTOM_RESOURCE_TIMEOUT, ROLLOUT_TIMEOUT, RESOURCE_TIMEOUT (seconds).
@@ -144,7 +198,8 @@ require_flag_value() {
 parse_arguments() {
   while [ $# -gt 0 ]; do
     case $1 in
-      --deployment-mode) require_flag_value "$@"; DEPLOYMENT_MODE=$2; shift 2 ;;
+      --deployment-mode) require_flag_value "$@"; DEPLOYMENT_MODE=$2; DEPLOYMENT_MODE_GIVEN=true; shift 2 ;;
+      --platform) require_flag_value "$@"; PLATFORM=$2; shift 2 ;;
       --operator-type) require_flag_value "$@"; OPERATOR_TYPE=$2; shift 2 ;;
       --enable-tls-backend) ENABLE_TLS_BACKEND=true; shift ;;
       --disable-tls-backend) ENABLE_TLS_BACKEND=false; shift ;;
@@ -162,6 +217,13 @@ parse_arguments() {
       --maas-api-image) require_flag_value "$@"; MAAS_API_IMAGE=$2; shift 2 ;;
       --maas-wasm-image) require_flag_value "$@"; MAAS_WASM_IMAGE=$2; shift 2 ;;
       --maas-controller-image) require_flag_value "$@"; MAAS_CONTROLLER_IMAGE=$2; shift 2 ;;
+      --dev) DEV_MODE=true; shift ;;
+      --external-oidc) EXTERNAL_OIDC=true; shift ;;
+      --oidc-issuer-url) require_flag_value "$@"; OIDC_ISSUER_URL=$2; shift 2 ;;
+      --oidc-client-id) require_flag_value "$@"; OIDC_CLIENT_ID=$2; shift 2 ;;
+      --oidc-jwks-url) require_flag_value "$@"; OIDC_JWKS_URL=$2; shift 2 ;;
+      --enable-keycloak) ENABLE_KEYCLOAK=true; shift ;;
+      --policy-engine) require_flag_value "$@"; POLICY_ENGINE=$2; shift 2 ;;
       -h | --help) usage; exit 0 ;;
       *)
         log_error "unknown option: $1"
@@ -193,7 +255,33 @@ valid_image() {
   [[ $1 =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$ ]]
 }
 
+# validate_platform: openshift or kubernetes (auto: by the presence of oc) and what follows from it.
+validate_platform() {
+  case $PLATFORM in
+    auto)
+      if command -v oc >/dev/null 2>&1; then PLATFORM=openshift; else
+        PLATFORM=kubernetes
+        log_info "oc is not installed: deploying for plain Kubernetes (--platform kubernetes; --platform openshift to insist)"
+      fi ;;
+    openshift | kubernetes) ;;
+    *) die "--platform must be openshift, kubernetes or auto, not '$PLATFORM'" ;;
+  esac
+  [ "$PLATFORM" = kubernetes ] || return 0
+  KCLI=kubectl
+  GATEWAY_NAMESPACE=maas-gateway
+  if [ "$DEPLOYMENT_MODE_GIVEN" = true ] && [ "$DEPLOYMENT_MODE" = operator ]; then
+    die "--platform kubernetes: operator mode installs the ODH/RHOAI operator from OpenShift's OperatorHub; use --deployment-mode kustomize (the default on Kubernetes)"
+  fi
+  DEPLOYMENT_MODE=kustomize
+  DEPLOYMENT_NAMESPACE=${DEPLOYMENT_NAMESPACE:-maas}
+  CERT_NAME=${CERT_NAME:-maas-gateway-tls}
+  [ -n "$CLUSTER_DOMAIN" ] || die "--platform kubernetes needs CLUSTER_DOMAIN: the Gateway answers at maas.<CLUSTER_DOMAIN> (there is no OpenShift ingress domain to read)"
+  [[ $CLUSTER_DOMAIN =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "CLUSTER_DOMAIN '$CLUSTER_DOMAIN' is not a DNS name"
+  [[ $CERT_NAME =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "CERT_NAME '$CERT_NAME' is not a Secret name"
+}
+
 validate_configuration() {
+  validate_platform
   case $DEPLOYMENT_MODE in operator | kustomize) ;; *) die "--deployment-mode must be operator or kustomize, not '$DEPLOYMENT_MODE'" ;; esac
   case $OPERATOR_TYPE in odh | rhoai) ;; *) die "--operator-type must be odh or rhoai, not '$OPERATOR_TYPE'" ;; esac
   case ${LOG_LEVEL^^} in DEBUG | INFO | WARN | ERROR) LOG_LEVEL=${LOG_LEVEL^^} ;; *) die "LOG_LEVEL must be DEBUG, INFO, WARN or ERROR, not '$LOG_LEVEL'" ;; esac
@@ -237,6 +325,9 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
     die "--postgres-connection must start with postgres:// or postgresql://"
   fi
   if is_true "$DEV_REDIS"; then DEV_REDIS=true; else DEV_REDIS=false; fi
+  if is_true "$DEV_MODE"; then DEV_MODE=true; else DEV_MODE=false; fi
+  if [ "$DEV_MODE" = true ] && [ -z "$REDIS_URL" ]; then DEV_REDIS=true; fi
+  validate_identity_options
   if [ -n "$REDIS_URL" ]; then
     # Only the scheme is checked here (the companion parses the rest and refuses a bad URL by
     # name): never echo the URL itself, it carries the password.
@@ -253,6 +344,58 @@ then run scripts/deploy.sh --images images.env (or set MAAS_API_IMAGE and MAAS_W
     if [ "$OPERATOR_TYPE" = rhoai ]; then OPERATOR_CHANNEL=fast-3.x; else OPERATOR_CHANNEL=fast-3; fi
   fi
   [[ $OPERATOR_CHANNEL =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--channel '$OPERATOR_CHANNEL' is not a channel name"
+  validate_policy_engine
+}
+
+# validate_identity_options: --enable-keycloak refused; --external-oidc needs the issuer and the
+# client id (each refusal names the flag and its variable).
+validate_identity_options() {
+  if is_true "$ENABLE_KEYCLOAK"; then
+    die "--enable-keycloak (ENABLE_KEYCLOAK): MaaS Gateway does not deploy a Keycloak. Run your OIDC provider
+  (e.g. Keycloak: a realm, a client, and an audience mapper so that its tokens carry the client id in aud),
+then pass --external-oidc --oidc-issuer-url https://<keycloak>/realms/<realm> --oidc-client-id <client>"
+  fi
+  if is_true "$EXTERNAL_OIDC"; then EXTERNAL_OIDC=true; else EXTERNAL_OIDC=false; fi
+  if [ "$EXTERNAL_OIDC" = false ]; then
+    if [ -n "$OIDC_ISSUER_URL$OIDC_CLIENT_ID$OIDC_JWKS_URL" ]; then
+      log_warn "OIDC_ISSUER_URL / OIDC_CLIENT_ID / OIDC_JWKS_URL are ignored without --external-oidc (EXTERNAL_OIDC=true)"
+    fi
+    return 0
+  fi
+  [ -n "$OIDC_ISSUER_URL" ] || die "--external-oidc needs the issuer: --oidc-issuer-url https://... (OIDC_ISSUER_URL)"
+  [ -n "$OIDC_CLIENT_ID" ] || die "--external-oidc needs the client id its tokens carry in aud: --oidc-client-id ID (OIDC_CLIENT_ID)"
+  https_url "$OIDC_ISSUER_URL" || die "--oidc-issuer-url must be an https:// URL without spaces, quotes or a query, not '$OIDC_ISSUER_URL'"
+  [[ $OIDC_CLIENT_ID =~ ^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$ ]] || die "--oidc-client-id '$OIDC_CLIENT_ID' is not a client id (letters, digits, . _ : / @ -)"
+  if [ -n "$OIDC_JWKS_URL" ]; then
+    https_url "$OIDC_JWKS_URL" || die "--oidc-jwks-url must be an https:// URL without spaces, quotes or a query, not '$OIDC_JWKS_URL'"
+  fi
+  if [ -n "$OIDC_GROUPS_CLAIM" ] && [[ ! $OIDC_GROUPS_CLAIM =~ ^[A-Za-z0-9_.:/-]+$ ]]; then
+    die "OIDC_GROUPS_CLAIM '$OIDC_GROUPS_CLAIM' is not a claim name"
+  fi
+}
+
+# https_url URL: https://, then no whitespace, quote, backslash, query or fragment (the value goes
+# into YAML and the companion's settings as is).
+https_url() { [[ $1 =~ ^https://[^[:space:]\"\'\\?#]+$ ]]; }
+
+# validate_policy_engine: the reference's values. Operator mode installs that engine for the
+# operator (default: kuadrant for odh, rhcl for rhoai); kustomize mode installs none (the filter
+# enforces the policies), so there it only notes the value.
+validate_policy_engine() {
+  local default=kuadrant
+  if [ "$OPERATOR_TYPE" = rhoai ]; then default=rhcl; fi
+  case ${POLICY_ENGINE:-$default} in
+    kuadrant | rhcl) POLICY_ENGINE=${POLICY_ENGINE:-$default} ;;
+    *) die "--policy-engine must be kuadrant or rhcl (the reference's values), not '$POLICY_ENGINE': MaaS Gateway enforces
+  the policies in its filter; operator mode installs Kuadrant (odh's default) or Red Hat Connectivity Link (rhcl,
+  rhoai's default) for the operator, kustomize mode none" ;;
+  esac
+  if [ "$DEPLOYMENT_MODE" = kustomize ] && [ "$POLICY_ENGINE" != "$default" ]; then
+    log_warn "--policy-engine $POLICY_ENGINE: kustomize mode installs no policy engine (the MaaS filter enforces the policies); noted only"
+  fi
+  if [[ ! $MAAS_SUBSCRIPTION_NAMESPACE =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || [ ${#MAAS_SUBSCRIPTION_NAMESPACE} -gt 63 ]; then
+    die "MAAS_SUBSCRIPTION_NAMESPACE '$MAAS_SUBSCRIPTION_NAMESPACE' is not a valid namespace name (DNS-1123 label)"
+  fi
 }
 
 # ---- running commands --------------------------------------------------------------------------
@@ -313,7 +456,7 @@ prerequisite_failed() {
 
 check_required_tools() {
   command -v kubectl >/dev/null 2>&1 || die "kubectl is required (it renders the manifests)"
-  if ! command -v oc >/dev/null 2>&1; then
+  if [ "$PLATFORM" = openshift ] && ! command -v oc >/dev/null 2>&1; then
     prerequisite_failed "oc is required (install the OpenShift CLI)"
     HAVE_OC=false
   fi
@@ -328,12 +471,16 @@ check_required_tools() {
 
 check_cluster() {
   log_info "Checking the cluster"
-  if [ "${HAVE_OC:-true}" = false ] || ! query oc whoami >/dev/null 2>&1; then
+  if [ "$PLATFORM" = kubernetes ]; then
+    check_kubernetes_cluster
+    return 0
+  fi
+  if [ "${HAVE_OC:-true}" = false ] || ! query "$KCLI" whoami >/dev/null 2>&1; then
     prerequisite_failed "not logged in to a cluster (oc login ...)"
     return 0
   fi
   local version
-  version=$(query oc get clusterversion version -o jsonpath='{.status.desired.version}' 2>/dev/null || true)
+  version=$(query "$KCLI" get clusterversion version -o jsonpath='{.status.desired.version}' 2>/dev/null || true)
   if [ -z "$version" ]; then
     prerequisite_failed "cannot read the OpenShift version (is this OpenShift?)"
   elif ! version_ge "$version" "$MIN_OPENSHIFT_VERSION"; then
@@ -343,24 +490,46 @@ check_cluster() {
   fi
   local crd
   for crd in gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io; do
-    if ! query oc get crd "$crd" >/dev/null 2>&1; then
+    if ! query "$KCLI" get crd "$crd" >/dev/null 2>&1; then
       prerequisite_failed "Gateway API CRD $crd is missing (OpenShift >= $MIN_OPENSHIFT_VERSION installs it)"
     fi
   done
   if [ -z "$CLUSTER_DOMAIN" ]; then
-    CLUSTER_DOMAIN=$(query oc get ingresses.config.openshift.io cluster -o jsonpath='{.spec.domain}' 2>/dev/null || true)
+    CLUSTER_DOMAIN=$(query "$KCLI" get ingresses.config.openshift.io cluster -o jsonpath='{.spec.domain}' 2>/dev/null || true)
   fi
   if [ -z "$CERT_NAME" ]; then
-    CERT_NAME=$(query oc get ingresscontroller default -n openshift-ingress-operator \
+    CERT_NAME=$(query "$KCLI" get ingresscontroller default -n openshift-ingress-operator \
       -o jsonpath='{.spec.defaultCertificate.name}' 2>/dev/null || true)
     CERT_NAME=${CERT_NAME:-router-certs-default}
+  fi
+}
+
+# check_kubernetes_cluster: reachable, Gateway API CRDs, Istio's EnvoyFilter CRD and GatewayClass
+# istio; the Gateway's certificate Secret (only warns: cert-manager may issue it later).
+check_kubernetes_cluster() {
+  if ! query kubectl get --raw /version >/dev/null 2>&1; then
+    prerequisite_failed "cannot reach the cluster with kubectl (check your kubeconfig context)"
+    return 0
+  fi
+  local crd
+  for crd in gatewayclasses.gateway.networking.k8s.io gateways.gateway.networking.k8s.io httproutes.gateway.networking.k8s.io \
+    envoyfilters.networking.istio.io destinationrules.networking.istio.io; do
+    if ! query kubectl get crd "$crd" >/dev/null 2>&1; then
+      prerequisite_failed "CRD $crd is missing: install the Gateway API CRDs and Istio (1.24 or newer) first"
+    fi
+  done
+  if ! query kubectl get gatewayclass istio >/dev/null 2>&1; then
+    prerequisite_failed "GatewayClass istio is missing: MaaS Gateway runs on Istio's Gateway API implementation"
+  fi
+  if ! query kubectl get secret "$CERT_NAME" -n "$GATEWAY_NAMESPACE" >/dev/null 2>&1; then
+    log_warn "Secret $GATEWAY_NAMESPACE/$CERT_NAME (the Gateway's certificate for maas.$CLUSTER_DOMAIN) does not exist yet: create it (cert-manager Certificate, or kubectl create secret tls) or set CERT_NAME; until then the HTTPS listener is not programmed"
   fi
 }
 
 # Reads the policy engine's CSV version; prints nothing when it is not installed.
 policy_engine_version() {
   local prefix=$1
-  query oc get csv -n "$POLICY_ENGINE_NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+  query "$KCLI" get csv -n "$POLICY_ENGINE_NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
     awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }'
 }
 
@@ -375,14 +544,14 @@ operator_source() {
 check_conflicting_operators() {
   local other
   if [ "$OPERATOR_TYPE" = rhoai ]; then other=opendatahub-operator; else other=rhods-operator; fi
-  if query oc get subscriptions.operators.coreos.com -A -o jsonpath='{.items[*].spec.name}' 2>/dev/null | tr ' ' '\n' | grep -qx "$other"; then
+  if query "$KCLI" get subscriptions.operators.coreos.com -A -o jsonpath='{.items[*].spec.name}' 2>/dev/null | tr ' ' '\n' | grep -qx "$other"; then
     prerequisite_failed "$other is installed: ODH and RHOAI operators cannot run side by side (remove one or pick --operator-type)"
   fi
 }
 
 install_policy_engine() {
   local package source prefix minimum channel catalog_yaml=""
-  if [ "$OPERATOR_TYPE" = rhoai ]; then
+  if [ "$POLICY_ENGINE" = rhcl ]; then
     package=rhcl-operator source=redhat-operators prefix=rhcl-operator minimum=$MIN_RHCL_VERSION channel=stable
   else
     package=kuadrant-operator source=maas-kuadrant-catalog prefix=kuadrant-operator minimum=$MIN_KUADRANT_VERSION channel=stable
@@ -429,7 +598,7 @@ spec:
   sourceNamespace: openshift-marketplace
   installPlanApproval: Automatic
 ' "$catalog_yaml" "$POLICY_ENGINE_NAMESPACE" "$package" "$POLICY_ENGINE_NAMESPACE" "$package" "$channel" "$source" |
-    run_stdin "policy engine subscription" oc apply -f -
+    run_stdin "policy engine subscription" "$KCLI" apply -f -
   wait_for_csv "$POLICY_ENGINE_NAMESPACE" "$prefix" "$minimum"
   printf 'apiVersion: kuadrant.io/v1beta1
 kind: Kuadrant
@@ -437,7 +606,7 @@ metadata:
   name: kuadrant
   namespace: %s
 spec: {}
-' "$POLICY_ENGINE_NAMESPACE" | run_stdin "Kuadrant CR" oc apply -f -
+' "$POLICY_ENGINE_NAMESPACE" | run_stdin "Kuadrant CR" "$KCLI" apply -f -
 }
 
 wait_for_csv() {
@@ -448,7 +617,7 @@ wait_for_csv() {
   fi
   deadline=$((SECONDS + CSV_TIMEOUT))
   while [ $SECONDS -lt $deadline ]; do
-    version=$(query oc get csv -n "$namespace" -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
+    version=$(query "$KCLI" get csv -n "$namespace" -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name}{" "}{.spec.version}{"\n"}{end}' 2>/dev/null |
       awk -v p="$prefix" 'index($1, p) == 1 { print $2; exit }')
     if [ -n "$version" ]; then
       version_ge "$version" "$minimum" || die "$prefix $version installed, $minimum or newer required"
@@ -475,7 +644,7 @@ spec:
   sourceType: grpc
   image: %s
   displayName: MaaS operator catalog
-' "$OPERATOR_CATALOG" | run_stdin "custom catalog" oc apply -f -
+' "$OPERATOR_CATALOG" | run_stdin "custom catalog" "$KCLI" apply -f -
   fi
   {
     printf 'apiVersion: operators.coreos.com/v1alpha1
@@ -493,13 +662,13 @@ spec:
     if [ -n "$OPERATOR_STARTING_CSV" ] && [ "$OPERATOR_STARTING_CSV" != - ]; then
       printf '  startingCSV: %s\n' "$OPERATOR_STARTING_CSV"
     fi
-  } | run_stdin "operator subscription" oc apply -f -
+  } | run_stdin "operator subscription" "$KCLI" apply -f -
   wait_for_csv "$OPERATOR_NAMESPACE" "$package" 0
   if [ -n "$OPERATOR_IMAGE" ]; then
     local csv
-    csv=$(query oc get subscription "$package" -n "$OPERATOR_NAMESPACE" -o jsonpath='{.status.installedCSV}' 2>/dev/null || true)
+    csv=$(query "$KCLI" get subscription "$package" -n "$OPERATOR_NAMESPACE" -o jsonpath='{.status.installedCSV}' 2>/dev/null || true)
     csv=${csv:-<installed CSV of $package>}
-    run oc patch csv "$csv" -n "$OPERATOR_NAMESPACE" --type json \
+    run "$KCLI" patch csv "$csv" -n "$OPERATOR_NAMESPACE" --type json \
       -p "[{\"op\":\"replace\",\"path\":\"/spec/install/spec/deployments/0/spec/template/spec/containers/0/image\",\"value\":\"$OPERATOR_IMAGE\"}]"
   fi
 }
@@ -530,12 +699,12 @@ spec:
         managementState: Removed
     dashboard:
       managementState: Managed
-' "$DEPLOYMENT_NAMESPACE" | run_stdin "DSCInitialization and DataScienceCluster" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  run oc wait --for=jsonpath='{.status.phase}'=Ready datasciencecluster/default-dsc --timeout="${CUSTOM_RESOURCE_TIMEOUT}s"
+' "$DEPLOYMENT_NAMESPACE" | run_stdin "DSCInitialization and DataScienceCluster" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  run "$KCLI" wait --for=jsonpath='{.status.phase}'=Ready datasciencecluster/default-dsc --timeout="${CUSTOM_RESOURCE_TIMEOUT}s"
 }
 
 wait_for_crd() {
-  run oc wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
+  run "$KCLI" wait --for=condition=Established "crd/$1" --timeout="${CRD_TIMEOUT}s"
 }
 
 # ---- the companion's replicas follow the lease store ----------------------------------------------
@@ -551,7 +720,7 @@ choose_companion_replicas() {
     redis="the given Redis"
   elif [ "$DEV_REDIS" = true ]; then
     redis="the development Redis"
-  elif [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+  elif [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
     redis="the Redis of Secret maas-redis from an earlier run"
   fi
   if [ -n "$redis" ]; then
@@ -586,9 +755,20 @@ image_kustomization() {
 # the images, TLS on/off, the Gateway's hostname) and prints the rendered objects.
 render_manifests() {
   local dir=$1 crs_rel crs_rel_companion rust_log
-  mkdir -p "$dir/companion"
+  mkdir -p "$dir/companion" "$dir/gateway"
   crs_rel=$(realpath -m --relative-to="$dir" "$CRS_DIR")
   crs_rel_companion=$(realpath -m --relative-to="$dir/companion" "$CRS_DIR")
+  # On Kubernetes the Gateway's objects move to maas-gateway (base/gateway names
+  # openshift-ingress; kustomize would give the GatewayClass a namespace too, but
+  # components/kubernetes drops it).
+  {
+    echo "# Generated by scripts/deploy.sh"
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "namespace: $GATEWAY_NAMESPACE"
+    echo "resources:"
+    echo "  - $(realpath -m --relative-to="$dir/gateway" "$CRS_DIR")/base/gateway"
+  } >"$dir/gateway/kustomization.yaml"
   {
     echo "# Generated by scripts/deploy.sh"
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
@@ -608,11 +788,15 @@ render_manifests() {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
     echo "resources:"
-    echo "  - $crs_rel/base/gateway"
+    if [ "$PLATFORM" = kubernetes ]; then echo "  - gateway"; else echo "  - $crs_rel/base/gateway"; fi
     echo "  - companion"
     echo "components:"
     if [ "$ENABLE_TLS_BACKEND" = true ]; then echo "  - $crs_rel/components/tls-backend"; fi
     echo "  - $crs_rel/components/wiring"
+    if [ "$PLATFORM" = kubernetes ]; then
+      echo "  - $crs_rel/components/kubernetes"
+      if [ "$ENABLE_TLS_BACKEND" = true ]; then echo "  - $crs_rel/components/tls-backend-kubernetes"; fi
+    fi
     echo "images:"
     image_kustomization quay.io/maas-gateway/maas-companion "$MAAS_API_IMAGE"
     echo "patches:"
@@ -654,10 +838,40 @@ render_manifests() {
     echo "                env:"
     echo "                  - {name: RUST_LOG, value: $rust_log}"
     echo "                  - {name: MAAS_PUBLIC_URL, value: \"https://$(gateway_hostname)\"}"
+    echo "                  - {name: MAAS_ADMIN_SAR_NAMESPACE, value: $MAAS_SUBSCRIPTION_NAMESPACE}"
+    if [ "$EXTERNAL_OIDC" = true ]; then
+      # Validated (https, no quotes): safe inside double quotes.
+      echo "                  - {name: MAAS_OIDC_ISSUER, value: \"$OIDC_ISSUER_URL\"}"
+      echo "                  - {name: MAAS_OIDC_AUDIENCE, value: \"$OIDC_CLIENT_ID\"}"
+      echo "                  - {name: MAAS_OIDC_JWKS_URL, value: \"$OIDC_JWKS_URL\"}"
+      if [ -n "$OIDC_GROUPS_CLAIM" ]; then
+        echo "                  - {name: MAAS_OIDC_GROUPS_CLAIM, value: \"$OIDC_GROUPS_CLAIM\"}"
+      fi
+    fi
   } >"$dir/kustomization.yaml"
   # The filter's limits.global.replicas follows the Gateway's replica count: the pluginConfig is
   # a JSON string inside the EnvoyFilter, out of kustomize's reach (its only `"replicas"` key).
   kubectl kustomize "$dir" | sed "s/\"replicas\": 1\b/\"replicas\": $GATEWAY_REPLICAS/"
+}
+
+# resolve_oidc_jwks_url: with --external-oidc and no --oidc-jwks-url, the jwks_uri of the issuer's
+# discovery document (read-only; in a dry run a failure only warns and a placeholder is rendered).
+resolve_oidc_jwks_url() {
+  [ "$EXTERNAL_OIDC" = true ] && [ -z "$OIDC_JWKS_URL" ] || return 0
+  local discovery=${OIDC_ISSUER_URL%/}/.well-known/openid-configuration document=""
+  if command -v curl >/dev/null 2>&1; then
+    document=$(query curl -fsS --max-time 10 "$discovery" 2>/dev/null || true)
+  fi
+  # One JSON string value; the URL has no quotes (https_url refuses them anyway).
+  OIDC_JWKS_URL=$(printf '%s' "$document" | tr -d '\n' |
+    sed -n 's/.*"jwks_uri"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p')
+  if [ -n "$OIDC_JWKS_URL" ] && https_url "$OIDC_JWKS_URL"; then
+    log_info "OIDC: the issuer's keys at $OIDC_JWKS_URL (jwks_uri of $discovery)"
+    return 0
+  fi
+  OIDC_JWKS_URL=""
+  prerequisite_failed "--external-oidc: could not read an https jwks_uri from $discovery (curl needed, and the issuer reachable from here); pass the issuer's keys URL with --oidc-jwks-url https://... (OIDC_JWKS_URL)"
+  OIDC_JWKS_URL=${OIDC_ISSUER_URL%/}/jwks-url-not-discovered
 }
 
 gateway_hostname() { echo "maas.${CLUSTER_DOMAIN:-apps.cluster.example.com}"; }
@@ -690,30 +904,36 @@ select_named() {
 
 # ---- deployment steps --------------------------------------------------------------------------
 ensure_namespace() {
-  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" oc apply -f -
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" | run_stdin "Namespace $1" "$KCLI" apply -f -
 }
 
 # The Gateway admits HTTPRoutes only from namespaces with this label (base/gateway/gateway.yaml);
 # the companion's maas-api route lives in its namespace. Model namespaces are labelled the same way.
 label_routes_namespace() {
-  run oc label namespace "$1" maas.opendatahub.io/gateway-routes=true --overwrite
+  run "$KCLI" label namespace "$1" maas.opendatahub.io/gateway-routes=true --overwrite
 }
 
 deploy_gateway() {
-  log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
-  select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
-  run oc wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
+  if [ "$PLATFORM" = kubernetes ]; then
+    log_info "Gateway: $GATEWAY_NAME in $GATEWAY_NAMESPACE on Istio's GatewayClass istio"
+    ensure_namespace "$GATEWAY_NAMESPACE"
+    run "$KCLI" wait --for=condition=Accepted gatewayclass/istio --timeout="${RESOURCE_TIMEOUT}s"
+  else
+    log_info "Gateway: GatewayClass openshift-default and Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE"
+    select_kinds "$RENDERED" GatewayClass | run_stdin "GatewayClass" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    # OpenShift installs its Istio (and the EnvoyFilter CRD) once a GatewayClass is accepted.
+    run "$KCLI" wait --for=condition=Accepted gatewayclass/openshift-default --timeout="${RESOURCE_TIMEOUT}s"
+  fi
   wait_for_crd envoyfilters.networking.istio.io
   # The Gateway's pod count first: the Gateway names this ConfigMap (infrastructure.parametersRef).
   log_info "  $GATEWAY_REPLICAS Gateway replica(s) (ConfigMap maas-gateway-options; the filter's limits.global.replicas)"
   select_named "$RENDERED" maas-gateway-options ConfigMap |
-    run_stdin "ConfigMap maas-gateway-options" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
-  select_kinds "$RENDERED" Gateway | run_stdin "Gateway" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    run_stdin "ConfigMap maas-gateway-options" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
+  select_kinds "$RENDERED" Gateway | run_stdin "Gateway" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
   # Before the EnvoyFilter asks istiod for the Gateway's client key pair (the manifests, later):
   # istiod serves it only once this Role lets the Gateway's service account list Secrets.
   select_named "$RENDERED" maas-gateway-sds Role RoleBinding |
-    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    run_stdin "Role and RoleBinding $GATEWAY_NAMESPACE/maas-gateway-sds" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
 }
 
 # 24 random bytes as hex: od reads exactly that much, so no pipe is cut short (pipefail).
@@ -727,21 +947,21 @@ deploy_database() {
   else
     log_info "Database: development PostgreSQL maas-postgres (PersistentVolumeClaim maas-postgres-data)"
     local password=""
-    if [ "$DRY_RUN" != true ] && query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       # Keep the existing password: the database on the volume was initialised with it.
-      password=$(query oc get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.POSTGRES_PASSWORD}' | base64 -d)
+      password=$(query "$KCLI" get secret postgres-creds -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.POSTGRES_PASSWORD}' | base64 -d)
       log_info "  reusing the existing Secret postgres-creds"
     else
       password=$(random_password)
     fi
     secret_yaml postgres-creds app.kubernetes.io/name=maas-postgres \
       POSTGRES_USER "$POSTGRES_USER" POSTGRES_PASSWORD "$password" POSTGRES_DB "$POSTGRES_DB" |
-      run_stdin "Secret postgres-creds" oc apply -f -
+      run_stdin "Secret postgres-creds" "$KCLI" apply -f -
     url="postgresql://$POSTGRES_USER:$password@maas-postgres.$DEPLOYMENT_NAMESPACE.svc:5432/$POSTGRES_DB?sslmode=disable"
-    select_kinds "$RENDERED" PersistentVolumeClaim | run_stdin "PersistentVolumeClaim" oc apply --server-side --field-manager="$FIELD_MANAGER" -f -
+    select_kinds "$RENDERED" PersistentVolumeClaim | run_stdin "PersistentVolumeClaim" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER" -f -
   fi
   secret_yaml maas-db-config app.kubernetes.io/name=maas-companion DB_CONNECTION_URL "$url" |
-    run_stdin "Secret maas-db-config" oc apply -f -
+    run_stdin "Secret maas-db-config" "$KCLI" apply -f -
 }
 
 # redis_display URL: scheme://host[:port] of a Redis URL, without user, password or database.
@@ -764,14 +984,14 @@ deploy_lease_store() {
     url=$REDIS_URL
   elif [ "$DEV_REDIS" = true ]; then
     log_info "Lease store: development Redis maas-redis (one pod, no persistence; Secret maas-redis)"
-    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
-      password=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.password}' | base64 -d)
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+      password=$(query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.password}' | base64 -d)
       [ -z "$password" ] || log_info "  reusing the password in the existing Secret maas-redis"
     fi
     password=${password:-$(random_password)}
     url="redis://:$password@maas-redis.$DEPLOYMENT_NAMESPACE.svc:6379/0"
   else
-    if [ "$DRY_RUN" != true ] && query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       log_info "Lease store: Secret maas-redis from an earlier run stays in use (delete it for the in-process store)"
     else
       log_info "Lease store: in process in the one companion replica (no --redis-url / --dev-redis)"
@@ -779,8 +999,8 @@ deploy_lease_store() {
     return 0
   fi
   if [ "$DRY_RUN" != true ]; then
-    old=$(query oc get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.url}' 2>/dev/null | base64 -d 2>/dev/null || true)
-    if [ "$old" != "$url" ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    old=$(query "$KCLI" get secret maas-redis -n "$DEPLOYMENT_NAMESPACE" -o jsonpath='{.data.url}' 2>/dev/null | base64 -d 2>/dev/null || true)
+    if [ "$old" != "$url" ] && query "$KCLI" get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       LEASE_STORE_CHANGED=true
     fi
   fi
@@ -788,17 +1008,17 @@ deploy_lease_store() {
     secret_yaml maas-redis app.kubernetes.io/name=maas-redis url "$url" password "$password"
   else
     secret_yaml maas-redis app.kubernetes.io/name=maas-companion url "$url"
-  fi | run_stdin "Secret maas-redis" oc apply -f -
+  fi | run_stdin "Secret maas-redis" "$KCLI" apply -f -
 }
 
 restart_companion_if_lease_store_changed() {
   if [ "$DRY_RUN" = true ] && { [ -n "$REDIS_URL" ] || [ "$DEV_REDIS" = true ]; }; then
-    echo "+ oc rollout restart deployment/maas-companion -n $DEPLOYMENT_NAMESPACE  (only when Secret maas-redis changed on a running companion)"
+    echo "+ $KCLI rollout restart deployment/maas-companion -n $DEPLOYMENT_NAMESPACE  (only when Secret maas-redis changed on a running companion)"
     return 0
   fi
   [ "$LEASE_STORE_CHANGED" = true ] || return 0
   log_info "  the lease store changed: restarting the companion to read Secret maas-redis"
-  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+  run "$KCLI" rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
 }
 
 # secret_yaml NAME LABEL KEY VALUE...: a Secret manifest on stdout (values never in argv of oc).
@@ -817,10 +1037,29 @@ secret_yaml() {
 apply_manifests() {
   log_info "Applying the manifests (companion in $DEPLOYMENT_NAMESPACE, filter on $GATEWAY_NAME)"
   if [ "$DRY_RUN" = true ]; then
-    echo "+ oc apply --server-side --force-conflicts --field-manager=$FIELD_MANAGER -f - <<'<the rendered manifests above>'"
+    echo "+ $KCLI apply --server-side --force-conflicts --field-manager=$FIELD_MANAGER -f - <<'<the rendered manifests above>'"
     return 0
   fi
-  run_stdin "rendered manifests" oc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$RENDERED"
+  local manifests=$RENDERED
+  if [ "$PLATFORM" = kubernetes ] && ! query kubectl get crd servicemonitors.monitoring.coreos.com >/dev/null 2>&1; then
+    log_warn "no Prometheus Operator (CRD servicemonitors.monitoring.coreos.com): the ServiceMonitor, PodMonitor and PrometheusRules are left out"
+    manifests=$WORK_DIR/without-monitoring.yaml
+    drop_kinds "$RENDERED" ServiceMonitor PodMonitor PrometheusRule >"$manifests"
+  fi
+  run_stdin "rendered manifests" "$KCLI" apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <"$manifests"
+}
+
+# drop_kinds FILE KIND...: the documents of FILE whose kind is none of KIND.
+drop_kinds() {
+  local file=$1
+  shift
+  awk -v kinds=" $* " '
+    function flush() { if (doc != "" && keep) { printf "%s", (n++ ? "---\n" : ""); printf "%s", doc } doc = ""; keep = 1 }
+    BEGIN { keep = 1 }
+    /^---/ { flush(); next }
+    /^kind: / { keep = index(kinds, " " $2 " ") == 0 }
+    { doc = doc $0 "\n" }
+    END { flush() }' "$file"
 }
 
 # remove_old_wasmplugin: a deployment made before the filter moved to the EnvoyFilter maas-filter
@@ -828,24 +1067,28 @@ apply_manifests() {
 # counting every request against the limits: the WasmPlugin goes once the EnvoyFilter is
 # applied (after, not before: in between the Gateway would have no filter at all).
 remove_old_wasmplugin() {
-  if [ "$DRY_RUN" != true ] && ! query oc get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
+  if [ "$DRY_RUN" != true ] && ! query "$KCLI" get crd wasmplugins.extensions.istio.io >/dev/null 2>&1; then
     return 0
   fi
   log_info "The filter comes from EnvoyFilter maas-filter: removing an older WasmPlugin maas-filter, if any"
-  run oc delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
+  run "$KCLI" delete wasmplugin maas-filter -n "$GATEWAY_NAMESPACE" --ignore-not-found
 }
 
 configure_tls_backend() {
   [ "$ENABLE_TLS_BACKEND" = true ] || return 0
+  if [ "$PLATFORM" = kubernetes ]; then
+    configure_tls_backend_private_ca
+    return 0
+  fi
   log_info "TLS backend: the Gateway verifies the companion against the OpenShift service CA"
   if [ "$DRY_RUN" = true ]; then
     echo "+ wait for the service CA to fill ConfigMap $GATEWAY_NAMESPACE/maas-service-ca (key service-ca.crt)"
-    echo "+ oc apply -f - <<'<Secret $GATEWAY_NAMESPACE/maas-companion-ca with ca.crt = that bundle>'"
+    echo "+ $KCLI apply -f - <<'<Secret $GATEWAY_NAMESPACE/maas-companion-ca with ca.crt = that bundle>'"
     return 0
   fi
   local deadline=$((SECONDS + RESOURCE_TIMEOUT)) ca=""
   while [ $SECONDS -lt $deadline ]; do
-    ca=$(query oc get configmap maas-service-ca -n "$GATEWAY_NAMESPACE" -o jsonpath='{.data.service-ca\.crt}' 2>/dev/null || true)
+    ca=$(query "$KCLI" get configmap maas-service-ca -n "$GATEWAY_NAMESPACE" -o jsonpath='{.data.service-ca\.crt}' 2>/dev/null || true)
     [ -n "$ca" ] && break
     sleep 3
   done
@@ -853,7 +1096,23 @@ configure_tls_backend() {
   {
     printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: maas-companion-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\ndata:\n' "$GATEWAY_NAMESPACE"
     printf '  ca.crt: %s\n' "$(printf '%s\n' "$ca" | base64 | tr -d '\n')"
-  } | run_stdin "Secret maas-companion-ca" oc apply -f -
+  } | run_stdin "Secret maas-companion-ca" "$KCLI" apply -f -
+}
+
+# configure_tls_backend_private_ca: on plain Kubernetes the companion's public port serves the
+# internal CA's server certificate (components/tls-backend-kubernetes); the Gateway verifies it
+# with that CA (Secret maas-companion-ca) and Prometheus too (ConfigMap maas-service-ca).
+configure_tls_backend_private_ca() {
+  log_info "TLS backend: the Gateway verifies the companion against this script's private CA"
+  local ca=$WORK_DIR/internal-pki/server.ca
+  {
+    printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: maas-companion-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ntype: Opaque\ndata:\n' "$GATEWAY_NAMESPACE"
+    printf '  ca.crt: %s\n' "$(base64 <"$ca" | tr -d '\n')"
+  } | run_stdin "Secret $GATEWAY_NAMESPACE/maas-companion-ca" "$KCLI" apply -f -
+  {
+    printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: maas-service-ca\n  namespace: %s\n  labels:\n    app.kubernetes.io/part-of: maas-gateway\ndata:\n  service-ca.crt: |\n' "$DEPLOYMENT_NAMESPACE"
+    sed 's/^/    /' "$ca"
+  } | run_stdin "ConfigMap $DEPLOYMENT_NAMESPACE/maas-service-ca" "$KCLI" apply --server-side --field-manager="$FIELD_MANAGER-ca" -f -
 }
 
 # ---- the internal API's mutual TLS -------------------------------------------------------------
@@ -891,7 +1150,7 @@ read_internal_secrets() {
   while read -r prefix namespace secret; do
     for key in ca.crt tls.crt tls.key; do
       case $key in ca.crt) file=$dir/$prefix.ca ;; tls.crt) file=$dir/$prefix.crt ;; *) file=$dir/$prefix.key ;; esac
-      value=$(query oc get secret "$secret" -n "$namespace" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null) || return 1
+      value=$(query "$KCLI" get secret "$secret" -n "$namespace" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null) || return 1
       [ -n "$value" ] || return 1
       printf '%s' "$value" | base64 -d >"$file" 2>/dev/null || return 1
     done
@@ -962,13 +1221,13 @@ configure_internal_mtls() {
     rm -f "$dir"/*
     issue_internal_pki "$dir" || die "openssl could not issue the internal API's certificates"
     log_info "  issued a private CA (its key kept nowhere) and, valid ${INTERNAL_CERT_DAYS} days: the companion's certificate (maas-companion.$DEPLOYMENT_NAMESPACE.svc), the Gateway's ($INTERNAL_GATEWAY_NAME) and the cleanup job's ($INTERNAL_CLEANUP_NAME)"
-    if [ "$DRY_RUN" != true ] && query oc get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
+    if [ "$DRY_RUN" != true ] && query "$KCLI" get deployment maas-companion -n "$DEPLOYMENT_NAMESPACE" >/dev/null 2>&1; then
       INTERNAL_CERTS_CHANGED=true
     fi
   fi
   while read -r prefix namespace secret; do
     internal_secret_yaml "$secret" "$namespace" "$dir" "$prefix" |
-      run_stdin "Secret $namespace/$secret" oc apply -f -
+      run_stdin "Secret $namespace/$secret" "$KCLI" apply -f -
   done < <(internal_secrets)
 }
 
@@ -976,19 +1235,19 @@ configure_internal_mtls() {
 restart_companion_if_internal_certs_changed() {
   [ "$INTERNAL_CERTS_CHANGED" = true ] || return 0
   log_info "  the internal certificates were issued again: restarting the companion to read them"
-  run oc rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
+  run "$KCLI" rollout restart deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE"
 }
 
 wait_for_readiness() {
   log_info "Waiting for readiness"
   if [ -z "$POSTGRES_CONNECTION" ]; then
-    run oc rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+    run "$KCLI" rollout status deployment/maas-postgres -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   fi
   if [ "$DEV_REDIS" = true ]; then
-    run oc rollout status deployment/maas-redis -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+    run "$KCLI" rollout status deployment/maas-redis -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
   fi
-  run oc rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
-  run oc wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
+  run "$KCLI" rollout status deployment/maas-companion -n "$DEPLOYMENT_NAMESPACE" --timeout="${ROLLOUT_TIMEOUT}s"
+  run "$KCLI" wait --for=condition=Programmed "gateway/$GATEWAY_NAME" -n "$GATEWAY_NAMESPACE" --timeout="${RESOURCE_TIMEOUT}s"
 }
 
 print_next_steps() {
@@ -1006,9 +1265,9 @@ print_next_steps() {
   Companion: deployment/maas-companion in $DEPLOYMENT_NAMESPACE, $COMPANION_REPLICAS replica(s): $LEASE_STORE_WHY
              policy: ConfigMap maas-policy
 
-Mint an API key with your OpenShift identity:
+Mint an API key with your $(if [ "$PLATFORM" = kubernetes ]; then echo "cluster identity (a token the API server's TokenReview accepts, or an OIDC JWT with --external-oidc)"; else echo "OpenShift identity"; fi):
   HOST=$host
-  TOKEN=\$(oc whoami -t)
+  TOKEN=$(if [ "$PLATFORM" = kubernetes ]; then echo "<your token>"; else echo "\$(oc whoami -t)"; fi)
   curl -sS -X POST "https://\$HOST/maas-api/v1/api-keys" -H "Authorization: Bearer \$TOKEN" \\
     -H 'Content-Type: application/json' -d '{"name":"my-key","expiresIn":"30d"}'
   # the response's "key" (sk-oai-...) is shown once: keep it, e.g. in KEY
@@ -1019,13 +1278,14 @@ List the models your tier may use, then call one:
     -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
     -d '{"model":"facebook/opt-125m","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
 
-Models, tiers and limits: oc edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
+Models, tiers and limits: $KCLI edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
 Samples (KServe route, external OpenAI model): wasm-plugin-crs/samples.
 EOF
 }
 
 print_plan() {
   log_info "Deployment plan"
+  log_info "  platform:          $PLATFORM (Gateway $GATEWAY_NAME in $GATEWAY_NAMESPACE, $KCLI)"
   log_info "  mode:              $DEPLOYMENT_MODE ($OPERATOR_TYPE)"
   log_info "  namespace:         $DEPLOYMENT_NAMESPACE"
   log_info "  TLS backend:       $ENABLE_TLS_BACKEND (public and metrics ports)"
@@ -1049,6 +1309,18 @@ print_plan() {
   if [ "$DEPLOYMENT_MODE" = operator ]; then
     log_info "  operator:          $(operator_package) from $(operator_source), channel $OPERATOR_CHANNEL"
   fi
+  if [ "$DEPLOYMENT_MODE" = operator ]; then
+    log_info "  policy engine:     $POLICY_ENGINE (installed for the operator; the MaaS filter enforces the policies)"
+  fi
+  if [ "$EXTERNAL_OIDC" = true ]; then
+    log_info "  identity:          OpenShift tokens (TokenReview) and OIDC JWTs of $OIDC_ISSUER_URL for client $OIDC_CLIENT_ID"
+  else
+    log_info "  identity:          OpenShift tokens (TokenReview)"
+  fi
+  log_info "  admins:            who may create MaaSAuthPolicies in $MAAS_SUBSCRIPTION_NAMESPACE (SubjectAccessReview), and group maas-admins"
+  if [ "$DEV_MODE" = true ]; then
+    log_info "  dev mode:          development Redis and PostgreSQL where none is given (not for production)"
+  fi
   log_info "  log level:         $LOG_LEVEL"
   if [ "$DRY_RUN" = true ]; then log_info "DRY RUN MODE - no changes will be applied"; fi
 }
@@ -1059,6 +1331,7 @@ main() {
   check_required_tools
   print_plan
   check_cluster
+  resolve_oidc_jwks_url
   choose_companion_replicas
   log_info "Companion: $COMPANION_REPLICAS replica(s), $LEASE_STORE_WHY"
 

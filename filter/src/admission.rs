@@ -367,8 +367,9 @@ pub enum Upstream<'a> {
     /// Now: the route the request arrived on is the one that serves it (a path prefix). Reads
     /// Envoy's cluster name (only when the model names one).
     Now(&'a dyn Fn() -> Option<String>),
-    /// The one base URL: Envoy chooses the route once the plan's [`ROUTING_HEADER`] is set, so
-    /// the shell checks with [`check_routed`] after applying the plan.
+    /// The one base URL: Envoy chooses the route once the plan's [`ROUTING_HEADER`] is set and
+    /// the request goes on; the filter sees that route's cluster only at the response, where the
+    /// shell checks with [`check_routed`].
     AfterRouting,
 }
 
@@ -461,14 +462,22 @@ pub fn authorize<'h>(
     ))
 }
 
-/// The one base URL, its plan applied (the routing header set): the upstream check against
-/// the cluster of the route Envoy chose for the request as it now is (`cluster`; see
-/// [`Upstream`]).
+/// The one base URL, at the response: the upstream check against the cluster that answered
+/// (`cluster`; see [`Upstream`]). A mismatch: the answer is not passed on.
 pub fn check_routed(
     model: &Model,
     cluster: impl FnOnce() -> Option<String>,
 ) -> Result<(), Refusal> {
-    operations::check_upstream(model, cluster)
+    operations::check_upstream(model, cluster).map_err(|_| {
+        Refusal::new(
+            Deny::UpstreamMismatch,
+            format!(
+                "the gateway routed this request away from model {}'s upstream; its answer \
+                 was not passed on",
+                model.name
+            ),
+        )
+    })
 }
 
 /// The model's provider credential, when it has a provider.
@@ -576,8 +585,7 @@ pub fn catalog(
                 )
             },
         )?;
-    } else if let Some(name) = requested.filter(|_| !api_key && !policy.subscriptions.is_empty())
-    {
+    } else if let Some(name) = requested.filter(|_| !api_key && !policy.subscriptions.is_empty()) {
         maas_types::subscription::select(policy, user, groups, Some(name), None)
             .map_err(|e| Refusal::new(Deny::from(e), e.message()))?;
     }

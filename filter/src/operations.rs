@@ -463,7 +463,11 @@ mod tests {
             assert_eq!(one_url("POST", path), Some(Ok(OneUrl::Model(op, path))));
             for method in ["GET", "PUT", "post", "HEAD"] {
                 let r = one_url(method, path).unwrap().unwrap_err();
-                assert_eq!((r.status, r.code), (404, "operation_not_allowed"), "{method} {path}");
+                assert_eq!(
+                    (r.status, r.code),
+                    (404, "operation_not_allowed"),
+                    "{method} {path}"
+                );
             }
         }
         assert_eq!(one_url("GET", "/v1/models"), Some(Ok(OneUrl::List)));
@@ -471,7 +475,10 @@ mod tests {
             one_url("GET", "/v1/models/publishers/llm/models/opt"),
             Some(Ok(OneUrl::Retrieve("publishers/llm/models/opt")))
         );
-        assert_eq!(one_url("GET", "/v1/models/gpt-4o"), Some(Ok(OneUrl::Retrieve("gpt-4o"))));
+        assert_eq!(
+            one_url("GET", "/v1/models/gpt-4o"),
+            Some(Ok(OneUrl::Retrieve("gpt-4o")))
+        );
         assert!(matches!(one_url("POST", "/v1/models"), Some(Err(_))));
         assert!(matches!(one_url("DELETE", "/v1/models/x"), Some(Err(_))));
         for other in [

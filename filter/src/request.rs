@@ -560,7 +560,14 @@ impl Request {
             }
             _ => {}
         }
-        self.authorize_known(host, caller, counter_key, headers, names_subscription, now_s)
+        self.authorize_known(
+            host,
+            caller,
+            counter_key,
+            headers,
+            names_subscription,
+            now_s,
+        )
     }
 
     /// The caller and its model are known: authorise (the subscription named, if any), apply
@@ -592,19 +599,18 @@ impl Request {
         };
         apply_header_plan(host, &plan);
         drop(plan);
-        if let Err(r) = self.check_routed(host) {
-            self.refuse(host, &r);
-            return Step::Refused;
-        }
         if self.body.is_buffering() {
             return self.wait_for_body(host, slot_read);
         }
         self.admit(host, slot_read, now_s)
     }
 
-    /// The one base URL, the routing header set: the upstream check against the route Envoy
-    /// chooses for the request as it now is. (A path prefix was checked at authorisation.)
-    fn check_routed(&self, host: &dyn Host) -> Result<(), Refusal> {
+    /// The one base URL, at the response: the upstream check against the cluster that answered.
+    /// Envoy chooses the route again once the filter set the routing header, but only when its
+    /// router asks for it, after the filter let the request go: before that, `xds.cluster_name`
+    /// still names the route chosen for the headers as the client sent them (Envoy 1.40). So
+    /// the check runs where the cluster is known; a path prefix is checked at authorisation.
+    pub(super) fn check_routed(&self, host: &dyn Host) -> Result<(), Refusal> {
         match &self.route {
             Some(route) if route.by_body => {
                 let model = route.model().ok_or_else(Refusal::no_policy)?;
@@ -641,7 +647,10 @@ impl Request {
         };
         let body = self.body.info().ok_or_else(Refusal::no_policy)?;
         let (model_idx, operation) = admission::route_body(policy, body, rest)?;
-        let model = policy.models.get(model_idx).ok_or_else(Refusal::no_policy)?;
+        let model = policy
+            .models
+            .get(model_idx)
+            .ok_or_else(Refusal::no_policy)?;
         let traits = OperationTraits::of(operation, model);
         let policy = policy.clone();
         self.unrouted = None;

@@ -101,6 +101,26 @@ ensure_envoy() {
   export MAAS_ENVOY_BIN
 }
 
+# Exports MAAS_SDK_PYTHON: a Python with the official OpenAI and Anthropic SDKs at the versions
+# pinned in tests/sdk/requirements.txt (the e2e tests call the gateway with them, as users do).
+# In the project venv (.venv), or the venv MAAS_SDK_VENV names.
+ensure_sdk_clients() {
+  local venv="${MAAS_SDK_VENV:-$ROOT/.venv}"
+  local requirements="$ROOT/tests/sdk/requirements.txt"
+  if [ ! -x "$venv/bin/pip" ]; then
+    command -v python3 >/dev/null 2>&1 || apt_install python3
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      apt_install python3-venv
+      python3 -m venv "$venv"
+    fi
+  fi
+  # Pinned versions already there: pip answers from the venv, without the index.
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements" ||
+    die "cannot install the SDKs of $requirements into $venv"
+  MAAS_SDK_PYTHON="$venv/bin/python"
+  export MAAS_SDK_PYTHON
+}
+
 pg_server_dir() {
   local dir
   if [ -n "${MAAS_PG_BIN_DIR:-}" ] && [ -x "$MAAS_PG_BIN_DIR/initdb" ]; then
@@ -187,6 +207,7 @@ ensure_all() {
   ensure_envoy
   ensure_postgres
   ensure_redis
+  ensure_sdk_clients
 }
 
 # Builds the companion and the stack binaries (debug) and the filter (release wasm), in one

@@ -31,12 +31,13 @@ CHECKS=${CARGO_TARGET_DIR:-$ROOT/target}/debug/maas-manifest-checks
 fact() { "$CHECKS" --facts "$2" | sed -n "s/^$1 //p"; }
 
 # ---- the stand-ins -----------------------------------------------------------------------------
-mkdir -p "$WORK/bin"
-cat >"$WORK/bin/oc" <<'STANDIN'
+# The cluster: one script behind oc and kubectl (CLI names the command in the record).
+mkdir -p "$WORK/bin" "$WORK/bin-kube" "$WORK/standin"
+cat >"$WORK/standin/cluster" <<'STANDIN'
 #!/usr/bin/env bash
 # Records the call; answers queries from FAKE_* variables; remembers what was applied.
 n=$(($(wc -l <"$FAKE_STATE/calls" 2>/dev/null || echo 0) + 1))
-echo "oc $*" >>"$FAKE_STATE/calls"
+echo "$CLI $*" >>"$FAKE_STATE/calls"
 for arg in "$@"; do
   if [ "$arg" = "-" ]; then cat >"$FAKE_STATE/stdin.$n"; fi
 done
@@ -103,17 +104,32 @@ case "$1 ${2:-}" in
   *) exit 0 ;;
 esac
 STANDIN
-cat >"$WORK/bin/kubectl" <<'STANDIN'
+printf '#!/usr/bin/env bash\nCLI=oc exec %q "$@"\n' "$WORK/standin/cluster" >"$WORK/bin/oc"
+cat >"$WORK/bin/kubectl" <<STANDIN
 #!/usr/bin/env bash
-# Rendering and version queries go to the real kubectl (no cluster involved); anything else is
-# recorded like oc's calls.
-case "${1:-}" in
-  kustomize | version) exec "$REAL_KUBECTL" "$@" ;;
+# Rendering and version queries go to the real kubectl (no cluster involved); anything else to
+# the cluster stand-in, as oc's calls.
+case "\${1:-}" in
+  kustomize | version) exec "\$REAL_KUBECTL" "\$@" ;;
 esac
-echo "kubectl $*" >>"$FAKE_STATE/calls"
-exit 0
+CLI=kubectl exec $(printf %q "$WORK/standin/cluster") "\$@"
 STANDIN
-chmod +x "$WORK/bin/oc" "$WORK/bin/kubectl"
+# curl: only the OIDC discovery document (FAKE_OIDC_DISCOVERY for FAKE_OIDC_ISSUER), else 404.
+cat >"$WORK/bin/curl" <<'STANDIN'
+#!/usr/bin/env bash
+echo "curl $*" >>"$FAKE_STATE/calls"
+url=${*: -1}
+if [ -n "${FAKE_OIDC_ISSUER:-}" ] && [ "$url" = "$FAKE_OIDC_ISSUER/.well-known/openid-configuration" ]; then
+  printf '%s\n' "$FAKE_OIDC_DISCOVERY"
+  exit 0
+fi
+echo "curl: (22) The requested URL returned error: 404" >&2
+exit 22
+STANDIN
+chmod +x "$WORK/standin/cluster" "$WORK/bin/oc" "$WORK/bin/kubectl" "$WORK/bin/curl"
+# Plain Kubernetes: no oc on PATH (only system directories besides: no oc there either).
+ln -s "$WORK/bin/kubectl" "$WORK/bin-kube/kubectl"
+ln -s "$WORK/bin/curl" "$WORK/bin-kube/curl"
 
 # run_deploy NAME [ENV=VALUE...] -- ARGS...: runs deploy.sh with the stand-ins; output in
 # $WORK/NAME.out, exit code in RC, calls in $WORK/NAME.state/calls. Both images are set (pinned
@@ -138,15 +154,18 @@ run_deploy() {
   RC=0
   env -u MAAS_API_IMAGE -u MAAS_WASM_IMAGE -u MAAS_CONTROLLER_IMAGE -u LOG_LEVEL -u POSTGRES_CONNECTION \
     -u DEPLOYMENT_MODE -u OPERATOR_TYPE -u DRY_RUN -u DEPLOYMENT_NAMESPACE -u REDIS_URL -u DEV_REDIS -u GATEWAY_REPLICAS \
-    PATH="$WORK/bin:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
+    -u DEV_MODE -u EXTERNAL_OIDC -u OIDC_ISSUER_URL -u OIDC_CLIENT_ID -u OIDC_JWKS_URL -u OIDC_GROUPS_CLAIM -u ENABLE_KEYCLOAK \
+    -u POLICY_ENGINE -u MAAS_SUBSCRIPTION_NAMESPACE -u PLATFORM -u CLUSTER_DOMAIN -u CERT_NAME \
+    PATH="${STANDIN_BIN:-$WORK/bin}:$PATH" FAKE_STATE="$state" ROLLOUT_TIMEOUT=5 CSV_TIMEOUT=5 RESOURCE_TIMEOUT=5 \
     MAAS_API_IMAGE="registry.example.com/team/maas-companion@$DIGEST_B" \
     MAAS_WASM_IMAGE="registry.example.com/team/maas-filter@$DIGEST_B" \
     "${envs[@]}" bash "$DEPLOY" "$@" >"$WORK/$name.out" 2>&1 || RC=$?
 }
 out() { cat "$WORK/$1.out"; }
 calls() { cat "$WORK/$1.state/calls"; }
-# Calls that change a cluster: anything but these read-only verbs.
-mutating_calls() { calls "$1" | awk '$2 != "whoami" && $2 != "get" && $2 != "version" && $2 != "kustomize"'; }
+# Calls that change a cluster: anything but these read-only verbs (and curl, which only reads an
+# OIDC discovery document).
+mutating_calls() { calls "$1" | awk '$1 != "curl" && $2 != "whoami" && $2 != "get" && $2 != "version" && $2 != "kustomize"'; }
 
 expect_exit() { # expect_exit NAME CODE TEXT
   if [ "$RC" -eq "$2" ] && grep -qF -- "$3" "$WORK/$1.out"; then
@@ -177,11 +196,13 @@ run_deploy help -- --help
 expect_exit help 0 "Usage: scripts/deploy.sh"
 expect_output help --deployment-mode --operator-type --enable-tls-backend --disable-tls-backend --namespace \
   --verbose --dry-run --operator-catalog --operator-image --channel --postgres-connection MAAS_API_IMAGE MAAS_WASM_IMAGE \
-  --redis-url --dev-redis REDIS_URL DEV_REDIS --gateway-replicas GATEWAY_REPLICAS
+  --redis-url --dev-redis REDIS_URL DEV_REDIS --gateway-replicas GATEWAY_REPLICAS \
+  --dev --external-oidc --oidc-issuer-url --oidc-client-id --oidc-jwks-url --enable-keycloak --policy-engine \
+  OIDC_ISSUER_URL OIDC_CLIENT_ID MAAS_SUBSCRIPTION_NAMESPACE
 run_deploy unknown-flag -- --dry-run --frobnicate
 expect_exit unknown-flag 1 "unknown option: --frobnicate"
 for flag in --deployment-mode --operator-type --namespace --operator-catalog --operator-image --channel --postgres-connection \
-  --redis-url --gateway-replicas; do
+  --redis-url --gateway-replicas --oidc-issuer-url --oidc-client-id --oidc-jwks-url --policy-engine; do
   run_deploy "missing-value${flag}" -- --dry-run "$flag"
   expect_exit "missing-value${flag}" 1 "$flag needs a value"
 done
@@ -356,6 +377,136 @@ expect_no_mutation dry-not-logged-in
 
 run_deploy dry-namespace-ignored -- --dry-run --operator-type odh --namespace elsewhere
 expect_exit dry-namespace-ignored 0 "--namespace elsewhere ignored"
+
+# ---- the reference's flags: --external-oidc, --enable-keycloak, --policy-engine, --dev -------------
+# companion_env NAME VAR: the value of VAR in the rendered companion Deployment's env.
+companion_env() {
+  rendered "$1" | awk -v var="$2" '
+    /^kind: / { dep = ($2 == "Deployment") }
+    dep && /^  name: maas-companion$/ { mine = 1 }
+    /^---/ { dep = 0; mine = 0 }
+    mine && $0 ~ "- name: " var "$" { getline; sub(/^ *value: /, ""); gsub(/"/, ""); print; exit }'
+}
+expect_env() { # expect_env NAME VAR VALUE
+  local got
+  got=$(companion_env "$1" "$2")
+  if [ "$got" = "$3" ]; then pass "$1: the companion gets $2=$3"; else fail "$1: the companion gets $2=$3" "rendered: '${got:-unset}'"; fi
+}
+ISSUER=https://keycloak.example.com/realms/maas
+run_deploy dry-oidc -- --dry-run --deployment-mode kustomize --namespace oidc-ns --external-oidc \
+  --oidc-issuer-url "$ISSUER" --oidc-client-id maas-cli --oidc-jwks-url "$ISSUER/protocol/openid-connect/certs"
+expect_exit dry-oidc 0 "DRY RUN MODE"
+expect_no_mutation dry-oidc
+expect_output dry-oidc "identity:          OpenShift tokens (TokenReview) and OIDC JWTs of $ISSUER for client maas-cli"
+expect_env dry-oidc MAAS_OIDC_ISSUER "$ISSUER"
+expect_env dry-oidc MAAS_OIDC_AUDIENCE maas-cli
+expect_env dry-oidc MAAS_OIDC_JWKS_URL "$ISSUER/protocol/openid-connect/certs"
+expect_env dry-oidc MAAS_IDENTITY_PROVIDER kubernetes
+checks_pass dry-oidc no oidc-ns
+# The reference's variables, and the keys' URL read from the issuer's discovery document.
+run_deploy dry-oidc-discovered EXTERNAL_OIDC=true OIDC_ISSUER_URL="$ISSUER/" OIDC_CLIENT_ID=maas-cli FAKE_OIDC_ISSUER="$ISSUER" \
+  "FAKE_OIDC_DISCOVERY={\"issuer\": \"$ISSUER\",
+  \"jwks_uri\": \"$ISSUER/protocol/openid-connect/certs\", \"token_endpoint\": \"$ISSUER/token\"}" \
+  -- --dry-run --deployment-mode kustomize
+expect_exit dry-oidc-discovered 0 "OIDC: the issuer's keys at $ISSUER/protocol/openid-connect/certs (jwks_uri of $ISSUER/.well-known/openid-configuration)"
+expect_env dry-oidc-discovered MAAS_OIDC_JWKS_URL "$ISSUER/protocol/openid-connect/certs"
+run_deploy oidc-undiscoverable -- --deployment-mode kustomize --external-oidc --oidc-issuer-url "$ISSUER" --oidc-client-id maas-cli
+expect_exit oidc-undiscoverable 1 "pass the issuer's keys URL with --oidc-jwks-url https://... (OIDC_JWKS_URL)"
+expect_no_mutation oidc-undiscoverable
+run_deploy oidc-no-issuer -- --dry-run --external-oidc --oidc-client-id maas-cli
+expect_exit oidc-no-issuer 1 "--external-oidc needs the issuer: --oidc-issuer-url https://... (OIDC_ISSUER_URL)"
+run_deploy oidc-no-client EXTERNAL_OIDC=true OIDC_ISSUER_URL="$ISSUER" -- --dry-run
+expect_exit oidc-no-client 1 "--external-oidc needs the client id its tokens carry in aud: --oidc-client-id ID (OIDC_CLIENT_ID)"
+run_deploy oidc-http-issuer -- --dry-run --external-oidc --oidc-issuer-url http://keycloak.example.com/realms/maas --oidc-client-id maas-cli
+expect_exit oidc-http-issuer 1 "--oidc-issuer-url must be an https:// URL"
+run_deploy oidc-quoted-issuer -- --dry-run --external-oidc --oidc-issuer-url 'https://k.example.com/"x' --oidc-client-id maas-cli
+expect_exit oidc-quoted-issuer 1 "--oidc-issuer-url must be an https:// URL"
+run_deploy no-oidc -- --dry-run --deployment-mode kustomize
+expect_absent no-oidc "MAAS_OIDC_"
+run_deploy keycloak -- --dry-run --enable-keycloak
+expect_exit keycloak 1 "MaaS Gateway does not deploy a Keycloak"
+expect_output keycloak "pass --external-oidc --oidc-issuer-url https://<keycloak>/realms/<realm> --oidc-client-id <client>"
+run_deploy keycloak-env ENABLE_KEYCLOAK=true -- --dry-run
+expect_exit keycloak-env 1 "--enable-keycloak (ENABLE_KEYCLOAK): MaaS Gateway does not deploy a Keycloak"
+run_deploy policy-engine-bad -- --dry-run --policy-engine istio
+expect_exit policy-engine-bad 1 "--policy-engine must be kuadrant or rhcl (the reference's values), not 'istio'"
+run_deploy dry-policy-engine-rhcl -- --dry-run --operator-type odh --policy-engine rhcl
+expect_exit dry-policy-engine-rhcl 0 "policy engine:     rhcl"
+expect_output dry-policy-engine-rhcl "name: rhcl-operator"
+run_deploy dry-policy-engine-default -- --dry-run --operator-type rhoai
+expect_exit dry-policy-engine-default 0 "policy engine:     rhcl"
+run_deploy dry-policy-engine-kustomize -- --dry-run --deployment-mode kustomize --policy-engine rhcl
+expect_exit dry-policy-engine-kustomize 0 "kustomize mode installs no policy engine (the MaaS filter enforces the policies); noted only"
+expect_absent dry-policy-engine-kustomize "rhcl-operator"
+for name in oidc-no-issuer oidc-no-client oidc-http-issuer keycloak policy-engine-bad; do expect_no_mutation "$name"; done
+# Admins by the reference's SubjectAccessReview rule: its namespace follows MAAS_SUBSCRIPTION_NAMESPACE.
+expect_env dry-oidc MAAS_ADMIN_SAR_NAMESPACE models-as-a-service
+run_deploy dry-subscription-ns MAAS_SUBSCRIPTION_NAMESPACE=team-subs -- --dry-run --deployment-mode kustomize
+expect_env dry-subscription-ns MAAS_ADMIN_SAR_NAMESPACE team-subs
+expect_output dry-subscription-ns "admins:            who may create MaaSAuthPolicies in team-subs (SubjectAccessReview)"
+run_deploy bad-subscription-ns MAAS_SUBSCRIPTION_NAMESPACE=Team_Subs -- --dry-run
+expect_exit bad-subscription-ns 1 "MAAS_SUBSCRIPTION_NAMESPACE 'Team_Subs' is not a valid namespace name"
+# --dev: the development Redis (and PostgreSQL) as the reference's developers get a dev overlay.
+run_deploy dry-dev -- --dry-run --deployment-mode kustomize --namespace dev-ns --dev
+expect_exit dry-dev 0 "dev mode:          development Redis and PostgreSQL where none is given"
+expect_output dry-dev "lease store:       development Redis" "database:          development PostgreSQL" "maas.opendatahub.io/dev-only"
+checks_pass dry-dev yes dev-ns
+run_deploy dry-dev-given-redis -- --dry-run --deployment-mode kustomize --namespace dev-ns --dev --redis-url redis://redis.example.com:6379/0
+expect_exit dry-dev-given-redis 0 "lease store:       Redis redis://redis.example.com:6379"
+expect_absent dry-dev-given-redis "maas.opendatahub.io/dev-only"
+
+# ---- plain Kubernetes: --platform kubernetes (or no oc installed) --------------------------------
+run_deploy dry-kubernetes CLUSTER_DOMAIN=k8s.example.org -- --dry-run --platform kubernetes
+expect_exit dry-kubernetes 0 "DRY RUN MODE"
+expect_no_mutation dry-kubernetes
+expect_output dry-kubernetes "platform:          kubernetes (Gateway maas-default-gateway in maas-gateway, kubectl)" \
+  "gatewayClassName: istio" "name: maas-default-gateway-istio" "hostname: maas.k8s.example.org" "name: maas-gateway-tls" \
+  "+ kubectl wait --for=condition=Accepted gatewayclass/istio" "+ kubectl apply --server-side --force-conflicts" \
+  "<Secret maas-gateway/maas-companion-ca>" "<ConfigMap maas/maas-service-ca>" "secretName: maas-companion-internal-tls" \
+  "TOKEN=<your token>"
+expect_absent dry-kubernetes "+ oc "
+expect_absent dry-kubernetes "openshift-ingress"
+expect_absent dry-kubernetes "kind: GatewayClass"
+rendered dry-kubernetes >"$WORK/dry-kubernetes.yaml"
+if "$CHECKS" --platform kubernetes --namespace maas --tls on --dev-redis no --lease-store memory "$WORK/dry-kubernetes.yaml" >"$WORK/dry-kubernetes.checks" 2>&1; then
+  pass "dry-kubernetes: its rendered manifests pass the schema and wiring checks for plain Kubernetes"
+else
+  fail "dry-kubernetes: its rendered manifests pass the checks for plain Kubernetes" "$(grep '^FAIL' "$WORK/dry-kubernetes.checks" | head -5)"
+fi
+STANDIN_BIN=$WORK/bin-kube run_deploy dry-kubernetes-auto CLUSTER_DOMAIN=k8s.example.org -- --dry-run --namespace team-k
+expect_exit dry-kubernetes-auto 0 "oc is not installed: deploying for plain Kubernetes"
+expect_output dry-kubernetes-auto "platform:          kubernetes" "namespace: team-k"
+run_deploy kubernetes-no-domain -- --dry-run --platform kubernetes
+expect_exit kubernetes-no-domain 1 "--platform kubernetes needs CLUSTER_DOMAIN"
+run_deploy kubernetes-operator CLUSTER_DOMAIN=k8s.example.org -- --dry-run --platform kubernetes --deployment-mode operator
+expect_exit kubernetes-operator 1 "use --deployment-mode kustomize (the default on Kubernetes)"
+run_deploy bad-platform -- --dry-run --platform nomad
+expect_exit bad-platform 1 "--platform must be openshift, kubernetes or auto, not 'nomad'"
+for name in kubernetes-no-domain kubernetes-operator bad-platform; do expect_no_mutation "$name"; done
+
+STANDIN_BIN=$WORK/bin-kube run_deploy full-kubernetes CLUSTER_DOMAIN=k8s.example.org -- --namespace team-k
+expect_exit full-kubernetes 0 "MaaS Gateway is deployed."
+if calls full-kubernetes | grep -q "^oc "; then
+  fail "full-kubernetes: every call is kubectl" "$(calls full-kubernetes | grep '^oc ' | head -3)"
+else
+  pass "full-kubernetes: every call is kubectl"
+fi
+order=$(calls full-kubernetes | awk '
+  /^kubectl apply -f - *$/ && !ns { ns = NR }
+  /^kubectl wait --for=condition=Accepted gatewayclass\/istio/ { gc = NR }
+  /^kubectl apply --server-side --force-conflicts/ { all = NR }
+  /^kubectl rollout status deployment\/maas-companion -n team-k/ { roll = NR }
+  END { print (ns && gc && all && roll && ns < gc && gc < all && all < roll) ? "ok" : "bad " ns " " gc " " all " " roll }')
+if [ "$order" = ok ]; then pass "full-kubernetes: namespace → GatewayClass istio accepted → apply → rollout"; else fail "full-kubernetes: order" "$order"; fi
+# The Gateway verifies the companion with the CA that issued its certificate.
+ca_secret=$(grep -l "name: maas-companion-ca" "$WORK/full-kubernetes.state"/stdin.* 2>/dev/null | head -1)
+server_secret=$(grep -lx "  name: maas-companion-internal-tls" "$WORK/full-kubernetes.state"/stdin.* 2>/dev/null | head -1)
+if [ -n "$ca_secret" ] && [ -n "$server_secret" ] && grep -qx "  namespace: maas-gateway" "$ca_secret" &&
+  [ "$(sed -n 's/^  ca.crt: //p' "$ca_secret")" = "$(sed -n 's/^  ca.crt: //p' "$server_secret")" ]; then
+  pass "full-kubernetes: Secret maas-gateway/maas-companion-ca holds the CA of the companion's certificate"
+else
+  fail "full-kubernetes: Secret maas-gateway/maas-companion-ca holds the CA of the companion's certificate" "${ca_secret:-none} ${server_secret:-none}"
+fi
 
 # ---- a full run against the stand-ins ------------------------------------------------------------
 run_deploy full-kustomize MAAS_WASM_IMAGE="$WASM_IMG" -- --deployment-mode kustomize --namespace team-maas

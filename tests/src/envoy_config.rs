@@ -220,7 +220,8 @@ fn prefix_routes(prefix: &str, rewrite_base: &str, route: &Value) -> [Value; 2] 
 /// The one base URL's route for a model: `/v1/…` when the routing header names the model, to
 /// the model's cluster, the path rewritten as the model's prefix route rewrites it (`/v1/…` →
 /// `<backend base>/v1/…`). Without the header (the filter refused, or no filter) no such route
-/// matches and the catch-all answers 404.
+/// matches and the catch-all answers 404. The header has done its work once the route is
+/// chosen: the backend does not get it.
 fn one_url_route(model: &str, rewrite_base: &str, route: &Value) -> Value {
     let mut to = route.clone();
     to["prefix_rewrite"] = json!(format!("{rewrite_base}/v1/"));
@@ -232,7 +233,8 @@ fn one_url_route(model: &str, rewrite_base: &str, route: &Value) -> Value {
                 "string_match": {"exact": model}
             }]
         },
-        "route": to
+        "route": to,
+        "request_headers_to_remove": [maas_types::MODEL_ROUTING_HEADER]
     })
 }
 

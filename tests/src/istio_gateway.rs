@@ -245,6 +245,297 @@ pub fn apply(bootstrap: &mut Value, shipped: &ShippedGateway, ecds: &Path) -> Re
     Ok(())
 }
 
+/// The model HTTPRoutes `wasm-plugin-crs/` ships as samples (each a prefix rule and the one base
+/// URL's `/v1` rule matching `x-maas-model`).
+pub const MODEL_ROUTE_SAMPLES: [&str; 2] = [
+    "wasm-plugin-crs/samples/kserve-model/httproute.yaml",
+    "wasm-plugin-crs/samples/external-model/httproute.yaml",
+];
+
+/// The HTTPRoute in `path` (relative to the workspace root).
+pub fn load_httproute(path: &str) -> Result<Value> {
+    let file = crate::tools::workspace_root().join(path);
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let doc: Value =
+        yaml_serde::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+    if doc["kind"] != "HTTPRoute" {
+        bail!("{path}: not an HTTPRoute");
+    }
+    Ok(doc)
+}
+
+/// The Envoy cluster Istio gives a backendRef (`outbound|<port>||<host>`): a Service's host is
+/// `<name>.<namespace>.svc.cluster.local` (the route's namespace unless the ref names one), an
+/// Istio `Hostname` (a ServiceEntry host) is its name as written.
+pub fn istio_cluster(backend_ref: &Value, route_namespace: &str) -> Result<String> {
+    let group = backend_ref["group"].as_str().unwrap_or("");
+    let kind = backend_ref["kind"].as_str().unwrap_or("Service");
+    let name = backend_ref["name"]
+        .as_str()
+        .context("a backendRef without a name")?;
+    let port = backend_ref["port"]
+        .as_u64()
+        .context("a backendRef without a port")?;
+    let host = match (group, kind) {
+        ("", "Service") => {
+            let ns = backend_ref["namespace"].as_str().unwrap_or(route_namespace);
+            format!("{name}.{ns}.svc.cluster.local")
+        }
+        ("networking.istio.io", "Hostname") => name.to_string(),
+        (g, k) => bail!("a backendRef of {g}/{k}: not translated"),
+    };
+    Ok(format!("outbound|{port}||{host}"))
+}
+
+/// Go's `regexp.QuoteMeta` (Istio quotes the matched prefix with it).
+fn quote_meta(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if r"\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A Gateway API duration (`300s`, `1m`, `1h30m`) as Envoy's (seconds).
+fn envoy_duration(text: &str) -> Result<String> {
+    let re = regex::Regex::new(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$").context("regex")?;
+    let caps = re
+        .captures(text)
+        .filter(|_| !text.is_empty())
+        .with_context(|| format!("the duration {text:?}: not translated"))?;
+    let part = |i: usize, unit: u64| -> u64 {
+        caps.get(i)
+            .and_then(|m| m.as_str().parse::<u64>().ok())
+            .unwrap_or(0)
+            * unit
+    };
+    Ok(format!("{}s", part(1, 3600) + part(2, 60) + part(3, 1)))
+}
+
+/// One HTTPRoute match as Istio's route match (`TranslateRouteMatch` with Gateway semantics): a
+/// `PathPrefix` other than `/` becomes `path_separated_prefix` (trailing `/` trimmed), `Exact` a
+/// `path`; header matches sorted by (lower-cased) name; case-sensitive.
+fn istio_match(m: &Value) -> Result<Value> {
+    let path_type = m["path"]["type"].as_str().unwrap_or("PathPrefix");
+    let value = m["path"]["value"].as_str().unwrap_or("/");
+    let mut out = match path_type {
+        "PathPrefix" if value != "/" => {
+            json!({"path_separated_prefix": value.trim_end_matches('/')})
+        }
+        "PathPrefix" => json!({"prefix": "/"}),
+        "Exact" => json!({"path": value}),
+        t => bail!("a {t} path match: not translated"),
+    };
+    let mut headers = Vec::new();
+    for h in m["headers"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        let name = h["name"]
+            .as_str()
+            .context("a header match without a name")?
+            .to_ascii_lowercase();
+        let value = h["value"]
+            .as_str()
+            .context("a header match without a value")?;
+        let string_match = match h["type"].as_str().unwrap_or("Exact") {
+            "Exact" => json!({"exact": value}),
+            "RegularExpression" => json!({"safe_regex": {"regex": value}}),
+            t => bail!("a {t} header match: not translated"),
+        };
+        headers.push(json!({"name": name, "string_match": string_match}));
+    }
+    if m.get("queryParams").is_some() || m.get("method").is_some() {
+        bail!("query or method matches: not translated");
+    }
+    headers.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    if !headers.is_empty() {
+        out["headers"] = json!(headers);
+    }
+    out["case_sensitive"] = json!(true);
+    Ok(out)
+}
+
+/// The retry policy Istio gives a route when neither the route nor the mesh sets one (mesh
+/// default: 2 attempts on connection failures and 503).
+fn istio_default_retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+        }],
+        "host_selection_retry_max_attempts": "5",
+        "retriable_status_codes": [503]
+    })
+}
+
+/// The Envoy routes Istio generates for one HTTPRoute (its gateway conversion, then
+/// `translateRoute`): one route per match of each rule, named `<ns>.<name>.<rule index>`;
+/// `URLRewrite` hostname → `host_rewrite_literal`, `ReplacePrefixMatch: /` → a `regex_rewrite`
+/// removing the matched prefix (`^<prefix>(/?)(.*)` → `/\2`), another prefix → `prefix_rewrite`;
+/// `RequestHeaderModifier` remove → `request_headers_to_remove`; the single backendRef → its
+/// `outbound|…` cluster (unknown cluster → 500); `timeouts.request` → `timeout` (none: no
+/// timeout). What this does not translate (weights, mirrors, redirects, set/add headers…) is an
+/// error, not skipped.
+pub fn istio_routes(httproute: &Value) -> Result<Vec<Value>> {
+    let ns = httproute["metadata"]["namespace"]
+        .as_str()
+        .context("an HTTPRoute without a namespace")?;
+    let name = httproute["metadata"]["name"]
+        .as_str()
+        .context("an HTTPRoute without a name")?;
+    let rules = httproute["spec"]["rules"]
+        .as_array()
+        .with_context(|| format!("HTTPRoute {ns}/{name}: no rules"))?;
+    let mut out = Vec::new();
+    for (i, rule) in rules.iter().enumerate() {
+        let route_name = format!("{ns}.{name}.{i}");
+        let refs = rule["backendRefs"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let [backend] = refs else {
+            bail!(
+                "{route_name}: {} backendRefs, only one is translated",
+                refs.len()
+            );
+        };
+        let timeout = match rule["timeouts"]["request"].as_str() {
+            Some(t) => envoy_duration(t)?,
+            None => "0s".to_string(),
+        };
+        let mut action = json!({
+            "cluster": istio_cluster(backend, ns)?,
+            "timeout": timeout,
+            "cluster_not_found_response_code": "INTERNAL_SERVER_ERROR",
+            "retry_policy": istio_default_retry_policy(),
+        });
+        let mut remove = Vec::new();
+        let mut path_rewrite = None;
+        for f in rule["filters"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            match f["type"].as_str() {
+                Some("URLRewrite") => {
+                    let rw = &f["urlRewrite"];
+                    if let Some(host) = rw["hostname"].as_str() {
+                        action["host_rewrite_literal"] = json!(host);
+                    }
+                    if let Some(path) = rw.get("path") {
+                        match path["type"].as_str() {
+                            Some("ReplacePrefixMatch") => {
+                                path_rewrite = Some(
+                                    path["replacePrefixMatch"]
+                                        .as_str()
+                                        .unwrap_or("/")
+                                        .to_string(),
+                                )
+                            }
+                            t => bail!("{route_name}: a {t:?} path rewrite: not translated"),
+                        }
+                    }
+                }
+                Some("RequestHeaderModifier") => {
+                    let m = &f["requestHeaderModifier"];
+                    if m.get("set").is_some() || m.get("add").is_some() {
+                        bail!("{route_name}: setting or adding headers: not translated");
+                    }
+                    for h in m["remove"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+                        let h = h.as_str().context("a header to remove that is not text")?;
+                        remove.push(json!(h.to_ascii_lowercase()));
+                    }
+                }
+                t => bail!("{route_name}: a {t:?} filter: not translated"),
+            }
+        }
+        let matches = match rule["matches"].as_array() {
+            Some(m) if !m.is_empty() => m.clone(),
+            _ => vec![json!({"path": {"type": "PathPrefix", "value": "/"}})],
+        };
+        for m in &matches {
+            let route_match = istio_match(m)?;
+            let mut action = action.clone();
+            match path_rewrite.as_deref() {
+                None => {}
+                Some("/") => {
+                    let Some(prefix) = route_match["path_separated_prefix"].as_str() else {
+                        bail!("{route_name}: ReplacePrefixMatch without a path prefix");
+                    };
+                    action["regex_rewrite"] = json!({
+                        "pattern": {"regex": format!("^{}(/?)(.*)", quote_meta(prefix))},
+                        "substitution": "/\\2"
+                    });
+                }
+                Some(other) => action["prefix_rewrite"] = json!(other),
+            }
+            let mut route = json!({"name": route_name, "match": route_match, "route": action});
+            if !remove.is_empty() {
+                route["request_headers_to_remove"] = json!(remove);
+            }
+            out.push(route);
+        }
+    }
+    Ok(out)
+}
+
+/// The routes of several HTTPRoutes on one Gateway host in Istio's order (Gateway API
+/// precedence, `sortHTTPRoutes`): exact paths first, then longer path prefixes, then more header
+/// matches; otherwise as given.
+pub fn istio_gateway_routes(httproutes: &[Value]) -> Result<Vec<Value>> {
+    let mut routes = Vec::new();
+    for r in httproutes {
+        routes.extend(istio_routes(r)?);
+    }
+    let key = |r: &Value| {
+        let m = &r["match"];
+        let exact = m.get("path").is_some();
+        let len = m["path"]
+            .as_str()
+            .or(m["path_separated_prefix"].as_str())
+            .or(m["prefix"].as_str())
+            .map_or(0, str::len);
+        let headers = m["headers"].as_array().map_or(0, Vec::len);
+        (!exact, std::cmp::Reverse(len), std::cmp::Reverse(headers))
+    };
+    routes.sort_by_key(key);
+    Ok(routes)
+}
+
+/// Replaces the model routes of a rendered local bootstrap (every route to a cluster other than
+/// the companion's) with `routes`, before the catch-all 404, and points each cluster in
+/// `clusters` (name, address; replacing one of that name) at a plain HTTP endpoint.
+pub fn replace_model_routes(
+    bootstrap: &mut Value,
+    routes: Vec<Value>,
+    clusters: &[(String, std::net::SocketAddr)],
+) -> Result<()> {
+    let Some(local) = crate::envoy_config::routes_mut(bootstrap) else {
+        bail!("no routes in the bootstrap");
+    };
+    let companion = |r: &Value| {
+        r["route"]["cluster"] == crate::envoy_config::COMPANION_PUBLIC_CLUSTER
+            || r["route"]["cluster"] == crate::envoy_config::COMPANION_INTERNAL_CLUSTER
+    };
+    let Some(catch_all) = local.pop().filter(|r| r["match"] == json!({"prefix": "/"})) else {
+        bail!("the bootstrap's last route is not the catch-all");
+    };
+    local.retain(|r| r.get("direct_response").is_some() || companion(r));
+    local.extend(routes);
+    local.push(catch_all);
+    let Some(all) = bootstrap
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        bail!("no clusters in the bootstrap");
+    };
+    all.retain(|c| !clusters.iter().any(|(name, _)| c["name"] == name.as_str()));
+    for (name, addr) in clusters {
+        crate::envoy_config::add_addr_cluster(bootstrap, name, *addr)?;
+    }
+    Ok(())
+}
+
 /// Where the built filter is, for the agent's local copy.
 pub fn wasm_path() -> Result<PathBuf> {
     crate::tools::wasm_file()
@@ -314,5 +605,132 @@ mod tests {
             "from the shipped MERGE"
         );
         assert_eq!(hcm["stream_idle_timeout"], "300s", "the rest kept");
+    }
+
+    /// The sample HTTPRoutes as Istio translates them: each model's prefix route and its one base
+    /// URL route (`/v1` with `x-maas-model` naming the policy's model, the header removed before
+    /// the backend, the path kept), both to the cluster the sample policy names as the model's
+    /// `upstreamCluster`.
+    #[test]
+    fn the_sample_httproutes_translate_as_istio_would() {
+        let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
+            .iter()
+            .map(|p| load_httproute(p).unwrap())
+            .collect();
+        let routes = istio_gateway_routes(&samples).unwrap();
+        let named = |n: &str| {
+            routes
+                .iter()
+                .find(|r| r["name"] == n)
+                .unwrap_or_else(|| panic!("no route {n} in {routes:#?}"))
+        };
+        let kserve = "outbound|80||facebook-opt-125m-simulated-predictor.llm.svc.cluster.local";
+        let prefix = named("llm.facebook-opt-125m-simulated.0");
+        assert_eq!(
+            prefix["match"],
+            json!({"path_separated_prefix": "/llm/facebook-opt-125m-simulated", "case_sensitive": true})
+        );
+        assert_eq!(prefix["route"]["cluster"], kserve);
+        assert_eq!(
+            prefix["route"]["regex_rewrite"]["pattern"]["regex"],
+            "^/llm/facebook-opt-125m-simulated(/?)(.*)"
+        );
+        assert_eq!(prefix["route"]["timeout"], "300s");
+        let one_url = named("llm.facebook-opt-125m-simulated.1");
+        assert_eq!(
+            one_url["match"],
+            json!({"path_separated_prefix": "/v1", "case_sensitive": true, "headers": [
+                {"name": "x-maas-model", "string_match": {"exact": "facebook/opt-125m"}}
+            ]})
+        );
+        assert_eq!(one_url["route"]["cluster"], kserve);
+        assert!(one_url["route"].get("regex_rewrite").is_none(), "{one_url}");
+        assert!(
+            one_url["route"].get("prefix_rewrite").is_none(),
+            "{one_url}"
+        );
+        assert_eq!(
+            one_url["request_headers_to_remove"],
+            json!(["x-maas-model"])
+        );
+        assert_eq!(one_url["route"]["timeout"], "300s");
+
+        let openai = named("llm.gpt-4o.1");
+        assert_eq!(
+            openai["match"]["headers"],
+            json!([{"name": "x-maas-model", "string_match": {"exact": "gpt-4o"}}])
+        );
+        assert_eq!(openai["route"]["cluster"], "outbound|443||api.openai.com");
+        assert_eq!(openai["route"]["host_rewrite_literal"], "api.openai.com");
+        assert_eq!(openai["request_headers_to_remove"], json!(["x-maas-model"]));
+        assert_eq!(
+            named("llm.gpt-4o.0")["route"]["host_rewrite_literal"],
+            "api.openai.com"
+        );
+        // Longer prefixes first; the /v1 routes last.
+        let order: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            order,
+            [
+                "llm.facebook-opt-125m-simulated.0",
+                "llm.gpt-4o.0",
+                "llm.facebook-opt-125m-simulated.1",
+                "llm.gpt-4o.1"
+            ]
+        );
+
+        // Each one base URL route names a model of the sample policy, and leads to the cluster
+        // that model's upstreamCluster names (else the filter answers 503 upstream_mismatch).
+        let text = std::fs::read_to_string(
+            crate::tools::workspace_root()
+                .join("wasm-plugin-crs/base/companion/policy-configmap.yaml"),
+        )
+        .unwrap();
+        let cm: Value = yaml_serde::from_str(&text).unwrap();
+        let policy: Value =
+            yaml_serde::from_str(cm["data"]["policy.yaml"].as_str().unwrap()).unwrap();
+        for r in routes.iter().filter(|r| r["match"]["headers"].is_array()) {
+            let model = r["match"]["headers"][0]["string_match"]["exact"]
+                .as_str()
+                .unwrap();
+            let entry = policy["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == model)
+                .unwrap_or_else(|| panic!("{model}: not a model of the sample policy"));
+            assert_eq!(entry["upstreamCluster"], r["route"]["cluster"], "{model}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_translated_is_refused() {
+        let route = |rule: Value| {
+            json!({"kind": "HTTPRoute", "metadata": {"name": "r", "namespace": "n"},
+                   "spec": {"rules": [rule]}})
+        };
+        let backend = json!([{"name": "svc", "port": 80}]);
+        let ok = istio_routes(&route(json!({"backendRefs": backend}))).unwrap();
+        assert_eq!(
+            ok[0]["route"]["cluster"],
+            "outbound|80||svc.n.svc.cluster.local"
+        );
+        assert_eq!(
+            ok[0]["match"],
+            json!({"prefix": "/", "case_sensitive": true})
+        );
+        for bad in [
+            json!({"backendRefs": [{"name": "a", "port": 80}, {"name": "b", "port": 80}]}),
+            json!({"backendRefs": backend, "filters": [{"type": "RequestMirror"}]}),
+            json!({"backendRefs": backend, "filters": [{"type": "RequestHeaderModifier",
+                   "requestHeaderModifier": {"set": [{"name": "a", "value": "b"}]}}]}),
+            json!({"backendRefs": backend, "matches": [{"method": "POST"}]}),
+            json!({"backendRefs": [{"kind": "Pod", "name": "p", "port": 80}]}),
+            json!({"backendRefs": backend, "timeouts": {"request": "5 minutes"}}),
+        ] {
+            assert!(istio_routes(&route(bad.clone())).is_err(), "{bad}");
+        }
+        assert_eq!(envoy_duration("1h2m3s").unwrap(), "3723s");
+        assert_eq!(quote_meta("/a-b.c"), r"/a-b\.c");
     }
 }

@@ -24,6 +24,8 @@
 //! Compression: header `x-sim-compress: gzip` gzips the response when the request's
 //! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
 //! ignores `accept-encoding`); streams are compressed incrementally, flushed per event.
+//! Served names: with `served_only` (`--served-only`) a body's `model` must be one of the
+//! simulator's models, else vLLM's 404 `NotFoundError`.
 //! Every request (except `/_sim/…`) is recorded with its exact header list; tests read the
 //! record at `GET /_sim/requests` (or [`SimHandle::requests`] in-process).
 
@@ -74,6 +76,9 @@ pub struct SimConfig {
     pub chunk_delay: Duration,
     /// Model ids listed by `GET …/v1/models`.
     pub models: Vec<String>,
+    /// Serve only [`SimConfig::models`], as vLLM serves only its `--served-model-name`s: a body
+    /// naming another `model` is a 404 `NotFoundError` (vLLM's answer). Off: any `model` is served.
+    pub served_only: bool,
 }
 
 impl Default for SimConfig {
@@ -81,6 +86,7 @@ impl Default for SimConfig {
         SimConfig {
             chunk_delay: Duration::ZERO,
             models: vec!["sim-model".to_string()],
+            served_only: false,
         }
     }
 }
@@ -375,7 +381,7 @@ const COUNT_TOKENS_FIELDS: &[&str] = &[
 /// Anthropic `POST /v1/messages/count_tokens`, as strictly as the real API: a JSON object with
 /// `model` and `messages` and no other field than the API's; the answer is
 /// `{"input_tokens": n}` (the prompt's words, as the other operations count them).
-fn count_tokens(method: &Method, bytes: &[u8]) -> Response {
+fn count_tokens(config: &SimConfig, method: &Method, bytes: &[u8]) -> Response {
     if method != Method::POST {
         return anthropic_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -403,9 +409,13 @@ fn count_tokens(method: &Method, bytes: &[u8]) -> Response {
     if let Some(message) = message {
         return anthropic_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
     }
+    let request = Value::Object(request);
+    if let Some(unserved) = unserved_model(config, &request) {
+        return unserved;
+    }
     json_response(
         StatusCode::OK,
-        &json!({"input_tokens": prompt_tokens(&Value::Object(request))}),
+        &json!({"input_tokens": prompt_tokens(&request)}),
     )
 }
 
@@ -700,7 +710,7 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
         );
     }
     if only_path.ends_with("/messages/count_tokens") {
-        return count_tokens(&parts.method, &bytes);
+        return count_tokens(&state.config, &parts.method, &bytes);
     }
     let kind = match model_kind(only_path) {
         Some(kind) => kind,
@@ -740,6 +750,9 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
     if let Some(refused) = request.as_object().and_then(|obj| refusal(kind, obj)) {
         return refused;
     }
+    if let Some(unserved) = unserved_model(&state.config, &request) {
+        return unserved;
+    }
     if fault == "not-json" {
         return not_json();
     }
@@ -749,6 +762,20 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
     } else {
         json_response(StatusCode::OK, &plan.full_response(&request))
     }
+}
+
+/// With [`SimConfig::served_only`], a body naming a model the simulator does not serve: vLLM's
+/// 404 (`The model `x` does not exist.`).
+fn unserved_model(config: &SimConfig, request: &Value) -> Option<Response> {
+    let model = request.get("model").and_then(Value::as_str).unwrap_or("");
+    if !config.served_only || config.models.iter().any(|m| m == model) {
+        return None;
+    }
+    Some(json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"message": format!("The model `{model}` does not exist."),
+                          "type": "NotFoundError", "param": "model", "code": 404}}),
+    ))
 }
 
 fn not_json() -> Response {
@@ -1454,6 +1481,7 @@ mod tests {
             (status, serde_json::from_slice::<Value>(&bytes).unwrap())
         };
         let ok = count_tokens(
+            &SimConfig::default(),
             &Method::POST,
             &body(
                 json!({"model": "m", "messages": [{"role": "user", "content": "one two three"}]}),
@@ -1471,12 +1499,13 @@ mod tests {
             ),
             (json!({"model": "m"}), "messages: Field required"),
         ] {
-            let (status, b) = read(count_tokens(&Method::POST, &body(v))).await;
+            let (status, b) =
+                read(count_tokens(&SimConfig::default(), &Method::POST, &body(v))).await;
             assert_eq!(status, StatusCode::BAD_REQUEST);
             assert_eq!(b["error"]["message"], message);
             assert_eq!(b["type"], "error");
         }
-        let (status, _) = read(count_tokens(&Method::GET, b"")).await;
+        let (status, _) = read(count_tokens(&SimConfig::default(), &Method::GET, b"")).await;
         assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     }
 

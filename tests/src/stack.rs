@@ -701,6 +701,7 @@ fn spawn_sim(policy: &PolicyDocument, chunk_delay: Duration) -> Result<sim::SimH
         SimConfig {
             chunk_delay,
             models: sim_models,
+            served_only: false,
         },
     )?)
 }
@@ -1281,6 +1282,16 @@ impl Stack {
     }
     pub fn policy_path(&self) -> &Path {
         &self.policy_path
+    }
+    /// The models Envoy routes (name and path prefix), as the stack started.
+    pub fn routed_models(&self) -> Vec<(String, String)> {
+        self.core
+            .envoy
+            .policy
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.path.clone()))
+            .collect()
     }
     pub fn identities_path(&self) -> &Path {
         &self.identities_path

@@ -1,6 +1,7 @@
 //! OIDC JWTs verified locally (jwt-simple) against the issuer's JWKS.
 //!
-//! Accepted: RS256 and ES256 signatures, the configured issuer and audience, an `exp` claim
+//! Accepted: RS256 and ES256 signatures, the configured issuer, the configured audience (client
+//! id) in `aud` or as `azp`, an `exp` claim
 //! (a token without one would never expire) that is not past, and `nbf`/`iat` not in the future;
 //! every time check allows [`CLOCK_SKEW`] of clock difference with the issuer.
 //! Username = `preferred_username`, else `sub`; groups = the configured claim (default
@@ -149,6 +150,18 @@ impl OidcVerifier {
         Ok(())
     }
 
+    /// The token is for this client: `aud` names it, or `azp` (the party it was issued to) is
+    /// it — the reference's rule (`auth.identity.azp == clientId`), which Keycloak's access
+    /// tokens need (their `aud` is `account` unless an audience mapper is added).
+    fn bound_to_client(&self, claims: &JWTClaims<OidcClaims>) -> bool {
+        let audience = HashSet::from([self.audience.clone()]);
+        claims
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.contains(&audience))
+            || claims.custom.other.get("azp").and_then(|v| v.as_str()) == Some(&self.audience)
+    }
+
     pub async fn verify(&self, token: &str) -> Result<Identity, IdentityError> {
         let meta = Token::decode_metadata(token).map_err(|_| IdentityError::InvalidToken)?;
         let kid = meta.key_id().unwrap_or_default().to_string();
@@ -167,7 +180,8 @@ impl OidcVerifier {
         }
         let options = VerificationOptions {
             allowed_issuers: Some(HashSet::from([self.issuer.clone()])),
-            allowed_audiences: Some(HashSet::from([self.audience.clone()])),
+            // Checked below: `aud` or `azp` (the library knows only `aud`).
+            allowed_audiences: None,
             time_tolerance: Some(Duration::from_secs(CLOCK_SKEW.as_secs())),
             // `nbf` and `iat` later than now + the skew are refused (stated, not left to the
             // library's default).
@@ -182,6 +196,9 @@ impl OidcVerifier {
             _ => return Err(IdentityError::InvalidToken),
         }
         .map_err(|_| IdentityError::InvalidToken)?;
+        if !self.bound_to_client(&claims) {
+            return Err(IdentityError::InvalidToken);
+        }
         // The library checks `exp` only when present: a token without one is refused here.
         let expires_at = claims.expires_at.ok_or(IdentityError::InvalidToken)?;
         let username = claims

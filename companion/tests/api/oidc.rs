@@ -102,6 +102,14 @@ async fn oidc_tokens_are_verified_against_the_jwks() {
             ),
         ),
         ("not a JWT", "a.b.c".to_string()),
+        (
+            "another client's azp, aud not ours",
+            azp_token(&key, "account", "other-client"),
+        ),
+        ("azp but another issuer", {
+            let claims = azp_claims("account", AUDIENCE).with_issuer("https://evil.test");
+            key.sign(claims).unwrap()
+        }),
     ] {
         let r = app.authenticate(&bad).await;
         assert_eq!(r.status, 401, "{what}: {}", r.body);
@@ -120,8 +128,37 @@ async fn oidc_tokens_are_verified_against_the_jwks() {
     claims.expires_at = Some(Clock::now_since_epoch() - Duration::from_mins(10));
     let expired = key.sign(claims).unwrap();
     assert_eq!(app.authenticate(&expired).await.status, 401);
+    // Keycloak's access tokens: `aud` is `account`, the client is `azp` (the reference's check).
+    let r = app
+        .authenticate(&azp_token(&key, "account", AUDIENCE))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["subject"], "olivia");
     // The static identities are not accepted when OIDC is configured.
     assert_eq!(app.authenticate("alice-token").await.status, 401);
+}
+
+#[derive(Serialize, Deserialize)]
+struct AzpClaims {
+    preferred_username: String,
+    azp: String,
+}
+
+fn azp_claims(audience: &str, azp: &str) -> JWTClaims<AzpClaims> {
+    Claims::with_custom_claims(
+        AzpClaims {
+            preferred_username: "olivia".into(),
+            azp: azp.into(),
+        },
+        Duration::from_hours(1),
+    )
+    .with_issuer(ISSUER)
+    .with_audience(audience)
+}
+
+/// A token whose `aud` is `audience` and whose authorized party (`azp`) is `azp`.
+fn azp_token(key: &ES256KeyPair, audience: &str, azp: &str) -> String {
+    key.sign(azp_claims(audience, azp)).unwrap()
 }
 
 /// Claims that pass every check; each case below breaks one time claim.

@@ -210,7 +210,10 @@ impl Request {
         }
         let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
         self.body.stage = Stage::Done(info);
-        if let Err(r) = self.route_by_body().and_then(|()| self.keep_or_rewrite(host, bytes)) {
+        if let Err(r) = self
+            .route_by_body()
+            .and_then(|()| self.keep_or_rewrite(host, bytes))
+        {
             return self.refused(host, &r);
         }
         let step = match std::mem::replace(&mut self.phase, Phase::Headers) {
@@ -264,9 +267,7 @@ impl Request {
             && traits.cap_field.is_some()
             && !traits.discovery
             && !traits.unmetered;
-        let ask_usage = info
-            .as_ref()
-            .is_ok_and(|i| i.stream && !i.include_usage)
+        let ask_usage = info.as_ref().is_ok_and(|i| i.stream && !i.include_usage)
             && !traits.discovery
             && traits.accepts_stream_options;
         let mut bytes = bytes;

@@ -95,6 +95,16 @@ pub fn scan_for(content_type: &str, coding: Coding, strip_usage_event: bool) -> 
 
 impl Request {
     pub(super) fn on_response_headers(&mut self, host: &dyn Host) -> Action {
+        // The one base URL: the answer of a cluster other than the model's never reaches the
+        // client (what was reserved is settled as work the backend may have done).
+        if matches!(self.phase, Phase::Forwarding { .. })
+            && let Err(r) = self.check_routed(host)
+        {
+            log::warn!("{}", r.message);
+            self.settle(host);
+            self.refuse(host, &r);
+            return Action::Pause;
+        }
         // Only an admitted request with a reservation is scanned and settled.
         let (reservation, rate_headers) = match std::mem::replace(&mut self.phase, Phase::Settled) {
             Phase::Forwarding {

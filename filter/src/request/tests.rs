@@ -17,6 +17,7 @@ mod body;
 mod cap;
 mod lease;
 mod ledger;
+mod one_url;
 mod respond;
 mod subscriptions;
 mod weights;

@@ -129,6 +129,12 @@ fn print_next_steps(stack: &Stack) {
     if std::env::var_os("MAAS_UI_DIR").is_some_and(|d| !d.is_empty()) {
         println!("UI {gw}/maas-api/ui/");
     }
+    // The one base URL first (every model, the body's "model" picks it), then each model's own.
+    println!("OpenAI base URL: {gw}/v1");
+    println!("Path-prefix URLs (one per model):");
+    for (name, path) in stack.routed_models() {
+        println!("  {gw}{path}/v1  ({name})");
+    }
     if urls.len() > 1 {
         println!(
             "\n{} gateway replicas: {} (each with its own companion; limits are global through Redis {}).",
@@ -147,13 +153,17 @@ The gateway, the companion's public API (under /maas-api) and the models share {
    KEY=$(curl -s -H 'Authorization: Bearer alice-token' -H 'Content-Type: application/json' \
      -d '{{"name":"my-first-key"}}' $GATEWAY/maas-api/v1/api-keys | sed -n 's/.*"key":"\([^"]*\)".*/\1/p')
 
-2. Call a model with the key:
+2. Call a model with the key at the one base URL (the body's "model" picks it):
    curl -s -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
      -d '{{"model":"sim-model","messages":[{{"role":"user","content":"Hello there"}}]}}' \
-     $GATEWAY/llm/sim-model/v1/chat/completions
+     $GATEWAY/v1/chat/completions
+   (or at the model's own path prefix: $GATEWAY/llm/sim-model/v1/chat/completions)
 
-3. List the models your tier may use:
+3. List the models your tier may use (OpenAI's list; the companion's, with details):
+   curl -s -H "Authorization: Bearer $KEY" $GATEWAY/v1/models
    curl -s -H "Authorization: Bearer $KEY" $GATEWAY/maas-api/v1/models
+
+OpenAI SDK: OpenAI(base_url="$GATEWAY/v1", api_key=KEY); Anthropic SDK: Anthropic(base_url="$GATEWAY", api_key=KEY).
 
 Stream: add "stream":true,"stream_options":{{"include_usage":true}} to the body of step 2.
 Policy: {policy} (edits are reloaded; new model routes need a restart)

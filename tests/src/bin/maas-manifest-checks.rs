@@ -7,12 +7,18 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use maas_e2e::manifest_checks::{self, Docs, LeaseStore, Options, Schemas, Tls, opt};
+use maas_e2e::manifest_checks::{self, Docs, LeaseStore, Options, Platform, Schemas, Tls, opt};
 use maas_e2e::tools::workspace_root;
 use serde_json::Value;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlatformArg {
+    Openshift,
+    Kubernetes,
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TlsArg {
@@ -47,6 +53,9 @@ struct Args {
     /// Whether the TLS backend is on.
     #[arg(long, value_enum, default_value = "any")]
     tls: TlsArg,
+    /// Where the render runs: OpenShift, or plain Kubernetes with Istio (overlays/kubernetes).
+    #[arg(long, value_enum, default_value = "openshift")]
+    platform: PlatformArg,
     /// Whether the development Redis must (not) be rendered.
     #[arg(long, value_enum, default_value = "any")]
     dev_redis: YesNo,
@@ -127,6 +136,10 @@ fn main() -> Result<ExitCode> {
         .unwrap_or_else(|| root.join("tests/fixtures/schemas"));
     let schemas = Schemas::load(&schemas_dir).map_err(anyhow::Error::msg)?;
     let options = Options {
+        platform: match args.platform {
+            PlatformArg::Openshift => Platform::OpenShift,
+            PlatformArg::Kubernetes => Platform::Kubernetes,
+        },
         namespace: args.namespace,
         tls: match args.tls {
             TlsArg::On => Tls::On,

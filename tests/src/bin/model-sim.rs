@@ -16,6 +16,9 @@ struct Args {
     /// Model ids listed by GET …/v1/models (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "sim-model")]
     models: Vec<String>,
+    /// Serve only these models (as vLLM's --served-model-name): another body `model` is a 404.
+    #[arg(long)]
+    served_only: bool,
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         let config = SimConfig {
             chunk_delay: Duration::from_millis(args.chunk_delay_ms),
             models: args.models,
+            served_only: args.served_only,
         };
         tokio::select! {
             r = sim::serve(listener, config) => r?,

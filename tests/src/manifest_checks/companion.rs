@@ -4,13 +4,12 @@
 
 use super::context::{
     CLEANUP_CLIENT_NAME, CLEANUP_CLIENT_SECRET, COMPANION, COMPANION_INTERNAL_SECRET,
-    COMPANION_PORTS, Context, GATEWAY_CLIENT_NAME, GATEWAY_NAME, GATEWAY_NS, GATEWAY_SDS_RBAC,
-    GATEWAY_SERVICE_ACCOUNT, INTERNAL_PORT, LeaseStore, METRICS_PORT, PUBLIC_PORT, REDIS,
-    REDIS_SECRET, Tls,
+    COMPANION_PORTS, Context, GATEWAY_CLIENT_NAME, GATEWAY_NAME, GATEWAY_SDS_RBAC, INTERNAL_PORT,
+    LeaseStore, METRICS_PORT, PUBLIC_PORT, Platform, REDIS, REDIS_SECRET, Tls,
 };
 use super::docs::{
     Docs, Verdict, at, ensure, env_map, is_true, list_at, list_or_empty, name_of, namespace_of,
-    opt, opt_str, repr, repr_opt, str_at, truthy,
+    opt, opt_str, repr, repr_opt, repr_str, str_at, truthy,
 };
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -105,16 +104,17 @@ pub fn internal_mtls(cx: &Context) -> Verdict {
         names == expected,
         "MAAS_INTERNAL_CLIENT_NAMES {shown}, expected exactly the Gateway and the cleanup job"
     );
-    gateway_sds_rbac(cx.docs)?;
+    gateway_sds_rbac(cx)?;
     cleanup_client(cx.docs)
 }
 
 /// istiod serves the Gateway its client key pair only if its service account may list Secrets
-/// in openshift-ingress: exactly that, nothing more.
-fn gateway_sds_rbac(docs: &Docs) -> Verdict {
+/// in the Gateway's namespace: exactly that, nothing more.
+fn gateway_sds_rbac(cx: &Context) -> Verdict {
+    let docs = cx.docs;
     let role = docs.one("Role", GATEWAY_SDS_RBAC)?;
     ensure!(
-        namespace_of(role) == Some(GATEWAY_NS),
+        namespace_of(role) == Some(cx.gateway_ns),
         "{}",
         repr_opt(role.get("metadata"))
     );
@@ -135,7 +135,7 @@ fn gateway_sds_rbac(docs: &Docs) -> Verdict {
     let subjects = at(binding, "subjects")?;
     ensure!(
         subjects
-            == &json!([{"kind": "ServiceAccount", "name": GATEWAY_SERVICE_ACCOUNT, "namespace": GATEWAY_NS}]),
+            == &json!([{"kind": "ServiceAccount", "name": cx.options.platform.gateway_service_account(), "namespace": cx.gateway_ns}]),
         "{}",
         repr(subjects)
     );
@@ -436,15 +436,30 @@ pub fn companion_replicas(cx: &Context) -> Verdict {
     Ok(())
 }
 
-/// tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace.
+/// tokenreviews and subjectaccessreviews create cluster-wide; Secrets/ConfigMaps read-only in
+/// its namespace.
 pub fn rbac(cx: &Context) -> Verdict {
     let cr = cx.docs.one("ClusterRole", "maas-companion-tokenreview")?;
     let rules = at(cr, "rules")?;
     ensure!(
         rules
-            == &json!([{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]),
+            == &json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+            ]),
         "{}",
         repr(rules)
+    );
+    let bound = cx.docs.all("ClusterRoleBinding").into_iter().any(|b| {
+        opt_str(b, "roleRef.name") == Some("maas-companion-tokenreview")
+            && list_or_empty(b, "subjects").iter().any(|s| {
+                opt_str(s, "kind") == Some("ServiceAccount")
+                    && opt_str(s, "name") == Some(COMPANION)
+            })
+    });
+    ensure!(
+        bound,
+        "ClusterRole maas-companion-tokenreview is not bound to the companion's service account"
     );
     let role = cx.docs.one("Role", COMPANION)?;
     let mut resources = Vec::new();
@@ -477,6 +492,54 @@ const PLURALS: [(&str, &str); 4] = [
 
 /// With MAAS_POLICY_SOURCE=kubernetes the four CRDs, read-only access to them and Event
 /// writing, provider-key Secrets `get` only and bound per namespace; none without.
+/// The reference's admin rule (maas-api `sar_admin_checker.go`): may `create`
+/// `maasauthpolicies.maas.opendatahub.io` in the subscription namespace.
+pub const ADMIN_SAR_RESOURCE: &str = "maasauthpolicies.maas.opendatahub.io";
+pub const ADMIN_SAR_VERB: &str = "create";
+
+/// Admins by the reference's SubjectAccessReview out of the box: MAAS_ADMIN_SAR_NAMESPACE set
+/// (a DNS label; the policy namespace when the policy comes from the reference's resources), the
+/// resource and verb the reference's (or left to the companion's defaults, which are).
+pub fn admin_sar(cx: &Context) -> Verdict {
+    let (_, c) = companion_pod(cx.docs)?;
+    let env = env_map(c);
+    let value = |var: &str| env.get(var).and_then(|e| opt_str(e, "value"));
+    let Some(namespace) = value("MAAS_ADMIN_SAR_NAMESPACE") else {
+        return Err(
+            "MAAS_ADMIN_SAR_NAMESPACE is not set: admins would be MAAS_ADMIN_GROUPS only, not the \
+             reference's SubjectAccessReview rule"
+                .to_string(),
+        );
+    };
+    ensure!(
+        maas_types::subscription::is_dns_label(namespace),
+        "MAAS_ADMIN_SAR_NAMESPACE {} is not a namespace name",
+        repr_str(namespace)
+    );
+    for (var, want) in [
+        ("MAAS_ADMIN_SAR_RESOURCE", ADMIN_SAR_RESOURCE),
+        ("MAAS_ADMIN_SAR_VERB", ADMIN_SAR_VERB),
+    ] {
+        if env.contains_key(var) {
+            let got = value(var);
+            ensure!(
+                got == Some(want),
+                "{var} {}, expected {want} (the reference's rule)",
+                repr_opt(got.map(|g| json!(g)).as_ref())
+            );
+        }
+    }
+    if value("MAAS_POLICY_SOURCE") == Some("kubernetes") {
+        let policy_ns = value("MAAS_POLICY_NAMESPACE");
+        ensure!(
+            policy_ns == Some(namespace),
+            "MAAS_ADMIN_SAR_NAMESPACE {namespace} but the subscriptions are in MAAS_POLICY_NAMESPACE {}",
+            repr_opt(policy_ns.map(|g| json!(g)).as_ref())
+        );
+    }
+    Ok(())
+}
+
 pub fn policy_resources(cx: &Context) -> Verdict {
     let (_, c) = companion_pod(cx.docs)?;
     let env = env_map(c);
@@ -595,6 +658,37 @@ fn resource_crds(crds: &[&Value]) -> Verdict {
 }
 
 /// The TLS backend's objects exist exactly when TLS is on.
+/// Who issues the public port's certificate: OpenShift's service CA (the Service's annotation
+/// names the Secret it fills), or on plain Kubernetes deploy.sh's private CA (the internal port's
+/// Secret, mounted as the public port's; no annotation nobody would honour).
+fn serving_certificate(cx: &Context) -> Verdict {
+    let annotation = opt(cx.svc, "metadata.annotations")
+        .and_then(|a| a.get("service.beta.openshift.io/serving-cert-secret-name"));
+    let (want_annotation, want_secret) = match cx.options.platform {
+        Platform::OpenShift => (Some(json!("maas-companion-tls")), "maas-companion-tls"),
+        Platform::Kubernetes => (None, COMPANION_INTERNAL_SECRET),
+    };
+    ensure!(
+        annotation.cloned() == want_annotation,
+        "service CA annotation {}, expected {} on {}",
+        repr_opt(annotation),
+        repr_opt(want_annotation.as_ref()),
+        cx.options.platform
+    );
+    let (pod, _) = companion_pod(cx.docs)?;
+    let secret = list_or_empty(pod, "volumes")
+        .iter()
+        .find(|v| opt_str(v, "name") == Some("tls"))
+        .and_then(|v| opt_str(v, "secret.secretName"));
+    ensure!(
+        secret == Some(want_secret),
+        "the public port's certificate from Secret {}, expected {want_secret} on {}",
+        repr_opt(secret.map(|s| json!(s)).as_ref()),
+        cx.options.platform
+    );
+    Ok(())
+}
+
 pub fn tls_objects(cx: &Context) -> Verdict {
     let drs = cx.docs.find("DestinationRule", Some("maas-companion-tls"));
     match cx.options.tls {
@@ -615,14 +709,7 @@ pub fn tls_objects(cx: &Context) -> Verdict {
                 "{}",
                 repr_opt(sni)
             );
-            let annotations = opt(cx.svc, "metadata.annotations");
-            ensure!(
-                annotations
-                    .and_then(|a| a.get("service.beta.openshift.io/serving-cert-secret-name"))
-                    == Some(&json!("maas-companion-tls")),
-                "{}",
-                repr_opt(annotations)
-            );
+            serving_certificate(cx)?;
         }
         Tls::Off => ensure!(
             drs.is_empty(),

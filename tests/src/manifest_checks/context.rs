@@ -6,7 +6,10 @@ use serde_json::Value;
 use std::fmt;
 use std::path::Path;
 
+/// The Gateway's namespace on OpenShift (its own Gateway API implementation's namespace).
 pub const GATEWAY_NS: &str = "openshift-ingress";
+/// The Gateway's namespace on plain Kubernetes (overlays/kubernetes, deploy.sh --platform kubernetes).
+pub const KUBERNETES_GATEWAY_NS: &str = "maas-gateway";
 pub const GATEWAY_NAME: &str = "maas-default-gateway";
 pub const COMPANION: &str = "maas-companion";
 pub const PUBLIC_PORT: u64 = 8080;
@@ -50,6 +53,8 @@ pub const CLEANUP_CLIENT_SECRET: &str = "maas-api-key-cleanup-client";
 pub const GATEWAY_CLIENT_NAME: &str = "spiffe://maas.internal/gateway";
 pub const CLEANUP_CLIENT_NAME: &str = "spiffe://maas.internal/api-key-cleanup";
 pub const GATEWAY_SERVICE_ACCOUNT: &str = "maas-default-gateway-openshift-default";
+/// Istio names the Gateway's service account <gateway>-<gatewayclass>: class `istio` on Kubernetes.
+pub const KUBERNETES_GATEWAY_SERVICE_ACCOUNT: &str = "maas-default-gateway-istio";
 pub const GATEWAY_SDS_RBAC: &str = "maas-gateway-sds";
 /// Namespaces whose HTTPRoutes the Gateway admits (deploy.sh labels the companion's namespace).
 pub const ROUTES_NAMESPACE_LABEL: (&str, &str) = ("maas.opendatahub.io/gateway-routes", "true");
@@ -93,9 +98,46 @@ impl fmt::Display for LeaseStore {
     }
 }
 
+/// Where the render runs: OpenShift (its GatewayClass, openshift-ingress, the service CA) or
+/// plain Kubernetes with Istio (class `istio`, the Gateway in maas-gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Platform {
+    #[default]
+    OpenShift,
+    Kubernetes,
+}
+
+impl Platform {
+    /// The Gateway's namespace.
+    pub fn gateway_ns(self) -> &'static str {
+        match self {
+            Platform::OpenShift => GATEWAY_NS,
+            Platform::Kubernetes => KUBERNETES_GATEWAY_NS,
+        }
+    }
+
+    /// The service account Istio runs the Gateway's pods as.
+    pub fn gateway_service_account(self) -> &'static str {
+        match self {
+            Platform::OpenShift => GATEWAY_SERVICE_ACCOUNT,
+            Platform::Kubernetes => KUBERNETES_GATEWAY_SERVICE_ACCOUNT,
+        }
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Platform::OpenShift => "openshift",
+            Platform::Kubernetes => "kubernetes",
+        })
+    }
+}
+
 /// What a run expects of the render.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
+    pub platform: Platform,
     /// The companion's namespace, when it must be this one.
     pub namespace: Option<String>,
     pub tls: Tls,
@@ -118,6 +160,8 @@ pub struct Context<'a> {
     pub fqdn: String,
     /// The repository (the metric names are read from the filter's and the companion's sources).
     pub repo_root: &'a Path,
+    /// The Gateway's namespace (by platform).
+    pub gateway_ns: &'static str,
 }
 
 impl<'a> Context<'a> {
@@ -136,6 +180,7 @@ impl<'a> Context<'a> {
             ns,
             fqdn,
             repo_root,
+            gateway_ns: options.platform.gateway_ns(),
         }
     }
 

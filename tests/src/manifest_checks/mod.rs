@@ -25,6 +25,8 @@
 //!    companion's Redis URL (budget leases) comes from an optional Secret, and a development
 //!    Redis, when rendered, is single, hardened, unpersisted, password-protected and reachable
 //!    from the companion only.
+//! 3. The sample model HTTPRoutes ([`model_routes`], on the `samples` render): each model of the
+//!    policy they serve is also published at the one base URL (`/v1` + `x-maas-model`).
 
 mod companion;
 mod context;
@@ -37,9 +39,10 @@ mod report;
 mod schema;
 mod scope;
 
-pub use context::{LeaseStore, Options, Tls};
+pub use context::{LeaseStore, Options, Platform, Tls};
 pub use docs::{Docs, Verdict, name_of, opt, repr};
 pub use monitoring::{dashboard, exported_metrics};
+pub use network::model_routes;
 pub use report::{Outcome, Report};
 pub use schema::{Schemas, schema_file_name};
 
@@ -51,9 +54,9 @@ use std::path::Path;
 type Wiring = (&'static str, fn(&Context) -> Verdict);
 
 /// Every wiring check, in the order they report.
-const WIRING: [Wiring; 19] = [
+const WIRING: [Wiring; 20] = [
     (
-        "namespaces: companion objects together, gateway objects in openshift-ingress",
+        "namespaces: companion objects together, gateway objects in the Gateway's namespace ({platform})",
         scope::namespaces,
     ),
     (
@@ -121,8 +124,14 @@ const WIRING: [Wiring; 19] = [
         companion::companion_replicas,
     ),
     (
-        "RBAC: tokenreviews create cluster-wide; Secrets/ConfigMaps read-only in its namespace",
+        "RBAC: tokenreviews and subjectaccessreviews create cluster-wide; Secrets/ConfigMaps read-only in its \
+             namespace",
         companion::rbac,
+    ),
+    (
+        "admins: the reference's SubjectAccessReview rule (create maasauthpolicies.maas.opendatahub.io in the \
+             subscription namespace, MAAS_ADMIN_SAR_NAMESPACE)",
+        companion::admin_sar,
     ),
     (
         "policy resources: with MAAS_POLICY_SOURCE=kubernetes the four maas.opendatahub.io/v1alpha1 CRDs, \
@@ -145,6 +154,7 @@ fn wiring_name(template: &str, options: &Options) -> String {
     template
         .replace("{lease_store}", &options.lease_store.to_string())
         .replace("{tls}", &options.tls.to_string())
+        .replace("{platform}", options.platform.gateway_ns())
 }
 
 /// How many wiring checks a full run reports (beside one schema check per object).

@@ -3,12 +3,12 @@
 //! companion's three ports.
 
 use super::context::{
-    CLEANUP_POD_LABEL, COMPANION, COMPANION_PORTS, Context, GATEWAY_NAME, GATEWAY_NS,
-    GATEWAY_POD_LABEL, MONITORING_NS, PROMETHEUS_POD_LABEL, PUBLIC_PORT, ROUTES_NAMESPACE_LABEL,
+    CLEANUP_POD_LABEL, COMPANION, COMPANION_PORTS, Context, GATEWAY_NAME, GATEWAY_POD_LABEL,
+    MONITORING_NS, PROMETHEUS_POD_LABEL, PUBLIC_PORT, ROUTES_NAMESPACE_LABEL,
 };
 use super::docs::{
-    Verdict, at, ensure, labels_match, list_at, list_or_empty, name_of, namespace_of, opt, opt_str,
-    repr, repr_opt, string_map, truthy,
+    Docs, Verdict, at, ensure, labels_match, list_at, list_or_empty, name_of, namespace_of, opt,
+    opt_str, repr, repr_opt, str_at, string_map, truthy,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,7 +70,7 @@ pub fn routes(cx: &Context) -> Verdict {
         repr(parent)
     );
     ensure!(
-        opt_str(parent, "namespace") == Some(GATEWAY_NS),
+        opt_str(parent, "namespace") == Some(cx.gateway_ns),
         "maas-api's parent {}",
         repr(parent)
     );
@@ -110,8 +110,9 @@ pub fn gateway_routes(cx: &Context) -> Verdict {
             );
         } else {
             ensure!(
-                cx.ns == GATEWAY_NS,
-                "listener {name} admits only {GATEWAY_NS} routes; maas-api lives in {}",
+                cx.ns == cx.gateway_ns,
+                "listener {name} admits only {} routes; maas-api lives in {}",
+                cx.gateway_ns,
                 cx.ns
             );
         }
@@ -120,12 +121,12 @@ pub fn gateway_routes(cx: &Context) -> Verdict {
 }
 
 /// Who a NetworkPolicy peer is: the Gateway's pods, the cleanup job, Prometheus, or someone else.
-fn peer_kind(peer: &Value) -> Option<&'static str> {
+fn peer_kind(peer: &Value, gateway_ns: &str) -> Option<&'static str> {
     let pod_labels = opt(peer, "podSelector.matchLabels");
     let pod_label = |(k, v): (&str, &str)| pod_labels.and_then(|l| l.get(k)) == Some(&json!(v));
     let ns_labels = opt(peer, "namespaceSelector.matchLabels");
     let namespace_is = |ns: &str| ns_labels == Some(&json!({"kubernetes.io/metadata.name": ns}));
-    if namespace_is(GATEWAY_NS) && pod_label(GATEWAY_POD_LABEL) {
+    if namespace_is(gateway_ns) && pod_label(GATEWAY_POD_LABEL) {
         Some("gateway")
     } else if peer.get("namespaceSelector").is_none() && pod_label(CLEANUP_POD_LABEL) {
         Some("cleanup")
@@ -193,7 +194,7 @@ pub fn network_policies(cx: &Context) -> Verdict {
                     "{name} opens {} to an ipBlock",
                     repr(&json!(ports))
                 );
-                let who = peer_kind(peer);
+                let who = peer_kind(peer, cx.gateway_ns);
                 for port in &ports {
                     ensure!(
                         who.is_some_and(|w| allowed[port].contains(&w)),
@@ -225,5 +226,105 @@ pub fn network_policies(cx: &Context) -> Verdict {
         "cleanup pods lack their label {}",
         repr_opt(job_labels)
     );
+    Ok(())
+}
+
+/// Every model HTTPRoute (the samples) publishes its model at the one base URL too: beside each
+/// prefix rule serving a model of `policy` (the policy document: its `models[].path`), a rule
+/// matching PathPrefix `/v1` with the header `x-maas-model` exactly the model's `name` (what the
+/// filter sets), to the same backendRefs, with the same host rewrite and timeouts, no path
+/// rewrite (the client's `/v1/…` is the server's), and `x-maas-model` removed before the
+/// backend. Without it a model is reachable only at its path prefix.
+pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
+    let header = maas_types::MODEL_ROUTING_HEADER;
+    let models = list_at(policy, "models")?;
+    let routes = docs.all("HTTPRoute");
+    ensure!(!routes.is_empty(), "no model HTTPRoute");
+    for r in routes {
+        let name = format!(
+            "{}/{}",
+            namespace_of(r).unwrap_or("None"),
+            name_of(r).unwrap_or("None")
+        );
+        let rules = list_at(r, "spec.rules")?;
+        let mut served = 0;
+        for rule in rules {
+            let Some(path) = list_or_empty(rule, "matches")
+                .iter()
+                .find_map(|m| opt_str(m, "path.value"))
+                .filter(|p| *p != maas_types::ONE_BASE_PATH)
+            else {
+                continue;
+            };
+            let model = models
+                .iter()
+                .find(|m| opt_str(m, "path") == Some(path))
+                .ok_or_else(|| {
+                    format!("HTTPRoute {name} serves {path}: no model of the policy has that path")
+                })?;
+            let model_name = str_at(model, "name")?;
+            served += 1;
+            let hostname = |rule: &Value| {
+                list_or_empty(rule, "filters")
+                    .iter()
+                    .find_map(|f| opt_str(f, "urlRewrite.hostname"))
+                    .map(str::to_string)
+            };
+            let one_url = rules.iter().find(|other| {
+                list_or_empty(other, "matches").iter().any(|m| {
+                    opt_str(m, "path.type") == Some("PathPrefix")
+                        && opt_str(m, "path.value") == Some(maas_types::ONE_BASE_PATH)
+                        && list_or_empty(m, "headers").iter().any(|h| {
+                            opt_str(h, "name").is_some_and(|n| n.eq_ignore_ascii_case(header))
+                                && matches!(opt_str(h, "type"), None | Some("Exact"))
+                                && opt_str(h, "value") == Some(model_name)
+                        })
+                })
+            });
+            let Some(one_url) = one_url else {
+                return Err(format!(
+                    "HTTPRoute {name}: no rule for the one base URL of model {model_name} \
+                     (PathPrefix {} with header {header}: {model_name}, Exact)",
+                    maas_types::ONE_BASE_PATH
+                ));
+            };
+            ensure!(
+                one_url.get("backendRefs") == rule.get("backendRefs"),
+                "HTTPRoute {name}: the {header} rule of {model_name} leads to {}, its prefix rule to {}",
+                repr_opt(one_url.get("backendRefs")),
+                repr_opt(rule.get("backendRefs"))
+            );
+            ensure!(
+                hostname(one_url) == hostname(rule),
+                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the host to {:?}, its \
+                 prefix rule to {:?}",
+                hostname(one_url),
+                hostname(rule)
+            );
+            ensure!(
+                one_url.get("timeouts") == rule.get("timeouts"),
+                "HTTPRoute {name}: the {header} rule of {model_name} has timeouts {}, its prefix \
+                 rule {}",
+                repr_opt(one_url.get("timeouts")),
+                repr_opt(rule.get("timeouts"))
+            );
+            let filters = list_or_empty(one_url, "filters");
+            ensure!(
+                !filters.iter().any(|f| opt(f, "urlRewrite.path").is_some()),
+                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the path (the \
+                 client's /v1/… is the server's)"
+            );
+            ensure!(
+                filters.iter().any(|f| {
+                    list_or_empty(f, "requestHeaderModifier.remove")
+                        .iter()
+                        .any(|h| h.as_str().is_some_and(|h| h.eq_ignore_ascii_case(header)))
+                }),
+                "HTTPRoute {name}: the {header} rule of {model_name} does not remove {header} \
+                 before the backend (RequestHeaderModifier remove)"
+            );
+        }
+        ensure!(served > 0, "HTTPRoute {name} serves no model path");
+    }
     Ok(())
 }

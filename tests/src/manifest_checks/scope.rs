@@ -3,8 +3,8 @@
 //! companion's namespace (the Gateway's own bindings apart).
 
 use super::context::{
-    COMPANION_CLUSTER_FILTER, Context, FILTER_ENVOYFILTER, GATEWAY_NAME, GATEWAY_NS,
-    GATEWAY_OPTIONS, GATEWAY_SDS_RBAC, HCM_ENVOYFILTER,
+    COMPANION_CLUSTER_FILTER, Context, FILTER_ENVOYFILTER, GATEWAY_NAME, GATEWAY_OPTIONS,
+    GATEWAY_SDS_RBAC, HCM_ENVOYFILTER,
 };
 use super::docs::{Verdict, ensure, list_or_empty, name_of, namespace_of, opt_str, repr, repr_str};
 use serde_json::Value;
@@ -54,9 +54,10 @@ pub fn namespaces(cx: &Context) -> Verdict {
         let shown = got.unwrap_or("None");
         if gateway_side(kind, name) {
             ensure!(
-                got == Some(GATEWAY_NS),
-                "{} in {shown}, expected {GATEWAY_NS}",
-                key(kind, name)
+                got == Some(cx.gateway_ns),
+                "{} in {shown}, expected {}",
+                key(kind, name),
+                cx.gateway_ns
             );
         } else if CLUSTER_SCOPED.contains(&kind) {
             ensure!(
@@ -66,7 +67,7 @@ pub fn namespaces(cx: &Context) -> Verdict {
             );
         } else if (kind, name) == ("ConfigMap", "maas-service-ca") {
             ensure!(
-                got == Some(ns) || got == Some(GATEWAY_NS),
+                got == Some(ns) || got == Some(cx.gateway_ns),
                 "{} in {shown}",
                 key(kind, name)
             );

@@ -2,7 +2,7 @@
 //! render (odh unless named) and expects a failure whose line names it.
 
 use crate::renders::{render, run};
-use maas_e2e::manifest_checks::{Docs, LeaseStore, Options, Tls};
+use maas_e2e::manifest_checks::{self, Docs, LeaseStore, Options, Tls};
 use serde_json::{Value, json};
 
 /// The object of that kind and name in a render being broken.
@@ -366,4 +366,121 @@ refused! {
     provider_secrets_list: @"maas-resources", "expected get on secrets only", |d: &mut Docs| {
         *at(doc(d, "ClusterRole", "maas-companion-provider-secrets"), "/rules/0/verbs") = json!(["get", "list", "watch"]);
     };
+    // Admins by the reference's SubjectAccessReview rule, out of the box.
+    admins_by_groups_only: "MAAS_ADMIN_SAR_NAMESPACE is not set", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .retain(|e| e["name"] != json!("MAAS_ADMIN_SAR_NAMESPACE"));
+    };
+    admins_by_another_verb: "MAAS_ADMIN_SAR_VERB 'get'", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .push(json!({"name": "MAAS_ADMIN_SAR_VERB", "value": "get"}));
+    };
+    no_subject_access_review_right: "subjectaccessreviews", |d: &mut Docs| {
+        at(doc(d, "ClusterRole", "maas-companion-tokenreview"), "/rules").as_array_mut().expect("rules")
+            .retain(|r| r["resources"] != json!(["subjectaccessreviews"]));
+    };
+    admins_elsewhere_than_the_subscriptions: @"maas-resources", "but the subscriptions are in MAAS_POLICY_NAMESPACE", |d: &mut Docs| {
+        *at(env(d, "MAAS_ADMIN_SAR_NAMESPACE"), "/value") = json!("team-a");
+    };
+}
+
+/// The sample policy (ConfigMap maas-policy of the odh render).
+fn sample_policy() -> Value {
+    let cm = render("odh")
+        .one("ConfigMap", "maas-policy")
+        .expect("the policy ConfigMap");
+    yaml_serde::from_str(cm["data"]["policy.yaml"].as_str().expect("policy.yaml"))
+        .expect("the policy is YAML")
+}
+
+/// The sample model HTTPRoutes publish each model at the one base URL (a `/v1` rule matching
+/// `x-maas-model`: the policy's model name), and the check refuses a sample without it.
+#[test]
+fn the_sample_model_routes_publish_the_one_base_url() {
+    let policy = sample_policy();
+    assert_eq!(
+        manifest_checks::model_routes(render("samples"), &policy),
+        Ok(())
+    );
+    let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
+        let mut docs = render("samples").clone();
+        mutate(&mut docs);
+        let verdict = manifest_checks::model_routes(&docs, &policy);
+        assert!(
+            verdict.as_ref().is_err_and(|why| why.contains(text)),
+            "expected a refusal naming {text:?}, got {verdict:?}"
+        );
+    };
+    let one_url_rule = |d: &mut Docs, name: &str| -> usize {
+        at(doc(d, "HTTPRoute", name), "/spec/rules")
+            .as_array()
+            .and_then(|r| {
+                r.iter()
+                    .position(|r| r.pointer("/matches/0/path/value") == Some(&json!("/v1")))
+            })
+            .expect("a /v1 rule")
+    };
+    refused("no rule for the one base URL of model gpt-4o", &|d| {
+        let i = one_url_rule(d, "gpt-4o");
+        at(doc(d, "HTTPRoute", "gpt-4o"), "/spec/rules")
+            .as_array_mut()
+            .expect("rules")
+            .remove(i);
+    });
+    refused(
+        "no rule for the one base URL of model facebook/opt-125m",
+        &|d| {
+            let i = one_url_rule(d, "facebook-opt-125m-simulated");
+            *at(
+                doc(d, "HTTPRoute", "facebook-opt-125m-simulated"),
+                &format!("/spec/rules/{i}/matches/0/headers/0/value"),
+            ) = json!("facebook-opt-125m-simulated");
+        },
+    );
+    refused("does not remove x-maas-model", &|d| {
+        let i = one_url_rule(d, "gpt-4o");
+        let filters = at(
+            doc(d, "HTTPRoute", "gpt-4o"),
+            &format!("/spec/rules/{i}/filters"),
+        );
+        filters
+            .as_array_mut()
+            .expect("filters")
+            .retain(|f| f["type"] != "RequestHeaderModifier");
+    });
+    refused("rewrites the host to None", &|d| {
+        let i = one_url_rule(d, "gpt-4o");
+        let filters = at(
+            doc(d, "HTTPRoute", "gpt-4o"),
+            &format!("/spec/rules/{i}/filters"),
+        );
+        filters
+            .as_array_mut()
+            .expect("filters")
+            .retain(|f| f["type"] != "URLRewrite");
+    });
+    refused("rewrites the path", &|d| {
+        let i = one_url_rule(d, "facebook-opt-125m-simulated");
+        at(
+            doc(d, "HTTPRoute", "facebook-opt-125m-simulated"),
+            &format!("/spec/rules/{i}/filters"),
+        )
+        .as_array_mut()
+        .expect("filters")
+        .push(json!({"type": "URLRewrite", "urlRewrite": {"path": {
+            "type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}));
+    });
+    refused("leads to", &|d| {
+        let i = one_url_rule(d, "facebook-opt-125m-simulated");
+        *at(
+            doc(d, "HTTPRoute", "facebook-opt-125m-simulated"),
+            &format!("/spec/rules/{i}/backendRefs/0/port"),
+        ) = json!(8080);
+    });
+    refused("no model of the policy has that path", &|d| {
+        *at(
+            doc(d, "HTTPRoute", "gpt-4o"),
+            "/spec/rules/0/matches/0/path/value",
+        ) = json!("/llm/gpt-5");
+    });
 }

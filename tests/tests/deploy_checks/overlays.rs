@@ -1,7 +1,7 @@
 //! Every render passes every check: one schema check per object plus every wiring check.
 
 use crate::renders::{OVERLAYS, options_for, render, run};
-use maas_e2e::manifest_checks::{Options, WIRING_CHECKS};
+use maas_e2e::manifest_checks::{Options, Platform, WIRING_CHECKS};
 
 fn passes_every_check(name: &str) {
     let docs = render(name);
@@ -36,6 +36,49 @@ fn rhoai_passes_every_check() {
 #[test]
 fn rhoai_tls_off_passes_every_check() {
     passes_every_check(OVERLAYS[3]);
+}
+
+#[test]
+fn kubernetes_passes_every_check() {
+    passes_every_check(OVERLAYS[4]);
+}
+
+/// The plain-Kubernetes render is not OpenShift's: no OpenShift GatewayClass, no service-CA
+/// Secret for the companion, nothing in openshift-ingress, the Gateway on Istio's class, and the
+/// OpenShift expectations refuse it.
+#[test]
+fn kubernetes_has_nothing_of_openshift() {
+    let docs = render("kubernetes");
+    assert!(
+        docs.find("GatewayClass", None).is_empty(),
+        "a GatewayClass rendered"
+    );
+    let text = serde_json::to_string(&docs.0).expect("JSON");
+    for openshift in [
+        "openshift-ingress",
+        "serving-cert-secret-name",
+        "openshift-default",
+    ] {
+        assert!(
+            !text.contains(openshift),
+            "{openshift} in the Kubernetes render"
+        );
+    }
+    let gateway = docs
+        .one("Gateway", "maas-default-gateway")
+        .expect("the Gateway");
+    assert_eq!(gateway["spec"]["gatewayClassName"], "istio");
+    let report = run(
+        docs,
+        &Options {
+            platform: Platform::OpenShift,
+            ..options_for("kubernetes")
+        },
+    );
+    assert!(
+        report.refuses_with("expected openshift-ingress"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -1,16 +1,16 @@
 //! Renders (each `kubectl kustomize` once per test process) and running the checks on them.
 
-use maas_e2e::manifest_checks::{self, Docs, LeaseStore, Options, Report, Schemas, Tls};
+use maas_e2e::manifest_checks::{self, Docs, LeaseStore, Options, Platform, Report, Schemas, Tls};
 use maas_e2e::tools::{kubectl, workspace_root};
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::{LazyLock, Mutex};
 
-/// The kustomizations the checks run on: the four overlays, two compositions deploy.sh and
-/// docs/deploy.md make (the development Redis; the policy from the reference's resources),
-/// and the schema-only ones.
-pub const OVERLAYS: [&str; 4] = ["odh", "odh-tls-off", "rhoai", "rhoai-tls-off"];
+/// The kustomizations the checks run on: the five overlays (OpenShift's four, plain
+/// Kubernetes'), two compositions deploy.sh and docs/deploy.md make (the development Redis; the
+/// policy from the reference's resources), and the schema-only ones.
+pub const OVERLAYS: [&str; 5] = ["odh", "odh-tls-off", "rhoai", "rhoai-tls-off", "kubernetes"];
 
 static RENDERS: LazyLock<Mutex<HashMap<String, &'static Docs>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -100,10 +100,16 @@ pub fn options_for(name: &str) -> Options {
         "odh-tls-off" => ("opendatahub", Tls::Off),
         "rhoai" => ("redhat-ods-applications", Tls::On),
         "rhoai-tls-off" => ("redhat-ods-applications", Tls::Off),
+        "kubernetes" => ("maas", Tls::On),
         _ => ("opendatahub", Tls::On),
     };
     let dev_redis = name == "dev-redis";
     Options {
+        platform: if name == "kubernetes" {
+            Platform::Kubernetes
+        } else {
+            Platform::OpenShift
+        },
         namespace: Some(namespace.to_string()),
         tls,
         dev_redis: Some(dev_redis),

@@ -189,7 +189,7 @@ async fn api_key_token_and_x_api_key_reach_backend_without_identity() {
 }
 
 #[tokio::test]
-// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+// One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
 async fn provider_credentials_replace_the_users() {
     let _serial = serial().await;

@@ -17,20 +17,26 @@
 //!   no request hangs; the filter finds out, lets requests go on as without the flag and sets
 //!   `maas_headers_hold_unsupported`.
 //! - The shipped connection manager settings refuse a header name with an underscore.
+//! - The one base URL in the routes istiod generates from the sample model HTTPRoutes
+//!   (`istio_gateway::istio_routes`): each sample model named in the body lands on its own
+//!   backend, `x-maas-model` never reaches it, a body refusal opens no upstream request.
 //!
-//! What only a cluster proves is in docs/deploy.md ("Holding headers for the body").
+//! What only a cluster proves is in docs/deploy.md ("Holding headers for the body", "A model at
+//! the one base URL").
 
 use crate::helpers::*;
 use maas_e2e::Stack;
 use maas_e2e::envoy_config;
 use maas_e2e::extra_envoy::ExtraEnvoy;
 use maas_e2e::istio_gateway::{self, ShippedGateway};
+use maas_e2e::sim::{self, SimConfig, SimHandle};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-const POLICY: &str = r#"
+const BASE_POLICY: &str = r#"
 tiers:
   - name: free
     level: 0
@@ -58,11 +64,42 @@ identities:
   - {token: plugin-token, username: plugin, groups: [system:authenticated]}
   - {token: noknob-token, username: noknob, groups: [system:authenticated]}
   - {token: headers-token, username: headers, groups: [system:authenticated]}
+  - {token: oneurl-token, username: oneurl, groups: [system:authenticated]}
 "#;
+
+/// The provider key of the sample external model (Secret openai-key in the samples).
+const OPENAI_KEY: &str = "sk-sample-openai-key";
+
+/// The models of the sample policy (wasm-plugin-crs/base/companion/policy-configmap.yaml: the
+/// models the sample HTTPRoutes publish) in this module's free tier, beside the module's own.
+fn policy() -> &'static str {
+    static POLICY: OnceLock<String> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        let mut policy: Value = yaml_serde::from_str(BASE_POLICY).unwrap();
+        let text = std::fs::read_to_string(
+            maas_e2e::tools::workspace_root()
+                .join("wasm-plugin-crs/base/companion/policy-configmap.yaml"),
+        )
+        .unwrap();
+        let cm: Value = yaml_serde::from_str(&text).unwrap();
+        let sample: Value =
+            yaml_serde::from_str(cm["data"]["policy.yaml"].as_str().unwrap()).unwrap();
+        for model in sample["models"].as_array().unwrap() {
+            let mut model = model.clone();
+            model["tiers"] = json!(["free"]);
+            policy["models"].as_array_mut().unwrap().push(model);
+        }
+        // JSON is YAML.
+        policy.to_string()
+    })
+}
 
 fn stack() -> &'static Stack {
     static S: ModuleStack<Stack> = ModuleStack::new();
-    stack_with(&S, POLICY, IDENTITIES, "credentials: {}\n")
+    static CREDENTIALS: OnceLock<String> = OnceLock::new();
+    let credentials =
+        CREDENTIALS.get_or_init(|| format!("credentials:\n  openai-key: {OPENAI_KEY}\n"));
+    stack_with(&S, policy(), IDENTITIES, credentials)
 }
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
@@ -80,6 +117,16 @@ enum Shape {
 
 /// An Envoy beside the stack built from the stack's bootstrap and the shipped EnvoyFilters.
 fn istio_envoy(stack: &Stack, name: &str, shape: Shape) -> ExtraEnvoy {
+    istio_envoy_with(stack, name, shape, |_| Ok(()))
+}
+
+/// As [`istio_envoy`], the bootstrap then changed by `more`.
+fn istio_envoy_with(
+    stack: &Stack,
+    name: &str,
+    shape: Shape,
+    mut more: impl FnMut(&mut Value) -> anyhow::Result<()>,
+) -> ExtraEnvoy {
     let shipped = ShippedGateway::load().expect("the shipped EnvoyFilters load");
     let dir = stack.dir().join(name);
     std::fs::create_dir_all(&dir).unwrap();
@@ -122,7 +169,8 @@ fn istio_envoy(stack: &Stack, name: &str, shape: Shape) -> ExtraEnvoy {
     }
     istio_gateway::write_ecds_file(&ecds, &ec).unwrap();
     let envoy = ExtraEnvoy::beside(stack, name, false, |v, _| {
-        istio_gateway::apply(v, &shipped, &ecds)
+        istio_gateway::apply(v, &shipped, &ecds)?;
+        more(v)
     })
     .unwrap_or_else(|e| panic!("the Istio-shaped Envoy did not start: {e:#}"));
     wait_for_policy(&envoy);
@@ -173,6 +221,7 @@ async fn stat(admin: &str, name: &str) -> u64 {
 /// status and how long the answer took.
 fn two_part_request(
     addr: SocketAddr,
+    path: &str,
     token: &str,
     test_id: &str,
     body: &str,
@@ -182,7 +231,7 @@ fn two_part_request(
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let head = format!(
-        "POST {CHAT} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nauthorization: Bearer {token}\r\n\
+        "POST {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nauthorization: Bearer {token}\r\n\
          x-test-id: {test_id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
@@ -236,7 +285,7 @@ async fn body_refusals(
         let before = started(&admin).await;
         let token = token.to_string();
         let (status, _) = tokio::task::spawn_blocking(move || {
-            two_part_request(addr, &token, &id, &body, Duration::from_millis(300))
+            two_part_request(addr, CHAT, &token, &id, &body, Duration::from_millis(300))
         })
         .await
         .unwrap();
@@ -272,6 +321,7 @@ async fn the_shipped_filter_over_ecds_opens_no_upstream_request_for_a_body_refus
     let (status, _) = tokio::task::spawn_blocking(move || {
         two_part_request(
             addr,
+            CHAT,
             "held-token",
             "ig-held-ok",
             &ok_body(),
@@ -335,7 +385,14 @@ async fn the_flag_without_the_knob_does_not_hang() {
     {
         let id = format!("ig-noknob-{i}");
         let (status, took) = tokio::task::spawn_blocking(move || {
-            two_part_request(addr, "noknob-token", &id, &body, Duration::from_millis(50))
+            two_part_request(
+                addr,
+                CHAT,
+                "noknob-token",
+                &id,
+                &body,
+                Duration::from_millis(50),
+            )
         })
         .await
         .unwrap();
@@ -390,5 +447,216 @@ async fn the_shipped_connection_manager_refuses_underscore_headers() {
         )
         .await,
         1
+    );
+}
+
+/// A simulator serving only `model` (as vLLM serves its served name), one per sample backend.
+fn model_sim(model: &str) -> SimHandle {
+    sim::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig {
+            chunk_delay: Duration::ZERO,
+            models: vec![model.to_string()],
+            served_only: true,
+        },
+    )
+    .expect("a simulator starts")
+}
+
+/// A cluster stat by exact name (cluster names hold `|`, which `/stats?filter=` reads as a
+/// regular expression).
+async fn cluster_stat(admin: &str, cluster: &str, stat: &str) -> u64 {
+    let name = format!("cluster.{cluster}.{stat}: ");
+    let text = send(client().get(format!("{admin}/stats"))).await.body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&name))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What `sim` received for `test_id`.
+fn seen(sim: &SimHandle, test_id: &str) -> Vec<sim::RecordedRequest> {
+    sim.requests()
+        .into_iter()
+        .filter(|r| r.header("x-test-id") == Some(test_id))
+        .collect()
+}
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// Refusals at the one base URL's body, each body in two parts 300 ms apart: no upstream request
+/// on either sample cluster, nothing at either backend.
+async fn one_url_refusals_open_no_upstream_request(
+    envoy: &ExtraEnvoy,
+    kserve: &SimHandle,
+    openai: &SimHandle,
+) {
+    let admin = envoy.admin_url();
+    let cases = [
+        ("model_not_found", 404, chat("no-such-model").to_string()),
+        (
+            "tokens_exceed_limit",
+            400,
+            json!({"model": "facebook/opt-125m", "max_tokens": 100000, "messages": []}).to_string(),
+        ),
+        ("invalid_body", 400, "[1,2,3,4,5,6,7,8]".to_string()),
+    ];
+    for (what, want, body) in cases {
+        let before = (
+            cluster_stat(&admin, KSERVE_CLUSTER, "upstream_rq_total").await,
+            cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await,
+        );
+        let id = format!("iu-refused-{what}");
+        let addr = envoy.ports.listen;
+        let sent_id = id.clone();
+        let (status, _) = tokio::task::spawn_blocking(move || {
+            two_part_request(
+                addr,
+                "/v1/chat/completions",
+                "oneurl-token",
+                &sent_id,
+                &body,
+                Duration::from_millis(300),
+            )
+        })
+        .await
+        .unwrap();
+        // A late upstream request gets time to show (nothing to poll for).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = (
+            cluster_stat(&admin, KSERVE_CLUSTER, "upstream_rq_total").await,
+            cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await,
+        );
+        assert_eq!(status, want, "{what}");
+        assert_eq!(after, before, "{what} opened an upstream request");
+        assert!(
+            seen(kserve, &id).is_empty() && seen(openai, &id).is_empty(),
+            "{what}"
+        );
+    }
+}
+
+const KSERVE_CLUSTER: &str =
+    "outbound|80||facebook-opt-125m-simulated-predictor.llm.svc.cluster.local";
+const OPENAI_CLUSTER: &str = "outbound|443||api.openai.com";
+
+/// The one base URL in the route configuration Istio generates from the sample HTTPRoutes
+/// (wasm-plugin-crs/samples/*/httproute.yaml, translated by `istio_gateway::istio_routes` as
+/// istiod does: `/v1` + header `x-maas-model` exact, `request_headers_to_remove`, the provider's
+/// host rewrite, clusters `outbound|<port>||<host>`) with the shipped filter over ECDS: each
+/// sample model, named in the body at `POST /v1/chat/completions`, lands on its own backend —
+/// Envoy chose the route again after the filter set `x-maas-model` — and the backend never sees
+/// the header (nor a client's own copy); the path-prefix rules still work; a refusal at the body
+/// opens no upstream request on either cluster.
+#[tokio::test]
+async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body() {
+    let stack = stack();
+    let kserve = model_sim("facebook/opt-125m");
+    let openai = model_sim("gpt-4o");
+    let samples: Vec<Value> = istio_gateway::MODEL_ROUTE_SAMPLES
+        .iter()
+        .map(|p| istio_gateway::load_httproute(p).unwrap())
+        .collect();
+    let routes = istio_gateway::istio_gateway_routes(&samples).unwrap();
+    let clusters = [
+        (KSERVE_CLUSTER.to_string(), kserve.addr()),
+        // Istio's DestinationRule originates TLS to the provider; here the provider is plain HTTP.
+        (OPENAI_CLUSTER.to_string(), openai.addr()),
+    ];
+    let envoy = istio_envoy_with(stack, "istio-one-url", Shape::Shipped, |v| {
+        istio_gateway::replace_model_routes(v, routes.clone(), &clusters)
+    });
+    let admin = envoy.admin_url();
+    let one_url = format!("{}/v1/chat/completions", envoy.gateway_url());
+    let seen = |s: &SimHandle, id: &str| -> Vec<sim::RecordedRequest> {
+        s.requests()
+            .into_iter()
+            .filter(|r| r.header("x-test-id") == Some(id))
+            .collect()
+    };
+    let chat = |model: &str| json!({"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let post = |url: String,
+                id: &'static str,
+                body: Value,
+                extra: Option<(&'static str, &'static str)>| {
+        let mut req = client()
+            .post(url)
+            .header("authorization", "Bearer oneurl-token")
+            .header("x-test-id", id)
+            .json(&body);
+        if let Some((k, v)) = extra {
+            req = req.header(k, v);
+        }
+        send(req)
+    };
+
+    // The KServe sample, the client naming the other model in its own routing header: the
+    // filter removes the client's copy and the body decides.
+    let r = post(
+        one_url.clone(),
+        "iu-kserve",
+        chat("facebook/opt-125m"),
+        Some(("x-maas-model", "gpt-4o")),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (on_kserve, on_openai) = (seen(&kserve, "iu-kserve"), seen(&openai, "iu-kserve"));
+    assert_eq!(
+        (on_kserve.len(), on_openai.len()),
+        (1, 0),
+        "its own backend"
+    );
+    assert_eq!(on_kserve[0].path, "/v1/chat/completions");
+    assert_eq!(
+        on_kserve[0].header("x-maas-model"),
+        None,
+        "{:?}",
+        on_kserve[0].headers
+    );
+
+    // The external sample: its host, its provider key, no routing header.
+    let r = post(one_url.clone(), "iu-openai", chat("gpt-4o"), None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (on_kserve, on_openai) = (seen(&kserve, "iu-openai"), seen(&openai, "iu-openai"));
+    assert_eq!(
+        (on_kserve.len(), on_openai.len()),
+        (0, 1),
+        "its own backend"
+    );
+    let got = &on_openai[0];
+    assert_eq!(got.path, "/v1/chat/completions");
+    assert_eq!(got.header("host"), Some("api.openai.com"));
+    assert_eq!(
+        got.header("authorization"),
+        Some(format!("Bearer {OPENAI_KEY}").as_str())
+    );
+    assert_eq!(got.header("x-maas-model"), None, "{:?}", got.headers);
+
+    // The path-prefix rules, as Istio rewrites them.
+    let r = post(
+        format!(
+            "{}/llm/facebook-opt-125m-simulated/v1/chat/completions",
+            envoy.gateway_url()
+        ),
+        "iu-prefix",
+        chat("facebook/opt-125m"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let on_kserve = seen(&kserve, "iu-prefix");
+    assert_eq!(on_kserve.len(), 1);
+    assert_eq!(on_kserve[0].path, "/v1/chat/completions");
+
+    one_url_refusals_open_no_upstream_request(&envoy, &kserve, &openai).await;
+    // The counters count: the three requests that went through.
+    assert_eq!(
+        (
+            cluster_stat(&admin, KSERVE_CLUSTER, "upstream_rq_total").await,
+            cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await,
+        ),
+        (2, 1)
     );
 }

@@ -15,6 +15,9 @@ struct Started {
     stack_dir: String,
     /// The `Internal API:` line's URL.
     internal: String,
+    /// The `OpenAI base URL:` line's URL, and whether it came before the path-prefix URLs.
+    one_base_url: String,
+    one_base_url_first: bool,
     output: mpsc::Receiver<String>,
 }
 
@@ -96,6 +99,8 @@ fn start_local_with(extra: &[&str]) -> Started {
     let mut gateways: Option<Vec<String>> = None;
     let mut stack_dir = None;
     let mut internal = None;
+    let mut one_base_url: Option<String> = None;
+    let mut one_base_url_first = false;
     let deadline = Instant::now() + Duration::from_secs(120);
     while stack_dir.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -107,6 +112,12 @@ fn start_local_with(extra: &[&str]) -> Started {
         });
         if let Some(urls) = line.strip_prefix("READY ") {
             gateways = Some(urls.split_whitespace().map(str::to_string).collect());
+        }
+        if let Some(url) = line.strip_prefix("OpenAI base URL: ") {
+            one_base_url = Some(url.trim().to_string());
+        }
+        if line.starts_with("Path-prefix URLs") {
+            one_base_url_first = one_base_url.is_some();
         }
         if let Some(url) = line.strip_prefix("Internal API: ") {
             internal = Some(url.trim().to_string());
@@ -124,6 +135,8 @@ fn start_local_with(extra: &[&str]) -> Started {
         gateways,
         stack_dir: stack_dir.unwrap(),
         internal: internal.expect("an Internal API line before the Logs line"),
+        one_base_url: one_base_url.expect("an OpenAI base URL line before the Logs line"),
+        one_base_url_first,
         output: rx,
     }
 }
@@ -198,13 +211,24 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
         .json()
         .unwrap();
     let key = minted["key"].as_str().expect("key minted");
-    let resp = client
-        .post(format!("{}/llm/sim-model/v1/chat/completions", started.gateway))
-        .bearer_auth(key)
-        .json(&serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    // The one base URL is printed first, and works; the model's path prefix too.
+    assert_eq!(started.one_base_url, format!("{}/v1", started.gateway));
+    assert!(
+        started.one_base_url_first,
+        "the one base URL before the path-prefix URLs"
+    );
+    for url in [
+        format!("{}/chat/completions", started.one_base_url),
+        format!("{}/llm/sim-model/v1/chat/completions", started.gateway),
+    ] {
+        let resp = client
+            .post(&url)
+            .bearer_auth(key)
+            .json(&serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{url}");
+    }
 
     // The internal API it prints refuses a caller without the gateway's certificate and
     // answers one with it (the files it names).

@@ -23,6 +23,7 @@ mod internal_auth;
 mod istio_gateway;
 mod local_command;
 mod models_ready;
+mod one_url;
 mod output_caps;
 mod reliability_faults;
 mod reliability_policy;

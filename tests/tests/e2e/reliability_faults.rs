@@ -300,7 +300,7 @@ fn pid_listening_on(port: u16) -> Option<i32> {
 
 /// Mints keys from 3 clients (bounded in count and time) while the companion is stopped
 /// (SIGTERM, graceful) or killed (SIGKILL) and started again; every 201 must be a working key.
-// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+// One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
 async fn minting_through_a_restart(kill: bool) {
     let stack = stack();

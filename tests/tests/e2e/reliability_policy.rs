@@ -212,6 +212,7 @@ fn broken_plugin_config_never_lets_a_request_through() {
         SimConfig {
             chunk_delay: Duration::ZERO,
             models: vec!["sim-model".into()],
+            served_only: false,
         },
     )
     .unwrap();

@@ -162,7 +162,7 @@ type ModelCase = (
 );
 
 #[tokio::test]
-// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+// One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
 async fn no_user_credential_reaches_any_backend_only_the_providers() {
     let _serial = serial().await;

@@ -15,6 +15,7 @@ fn sim() -> &'static SimHandle {
             SimConfig {
                 chunk_delay: Duration::ZERO,
                 models: vec!["sim-model".into(), "other".into()],
+                served_only: false,
             },
         )
         .expect("simulator starts")

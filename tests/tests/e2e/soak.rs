@@ -185,7 +185,7 @@ fn usage_of_stream(body: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+// One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
 async fn soak_mixed_traffic_counters_exact_memory_flat() {
     let _serial = serial().await;
@@ -422,7 +422,7 @@ fn sim_seen_by(stack: &Stack, id: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// TODO(issue 27): a long scenario, split when tests/tests/ becomes one e2e binary.
+// One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
 async fn token_budget_holds_under_concurrency() {
     let _serial = serial().await;
