@@ -40,6 +40,7 @@ mod models;
 mod openapi;
 mod policy;
 mod policy_source;
+mod public_url;
 mod readiness;
 mod routes;
 pub mod settings;

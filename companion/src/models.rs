@@ -4,6 +4,7 @@
 
 use crate::caller::Caller;
 use crate::policy::PolicyHandle;
+use crate::public_url::PublicUrl;
 use crate::readiness::Readiness;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -14,7 +15,6 @@ use maas_types::subscription::Subscription;
 use maas_types::{ErrorBody, ErrorKind, Limits, Model, PolicyDocument};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use utoipa::ToSchema;
 
 /// The reference's `modelDetails`: from the model's `details` (a MaaSModelRef's annotations).
@@ -83,23 +83,6 @@ pub struct ModelList {
     pub object: &'static str,
     /// Always an array, empty when the caller may use nothing.
     pub data: Vec<ModelEntry>,
-}
-
-/// The Gateway's base URL (`--public-url`, checked, no trailing `/`), under which a model's
-/// `url` is its path. `None`: models are listed without `url`. Never taken from the request:
-/// its `Host` (or `X-Forwarded-*`) is whatever the client sent, and a forged one would put
-/// another host into every snippet built from the answer.
-#[derive(Debug, Clone, Default)]
-pub struct PublicUrl(pub Option<Arc<str>>);
-
-impl PublicUrl {
-    pub fn new(base: Option<String>) -> PublicUrl {
-        PublicUrl(base.map(Arc::from))
-    }
-
-    fn model_url(&self, m: &Model) -> Option<String> {
-        self.0.as_ref().map(|b| format!("{b}{}", m.path))
-    }
 }
 
 fn details_entry(m: &Model) -> Option<ModelDetailsEntry> {

@@ -172,9 +172,12 @@ impl IntoResponse for PolicyServeError {
 pub async fn serve(
     State(policy): State<PolicyHandle>,
     State(keys): State<KeyStore>,
+    State(public): State<crate::public_url::PublicUrl>,
     headers: HeaderMap,
 ) -> Result<Response, PolicyServeError> {
     let mut doc = (*policy.document()).clone();
+    // The filter's `GET /v1/models` gives each model its url from this, never from a Host.
+    doc.public_url = public.0.as_deref().map(str::to_string);
     let revoked = keys.recently_revoked().await?;
     doc.revoked_key_ids.extend(revoked);
     doc.revoked_key_ids.sort();

@@ -419,7 +419,7 @@ impl Application {
             metrics: metrics.clone(),
             leases,
             usage: usage.clone(),
-            public_url: crate::models::PublicUrl::new(settings.listeners.public_url.clone()),
+            public_url: crate::public_url::PublicUrl::new(settings.listeners.public_url.clone()),
             readiness: crate::readiness::Readiness::new(settings.model_probe.clone()),
         };
         if let Some(digest) = policy_digest {

@@ -595,12 +595,18 @@ pub fn catalog(
         Err(r) => r.deny == Deny::MultipleSubscriptions,
     };
     let entry = |m: &Model| {
-        serde_json::json!({
+        let mut entry = serde_json::json!({
             "id": m.name,
             "object": "model",
             "created": 0,
             "owned_by": m.owned_by.as_deref().unwrap_or("maas"),
-        })
+        });
+        // The model's own URL (its path prefix at the gateway), as the reference's `/v1/models`
+        // gives it: its inference guide calls `.data[].url + "/v1/chat/completions"`.
+        if let (Some(base), Some(fields)) = (&policy.public_url, entry.as_object_mut()) {
+            fields.insert("url".into(), format!("{base}{}", m.path).into());
+        }
+        entry
     };
     let value = match id {
         None => serde_json::json!({

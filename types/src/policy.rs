@@ -25,6 +25,12 @@ pub struct PolicyDocument {
     /// than any cache TTL, so every cache evicts them within one poll interval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revoked_key_ids: Vec<String>,
+    /// The gateway's base URL as clients reach it (the companion's `--public-url`), set by the
+    /// companion when it serves the document: the filter's `GET /v1/models` gives each model its
+    /// `url` from it (the reference's clients read `.data[].url`), never from the `Host` a
+    /// client sends. Left out when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -450,6 +456,28 @@ fn check_model_id(path: String, id: &str) -> Result<(), PolicyError> {
     Ok(())
 }
 
+/// The served base URL: `http(s)://` and a host, no trailing `/`, no whitespace, control
+/// character, query or fragment (what the companion's `--public-url` check lets through).
+fn check_public_url(url: &str) -> Result<(), PolicyError> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    let ok = rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
+        && url.len() <= 2048
+        && !url.ends_with('/')
+        && !url
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#');
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            "publicUrl",
+            "must be an http:// or https:// base URL with a host, without a trailing /, query or fragment",
+        ))
+    }
+}
+
 /// Every model's name and aliases name one model only: a body's `model` finds one model.
 fn check_model_ids_unique(models: &[Model]) -> Result<(), PolicyError> {
     let names: BTreeSet<&str> = models.iter().map(|m| m.name.as_str()).collect();
@@ -861,6 +889,9 @@ impl PolicyDocument {
             if !crate::apikey::is_key_id(id) {
                 return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));
             }
+        }
+        if let Some(url) = &self.public_url {
+            check_public_url(url)?;
         }
         Ok(())
     }
@@ -1452,6 +1483,44 @@ mod tests {
             w["models"][0]["servedName"] = bad;
             fails_at(w, "models[0].servedName");
         }
+    }
+
+    /// The served base URL the filter's model list builds urls from: checked like `--public-url`.
+    #[test]
+    fn the_public_url_is_an_http_base() {
+        for good in [
+            "https://maas.apps.example.com",
+            "http://127.0.0.1:8080",
+            "https://gw/x",
+        ] {
+            let mut v = sample();
+            v["publicUrl"] = json!(good);
+            let doc = PolicyDocument::from_value(v).unwrap();
+            assert_eq!(doc.public_url.as_deref(), Some(good));
+        }
+        for bad in [
+            "",
+            "maas.example.com",
+            "ftp://x",
+            "https://",
+            "https:///x",
+            "https://x/",
+            "https://x?a=1",
+            "https://x#f",
+            "https://x y",
+            "https://x\u{7}",
+        ] {
+            let mut v = sample();
+            v["publicUrl"] = json!(bad);
+            fails_at(v, "publicUrl");
+        }
+        assert!(
+            serde_json::to_value(PolicyDocument::from_value(sample()).unwrap())
+                .unwrap()
+                .get("publicUrl")
+                .is_none(),
+            "left out when unknown"
+        );
     }
 
     /// The one base URL owns `/v1`: a model path there would take its requests.

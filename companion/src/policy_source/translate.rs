@@ -986,6 +986,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         models: Vec::new(),
         subscriptions: Vec::new(),
         revoked_key_ids: Vec::new(),
+        public_url: None,
     });
     let only_tier = Tier {
         name: SUBSCRIPTION_ONLY_TIER.into(),

@@ -826,3 +826,73 @@ async fn the_official_sdks_use_the_one_base_url() {
         "sim-model's two chat calls and sim-claude's two Messages calls"
     );
 }
+
+/// The reference's inference guide (docs/content/user-guide/inference.md at v0.2.1), its curl
+/// flow unchanged: `GET $MAAS_API_URL/v1/models` with an API key, `MODEL_URL=.data[i].url`,
+/// `MODEL_NAME=.data[i].id`, then `POST $MODEL_URL/v1/chat/completions` with that model (and the
+/// same with `"stream": true`). Each url is the gateway's own (`--public-url`), whatever `Host`
+/// the client sends, and leads to the model's backend.
+#[tokio::test]
+async fn the_reference_inference_guides_curl_works_unchanged() {
+    let stack = stack();
+    let base = stack.gateway_url();
+    let key = stack
+        .mint_key_plain("list-token", "inference-guide")
+        .await
+        .unwrap();
+    let list = send(
+        client()
+            .get(format!("{base}/v1/models"))
+            .header("authorization", bearer(&key))
+            .header("host", "evil.example.net"),
+    )
+    .await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    let data = list.json()["data"].as_array().unwrap().clone();
+    for entry in &data {
+        let url = entry["url"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no url: {entry}"));
+        assert!(
+            url.starts_with(&base),
+            "{url} is not the gateway's ({base})"
+        );
+    }
+    // The guide takes `.data[0]`; the first two are the stack's chat models (one on the stack's
+    // simulator, one served under another name on its own).
+    for (i, entry) in data.iter().take(2).enumerate() {
+        let (model_url, model_name) = (
+            entry["url"].as_str().unwrap(),
+            entry["id"].as_str().unwrap(),
+        );
+        for stream in [false, true] {
+            let test_id = format!("guide-{i}-{stream}");
+            let mut body = json!({
+                "model": model_name,
+                "messages": [{"role": "user", "content": "Hello, how are you?"}],
+                "max_tokens": 100,
+            });
+            if stream {
+                body["stream"] = json!(true);
+            }
+            let r = post(
+                &format!("{model_url}/v1/chat/completions"),
+                &key,
+                &test_id,
+                body,
+            )
+            .await;
+            assert_eq!(
+                r.status, 200,
+                "{model_url} {model_name} stream={stream}: {}",
+                r.body
+            );
+            let (on_sim, on_opt) = seen(stack, &test_id);
+            assert_eq!(
+                on_sim.len() + on_opt.len(),
+                1,
+                "{test_id} reached one backend once"
+            );
+        }
+    }
+}
