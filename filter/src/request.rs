@@ -215,6 +215,16 @@ enum Step {
     Refused,
 }
 
+/// The subscription the client's `X-MaaS-Subscription` names (read only when the headers'
+/// first read saw one).
+fn requested_subscription(headers: &HeaderMap, names_subscription: bool) -> Option<&str> {
+    names_subscription
+        .then(|| {
+            maas_types::subscription::requested_from_header(headers.get_all(SUBSCRIPTION_HEADER))
+        })
+        .flatten()
+}
+
 /// A cached answer for the credential, and the subject's counter key from the worker's copy of
 /// the credential when it came from there.
 type CachedCaller = (Result<Caller, Refusal>, Option<Rc<str>>);
@@ -581,13 +591,7 @@ impl Request {
         names_subscription: bool,
         now_s: u64,
     ) -> Step {
-        let requested = names_subscription
-            .then(|| {
-                maas_types::subscription::requested_from_header(
-                    headers.get_all(SUBSCRIPTION_HEADER),
-                )
-            })
-            .flatten();
+        let requested = requested_subscription(&headers, names_subscription);
         let decided = self.authorize(host, &caller, counter_key, &headers, requested, now_s);
         let (plan, slot_read) = match decided {
             Ok(d) => d,
@@ -675,13 +679,7 @@ impl Request {
             self.refuse(host, &Refusal::undecidable());
             return Step::Refused;
         };
-        let requested = names_subscription
-            .then(|| {
-                maas_types::subscription::requested_from_header(
-                    headers.get_all(SUBSCRIPTION_HEADER),
-                )
-            })
-            .flatten();
+        let requested = requested_subscription(headers, names_subscription);
         let api_key = self.identity.as_ref().is_some_and(|i| i.key_id().is_some());
         match admission::catalog(policy, &caller.identity, api_key, requested, id.as_deref()) {
             Ok(body) => {

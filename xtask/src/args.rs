@@ -2,6 +2,7 @@
 //! scripts and people match on), and the image references they accept.
 
 use regex::Regex;
+use std::path::PathBuf;
 use std::sync::LazyLock;
 
 /// REGISTRY/REPOSITORY[:TAG] (no digest: the digest is what the build computes).
@@ -45,6 +46,70 @@ impl Iterator for Args {
 
     fn next(&mut self) -> Option<String> {
         self.rest.next()
+    }
+}
+
+/// Where an image task's image goes: the options every image task reads alike.
+#[derive(Debug)]
+pub struct Destination {
+    pub oci_dir: Option<PathBuf>,
+    pub push: bool,
+    pub tls_verify: bool,
+    pub authfile: Option<PathBuf>,
+    pub image: Option<String>,
+}
+
+impl Default for Destination {
+    fn default() -> Destination {
+        Destination {
+            oci_dir: None,
+            push: true,
+            tls_verify: true,
+            authfile: None,
+            image: None,
+        }
+    }
+}
+
+impl Destination {
+    /// Takes `arg` (and its value) when it is one of these options or the image reference;
+    /// `false`: another option, the task's own (or unknown).
+    pub fn read(&mut self, arg: &str, args: &mut Args) -> Result<bool, String> {
+        match arg {
+            "--oci-dir" => self.oci_dir = Some(args.value("--oci-dir", "a directory")?.into()),
+            "--no-push" => self.push = false,
+            "--tls-verify=false" => self.tls_verify = false,
+            "--tls-verify=true" => self.tls_verify = true,
+            "--authfile" => self.authfile = Some(args.value("--authfile", "a file")?.into()),
+            flag if flag.starts_with('-') => return Ok(false),
+            image => {
+                if let Some(first) = &self.image {
+                    return Err(format!(
+                        "one image reference only (got '{first}' and '{image}')"
+                    ));
+                }
+                self.image = Some(image.to_string());
+            }
+        }
+        Ok(true)
+    }
+
+    /// Once every argument is read: the image without the `schemes` it may be written with,
+    /// required when pushing (`example` shows one), checked and tagged.
+    pub fn finish(&mut self, schemes: &[&str], example: &str) -> Result<(), String> {
+        self.image = self.image.take().map(|i| {
+            schemes
+                .iter()
+                .fold(i.as_str(), |rest, scheme| rest.trim_start_matches(scheme))
+                .to_string()
+        });
+        if self.push && self.image.is_none() {
+            return Err(format!(
+                "give the image to push, e.g. {example} (see --help)"
+            ));
+        }
+        self.image = self.image.as_deref().map(image_reference).transpose()?;
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! The same binary, CA bundle and UI always give the same digest.
 
-use crate::args::{Args, image_reference};
+use crate::args::{Args, Destination};
 use crate::elf;
 use crate::json;
 use crate::log::Log;
@@ -60,11 +60,8 @@ pub struct Options {
     pub ui_dir: Option<PathBuf>,
     pub build: bool,
     pub ca_bundle: PathBuf,
-    pub oci_dir: Option<PathBuf>,
-    pub push: bool,
-    pub tls_verify: bool,
-    pub authfile: Option<PathBuf>,
-    pub image: Option<String>,
+    /// Where the image goes.
+    pub dest: Destination,
 }
 
 /// Reads the options; `None` for --help.
@@ -72,8 +69,6 @@ pub fn parse(args: Vec<String>) -> Result<Option<Options>, String> {
     let mut o = Options {
         build: true,
         ca_bundle: PathBuf::from(CA_DEFAULT),
-        push: true,
-        tls_verify: true,
         ..Options::default()
     };
     let mut args = Args::new(args);
@@ -86,35 +81,13 @@ pub fn parse(args: Vec<String>) -> Result<Option<Options>, String> {
             "--no-build" => o.build = false,
             "--ca-bundle" => o.ca_bundle = args.value("--ca-bundle", "a file")?.into(),
             "--ui-dir" => o.ui_dir = Some(args.value("--ui-dir", "a directory")?.into()),
-            "--oci-dir" => o.oci_dir = Some(args.value("--oci-dir", "a directory")?.into()),
-            "--no-push" => o.push = false,
-            "--tls-verify=false" => o.tls_verify = false,
-            "--tls-verify=true" => o.tls_verify = true,
-            "--authfile" => o.authfile = Some(args.value("--authfile", "a file")?.into()),
             "-h" | "--help" => return Ok(None),
-            flag if flag.starts_with('-') => {
-                return Err(format!("unknown option: {flag} (see --help)"));
-            }
-            image => {
-                if let Some(first) = &o.image {
-                    return Err(format!(
-                        "one image reference only (got '{first}' and '{image}')"
-                    ));
-                }
-                o.image = Some(image.to_string());
-            }
+            other if o.dest.read(other, &mut args)? => {}
+            flag => return Err(format!("unknown option: {flag} (see --help)")),
         }
     }
-    o.image = o
-        .image
-        .map(|i| i.trim_start_matches("docker://").to_string());
-    if o.push && o.image.is_none() {
-        return Err(
-            "give the image to push, e.g. quay.io/me/maas-companion:v0.1.0 (see --help)"
-                .to_string(),
-        );
-    }
-    o.image = o.image.as_deref().map(image_reference).transpose()?;
+    o.dest
+        .finish(&["docker://"], "quay.io/me/maas-companion:v0.1.0")?;
     Ok(Some(o))
 }
 
@@ -358,7 +331,7 @@ fn build_ui(ws: &Workspace, out: &Path) -> Result<(), String> {
 
 /// Builds (unless told not to), packs and publishes; returns the pinned reference or digest.
 pub fn run(o: Options, ws: &Workspace) -> Result<String, String> {
-    if o.push {
+    if o.dest.push {
         tools::apt_tool("skopeo", "skopeo", &LOG)?;
     }
     let ca_bundle = ca_bundle(&o.ca_bundle)?;
@@ -410,10 +383,10 @@ pub fn run(o: Options, ws: &Workspace) -> Result<String, String> {
         oci::digest(&contents.binary).replace(':', " ")
     ));
     let publish = Publish {
-        oci_dir: o.oci_dir,
-        push: o.image.filter(|_| o.push),
-        tls_verify: o.tls_verify,
-        authfile: o.authfile,
+        oci_dir: o.dest.oci_dir,
+        push: o.dest.image.filter(|_| o.dest.push),
+        tls_verify: o.dest.tls_verify,
+        authfile: o.dest.authfile,
         hint: "deploy it with MAAS_API_IMAGE=".to_string(),
     };
     oci::publish(&image, &publish, &LOG)
@@ -520,7 +493,7 @@ mod tests {
         let o = args(&["--binary", "b", "--ui-dir", "u", "--no-push"])
             .unwrap()
             .unwrap();
-        assert!(!o.build && !o.push);
+        assert!(!o.build && !o.dest.push);
         assert_eq!(o.ca_bundle, PathBuf::from(CA_DEFAULT));
         assert_eq!(
             args(&["--ca-bundle"]).unwrap_err(),

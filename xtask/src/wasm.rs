@@ -3,7 +3,7 @@
 //! Wasm module (a WasmPlugin's url, or the oci:// uri of the EnvoyFilter maas-filter's extension
 //! config). The same .wasm always gives the same digest, on any machine.
 
-use crate::args::{Args, image_reference};
+use crate::args::{Args, Destination};
 use crate::log::Log;
 use crate::oci::{self, Image, Publish};
 use crate::tools;
@@ -36,19 +36,14 @@ Options:
 pub struct Options {
     pub wasm: Option<PathBuf>,
     pub build: bool,
-    pub oci_dir: Option<PathBuf>,
-    pub push: bool,
-    pub tls_verify: bool,
-    pub authfile: Option<PathBuf>,
-    pub image: Option<String>,
+    /// Where the image goes.
+    pub dest: Destination,
 }
 
 /// Reads the options; `None` for --help.
 pub fn parse(args: Vec<String>) -> Result<Option<Options>, String> {
     let mut o = Options {
         build: true,
-        push: true,
-        tls_verify: true,
         ..Options::default()
     };
     let mut args = Args::new(args);
@@ -59,36 +54,13 @@ pub fn parse(args: Vec<String>) -> Result<Option<Options>, String> {
                 o.build = false;
             }
             "--no-build" => o.build = false,
-            "--oci-dir" => o.oci_dir = Some(args.value("--oci-dir", "a directory")?.into()),
-            "--no-push" => o.push = false,
-            "--tls-verify=false" => o.tls_verify = false,
-            "--tls-verify=true" => o.tls_verify = true,
-            "--authfile" => o.authfile = Some(args.value("--authfile", "a file")?.into()),
             "-h" | "--help" => return Ok(None),
-            flag if flag.starts_with('-') => {
-                return Err(format!("unknown option: {flag} (see --help)"));
-            }
-            image => {
-                if let Some(first) = &o.image {
-                    return Err(format!(
-                        "one image reference only (got '{first}' and '{image}')"
-                    ));
-                }
-                o.image = Some(image.to_string());
-            }
+            other if o.dest.read(other, &mut args)? => {}
+            flag => return Err(format!("unknown option: {flag} (see --help)")),
         }
     }
-    o.image = o.image.map(|i| {
-        i.trim_start_matches("oci://")
-            .trim_start_matches("docker://")
-            .to_string()
-    });
-    if o.push && o.image.is_none() {
-        return Err(
-            "give the image to push, e.g. quay.io/me/maas-filter:v0.1.0 (see --help)".to_string(),
-        );
-    }
-    o.image = o.image.as_deref().map(image_reference).transpose()?;
+    o.dest
+        .finish(&["oci://", "docker://"], "quay.io/me/maas-filter:v0.1.0")?;
     Ok(Some(o))
 }
 
@@ -113,7 +85,7 @@ pub fn image(wasm: &[u8]) -> Result<Image, String> {
 
 /// Builds (unless told not to), packs and publishes; returns the pinned reference or digest.
 pub fn run(o: Options, ws: &Workspace) -> Result<String, String> {
-    if o.push && tools::which("skopeo").is_none() {
+    if o.dest.push && tools::which("skopeo").is_none() {
         return Err("skopeo is required to push (apt-get install skopeo)".to_string());
     }
     if o.build {
@@ -151,10 +123,10 @@ pub fn run(o: Options, ws: &Workspace) -> Result<String, String> {
         oci::digest(&wasm).replace(':', " ")
     ));
     let publish = Publish {
-        oci_dir: o.oci_dir,
-        push: o.image.filter(|_| o.push),
-        tls_verify: o.tls_verify,
-        authfile: o.authfile,
+        oci_dir: o.dest.oci_dir,
+        push: o.dest.image.filter(|_| o.dest.push),
+        tls_verify: o.dest.tls_verify,
+        authfile: o.dest.authfile,
         hint: "pin it in EnvoyFilter maas-filter (deploy.sh MAAS_WASM_IMAGE): uri: oci://"
             .to_string(),
     };
@@ -203,9 +175,9 @@ mod tests {
                 .contains("give the image to push")
         );
         let o = args(&["--wasm", "x.wasm", "--no-push"]).unwrap().unwrap();
-        assert!(!o.build && !o.push && o.image.is_none());
+        assert!(!o.build && !o.dest.push && o.dest.image.is_none());
         let o = args(&["oci://quay.io/me/f"]).unwrap().unwrap();
-        assert_eq!(o.image.as_deref(), Some("quay.io/me/f:latest"));
+        assert_eq!(o.dest.image.as_deref(), Some("quay.io/me/f:latest"));
         assert!(args(&["--help"]).unwrap().is_none());
         assert!(
             args(&["a/b", "c/d"])
