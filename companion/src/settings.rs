@@ -102,6 +102,11 @@ pub struct Cli {
         default_value = maas_types::subscription::DEFAULT_NAMESPACE
     )]
     pub policy_namespace: String,
+    /// With `--policy-source kubernetes`: write the resources' `status` (phase, conditions) as
+    /// the reference's controller does. Only where no maas-controller runs: two writers of
+    /// one `status` would fight.
+    #[arg(long, env = "MAAS_WRITE_STATUS")]
+    pub write_status: bool,
     #[arg(
         long,
         env = "MAAS_IDENTITY_PROVIDER",
@@ -463,6 +468,8 @@ pub struct PolicySettings {
     pub source: PolicySource,
     /// At least 100 ms.
     pub reload_interval: Duration,
+    /// `--write-status` (only with [`PolicySource::Kubernetes`]).
+    pub write_status: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -569,7 +576,14 @@ fn policy_settings(
     policy_file: Option<PathBuf>,
     policy_namespace: String,
     reload_interval_ms: u64,
+    write_status: bool,
 ) -> Result<PolicySettings, String> {
+    if write_status && kind != PolicySourceKind::Kubernetes {
+        return Err(
+            "--write-status (MAAS_WRITE_STATUS) needs --policy-source kubernetes: there is no resource to write a status on"
+                .into(),
+        );
+    }
     let (file, source) = match kind {
         PolicySourceKind::File => (
             Some(existing_file(
@@ -606,6 +620,7 @@ fn policy_settings(
         file,
         source,
         reload_interval: Duration::from_millis(reload_interval_ms),
+        write_status,
     })
 }
 
@@ -878,18 +893,36 @@ fn internal_auth(
     }
 }
 
+/// The pool's settings: at least one connection, a positive acquire timeout.
+fn database_settings(
+    url: SecretString,
+    max_connections: u32,
+    acquire_timeout_ms: u64,
+) -> Result<DatabaseSettings, String> {
+    at_least("--db-max-connections", max_connections.into(), 1)?;
+    at_least("--db-acquire-timeout-ms", acquire_timeout_ms, 1)?;
+    Ok(DatabaseSettings {
+        url,
+        max_connections,
+        acquire_timeout: Duration::from_millis(acquire_timeout_ms),
+    })
+}
+
 impl Cli {
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
     pub fn into_settings(self) -> Result<Settings, String> {
-        let url = database_url(self.database_url, self.db_connection_url)?;
-        at_least("--db-max-connections", self.db_max_connections.into(), 1)?;
-        at_least("--db-acquire-timeout-ms", self.db_acquire_timeout_ms, 1)?;
+        let database = database_settings(
+            database_url(self.database_url, self.db_connection_url)?,
+            self.db_max_connections,
+            self.db_acquire_timeout_ms,
+        )?;
         let policy = policy_settings(
             self.policy_source,
             self.policy_file,
             self.policy_namespace,
             self.policy_reload_interval_ms,
+            self.write_status,
         )?;
         let provider = identity_provider(
             self.identity_provider,
@@ -936,11 +969,7 @@ impl Cli {
             self.usage_metrics_max_users,
         )?;
         Ok(Settings {
-            database: DatabaseSettings {
-                url,
-                max_connections: self.db_max_connections,
-                acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
-            },
+            database,
             listeners: ListenerSettings {
                 public: self.public_addr,
                 internal: self.internal_addr,
@@ -1048,6 +1077,35 @@ mod tests {
         .into_settings()
         .unwrap_err();
         assert!(e.contains("--policy-namespace"), "{e}");
+        assert!(!s.policy.write_status);
+        let s = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-source",
+            "kubernetes",
+            "--internal-auth",
+            "none",
+            "--write-status",
+        ])
+        .into_settings()
+        .unwrap();
+        assert!(s.policy.write_status);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, "tiers: []\n").unwrap();
+        let e = parse(&[
+            "--database-url",
+            "postgres://x/y",
+            "--policy-file",
+            file.to_str().unwrap(),
+            "--write-status",
+        ])
+        .into_settings()
+        .unwrap_err();
+        assert!(
+            e.contains("--write-status") && e.contains("--policy-source kubernetes"),
+            "{e}"
+        );
     }
 
     #[test]

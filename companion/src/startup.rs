@@ -157,6 +157,10 @@ async fn policy_handle(
                 namespace: namespace.clone(),
                 base_file: settings.policy.file.clone(),
                 reload_interval: settings.policy.reload_interval,
+                write_status: settings
+                    .policy
+                    .write_status
+                    .then(|| crate::readiness::Readiness::new(settings.model_probe.clone())),
             };
             let initial = source.initial().map_err(anyhow::Error::msg)?;
             let handle = PolicyHandle::from_document(

@@ -14,9 +14,11 @@
 //! Invalid resources never take effect: they are left out of the document and reported once per
 //! resource version — a Kubernetes Event (`type: Warning`, `reason: InvalidSpec`, the field in
 //! the note) on the resource, a log line, and the gauge
-//! `maas_companion_policy_resources_invalid{kind}`. Status conditions are not written: the
-//! reference's controller owns `status` of these resources.
+//! `maas_companion_policy_resources_invalid{kind}`. `status` (phase, conditions) is written as
+//! the reference's controller writes it only with `--write-status` ([`status`]), where the
+//! companion is the controller; by default the reference's maas-controller owns it.
 
+pub mod status;
 pub mod translate;
 
 use crate::metrics::{Metrics, ResultLabels};
@@ -234,7 +236,9 @@ impl Stores {
 
 /// The resource an [`Invalid`] names, for the Event's `regarding`. ExternalModel is a kind of
 /// both groups: the one of the object's `apiVersion`, else the first list holding that name.
-fn reference(res: &Resources, inv: &Invalid) -> Option<ObjectReference> {
+/// Also the object's version for reporting it once: its `generation` (which a `status` write
+/// leaves as it is), else its resource version.
+fn reference(res: &Resources, inv: &Invalid) -> Option<(ObjectReference, Option<String>)> {
     use translate::Group::{Inference, Maas};
     let lists: Vec<(&Vec<DynamicObject>, translate::Group)> = match inv.kind {
         translate::KIND_MODEL_REF => vec![(&res.model_refs, Maas)],
@@ -259,14 +263,21 @@ fn reference(res: &Resources, inv: &Invalid) -> Option<ObjectReference> {
                     o.metadata.namespace.as_deref() == Some(inv.namespace.as_str())
                         && o.metadata.name.as_deref() == Some(inv.name.as_str())
                 })
-                .map(|o| ObjectReference {
-                    api_version: Some(api_version),
-                    kind: Some(inv.kind.to_string()),
-                    name: o.metadata.name.clone(),
-                    namespace: o.metadata.namespace.clone(),
-                    uid: o.metadata.uid.clone(),
-                    resource_version: o.metadata.resource_version.clone(),
-                    field_path: None,
+                .map(|o| {
+                    let reference = ObjectReference {
+                        api_version: Some(api_version),
+                        kind: Some(inv.kind.to_string()),
+                        name: o.metadata.name.clone(),
+                        namespace: o.metadata.namespace.clone(),
+                        uid: o.metadata.uid.clone(),
+                        resource_version: o.metadata.resource_version.clone(),
+                        field_path: None,
+                    };
+                    let version = match o.metadata.generation {
+                        Some(g) => Some(format!("generation {g}")),
+                        None => o.metadata.resource_version.clone(),
+                    };
+                    (reference, version)
                 })
         })
 }
@@ -276,6 +287,9 @@ pub struct KubernetesPolicy {
     pub namespace: String,
     pub base_file: Option<PathBuf>,
     pub reload_interval: Duration,
+    /// `--write-status`: the resources' `status` is written, the model servers' runtime
+    /// readiness read by these probes.
+    pub write_status: Option<crate::readiness::Readiness>,
 }
 
 /// The base document: the file's (validated), or none.
@@ -310,7 +324,7 @@ fn count_invalid(metrics: &Metrics, invalid: &[Invalid]) {
 }
 
 /// Logs each invalid resource, and writes a Warning Event on it, once while it stays as it is
-/// (the same resource version): the set reported now, for the next round.
+/// (the same generation, or resource version): the set reported now, for the next round.
 async fn report_invalid(
     recorder: &Recorder,
     res: &Resources,
@@ -319,11 +333,8 @@ async fn report_invalid(
 ) -> BTreeSet<(Invalid, Option<String>)> {
     let mut now_reported = BTreeSet::new();
     for inv in invalid {
-        let reference = reference(res, inv);
-        let key = (
-            inv.clone(),
-            reference.as_ref().and_then(|r| r.resource_version.clone()),
-        );
+        let (reference, version) = reference(res, inv).unzip();
+        let key = (inv.clone(), version.flatten());
         if !reported.contains(&key) {
             tracing::warn!(kind = inv.kind, namespace = %inv.namespace, name = %inv.name, field = %inv.field, message = %inv.message, "invalid policy resource left out");
             if let Some(r) = &reference {
@@ -396,7 +407,7 @@ impl KubernetesPolicy {
                 let res = stores.resources();
                 let t = translate::translate(base.as_ref(), &res);
                 if *policy.document() != t.document {
-                    policy.replace(t.document);
+                    policy.replace(t.document.clone());
                     metrics
                         .policy_reloads
                         .get_or_create(&ResultLabels { result: "accepted" })
@@ -405,6 +416,11 @@ impl KubernetesPolicy {
                 }
                 count_invalid(&metrics, &t.invalid);
                 reported = report_invalid(&recorder, &res, &t.invalid, &reported).await;
+                if let Some(readiness) = &self.write_status {
+                    let runtime = status::runtime(&t, readiness).await;
+                    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                    status::write(&self.client, status::desired(&res, &t, &runtime, &now)).await;
+                }
                 for note in t.notes {
                     if noted.insert(note.clone()) {
                         tracing::warn!(%note, "policy resource partly left out");

@@ -11,7 +11,7 @@ use crate::helpers::{IDENTITIES, create_database, local_policy, spawn_with_confi
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::{Json, Router};
 use maas_companion::settings::{
     AdminSarSettings, CredentialsSettings, IdentityProvider, OidcSettings,
@@ -30,6 +30,8 @@ pub(crate) struct Cluster {
     /// (resource version, group/plural, namespace, ADDED|MODIFIED|DELETED, object).
     history: Vec<(u64, String, String, &'static str, Value)>,
     pub events: Vec<Value>,
+    /// The object after each `status` patch, in order.
+    pub status_patches: Vec<Value>,
 }
 
 #[derive(Default)]
@@ -106,6 +108,24 @@ impl Calls {
                 None => json!(uuid::Uuid::new_v4().to_string()),
             };
             object["metadata"]["uid"] = uid;
+            // The status subresource: an update leaves `status` as it is (a test may still
+            // set one, as the controller would have) and bumps `generation` when `spec`
+            // changes.
+            let generation = match c.objects.get(&key) {
+                Some(old) => {
+                    if object.get("status").is_none() && old.get("status").is_some() {
+                        object["status"] = old["status"].clone();
+                    }
+                    let g = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                    if old.get("spec") == object.get("spec") {
+                        g
+                    } else {
+                        g + 1
+                    }
+                }
+                None => 1,
+            };
+            object["metadata"]["generation"] = json!(generation);
             object["metadata"]["resourceVersion"] = json!(version.to_string());
             let kind = if c.objects.contains_key(&key) {
                 "MODIFIED"
@@ -116,6 +136,14 @@ impl Calls {
             c.history.push((version, plural, ns, kind, object));
         }
         self.changed.notify_waiters();
+    }
+
+    /// The stored object, `resource` as `<group>/<plural>`.
+    pub(crate) fn object(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+        let c = self.cluster.lock().unwrap();
+        c.objects
+            .get(&(resource.to_string(), ns.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// Applies every YAML document of `text`.
@@ -254,6 +282,76 @@ async fn list_or_watch(
         .header("content-type", "application/json")
         .body(axum::body::Body::from_stream(stream))
         .unwrap()
+}
+
+/// `PATCH .../{plural}/{name}/status` with a JSON merge patch (RFC 7386) of `status` only, as
+/// the API server applies it for a resource with the status subresource: a new resource
+/// version and a watch event, `generation` unchanged.
+async fn patch_status(
+    group: &'static str,
+    State(calls): State<Arc<Calls>>,
+    Path((namespace, plural, name)): Path<(String, String, String)>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type != "application/merge-patch+json" {
+        return (StatusCode::UNSUPPORTED_MEDIA_TYPE, content_type.to_string()).into_response();
+    }
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, "not JSON").into_response();
+    };
+    let key = (format!("{group}/{plural}"), namespace.clone(), name);
+    let object = {
+        let mut c = calls.cluster.lock().unwrap();
+        let Some(mut object) = c.objects.get(&key).cloned() else {
+            return (StatusCode::NOT_FOUND, "not found").into_response();
+        };
+        // Only `status` is patched through this subresource.
+        if let Some(status) = patch.get("status") {
+            let mut current = object.get("status").cloned().unwrap_or(json!({}));
+            merge_patch(&mut current, status);
+            object["status"] = current;
+        }
+        c.version += 1;
+        let version = c.version;
+        object["metadata"]["resourceVersion"] = json!(version.to_string());
+        c.objects.insert(key.clone(), object.clone());
+        c.history
+            .push((version, key.0, namespace, "MODIFIED", object.clone()));
+        c.status_patches.push(object.clone());
+        object
+    };
+    calls.changed.notify_waiters();
+    Json(object).into_response()
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => {
+            *target = match patch.as_object() {
+                Some(_) => {
+                    let mut fresh = json!({});
+                    merge_patch(&mut fresh, patch);
+                    fresh
+                }
+                None => patch.clone(),
+            }
+        }
+    }
 }
 
 async fn create_event(
@@ -466,6 +564,14 @@ pub(crate) async fn start_api_server(calls: Arc<Calls>) -> kube::Client {
         .route(
             "/apis/inference.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}",
             get(|s, p, q| list_namespaced(INFERENCE, s, p, q)),
+        )
+        .route(
+            "/apis/maas.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}/{name}/status",
+            patch(|s, p, h, b| patch_status(MAAS, s, p, h, b)),
+        )
+        .route(
+            "/apis/inference.opendatahub.io/v1alpha1/namespaces/{namespace}/{plural}/{name}/status",
+            patch(|s, p, h, b| patch_status(INFERENCE, s, p, h, b)),
         )
         .route(
             "/apis/events.k8s.io/v1/namespaces/{namespace}/events",

@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 
 /// A model server: `GET /v1/models` answers `status` (200 while up, 503 when failing), counts
 /// its probes; [`Backend::stop`] closes its port, [`Backend::start`] opens it again.
-struct Backend {
+pub(crate) struct Backend {
     addr: SocketAddr,
-    status: Arc<AtomicU16>,
-    probes: Arc<AtomicUsize>,
+    pub(crate) status: Arc<AtomicU16>,
+    pub(crate) probes: Arc<AtomicUsize>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Backend {
-    async fn new() -> Backend {
+    pub(crate) async fn new() -> Backend {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut b = Backend {
             addr: listener.local_addr().unwrap(),
@@ -62,7 +62,7 @@ impl Backend {
         self.serve(listener);
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 }

@@ -696,3 +696,176 @@ async fn assert_free_listing_in_the_references_shape(app: &crate::helpers::TestA
                 "description": "Free-tier subscription with 100 tokens/min rate limit"}])
     );
 }
+
+/// Polls the stand-in's object until `check` holds on it (panics after 5 s).
+async fn until_object(
+    calls: &Calls,
+    resource: &str,
+    ns: &str,
+    name: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        let o = calls.object(resource, ns, name).unwrap_or(Value::Null);
+        if check(&o) {
+            return o;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{resource} {ns}/{name}: not as expected after 5 s: {o:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn condition<'a>(o: &'a Value, kind: &str) -> &'a Value {
+    o["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .unwrap_or(&Value::Null)
+}
+
+/// `--write-status`: the companion, as the reference's controller, writes each resource's
+/// `status` (through the status subresource, a merge patch) from the policy it built and the
+/// model servers' readiness; it follows a server going down and an invalid spec, writes
+/// nothing while nothing changes, and reports an invalid resource's Event once although its
+/// status write gives it a new resource version.
+#[tokio::test]
+async fn as_the_controller_the_companion_writes_the_resources_status() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(V0_2_1_SAMPLES);
+    calls.apply_yaml(INFERENCE_EXTERNAL);
+    let sim = crate::models::Backend::new().await;
+    let sim_url = sim.url();
+    let app = spawn_kube_app(calls.clone(), |s| {
+        s.policy.source = PolicySource::Kubernetes {
+            namespace: "models-as-a-service".into(),
+        };
+        s.policy.file = None;
+        s.policy.write_status = true;
+        s.model_probe.simulator_url = Some(sim_url);
+        s.model_probe.ttl = Duration::from_millis(50);
+        s.model_probe.timeout = Duration::from_millis(500);
+    })
+    .await;
+    let refs = "maas.opendatahub.io/maasmodelrefs";
+    let free = until_object(&calls, refs, "llm", "facebook-opt-125m-simulated", |o| {
+        o["status"]["phase"] == "Ready"
+    })
+    .await;
+    assert_eq!(
+        condition(&free, "Ready")["reason"],
+        "Reconciled",
+        "{free:#}"
+    );
+    assert_eq!(condition(&free, "GovernanceAttached")["status"], "True");
+    assert_eq!(condition(&free, "RuntimeReady")["reason"], "RuntimeHealthy");
+    assert_eq!(condition(&free, "Ready")["observedGeneration"], 1);
+    // What the reference's controller mirrored from KServe is left as it is.
+    let sub = until_object(
+        &calls,
+        "maas.opendatahub.io/maassubscriptions",
+        "models-as-a-service",
+        "simulator-subscription",
+        |o| o["status"]["phase"] == "Active",
+    )
+    .await;
+    assert_eq!(sub["status"]["modelRefStatuses"][0]["reason"], "Valid");
+    until_object(
+        &calls,
+        "maas.opendatahub.io/maasauthpolicies",
+        "models-as-a-service",
+        "simulator-access",
+        |o| o["status"]["phase"] == "Active",
+    )
+    .await;
+    until_object(
+        &calls,
+        "inference.opendatahub.io/externalmodels",
+        "llm",
+        "gpt-4o-mini",
+        |o| o["status"]["phase"] == "Ready",
+    )
+    .await;
+    until_object(
+        &calls,
+        "inference.opendatahub.io/externalproviders",
+        "llm",
+        "openai",
+        |o| o["status"]["phase"] == "Ready",
+    )
+    .await;
+
+    // Nothing changes: nothing is written (the watch events of its own writes included).
+    tokio::time::sleep(ONE_RELOAD * 3).await;
+    let settled = calls.cluster.lock().unwrap().status_patches.len();
+    tokio::time::sleep(ONE_RELOAD * 4).await;
+    let later = calls.cluster.lock().unwrap().status_patches.len();
+    assert_eq!(later, settled, "status written while nothing changed");
+
+    // The model server fails its probe: Unhealthy, governance untouched.
+    sim.status.store(503, std::sync::atomic::Ordering::SeqCst);
+    let down = until_object(&calls, refs, "llm", "facebook-opt-125m-simulated", |o| {
+        o["status"]["phase"] == "Unhealthy"
+    })
+    .await;
+    assert_eq!(
+        condition(&down, "RuntimeReady")["reason"],
+        "RuntimeHealthFailure"
+    );
+    assert_eq!(
+        condition(&down, "GovernanceAttached")["lastTransitionTime"],
+        condition(&free, "GovernanceAttached")["lastTransitionTime"]
+    );
+
+    an_invalid_spec_is_written_with_its_event_once(&calls).await;
+    drop(app);
+}
+
+/// The free model's spec made invalid: status Invalid naming the field, at the new generation;
+/// one Event (the status write's new resource version reports nothing again); its subscription
+/// Failed.
+async fn an_invalid_spec_is_written_with_its_event_once(calls: &Calls) {
+    let refs = "maas.opendatahub.io/maasmodelrefs";
+    let mut bad: Value =
+        yaml_serde::from_str(V0_2_1_SAMPLES.split("\n---\n").next().unwrap()).unwrap();
+    bad["spec"]["modelRef"]["kind"] = json!("InferenceService");
+    calls.apply(bad);
+    let invalid = until_object(calls, refs, "llm", "facebook-opt-125m-simulated", |o| {
+        o["status"]["phase"] == "Invalid"
+    })
+    .await;
+    assert!(
+        condition(&invalid, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.modelRef.kind: "),
+        "{invalid:#}"
+    );
+    assert_eq!(condition(&invalid, "Ready")["observedGeneration"], 2);
+    tokio::time::sleep(ONE_RELOAD * 3).await;
+    let events = calls.cluster.lock().unwrap().events.len();
+    assert_eq!(events, 1, "{:#?}", calls.cluster.lock().unwrap().events);
+    // The subscription of that model lost it.
+    until_object(
+        calls,
+        "maas.opendatahub.io/maassubscriptions",
+        "models-as-a-service",
+        "simulator-subscription",
+        |o| o["status"]["phase"] == "Failed",
+    )
+    .await;
+}
+
+/// Without `--write-status` (the default) no status is written: the reference's controller
+/// owns it.
+#[tokio::test]
+async fn by_default_no_status_is_written() {
+    let calls = Arc::new(Calls::default());
+    calls.apply_yaml(V0_2_1_SAMPLES);
+    let app = spawn_with_resources(calls.clone()).await;
+    until(&app, "the samples", |d| d.models.len() == 2).await;
+    tokio::time::sleep(ONE_RELOAD * 3).await;
+    assert!(calls.cluster.lock().unwrap().status_patches.is_empty());
+}

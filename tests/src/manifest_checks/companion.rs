@@ -617,6 +617,53 @@ pub fn policy_resources(cx: &Context) -> Verdict {
     Ok(())
 }
 
+/// With `MAAS_WRITE_STATUS=true` (components/maas-status): the policy from the resources, and
+/// `patch` on their status subresource only (never the resources themselves), bound to the
+/// companion; without it, no such ClusterRole.
+pub fn status_writer(cx: &Context) -> Verdict {
+    let (_, c) = companion_pod(cx.docs)?;
+    let env = env_map(c);
+    let value = |var: &str| env.get(var).and_then(|e| opt_str(e, "value"));
+    let role = cx.docs.find("ClusterRole", Some("maas-companion-status"));
+    if value("MAAS_WRITE_STATUS") != Some("true") {
+        ensure!(
+            role.is_empty(),
+            "ClusterRole maas-companion-status rendered without MAAS_WRITE_STATUS=true: a right \
+             nothing uses"
+        );
+        return Ok(());
+    }
+    ensure!(
+        value("MAAS_POLICY_SOURCE") == Some("kubernetes"),
+        "MAAS_WRITE_STATUS needs MAAS_POLICY_SOURCE=kubernetes (the companion refuses to start)"
+    );
+    let cr = cx.docs.one("ClusterRole", "maas-companion-status")?;
+    let rules = at(cr, "rules")?;
+    let maas: Vec<String> = PLURALS.iter().map(|(p, _)| format!("{p}/status")).collect();
+    ensure!(
+        rules
+            == &json!([
+                {"apiGroups": ["maas.opendatahub.io"], "resources": maas, "verbs": ["patch"]},
+                {"apiGroups": ["inference.opendatahub.io"],
+                 "resources": ["externalmodels/status", "externalproviders/status"], "verbs": ["patch"]}
+            ]),
+        "maas-companion-status rules {}, expected patch on the resources' status only",
+        repr(rules)
+    );
+    let bound = cx.docs.all("ClusterRoleBinding").into_iter().any(|b| {
+        opt_str(b, "roleRef.name") == Some("maas-companion-status")
+            && list_or_empty(b, "subjects")
+                .iter()
+                .any(|s| s.get("name") == Some(&json!(COMPANION)))
+    });
+    ensure!(
+        bound,
+        "ClusterRole maas-companion-status is not bound to the companion: its status writes \
+         would be refused (403)"
+    );
+    Ok(())
+}
+
 fn resource_crds(crds: &[&Value]) -> Verdict {
     let mut got = Map::new();
     for crd in crds {

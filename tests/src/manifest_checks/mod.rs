@@ -54,7 +54,7 @@ use std::path::Path;
 type Wiring = (&'static str, fn(&Context) -> Verdict);
 
 /// Every wiring check, in the order they report.
-const WIRING: [Wiring; 20] = [
+const WIRING: [Wiring; 21] = [
     (
         "namespaces: companion objects together, gateway objects in the Gateway's namespace ({platform})",
         scope::namespaces,
@@ -138,6 +138,11 @@ const WIRING: [Wiring; 20] = [
              read-only access to them and Event writing, provider-key Secrets `get` only and bound per \
              namespace, never cluster-wide; none without",
         companion::policy_resources,
+    ),
+    (
+        "status writer: with MAAS_WRITE_STATUS=true (needs MAAS_POLICY_SOURCE=kubernetes) `patch` on the \
+             resources' status subresource only, bound to the companion; no such right without",
+        companion::status_writer,
     ),
     (
         "TLS backend objects match --tls {tls}",

@@ -366,6 +366,23 @@ refused! {
     provider_secrets_list: @"maas-resources", "expected get on secrets only", |d: &mut Docs| {
         *at(doc(d, "ClusterRole", "maas-companion-provider-secrets"), "/rules/0/verbs") = json!(["get", "list", "watch"]);
     };
+    status_writer_may_update_spec: @"maas-status", "maas-companion-status rules", |d: &mut Docs| {
+        *at(doc(d, "ClusterRole", "maas-companion-status"), "/rules/0/verbs") = json!(["patch", "update"]);
+    };
+    status_writer_on_the_resources: @"maas-status", "maas-companion-status rules", |d: &mut Docs| {
+        *at(doc(d, "ClusterRole", "maas-companion-status"), "/rules/1/resources") = json!(["externalmodels", "externalproviders"]);
+    };
+    status_writer_unbound: @"maas-status", "not bound to the companion", |d: &mut Docs| {
+        d.0.retain(|o| !(o["kind"] == json!("ClusterRoleBinding") && o["metadata"]["name"] == json!("maas-companion-status")));
+    };
+    status_writer_without_resources: @"maas-status", "MAAS_WRITE_STATUS needs MAAS_POLICY_SOURCE=kubernetes", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .retain(|e| e["name"] != json!("MAAS_POLICY_SOURCE"));
+    };
+    status_right_without_writing: @"maas-status", "without MAAS_WRITE_STATUS", |d: &mut Docs| {
+        at(container(d), "/env").as_array_mut().expect("env")
+            .retain(|e| e["name"] != json!("MAAS_WRITE_STATUS"));
+    };
     // Admins by the reference's SubjectAccessReview rule, out of the box.
     admins_by_groups_only: "MAAS_ADMIN_SAR_NAMESPACE is not set", |d: &mut Docs| {
         at(container(d), "/env").as_array_mut().expect("env")

@@ -92,6 +92,11 @@ fn odh_with_the_reference_resources_passes_every_check() {
 }
 
 #[test]
+fn odh_with_the_companion_writing_status_passes_every_check() {
+    passes_every_check("maas-status");
+}
+
+#[test]
 fn postgres_and_samples_validate_against_their_schemas() {
     passes_every_check("base/postgres");
     passes_every_check("samples");

@@ -50,16 +50,24 @@ fn relative(from: &Path, to: &Path) -> String {
 
 /// The odh overlay's gateway side (TLS backend on) with the companion's base plus a component,
 /// as deploy.sh --dev-redis and docs/deploy.md compose them.
-fn compose(component: &str) -> Docs {
+fn compose(components: &[&str]) -> Docs {
     let crs = workspace_root().join("wasm-plugin-crs");
     let dir = tempfile::tempdir().expect("a temp dir");
     let companion = dir.path().join("companion");
     std::fs::create_dir_all(&companion).expect("mkdir");
+    let listed: String = components
+        .iter()
+        .map(|c| {
+            format!(
+                "  - {}\n",
+                relative(&companion, &crs.join("components").join(c))
+            )
+        })
+        .collect();
     let inner = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: opendatahub\n\
-         resources:\n  - {}\ncomponents:\n  - {}\n",
+         resources:\n  - {}\ncomponents:\n{listed}",
         relative(&companion, &crs.join("base/companion")),
-        relative(&companion, &crs.join("components").join(component)),
     );
     std::fs::write(companion.join("kustomization.yaml"), inner).expect("write");
     let outer = format!(
@@ -73,15 +81,17 @@ fn compose(component: &str) -> Docs {
     kustomize(dir.path())
 }
 
-/// A render by name: an overlay, `dev-redis`, `maas-resources`, `base/postgres` or `samples`.
+/// A render by name: an overlay, `dev-redis`, `maas-resources`, `maas-status` (with
+/// `maas-resources`), `base/postgres` or `samples`.
 pub fn render(name: &str) -> &'static Docs {
     if let Some(docs) = RENDERS.lock().expect("renders").get(name) {
         return docs;
     }
     let crs = workspace_root().join("wasm-plugin-crs");
     let docs = match name {
-        "dev-redis" => compose("redis-dev"),
-        "maas-resources" => compose("maas-resources"),
+        "dev-redis" => compose(&["redis-dev"]),
+        "maas-resources" => compose(&["maas-resources"]),
+        "maas-status" => compose(&["maas-resources", "maas-status"]),
         "base/postgres" | "samples" => kustomize(&crs.join(name)),
         overlay => kustomize(&crs.join("overlays").join(overlay)),
     };
