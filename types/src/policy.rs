@@ -748,7 +748,7 @@ fn check_subject(path: String, s: &str) -> Result<(), PolicyError> {
 }
 
 /// A non-negative decimal: digits, optionally `.` and digits.
-fn is_decimal(s: &str) -> bool {
+pub fn is_decimal(s: &str) -> bool {
     let (int, frac) = match s.split_once('.') {
         Some((i, f)) => (i, Some(f)),
         None => (s, None),

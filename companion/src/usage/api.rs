@@ -49,6 +49,9 @@ pub enum UsageApiError {
     Store(#[from] StoreError),
     #[error("the lease store cannot be reached")]
     LeaseStore,
+    /// 500: the answer could not be written (logged).
+    #[error("internal error")]
+    Internal,
 }
 
 impl IntoResponse for UsageApiError {
@@ -87,6 +90,12 @@ impl IntoResponse for UsageApiError {
                 "the lease store (the limits' counters) cannot be reached; try again",
                 ErrorKind::ServiceUnavailable,
                 Some("lease_store_unavailable"),
+            ),
+            UsageApiError::Internal => error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                message,
+                ErrorKind::Server,
+                Some("internal_error"),
             ),
         }
     }
@@ -201,8 +210,12 @@ pub fn parse_params(
     }
     let group_by = match seen.get("groupBy") {
         None => GroupBy::Day,
-        Some(s) => GroupBy::parse(s)
-            .ok_or_else(|| invalid("groupBy", "must be model, key, day, hour or user"))?,
+        Some(s) => GroupBy::parse(s).ok_or_else(|| {
+            invalid(
+                "groupBy",
+                "must be day, hour, model, key, user, subscription, organization or costCenter",
+            )
+        })?,
     };
     let span = to - from;
     if span > MAX_PERIOD {
@@ -290,6 +303,16 @@ pub struct UsageRow {
     /// `groupBy=user`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// `groupBy=subscription`: the subscription's name; `""` for usage on a tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
+    /// `groupBy=organization`: the subscription's `tokenMetadata.organizationId` when the
+    /// usage was reported; `""` for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub organization: Option<String>,
+    /// `groupBy=costCenter`: its `tokenMetadata.costCenter`; `""` for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_center: Option<String>,
     /// Requests forwarded to the model.
     pub requests: u64,
     /// Requests the gateway refused, by reason (`rate_limit_exceeded`, `tokens_exceed_limit`, …).
@@ -301,6 +324,10 @@ pub struct UsageRow {
     /// tokens, Anthropic cache reads); 0 when the provider said none or the gateway did not
     /// report it.
     pub cached_input_tokens: u64,
+    /// Tokens × the subscription model's `billingRate.perToken` when reported, added up
+    /// exactly (a decimal string, in the rates' unit); `"0"` without a rate.
+    #[schema(example = "0.0042")]
+    pub cost: String,
 }
 
 impl UsageRow {
@@ -312,6 +339,9 @@ impl UsageRow {
             key_id: None,
             key_name: g.key_name,
             user: None,
+            subscription: None,
+            organization: None,
+            cost_center: None,
             requests: g.counts.requests,
             refused: g.counts.refused,
             prompt_tokens: g.counts.prompt_tokens,
@@ -321,6 +351,7 @@ impl UsageRow {
                 .prompt_tokens
                 .saturating_add(g.counts.completion_tokens),
             cached_input_tokens: g.counts.cached_input_tokens,
+            cost: g.cost,
         };
         match by {
             GroupBy::Day => row.day = Some(g.group),
@@ -328,9 +359,94 @@ impl UsageRow {
             GroupBy::Model => row.model = Some(g.group),
             GroupBy::Key => row.key_id = Some(Some(g.group).filter(|k| !k.is_empty())),
             GroupBy::User => row.user = Some(g.group),
+            GroupBy::Subscription => row.subscription = Some(g.group),
+            GroupBy::Organization => row.organization = Some(g.group),
+            GroupBy::CostCenter => row.cost_center = Some(g.group),
         }
         row
     }
+}
+
+/// The CSV columns of a grouping: its own, then the counts.
+fn csv_header(by: GroupBy) -> Vec<&'static str> {
+    let mut h = match by {
+        GroupBy::Day => vec!["day", "model"],
+        GroupBy::Hour => vec!["hour", "model"],
+        GroupBy::Model => vec!["model"],
+        GroupBy::Key => vec!["keyId", "keyName"],
+        GroupBy::User => vec!["user"],
+        GroupBy::Subscription => vec!["subscription"],
+        GroupBy::Organization => vec!["organization"],
+        GroupBy::CostCenter => vec!["costCenter"],
+    };
+    h.extend([
+        "requests",
+        "refused",
+        "promptTokens",
+        "completionTokens",
+        "totalTokens",
+        "cachedInputTokens",
+        "cost",
+    ]);
+    h
+}
+
+/// `GET /v1/usage` as CSV (`Accept: text/csv`): one header line, one line per group; `refused`
+/// as `reason=count` pairs joined by `;`.
+pub fn to_csv(by: GroupBy, rows: &[UsageRow]) -> Result<Vec<u8>, UsageApiError> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let fail = |e: csv::Error| {
+        tracing::error!(error = %e, "writing the usage CSV");
+        UsageApiError::Internal
+    };
+    w.write_record(csv_header(by)).map_err(fail)?;
+    for r in rows {
+        let mut line: Vec<String> = match by {
+            GroupBy::Day => vec![
+                r.day.clone().unwrap_or_default(),
+                r.model.clone().unwrap_or_default(),
+            ],
+            GroupBy::Hour => vec![
+                r.hour.clone().unwrap_or_default(),
+                r.model.clone().unwrap_or_default(),
+            ],
+            GroupBy::Model => vec![r.model.clone().unwrap_or_default()],
+            GroupBy::Key => vec![
+                r.key_id.clone().flatten().unwrap_or_default(),
+                r.key_name.clone().unwrap_or_default(),
+            ],
+            GroupBy::User => vec![r.user.clone().unwrap_or_default()],
+            GroupBy::Subscription => vec![r.subscription.clone().unwrap_or_default()],
+            GroupBy::Organization => vec![r.organization.clone().unwrap_or_default()],
+            GroupBy::CostCenter => vec![r.cost_center.clone().unwrap_or_default()],
+        };
+        let refused: Vec<String> = r.refused.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        line.extend([
+            r.requests.to_string(),
+            refused.join(";"),
+            r.prompt_tokens.to_string(),
+            r.completion_tokens.to_string(),
+            r.total_tokens.to_string(),
+            r.cached_input_tokens.to_string(),
+            r.cost.clone(),
+        ]);
+        w.write_record(&line).map_err(fail)?;
+    }
+    w.into_inner().map_err(|e| fail(e.into_error().into()))
+}
+
+/// Whether the client asked for CSV (`Accept` naming `text/csv`).
+fn wants_csv(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/csv"))
+        })
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -352,6 +468,9 @@ fn group_by_name(g: GroupBy) -> &'static str {
         GroupBy::Model => "model",
         GroupBy::Key => "key",
         GroupBy::User => "user",
+        GroupBy::Subscription => "subscription",
+        GroupBy::Organization => "organization",
+        GroupBy::CostCenter => "costCenter",
     }
 }
 
@@ -369,12 +488,12 @@ fn key_id_of(caller: &Caller) -> Option<String> {
     params(
         ("from" = Option<String>, Query, description = "Start (RFC 3339, YYYY-MM-DD or Unix seconds; 0001-01-01 to 10000-01-01); default: 7 days before `to`"),
         ("to" = Option<String>, Query, description = "End, exclusive (a date: the end of that day); default: now"),
-        ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key or user"),
+        ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key, user, subscription, organization or costCenter (chargeback: the subscription's tokenMetadata when the usage was reported)"),
         ("user" = Option<String>, Query, description = "Admins: whose usage (`*`: everyone)"),
         ("tier" = Option<String>, Query, description = "Admins: only rows of this tier")
     ),
     responses(
-        (status = 200, description = "usage", body = UsageList),
+        (status = 200, description = "usage (as CSV with `Accept: text/csv`: a header line, then one line per group)", body = UsageList),
         (status = 400, description = "a bad parameter (named in `param`)", body = ErrorBody),
         (status = 401, description = "no valid credential", body = ErrorBody),
         (status = 403, description = "user= or tier= from a non-admin", body = ErrorBody),
@@ -384,6 +503,7 @@ fn key_id_of(caller: &Caller) -> Option<String> {
 pub async fn usage(
     State(usage): State<Usage>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, UsageApiError> {
     let Query(pairs) = query.map_err(|e| UsageApiError::Invalid {
@@ -407,10 +527,20 @@ pub async fn usage(
         group_by: params.group_by,
     };
     let groups = usage.store.query(&query).await?;
-    let data = groups
+    let data: Vec<UsageRow> = groups
         .into_iter()
         .map(|g| UsageRow::from_group(g, params.group_by))
         .collect();
+    if wants_csv(&headers) {
+        return Ok((
+            [
+                (CACHE_CONTROL, "no-store"),
+                (axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            ],
+            to_csv(params.group_by, &data)?,
+        )
+            .into_response());
+    }
     Ok((
         [(CACHE_CONTROL, "no-store")],
         Json(UsageList {

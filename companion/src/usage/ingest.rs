@@ -1,14 +1,16 @@
 //! `POST /internal/v1/usage` (internal listener only): a gateway worker's usage report batch.
 
 use super::Usage;
-use super::store::Applied;
+use super::store::{Applied, Chargeback};
 use crate::http::{ApiJson, error_response};
+use crate::policy::PolicyHandle;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use maas_types::usage::UsageRecord;
 use maas_types::usage::{HOUR_SECONDS, UsageAccepted, UsageInvalid, UsageReport, validate};
-use maas_types::{ErrorBody, ErrorKind};
+use maas_types::{ErrorBody, ErrorKind, PolicyDocument};
 
 /// How far ahead of this companion's clock an `hourStart` may be (clock skew).
 pub const MAX_FUTURE_SECONDS: u64 = HOUR_SECONDS;
@@ -72,9 +74,44 @@ pub fn check(report: &UsageReport, now_unix: u64) -> Result<(), UsageInvalid> {
     }
 }
 
+/// What a record is charged to under `policy`: a subscription's usage (the ledger's tier
+/// `subscription:<name>`) its `tokenMetadata` organisation and cost centre and the model's
+/// `billingRate.perToken`; anything else (a tier, a subscription or model no longer in the
+/// policy) nothing.
+pub fn chargeback(policy: &PolicyDocument, r: &UsageRecord) -> Chargeback {
+    let none = || Chargeback {
+        rate: "0".into(),
+        ..Chargeback::default()
+    };
+    let Some(sub) = r
+        .tier
+        .strip_prefix("subscription:")
+        .and_then(|name| policy.subscription(name))
+    else {
+        return none();
+    };
+    let rate = sub
+        .model(&r.model)
+        .and_then(|m| m.billing_rate.as_ref())
+        .map(|b| b.per_token.clone())
+        // Validated with the policy; checked again because the statement casts it.
+        .filter(|t| maas_types::policy::is_decimal(t))
+        .unwrap_or_else(|| "0".into());
+    Chargeback {
+        organization: sub
+            .token_metadata
+            .organization_id
+            .clone()
+            .unwrap_or_default(),
+        cost_center: sub.token_metadata.cost_center.clone().unwrap_or_default(),
+        rate,
+    }
+}
+
 /// Checks the batch, applies it once (a known batch id adds nothing), counts it.
 pub async fn handler(
     State(usage): State<Usage>,
+    State(policy): State<PolicyHandle>,
     ApiJson(report): ApiJson<UsageReport>,
 ) -> Result<Json<UsageAccepted>, ReportError> {
     let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
@@ -82,9 +119,12 @@ pub async fn handler(
         usage.count_report("invalid");
         return Err(ReportError::Invalid(invalid));
     }
+    let document = policy.document();
     let outcome = usage
         .store
-        .apply(&report.replica, &report.batch_id, &report.records)
+        .apply(&report.replica, &report.batch_id, &report.records, |r| {
+            chargeback(&document, r)
+        })
         .await;
     match outcome {
         Ok(Applied::Rows(_)) => {

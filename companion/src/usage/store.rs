@@ -25,6 +25,19 @@ pub struct RowKey {
     pub tier: String,
     pub model: String,
     pub hour_start: u64,
+    pub chargeback: Chargeback,
+}
+
+/// What a row is charged to (migration 0006): the attribution and rate of the subscription the
+/// usage ran under, as the policy said when it was reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Chargeback {
+    /// `tokenMetadata.organizationId`; `''` outside subscriptions or without one.
+    pub organization: String,
+    /// `tokenMetadata.costCenter`; `''` likewise.
+    pub cost_center: String,
+    /// The model's `billingRate.perToken` (a validated non-negative decimal); `"0"` without.
+    pub rate: String,
 }
 
 /// One ledger row's counts.
@@ -55,7 +68,10 @@ impl Counts {
 
 /// The records of a batch added up per ledger row, in key order: one statement may not update
 /// a row twice, and a worker may send one row's usage in two records.
-pub fn merge(records: &[UsageRecord]) -> Vec<(RowKey, Counts)> {
+pub fn merge(
+    records: &[UsageRecord],
+    chargeback: impl Fn(&UsageRecord) -> Chargeback,
+) -> Vec<(RowKey, Counts)> {
     let mut rows: BTreeMap<RowKey, Counts> = BTreeMap::new();
     for r in records {
         let key = RowKey {
@@ -64,6 +80,7 @@ pub fn merge(records: &[UsageRecord]) -> Vec<(RowKey, Counts)> {
             tier: r.tier.clone(),
             model: r.model.clone(),
             hour_start: r.hour_start,
+            chargeback: chargeback(r),
         };
         rows.entry(key).or_default().add(r);
     }
@@ -110,6 +127,12 @@ pub enum GroupBy {
     Key,
     /// Per user.
     User,
+    /// Per subscription (`''`: usage on a tier).
+    Subscription,
+    /// Per organisation (`tokenMetadata.organizationId`; `''`: none).
+    Organization,
+    /// Per cost centre (`tokenMetadata.costCenter`; `''`: none).
+    CostCenter,
 }
 
 impl GroupBy {
@@ -120,6 +143,9 @@ impl GroupBy {
             "model" => GroupBy::Model,
             "key" => GroupBy::Key,
             "user" => GroupBy::User,
+            "subscription" => GroupBy::Subscription,
+            "organization" => GroupBy::Organization,
+            "costCenter" => GroupBy::CostCenter,
             _ => return None,
         })
     }
@@ -138,6 +164,14 @@ impl GroupBy {
             GroupBy::Model => ("u.model", None),
             GroupBy::Key => ("u.key_id", None),
             GroupBy::User => ("u.subject", None),
+            // The ledger's tier of a subscription's usage is `subscription:<name>`
+            // (`maas_types::subscription::limits_tier_name`).
+            GroupBy::Subscription => (
+                "CASE WHEN u.tier LIKE 'subscription:%' THEN substr(u.tier, 14) ELSE '' END",
+                None,
+            ),
+            GroupBy::Organization => ("u.organization", None),
+            GroupBy::CostCenter => ("u.cost_center", None),
         }
     }
 }
@@ -166,6 +200,8 @@ pub struct UsageGroup {
     /// The key's name, for key groups (when the key still exists).
     pub key_name: Option<String>,
     pub counts: Counts,
+    /// The rows' cost (an exact decimal, in the billing rates' unit).
+    pub cost: String,
 }
 
 #[derive(Clone)]
@@ -194,9 +230,10 @@ impl UsageStore {
         replica: &str,
         batch_id: &str,
         records: &[UsageRecord],
+        chargeback: impl Fn(&UsageRecord) -> Chargeback,
     ) -> Result<Applied, StoreError> {
         let pool = self.ready()?;
-        let rows = merge(records);
+        let rows = merge(records, chargeback);
         let mut key_ids = Vec::with_capacity(rows.len());
         let mut subjects = Vec::with_capacity(rows.len());
         let mut tiers = Vec::with_capacity(rows.len());
@@ -207,7 +244,13 @@ impl UsageStore {
         let mut prompt = Vec::with_capacity(rows.len());
         let mut completion = Vec::with_capacity(rows.len());
         let mut cached = Vec::with_capacity(rows.len());
+        let mut organizations = Vec::with_capacity(rows.len());
+        let mut cost_centers = Vec::with_capacity(rows.len());
+        let mut rates = Vec::with_capacity(rows.len());
         for (k, c) in rows {
+            organizations.push(k.chargeback.organization);
+            cost_centers.push(k.chargeback.cost_center);
+            rates.push(k.chargeback.rate);
             key_ids.push(k.key_id);
             subjects.push(k.subject);
             tiers.push(k.tier);
@@ -226,19 +269,22 @@ impl UsageStore {
                  RETURNING 1
              ), added AS (
                  INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
-                     requests, refused, prompt_tokens, completion_tokens, cached_input_tokens)
+                     requests, refused, prompt_tokens, completion_tokens, cached_input_tokens,
+                     organization, cost_center, cost)
                  SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
                         maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
-                        SUM(ci)::bigint
+                        SUM(ci)::bigint, max(o), max(cc),
+                        SUM((p + c)::numeric * rate::numeric)
                  FROM (
                      -- The gateway reports a key by the key id in its secret; the ledger
                      -- names it by the key API's id. Mapped records of one row are added up
                      -- (one statement may not update a row twice).
                      SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
-                            u.p, u.c, u.ci
+                            u.p, u.c, u.ci, u.o, u.cc, u.rate
                      FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
-                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[])
-                          AS u(k, s, t, m, hs, r, f, p, c, ci)
+                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+                                 $13::text[], $14::text[], $15::text[])
+                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, rate)
                      LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
                  ) AS mapped
                  WHERE EXISTS (SELECT 1 FROM batch)
@@ -248,7 +294,14 @@ impl UsageStore {
                      refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
                      prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
                      completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens,
-                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens
+                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens,
+                     -- The hour keeps its first labels (a row an older release wrote gets
+                     -- them now).
+                     organization = CASE WHEN h.organization = '' THEN EXCLUDED.organization
+                                         ELSE h.organization END,
+                     cost_center = CASE WHEN h.cost_center = '' THEN EXCLUDED.cost_center
+                                        ELSE h.cost_center END,
+                     cost = h.cost + EXCLUDED.cost
                  RETURNING 1
              )
              SELECT (SELECT count(*) FROM batch) AS new_batch, (SELECT count(*) FROM added) AS rows",
@@ -265,6 +318,9 @@ impl UsageStore {
         .bind(prompt)
         .bind(completion)
         .bind(cached)
+        .bind(organizations)
+        .bind(cost_centers)
+        .bind(rates)
         .fetch_one(pool)
         .await?;
         let new_batch: i64 = row.try_get("new_batch")?;
@@ -289,11 +345,13 @@ impl UsageStore {
                  DELETE FROM usage_hourly WHERE hour_start < $1 RETURNING *
              ), added AS (
                  INSERT INTO usage_daily AS d (key_id, subject, tier, model, day, requests,
-                     refused, prompt_tokens, completion_tokens, cached_input_tokens)
+                     refused, prompt_tokens, completion_tokens, cached_input_tokens,
+                     organization, cost_center, cost)
                  SELECT key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date,
                         SUM(requests)::bigint, maas_usage_sum_counts(refused),
                         SUM(prompt_tokens)::bigint, SUM(completion_tokens)::bigint,
-                        SUM(cached_input_tokens)::bigint
+                        SUM(cached_input_tokens)::bigint, max(organization), max(cost_center),
+                        SUM(cost)
                  FROM moved
                  GROUP BY key_id, subject, tier, model, (hour_start AT TIME ZONE 'UTC')::date
                  ON CONFLICT (subject, key_id, tier, model, day) DO UPDATE SET
@@ -301,7 +359,12 @@ impl UsageStore {
                      refused = maas_usage_add_counts(d.refused, EXCLUDED.refused),
                      prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
                      completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
-                     cached_input_tokens = d.cached_input_tokens + EXCLUDED.cached_input_tokens
+                     cached_input_tokens = d.cached_input_tokens + EXCLUDED.cached_input_tokens,
+                     organization = CASE WHEN d.organization = '' THEN EXCLUDED.organization
+                                         ELSE d.organization END,
+                     cost_center = CASE WHEN d.cost_center = '' THEN EXCLUDED.cost_center
+                                        ELSE d.cost_center END,
+                     cost = d.cost + EXCLUDED.cost
                  RETURNING 1
              ), forgotten AS (
                  DELETE FROM usage_batches WHERE applied_at < $2 RETURNING 1
@@ -331,17 +394,20 @@ impl UsageStore {
             "SUM(u.requests)::bigint AS requests, maas_usage_sum_counts(u.refused)::text AS refused, \
              SUM(u.prompt_tokens)::bigint AS prompt_tokens, \
              SUM(u.completion_tokens)::bigint AS completion_tokens, \
-             SUM(u.cached_input_tokens)::bigint AS cached_input_tokens \
+             SUM(u.cached_input_tokens)::bigint AS cached_input_tokens, \
+             SUM(u.cost)::text AS cost \
              FROM (SELECT COALESCE(a.id::text, l.key_id) AS key_id, l.subject, l.tier, l.model, \
                           l.t, l.requests, l.refused, l.prompt_tokens, l.completion_tokens, \
-                          l.cached_input_tokens \
+                          l.cached_input_tokens, l.organization, l.cost_center, l.cost \
                    FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
-                                prompt_tokens, completion_tokens, cached_input_tokens \
+                                prompt_tokens, completion_tokens, cached_input_tokens, \
+                                organization, cost_center, cost \
                          FROM usage_hourly \
                          UNION ALL \
                          SELECT key_id, subject, tier, model, \
                                 (day::timestamp AT TIME ZONE 'UTC') AS t, requests, refused, \
-                                prompt_tokens, completion_tokens, cached_input_tokens \
+                                prompt_tokens, completion_tokens, cached_input_tokens, \
+                                organization, cost_center, cost \
                          FROM usage_daily) AS l \
                    LEFT JOIN api_keys a ON l.key_id <> '' AND a.key_id = l.key_id) AS u \
              WHERE u.t >= ",
@@ -374,6 +440,10 @@ impl UsageStore {
                     completion_tokens: to_u64(row.try_get("completion_tokens")?),
                     cached_input_tokens: to_u64(row.try_get("cached_input_tokens")?),
                 },
+                cost: normalize_decimal(
+                    &row.try_get::<Option<String>, _>("cost")?
+                        .unwrap_or_else(|| "0".into()),
+                ),
             });
         }
         if q.group_by == GroupBy::Key {
@@ -411,6 +481,21 @@ impl UsageStore {
     }
 }
 
+/// A NUMERIC's text without trailing fractional zeros (`0.000400000` → `0.0004`, `3.000` → `3`).
+pub fn normalize_decimal(s: &str) -> String {
+    match s.split_once('.') {
+        Some((int, frac)) => {
+            let frac = frac.trim_end_matches('0');
+            if frac.is_empty() {
+                int.to_string()
+            } else {
+                format!("{int}.{frac}")
+            }
+        }
+        None => s.to_string(),
+    }
+}
+
 /// The oldest hour kept hourly at `now`: UTC midnight `retention_days` days before today's
 /// (so a day is rolled up whole, never half).
 pub fn rollup_cutoff(now: DateTime<Utc>, retention_days: u32) -> DateTime<Utc> {
@@ -444,12 +529,15 @@ mod tests {
 
     #[test]
     fn records_of_one_row_are_added_before_the_statement() {
-        let rows = merge(&[
-            record(Some("k1"), 3600, 1, Some("rate_limit_exceeded")),
-            record(None, 3600, 5, None),
-            record(Some("k1"), 3600, 2, Some("rate_limit_exceeded")),
-            record(Some("k1"), 7200, 4, None),
-        ]);
+        let rows = merge(
+            &[
+                record(Some("k1"), 3600, 1, Some("rate_limit_exceeded")),
+                record(None, 3600, 5, None),
+                record(Some("k1"), 3600, 2, Some("rate_limit_exceeded")),
+                record(Some("k1"), 7200, 4, None),
+            ],
+            |_| Chargeback::default(),
+        );
         assert_eq!(rows.len(), 3, "{rows:?}");
         let (key, counts) = &rows[0];
         assert_eq!((key.key_id.as_str(), key.hour_start), ("", 3600));
@@ -460,6 +548,15 @@ mod tests {
         assert_eq!(counts.prompt_tokens, 30);
         assert_eq!(counts.cached_input_tokens, 9);
         assert_eq!(counts.refused.get("rate_limit_exceeded"), Some(&2));
+    }
+
+    #[test]
+    fn numeric_text_loses_only_trailing_fractional_zeros() {
+        assert_eq!(normalize_decimal("0.000400000"), "0.0004");
+        assert_eq!(normalize_decimal("3.000"), "3");
+        assert_eq!(normalize_decimal("120"), "120");
+        assert_eq!(normalize_decimal("0"), "0");
+        assert_eq!(normalize_decimal("10.50"), "10.5");
     }
 
     #[test]

@@ -27,7 +27,14 @@ fn subscriptions_policy() -> String {
     yaml
 }
 
-async fn spawn_with_subscriptions() -> TestApp {
+pub(crate) async fn spawn_with_subscriptions() -> TestApp {
+    spawn_with_subscriptions_and(|_| {}).await
+}
+
+/// The same, its settings adjusted first.
+pub(crate) async fn spawn_with_subscriptions_and(
+    adjust: impl FnOnce(&mut maas_companion::Settings),
+) -> TestApp {
     let database_url = crate::helpers::create_database().await;
     let dir = tempfile::tempdir().unwrap();
     let policy_path = dir.path().join("policy.yaml");
@@ -36,7 +43,8 @@ async fn spawn_with_subscriptions() -> TestApp {
     std::fs::write(&policy_path, subscriptions_policy()).unwrap();
     std::fs::write(&identities, IDENTITIES).unwrap();
     std::fs::write(&credentials, "credentials: {}\n").unwrap();
-    let config = local_settings(&database_url, &policy_path, &identities, &credentials);
+    let mut config = local_settings(&database_url, &policy_path, &identities, &credentials);
+    adjust(&mut config);
     spawn_with_config(config, dir, policy_path, database_url, Default::default()).await
 }
 

@@ -301,11 +301,11 @@ async fn usage_is_grouped_by_day_hour_model_key_and_user() {
         by_day["data"],
         json!([
             {"day": day_of(today - DAY), "model": "sim-model", "requests": 2, "refused": {},
-             "promptTokens": 100, "completionTokens": 20, "totalTokens": 120, "cachedInputTokens": 64},
+             "promptTokens": 100, "completionTokens": 20, "totalTokens": 120, "cachedInputTokens": 64, "cost": "0"},
             {"day": day_of(today), "model": "sim-model", "requests": 6, "refused": {},
-             "promptTokens": 30, "completionTokens": 60, "totalTokens": 90, "cachedInputTokens": 0},
+             "promptTokens": 30, "completionTokens": 60, "totalTokens": 90, "cachedInputTokens": 0, "cost": "0"},
             {"day": day_of(today), "model": "sim-premium", "requests": 2, "refused": {},
-             "promptTokens": 10, "completionTokens": 20, "totalTokens": 30, "cachedInputTokens": 0},
+             "promptTokens": 10, "completionTokens": 20, "totalTokens": 30, "cachedInputTokens": 0, "cost": "0"},
         ]),
         "{by_day}"
     );
@@ -378,7 +378,7 @@ async fn usage_is_grouped_by_day_hour_model_key_and_user() {
     assert_eq!(
         by_user["data"],
         json!([{"user": "alice", "requests": 10, "refused": {}, "promptTokens": 140,
-                "completionTokens": 100, "totalTokens": 240, "cachedInputTokens": 64}])
+                "completionTokens": 100, "totalTokens": 240, "cachedInputTokens": 64, "cost": "0"}])
     );
 
     // A period with nothing in it.
@@ -1060,4 +1060,181 @@ async fn per_user_labels_are_capped_and_the_rest_is_other() {
     let text = app.scrape().await;
     assert!(!text.contains("user=\"carol\""), "{text}");
     assert!(!text.contains("user=\"dave\""), "{text}");
+}
+
+/// Chargeback (issue 30): each row is charged, when reported, to its subscription's
+/// `tokenMetadata` organisation and cost centre at the model's `billingRate.perToken` (exact
+/// decimals); admins group everyone's usage by subscription, organisation or cost centre, as
+/// JSON or CSV; the labels and the cost survive the rollup to days.
+#[tokio::test]
+async fn usage_is_charged_back_by_subscription_organization_and_cost_center() {
+    let app = crate::subscriptions::spawn_with_subscriptions().await;
+    let h = this_hour();
+    let records = json!([
+        // team-a: org-team-a, cc-1001, sim-model at 0.000002 per token.
+        record("alice", None, "subscription:team-a", "sim-model", h),
+        record("alice", None, "subscription:team-a", "sim-model", h - HOUR),
+        // premium-sub: cc-2002, no organisation, no rate.
+        record("bob", None, "subscription:premium-sub", "sim-premium", h),
+        // A tier's usage: no subscription, nothing to charge.
+        record("carol", None, "enterprise", "sim-model", h),
+        // A subscription no longer in the policy: counted, charged to nobody.
+        record("erin", None, "subscription:gone", "sim-model", h),
+    ]);
+    let r = report(&app, "cb-1", records).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let get = |q: String| {
+        let app = &app;
+        async move {
+            let r = app
+                .public_get(&format!("/v1/usage?user=*&{q}"), Some("carol-token"))
+                .await;
+            assert_eq!(r.status, 200, "{q}: {}", r.body);
+            r.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|row| {
+                    (
+                        row[&q["groupBy=".len()..]].as_str().unwrap().to_string(),
+                        row["totalTokens"].as_u64().unwrap(),
+                        row["cost"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        get(s("groupBy=organization")).await,
+        [(s(""), 90, s("0")), (s("org-team-a"), 60, s("0.00012"))]
+    );
+    assert_eq!(
+        get(s("groupBy=costCenter")).await,
+        [
+            (s(""), 60, s("0")),
+            (s("cc-1001"), 60, s("0.00012")),
+            (s("cc-2002"), 30, s("0"))
+        ]
+    );
+    assert_eq!(
+        get(s("groupBy=subscription")).await,
+        [
+            (s(""), 30, s("0")),
+            (s("gone"), 30, s("0")),
+            (s("premium-sub"), 30, s("0")),
+            (s("team-a"), 60, s("0.00012"))
+        ]
+    );
+
+    // A user sees only their own rows, by organisation too.
+    let own = app
+        .public_get("/v1/usage?groupBy=organization", Some("alice-token"))
+        .await;
+    assert_eq!(
+        own.body["data"].as_array().unwrap().len(),
+        1,
+        "{}",
+        own.body
+    );
+    assert_eq!(own.body["data"][0]["organization"], "org-team-a");
+
+    // CSV for the spreadsheet.
+    let csv = app
+        .http
+        .get(format!("{}/v1/usage?user=*&groupBy=costCenter", app.public))
+        .bearer_auth("carol-token")
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(csv.status(), 200);
+    assert_eq!(
+        csv.headers()["content-type"].to_str().unwrap(),
+        "text/csv; charset=utf-8"
+    );
+    let text = csv.text().await.unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "costCenter,requests,refused,promptTokens,completionTokens,totalTokens,cachedInputTokens,cost",
+            ",4,,20,40,60,0,0",
+            "cc-1001,4,,20,40,60,0,0.00012",
+            "cc-2002,2,,10,20,30,0,0",
+        ],
+        "{text}"
+    );
+
+    // A second report of the hour adds to the cost; the labels stay.
+    let r = report(
+        &app,
+        "cb-2",
+        json!([record("alice", None, "subscription:team-a", "sim-model", h)]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        get(s("groupBy=organization")).await,
+        [(s(""), 90, s("0")), (s("org-team-a"), 90, s("0.00018"))]
+    );
+}
+
+/// The labels and the cost are rolled up to days with the counts.
+#[tokio::test]
+async fn chargeback_labels_and_cost_are_rolled_up() {
+    let app = crate::subscriptions::spawn_with_subscriptions_and(|s| {
+        s.usage.hourly_retention_days = 31;
+        s.usage.rollup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let day = now() - now() % DAY - 40 * DAY;
+    let r = report(
+        &app,
+        "old-cb",
+        json!([
+            record(
+                "alice",
+                None,
+                "subscription:team-a",
+                "sim-model",
+                day + HOUR
+            ),
+            record(
+                "alice",
+                None,
+                "subscription:team-a",
+                "sim-model",
+                day + 5 * HOUR
+            ),
+        ]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hourly_count(&app, now() - 31 * DAY).await > 0 {
+        assert!(Instant::now() < deadline, "the rollup did not run");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let daily: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT organization, cost_center, cost::text FROM usage_daily")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        daily,
+        [(
+            "org-team-a".to_string(),
+            "cc-1001".to_string(),
+            "0.000120".to_string()
+        )]
+    );
+    let body = app
+        .public_get(
+            &format!("/v1/usage?groupBy=organization&from={}", day_of(day - DAY)),
+            Some("alice-token"),
+        )
+        .await
+        .body;
+    assert_eq!(body["data"][0]["cost"], "0.00012", "{body}");
 }
