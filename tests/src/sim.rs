@@ -600,6 +600,8 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
             ("x-ratelimit-remaining-requests", "provider-again"),
             ("x-ratelimit-limit-tokens", "provider-own"),
             ("x-ratelimit-limit-images", "provider-own"),
+            // A warning the gateway did not give must not reach the client either.
+            ("x-maas-quota-warning", "provider-own"),
         ] {
             h.append(name, header::HeaderValue::from_static(value));
         }

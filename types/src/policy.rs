@@ -57,6 +57,46 @@ pub struct Tier {
     /// How input and output tokens count against the tier's token windows (default 1 and 1).
     #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
     pub token_weights: TokenWeights,
+    /// Early warnings: the percentages of a window's limit past which an answer carries
+    /// `x-maas-quota-warning` (default 80 and 95; `[]`: none).
+    #[serde(
+        default = "default_warn_at",
+        skip_serializing_if = "is_default_warn_at"
+    )]
+    pub warn_at: Vec<u8>,
+}
+
+/// The default warning thresholds: 80 % and 95 % of a window's limit.
+pub const DEFAULT_WARN_AT: [u8; 2] = [80, 95];
+
+pub fn default_warn_at() -> Vec<u8> {
+    DEFAULT_WARN_AT.to_vec()
+}
+
+fn is_default_warn_at(v: &[u8]) -> bool {
+    v == DEFAULT_WARN_AT
+}
+
+/// At most this many warning thresholds per tier or subscription.
+pub const MAX_WARN_AT: usize = 8;
+
+/// Thresholds: each 1 to 100, strictly increasing, at most [`MAX_WARN_AT`].
+fn check_warn_at(at: &str, v: &[u8]) -> Result<(), PolicyError> {
+    if v.len() > MAX_WARN_AT {
+        return Err(err(at, format!("at most {MAX_WARN_AT} thresholds")));
+    }
+    for (i, t) in v.iter().enumerate() {
+        if !(1..=100).contains(t) {
+            return Err(err(
+                format!("{at}[{i}]"),
+                "must be a percentage from 1 to 100",
+            ));
+        }
+        if i > 0 && v.get(i - 1).is_some_and(|prev| prev >= t) {
+            return Err(err(format!("{at}[{i}]"), "thresholds must increase"));
+        }
+    }
+    Ok(())
 }
 
 /// What the gateway does with a generating request whose body names no output cap (no
@@ -639,6 +679,12 @@ pub struct Subscription {
     /// As a tier's `uncappedRequests`, for requests under this subscription.
     #[serde(default, skip_serializing_if = "UncappedRequests::is_default")]
     pub uncapped_requests: UncappedRequests,
+    /// As a tier's `warnAt`, for the windows of this subscription.
+    #[serde(
+        default = "default_warn_at",
+        skip_serializing_if = "is_default_warn_at"
+    )]
+    pub warn_at: Vec<u8>,
 }
 
 /// Who has the subscription: any listed user, or any member of a listed group.
@@ -782,6 +828,7 @@ fn validate_subscriptions(doc: &PolicyDocument) -> Result<(), PolicyError> {
         if let Some(d) = &s.description {
             check_text(format!("{at}.description"), d, true)?;
         }
+        check_warn_at(&format!("{at}.warnAt"), &s.warn_at)?;
         if s.owner.groups.is_empty() && s.owner.users.is_empty() {
             return Err(err(
                 format!("{at}.owner"),
@@ -844,23 +891,28 @@ fn validate_subscriptions(doc: &PolicyDocument) -> Result<(), PolicyError> {
         if s.default_max_tokens == Some(0) {
             return Err(err(format!("{at}.defaultMaxTokens"), "must be at least 1"));
         }
-        let meta = &s.token_metadata;
-        if let Some(o) = &meta.organization_id {
-            check_text(format!("{at}.tokenMetadata.organizationId"), o, false)?;
-        }
-        if let Some(c) = &meta.cost_center {
-            check_text(format!("{at}.tokenMetadata.costCenter"), c, false)?;
-        }
-        if meta.labels.len() > MAX_LABELS {
-            return Err(err(
-                format!("{at}.tokenMetadata.labels"),
-                format!("at most {MAX_LABELS} labels"),
-            ));
-        }
-        for (k, v) in &meta.labels {
-            check_subject(format!("{at}.tokenMetadata.labels.{k}"), k)?;
-            check_text(format!("{at}.tokenMetadata.labels.{k}"), v, true)?;
-        }
+        check_token_metadata(&at, &s.token_metadata)?;
+    }
+    Ok(())
+}
+
+/// A subscription's `tokenMetadata` (at `at`): texts, at most [`MAX_LABELS`] labels.
+fn check_token_metadata(at: &str, meta: &TokenMetadata) -> Result<(), PolicyError> {
+    if let Some(o) = &meta.organization_id {
+        check_text(format!("{at}.tokenMetadata.organizationId"), o, false)?;
+    }
+    if let Some(c) = &meta.cost_center {
+        check_text(format!("{at}.tokenMetadata.costCenter"), c, false)?;
+    }
+    if meta.labels.len() > MAX_LABELS {
+        return Err(err(
+            format!("{at}.tokenMetadata.labels"),
+            format!("at most {MAX_LABELS} labels"),
+        ));
+    }
+    for (k, v) in &meta.labels {
+        check_subject(format!("{at}.tokenMetadata.labels.{k}"), k)?;
+        check_text(format!("{at}.tokenMetadata.labels.{k}"), v, true)?;
     }
     Ok(())
 }
@@ -940,6 +992,7 @@ impl PolicyDocument {
                 ));
             }
             check_token_weights(&format!("tiers[{i}].tokenWeights"), &t.token_weights)?;
+            check_warn_at(&format!("tiers[{i}].warnAt"), &t.warn_at)?;
         }
         Ok(tier_names)
     }
@@ -1232,6 +1285,38 @@ mod tests {
         ] {
             let mut v = sample();
             v["tiers"][1]["tokenWeights"] = weights;
+            fails_at(v, field);
+        }
+    }
+
+    #[test]
+    fn warning_thresholds_default_to_80_and_95_and_are_validated() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert_eq!(doc.tiers[0].warn_at, [80, 95]);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert!(served["tiers"][0].get("warnAt").is_none());
+        let mut v = sample();
+        v["tiers"][0]["warnAt"] = json!([]);
+        let doc = PolicyDocument::from_value(v).unwrap();
+        assert!(doc.tiers[0].warn_at.is_empty());
+        assert_eq!(
+            serde_json::to_value(&doc).unwrap()["tiers"][0]["warnAt"],
+            json!([])
+        );
+        for (warn_at, field) in [
+            (json!([0]), "tiers[1].warnAt[0]"),
+            (json!([50, 101]), "tiers[1].warnAt[1]"),
+            (json!([90, 80]), "tiers[1].warnAt[1]"),
+            (json!([80, 80]), "tiers[1].warnAt[1]"),
+            (
+                json!([10, 20, 30, 40, 50, 60, 70, 80, 90]),
+                "tiers[1].warnAt",
+            ),
+            (json!([300]), "tiers[1].warnAt[0]"),
+            (json!(["80"]), "tiers[1].warnAt[0]"),
+        ] {
+            let mut v = sample();
+            v["tiers"][1]["warnAt"] = warn_at;
             fails_at(v, field);
         }
     }

@@ -282,6 +282,7 @@ impl Subscription {
             default_max_tokens: self.default_max_tokens,
             uncapped_requests: self.uncapped_requests,
             token_weights: m.token_weights,
+            warn_at: self.warn_at.clone(),
         })
     }
 }

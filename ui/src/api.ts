@@ -142,6 +142,8 @@ export interface UsageRow {
   refused?: Record<string, number>;
   /** The part of `promptTokens` served from the provider's prompt cache. */
   cachedInputTokens?: number;
+  /** Tokens × the subscription's billing rate (an exact decimal string). */
+  cost?: string;
 }
 
 /** `GET /v1/quota` */
@@ -154,6 +156,12 @@ export interface QuotaRow {
   resetsAt?: string | null;
   /** A key bound to a subscription: the model this window is for. */
   model?: string | null;
+  percentUsed?: number;
+  /** The highest warning threshold (percent) passed. */
+  warning?: number | null;
+  burnRatePerHour?: number;
+  /** When the limit is reached at the current rate, if before the reset. */
+  projectedExhaustionAt?: string | null;
 }
 
 export function fmtDate(s: string | null | undefined): string {

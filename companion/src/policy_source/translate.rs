@@ -971,6 +971,7 @@ fn subscription_of(
             },
             default_max_tokens: None,
             uncapped_requests: Default::default(),
+            warn_at: maas_types::policy::default_warn_at(),
         },
         index,
     ))
@@ -1001,6 +1002,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         default_max_tokens: None,
         uncapped_requests: Default::default(),
         token_weights: Default::default(),
+        warn_at: maas_types::policy::default_warn_at(),
     };
     if doc.tiers.is_empty() {
         doc.tiers.push(only_tier.clone());

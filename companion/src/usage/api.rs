@@ -564,6 +564,8 @@ pub struct QuotaWindow {
     /// Under a subscription: the model whose window it is (counted per subject, subscription
     /// and model); `None`: the subject's own (tier) counter.
     pub model: Option<String>,
+    /// The warning thresholds (percent) of the tier or subscription whose limit this is.
+    pub warn_at: Vec<u8>,
 }
 
 /// The windows of a key bound to `subscription`, as the gateway counts them: for each of its
@@ -587,6 +589,7 @@ pub fn subscription_quota_windows(
                 window: l.window,
                 limit: l.limit,
                 model: Some(m.name.clone()),
+                warn_at: sub.warn_at.clone(),
             }));
         }
     }
@@ -604,20 +607,23 @@ pub fn quota_windows(
 ) -> Option<(String, Vec<QuotaWindow>)> {
     let running = policy.resolve_tier(groups, pinned)?;
     let own = policy.resolve_tier(groups, None);
-    let mut windows: BTreeMap<(u8, Window), u64> = BTreeMap::new();
+    // The smallest limit of each window, with its tier's thresholds.
+    let mut windows: BTreeMap<(u8, Window), (u64, &[u8])> = BTreeMap::new();
     for tier in std::iter::once(running).chain(own) {
         for (rank, limits) in [(0, &tier.limits.requests), (1, &tier.limits.tokens)] {
             for l in limits {
-                windows
+                let entry = windows
                     .entry((rank, l.window))
-                    .and_modify(|v| *v = (*v).min(l.limit))
-                    .or_insert(l.limit);
+                    .or_insert((l.limit, &tier.warn_at));
+                if l.limit < entry.0 {
+                    *entry = (l.limit, &tier.warn_at);
+                }
             }
         }
     }
     let list = windows
         .into_iter()
-        .map(|((rank, window), limit)| QuotaWindow {
+        .map(|((rank, window), (limit, warn_at))| QuotaWindow {
             kind: if rank == 0 {
                 LeaseKind::Requests
             } else {
@@ -626,6 +632,7 @@ pub fn quota_windows(
             window,
             limit,
             model: None,
+            warn_at: warn_at.to_vec(),
         })
         .collect();
     Some((running.name.clone(), list))
@@ -651,6 +658,51 @@ pub struct QuotaRow {
     /// subscription has its own budget).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// `used` as a percentage of `limit` (at most 100).
+    pub percent_used: u64,
+    /// The highest `warnAt` threshold the window is past (the gateway then sends
+    /// `x-maas-quota-warning`); absent below the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<u8>,
+    /// What has been taken per hour on average since the window started.
+    pub burn_rate_per_hour: u64,
+    /// When the limit is reached at that rate, if before the window resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub projected_exhaustion_at: Option<DateTime<Utc>>,
+}
+
+/// The burn of a window at `now`: what was taken per hour on average since `start`, and when
+/// `limit` is reached at that rate (unix seconds) if before the window ends (`None`: not in this
+/// window, or nothing taken). Integer arithmetic, rounding the exhaustion time up.
+pub fn burn(used: u64, limit: u64, start: u64, seconds: u64, now: u64) -> (u64, Option<u64>) {
+    let elapsed = u128::from(now.saturating_sub(start).max(1));
+    let used128 = u128::from(used);
+    let per_hour = u64::try_from(used128 * 3600 / elapsed).unwrap_or(u64::MAX);
+    if used == 0 {
+        return (per_hour, None);
+    }
+    let remaining = u128::from(limit.saturating_sub(used));
+    let to_go = u64::try_from((remaining * elapsed).div_ceil(used128)).unwrap_or(u64::MAX);
+    let at = now.saturating_add(to_go);
+    (per_hour, (at < start.saturating_add(seconds)).then_some(at))
+}
+
+/// `used` as a percentage of `limit` (a zero limit: 100), at most 100, and the highest of
+/// `warn_at` it is past.
+pub fn warning(used: u64, limit: u64, warn_at: &[u8]) -> (u64, Option<u8>) {
+    let pct = if limit == 0 {
+        100
+    } else {
+        u64::try_from((u128::from(used) * 100 / u128::from(limit)).min(100)).unwrap_or(100)
+    };
+    (
+        pct,
+        warn_at
+            .iter()
+            .rev()
+            .find(|t| u64::from(**t) <= pct)
+            .copied(),
+    )
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -719,6 +771,8 @@ pub async fn quota(
                 tracing::warn!(error = %e, "quota: lease store unreachable");
                 UsageApiError::LeaseStore
             })?;
+        let (percent_used, warning) = warning(used, w.limit, &w.warn_at);
+        let (burn_rate_per_hour, exhaustion) = burn(used, w.limit, start, seconds, now);
         data.push(QuotaRow {
             kind: w.kind.as_str(),
             window: w.window.to_string(),
@@ -729,6 +783,10 @@ pub async fn quota(
             window_start: at(start),
             resets_at: at(start.saturating_add(seconds)),
             model: w.model,
+            percent_used,
+            warning,
+            burn_rate_per_hour,
+            projected_exhaustion_at: exhaustion.map(at),
         });
     }
     Ok((
@@ -766,6 +824,30 @@ mod tests {
             Err(UsageApiError::Invalid { param, .. }) => Some(param),
             _ => None,
         }
+    }
+
+    #[test]
+    fn burn_rate_and_projected_exhaustion() {
+        // A day window started at 0; at 6 h 25 % is used: 4 %/h... exhausted at 24 h = the
+        // reset, so not projected; at 50 % after 6 h it is reached at 12 h.
+        let day = 86_400;
+        assert_eq!(burn(250, 1000, 0, day, 6 * 3600), (41, None));
+        assert_eq!(burn(500, 1000, 0, day, 6 * 3600), (83, Some(12 * 3600)));
+        // Nothing taken: no projection; all taken: now.
+        assert_eq!(burn(0, 1000, 0, day, 3600), (0, None));
+        assert_eq!(burn(1000, 1000, 0, day, 3600), (1000, Some(3600)));
+        // The first second of a window, and rounding up.
+        assert_eq!(burn(1, 3, 60, 60, 60), (3600, Some(62)));
+        assert_eq!(burn(u64::MAX, u64::MAX, 0, day, 0), (u64::MAX, Some(0)));
+    }
+
+    #[test]
+    fn warnings_are_the_highest_threshold_passed() {
+        assert_eq!(warning(79, 100, &[80, 95]), (79, None));
+        assert_eq!(warning(80, 100, &[80, 95]), (80, Some(80)));
+        assert_eq!(warning(99, 100, &[80, 95]), (99, Some(95)));
+        assert_eq!(warning(150, 100, &[80, 95]), (100, Some(95)));
+        assert_eq!(warning(5, 0, &[]), (100, None));
     }
 
     #[test]

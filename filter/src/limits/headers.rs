@@ -1,9 +1,47 @@
 //! The `x-ratelimit-*` headers: the tightest request and token windows after a decision,
-//! formatted as OpenAI sends them.
+//! formatted as OpenAI sends them; and the early warning `x-maas-quota-warning` when a window
+//! is past one of its tier's `warnAt` thresholds.
 
 use super::counters::all_limits;
 use super::slot::{Kind, Record, used_globally};
-use maas_types::Tier;
+use maas_types::{Tier, Window};
+
+/// The early warning's header.
+pub(crate) const QUOTA_WARNING_HEADER: &str = "x-maas-quota-warning";
+
+/// The fullest window past a threshold of its tier after a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Warning {
+    /// The highest threshold (percent) the window is past.
+    pub(crate) threshold: u8,
+    /// Percent of the limit used (this request's count or reservation included), at most 100.
+    pub(crate) percent: u64,
+    pub(crate) kind: Kind,
+    pub(crate) window: Window,
+    pub(crate) reset_seconds: u64,
+}
+
+impl Warning {
+    /// `threshold=80, used=85, kind=tokens, window=1d, reset=3600` (seconds).
+    pub(crate) fn value(&self) -> String {
+        format!(
+            "threshold={}, used={}, kind={}, window={}, reset={}",
+            self.threshold,
+            self.percent,
+            self.kind.as_str(),
+            self.window,
+            self.reset_seconds
+        )
+    }
+}
+
+/// Percent of `limit` that `used` is (a zero limit: 100), at most 100.
+fn percent(used: u64, limit: u64) -> u64 {
+    if limit == 0 {
+        return 100;
+    }
+    (u128::from(used) * 100 / u128::from(limit)).min(100) as u64
+}
 
 /// State of one window after a decision, for the `x-ratelimit-*` headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +62,8 @@ impl WindowState {
 pub struct RateHeaders {
     pub(crate) requests: Option<WindowState>,
     pub(crate) tokens: Option<WindowState>,
+    /// The fullest window past a `warnAt` threshold of its tier, if any.
+    pub(crate) warning: Option<Warning>,
 }
 
 impl RateHeaders {
@@ -36,7 +76,7 @@ impl RateHeaders {
 
     pub(super) fn from_records(tiers: &[&Tier], records: &[Record], now: u64) -> Self {
         let mut h = RateHeaders::default();
-        for (kind, l, _) in all_limits(tiers) {
+        for (kind, l, tier) in all_limits(tiers) {
             let w = WindowState {
                 limit: l.limit,
                 used: used_globally(records, kind, l.window, now),
@@ -45,6 +85,22 @@ impl RateHeaders {
             match kind {
                 Kind::Requests => Self::note(&mut h.requests, w),
                 Kind::Tokens => Self::note(&mut h.tokens, w),
+            }
+            let thresholds = tiers
+                .iter()
+                .find(|t| t.name == tier)
+                .map_or(&[][..], |t| t.warn_at.as_slice());
+            let pct = percent(w.used, w.limit);
+            if let Some(&threshold) = thresholds.iter().rev().find(|t| u64::from(**t) <= pct)
+                && h.warning.is_none_or(|cur| pct > cur.percent)
+            {
+                h.warning = Some(Warning {
+                    threshold,
+                    percent: pct,
+                    kind,
+                    window: l.window,
+                    reset_seconds: w.reset_seconds,
+                });
             }
         }
         h
@@ -65,6 +121,10 @@ impl RateHeaders {
             f(remaining, Short::decimal(t.remaining()).as_str());
             f(reset, Short::duration(t.reset_seconds).as_str());
         }
+        // Formatted only past a threshold (rare: most answers send no warning).
+        if let Some(w) = self.warning {
+            f(QUOTA_WARNING_HEADER, &w.value());
+        }
     }
 
     /// Whether [`Self::each`] hands over a header `name` (any case).
@@ -72,11 +132,12 @@ impl RateHeaders {
         let among = |names: [&str; 3]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
         (self.requests.is_some() && among(REQUEST_RATE_HEADERS))
             || (self.tokens.is_some() && among(TOKEN_RATE_HEADERS))
+            || (self.warning.is_some() && name.eq_ignore_ascii_case(QUOTA_WARNING_HEADER))
     }
 
     /// [`Self::each`] as owned pairs (a refusal's headers).
     pub(crate) fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(6);
+        let mut out = Vec::with_capacity(7);
         self.each(|name, value| out.push((name, value.to_string())));
         out
     }

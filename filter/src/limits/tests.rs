@@ -376,11 +376,55 @@ fn reservation_sources_and_headers() {
             used: 120,
             reset_seconds: 65,
         }),
+        warning: None,
     };
     let hs = h.headers();
     assert!(hs.contains(&("x-ratelimit-remaining-requests", "2".to_string())));
     assert!(hs.contains(&("x-ratelimit-remaining-tokens", "0".to_string())));
     assert!(hs.contains(&("x-ratelimit-reset-tokens", "1m5s".to_string())));
+}
+
+/// The fullest window past a threshold of its tier after admission (this request counted):
+/// none below 80 %, 80 from 80 %, 95 from 95 %; a tier with `warnAt: []` never warns; the
+/// header names the window and is what a refusal carries too.
+#[test]
+fn early_warnings_name_the_fullest_window_past_a_threshold() {
+    let s = MemStore::new();
+    let t = tier(); // tokens 100/1m and 1000/1d, requests 3/1m and 5/1h; warnAt default
+    let now = 120;
+    let warning = |a: Admission| allowed(a).1.warning;
+    // 70 of 100 tokens in the minute: no warning.
+    assert_eq!(warning(admit(&s, &[&t], "u", 70, now, SLOTS)), None);
+    // 2 of 3 requests (66 %) and 85 of 100 tokens: tokens 1m at 85 %, past 80.
+    let w = warning(admit(&s, &[&t], "u", 15, now, SLOTS)).expect("a warning");
+    assert_eq!((w.threshold, w.percent, w.kind), (80, 85, Kind::Tokens));
+    assert_eq!(w.window.to_string(), "1m");
+    assert_eq!(w.reset_seconds, 60);
+    let h = admit(&s, &[&t], "u", 12, now, SLOTS);
+    let (_, headers) = allowed(h);
+    // 3 of 3 requests (100 %) is the fullest now, past 95.
+    let w = headers.warning.expect("a warning");
+    assert_eq!((w.threshold, w.percent, w.kind), (95, 100, Kind::Requests));
+    assert!(
+        headers.headers().contains(&(
+            "x-maas-quota-warning",
+            "threshold=95, used=100, kind=requests, window=1m, reset=60".to_string()
+        )),
+        "{:?}",
+        headers.headers()
+    );
+    assert!(headers.sends("X-Maas-Quota-Warning"));
+    // The refusal that follows carries it too.
+    let refused = admit(&s, &[&t], "u", 1, now, SLOTS);
+    let Admission::Limited { headers, .. } = refused else {
+        panic!("expected a 429, got {refused:?}")
+    };
+    assert_eq!(headers.warning.map(|w| w.threshold), Some(95));
+
+    let mut quiet = tier();
+    quiet.warn_at = Vec::new();
+    let s = MemStore::new();
+    assert_eq!(warning(admit(&s, &[&quiet], "u", 99, now, SLOTS)), None);
 }
 
 #[test]

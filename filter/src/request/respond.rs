@@ -17,6 +17,7 @@ const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 fn is_rate_limit_header(name: &str) -> bool {
     name.get(..RATE_LIMIT_PREFIX.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(RATE_LIMIT_PREFIX))
+        || name.eq_ignore_ascii_case(crate::limits::QUOTA_WARNING_HEADER)
 }
 
 /// Removes each `x-ratelimit-*` name of `map` (as read into `headers`) that `keep` does not

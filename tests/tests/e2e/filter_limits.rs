@@ -104,6 +104,18 @@ async fn request_limit_gives_429_with_headers() {
             expected_remaining
         );
         assert!(r.header("x-ratelimit-reset-requests").is_some());
+        // The early warning (default thresholds 80 and 95): only the answer that takes the
+        // last request (100 % of the day's 3) carries it, naming that window.
+        let warning = r.header("x-maas-quota-warning");
+        if expected_remaining == 0 {
+            let w = warning.expect("a warning at 100 %");
+            assert!(
+                w.starts_with("threshold=95, used=100, kind=requests, window=1d, reset="),
+                "{w}"
+            );
+        } else {
+            assert_eq!(warning, None, "{expected_remaining} left");
+        }
     }
     let r = chat(stack, CHAT, "req-429", &h, body.clone()).await;
     let e = r.error(429);
@@ -114,6 +126,11 @@ async fn request_limit_gives_429_with_headers() {
     assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 3);
     assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
     assert!(stack.sim_requests_with_test_id("req-429").is_empty());
+    assert!(
+        r.header("x-maas-quota-warning").is_some(),
+        "{:?}",
+        r.headers
+    );
     // Discovery still works, uncounted.
     let r = send(
         client()
@@ -179,6 +196,8 @@ async fn the_providers_own_rate_limit_headers_are_replaced_by_the_gateways() {
             None,
             "stream {stream}"
         );
+        // Below every threshold the gateway warns of nothing: the upstream's warning is gone.
+        assert_eq!(r.header("x-maas-quota-warning"), None, "stream {stream}");
         assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 1000);
         assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
         assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 999 - n);

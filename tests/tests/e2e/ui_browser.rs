@@ -670,12 +670,14 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
             const u = String(url);
             if (u.includes('/v1/usage?')) return answer({data: [
                 {day: '2026-11-30', model: 'sim-model', promptTokens: 1200, completionTokens: 800, requests: 9,
-                 refused: {rate_limit_exceeded: 2, tokens_exceed_limit: 1}, cachedInputTokens: 500},
+                 refused: {rate_limit_exceeded: 2, tokens_exceed_limit: 1}, cachedInputTokens: 500,
+                 cost: '0.004'},
                 {day: '2026-12-01', model: 'sim-model', promptTokens: 300, completionTokens: 200, requests: 3},
                 {day: '2026-12-01', model: 'sim-premium', promptTokens: 40, completionTokens: 60, requests: 1,
                  refused: {}, cachedInputTokens: 0}]});
             if (u.endsWith('/v1/quota')) return answer({data: [
-                {kind: 'tokens', window: '1m', limit: 2000, used: 500, remaining: 1500, resetsAt: '2026-12-01T05:01:00Z'},
+                {kind: 'tokens', window: '1m', limit: 2000, used: 1700, remaining: 300, resetsAt: '2026-12-01T05:01:00Z',
+                 percentUsed: 85, warning: 80, burnRatePerHour: 102000, projectedExhaustionAt: '2026-12-01T05:00:50Z'},
                 {kind: 'requests', window: '1m', limit: 30, used: 4, remaining: 26, resetsAt: '2026-12-01T05:01:00Z'}]});
             if (u.endsWith('/v1/subscriptions')) return answer([
                 {subscription_id_header: 'team-a', display_name: 'Team A', priority: 1,
@@ -698,10 +700,10 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     shots.take(&b, "03b-keys-with-subscription").await;
     nav(&b, "usage").await;
     let table = wait_for(&b, "#usage-table").await.text().await.unwrap();
-    // Requests, prompt, completion, total, refused (all reasons), cached input tokens.
+    // Requests, prompt, completion, total, refused (all reasons), cached input tokens, cost.
     for want in [
-        "2026-11-30 sim-model 9 1,200 800 2,000 3 500",
-        "2026-12-01 sim-premium 1 40 60 100 0 0",
+        "2026-11-30 sim-model 9 1,200 800 2,000 3 500 0.004",
+        "2026-12-01 sim-premium 1 40 60 100 0 0 0",
     ] {
         assert!(table.contains(want), "{want:?} not in {table}");
     }
@@ -721,7 +723,14 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     assert_desktop_layout(&b, "05b-usage-with-data").await;
     nav(&b, "quota").await;
     let quota = wait_for(&b, "#quota-table").await.text().await.unwrap();
-    assert!(quota.contains("2,000 tokens 1m 500 1,500"), "{quota}");
+    assert!(quota.contains("2,000 tokens 1m 1,700 300"), "{quota}");
+    // The early warning, with when the window runs out at this rate.
+    assert!(quota.contains("past 80% · runs out"), "{quota}");
+    let warned = b
+        .find_all(By::Css("#quota-table td.warning"))
+        .await
+        .unwrap();
+    assert_eq!(warned.len(), 1, "only the tokens window warns");
     shots.take(&b, "06b-quota-with-data").await;
     assert_desktop_layout(&b, "06b-quota-with-data").await;
     let violations = b.execute("return window.__csp;", vec![]).await.unwrap();

@@ -31,6 +31,7 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
                   <th>Remaining</th>
                   <th />
                   <th>Resets</th>
+                  <th>Warning</th>
                 </tr>
               </thead>
               <tbody>
@@ -48,6 +49,10 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
                       </span>
                     </td>
                     <td>{fmtDate(r.resetsAt)}</td>
+                    <td className={r.warning ? "warning" : undefined}>
+                      {r.warning ? `past ${r.warning}%` : ""}
+                      {r.projectedExhaustionAt ? ` · runs out ${fmtDate(r.projectedExhaustionAt)}` : ""}
+                    </td>
                   </tr>
                 ))}
               </tbody>

@@ -89,6 +89,7 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
                   <th>Total</th>
                   <th>Refused</th>
                   <th>Cached input tokens</th>
+                  <th>Cost</th>
                 </tr>
               </thead>
               <tbody>
@@ -106,6 +107,7 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
                           <td>{total(r).toLocaleString()}</td>
                           <td className="refused" title={refusedReasons(r)}>{refusedCount(r).toLocaleString()}</td>
                           <td>{(r.cachedInputTokens ?? 0).toLocaleString()}</td>
+                          <td className="cost">{r.cost ?? "0"}</td>
                         </tr>
                       )),
                   ),
