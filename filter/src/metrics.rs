@@ -27,6 +27,8 @@ pub const LEASE_FALLBACK: &str = "maas_lease_fallback";
 pub const HEADERS_HOLD_UNSUPPORTED: &str = "maas_headers_hold_unsupported";
 /// Usage records a worker dropped (its bound reached, or a report the companion refused).
 pub const USAGE_RECORDS_DROPPED: &str = "maas_usage_records_dropped_total";
+/// Requests a shadow limit would have refused (they went on).
+pub const SHADOW_REFUSALS: &str = "maas_shadow_refusals_total";
 
 /// Keeps a name usable as one Envoy stat segment.
 pub fn sanitize(s: &str) -> String {
@@ -72,6 +74,8 @@ pub struct Metrics {
     pub usage_dropped: u32,
     /// Gauge: Envoy does not hand a held request's body over (see [`HeldHeaders`]).
     pub hold_unsupported: u32,
+    /// Would-be refusals of shadow limits.
+    pub shadow_refusals: u32,
     /// (tier, model, prompt id, completion id), defined on first use.
     tokens: Vec<(String, String, u32, u32)>,
     pending: RefCell<Vec<(u32, u64)>>,
@@ -98,6 +102,7 @@ impl Metrics {
             lease_fallback: host.define_metric(MetricKind::Gauge, LEASE_FALLBACK),
             usage_dropped: c(USAGE_RECORDS_DROPPED),
             hold_unsupported: host.define_metric(MetricKind::Gauge, HEADERS_HOLD_UNSUPPORTED),
+            shadow_refusals: c(SHADOW_REFUSALS),
             tokens: Vec::new(),
             pending: RefCell::new(Vec::new()),
         }

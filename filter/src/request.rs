@@ -847,6 +847,26 @@ impl Request {
         Step::Continue
     }
 
+    /// A shadow limit would have refused this admitted request: counted (metric, and in the
+    /// ledger as the refusal's code prefixed `shadow_`), never answered.
+    fn shadow_refused(&self, s: &limits::Shadowed) {
+        log::debug!(
+            "shadow limit ({} per {} of tier {}) would refuse: {}",
+            s.kind.as_str(),
+            s.window,
+            s.tier,
+            s.code
+        );
+        if let Ok(w) = self.worker.try_borrow() {
+            w.metrics.inc(w.metrics.shadow_refusals, 1);
+        }
+        self.ledger_refused(if s.code == "tokens_exceed_limit" {
+            "shadow_tokens_exceed_limit"
+        } else {
+            "shadow_rate_limit_exceeded"
+        });
+    }
+
     /// [`admission::ask`], the cap it sets, and the limits; `Some` reservation unless
     /// discovery.
     fn decide(
@@ -894,23 +914,30 @@ impl Request {
             Admission::Allowed {
                 reservation,
                 headers,
+                shadowed,
             } => {
-                let mut w = self
-                    .worker
-                    .try_borrow_mut()
-                    .map_err(|_| Refusal::undecidable())?;
-                if limits::has_windows(&windows) {
-                    // Written with what was folded for the subject.
-                    w.folds.admitted(&auth.counter_key, subject);
+                {
+                    let mut w = self
+                        .worker
+                        .try_borrow_mut()
+                        .map_err(|_| Refusal::undecidable())?;
+                    if limits::has_windows(&windows) {
+                        // Written with what was folded for the subject.
+                        w.folds.admitted(&auth.counter_key, subject);
+                    }
+                    if lease_policy.is_some() {
+                        // The worker's batch reports this subject's debts and releases (in-VM
+                        // only).
+                        w.leases.track(
+                            subject,
+                            &auth.counter_key,
+                            || lease::counters(&windows),
+                            now_s.saturating_mul(1000),
+                        );
+                    }
                 }
-                if lease_policy.is_some() {
-                    // The worker's batch reports this subject's debts and releases (in-VM only).
-                    w.leases.track(
-                        subject,
-                        &auth.counter_key,
-                        || lease::counters(&windows),
-                        now_s.saturating_mul(1000),
-                    );
+                if let Some(s) = shadowed {
+                    self.shadow_refused(&s);
                 }
                 Ok(Admitted::Forward(Some((reservation, headers))))
             }

@@ -202,6 +202,15 @@ pub struct Limits {
 pub struct Limit {
     pub limit: u64,
     pub window: Window,
+    /// A shadow limit is counted and evaluated but never refuses: a request it would refuse
+    /// goes on, and the would-be refusal is counted (metric, usage ledger), so a tighter limit
+    /// can be tried on live traffic first. Not in `x-ratelimit-*`, warnings or `/v1/quota`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -474,10 +483,15 @@ fn check_limits(path: &str, limits: &[Limit], max: Option<u64>) -> Result<(), Po
                 format!("must be at most {max}"),
             ));
         }
-        if !windows.insert(l.window) {
+        // One enforced and one shadow limit per window at most (a shadow one tries a new value).
+        if !windows.insert((l.window, l.shadow)) {
             return Err(err(
                 format!("{path}[{i}].window"),
-                format!("window {} is listed twice", l.window),
+                format!(
+                    "window {} is listed twice{}",
+                    l.window,
+                    if l.shadow { " as a shadow limit" } else { "" }
+                ),
             ));
         }
     }
@@ -1319,6 +1333,29 @@ mod tests {
             v["tiers"][1]["warnAt"] = warn_at;
             fails_at(v, field);
         }
+    }
+
+    #[test]
+    fn one_enforced_and_one_shadow_limit_per_window() {
+        let mut v = sample();
+        v["tiers"][0]["limits"]["tokens"] = json!([
+            {"limit": 100, "window": "1d"},
+            {"limit": 50, "window": "1d", "shadow": true}
+        ]);
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        assert!(doc.tiers[0].limits.tokens[1].shadow);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert!(
+            served["tiers"][0]["limits"]["tokens"][0]
+                .get("shadow")
+                .is_none()
+        );
+        assert_eq!(served["tiers"][0]["limits"]["tokens"][1]["shadow"], true);
+        v["tiers"][0]["limits"]["tokens"] = json!([
+            {"limit": 50, "window": "1d", "shadow": true},
+            {"limit": 60, "window": "1d", "shadow": true}
+        ]);
+        fails_at(v, "tiers[0].limits.tokens[1].window");
     }
 
     #[test]

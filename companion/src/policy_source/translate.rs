@@ -813,7 +813,11 @@ fn limits(v: Option<&Value>, at: &str) -> Result<Vec<Limit>, (String, String)> {
             .and_then(Value::as_str)
             .ok_or_else(|| (format!("{at}[{i}].window"), "required, e.g. 1m".to_string()))?;
         let window = Window::parse(window).map_err(|e| (format!("{at}[{i}].window"), e))?;
-        out.push(Limit { limit, window });
+        out.push(Limit {
+            limit,
+            window,
+            shadow: false,
+        });
     }
     Ok(out)
 }

@@ -582,7 +582,8 @@ pub fn subscription_quota_windows(
             (LeaseKind::Requests, &m.request_rate_limits),
             (LeaseKind::Tokens, &m.token_rate_limits),
         ] {
-            let mut limits = limits.clone();
+            // Shadow limits are tried, not enforced: not a quota.
+            let mut limits: Vec<_> = limits.iter().filter(|l| !l.shadow).copied().collect();
             limits.sort_by_key(|l| l.window);
             out.extend(limits.into_iter().map(|l| QuotaWindow {
                 kind,
@@ -611,7 +612,7 @@ pub fn quota_windows(
     let mut windows: BTreeMap<(u8, Window), (u64, &[u8])> = BTreeMap::new();
     for tier in std::iter::once(running).chain(own) {
         for (rank, limits) in [(0, &tier.limits.requests), (1, &tier.limits.tokens)] {
-            for l in limits {
+            for l in limits.iter().filter(|l| !l.shadow) {
                 let entry = windows
                     .entry((rank, l.window))
                     .or_insert((l.limit, &tier.warn_at));
@@ -1043,5 +1044,30 @@ mod tests {
             ]
         );
         assert!(quota_windows(&policy, &["nobody".to_string()], None).is_none());
+    }
+
+    /// Shadow limits are tried, not enforced: never a quota row, never the binding limit.
+    #[test]
+    fn shadow_limits_are_no_quota() {
+        let mut policy: PolicyDocument = serde_json::from_str(POLICY).unwrap();
+        let premium = policy
+            .tiers
+            .iter_mut()
+            .find(|t| t.name == "premium")
+            .unwrap();
+        premium.limits.requests.push(maas_types::Limit {
+            limit: 1,
+            window: serde_json::from_value(serde_json::json!("1m")).unwrap(),
+            shadow: true,
+        });
+        premium.limits.tokens.push(maas_types::Limit {
+            limit: 5,
+            window: serde_json::from_value(serde_json::json!("1h")).unwrap(),
+            shadow: true,
+        });
+        let groups = vec!["all".to_string(), "premium".to_string()];
+        let (_, w) = quota_windows(&policy, &groups, None).unwrap();
+        let shown: Vec<(String, u64)> = w.iter().map(|w| (w.window.to_string(), w.limit)).collect();
+        assert_eq!(shown, [("1m".to_string(), 300), ("1m".to_string(), 50000)]);
     }
 }

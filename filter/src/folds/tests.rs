@@ -50,6 +50,7 @@ fn admit(
         Admission::Allowed {
             reservation,
             headers,
+            ..
         } => {
             folds.admitted(&key, "alice");
             Ok((reservation, headers))
@@ -194,6 +195,7 @@ fn a_slot_written_in_between_makes_the_admission_read_again_with_the_folds() {
         Admission::Allowed {
             reservation,
             headers,
+            ..
         } => (reservation, headers),
         other => panic!("{other:?}"),
     };

@@ -2,7 +2,9 @@
 //! in every token window — one read and one CAS write of the subject's slot — or refused without
 //! counting; and the read-only precheck that refuses what is already certain before the body.
 
-use super::counters::{LeaseCounters, all_limits, distinct, lease_counters, windows};
+use super::counters::{
+    LeaseCounters, all_limits, distinct, lease_counters, shadow_limits, windows,
+};
 use super::grants::{LeaseNeed, LeasePolicy, prefetch};
 use super::headers::RateHeaders;
 use super::settle::{Reservation, Settled, apply_folded};
@@ -16,11 +18,23 @@ use maas_types::{Tier, Window};
 /// Reserved when neither the request nor the tier names a max_tokens.
 pub(crate) const FALLBACK_RESERVATION: u64 = 256;
 
+/// What a shadow limit would have refused (the request went on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shadowed {
+    /// The refusal's code: `rate_limit_exceeded` or `tokens_exceed_limit`.
+    pub(crate) code: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) window: Window,
+    pub(crate) tier: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Admission {
     Allowed {
         reservation: Reservation,
         headers: RateHeaders,
+        /// A shadow limit would have refused this request.
+        shadowed: Option<Shadowed>,
     },
     /// A window is full: 429, nothing counted.
     Limited {
@@ -190,11 +204,13 @@ pub(crate) fn admit_leased(
         return Admission::Allowed {
             reservation: ask.reservation(&[]),
             headers: RateHeaders::default(),
+            shadowed: None,
         };
     }
     if let Some(refusal) = too_large(&tiers, ask.reserve) {
         return refusal;
     }
+    let shadow_too_large = shadow_too_large(&tiers, ask.reserve);
     let leased = lease.map(|_| lease_counters(&tiers)).unwrap_or_default();
     let admitted = slot::update(store, ask.key, ask.subject, ask.now, read, |records| {
         // This worker's folded settlements count as written (and are, with this admission).
@@ -210,10 +226,14 @@ pub(crate) fn admit_leased(
         {
             return Edit::Keep(refusal);
         }
+        let shadowed = shadow_too_large
+            .clone()
+            .or_else(|| shadow_limited(&tiers, records, ask));
         *records = counted(records, &counters, ask);
         Edit::Write(Admission::Allowed {
             reservation: ask.reservation(&counters),
             headers: RateHeaders::from_records(&tiers, records, ask.now),
+            shadowed,
         })
     });
     admitted.unwrap_or_else(slot_error)
@@ -232,6 +252,34 @@ fn too_large(tiers: &[&Tier], reserve: u64) -> Option<Admission> {
         window: l.window,
         tier: tier.to_string(),
     })
+}
+
+/// A shadow token limit below the reservation: what `too_large` would refuse.
+fn shadow_too_large(tiers: &[&Tier], reserve: u64) -> Option<Shadowed> {
+    shadow_limits(tiers)
+        .filter(|(k, l, _)| *k == Kind::Tokens && reserve > l.limit)
+        .min_by_key(|(_, l, _)| l.limit)
+        .map(|(kind, l, tier)| Shadowed {
+            code: "tokens_exceed_limit",
+            kind,
+            window: l.window,
+            tier: tier.to_string(),
+        })
+}
+
+/// A shadow limit of `tiers` that `records` leave no room in for `ask`: what `limited` would
+/// refuse.
+fn shadow_limited(tiers: &[&Tier], records: &[Record], ask: &Ask) -> Option<Shadowed> {
+    shadow_limits(tiers)
+        .find(|(kind, l, _)| {
+            used(records, *kind, l.window, ask.now).saturating_add(ask.add(*kind)) > l.limit
+        })
+        .map(|(kind, l, tier)| Shadowed {
+            code: "rate_limit_exceeded",
+            kind,
+            window: l.window,
+            tier: tier.to_string(),
+        })
 }
 
 /// The 429 of a window of `tiers` that `records` leave no room in for `add(kind)` more (the

@@ -5,10 +5,8 @@ use super::slot::Kind;
 use maas_types::{Limit, Tier, Window};
 use smallvec::SmallVec;
 
-/// Every limit of `tiers` with its kind and tier name.
-pub(super) fn all_limits<'a>(
-    tiers: &'a [&'a Tier],
-) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+/// Every limit of `tiers`, enforced and shadow, with its kind and tier name.
+fn every_limit<'a>(tiers: &'a [&'a Tier]) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
     tiers.iter().flat_map(|t| {
         let name = t.name.as_str();
         t.limits
@@ -17,6 +15,21 @@ pub(super) fn all_limits<'a>(
             .map(move |l| (Kind::Requests, l, name))
             .chain(t.limits.tokens.iter().map(move |l| (Kind::Tokens, l, name)))
     })
+}
+
+/// Every enforced limit of `tiers` with its kind and tier name (shadow limits left out: they
+/// never refuse, lease or show in headers).
+pub(super) fn all_limits<'a>(
+    tiers: &'a [&'a Tier],
+) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+    every_limit(tiers).filter(|(_, l, _)| !l.shadow)
+}
+
+/// Every shadow limit of `tiers`: evaluated, never refusing.
+pub(super) fn shadow_limits<'a>(
+    tiers: &'a [&'a Tier],
+) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+    every_limit(tiers).filter(|(_, l, _)| l.shadow)
 }
 
 /// `tiers` without repeats (by name), order kept.
@@ -33,7 +46,9 @@ pub(super) fn distinct<'a>(tiers: &[&'a Tier]) -> SmallVec<[&'a Tier; 2]> {
 /// The distinct (kind, window) counters of `tiers`.
 pub(super) fn windows(tiers: &[&Tier]) -> SmallVec<[(Kind, Window); 8]> {
     let mut out: SmallVec<[(Kind, Window); 8]> = SmallVec::new();
-    for (kind, l, _) in all_limits(tiers) {
+    // Shadow limits count too: a shadow-only window has its own counter (in this gateway's
+    // shared data; no lease, as nothing is enforced on it).
+    for (kind, l, _) in every_limit(tiers) {
         if !out.contains(&(kind, l.window)) {
             out.push((kind, l.window));
         }

@@ -41,7 +41,7 @@ impl Kind {
         }
     }
 
-    pub(super) fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Requests => "requests",
             Kind::Tokens => "tokens",

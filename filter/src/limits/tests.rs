@@ -38,6 +38,7 @@ fn allowed(a: Admission) -> (Reservation, RateHeaders) {
         Admission::Allowed {
             reservation,
             headers,
+            ..
         } => (reservation, headers),
         other => panic!("expected allowed, got {other:?}"),
     }
@@ -425,6 +426,60 @@ fn early_warnings_name_the_fullest_window_past_a_threshold() {
     quiet.warn_at = Vec::new();
     let s = MemStore::new();
     assert_eq!(warning(admit(&s, &[&quiet], "u", 99, now, SLOTS)), None);
+}
+
+/// Shadow limits count and evaluate, never refuse: the request goes on with what they would
+/// have said; the headers, warnings and leases know only the enforced limits.
+#[test]
+fn shadow_limits_count_and_never_refuse() {
+    let doc = PolicyDocument::from_value(json!({
+        "tiers": [{"name": "trial", "level": 0, "groups": ["g"], "warnAt": [],
+          "limits": {"requests": [{"limit": 2, "window": "1m", "shadow": true}],
+                     "tokens": [{"limit": 100, "window": "1d"},
+                                {"limit": 50, "window": "1d", "shadow": true},
+                                {"limit": 30, "window": "1h", "shadow": true}]}}]
+    }))
+    .unwrap();
+    let t = doc.tiers[0].clone();
+    let s = MemStore::new();
+    let now = 7200;
+    let shadowed = |a: Admission| match a {
+        Admission::Allowed { shadowed, .. } => shadowed,
+        other => panic!("expected allowed, got {other:?}"),
+    };
+    // 20 tokens: under every limit.
+    assert_eq!(shadowed(admit(&s, &[&t], "u", 20, now, SLOTS)), None);
+    // 25 more: 45 in the hour is past its shadow 30: allowed, noted.
+    let sh = shadowed(admit(&s, &[&t], "u", 25, now, SLOTS)).expect("a shadow refusal");
+    assert_eq!(sh.code, "rate_limit_exceeded");
+    assert_eq!(
+        (sh.kind, sh.window.to_string()),
+        (Kind::Tokens, "1h".to_string())
+    );
+    assert_eq!(sh.tier, "trial");
+    // 35: a reservation above the hour's shadow 30 would be too large (checked first, as
+    // enforced limits are), beside the third request of the shadow 2 per minute.
+    let a = admit(&s, &[&t], "u", 35, now, SLOTS);
+    let (_, headers) = allowed(a.clone());
+    let sh = shadowed(a).expect("a shadow refusal");
+    assert_eq!(
+        (sh.code, sh.window.to_string()),
+        ("tokens_exceed_limit", "1h".to_string())
+    );
+    // The headers show the enforced day window only: 100 - 80.
+    assert_eq!(
+        headers.tokens.map(|w| (w.limit, w.remaining())),
+        Some((100, 20))
+    );
+    assert_eq!(headers.requests, None);
+    // The enforced limit still refuses.
+    let refused = admit(&s, &[&t], "u", 25, now, SLOTS);
+    assert!(matches!(refused, Admission::Limited { .. }), "{refused:?}");
+    // Only enforced limits are leased.
+    let tiers = [&t];
+    let leased = super::counters::lease_counters(&tiers);
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    assert_eq!(leased[0].2, 100);
 }
 
 #[test]

@@ -26,10 +26,15 @@ tiers:
     groups: [g-tiny]
     limits:
       requests: [{limit: 1, window: 1d}]
+  - name: trial
+    level: 2
+    groups: [g-trial]
+    limits:
+      requests: [{limit: 100, window: 1d}, {limit: 1, window: 1d, shadow: true}]
 models:
   - name: sim-model
     path: /llm/sim-model
-    tiers: [metered, tiny]
+    tiers: [metered, tiny, trial]
     backend: simulator
   - name: sim-embed
     path: /llm/sim-embed
@@ -42,6 +47,7 @@ identities:
   - {token: led-token, username: led, groups: [g-metered]}
   - {token: tiny-token, username: tiny, groups: [g-tiny]}
   - {token: quota-token, username: quota, groups: [g-metered]}
+  - {token: trial-token, username: trial, groups: [g-trial]}
 "#;
 
 /// Short enough for the test, long enough to batch several calls.
@@ -343,4 +349,41 @@ async fn quota_used_matches_what_the_rate_limit_headers_implied() {
         "usage-ledger figure: /v1/quota matched the headers {} ms after the last call (requests {requests_implied}; tokens {usage} settled, the headers implied {tokens_implied}: the last call's reservation)",
         started.elapsed().as_millis()
     );
+}
+
+/// A shadow limit (1 request a day, beside the enforced 100) refuses nothing: every call is
+/// answered, the headers show the enforced limit, and each would-be refusal is counted in the
+/// filter's metric and in the ledger as `shadow_rate_limit_exceeded`.
+#[tokio::test]
+async fn a_shadow_limit_counts_what_it_would_refuse_and_refuses_nothing() {
+    let s = stack();
+    let before = crate::helpers::metric(s, "maas_shadow_refusals_total").await;
+    let body = json!({"model": "sim-model", "max_tokens": 3,
+                      "messages": [{"role": "user", "content": "try me"}]});
+    for n in 0..3u64 {
+        let r = call("trial-token", CHAT, body.clone()).await;
+        assert_eq!(r.status, 200, "call {n}: {}", r.body);
+        assert_eq!(r.header("x-ratelimit-limit-requests"), Some("100"));
+        assert_eq!(
+            r.header("x-ratelimit-remaining-requests"),
+            Some((99 - n).to_string().as_str())
+        );
+    }
+    let after = crate::helpers::metric(s, "maas_shadow_refusals_total").await;
+    assert_eq!(after - before, 2, "the second and third calls");
+    let start = Instant::now();
+    loop {
+        let rows = usage_by_model("trial-token").await;
+        if let Some((requests, _, _, refused)) = rows.get("sim-model")
+            && *requests == 3
+            && refused == &json!({"shadow_rate_limit_exceeded": 2})
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < LEDGER_DEADLINE,
+            "the ledger never showed the shadow refusals: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
