@@ -54,6 +54,39 @@ pub enum LogFormat {
     Json,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogUserNames {
+    Hmac,
+    Clear,
+}
+
+/// The logs' pseudonyms: clear names, or keyed by the file's bytes (trailing whitespace
+/// trimmed; at least 32 bytes), or by a random key.
+fn log_pseudonyms(
+    names: LogUserNames,
+    key_file: Option<PathBuf>,
+) -> Result<crate::pseudonym::Pseudonyms, String> {
+    use crate::pseudonym::Pseudonyms;
+    match (names, key_file) {
+        (LogUserNames::Clear, _) => Ok(Pseudonyms::Clear),
+        (LogUserNames::Hmac, None) => Ok(Pseudonyms::random()),
+        (LogUserNames::Hmac, Some(path)) => {
+            let bytes = std::fs::read(&path)
+                .map_err(|e| format!("--log-pseudonym-key-file {}: {e}", path.display()))?;
+            let key = bytes.trim_ascii_end().to_vec();
+            if key.len() < 32 {
+                return Err(format!(
+                    "--log-pseudonym-key-file {}: the key must be at least 32 bytes",
+                    path.display()
+                ));
+            }
+            Ok(Pseudonyms::Keyed(std::sync::Arc::new(
+                secrecy::SecretSlice::from(key),
+            )))
+        }
+    }
+}
+
 /// The command line as clap reads it. Turn it into [`Settings`] with [`Cli::into_settings`].
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -192,6 +225,13 @@ pub struct Cli {
     /// Log lines on stderr as text or JSON (level from RUST_LOG, default info).
     #[arg(long, env = "MAAS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// How users are named in the logs: `hmac` (keyed pseudonyms `u-…`) or `clear`.
+    #[arg(long, env = "MAAS_LOG_USER_NAMES", value_enum, default_value = "hmac")]
+    pub log_user_names: LogUserNames,
+    /// The pseudonyms' key: a file of at least 32 bytes (a Secret; a new key rotates every
+    /// pseudonym). Unset: a random key at each start.
+    #[arg(long, env = "MAAS_LOG_PSEUDONYM_KEY_FILE")]
+    pub log_pseudonym_key_file: Option<PathBuf>,
     /// How long the filter may cache a positive API key answer.
     #[arg(long, env = "MAAS_KEY_CACHE_TTL_SECONDS", default_value_t = 60)]
     pub key_cache_ttl_seconds: u64,
@@ -272,6 +312,8 @@ pub struct Settings {
     pub usage: UsageSettings,
     pub model_probe: ModelProbeSettings,
     pub log_format: LogFormat,
+    /// How users are named in the logs.
+    pub log_pseudonyms: crate::pseudonym::Pseudonyms,
 }
 
 /// The model servers' readiness probe (`ready` in `GET /v1/models`).
@@ -1010,6 +1052,7 @@ impl Cli {
                 self.simulator_url,
             )?,
             log_format: self.log_format,
+            log_pseudonyms: log_pseudonyms(self.log_user_names, self.log_pseudonym_key_file)?,
         })
     }
 }

@@ -319,7 +319,7 @@ pub async fn create(
         })
         .await?;
     metrics.keys_minted.inc();
-    tracing::info!(user = %caller.username, key_id = %key_id, tier = tier.as_deref().unwrap_or(""), subscription = subscription.as_deref().unwrap_or(""), ephemeral, "API key minted");
+    tracing::info!(user = %crate::pseudonym::user(&caller.username), key_id = %key_id, tier = tier.as_deref().unwrap_or(""), subscription = subscription.as_deref().unwrap_or(""), ephemeral, "API key minted");
     Ok((
         StatusCode::CREATED,
         Json(CreateResponse {
@@ -372,7 +372,7 @@ fn binding(
                 None,
             )
             .map_err(|e| {
-                tracing::info!(user = %caller.username, reason = e.code(), "mint refused: subscription");
+                tracing::info!(user = %crate::pseudonym::user(&caller.username), reason = e.code(), "mint refused: subscription");
                 ApiKeyError::InvalidSubscription
             })?
             .name
@@ -475,7 +475,7 @@ pub async fn revoke(
         .revoke(id, caller.is_admin, &caller.username)
         .await?
         .ok_or(ApiKeyError::NotFound)?;
-    tracing::info!(user = %caller.username, key_id = %row.key_id, owner = %row.username, "API key revoked");
+    tracing::info!(user = %crate::pseudonym::user(&caller.username), key_id = %row.key_id, owner = %crate::pseudonym::user(&row.username), "API key revoked");
     Ok(Json(row.into()))
 }
 
@@ -725,7 +725,7 @@ pub async fn bulk_revoke(
         (None, Some(s)) => format!("in subscription {s}"),
         (None, None) => String::new(),
     };
-    tracing::info!(user = %caller.username, owner = owner.as_deref().unwrap_or("*"), subscription = subscription.as_deref().unwrap_or("*"), matched = n, dry_run = req.dry_run, "bulk revoke");
+    tracing::info!(user = %crate::pseudonym::user(&caller.username), owner = %owner.as_deref().map_or_else(|| "*".to_string(), crate::pseudonym::user), subscription = subscription.as_deref().unwrap_or("*"), matched = n, dry_run = req.dry_run, "bulk revoke");
     Ok(Json(if req.dry_run {
         BulkRevokeResponse {
             revoked_count: 0,

@@ -352,3 +352,66 @@ async fn exits_non_zero_when_its_address_is_taken(listener: &str) {
     );
     drop(taken);
 }
+
+/// What a user does through the key API, then every line the binary logged: with the default
+/// (`--log-user-names hmac`) no line names the user, the key's lines name its pseudonym (the
+/// keyed HMAC of the name with the key file's key); with `clear` the name is there.
+async fn key_api_logs(env: &[(&str, &str)]) -> Vec<String> {
+    let started = start_binary(env).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", started.public);
+    let minted: serde_json::Value = http
+        .post(format!("{base}/v1/api-keys"))
+        .bearer_auth("alice-token")
+        .json(&serde_json::json!({"name": "logged"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = minted["id"].as_str().unwrap().to_string();
+    let revoked = http
+        .delete(format!("{base}/v1/api-keys/{id}"))
+        .bearer_auth("alice-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 200);
+    // carol (an admin) revokes alice's keys in bulk.
+    let bulk = http
+        .post(format!("{base}/v1/api-keys/bulk-revoke"))
+        .bearer_auth("carol-token")
+        .json(&serde_json::json!({"username": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(bulk.status().is_success(), "{}", bulk.status());
+    let mut lines = Vec::new();
+    lines.extend(started.stop());
+    lines
+}
+
+#[tokio::test]
+async fn logs_name_users_by_keyed_pseudonym_unless_clear_names_are_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("pseudonym.key");
+    let key = "k".repeat(40);
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let lines = key_api_logs(&[("MAAS_LOG_PSEUDONYM_KEY_FILE", key_file.to_str().unwrap())]).await;
+    let all = lines.join("\n");
+    assert!(all.contains("API key minted"), "{all}");
+    for name in ["alice", "carol"] {
+        assert!(!all.contains(name), "{name} in the logs: {all}");
+        let p = maas_companion::pseudonym::pseudonym(key.as_bytes(), name);
+        assert!(
+            all.contains(&p),
+            "{name}'s pseudonym {p} not in the logs: {all}"
+        );
+    }
+
+    let clear = key_api_logs(&[("MAAS_LOG_USER_NAMES", "clear")])
+        .await
+        .join("\n");
+    assert!(clear.contains("\"user\":\"alice\""), "{clear}");
+}
