@@ -383,10 +383,7 @@ fn external_model(
                 )
             })?,
     };
-    let provider = Provider {
-        kind,
-        credential_ref: credential,
-    };
+    let provider = Provider::api_key(kind, credential);
     Ok((
         provider,
         format!("outbound|{port}||{endpoint}"),
@@ -620,10 +617,7 @@ fn inference_external(
         )
     })?;
     Ok(InferenceExternal {
-        provider: Provider {
-            kind,
-            credential_ref: format!("{namespace}/{secret}"),
-        },
+        provider: Provider::api_key(kind, format!("{namespace}/{secret}")),
         upstream_cluster: format!("outbound|443||{endpoint}"),
         endpoint: endpoint.to_string(),
         served_name: target.to_string(),

@@ -1,0 +1,119 @@
+//! Providers with their own path scheme (issue 29): the OpenAI path the client calls, at the
+//! model's prefix or at the one base URL, leaves as the provider's (`:path`), with the routing
+//! header that routes it to the model's cluster, the client's query string dropped, and the
+//! access token of a cloud credential as a bearer token.
+
+use super::*;
+
+fn provider_policy() -> Value {
+    let mut p = policy();
+    p["models"] = json!([
+        {"name": "az", "path": "/ext/az", "tiers": ["free"],
+         "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "gpt-4o-prod",
+                      "apiVersion": "2024-10-21"},
+         "upstreamCluster": "ext-az"},
+        {"name": "vx", "path": "/ext/vx", "tiers": ["free"],
+         "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
+                      "project": "proj-1", "location": "us-central1"},
+         "upstreamCluster": "ext-vx"}
+    ]);
+    p
+}
+
+fn fx() -> Fx {
+    let fx = Fx::with(json!({"pauseHeadersForBody": true, "bootstrapPolicy": provider_policy()}));
+    fx.cache(&key(2), allow_alice());
+    fx
+}
+
+fn request(path: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (":method", "POST".into()),
+        (":path", path.into()),
+        ("authorization", format!("Bearer {}", key(2))),
+        ("content-type", "application/json".into()),
+        ("api-key", "client-sent".into()),
+    ]
+}
+
+/// Sends `path` with a body naming `model`; the request goes on. Returns what left.
+fn forwarded(fx: &Fx, path: &str, model: &str, cluster: &str) -> (Option<String>, Option<String>) {
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), cluster.into());
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&request(path)), false);
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let a = fx.body(id, &h, body.as_bytes(), true);
+    assert_eq!(a, Action::Continue, "{path}: {:?}", fx.sent_to(id));
+    (
+        fx.host.map_value(Headers::Request, ":path"),
+        fx.host.map_value(Headers::Request, "x-maas-model"),
+    )
+}
+
+#[test]
+fn azure_gets_its_deployment_path_at_both_urls() {
+    let fx = fx();
+    for path in [
+        "/ext/az/v1/chat/completions?api-version=1999-01-01&x=1",
+        "/v1/chat/completions",
+    ] {
+        let (sent, routing) = forwarded(&fx, path, "az", "ext-az");
+        assert_eq!(
+            sent.as_deref(),
+            Some("/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"),
+            "{path}"
+        );
+        assert_eq!(routing.as_deref(), Some("az"), "{path}");
+        // The provider key in Azure's header, the client's own replaced.
+        assert_eq!(
+            fx.host.map_value(Headers::Request, "api-key").as_deref(),
+            Some("sk-provider")
+        );
+        assert_eq!(fx.host.map_value(Headers::Request, "authorization"), None);
+    }
+    let (sent, _) = forwarded(&fx, "/ext/az/v1/embeddings", "az", "ext-az");
+    assert_eq!(
+        sent.as_deref(),
+        Some("/openai/deployments/gpt-4o-prod/embeddings?api-version=2024-10-21")
+    );
+}
+
+#[test]
+fn vertex_gets_its_project_path_and_a_bearer_token() {
+    let fx = fx();
+    for path in ["/ext/vx/v1/chat/completions", "/v1/chat/completions"] {
+        let (sent, routing) = forwarded(&fx, path, "vx", "ext-vx");
+        assert_eq!(
+            sent.as_deref(),
+            Some("/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions"),
+            "{path}"
+        );
+        assert_eq!(routing.as_deref(), Some("vx"));
+        assert_eq!(
+            fx.host
+                .map_value(Headers::Request, "authorization")
+                .as_deref(),
+            Some("Bearer sk-provider")
+        );
+    }
+}
+
+#[test]
+fn an_operation_the_provider_has_no_path_for_is_refused_404() {
+    let fx = fx();
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "ext-vx".into());
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&request("/ext/vx/v1/embeddings")), false);
+    fx.body(id, &h, br#"{"model":"vx","input":"hi"}"#, true);
+    let s = fx.sent_to(id).expect("refused");
+    assert_eq!(
+        (s.status, s.code().as_str()),
+        (404, "operation_not_allowed")
+    );
+}
