@@ -544,6 +544,9 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
         for (name, value) in hygiene::provider_headers(provider, key, client_anthropic_version) {
             plan.set.push((name, Some(Cow::Owned(value))));
         }
+        if let Some(name) = hygiene::provider_removes(provider) {
+            plan.set.push((name, None));
+        }
     }
     if let Some(path) = upstream_path {
         plan.set.push((":path", Some(Cow::Owned(path))));

@@ -57,6 +57,13 @@ pub fn inspect_body(content_type: Option<&str>) -> bool {
         || starts("application/octet-stream"))
 }
 
+/// The provider's own key header when the gateway authenticates with a token instead: removed,
+/// so a client's copy never reaches the provider beside the gateway's token (Azure OpenAI reads
+/// `api-key` before `Authorization`).
+pub fn provider_removes(provider: &Provider) -> Option<&'static str> {
+    (provider.auth.is_token() && provider.kind == ProviderKind::AzureOpenai).then_some("api-key")
+}
+
 /// Headers to set (replacing any value) for an external provider: its key in the provider's
 /// key header, or a short-lived access token (cloud credentials) as `Authorization: Bearer`.
 pub fn provider_headers(
@@ -210,5 +217,16 @@ mod tests {
                 vec![("authorization", "Bearer tok".to_string())]
             );
         }
+        let entra = Provider {
+            auth: ProviderAuth::AzureClientCredentials,
+            ..p(ProviderKind::AzureOpenai)
+        };
+        assert_eq!(provider_removes(&entra), Some("api-key"));
+        assert_eq!(
+            provider_removes(&p(ProviderKind::AzureOpenai)),
+            None,
+            "set instead"
+        );
+        assert_eq!(provider_removes(&p(ProviderKind::Openai)), None);
     }
 }

@@ -56,8 +56,10 @@ pub struct CloudSimConfig {
 #[derive(Debug, Clone)]
 pub struct CloudRequest {
     pub path: String,
-    /// `api-key`, or the bearer token.
-    pub credential: Option<String>,
+    /// The `api-key` header.
+    pub api_key: Option<String>,
+    /// The `Authorization: Bearer` token.
+    pub bearer: Option<String>,
     pub status: u16,
 }
 
@@ -297,15 +299,16 @@ async fn model_request(
     headers: HeaderMap,
 ) -> Response {
     let path = uri.path().to_string();
-    let credential = headers
+    let api_key = headers
         .get("api-key")
         .and_then(|v| v.to_str().ok())
-        .or_else(|| bearer(&headers))
         .map(str::to_string);
+    let bearer = bearer(&headers).map(str::to_string);
     let response = answer(&sim, &method, &path, query.as_deref(), &headers);
     sim.recorded.lock().unwrap().requests.push(CloudRequest {
         path: uri.path_and_query().map_or(path, |p| p.to_string()),
-        credential,
+        api_key,
+        bearer,
         status: response.status().as_u16(),
     });
     response

@@ -12,6 +12,10 @@ fn provider_policy() -> Value {
          "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "gpt-4o-prod",
                       "apiVersion": "2024-10-21"},
          "upstreamCluster": "ext-az"},
+        {"name": "az-entra", "path": "/ext/az-entra", "tiers": ["free"],
+         "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "d",
+                      "auth": "azureClientCredentials"},
+         "upstreamCluster": "ext-az-entra"},
         {"name": "vx", "path": "/ext/vx", "tiers": ["free"],
          "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
                       "project": "proj-1", "location": "us-central1"},
@@ -116,4 +120,26 @@ fn an_operation_the_provider_has_no_path_for_is_refused_404() {
         (s.status, s.code().as_str()),
         (404, "operation_not_allowed")
     );
+}
+
+#[test]
+fn an_entra_token_goes_as_bearer_and_the_clients_api_key_never_beside_it() {
+    let fx = fx();
+    let (sent, _) = forwarded(
+        &fx,
+        "/ext/az-entra/v1/chat/completions",
+        "az-entra",
+        "ext-az-entra",
+    );
+    assert_eq!(
+        sent.as_deref(),
+        Some("/openai/deployments/d/chat/completions?api-version=2024-10-21")
+    );
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Request, "authorization")
+            .as_deref(),
+        Some("Bearer sk-provider")
+    );
+    assert_eq!(fx.host.map_value(Headers::Request, "api-key"), None);
 }
