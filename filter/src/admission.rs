@@ -359,6 +359,8 @@ pub struct Caller<'a, 'h> {
     pub header_names: &'a [&'h str],
     /// The subject's counter key from the worker's copy of the credential, when it had one.
     pub counter_key: Option<Rc<str>>,
+    /// The request's clock (unix s): a provider access token past its expiry is never sent.
+    pub now_s: u64,
 }
 
 /// When the upstream check reads the cluster Envoy routed the request to.
@@ -432,7 +434,7 @@ pub fn authorize<'h>(
             s.cfg.limits.counter_slots,
         )),
     };
-    let provider_key = provider_key(s.credentials, model)?;
+    let provider_key = provider_key(s.credentials, model, caller.now_s)?;
     let upstream_path = crate::provider::upstream_path(model.provider.as_ref(), op.operation)?;
     let routing = match upstream {
         // A rewritten path matches no route of the model's prefix: the routing header has
@@ -484,15 +486,31 @@ pub fn check_routed(
     })
 }
 
-/// The model's provider credential, when it has a provider.
+/// The model's provider credential, when it has a provider: not an access token past its
+/// expiry (the companion replaces tokens long before; one still expired means the companion
+/// could not, and the provider would refuse it anyway).
 fn provider_key<'c, 'm>(
     credentials: &'c CredentialsDocument,
     model: &'m Model,
+    now_s: u64,
 ) -> Result<Option<(&'m maas_types::Provider, &'c str)>, Refusal> {
     let Some(p) = &model.provider else {
         return Ok(None);
     };
+    let expired = || {
+        credentials
+            .expires_at
+            .get(&p.credential_ref)
+            .is_some_and(|&at| at <= now_s)
+    };
     match credentials.credentials.get(&p.credential_ref) {
+        Some(_) if expired() => Err(Refusal::new(
+            Deny::ProviderCredentialMissing,
+            format!(
+                "the provider access token for model {} has expired and no new one is loaded yet; retry shortly",
+                model.name
+            ),
+        )),
         Some(k) => Ok(Some((p, k.as_str()))),
         None => Err(Refusal::new(
             Deny::ProviderCredentialMissing,

@@ -734,6 +734,7 @@ impl Request {
                 requested_subscription: requested,
                 header_names: &names,
                 counter_key,
+                now_s,
             },
             if route.by_body {
                 Upstream::AfterRouting

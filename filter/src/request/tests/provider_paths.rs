@@ -143,3 +143,36 @@ fn an_entra_token_goes_as_bearer_and_the_clients_api_key_never_beside_it() {
     );
     assert_eq!(fx.host.map_value(Headers::Request, "api-key"), None);
 }
+
+#[test]
+fn an_expired_access_token_is_never_sent() {
+    let fx = fx();
+    let doc = |expires_at: u64| {
+        Rc::new(CredentialsDocument {
+            credentials: [("k".to_string(), "tok".to_string())].into(),
+            expires_at: [("k".to_string(), expires_at)].into(),
+        })
+    };
+    fx.root.worker.borrow_mut().credentials = doc(u64::MAX);
+    forwarded(&fx, "/ext/vx/v1/chat/completions", "vx", "ext-vx");
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Request, "authorization")
+            .as_deref(),
+        Some("Bearer tok")
+    );
+    fx.root.worker.borrow_mut().credentials = doc(1);
+    let (id, h) = fx.http();
+    fx.headers(
+        id,
+        &h,
+        &refs(&request("/ext/vx/v1/chat/completions")),
+        false,
+    );
+    fx.body(id, &h, br#"{"model":"vx","messages":[]}"#, true);
+    let s = fx.sent_to(id).expect("refused");
+    assert_eq!(
+        (s.status, s.code().as_str()),
+        (503, "provider_credential_missing")
+    );
+}
