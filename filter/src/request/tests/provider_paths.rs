@@ -176,3 +176,43 @@ fn an_expired_access_token_is_never_sent() {
         (503, "provider_credential_missing")
     );
 }
+
+/// At the model's prefix the rewritten path is routed again by Envoy: the cluster that answers
+/// is checked at the response too (as at the one base URL).
+#[test]
+fn a_rewritten_path_is_checked_again_at_the_response() {
+    for (cluster, passes) in [("ext-az", true), ("someone-else", false)] {
+        let fx = fx();
+        fx.host
+            .properties
+            .borrow_mut()
+            .insert("xds.cluster_name".into(), "ext-az".into());
+        let (id, h) = fx.http();
+        fx.headers(
+            id,
+            &h,
+            &refs(&request("/ext/az/v1/chat/completions")),
+            false,
+        );
+        let a = fx.body(id, &h, br#"{"model":"az","messages":[]}"#, true);
+        assert_eq!(a, Action::Continue);
+        fx.host
+            .properties
+            .borrow_mut()
+            .insert("xds.cluster_name".into(), cluster.into());
+        fx.host.enter(id);
+        fx.host.set_map(
+            Headers::Response,
+            &[(":status", "200"), ("content-type", "application/json")],
+        );
+        let a = h.on_response_headers(&fx.host);
+        if passes {
+            assert_eq!(a, Action::Continue);
+            assert!(fx.sent_to(id).is_none());
+        } else {
+            assert_eq!(a, Action::Pause);
+            let s = fx.sent_to(id).unwrap();
+            assert_eq!((s.status, s.code().as_str()), (503, "upstream_mismatch"));
+        }
+    }
+}
