@@ -18,7 +18,8 @@
 //!   Cognitive Services scope, with the configured tenant, client id and secret.
 //!
 //! Every model request is recorded (path with query, the credential it carried) and answered
-//! with a chat completion (or embedding) whose usage is fixed: 3 prompt, 2 completion tokens.
+//! with a chat completion (streamed when the body asks, usage last when `stream_options` asks)
+//! or an embedding, whose usage is fixed: 3 prompt, 2 completion tokens.
 
 use axum::Router;
 use axum::extract::{Form, Path, RawQuery, State};
@@ -269,6 +270,33 @@ fn azure_error(status: StatusCode, code: &str, message: &str) -> Response {
         .into_response()
 }
 
+/// A chat completion streamed as OpenAI streams it (Azure OpenAI and Vertex's OpenAI endpoint
+/// alike): two content chunks, then the usage chunk when `stream_options.include_usage` asks
+/// for it, then `[DONE]`.
+fn streamed(include_usage: bool) -> Response {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0, "model": "sim",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut events = vec![
+        chunk(json!({"role": "assistant", "content": "tok0"}), Value::Null),
+        chunk(json!({"content": " tok1"}), json!("length")),
+    ];
+    if include_usage {
+        events.push(
+            json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0,
+            "model": "sim", "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        );
+    }
+    let mut body = String::new();
+    for e in events {
+        body.push_str(&format!("data: {e}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    ([("content-type", "text/event-stream")], body).into_response()
+}
+
 fn completion(op: &str) -> Response {
     let usage = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
     let body = if op == "embeddings" {
@@ -297,6 +325,7 @@ async fn model_request(
     uri: axum::http::Uri,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> Response {
     let path = uri.path().to_string();
     let api_key = headers
@@ -304,7 +333,8 @@ async fn model_request(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let bearer = bearer(&headers).map(str::to_string);
-    let response = answer(&sim, &method, &path, query.as_deref(), &headers);
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let response = answer(&sim, &method, &path, query.as_deref(), &headers, &body);
     sim.recorded.lock().unwrap().requests.push(CloudRequest {
         path: uri.path_and_query().map_or(path, |p| p.to_string()),
         api_key,
@@ -320,8 +350,11 @@ fn answer(
     path: &str,
     query: Option<&str>,
     headers: &HeaderMap,
+    body: &Value,
 ) -> Response {
     let c = &sim.config;
+    let stream = body["stream"] == json!(true);
+    let include_usage = body["stream_options"]["include_usage"] == json!(true);
     if let Some(rest) = path.strip_prefix("/openai/deployments/") {
         let (deployment, op) = rest.split_once('/').unwrap_or((rest, ""));
         if deployment != c.azure_deployment
@@ -365,6 +398,9 @@ fn answer(
                 "Access denied due to invalid subscription key or wrong API endpoint.",
             );
         }
+        if stream && op != "embeddings" {
+            return streamed(include_usage);
+        }
         return completion(op);
     }
     let vertex = format!(
@@ -379,6 +415,9 @@ fn answer(
                     "message": "Request had invalid authentication credentials."}})),
             )
                 .into_response();
+        }
+        if stream {
+            return streamed(include_usage);
         }
         return completion("chat/completions");
     }

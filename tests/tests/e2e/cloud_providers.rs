@@ -297,3 +297,58 @@ async fn vertex_tokens_rotate_under_traffic_with_no_failed_request() {
         sim.tokens_issued()
     );
 }
+
+/// The official OpenAI SDK (tests/sdk/clients.py, `MAAS_SDK_PYTHON` from scripts/lib/common.sh)
+/// with `base_url = {gateway}/v1` calls the Azure OpenAI (key and Entra) and Vertex models, not
+/// streamed and streamed, as it would call OpenAI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
+    let (sim, stack) = start(3600).await;
+    for model in ["az", "az-entra", "vx"] {
+        until_served(&stack, &format!("/ext/{model}/v1/chat/completions"), model).await;
+    }
+    let python = std::env::var("MAAS_SDK_PYTHON").expect(
+        "MAAS_SDK_PYTHON: a Python with tests/sdk/requirements.txt (scripts/lib/common.sh \
+         ensure_sdk_clients sets it)",
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/clients.py");
+    let base = sim.requests().len();
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            stack.gateway_url().as_str(),
+            "alice-token",
+            "sdk",
+            "az",
+            "az-entra",
+            "vx",
+        ])
+        .output()
+        .await
+        .expect("the SDK script runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for model in ["az", "az-entra", "vx"] {
+        let m = &v[model];
+        assert_eq!(m["text"], "tok0 tok1", "{v}");
+        assert_eq!(m["completion_tokens"], 2, "{v}");
+        assert_eq!(m["stream_text"], "tok0 tok1", "{v}");
+    }
+    assert_eq!(v["unknown"]["status"], 404, "{v}");
+    // Each went to its provider's own path: 2 calls per model.
+    let seen = sim.requests();
+    let paths: BTreeSet<&str> = seen[base..].iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        BTreeSet::from([
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+            "/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions",
+        ])
+    );
+    assert_eq!(seen.len() - base, 6);
+    assert!(seen[base..].iter().all(|r| r.status == 200));
+}
