@@ -7,6 +7,8 @@ use super::*;
 
 fn provider_policy() -> Value {
     let mut p = policy();
+    p["tiers"][0]["limits"] = json!({"requests": [{"limit": 1000, "window": "1m"}],
+                                     "tokens": [{"limit": 1000000, "window": "1m"}]});
     p["models"] = json!([
         {"name": "az", "path": "/ext/az", "tiers": ["free"],
          "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "gpt-4o-prod",
@@ -16,6 +18,9 @@ fn provider_policy() -> Value {
          "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "d",
                       "auth": "azureClientCredentials"},
          "upstreamCluster": "ext-az-entra"},
+        {"name": "oai", "path": "/ext/oai", "tiers": ["free"],
+         "provider": {"type": "openai", "credentialRef": "k"},
+         "upstreamCluster": "ext-az"},
         {"name": "vx", "path": "/ext/vx", "tiers": ["free"],
          "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
                       "project": "proj-1", "location": "us-central1"},
@@ -215,4 +220,45 @@ fn a_rewritten_path_is_checked_again_at_the_response() {
             assert_eq!((s.status, s.code().as_str()), (503, "upstream_mismatch"));
         }
     }
+}
+
+/// What a provider path costs in host calls: a request to a provider with a path scheme makes
+/// exactly two more header writes (`:path`, the routing header) and one more property read (the
+/// cluster at the response) than the same request to a provider without one; requests to other
+/// models pay nothing (`respond::host_calls_per_request_stay_within_budget` is unchanged).
+#[test]
+fn a_provider_path_costs_two_header_writes_and_one_property_read() {
+    use crate::host::recording::Call;
+    let fx = fx();
+    let calls = |path: &str, model: &str| {
+        forwarded(&fx, path, model, "ext-az"); // warm: this worker's copy of the credential
+        fx.host
+            .properties
+            .borrow_mut()
+            .insert("xds.cluster_name".into(), "ext-az".into());
+        let (id, h) = fx.http();
+        fx.host.clear_calls();
+        fx.headers(id, &h, &refs(&request(path)), false);
+        let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+        fx.body(id, &h, body.as_bytes(), true);
+        fx.host.enter(id);
+        fx.host.set_map(
+            Headers::Response,
+            &[(":status", "200"), ("content-type", "application/json")],
+        );
+        h.on_response_headers(&fx.host);
+        let calls = fx.host.calls.borrow().clone();
+        let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
+        (
+            calls.len(),
+            count(&|c| matches!(c, Call::SetHeader(Headers::Request, _, _))),
+            count(&|c| matches!(c, Call::Property(_))),
+        )
+    };
+    let (plain, plain_sets, plain_props) = calls("/ext/oai/v1/chat/completions", "oai");
+    let (az, az_sets, az_props) = calls("/ext/az/v1/chat/completions", "az");
+    eprintln!("provider without a path scheme: {plain} calls; azure deployment path: {az} calls");
+    assert_eq!(az_sets, plain_sets + 2);
+    assert_eq!(az_props, plain_props + 1);
+    assert_eq!(az, plain + 3);
 }
