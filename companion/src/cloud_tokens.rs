@@ -118,6 +118,9 @@ pub enum TokenError {
     /// The secret is not usable as it is (malformed key, missing field).
     #[error("{0}")]
     Invalid(String),
+    /// The first token is being obtained by another request.
+    #[error("the access token is being obtained")]
+    Pending,
     /// The token endpoint refused or could not be reached.
     #[error("token endpoint {endpoint}: {reason}")]
     Exchange { endpoint: String, reason: String },
@@ -137,11 +140,19 @@ struct Cached {
     refresh: SystemTime,
 }
 
-/// The tokens obtained so far, by `credentialRef`.
+/// One credential's token and the lock its exchange runs under.
+#[derive(Default)]
+struct Slot {
+    current: std::sync::Mutex<Option<Cached>>,
+    exchange: Mutex<()>,
+}
+
+/// The tokens obtained so far, by `credentialRef`. Each credential is exchanged on its own:
+/// one slow token endpoint delays no other provider's credential.
 pub struct CloudTokens {
     http: reqwest::Client,
     azure_authority: String,
-    cache: Mutex<HashMap<String, Cached>>,
+    slots: std::sync::Mutex<HashMap<String, std::sync::Arc<Slot>>>,
 }
 
 /// When a token obtained at `obtained`, valid for `lifetime`, is replaced: a fifth of its
@@ -203,29 +214,46 @@ impl CloudTokens {
         Ok(CloudTokens {
             http,
             azure_authority: azure_authority.trim_end_matches('/').to_string(),
-            cache: Mutex::new(HashMap::new()),
+            slots: std::sync::Mutex::default(),
         })
     }
 
     /// The current token for `reference`: the cached one until its refresh time, else a new
-    /// one (the old one while still valid when the exchange fails).
+    /// one. While another request exchanges it, the current token is served if still valid
+    /// (else [`TokenError::Pending`]), never waited for; a failed exchange keeps serving the
+    /// current token while it is valid.
     pub async fn token(
         &self,
         reference: &str,
         secret: &CloudSecret,
     ) -> Result<AccessToken, TokenError> {
         let fingerprint = secret.fingerprint();
-        // Held across the exchange: concurrent polls wait for one exchange.
-        let mut cache = self.cache.lock().await;
-        let now = SystemTime::now();
-        let cached = cache
-            .get(reference)
-            .filter(|c| c.fingerprint == fingerprint);
-        if let Some(c) = cached
-            && now < c.refresh
-        {
-            return Ok(c.token.clone());
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.entry(reference.to_string()).or_default().clone()
+        };
+        // The current token of this very secret, when still fresh (`fresh`) or only valid.
+        let current = |fresh: bool| {
+            let now = SystemTime::now();
+            slot.current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .filter(|c| c.fingerprint == fingerprint)
+                .filter(|c| now < if fresh { c.refresh } else { c.expires })
+                .map(|c| c.token.clone())
+        };
+        if let Some(t) = current(true) {
+            return Ok(t);
         }
+        let Ok(_exchanging) = slot.exchange.try_lock() else {
+            return current(false).ok_or(TokenError::Pending);
+        };
+        // Another request may have just finished an exchange.
+        if let Some(t) = current(true) {
+            return Ok(t);
+        }
+        let now = SystemTime::now();
         match self.exchange(secret).await {
             Ok((value, lifetime)) => {
                 let expires = now + lifetime;
@@ -240,24 +268,18 @@ impl CloudTokens {
                     lifetime_s = lifetime.as_secs(),
                     "obtained a provider access token"
                 );
-                cache.insert(
-                    reference.to_string(),
-                    Cached {
-                        fingerprint,
-                        token: token.clone(),
-                        expires,
-                        refresh: refresh_at(now, lifetime),
-                    },
-                );
+                *slot.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Cached {
+                    fingerprint,
+                    token: token.clone(),
+                    expires,
+                    refresh: refresh_at(now, lifetime),
+                });
                 Ok(token)
             }
-            Err(e) => match cache
-                .get(reference)
-                .filter(|c| c.fingerprint == fingerprint && now < c.expires)
-            {
-                Some(c) => {
+            Err(e) => match current(false) {
+                Some(t) => {
                     tracing::warn!(credential = %reference, error = %e, "cannot refresh a provider access token; the current one is served until it expires");
-                    Ok(c.token.clone())
+                    Ok(t)
                 }
                 None => Err(e),
             },
@@ -592,5 +614,40 @@ mod tests {
             Err(TokenError::Invalid(_))
         ));
         assert_eq!(ep.seen.lock().unwrap().len(), 2);
+    }
+
+    /// While one request exchanges a credential, another gets the current token at once (or,
+    /// before the first, `Pending`), never waits for the token endpoint.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_exchange_is_never_waited_for() {
+        // A token endpoint that never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let tokens = std::sync::Arc::new(CloudTokens::new(&url).unwrap());
+        let secret = || {
+            CloudSecret::Azure(AzureClientCredentials {
+                tenant_id: "t".into(),
+                client_id: "c".into(),
+                client_secret: SecretString::from("s"),
+            })
+        };
+        let slow = {
+            let tokens = tokens.clone();
+            tokio::spawn(async move { tokens.token("az", &secret()).await.is_ok() })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            tokens.token("az", &secret()).await,
+            Err(TokenError::Pending)
+        ));
+        assert!(started.elapsed() < Duration::from_millis(100));
+        slow.abort();
     }
 }

@@ -179,6 +179,7 @@ async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> Cr
         .map(|p| (p.credential_ref.as_str(), p.auth))
         .collect();
     let mut doc = CredentialsDocument::default();
+    let mut cloud = Vec::new();
     for (reference, data) in raw {
         let auth = auth_of.get(reference.as_str()).copied().unwrap_or_default();
         let secret = match cloud_secret(auth, data) {
@@ -200,11 +201,21 @@ async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> Cr
                 continue;
             }
         };
-        match tokens.token(reference, &secret).await {
+        cloud.push((reference, secret));
+    }
+    // Exchanged side by side: one slow token endpoint delays no other credential.
+    let exchanged = futures::future::join_all(
+        cloud
+            .iter()
+            .map(|(reference, secret)| tokens.token(reference, secret)),
+    )
+    .await;
+    for ((reference, _), result) in cloud.iter().zip(exchanged) {
+        match result {
             Ok(t) => {
                 doc.credentials
-                    .insert(reference.clone(), t.value.expose_secret().to_string());
-                doc.expires_at.insert(reference.clone(), t.expires_at);
+                    .insert((*reference).clone(), t.value.expose_secret().to_string());
+                doc.expires_at.insert((*reference).clone(), t.expires_at);
             }
             Err(e) => tracing::warn!(credential = %reference, error = %e, "no access token"),
         }
