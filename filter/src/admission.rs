@@ -497,11 +497,13 @@ fn provider_key<'c, 'm>(
     let Some(p) = &model.provider else {
         return Ok(None);
     };
+    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
+    // once the clock's second is past it.
     let expired = || {
         credentials
             .expires_at
             .get(&p.credential_ref)
-            .is_some_and(|&at| at <= now_s)
+            .is_some_and(|&at| at < now_s)
     };
     match credentials.credentials.get(&p.credential_ref) {
         Some(_) if expired() => Err(Refusal::new(

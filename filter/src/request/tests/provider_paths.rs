@@ -166,7 +166,12 @@ fn an_expired_access_token_is_never_sent() {
             .as_deref(),
         Some("Bearer tok")
     );
-    fx.root.worker.borrow_mut().credentials = doc(1);
+    // Expired the second before the clock's: refused (the second itself is not refused, the
+    // companion rounds the expiry down).
+    let now = fx.host.now.get() / 1000;
+    fx.root.worker.borrow_mut().credentials = doc(now);
+    forwarded(&fx, "/ext/vx/v1/chat/completions", "vx", "ext-vx");
+    fx.root.worker.borrow_mut().credentials = doc(now - 1);
     let (id, h) = fx.http();
     fx.headers(
         id,
