@@ -2,8 +2,12 @@
 //! (`GET /internal/v1/credentials`, ETag).
 //!
 //! Sources: a YAML file `credentials: {ref: key}` (local stack, re-read at each request so edits
-//! apply at once), or Kubernetes Secrets named by the policy's `credentialRef`, data key
-//! `api-key` (cluster; cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
+//! apply at once; an entry may also be a map of the Secret data keys below), or Kubernetes
+//! Secrets named by the policy's `credentialRef` (cluster), data key `api-key` for a static key,
+//! `service-account.json` (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
+//! `client-secret` (`auth: azureClientCredentials`) for cloud credentials, which the companion
+//! exchanges for short-lived access tokens ([`crate::cloud_tokens`]) and serves in their place
+//! (Secrets cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
 //! so a rotated Secret is served at the filter's next poll but one at worst, and the ETag makes
 //! an unchanged set a 304). A bare `name` is read in the credentials namespace (the platform's:
 //! `--credentials-namespace`); `namespace/name` in that namespace — models from ExternalModels
@@ -11,12 +15,14 @@
 //! (403: no RoleBinding in that namespace) or that is missing is left out and logged, as only
 //! that model's credential: the others are still served. Values are never logged.
 
+use crate::cloud_tokens::{AzureClientCredentials, CloudSecret, CloudTokens, GcpServiceAccountKey};
 use crate::http::json_with_etag;
 use crate::policy::PolicyHandle;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use maas_types::{CredentialsDocument, PolicyDocument};
+use maas_types::{CredentialsDocument, PolicyDocument, ProviderAuth};
+use secrecy::{ExposeSecret, SecretString};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,10 +37,30 @@ use tokio::sync::Mutex;
 /// 2 GETs per second per Secret (and none while nobody polls).
 pub const SECRET_CACHE_TTL: Duration = Duration::from_millis(500);
 
-/// The Secret data key holding a provider's API key.
+/// The Secret data key holding a provider's API key (`auth: apiKey`).
 pub const SECRET_KEY: &str = "api-key";
+/// `auth: gcpServiceAccount`: the Google service-account key file.
+pub const GCP_KEY: &str = "service-account.json";
+/// `auth: azureClientCredentials`: the Entra application's tenant, client id and secret.
+pub const AZURE_TENANT: &str = "tenant-id";
+pub const AZURE_CLIENT_ID: &str = "client-id";
+pub const AZURE_CLIENT_SECRET: &str = "client-secret";
+/// Every Secret data key read (others are never loaded).
+const DATA_KEYS: [&str; 5] = [
+    SECRET_KEY,
+    GCP_KEY,
+    AZURE_TENANT,
+    AZURE_CLIENT_ID,
+    AZURE_CLIENT_SECRET,
+];
 
-pub enum CredentialsSource {
+/// Where the long-lived credentials are read, and the access tokens obtained from them.
+pub struct CredentialsSource {
+    origin: Origin,
+    tokens: CloudTokens,
+}
+
+enum Origin {
     File(PathBuf),
     Kubernetes {
         client: kube::Client,
@@ -43,46 +69,81 @@ pub enum CredentialsSource {
     },
 }
 
+/// One credential as its source holds it: Secret data keys → values (never logged).
+type SecretData = BTreeMap<String, SecretString>;
+/// The credentials read, by `credentialRef`.
+type Raw = BTreeMap<String, SecretData>;
+
 /// One read of the referenced Secrets: when, which, and what came of it.
 pub struct CachedSecrets {
     at: Instant,
     refs: BTreeSet<String>,
-    result: Result<CredentialsDocument, String>,
+    result: Result<Arc<Raw>, String>,
+}
+
+/// A file entry: a bare string (the API key) or the Secret's data keys.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum FileEntry {
+    Key(String),
+    Data(BTreeMap<String, String>),
 }
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CredentialsFile {
     #[serde(default)]
-    credentials: BTreeMap<String, String>,
+    credentials: BTreeMap<String, FileEntry>,
 }
 
 impl CredentialsSource {
-    pub fn kubernetes(client: kube::Client, namespace: String) -> CredentialsSource {
-        CredentialsSource::Kubernetes {
-            client,
-            namespace,
-            cache: Mutex::new(None),
+    pub fn file(path: PathBuf, tokens: CloudTokens) -> CredentialsSource {
+        CredentialsSource {
+            origin: Origin::File(path),
+            tokens,
+        }
+    }
+
+    pub fn kubernetes(
+        client: kube::Client,
+        namespace: String,
+        tokens: CloudTokens,
+    ) -> CredentialsSource {
+        CredentialsSource {
+            origin: Origin::Kubernetes {
+                client,
+                namespace,
+                cache: Mutex::new(None),
+            },
+            tokens,
         }
     }
 
     /// Checks the source can be read at start (file parses).
     pub fn check(&self) -> Result<(), String> {
-        match self {
-            CredentialsSource::File(path) => read_file(path).map(|_| ()),
-            CredentialsSource::Kubernetes { .. } => Ok(()),
+        match &self.origin {
+            Origin::File(path) => read_file(path).map(|_| ()),
+            Origin::Kubernetes { .. } => Ok(()),
         }
     }
 
+    /// What the filter gets: each API key as read, and for cloud credentials the current
+    /// access token and its expiry (never the long-lived secret). A credential that cannot be
+    /// used is left out and logged, as only its models' (503 `provider_credential_missing`).
     pub async fn load(&self, policy: &PolicyDocument) -> Result<CredentialsDocument, String> {
+        let raw = self.read(policy).await?;
+        Ok(resolve(policy, &raw, &self.tokens).await)
+    }
+
+    async fn read(&self, policy: &PolicyDocument) -> Result<Arc<Raw>, String> {
         let refs: BTreeSet<String> = policy
             .models
             .iter()
             .filter_map(|m| m.provider.as_ref().map(|p| p.credential_ref.clone()))
             .collect();
-        match self {
-            CredentialsSource::File(path) => read_file(path),
-            CredentialsSource::Kubernetes {
+        match &self.origin {
+            Origin::File(path) => read_file(path).map(Arc::new),
+            Origin::Kubernetes {
                 client,
                 namespace,
                 cache,
@@ -96,7 +157,7 @@ impl CredentialsSource {
                 {
                     return cached.result.clone();
                 }
-                let result = read_secrets(client, namespace, &refs).await;
+                let result = read_secrets(client, namespace, &refs).await.map(Arc::new);
                 *cache = Some(Box::new(CachedSecrets {
                     at: Instant::now(),
                     refs,
@@ -108,23 +169,113 @@ impl CredentialsSource {
     }
 }
 
-fn read_file(path: &PathBuf) -> Result<CredentialsDocument, String> {
+/// The credentials document from what was read: how each credential is used is its models'
+/// `auth` (`apiKey` for a credential no model names).
+async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> CredentialsDocument {
+    let auth_of: BTreeMap<&str, ProviderAuth> = policy
+        .models
+        .iter()
+        .filter_map(|m| m.provider.as_ref())
+        .map(|p| (p.credential_ref.as_str(), p.auth))
+        .collect();
+    let mut doc = CredentialsDocument::default();
+    let mut cloud = Vec::new();
+    for (reference, data) in raw {
+        let auth = auth_of.get(reference.as_str()).copied().unwrap_or_default();
+        let secret = match cloud_secret(auth, data) {
+            Ok(None) => {
+                match data.get(SECRET_KEY) {
+                    Some(k) => {
+                        doc.credentials
+                            .insert(reference.clone(), k.expose_secret().trim().to_string());
+                    }
+                    None => {
+                        tracing::warn!(credential = %reference, "credential has no `api-key` entry")
+                    }
+                }
+                continue;
+            }
+            Ok(Some(secret)) => secret,
+            Err(e) => {
+                tracing::warn!(credential = %reference, auth = auth.as_str(), error = %e, "credential not usable");
+                continue;
+            }
+        };
+        cloud.push((reference, secret));
+    }
+    // Exchanged side by side: one slow token endpoint delays no other credential.
+    let exchanged = futures::future::join_all(
+        cloud
+            .iter()
+            .map(|(reference, secret)| tokens.token(reference, secret)),
+    )
+    .await;
+    for ((reference, _), result) in cloud.iter().zip(exchanged) {
+        match result {
+            Ok(t) => {
+                doc.credentials
+                    .insert((*reference).clone(), t.value.expose_secret().to_string());
+                doc.expires_at.insert((*reference).clone(), t.expires_at);
+            }
+            Err(e) => tracing::warn!(credential = %reference, error = %e, "no access token"),
+        }
+    }
+    doc
+}
+
+/// The cloud secret `auth` needs from `data` (`None`: an API key).
+fn cloud_secret(
+    auth: ProviderAuth,
+    data: &SecretData,
+) -> Result<Option<CloudSecret>, crate::cloud_tokens::TokenError> {
+    use crate::cloud_tokens::TokenError;
+    let field = |k: &str| {
+        data.get(k)
+            .map(|v| v.expose_secret().trim())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| TokenError::Invalid(format!("no `{k}` entry")))
+    };
+    Ok(match auth {
+        ProviderAuth::ApiKey => None,
+        ProviderAuth::GcpServiceAccount => Some(CloudSecret::Gcp(GcpServiceAccountKey::parse(
+            field(GCP_KEY)?,
+        )?)),
+        ProviderAuth::AzureClientCredentials => Some(CloudSecret::Azure(AzureClientCredentials {
+            tenant_id: field(AZURE_TENANT)?.to_string(),
+            client_id: field(AZURE_CLIENT_ID)?.to_string(),
+            client_secret: SecretString::from(field(AZURE_CLIENT_SECRET)?),
+        })),
+    })
+}
+
+fn read_file(path: &PathBuf) -> Result<Raw, String> {
     let bytes =
         std::fs::read(path).map_err(|e| format!("credentials file {}: {e}", path.display()))?;
     let file: CredentialsFile = yaml_serde::from_slice(&bytes)
         .map_err(|e| format!("credentials file {}: {e}", path.display()))?;
-    Ok(CredentialsDocument {
-        credentials: file.credentials,
-    })
+    Ok(file
+        .credentials
+        .into_iter()
+        .map(|(reference, entry)| {
+            let data = match entry {
+                FileEntry::Key(k) => [(SECRET_KEY.to_string(), SecretString::from(k))].into(),
+                FileEntry::Data(d) => d
+                    .into_iter()
+                    .map(|(k, v)| (k, SecretString::from(v)))
+                    .collect(),
+            };
+            (reference, data)
+        })
+        .collect())
 }
 
 async fn read_secrets(
     client: &kube::Client,
     default_namespace: &str,
     refs: &BTreeSet<String>,
-) -> Result<CredentialsDocument, String> {
+) -> Result<Raw, String> {
     use k8s_openapi::api::core::v1::Secret;
-    let mut credentials = BTreeMap::new();
+    let mut credentials = Raw::new();
     for reference in refs {
         let (namespace, name) = match maas_types::policy::split_credential_ref(reference) {
             (Some(ns), name) => (ns, name),
@@ -133,24 +284,27 @@ async fn read_secrets(
         let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
         match api.get_opt(name).await {
             Ok(Some(secret)) => {
-                let value = secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(SECRET_KEY))
-                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
-                    .or_else(|| {
-                        secret
-                            .string_data
-                            .as_ref()
-                            .and_then(|d| d.get(SECRET_KEY).cloned())
-                    });
-                match value {
-                    Some(v) => {
-                        credentials.insert(reference.clone(), v.trim().to_string());
+                let mut data = SecretData::new();
+                for key in DATA_KEYS {
+                    let value = secret
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(key))
+                        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                        .or_else(|| {
+                            secret
+                                .string_data
+                                .as_ref()
+                                .and_then(|d| d.get(key).cloned())
+                        });
+                    if let Some(v) = value {
+                        data.insert(key.to_string(), SecretString::from(v));
                     }
-                    None => {
-                        tracing::warn!(secret = %name, %namespace, "Secret has no `api-key` entry")
-                    }
+                }
+                if data.is_empty() {
+                    tracing::warn!(secret = %name, %namespace, "Secret has none of the entries api-key, service-account.json, tenant-id/client-id/client-secret");
+                } else {
+                    credentials.insert(reference.clone(), data);
                 }
             }
             Ok(None) => tracing::warn!(secret = %name, %namespace, "credential Secret not found"),
@@ -164,7 +318,7 @@ async fn read_secrets(
             Err(e) => return Err(format!("reading Secret {namespace}/{name}: {e}")),
         }
     }
-    Ok(CredentialsDocument { credentials })
+    Ok(credentials)
 }
 
 /// The credentials cannot be read now (file unreadable, Kubernetes API error).

@@ -28,6 +28,7 @@
 
 mod authenticate;
 mod caller;
+mod cloud_tokens;
 mod credentials;
 mod db;
 mod http;

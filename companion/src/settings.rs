@@ -176,6 +176,14 @@ pub struct Cli {
     /// Namespace of the provider credential Secrets (default: the pod's namespace).
     #[arg(long, env = "MAAS_CREDENTIALS_NAMESPACE")]
     pub credentials_namespace: Option<String>,
+    /// Microsoft Entra's authority for `auth: azureClientCredentials` (the token endpoint is
+    /// `{authority}/{tenant}/oauth2/v2.0/token`); another cloud's, or a test's.
+    #[arg(
+        long,
+        env = "MAAS_AZURE_AUTHORITY_URL",
+        default_value = "https://login.microsoftonline.com"
+    )]
+    pub azure_authority_url: String,
     #[arg(
         long,
         env = "MAAS_ADMIN_GROUPS",
@@ -307,6 +315,8 @@ pub struct Settings {
     pub policy: PolicySettings,
     pub identity: IdentitySettings,
     pub credentials: CredentialsSettings,
+    /// `--azure-authority-url`, an http(s) URL.
+    pub azure_authority_url: String,
     pub keys: KeySettings,
     pub leases: LeaseSettings,
     pub usage: UsageSettings,
@@ -769,6 +779,21 @@ fn usage_settings(
     })
 }
 
+/// The database settings, checked (at least one connection, a positive acquire timeout).
+fn database_settings(
+    url: SecretString,
+    max_connections: u32,
+    acquire_timeout_ms: u64,
+) -> Result<DatabaseSettings, String> {
+    at_least("--db-max-connections", max_connections.into(), 1)?;
+    at_least("--db-acquire-timeout-ms", acquire_timeout_ms, 1)?;
+    Ok(DatabaseSettings {
+        url,
+        max_connections,
+        acquire_timeout: Duration::from_millis(acquire_timeout_ms),
+    })
+}
+
 /// Where provider credentials come from: `--credentials-file`, or Secrets.
 fn credentials_settings(
     kind: CredentialsSourceKind,
@@ -1034,6 +1059,7 @@ impl Cli {
                 admin_sar,
             },
             credentials,
+            azure_authority_url: self.azure_authority_url,
             keys: KeySettings {
                 max_expiration_days: self.api_key_max_expiration_days,
                 cache_ttl: Duration::from_secs(self.key_cache_ttl_seconds),

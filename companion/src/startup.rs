@@ -225,16 +225,19 @@ fn identity_service(
 /// Where provider credentials are read, checked once before the start goes on.
 fn credentials_source(
     settings: &CredentialsSettings,
+    azure_authority_url: &str,
     kube_client: Option<&kube::Client>,
 ) -> anyhow::Result<CredentialsSource> {
+    let tokens = crate::cloud_tokens::CloudTokens::new(azure_authority_url)
+        .map_err(|e| anyhow::anyhow!("--azure-authority-url: {e}"))?;
     let credentials = match settings {
-        CredentialsSettings::File(path) => CredentialsSource::File(path.clone()),
+        CredentialsSettings::File(path) => CredentialsSource::file(path.clone(), tokens),
         CredentialsSettings::Kubernetes { namespace } => {
             let client = kube_needed(kube_client)?;
             let namespace = namespace
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_string());
-            CredentialsSource::kubernetes(client, namespace)
+            CredentialsSource::kubernetes(client, namespace, tokens)
         }
     };
     credentials.check().map_err(anyhow::Error::msg)?;
@@ -386,7 +389,11 @@ impl Application {
         let (policy, policy_digest, policy_tasks) =
             policy_handle(file_policy, &settings, kube_client.as_ref(), &metrics).await?;
         let identity = identity_service(&settings.identity, kube_client.as_ref(), &metrics)?;
-        let credentials = credentials_source(&settings.credentials, kube_client.as_ref())?;
+        let credentials = credentials_source(
+            &settings.credentials,
+            &settings.azure_authority_url,
+            kube_client.as_ref(),
+        )?;
         // Its certificate files are read before anything listens: a bad one stops the start.
         let internal_mtls = internal_mtls(&settings.listeners.internal_auth)?;
 

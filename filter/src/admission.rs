@@ -359,6 +359,8 @@ pub struct Caller<'a, 'h> {
     pub header_names: &'a [&'h str],
     /// The subject's counter key from the worker's copy of the credential, when it had one.
     pub counter_key: Option<Rc<str>>,
+    /// The request's clock (unix s): a provider access token past its expiry is never sent.
+    pub now_s: u64,
 }
 
 /// When the upstream check reads the cluster Envoy routed the request to.
@@ -432,11 +434,14 @@ pub fn authorize<'h>(
             s.cfg.limits.counter_slots,
         )),
     };
-    let provider_key = provider_key(s.credentials, model)?;
+    let provider_key = provider_key(s.credentials, model, caller.now_s)?;
+    let upstream_path = crate::provider::upstream_path(model.provider.as_ref(), op.operation)?;
     let routing = match upstream {
+        // A rewritten path matches no route of the model's prefix: the routing header has
+        // Envoy route it to the model's cluster (as at the one base URL).
         Upstream::Now(cluster) => {
             operations::check_upstream(model, cluster)?;
-            None
+            upstream_path.is_some().then_some(model.name.as_str())
         }
         Upstream::AfterRouting => Some(model.name.as_str()),
     };
@@ -445,6 +450,7 @@ pub fn authorize<'h>(
         caller.header_names,
         PlanSets {
             provider_key,
+            upstream_path,
             subscription: subscription.as_deref().map(|sub| sub.name.as_str()),
             routing,
             unframe_body: matches!(intent, BodyIntent::Read { hold: false, .. }) && !op.discovery,
@@ -480,16 +486,34 @@ pub fn check_routed(
     })
 }
 
-/// The model's provider credential, when it has a provider.
-fn provider_key<'c>(
+/// The model's provider credential, when it has a provider: not an access token past its
+/// expiry (the companion replaces tokens long before; one still expired means the companion
+/// could not, and the provider would refuse it anyway).
+fn provider_key<'c, 'm>(
     credentials: &'c CredentialsDocument,
-    model: &Model,
-) -> Result<Option<(maas_types::ProviderKind, &'c str)>, Refusal> {
+    model: &'m Model,
+    now_s: u64,
+) -> Result<Option<(&'m maas_types::Provider, &'c str)>, Refusal> {
     let Some(p) = &model.provider else {
         return Ok(None);
     };
+    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
+    // once the clock's second is past it.
+    let expired = || {
+        credentials
+            .expires_at
+            .get(&p.credential_ref)
+            .is_some_and(|&at| at < now_s)
+    };
     match credentials.credentials.get(&p.credential_ref) {
-        Some(k) => Ok(Some((p.kind, k.as_str()))),
+        Some(_) if expired() => Err(Refusal::new(
+            Deny::ProviderCredentialMissing,
+            format!(
+                "the provider access token for model {} has expired and no new one is loaded yet; retry shortly",
+                model.name
+            ),
+        )),
+        Some(k) => Ok(Some((p, k.as_str()))),
         None => Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!("no credential for model {} yet; retry shortly", model.name),
@@ -499,7 +523,9 @@ fn provider_key<'c>(
 
 /// What a [`HeaderPlan`] sets besides hygiene.
 struct PlanSets<'a> {
-    provider_key: Option<(maas_types::ProviderKind, &'a str)>,
+    provider_key: Option<(&'a maas_types::Provider, &'a str)>,
+    /// The provider's own path for the request (`:path`), when it has one.
+    upstream_path: Option<String>,
     /// The subscription the gateway selected.
     subscription: Option<&'a str>,
     /// The model's name, for [`ROUTING_HEADER`] (the one base URL).
@@ -516,6 +542,7 @@ struct PlanSets<'a> {
 fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) -> HeaderPlan<'h> {
     let PlanSets {
         provider_key,
+        upstream_path,
         subscription,
         routing,
         unframe_body,
@@ -533,10 +560,16 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
     // compress towards the client). A backend that compresses anyway is decoded for reading.
     plan.set
         .push(("accept-encoding", Some(Cow::Borrowed("identity"))));
-    if let Some((kind, key)) = provider_key {
-        for (name, value) in hygiene::provider_headers(kind, key, client_anthropic_version) {
+    if let Some((provider, key)) = provider_key {
+        for (name, value) in hygiene::provider_headers(provider, key, client_anthropic_version) {
             plan.set.push((name, Some(Cow::Owned(value))));
         }
+        if let Some(name) = hygiene::provider_removes(provider) {
+            plan.set.push((name, None));
+        }
+    }
+    if let Some(path) = upstream_path {
+        plan.set.push((":path", Some(Cow::Owned(path))));
     }
     if let Some(name) = subscription {
         plan.set
@@ -644,6 +677,8 @@ impl Metering {
 /// What the request's operation means for its body.
 #[derive(Debug, Clone, Copy)]
 pub struct OperationTraits {
+    /// The operation itself (the provider's path for it).
+    pub operation: Operation,
     /// Model discovery: authenticated, never counted.
     pub discovery: bool,
     /// Generates nothing (Anthropic `count_tokens`): a request, no tokens.
@@ -657,6 +692,7 @@ pub struct OperationTraits {
 impl OperationTraits {
     pub fn of(operation: Operation, model: &Model) -> Self {
         OperationTraits {
+            operation,
             discovery: operation.is_discovery(),
             unmetered: operation.is_unmetered(),
             cap_field: operation.cap_field(model.provider.as_ref().map(|p| p.kind)),

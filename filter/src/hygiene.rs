@@ -1,6 +1,6 @@
 //! Which request headers go and which provider credential comes in.
 
-use maas_types::ProviderKind;
+use maas_types::{Provider, ProviderKind};
 
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
@@ -57,13 +57,24 @@ pub fn inspect_body(content_type: Option<&str>) -> bool {
         || starts("application/octet-stream"))
 }
 
-/// Headers to set (replacing any value) for an external provider.
+/// The provider's own key header when the gateway authenticates with a token instead: removed,
+/// so a client's copy never reaches the provider beside the gateway's token (Azure OpenAI reads
+/// `api-key` before `Authorization`).
+pub fn provider_removes(provider: &Provider) -> Option<&'static str> {
+    (provider.auth.is_token() && provider.kind == ProviderKind::AzureOpenai).then_some("api-key")
+}
+
+/// Headers to set (replacing any value) for an external provider: its key in the provider's
+/// key header, or a short-lived access token (cloud credentials) as `Authorization: Bearer`.
 pub fn provider_headers(
-    kind: ProviderKind,
+    provider: &Provider,
     key: &str,
     client_sent_anthropic_version: bool,
 ) -> Vec<(&'static str, String)> {
-    match kind {
+    if provider.auth.is_token() {
+        return vec![("authorization", format!("Bearer {key}"))];
+    }
+    match provider.kind {
         ProviderKind::Openai | ProviderKind::Vertex => {
             vec![("authorization", format!("Bearer {key}"))]
         }
@@ -81,6 +92,7 @@ pub fn provider_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use maas_types::ProviderAuth;
 
     #[test]
     fn strips_credentials_reserved_and_extras() {
@@ -162,30 +174,59 @@ mod tests {
         assert!(!inspect_body(Some("application/octet-stream")));
     }
 
+    fn p(kind: ProviderKind) -> Provider {
+        Provider::api_key(kind, "ref".into())
+    }
+
     #[test]
     fn provider_credentials() {
         assert_eq!(
-            provider_headers(ProviderKind::Openai, "k", false),
+            provider_headers(&p(ProviderKind::Openai), "k", false),
             vec![("authorization", "Bearer k".to_string())]
         );
         assert_eq!(
-            provider_headers(ProviderKind::Vertex, "k", true),
+            provider_headers(&p(ProviderKind::Vertex), "k", true),
             vec![("authorization", "Bearer k".to_string())]
         );
         assert_eq!(
-            provider_headers(ProviderKind::Anthropic, "k", false),
+            provider_headers(&p(ProviderKind::Anthropic), "k", false),
             vec![
                 ("x-api-key", "k".to_string()),
                 ("anthropic-version", "2023-06-01".to_string())
             ]
         );
         assert_eq!(
-            provider_headers(ProviderKind::Anthropic, "k", true),
+            provider_headers(&p(ProviderKind::Anthropic), "k", true),
             vec![("x-api-key", "k".to_string())]
         );
         assert_eq!(
-            provider_headers(ProviderKind::AzureOpenai, "k", false),
+            provider_headers(&p(ProviderKind::AzureOpenai), "k", false),
             vec![("api-key", "k".to_string())]
         );
+        // Cloud credentials: the access token as a bearer token, whatever the provider type.
+        for (kind, auth) in [
+            (
+                ProviderKind::AzureOpenai,
+                ProviderAuth::AzureClientCredentials,
+            ),
+            (ProviderKind::Vertex, ProviderAuth::GcpServiceAccount),
+        ] {
+            let provider = Provider { auth, ..p(kind) };
+            assert_eq!(
+                provider_headers(&provider, "tok", false),
+                vec![("authorization", "Bearer tok".to_string())]
+            );
+        }
+        let entra = Provider {
+            auth: ProviderAuth::AzureClientCredentials,
+            ..p(ProviderKind::AzureOpenai)
+        };
+        assert_eq!(provider_removes(&entra), Some("api-key"));
+        assert_eq!(
+            provider_removes(&p(ProviderKind::AzureOpenai)),
+            None,
+            "set instead"
+        );
+        assert_eq!(provider_removes(&p(ProviderKind::Openai)), None);
     }
 }

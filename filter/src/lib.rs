@@ -34,6 +34,7 @@ pub(crate) mod limits;
 pub(crate) mod metrics;
 pub(crate) mod operations;
 pub(crate) mod path;
+pub(crate) mod provider;
 pub mod request;
 pub mod request_body;
 pub(crate) mod response;

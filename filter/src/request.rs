@@ -166,6 +166,9 @@ struct Routed {
     traits: OperationTraits,
     /// The body named the model (the one base URL): Envoy routes by [`admission::ROUTING_HEADER`].
     by_body: bool,
+    /// The filter rewrote the path to the provider's (and set the routing header): Envoy chose
+    /// the route again, so the upstream check also runs at the response, as at the one base URL.
+    rerouted: bool,
 }
 
 /// A request to the one base URL whose model is not known yet.
@@ -447,6 +450,7 @@ impl Request {
                     model_idx,
                     traits,
                     by_body: false,
+                    rerouted: false,
                 });
             }
             Target::Body(rest) => self.unrouted = Some(Unrouted::Body { policy, rest }),
@@ -616,7 +620,7 @@ impl Request {
     /// the check runs where the cluster is known; a path prefix is checked at authorisation.
     pub(super) fn check_routed(&self, host: &dyn Host) -> Result<(), Refusal> {
         match &self.route {
-            Some(route) if route.by_body => {
+            Some(route) if route.by_body || route.rerouted => {
                 let model = route.model().ok_or_else(Refusal::no_policy)?;
                 admission::check_routed(model, || {
                     host.property(&crate::operations::CLUSTER_PROPERTY)
@@ -663,6 +667,7 @@ impl Request {
             model_idx,
             traits,
             by_body: true,
+            rerouted: false,
         });
         Ok(())
     }
@@ -734,6 +739,7 @@ impl Request {
                 requested_subscription: requested,
                 header_names: &names,
                 counter_key,
+                now_s,
             },
             if route.by_body {
                 Upstream::AfterRouting
@@ -747,6 +753,9 @@ impl Request {
         } else {
             None
         };
+        if let Some(route) = self.route.as_mut() {
+            route.rerouted = plan.set.iter().any(|(name, _)| *name == ":path");
+        }
         self.auth = Some(auth);
         Ok((plan, slot_read))
     }

@@ -238,6 +238,27 @@ fn one_url_route(model: &str, rewrite_base: &str, route: &Value) -> Value {
     })
 }
 
+/// A provider with its own path scheme (Azure deployments, Vertex's OpenAI endpoint): the
+/// filter sends the provider's path (`/openai/deployments/…`) with the routing header, from
+/// either URL form; this route takes any path carrying the header naming the model to its
+/// cluster (the backend's base path before it). Vertex's path starts with `/v1/`, so its
+/// one-base-URL route takes it first, to the same place.
+fn provider_path_route(model: &str, rewrite_base: &str, route: &Value) -> Value {
+    let mut to = route.clone();
+    to["prefix_rewrite"] = json!(format!("{rewrite_base}/"));
+    json!({
+        "match": {
+            "prefix": "/",
+            "headers": [{
+                "name": maas_types::MODEL_ROUTING_HEADER,
+                "string_match": {"exact": model}
+            }]
+        },
+        "route": to,
+        "request_headers_to_remove": [maas_types::MODEL_ROUTING_HEADER]
+    })
+}
+
 /// The pluginConfig the filter gets (docs/contracts.md).
 pub fn plugin_config(input: &EnvoyConfigInput<'_>, poll_interval_ms: u64) -> Value {
     json!({
@@ -510,6 +531,7 @@ fn model_routes(
         .collect();
     let mut generated: BTreeMap<String, String> = BTreeMap::new();
     let mut one_url_routes = Vec::new();
+    let mut provider_path_routes = Vec::new();
     for model in models {
         let backend = model.backend.as_deref().unwrap_or("simulator");
         let url = if backend == "simulator" {
@@ -557,10 +579,14 @@ fn model_routes(
         }
         routes.extend(prefix_routes(&model.path, &base, &route));
         one_url_routes.push(one_url_route(&model.name, &base, &route));
+        if model.provider.as_ref().and_then(|p| p.path()).is_some() {
+            provider_path_routes.push(provider_path_route(&model.name, &base, &route));
+        }
     }
     // The one base URL: the filter names the model in the routing header (a client's own copy
     // is removed first), and Envoy chooses the route again once the filter changed the headers.
     routes.extend(one_url_routes);
+    routes.extend(provider_path_routes);
     Ok(())
 }
 
@@ -957,6 +983,36 @@ mod tests {
         assert!(listeners[0]["filter_chains"][0]["transport_socket"].is_null());
         assert!(enable_http1_trailers(&mut json!({})).is_err());
         assert!(add_tls_listener(&mut json!({}), tls_addr, "/c".as_ref(), "/k".as_ref()).is_err());
+    }
+
+    #[test]
+    fn a_rewritten_provider_path_is_routed_by_the_routing_header() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "az", "path": "/ext/az", "tiers": ["free"], "backend": "http://127.0.0.1:9000",
+                 "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "d"},
+                 "upstreamCluster": "ext-az"},
+                {"name": "oai", "path": "/ext/oai", "tiers": ["free"], "backend": "http://127.0.0.1:9001",
+                 "provider": {"type": "openai", "credentialRef": "k"}, "upstreamCluster": "ext-oai"}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let r = routes(&v);
+        let by_header: Vec<&Value> = r
+            .iter()
+            .filter(|x| x["match"]["prefix"] == "/" && !x["match"]["headers"].is_null())
+            .collect();
+        assert_eq!(by_header.len(), 1, "only the model whose path is rewritten");
+        let route = by_header[0];
+        assert_eq!(route["match"]["headers"][0]["string_match"]["exact"], "az");
+        assert_eq!(route["route"]["cluster"], "ext-az");
+        assert_eq!(route["route"]["prefix_rewrite"], "/");
+        // After every /v1/ route, before the 404.
+        let at = r.iter().position(|x| std::ptr::eq(x, route)).unwrap();
+        assert!(r[..at].iter().any(|x| x["match"]["prefix"] == "/v1/"));
+        assert!(r[at + 1..].iter().all(|x| x["match"]["headers"].is_null()));
     }
 
     #[test]

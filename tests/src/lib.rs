@@ -22,6 +22,7 @@
 //!   test on every overlay, the `maas-manifest-checks` binary on deploy.sh's renders);
 //! - [`migration_checks`]: the companion's migrations stay forward-only and additive.
 
+pub mod cloud_sim;
 pub mod envoy_config;
 pub mod extra_envoy;
 pub mod h2client;

@@ -41,10 +41,17 @@ pub struct AuthenticateResponse {
     pub cache_ttl_seconds: u64,
 }
 
-/// `GET /internal/v1/credentials` body: provider credentials by `credentialRef`.
+/// `GET /internal/v1/credentials` body: provider credentials by `credentialRef` — a static key,
+/// or the current short-lived access token the companion obtained (never the long-lived secret
+/// behind it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CredentialsDocument {
     pub credentials: BTreeMap<String, String>,
+    /// For access tokens: unix seconds at which the token expires. The companion replaces a
+    /// token well before (see docs/design.md), so the filter, polling every `pollIntervalMs`,
+    /// always holds a valid one; a token past its expiry is never sent (503, as a missing one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub expires_at: BTreeMap<String, u64>,
 }
 
 impl std::fmt::Debug for CredentialsDocumentRedacted<'_> {

@@ -370,6 +370,114 @@ pub struct Provider {
     /// `namespace/name` (models from the reference's ExternalModels: always their own
     /// namespace's). The filter looks the credential up by this string as it is.
     pub credential_ref: String,
+    /// How the gateway authenticates to the provider (default `apiKey`): `apiKey` (the Secret's
+    /// `api-key`, sent as the provider's key header), `gcpServiceAccount` (vertex: the Secret's
+    /// `service-account.json`, a Google service-account key the companion exchanges for
+    /// short-lived OAuth access tokens), `azureClientCredentials` (azure-openai: the Secret's
+    /// `tenant-id`, `client-id` and `client-secret`, exchanged at Microsoft Entra for access
+    /// tokens). The filter only ever gets the key or the current access token.
+    #[serde(default, skip_serializing_if = "ProviderAuth::is_api_key")]
+    pub auth: ProviderAuth,
+    /// azure-openai: the deployment requests go to. When set, the gateway rewrites the
+    /// OpenAI-shaped path the client calls (`/v1/chat/completions`, `/v1/completions`,
+    /// `/v1/embeddings`) to `/openai/deployments/{deployment}/…?api-version={apiVersion}`; when
+    /// left out the path goes as the client sent it (the backend URL then names the deployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// azure-openai with a `deployment`: the `api-version` query parameter
+    /// (default [`AZURE_DEFAULT_API_VERSION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// vertex: the Google Cloud project. With `location`, the gateway rewrites
+    /// `/v1/chat/completions` to Vertex AI's OpenAI-compatible endpoint
+    /// `/v1/projects/{project}/locations/{location}/endpoints/openapi/chat/completions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// vertex: the region (e.g. `us-central1`, or `global`); required with `project`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+/// The `api-version` an Azure OpenAI deployment is called with when the policy names none
+/// (the latest generally available data-plane inference version).
+pub const AZURE_DEFAULT_API_VERSION: &str = "2024-10-21";
+
+/// How the gateway authenticates to a provider ([`Provider::auth`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProviderAuth {
+    /// A static key from the Secret's `api-key`.
+    #[default]
+    ApiKey,
+    /// A Google service-account key → short-lived OAuth access tokens (vertex).
+    GcpServiceAccount,
+    /// Microsoft Entra client credentials → short-lived access tokens (azure-openai).
+    AzureClientCredentials,
+}
+
+impl ProviderAuth {
+    pub fn is_api_key(&self) -> bool {
+        *self == ProviderAuth::ApiKey
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProviderAuth::ApiKey => "apiKey",
+            ProviderAuth::GcpServiceAccount => "gcpServiceAccount",
+            ProviderAuth::AzureClientCredentials => "azureClientCredentials",
+        }
+    }
+
+    /// The credential is a short-lived bearer token (sent as `Authorization: Bearer`).
+    pub fn is_token(&self) -> bool {
+        !self.is_api_key()
+    }
+}
+
+/// Where a provider's requests go instead of the OpenAI path the client called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderPath<'a> {
+    /// `/openai/deployments/{deployment}/…?api-version={api_version}`
+    AzureDeployment {
+        deployment: &'a str,
+        api_version: &'a str,
+    },
+    /// `/v1/projects/{project}/locations/{location}/endpoints/openapi/…`
+    VertexOpenapi { project: &'a str, location: &'a str },
+}
+
+impl Provider {
+    /// A provider called with a static key, at the path the client sent.
+    pub fn api_key(kind: ProviderKind, credential_ref: String) -> Provider {
+        Provider {
+            kind,
+            credential_ref,
+            auth: ProviderAuth::ApiKey,
+            deployment: None,
+            api_version: None,
+            project: None,
+            location: None,
+        }
+    }
+
+    /// The provider's own path scheme, when the policy gives one (else the path goes as sent).
+    pub fn path(&self) -> Option<ProviderPath<'_>> {
+        match (self.kind, &self.deployment, &self.project, &self.location) {
+            (ProviderKind::AzureOpenai, Some(deployment), _, _) => {
+                Some(ProviderPath::AzureDeployment {
+                    deployment,
+                    api_version: self
+                        .api_version
+                        .as_deref()
+                        .unwrap_or(AZURE_DEFAULT_API_VERSION),
+                })
+            }
+            (ProviderKind::Vertex, _, Some(project), Some(location)) => {
+                Some(ProviderPath::VertexOpenapi { project, location })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Provider {
@@ -404,6 +512,73 @@ impl ProviderKind {
             ProviderKind::AzureOpenai => "azure-openai",
             ProviderKind::Vertex => "vertex",
         }
+    }
+}
+
+/// A path segment the gateway puts in a provider's path (deployment, project, location,
+/// api-version): letters, digits, `.`, `_`, `-`, at most 64 — nothing a URL would read as
+/// structure (`/`, `?`, `#`, `%`, `..`).
+fn check_path_segment(at: String, v: &str) -> Result<(), PolicyError> {
+    let ok = !v.is_empty()
+        && v.len() <= 64
+        && v != "."
+        && v != ".."
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            at,
+            "must be 1 to 64 letters, digits, '.', '_' or '-' (it becomes one segment of the provider's path)",
+        ))
+    }
+}
+
+/// A provider's path fields and auth belong to its type, and come in the sets they are used in.
+fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
+    let only_for = |field: &str, kind: &str| {
+        err(
+            format!("{at}.{field}"),
+            format!("only for a provider of type {kind}"),
+        )
+    };
+    let azure = p.kind == ProviderKind::AzureOpenai;
+    let vertex = p.kind == ProviderKind::Vertex;
+    for (field, value, allowed, kind) in [
+        ("deployment", &p.deployment, azure, "azure-openai"),
+        ("apiVersion", &p.api_version, azure, "azure-openai"),
+        ("project", &p.project, vertex, "vertex"),
+        ("location", &p.location, vertex, "vertex"),
+    ] {
+        if let Some(v) = value {
+            if !allowed {
+                return Err(only_for(field, kind));
+            }
+            check_path_segment(format!("{at}.{field}"), v)?;
+        }
+    }
+    if p.api_version.is_some() && p.deployment.is_none() {
+        return Err(err(
+            format!("{at}.apiVersion"),
+            "needs a deployment (the api-version is sent with the deployment's path)",
+        ));
+    }
+    if p.project.is_some() != p.location.is_some() {
+        let missing = if p.project.is_none() {
+            "project"
+        } else {
+            "location"
+        };
+        return Err(err(
+            format!("{at}.{missing}"),
+            "required: vertex's path needs both project and location",
+        ));
+    }
+    match p.auth {
+        ProviderAuth::GcpServiceAccount if !vertex => Err(only_for("auth", "vertex")),
+        ProviderAuth::AzureClientCredentials if !azure => Err(only_for("auth", "azure-openai")),
+        _ => Ok(()),
     }
 }
 
@@ -1065,6 +1240,7 @@ impl PolicyDocument {
                         "must be a Secret name, or namespace/name with a DNS-label namespace",
                     ));
                 }
+                check_provider_fields(&format!("models[{i}].provider"), p)?;
                 if m.upstream_cluster.is_none() {
                     return Err(err(
                         format!("models[{i}].upstreamCluster"),
@@ -1377,6 +1553,90 @@ mod tests {
                 output: 4
             }
         );
+    }
+
+    #[test]
+    fn provider_paths_and_auth_are_checked_with_the_field_named() {
+        // Azure: a deployment, the api-version defaulted.
+        let mut v = sample();
+        v["models"][1]["provider"]["deployment"] = json!("gpt-4o-prod");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let p = doc.models[1].provider.as_ref().unwrap();
+        assert_eq!(
+            p.path(),
+            Some(ProviderPath::AzureDeployment {
+                deployment: "gpt-4o-prod",
+                api_version: AZURE_DEFAULT_API_VERSION
+            })
+        );
+        assert_eq!(p.auth, ProviderAuth::ApiKey);
+        v["models"][1]["provider"]["apiVersion"] = json!("2025-01-01-preview");
+        v["models"][1]["provider"]["auth"] = json!("azureClientCredentials");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let p = doc.models[1].provider.as_ref().unwrap();
+        assert_eq!(p.auth, ProviderAuth::AzureClientCredentials);
+        assert!(matches!(
+            p.path(),
+            Some(ProviderPath::AzureDeployment {
+                api_version: "2025-01-01-preview",
+                ..
+            })
+        ));
+        // Written back the same (the companion serves what it parsed).
+        let back = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            back["models"][1]["provider"]["apiVersion"],
+            "2025-01-01-preview"
+        );
+        assert_eq!(
+            back["models"][1]["provider"]["auth"],
+            "azureClientCredentials"
+        );
+        for (field, bad) in [
+            ("deployment", json!("a/b")),
+            ("deployment", json!("..")),
+            ("deployment", json!("")),
+            ("deployment", json!("x?api-version=1")),
+            ("apiVersion", json!("2024-10-21&x=1")),
+            ("deployment", json!("d".repeat(65))),
+        ] {
+            let mut v = v.clone();
+            v["models"][1]["provider"][field] = bad;
+            fails_at(v, &format!("models[1].provider.{field}"));
+        }
+        // Fields of another provider type, an apiVersion without deployment, a half Vertex path,
+        // an auth of another provider.
+        let mut w = sample();
+        w["models"][1]["provider"]["project"] = json!("p");
+        fails_at(w, "models[1].provider.project");
+        let mut w = sample();
+        w["models"][1]["provider"]["apiVersion"] = json!("2024-10-21");
+        fails_at(w, "models[1].provider.apiVersion");
+        let mut w = sample();
+        w["models"][1]["provider"]["auth"] = json!("gcpServiceAccount");
+        fails_at(w, "models[1].provider.auth");
+        let mut w = sample();
+        w["models"][1]["provider"]["auth"] = json!("oauth2");
+        fails_at(w, "models[1].provider.auth");
+        // Vertex: project and location together.
+        let mut w = sample();
+        w["models"][1]["provider"] = json!({"type": "vertex", "credentialRef": "gcp-sa",
+            "auth": "gcpServiceAccount", "project": "my-proj"});
+        fails_at(w.clone(), "models[1].provider.location");
+        w["models"][1]["provider"]["location"] = json!("us-central1");
+        let doc = PolicyDocument::from_value(w.clone()).unwrap();
+        assert_eq!(
+            doc.models[1].provider.as_ref().unwrap().path(),
+            Some(ProviderPath::VertexOpenapi {
+                project: "my-proj",
+                location: "us-central1"
+            })
+        );
+        w["models"][1]["provider"]["deployment"] = json!("d");
+        fails_at(w, "models[1].provider.deployment");
+        // Without the path fields the path goes as sent (as before).
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert_eq!(doc.models[1].provider.as_ref().unwrap().path(), None);
     }
 
     #[test]

@@ -30,7 +30,9 @@
 //! with the field named; every other resource still applies.
 
 use kube::api::DynamicObject;
-use maas_types::policy::{ApiFamily, Limit, Model, ModelDetails, Provider, ProviderKind, Tier};
+use maas_types::policy::{
+    ApiFamily, Limit, Model, ModelDetails, Provider, ProviderAuth, ProviderKind, Tier,
+};
 use maas_types::subscription::{
     BillingRate, Owner, Subscription, SubscriptionModel, TokenMetadata,
 };
@@ -383,10 +385,7 @@ fn external_model(
                 )
             })?,
     };
-    let provider = Provider {
-        kind,
-        credential_ref: credential,
-    };
+    let provider = Provider::api_key(kind, credential);
     Ok((
         provider,
         format!("outbound|{port}||{endpoint}"),
@@ -457,14 +456,17 @@ fn served_binding<'a>(
     Ok((i, binding))
 }
 
-/// The Secret of a binding's key (the binding's `auth`, else its provider's): `apikey` and
-/// `simple` only.
+/// The Secret of a binding's credential (the binding's `auth`, else its provider's) and how it
+/// is used: `apikey` and `simple` a static key; `oauth2` the provider's cloud credential
+/// (vertex: a Google service account, azure-openai: Entra client credentials), exchanged by
+/// the companion for access tokens; `sigv4` is not built.
 fn binding_secret(
     em: &DynamicObject,
     provider: &DynamicObject,
     binding: &Value,
     at: &str,
-) -> Result<String, Invalid> {
+    kind: ProviderKind,
+) -> Result<(String, ProviderAuth), Invalid> {
     let ps = provider.data.get("spec").cloned().unwrap_or(Value::Null);
     // The binding's auth overrides the provider's.
     let (auth, auth_at, auth_of) = match binding.get("auth").filter(|a| !a.is_null()) {
@@ -480,19 +482,22 @@ fn binding_secret(
     } else {
         KIND_EXTERNAL_PROVIDER
     };
-    match str_at(&auth, "type") {
-        Some("apikey" | "simple") => {}
-        Some(other) => {
+    let provider_auth = match (str_at(&auth, "type"), kind) {
+        (Some("apikey" | "simple"), _) => ProviderAuth::ApiKey,
+        (Some("oauth2"), ProviderKind::Vertex) => ProviderAuth::GcpServiceAccount,
+        (Some("oauth2"), ProviderKind::AzureOpenai) => ProviderAuth::AzureClientCredentials,
+        (Some(other), _) => {
             return Err(bad(
                 auth_kind,
                 auth_of,
                 format!("{auth_at}.type"),
                 format!(
-                    "{other:?} is not supported: only apikey and simple (a static key) are served; the model is not served"
+                    "{other:?} is not supported for provider {}: apikey and simple (a static key) are served, and oauth2 for vertex (a service-account key) and azure-openai (Entra client credentials); the model is not served",
+                    kind.as_str()
                 ),
             ));
         }
-        None => {
+        (None, _) => {
             return Err(bad(
                 auth_kind,
                 auth_of,
@@ -500,7 +505,7 @@ fn binding_secret(
                 "required",
             ));
         }
-    }
+    };
     let secret = auth
         .get("secretRef")
         .and_then(|r| str_at(r, "name"))
@@ -513,7 +518,26 @@ fn binding_secret(
                 "required: a Secret name (the Secret is in the provider's namespace)",
             )
         })?;
-    Ok(secret.to_string())
+    Ok((secret.to_string(), provider_auth))
+}
+
+/// The provider's path fields from the ExternalProvider's `config` (the reference's example:
+/// Vertex `{"project": …, "location": …}`; Azure OpenAI `deployment`, `apiVersion`); checked
+/// with the policy, where a bad value names `provider.…`.
+fn provider_config(ps: &Value, provider: &mut Provider) {
+    let config = ps.get("config");
+    let get = |k: &str| config.and_then(|c| str_at(c, k)).map(str::to_string);
+    match provider.kind {
+        ProviderKind::AzureOpenai => {
+            provider.deployment = get("deployment");
+            provider.api_version = get("apiVersion").or_else(|| get("api-version"));
+        }
+        ProviderKind::Vertex => {
+            provider.project = get("project");
+            provider.location = get("location");
+        }
+        ProviderKind::Openai | ProviderKind::Anthropic => {}
+    }
 }
 
 /// What an `inference.opendatahub.io` ExternalModel gives its MaaSModelRef's model.
@@ -531,8 +555,9 @@ struct InferenceExternal {
 /// An `inference.opendatahub.io` ExternalModel and its ExternalProvider (same namespace). One
 /// provider binding is served: the first with a weight above 0 (weighted splits across several
 /// are not built: the others are left out with a note). `auth.type` `apikey` and `simple` are
-/// served (the Secret's `api-key`, of the provider's namespace); `sigv4` and `oauth2` are not:
-/// the model is invalid, named in the report.
+/// served (the Secret's `api-key`, of the provider's namespace), `oauth2` for vertex and
+/// azure-openai (see [`binding_secret`]); `sigv4` is not: the model is invalid, named in the
+/// report.
 fn inference_external(
     em: &DynamicObject,
     providers: &BTreeMap<(String, String), &DynamicObject>,
@@ -600,7 +625,7 @@ fn inference_external(
             "required",
         )
     })?;
-    let secret = binding_secret(em, provider, binding, &at)?;
+    let (secret, auth) = binding_secret(em, provider, binding, &at, kind)?;
     let api = match str_at(binding, "apiFormat") {
         Some("openai-chat") => Some(ApiFamily::Openai),
         Some("messages") => Some(ApiFamily::Anthropic),
@@ -620,9 +645,11 @@ fn inference_external(
         )
     })?;
     Ok(InferenceExternal {
-        provider: Provider {
-            kind,
-            credential_ref: format!("{namespace}/{secret}"),
+        provider: {
+            let mut p = Provider::api_key(kind, format!("{namespace}/{secret}"));
+            p.auth = auth;
+            provider_config(&ps, &mut p);
+            p
         },
         upstream_cluster: format!("outbound|443||{endpoint}"),
         endpoint: endpoint.to_string(),
@@ -1516,8 +1543,51 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
         assert_eq!(d.capabilities, ["text-generation", "chat"]);
     }
 
-    /// `sigv4` and `oauth2` are refused by name (the model is not served); a binding of weight
-    /// 0 carries no traffic; of several weighted bindings only the first is served, noted.
+    /// `oauth2` on a vertex provider is its service account, on azure-openai Entra client
+    /// credentials; the provider's `config` gives the path fields.
+    #[test]
+    fn oauth2_providers_get_their_cloud_credential_and_config() {
+        use super::samples::V0_2_1_INFERENCE;
+        let vertex = V0_2_1_INFERENCE
+            .replace("type: apikey", "type: oauth2")
+            .replace(
+                "provider: openai",
+                "provider: vertex\n  config: {project: proj-1, location: us-central1}",
+            );
+        let t = translate(None, &resources(&vertex));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let p = t
+            .document
+            .model("gpt-4o-mini")
+            .unwrap()
+            .provider
+            .clone()
+            .unwrap();
+        assert_eq!(p.auth, ProviderAuth::GcpServiceAccount);
+        assert_eq!(
+            (p.project.as_deref(), p.location.as_deref()),
+            (Some("proj-1"), Some("us-central1"))
+        );
+        let azure = V0_2_1_INFERENCE
+            .replace("type: apikey", "type: oauth2")
+            .replace("provider: openai", "provider: azure-openai\n  config: {deployment: gpt-4o-prod, apiVersion: 2024-06-01}");
+        let t = translate(None, &resources(&azure));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let p = t
+            .document
+            .model("gpt-4o-mini")
+            .unwrap()
+            .provider
+            .clone()
+            .unwrap();
+        assert_eq!(p.auth, ProviderAuth::AzureClientCredentials);
+        assert_eq!(p.deployment.as_deref(), Some("gpt-4o-prod"));
+        assert_eq!(p.api_version.as_deref(), Some("2024-06-01"));
+    }
+
+    /// `sigv4` (and `oauth2` where no cloud credential is built) are refused by name (the model
+    /// is not served); a binding of weight 0 carries no traffic; of several weighted bindings
+    /// only the first is served, noted.
     #[test]
     fn unsupported_provider_auth_is_reported_and_weights_pick_one_binding() {
         use super::samples::V0_2_1_INFERENCE;

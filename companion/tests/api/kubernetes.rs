@@ -485,6 +485,20 @@ async fn get_secret(
             ),
         );
     }
+    // Entra client credentials (auth: azureClientCredentials).
+    if (namespace.as_str(), name.as_str()) == ("maas", "entra-app") {
+        use base64::Engine;
+        let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+        return (
+            StatusCode::OK,
+            Json(json!({
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "namespace": namespace},
+                "data": {"tenant-id": b64("contoso"), "client-id": b64("app-1"),
+                         "client-secret": b64(ENTRA_SECRET)}
+            })),
+        );
+    }
     // The platform's provider key (the companion's namespace) and a tenant's (llm), under the
     // same Secret name.
     let fixed = match (namespace.as_str(), name.as_str()) {
@@ -726,6 +740,72 @@ async fn provider_credentials_come_from_secrets() {
         .unwrap();
     assert_eq!(unchanged.status(), 304);
     assert_eq!(unchanged.text().await.unwrap(), "");
+}
+
+/// The client secret of the stand-in's Secret `maas/entra-app`.
+const ENTRA_SECRET: &str = "entra-secret-value";
+
+/// `auth: azureClientCredentials`: the Secret's `tenant-id`, `client-id` and `client-secret`
+/// are exchanged at Entra (`--azure-authority-url`, here a stand-in checking the grant) and the
+/// filter gets the access token and its expiry, never the secret.
+#[tokio::test]
+async fn entra_client_credentials_from_a_secret_become_an_access_token() {
+    use axum::extract::Form;
+    use std::collections::HashMap;
+    async fn token(
+        Path(tenant): Path<String>,
+        Form(form): Form<HashMap<String, String>>,
+    ) -> axum::response::Response {
+        let ok = tenant == "contoso"
+            && form.get("grant_type").map(String::as_str) == Some("client_credentials")
+            && form.get("client_id").map(String::as_str) == Some("app-1")
+            && form.get("client_secret").map(String::as_str) == Some(ENTRA_SECRET)
+            && form.get("scope").map(String::as_str)
+                == Some("https://cognitiveservices.azure.com/.default");
+        if !ok {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({"error": "invalid_client"})),
+            )
+                .into_response();
+        }
+        Json(json!({"access_token": "entra-access-token", "token_type": "Bearer", "expires_in": 3600}))
+            .into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority = format!("http://{}", listener.local_addr().unwrap());
+    let entra =
+        axum::Router::new().route("/{tenant}/oauth2/v2.0/token", axum::routing::post(token));
+    tokio::spawn(async move { axum::serve(listener, entra).await });
+
+    let calls = Arc::new(Calls::default());
+    let app = spawn_kube_app(calls.clone(), |c| c.azure_authority_url = authority).await;
+    let policy = std::fs::read_to_string(&app.policy_path).unwrap();
+    std::fs::write(
+        &app.policy_path,
+        format!(
+            "{policy}  - name: az\n    path: /ext/az\n    tiers: [premium]\n    provider: {{type: azure-openai, credentialRef: entra-app, auth: azureClientCredentials, deployment: gpt-4o}}\n    upstreamCluster: outbound|443||contoso.openai.azure.com\n"
+        ),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let body = loop {
+        let r = app.internal_get("/internal/v1/credentials").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.body["credentials"].get("entra-app").is_some() {
+            break r.body;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", r.body);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(body["credentials"]["entra-app"], "entra-access-token");
+    let now = chrono::Utc::now().timestamp() as u64;
+    let expires = body["expires_at"]["entra-app"].as_u64().unwrap();
+    assert!(expires > now + 3500 && expires <= now + 3600, "{body}");
+    // The static key is still served as it is, with no expiry.
+    assert_eq!(body["credentials"]["openai-key"], "sk-from-secret");
+    assert!(body["expires_at"].get("openai-key").is_none());
+    assert!(!body.to_string().contains(ENTRA_SECRET));
 }
 
 /// The filter's default `pollIntervalMs`.

@@ -18,6 +18,7 @@ mod cap;
 mod lease;
 mod ledger;
 mod one_url;
+mod provider_paths;
 mod respond;
 mod subscriptions;
 mod weights;
@@ -72,6 +73,7 @@ impl Fx {
         assert!(root.configure(&host));
         root.worker.borrow_mut().credentials = Rc::new(CredentialsDocument {
             credentials: [("k".to_string(), "sk-provider".to_string())].into(),
+            ..Default::default()
         });
         host.dispatched.borrow_mut().clear();
         host.clear_calls();

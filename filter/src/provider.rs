@@ -1,0 +1,150 @@
+//! Where a provider's request goes: the provider's own path for the OpenAI-shaped operation the
+//! client called (Azure OpenAI deployments, Vertex AI's OpenAI-compatible endpoint), from the
+//! model's policy. A plain function over plain data; the request state machine sets the result
+//! as `:path` (with the routing header, so Envoy routes the rewritten path to the model's
+//! cluster, see [`crate::admission::authorize`]).
+//!
+//! The client's query string is not passed on: the provider's path carries only what the
+//! gateway decided (Azure's `api-version`), so a client cannot pick another API version or add
+//! parameters the gateway does not meter.
+
+use crate::operations::Operation;
+use crate::response::{Deny, Refusal};
+use maas_types::{Provider, ProviderPath};
+
+/// The path to send instead of the client's, when the model's provider has its own path scheme
+/// (`None`: the path goes as the client sent it). An operation the provider's scheme has no
+/// path for is refused (404 `operation_not_allowed`), never forwarded to a path the provider
+/// would answer otherwise.
+pub fn upstream_path(
+    provider: Option<&Provider>,
+    operation: Operation,
+) -> Result<Option<String>, Refusal> {
+    let Some(scheme) = provider.and_then(Provider::path) else {
+        return Ok(None);
+    };
+    match scheme {
+        ProviderPath::AzureDeployment {
+            deployment,
+            api_version,
+        } => {
+            let op = match operation {
+                Operation::ChatCompletions => "chat/completions",
+                Operation::Completions => "completions",
+                Operation::Embeddings => "embeddings",
+                _ => return Err(not_served("chat/completions, completions and embeddings")),
+            };
+            Ok(Some(format!(
+                "/openai/deployments/{deployment}/{op}?api-version={api_version}"
+            )))
+        }
+        ProviderPath::VertexOpenapi { project, location } => match operation {
+            Operation::ChatCompletions => Ok(Some(format!(
+                "/v1/projects/{project}/locations/{location}/endpoints/openapi/chat/completions"
+            ))),
+            _ => Err(not_served("chat/completions")),
+        },
+    }
+}
+
+fn not_served(served: &str) -> Refusal {
+    Refusal::new(
+        Deny::OperationNotAllowed,
+        format!("this operation is not served for this model: its provider serves {served}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maas_types::{ProviderAuth, ProviderKind};
+
+    fn azure(deployment: Option<&str>, api_version: Option<&str>) -> Provider {
+        Provider {
+            deployment: deployment.map(str::to_string),
+            api_version: api_version.map(str::to_string),
+            ..Provider::api_key(ProviderKind::AzureOpenai, "k".into())
+        }
+    }
+
+    fn vertex() -> Provider {
+        Provider {
+            auth: ProviderAuth::GcpServiceAccount,
+            project: Some("proj-1".into()),
+            location: Some("us-central1".into()),
+            ..Provider::api_key(ProviderKind::Vertex, "sa".into())
+        }
+    }
+
+    #[test]
+    fn azure_deployments_get_their_path_and_api_version() {
+        let p = azure(Some("gpt-4o"), None);
+        for (op, path) in [
+            (
+                Operation::ChatCompletions,
+                "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+            ),
+            (
+                Operation::Completions,
+                "/openai/deployments/gpt-4o/completions?api-version=2024-10-21",
+            ),
+            (
+                Operation::Embeddings,
+                "/openai/deployments/gpt-4o/embeddings?api-version=2024-10-21",
+            ),
+        ] {
+            assert_eq!(upstream_path(Some(&p), op).unwrap().as_deref(), Some(path));
+        }
+        let p = azure(Some("d"), Some("2025-01-01-preview"));
+        assert_eq!(
+            upstream_path(Some(&p), Operation::ChatCompletions)
+                .unwrap()
+                .as_deref(),
+            Some("/openai/deployments/d/chat/completions?api-version=2025-01-01-preview")
+        );
+        for op in [Operation::Responses, Operation::Models, Operation::Custom] {
+            let r = upstream_path(Some(&p), op).unwrap_err();
+            assert_eq!(r.deny, Deny::OperationNotAllowed, "{op:?}");
+        }
+    }
+
+    #[test]
+    fn vertex_gets_its_project_and_location_path() {
+        assert_eq!(
+            upstream_path(Some(&vertex()), Operation::ChatCompletions)
+                .unwrap()
+                .as_deref(),
+            Some("/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions")
+        );
+        for op in [
+            Operation::Embeddings,
+            Operation::Completions,
+            Operation::Models,
+        ] {
+            assert!(upstream_path(Some(&vertex()), op).is_err(), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_path_scheme_the_path_goes_as_sent() {
+        assert_eq!(
+            upstream_path(None, Operation::ChatCompletions).unwrap(),
+            None
+        );
+        // Azure without a deployment, Vertex without project/location, OpenAI: as before.
+        let plain = [
+            azure(None, None),
+            Provider::api_key(ProviderKind::Vertex, "k".into()),
+            Provider::api_key(ProviderKind::Openai, "k".into()),
+        ];
+        for p in &plain {
+            for op in [
+                Operation::ChatCompletions,
+                Operation::Models,
+                Operation::Custom,
+            ] {
+                assert_eq!(upstream_path(Some(p), op).unwrap(), None);
+            }
+        }
+    }
+}

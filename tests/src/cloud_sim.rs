@@ -1,0 +1,429 @@
+//! Strict simulators of cloud providers as they authenticate and speak (issue 29), on one
+//! HTTP server (each model still gets its own Envoy cluster):
+//!
+//! - Azure OpenAI: only `POST /openai/deployments/<known deployment>/{chat/completions,
+//!   completions, embeddings}` (else 404 `Resource not found`, as Azure answers), with an
+//!   `api-version` it knows (missing or unknown: 400), authenticated by the `api-key` header
+//!   (the configured key) or `Authorization: Bearer` with a valid Entra token it issued (else
+//!   401).
+//! - Vertex AI: only `POST /v1/projects/<project>/locations/<location>/endpoints/openapi/
+//!   chat/completions` (else 404), with `Authorization: Bearer` and a Google access token it
+//!   issued that has not expired (else 401 `UNAUTHENTICATED`).
+//! - Google's token endpoint `POST /gcp/token`: the JWT bearer grant only; the assertion's
+//!   RS256 signature is verified against the service-account key's public key, and its `iss`
+//!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
+//!   and `exp` (at most an hour, not expired) checked; issues tokens valid for
+//!   [`CloudSimConfig::token_lifetime`] seconds.
+//! - Microsoft Entra `POST /<tenant>/oauth2/v2.0/token`: the client credentials grant for the
+//!   Cognitive Services scope, with the configured tenant, client id and secret.
+//!
+//! Every model request is recorded (path with query, the credential it carried) and answered
+//! with a chat completion (streamed when the body asks, usage last when `stream_options` asks)
+//! or an embedding, whose usage is fixed: 3 prompt, 2 completion tokens.
+
+use axum::Router;
+use axum::extract::{Form, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The `api-version`s the Azure simulator knows.
+pub const AZURE_API_VERSIONS: &[&str] = &["2024-06-01", "2024-10-21", "2025-01-01-preview"];
+pub const GCP_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+pub const AZURE_SCOPE: &str = "https://cognitiveservices.azure.com/.default";
+
+#[derive(Debug, Clone)]
+pub struct CloudSimConfig {
+    pub azure_deployment: String,
+    /// The static key `api-key` must carry.
+    pub azure_api_key: String,
+    pub azure_tenant: String,
+    pub azure_client_id: String,
+    pub azure_client_secret: String,
+    pub vertex_project: String,
+    pub vertex_location: String,
+    /// The service-account key's private key (PKCS#8 PEM): its public half verifies assertions.
+    pub gcp_private_key_pem: String,
+    pub gcp_client_email: String,
+    /// Seconds the issued access tokens are valid.
+    pub token_lifetime: u64,
+}
+
+/// One model request the simulator answered (or refused).
+#[derive(Debug, Clone)]
+pub struct CloudRequest {
+    pub path: String,
+    /// The `api-key` header.
+    pub api_key: Option<String>,
+    /// The `Authorization: Bearer` token.
+    pub bearer: Option<String>,
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct Recorded {
+    requests: Vec<CloudRequest>,
+    /// Issued tokens → expiry (unix ms), by kind (`gcp`, `entra`).
+    tokens: HashMap<String, (&'static str, u128)>,
+    issued: u32,
+    /// Token requests refused, with why.
+    refused_grants: Vec<String>,
+}
+
+struct Sim {
+    config: CloudSimConfig,
+    url: String,
+    public_key: jwt_simple::prelude::RS256PublicKey,
+    recorded: Mutex<Recorded>,
+}
+
+#[derive(Clone)]
+pub struct CloudSimHandle {
+    sim: Arc<Sim>,
+    pub addr: SocketAddr,
+}
+
+impl CloudSimHandle {
+    pub fn url(&self) -> String {
+        self.sim.url.clone()
+    }
+    pub fn gcp_token_uri(&self) -> String {
+        format!("{}/gcp/token", self.sim.url)
+    }
+    pub fn requests(&self) -> Vec<CloudRequest> {
+        self.sim.recorded.lock().unwrap().requests.clone()
+    }
+    pub fn tokens_issued(&self) -> u32 {
+        self.sim.recorded.lock().unwrap().issued
+    }
+    pub fn refused_grants(&self) -> Vec<String> {
+        self.sim.recorded.lock().unwrap().refused_grants.clone()
+    }
+    /// The service-account key file (`service-account.json`) for this simulator's key.
+    pub fn gcp_key_json(&self) -> String {
+        let c = &self.sim.config;
+        json!({
+            "type": "service_account",
+            "project_id": c.vertex_project,
+            "private_key_id": "sim-key-1",
+            "private_key": c.gcp_private_key_pem,
+            "client_email": c.gcp_client_email,
+            "client_id": "1234567890",
+            "token_uri": self.gcp_token_uri(),
+        })
+        .to_string()
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis()
+}
+
+/// Starts the simulator on a free port of 127.0.0.1, on the current tokio runtime.
+pub async fn spawn(config: CloudSimConfig) -> anyhow::Result<CloudSimHandle> {
+    use jwt_simple::prelude::*;
+    let public_key = RS256KeyPair::from_pem(&config.gcp_private_key_pem)?.public_key();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let sim = Arc::new(Sim {
+        config,
+        url: format!("http://{addr}"),
+        public_key,
+        recorded: Mutex::default(),
+    });
+    let app = Router::new()
+        .route("/gcp/token", axum::routing::post(gcp_token))
+        .route(
+            "/{tenant}/oauth2/v2.0/token",
+            axum::routing::post(entra_token),
+        )
+        .fallback(model_request)
+        .with_state(sim.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(CloudSimHandle { sim, addr })
+}
+
+fn oauth_error(status: StatusCode, error: &str, why: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": error, "error_description": why})),
+    )
+        .into_response()
+}
+
+impl Sim {
+    fn refuse_grant(&self, why: &str) -> Response {
+        self.recorded
+            .lock()
+            .unwrap()
+            .refused_grants
+            .push(why.to_string());
+        oauth_error(StatusCode::BAD_REQUEST, "invalid_grant", why)
+    }
+
+    fn issue(&self, kind: &'static str) -> Response {
+        let mut r = self.recorded.lock().unwrap();
+        r.issued += 1;
+        let token = format!("{kind}-sim-token-{}", r.issued);
+        let lifetime = self.config.token_lifetime;
+        r.tokens.insert(
+            token.clone(),
+            (kind, now_ms() + u128::from(lifetime) * 1000),
+        );
+        axum::Json(json!({"access_token": token, "token_type": "Bearer", "expires_in": lifetime}))
+            .into_response()
+    }
+
+    fn valid_token(&self, token: &str, kind: &str) -> bool {
+        let r = self.recorded.lock().unwrap();
+        r.tokens
+            .get(token)
+            .is_some_and(|(k, expires)| *k == kind && now_ms() < *expires)
+    }
+}
+
+async fn gcp_token(
+    State(sim): State<Arc<Sim>>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    use jwt_simple::prelude::*;
+    if form.get("grant_type").map(String::as_str)
+        != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
+    {
+        return sim.refuse_grant("grant_type must be the JWT bearer grant");
+    }
+    let Some(assertion) = form.get("assertion") else {
+        return sim.refuse_grant("no assertion");
+    };
+    let options = VerificationOptions {
+        allowed_issuers: Some(HashSet::from_strings(&[&sim.config.gcp_client_email])),
+        allowed_audiences: Some(HashSet::from_strings(&[format!("{}/gcp/token", sim.url)])),
+        time_tolerance: Some(jwt_simple::prelude::Duration::from_secs(5)),
+        ..Default::default()
+    };
+    let claims = match sim
+        .public_key
+        .verify_token::<Value>(assertion, Some(options))
+    {
+        Ok(c) => c,
+        Err(e) => return sim.refuse_grant(&format!("invalid assertion: {e}")),
+    };
+    let scope_ok = claims.custom["scope"]
+        .as_str()
+        .is_some_and(|s| s.split(' ').any(|s| s == GCP_SCOPE));
+    if !scope_ok {
+        return sim.refuse_grant("scope must include cloud-platform");
+    }
+    match (claims.issued_at, claims.expires_at) {
+        (Some(iat), Some(exp)) if exp > iat && (exp - iat).as_secs() <= 3600 => {}
+        _ => return sim.refuse_grant("iat and exp required, at most an hour apart"),
+    }
+    sim.issue("gcp")
+}
+
+async fn entra_token(
+    State(sim): State<Arc<Sim>>,
+    Path(tenant): Path<String>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let c = &sim.config;
+    let get = |k: &str| form.get(k).map(String::as_str);
+    if tenant != c.azure_tenant {
+        return oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "AADSTS90002: tenant not found",
+        );
+    }
+    if get("grant_type") != Some("client_credentials") || get("scope") != Some(AZURE_SCOPE) {
+        return sim.refuse_grant("client_credentials for the Cognitive Services scope only");
+    }
+    if get("client_id") != Some(c.azure_client_id.as_str())
+        || get("client_secret") != Some(c.azure_client_secret.as_str())
+    {
+        sim.recorded
+            .lock()
+            .unwrap()
+            .refused_grants
+            .push("invalid client".into());
+        return oauth_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            "AADSTS7000215: Invalid client secret provided.",
+        );
+    }
+    sim.issue("entra")
+}
+
+fn azure_error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+/// A chat completion streamed as OpenAI streams it (Azure OpenAI and Vertex's OpenAI endpoint
+/// alike): two content chunks, then the usage chunk when `stream_options.include_usage` asks
+/// for it, then `[DONE]`.
+fn streamed(include_usage: bool) -> Response {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0, "model": "sim",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut events = vec![
+        chunk(json!({"role": "assistant", "content": "tok0"}), Value::Null),
+        chunk(json!({"content": " tok1"}), json!("length")),
+    ];
+    if include_usage {
+        events.push(
+            json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0,
+            "model": "sim", "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        );
+    }
+    let mut body = String::new();
+    for e in events {
+        body.push_str(&format!("data: {e}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    ([("content-type", "text/event-stream")], body).into_response()
+}
+
+fn completion(op: &str) -> Response {
+    let usage = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
+    let body = if op == "embeddings" {
+        json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+               "model": "sim", "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+    } else {
+        json!({"id": "chatcmpl-sim", "object": "chat.completion", "created": 0, "model": "sim",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok0 tok1"},
+                            "finish_reason": "length"}],
+               "usage": usage})
+    };
+    axum::Json(body).into_response()
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+async fn model_request(
+    State(sim): State<Arc<Sim>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let api_key = headers
+        .get("api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bearer = bearer(&headers).map(str::to_string);
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let response = answer(&sim, &method, &path, query.as_deref(), &headers, &body);
+    sim.recorded.lock().unwrap().requests.push(CloudRequest {
+        path: uri.path_and_query().map_or(path, |p| p.to_string()),
+        api_key,
+        bearer,
+        status: response.status().as_u16(),
+    });
+    response
+}
+
+fn answer(
+    sim: &Sim,
+    method: &axum::http::Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Response {
+    let c = &sim.config;
+    let stream = body["stream"] == json!(true);
+    let include_usage = body["stream_options"]["include_usage"] == json!(true);
+    if let Some(rest) = path.strip_prefix("/openai/deployments/") {
+        let (deployment, op) = rest.split_once('/').unwrap_or((rest, ""));
+        if deployment != c.azure_deployment
+            || !matches!(op, "chat/completions" | "completions" | "embeddings")
+            || method != axum::http::Method::POST
+        {
+            return azure_error(StatusCode::NOT_FOUND, "404", "Resource not found");
+        }
+        // Values here are plain tokens: no percent-decoding needed.
+        let api_version = query.unwrap_or("").split('&').find_map(|p| {
+            p.split_once('=')
+                .filter(|(k, _)| *k == "api-version")
+                .map(|(_, v)| v)
+        });
+        match api_version {
+            None => {
+                return azure_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "Missing required query parameter: api-version",
+                );
+            }
+            Some(v) if !AZURE_API_VERSIONS.contains(&v) => {
+                return azure_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "API version not supported",
+                );
+            }
+            Some(_) => {}
+        }
+        let key_ok = headers
+            .get("api-key")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|k| k == c.azure_api_key);
+        let token_ok = bearer(headers).is_some_and(|t| sim.valid_token(t, "entra"));
+        if !key_ok && !token_ok {
+            return azure_error(
+                StatusCode::UNAUTHORIZED,
+                "401",
+                "Access denied due to invalid subscription key or wrong API endpoint.",
+            );
+        }
+        if stream && op != "embeddings" {
+            return streamed(include_usage);
+        }
+        return completion(op);
+    }
+    let vertex = format!(
+        "/v1/projects/{}/locations/{}/endpoints/openapi/chat/completions",
+        c.vertex_project, c.vertex_location
+    );
+    if path == vertex && method == axum::http::Method::POST {
+        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"error": {"code": 401, "status": "UNAUTHENTICATED",
+                    "message": "Request had invalid authentication credentials."}})),
+            )
+                .into_response();
+        }
+        if stream {
+            return streamed(include_usage);
+        }
+        return completion("chat/completions");
+    }
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"error": {"code": 404, "status": "NOT_FOUND", "message": "not found"}})),
+    )
+        .into_response()
+}

@@ -1,0 +1,354 @@
+//! Providers as they really authenticate and speak (issue 29), through real Envoy with the
+//! release .wasm and the real companion, against strict simulators (`maas_e2e::cloud_sim`):
+//! - Azure OpenAI: the client calls the OpenAI shape at the model's prefix and at the one base
+//!   URL; the deployment's path and `api-version` reach Azure, with the static `api-key` or an
+//!   Entra access token the companion obtained from client credentials;
+//! - Vertex AI: the project/location path with a Google access token the companion obtained from
+//!   a service-account key (its signed assertion verified by the token endpoint), tokens living
+//!   3 s: requests across several lifetimes all succeed and Vertex sees several tokens.
+//!
+//! The filter only ever gets the access token (the credentials document is read here as the
+//! filter reads it: no private key, no client secret).
+
+use maas_e2e::cloud_sim::{self, CloudSimConfig, CloudSimHandle};
+use maas_e2e::{Stack, StackOptions};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: alice-token, username: alice, groups: [system:authenticated]}
+"#;
+
+const CLIENT_SECRET: &str = "entra-client-secret-1";
+const AZURE_KEY: &str = "sk-azure-static";
+
+fn sim_config(token_lifetime: u64) -> CloudSimConfig {
+    CloudSimConfig {
+        azure_deployment: "gpt-4o-prod".into(),
+        azure_api_key: AZURE_KEY.into(),
+        azure_tenant: "contoso.onmicrosoft.com".into(),
+        azure_client_id: "app-1".into(),
+        azure_client_secret: CLIENT_SECRET.into(),
+        vertex_project: "proj-1".into(),
+        vertex_location: "us-central1".into(),
+        gcp_private_key_pem: include_str!("../../fixtures/test-gcp-service-account-key.pem").into(),
+        gcp_client_email: "gateway@proj-1.iam.gserviceaccount.com".into(),
+        token_lifetime,
+    }
+}
+
+fn policy(sim: &CloudSimHandle) -> String {
+    let backend = sim.url();
+    let model = |name: &str, provider: Value| {
+        json!({"name": name, "path": format!("/ext/{name}"), "tiers": ["free"],
+               "backend": backend, "provider": provider, "upstreamCluster": format!("ext-{name}")})
+    };
+    json!({
+        "tiers": [{"name": "free", "level": 0, "groups": ["system:authenticated"],
+                   "limits": {"requests": [{"limit": 100000, "window": "1m"}]}}],
+        "models": [
+            model("az", json!({"type": "azure-openai", "credentialRef": "azure-key",
+                               "deployment": "gpt-4o-prod", "apiVersion": "2024-10-21"})),
+            model("az-entra", json!({"type": "azure-openai", "credentialRef": "azure-app",
+                                     "auth": "azureClientCredentials", "deployment": "gpt-4o-prod"})),
+            // Strictness of the simulator: an api-version Azure does not know, no deployment.
+            model("az-old", json!({"type": "azure-openai", "credentialRef": "azure-key",
+                                   "deployment": "gpt-4o-prod", "apiVersion": "2023-01-01"})),
+            model("az-bare", json!({"type": "azure-openai", "credentialRef": "azure-key"})),
+            model("vx", json!({"type": "vertex", "credentialRef": "gcp-sa", "auth": "gcpServiceAccount",
+                               "project": "proj-1", "location": "us-central1"})),
+        ]
+    })
+    .to_string()
+}
+
+fn credentials(sim: &CloudSimHandle) -> String {
+    json!({"credentials": {
+        "azure-key": AZURE_KEY,
+        "azure-app": {"tenant-id": "contoso.onmicrosoft.com", "client-id": "app-1",
+                      "client-secret": CLIENT_SECRET},
+        "gcp-sa": {"service-account.json": sim.gcp_key_json()},
+    }})
+    .to_string()
+}
+
+async fn start(token_lifetime: u64) -> (CloudSimHandle, Stack) {
+    let sim = cloud_sim::spawn(sim_config(token_lifetime))
+        .await
+        .expect("cloud simulator starts");
+    let mut options = StackOptions::default()
+        .with_policy_yaml(&policy(&sim))
+        .with_identities_yaml(IDENTITIES)
+        .with_credentials_yaml(&credentials(&sim));
+    options.poll_interval_ms = 500;
+    options
+        .companion_env
+        .push(("MAAS_AZURE_AUTHORITY_URL".into(), sim.url()));
+    let stack = tokio::task::spawn_blocking(move || Stack::start(options))
+        .await
+        .expect("stack start task")
+        .expect("stack starts");
+    (sim, stack)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// POSTs `body` to `path` at the gateway as alice: status and body.
+async fn post(stack: &Stack, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", stack.gateway_url()))
+        .header("authorization", "Bearer alice-token")
+        .header("api-key", "client-sent-key")
+        .json(&body)
+        .send()
+        .await
+        .expect("gateway answers");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+}
+
+/// Waits until the filter has the credential (the companion's first exchange, one poll).
+async fn until_served(stack: &Stack, path: &str, model: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = post(stack, path, chat(model)).await;
+        if status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{model} never served: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_openai_gets_its_deployment_path_api_version_and_credential() {
+    let (sim, stack) = start(3600).await;
+    until_served(&stack, "/ext/az/v1/chat/completions", "az").await;
+    let base = sim.requests().len();
+    // At the model's prefix (the client's query string is not passed on) and at the one base URL.
+    for (path, model) in [
+        (
+            "/ext/az/v1/chat/completions?api-version=1999-01-01&debug=1",
+            "az",
+        ),
+        ("/v1/chat/completions", "az"),
+    ] {
+        let (status, body) = post(&stack, path, chat(model)).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(body["usage"]["completion_tokens"], 2);
+    }
+    let (status, body) = post(
+        &stack,
+        "/ext/az/v1/embeddings",
+        json!({"model": "az", "input": "hello there"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let seen = sim.requests();
+    let seen: Vec<_> = seen[base..].iter().collect();
+    let paths: Vec<&str> = seen.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+            "/openai/deployments/gpt-4o-prod/embeddings?api-version=2024-10-21",
+        ]
+    );
+    // The provider key, never the client's.
+    assert!(
+        seen.iter()
+            .all(|r| r.api_key.as_deref() == Some(AZURE_KEY) && r.bearer.is_none()),
+        "{seen:?}"
+    );
+
+    // An operation Azure deployments do not serve never leaves the gateway.
+    let before = sim.requests().len();
+    let (status, body) = post(
+        &stack,
+        "/ext/az/v1/responses",
+        json!({"model": "az", "input": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "operation_not_allowed");
+    assert_eq!(sim.requests().len(), before);
+
+    // The simulator is as strict as Azure: an unknown api-version is 400, the OpenAI path
+    // without a deployment 404 (what every Azure model got before the gateway rewrote paths).
+    let (status, _) = post(&stack, "/ext/az-old/v1/chat/completions", chat("az-old")).await;
+    assert_eq!(status, 400);
+    let (status, _) = post(&stack, "/ext/az-bare/v1/chat/completions", chat("az-bare")).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        sim.requests().last().map(|r| r.path.clone()).as_deref(),
+        Some("/v1/chat/completions")
+    );
+
+    // Entra client credentials: the companion's access token as a bearer token.
+    until_served(&stack, "/ext/az-entra/v1/chat/completions", "az-entra").await;
+    let (status, body) = post(&stack, "/v1/chat/completions", chat("az-entra")).await;
+    assert_eq!(status, 200, "{body}");
+    let last = sim.requests().last().cloned().expect("a request");
+    assert!(
+        last.bearer
+            .as_deref()
+            .is_some_and(|c| c.starts_with("entra-sim-token-")),
+        "{last:?}"
+    );
+    // The client's own `api-key` never reaches Azure next to the gateway's token.
+    assert_eq!(last.api_key, None, "{last:?}");
+    assert!(
+        sim.refused_grants().is_empty(),
+        "{:?}",
+        sim.refused_grants()
+    );
+    // The filter's document: tokens and keys only, never the client secret.
+    let doc = credentials_document(&stack).await;
+    assert!(!doc.contains(CLIENT_SECRET), "{doc}");
+}
+
+async fn credentials_document(stack: &Stack) -> String {
+    stack
+        .internal_client()
+        .get(format!(
+            "{}/internal/v1/credentials",
+            stack.companion_internal_url()
+        ))
+        .send()
+        .await
+        .expect("companion answers")
+        .text()
+        .await
+        .expect("body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vertex_tokens_rotate_under_traffic_with_no_failed_request() {
+    const LIFETIME: u64 = 3;
+    let (sim, stack) = start(LIFETIME).await;
+    until_served(&stack, "/ext/vx/v1/chat/completions", "vx").await;
+    let doc: Value = serde_json::from_str(&credentials_document(&stack).await).expect("JSON");
+    assert!(
+        doc["credentials"]["gcp-sa"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("gcp-sim-token-")),
+        "{doc}"
+    );
+    assert!(doc["expires_at"]["gcp-sa"].as_u64().is_some(), "{doc}");
+    assert!(!doc.to_string().contains("PRIVATE KEY"), "{doc}");
+
+    // Traffic across more than three token lifetimes, alternating both URL forms.
+    let base = sim.requests().len();
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(LIFETIME * 3 + 1) {
+        let path = if sent % 2 == 0 {
+            "/ext/vx/v1/chat/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let (status, body) = post(&stack, path, chat("vx")).await;
+        assert_eq!(
+            status,
+            200,
+            "request {sent} at {:?}: {body}",
+            started.elapsed()
+        );
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = sim.requests();
+    let seen = &seen[base..];
+    assert_eq!(seen.len(), sent);
+    assert!(seen.iter().all(|r| r.status == 200
+        && r.path
+            == "/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions"));
+    let tokens: BTreeSet<&str> = seen.iter().filter_map(|r| r.bearer.as_deref()).collect();
+    assert!(
+        tokens.len() >= 3,
+        "{sent} requests over {:?} saw {} tokens",
+        started.elapsed(),
+        tokens.len()
+    );
+    assert!(
+        sim.refused_grants().is_empty(),
+        "{:?}",
+        sim.refused_grants()
+    );
+    eprintln!(
+        "vertex: {sent} requests over {:?}, {} distinct tokens, {} issued",
+        started.elapsed(),
+        tokens.len(),
+        sim.tokens_issued()
+    );
+}
+
+/// The official OpenAI SDK (tests/sdk/clients.py, `MAAS_SDK_PYTHON` from scripts/lib/common.sh)
+/// with `base_url = {gateway}/v1` calls the Azure OpenAI (key and Entra) and Vertex models, not
+/// streamed and streamed, as it would call OpenAI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
+    let (sim, stack) = start(3600).await;
+    for model in ["az", "az-entra", "vx"] {
+        until_served(&stack, &format!("/ext/{model}/v1/chat/completions"), model).await;
+    }
+    let python = std::env::var("MAAS_SDK_PYTHON").expect(
+        "MAAS_SDK_PYTHON: a Python with tests/sdk/requirements.txt (scripts/lib/common.sh \
+         ensure_sdk_clients sets it)",
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/clients.py");
+    let base = sim.requests().len();
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args([
+            stack.gateway_url().as_str(),
+            "alice-token",
+            "sdk",
+            "az",
+            "az-entra",
+            "vx",
+        ])
+        .output()
+        .await
+        .expect("the SDK script runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for model in ["az", "az-entra", "vx"] {
+        let m = &v[model];
+        assert_eq!(m["text"], "tok0 tok1", "{v}");
+        assert_eq!(m["completion_tokens"], 2, "{v}");
+        assert_eq!(m["stream_text"], "tok0 tok1", "{v}");
+    }
+    assert_eq!(v["unknown"]["status"], 404, "{v}");
+    // Each went to its provider's own path: 2 calls per model.
+    let seen = sim.requests();
+    let paths: BTreeSet<&str> = seen[base..].iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        BTreeSet::from([
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+            "/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions",
+        ])
+    );
+    assert_eq!(seen.len() - base, 6);
+    assert!(seen[base..].iter().all(|r| r.status == 200));
+}
