@@ -960,21 +960,6 @@ fn internal_auth(
     }
 }
 
-/// The pool's settings: at least one connection, a positive acquire timeout.
-fn database_settings(
-    url: SecretString,
-    max_connections: u32,
-    acquire_timeout_ms: u64,
-) -> Result<DatabaseSettings, String> {
-    at_least("--db-max-connections", max_connections.into(), 1)?;
-    at_least("--db-acquire-timeout-ms", acquire_timeout_ms, 1)?;
-    Ok(DatabaseSettings {
-        url,
-        max_connections,
-        acquire_timeout: Duration::from_millis(acquire_timeout_ms),
-    })
-}
-
 impl Cli {
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
