@@ -12,6 +12,7 @@
 //! Metering never reads the translation: the usage scanners read what the provider really sent,
 //! so budgets, metering and ledger are those of a direct Anthropic call of the same usage.
 
+pub mod answer;
 pub mod request;
 pub mod response;
 pub mod stream;

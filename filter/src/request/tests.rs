@@ -20,6 +20,7 @@ mod ledger;
 mod one_url;
 mod respond;
 mod subscriptions;
+mod translate;
 mod weights;
 
 pub(super) const COMPANION: &str = "maas-companion";

@@ -47,8 +47,13 @@ fn is_default(name: &str, v: &Value) -> bool {
     }
 }
 
-/// Translates the OpenAI chat body `body` into an Anthropic Messages body with `max_tokens`.
-pub fn translate(body: &[u8], max_tokens: u64) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
+/// Translates the OpenAI chat body `body` into an Anthropic Messages body with `max_tokens`
+/// (the cap the client named, read at admission; `None`: left for admission to set to the one
+/// it reserves).
+pub fn translate(
+    body: &[u8],
+    max_tokens: Option<u64>,
+) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let Ok(Value::Object(openai)) = serde_json::from_slice::<Value>(body) else {
         return refuse("the body is not a JSON object");
     };
@@ -128,7 +133,9 @@ pub fn translate(body: &[u8], max_tokens: u64) -> Result<(Vec<u8>, ClientAsk), U
         return refuse("messages is required");
     };
     let (system, messages) = translate_messages(messages)?;
-    out.insert("max_tokens".into(), Value::from(max_tokens));
+    if let Some(cap) = max_tokens {
+        out.insert("max_tokens".into(), Value::from(cap));
+    }
     if !system.is_empty() {
         out.insert("system".into(), Value::Array(system));
     }
@@ -421,7 +428,7 @@ mod tests {
     use super::*;
 
     fn tr(v: Value, cap: u64) -> Result<(Value, ClientAsk), String> {
-        translate(&serde_json::to_vec(&v).unwrap(), cap)
+        translate(&serde_json::to_vec(&v).unwrap(), Some(cap))
             .map(|(b, a)| (serde_json::from_slice(&b).unwrap(), a))
             .map_err(|e| e.0)
     }
@@ -467,7 +474,15 @@ mod tests {
     }
 
     #[test]
-    fn max_tokens_is_always_the_cap_decided() {
+    fn max_tokens_is_the_cap_read_at_admission_or_left_for_it() {
+        // None: admission sets the one it reserves on the translated body.
+        let (b, _) = translate(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+            None,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert!(v.get("max_tokens").is_none());
         // The client's own cap was read at admission: the one given here is what was reserved.
         let (body, _) = tr(
             json!({"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}),
@@ -615,7 +630,7 @@ mod tests {
                 .unwrap_err()
                 .contains("messages")
         );
-        assert!(translate(b"[1]", 5).is_err());
+        assert!(translate(b"[1]", Some(5)).is_err());
     }
 
     #[test]

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 pub const EVENT_CAP: usize = 1024 * 1024;
 
 /// Translates one Messages stream.
+#[allow(clippy::struct_excessive_bools)] // parser flags on the stream path
 #[derive(Debug)]
 pub struct StreamTranslator {
     include_usage: bool,

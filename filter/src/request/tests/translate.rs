@@ -1,0 +1,202 @@
+//! OpenAI chat to a model whose backend speaks Anthropic Messages, through the state machine:
+//! the request leaves as Messages (path, version, body with the cap reserved), the answer comes
+//! back as OpenAI chat, and the settlement is the one of a direct Messages call of the same
+//! usage.
+
+use super::*;
+
+const CLAUDE_CHAT: &str = "/llm/claude/v1/chat/completions";
+const CLAUDE_MESSAGES: &str = "/llm/claude/v1/messages";
+
+/// The test policy plus `claude` (API family `anthropic`), with the free tier's uncapped
+/// requests `uncapped` (`inject` / `reserve`).
+fn fx(uncapped: &str) -> Fx {
+    let mut p = policy();
+    p["tiers"][0]["uncappedRequests"] = json!(uncapped);
+    p["models"].as_array_mut().unwrap().push(
+        json!({"name": "claude", "path": "/llm/claude", "tiers": ["free"], "api": "anthropic"}),
+    );
+    let fx = Fx::with(json!({ "bootstrapPolicy": p }));
+    fx.cache(&key(2), allow_alice());
+    fx
+}
+
+fn headers(path: &str) -> Vec<(&'static str, String)> {
+    let mut h = chat(&key(2));
+    h.retain(|(k, _)| *k != ":path" && *k != "content-length");
+    h.push((":path", path.to_string()));
+    h
+}
+
+/// A request to `path` with `body`, as far as it goes.
+fn send(fx: &Fx, path: &str, body: &[u8]) -> (u32, Http) {
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&headers(path)), false);
+    fx.body(id, &h, body, true);
+    (id, h)
+}
+
+/// The answer passes in `chunks`: what the client got.
+fn answer(fx: &Fx, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
+    fx.host.enter(id);
+    fx.host.set_map(
+        Headers::Response,
+        &[
+            (":status", "200"),
+            ("content-type", content_type),
+            ("content-length", "999"),
+        ],
+    );
+    h.on_response_headers(&fx.host);
+    let mut out = Vec::new();
+    for (i, c) in chunks.iter().enumerate() {
+        fx.host.set_buffer(Body::Response, c);
+        h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
+        out.extend(fx.host.buffer(Body::Response));
+    }
+    out
+}
+
+const UNCAPPED: &[u8] = br#"{"model":"claude","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+
+const MESSAGE: &[u8] = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"hello there"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":11,"cache_creation_input_tokens":2,"cache_read_input_tokens":3,"output_tokens":7}}"#;
+
+const STREAM: &str = concat!(
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":11,\"cache_creation_input_tokens\":2,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hello\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" there\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":7}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+);
+
+#[test]
+fn an_uncapped_chat_leaves_as_messages_with_the_cap_it_reserves_whatever_the_tier_says() {
+    // `reserve` forwards other uncapped requests as sent; Anthropic requires max_tokens.
+    let fx = fx("reserve");
+    let (_, h) = send(&fx, CLAUDE_CHAT, UNCAPPED);
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    let req = |n| fx.host.map_value(Headers::Request, n);
+    assert_eq!(req(":path").as_deref(), Some(CLAUDE_MESSAGES));
+    assert_eq!(req("anthropic-version").as_deref(), Some("2023-06-01"));
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(
+        sent,
+        json!({"model": "claude", "max_tokens": 100,
+               "system": [{"type": "text", "text": "be brief"}],
+               "messages": [{"role": "user", "content": "hi"}]})
+    );
+    let writes = fx
+        .host
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| matches!(c, Call::SetBody(Body::Request)))
+        .count();
+    assert_eq!(writes, 1, "translated and capped in one write");
+    let prompt = request_body::inspect(UNCAPPED)
+        .unwrap()
+        .prompt_tokens_estimate;
+    assert_eq!(fx.tokens_used("alice"), prompt + 100);
+}
+
+#[test]
+fn the_clients_cap_is_the_one_sent() {
+    let fx = fx("inject");
+    send(
+        &fx,
+        CLAUDE_CHAT,
+        br#"{"model":"claude","max_completion_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(sent["max_tokens"], 9);
+    assert!(sent.get("max_completion_tokens").is_none());
+}
+
+#[test]
+fn what_cannot_be_translated_is_refused_before_anything_is_counted() {
+    let fx = fx("inject");
+    let (id, h) = send(
+        &fx,
+        CLAUDE_CHAT,
+        br#"{"model":"claude","n":2,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(fx.phase(&h), "Refused");
+    let sent = fx.sent_to(id).unwrap();
+    assert_eq!(sent.status, 400);
+    let body: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(body["error"]["code"], "untranslatable_request");
+    assert!(body["error"]["message"].as_str().unwrap().contains('n'));
+    assert_eq!(fx.tokens_used("alice"), 0);
+}
+
+#[test]
+fn a_json_answer_is_translated_and_settled_as_a_direct_call() {
+    let fx = fx("inject");
+    let (id, h) = send(&fx, CLAUDE_CHAT, UNCAPPED);
+    let (head, tail) = MESSAGE.split_at(40);
+    let out = answer(&fx, id, &h, "application/json", &[head, tail]);
+    assert_eq!(fx.host.map_value(Headers::Response, "content-length"), None);
+    let out: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(out["object"], "chat.completion");
+    assert_eq!(out["choices"][0]["message"]["content"], "hello there");
+    assert_eq!(out["choices"][0]["finish_reason"], "stop");
+    assert_eq!(out["usage"]["prompt_tokens"], 16);
+    assert_eq!(out["usage"]["completion_tokens"], 7);
+    h.on_log(&fx.host);
+    let translated = fx.tokens_used("alice");
+
+    // The same usage from a direct Messages call settles the same.
+    let direct = self::fx("inject");
+    let (id, h) = send(
+        &direct,
+        CLAUDE_MESSAGES,
+        br#"{"model":"claude","max_tokens":100,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let passed = answer(&direct, id, &h, "application/json", &[MESSAGE]);
+    assert_eq!(passed, MESSAGE, "a direct call passes untouched");
+    h.on_log(&direct.host);
+    assert_eq!(translated, 16 + 7);
+    assert_eq!(direct.tokens_used("alice"), translated);
+}
+
+#[test]
+fn a_stream_is_translated_chunk_by_chunk_and_settled_as_a_direct_call() {
+    let fx = fx("inject");
+    let (id, h) = send(
+        &fx,
+        CLAUDE_CHAT,
+        br#"{"model":"claude","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(sent["stream"], true);
+    assert!(sent.get("stream_options").is_none());
+    // Cut mid-event: each chunk gets what is complete in it.
+    let bytes = STREAM.as_bytes();
+    let cuts = [0, 17, 300, 301, 520, 700, bytes.len()];
+    let chunks: Vec<&[u8]> = cuts.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
+    let out = answer(&fx, id, &h, "text/event-stream", &chunks);
+    let text = String::from_utf8(out).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let usage: Value =
+        serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(
+        usage["usage"],
+        json!({"prompt_tokens": 16, "completion_tokens": 7, "total_tokens": 23,
+               "prompt_tokens_details": {"cached_tokens": 3}})
+    );
+    let content: String = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e.strip_prefix("data: ")?).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(content, "hello there");
+    h.on_log(&fx.host);
+    assert_eq!(fx.tokens_used("alice"), 16 + 7);
+}
