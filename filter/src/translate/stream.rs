@@ -34,8 +34,11 @@ pub struct StreamTranslator {
     /// `data` of the current event, lines joined by `\n`.
     data: Vec<u8>,
     has_data: bool,
-    id: String,
-    model: Value,
+    /// Every chunk's bytes up to its delta (`data: {"id":…,"choices":[{"index":0,"delta":`),
+    /// written once at `message_start`.
+    prefix: Vec<u8>,
+    /// The usage chunk's `id`, `object`, `created` and `model` members.
+    head: Value,
     /// Content block index → tool call index, for the tool_use blocks seen.
     tools: Vec<(u64, usize)>,
     counts: UsageCounts,
@@ -52,8 +55,8 @@ impl StreamTranslator {
             after_cr: false,
             data: Vec::new(),
             has_data: false,
-            id: String::new(),
-            model: Value::Null,
+            prefix: Vec::new(),
+            head: Value::Null,
             tools: Vec::new(),
             counts: UsageCounts::default(),
             done: false,
@@ -126,25 +129,16 @@ impl StreamTranslator {
 
     /// One complete event's data.
     fn event(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        if self.text_delta(data, out) {
+            return;
+        }
         let Ok(event) = serde_json::from_slice::<Value>(data) else {
             self.fail(out, "the provider sent an event that is not JSON");
             return;
         };
         match event.get("type").and_then(Value::as_str) {
             Some("message_start") => {
-                let message = event.get("message");
-                let field = |k: &str| message.and_then(|m| m.get(k));
-                self.id = field("id")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                self.model = field("model").cloned().unwrap_or(Value::Null);
-                self.merge_usage(field("usage"));
-                self.chunk(
-                    out,
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                );
+                self.start(&event, out);
             }
             Some("content_block_start") => {
                 let block = event.get("content_block");
@@ -193,11 +187,11 @@ impl StreamTranslator {
             }
             Some("message_stop") => {
                 if self.include_usage {
-                    let usage = json!({
-                        "id": self.chunk_id(), "object": "chat.completion.chunk",
-                        "created": self.created, "model": self.model, "choices": [],
-                        "usage": openai_usage(&self.counts),
-                    });
+                    let mut usage = self.head.clone();
+                    if let Some(o) = usage.as_object_mut() {
+                        o.insert("choices".into(), json!([]));
+                        o.insert("usage".into(), openai_usage(&self.counts));
+                    }
                     write_event(out, &usage);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
@@ -213,23 +207,77 @@ impl StreamTranslator {
         }
     }
 
+    /// The hot path: a text delta (one per token) read as borrowed strings and written after
+    /// the prefix, with no JSON tree. `false`: not one (the general path reads it).
+    fn text_delta(&self, data: &[u8], out: &mut Vec<u8>) -> bool {
+        if !self.prefix.is_empty()
+            && let Ok(TextDelta {
+                kind: "content_block_delta",
+                delta:
+                    Delta {
+                        kind: "text_delta",
+                        text: Some(text),
+                    },
+            }) = serde_json::from_slice::<TextDelta<'_>>(data)
+        {
+            out.extend_from_slice(&self.prefix);
+            out.extend_from_slice(b"{\"content\":");
+            let _ = serde_json::to_writer(&mut *out, &text);
+            out.push(b'}');
+            out.extend_from_slice(CHUNK_TAIL);
+            return true;
+        }
+        false
+    }
+
+    /// `message_start`: the chunks' prefix, the usage so far, and the role chunk.
+    fn start(&mut self, event: &Value, out: &mut Vec<u8>) {
+        let message = event.get("message");
+        let field = |k: &str| message.and_then(|m| m.get(k));
+        let id = format!(
+            "chatcmpl-{}",
+            field("id").and_then(Value::as_str).unwrap_or_default()
+        );
+        let model = field("model").cloned().unwrap_or(Value::Null);
+        let mut prefix = b"data: {\"id\":".to_vec();
+        let _ = serde_json::to_writer(&mut prefix, &id);
+        prefix.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        prefix.extend_from_slice(self.created.to_string().as_bytes());
+        prefix.extend_from_slice(b",\"model\":");
+        let _ = serde_json::to_writer(&mut prefix, &model);
+        prefix.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
+        self.prefix = prefix;
+        self.head = json!({"id": id, "object": "chat.completion.chunk",
+                           "created": self.created, "model": model});
+        self.merge_usage(field("usage"));
+        self.chunk(
+            out,
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        );
+    }
+
     fn merge_usage(&mut self, usage: Option<&Value>) {
         if let Some(counts) = usage.and_then(|u| UsageCounts::deserialize(u).ok()) {
             self.counts.merge(&counts);
         }
     }
 
-    fn chunk_id(&self) -> String {
-        format!("chatcmpl-{}", self.id)
-    }
-
+    /// A chunk with this delta and finish reason (none before `message_start` named the
+    /// message: such an event is not one of a Messages stream).
     fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Value) {
-        let chunk = json!({
-            "id": self.chunk_id(), "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        write_event(out, &chunk);
+        if self.prefix.is_empty() {
+            return;
+        }
+        out.extend_from_slice(&self.prefix);
+        let _ = serde_json::to_writer(&mut *out, &delta);
+        if finish.is_null() {
+            out.extend_from_slice(CHUNK_TAIL);
+        } else {
+            out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+            let _ = serde_json::to_writer(&mut *out, &finish);
+            out.extend_from_slice(b"}]}\n\n");
+        }
     }
 
     /// Ends the translation with an error event (the provider's stream cannot be followed).
@@ -247,6 +295,27 @@ impl StreamTranslator {
 }
 
 use serde::Deserialize;
+
+/// What follows the delta of a chunk that does not finish.
+const CHUNK_TAIL: &[u8] = b",\"logprobs\":null,\"finish_reason\":null}]}\n\n";
+
+/// A `content_block_delta` read for its text only (borrowed: a text with escapes fails to
+/// borrow and is read through the general path).
+#[derive(Deserialize)]
+struct TextDelta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(borrow)]
+    delta: Delta<'a>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(borrow, default)]
+    text: Option<&'a str>,
+}
 
 fn write_event(out: &mut Vec<u8>, v: &Value) {
     out.extend_from_slice(b"data: ");
@@ -342,6 +411,33 @@ mod tests {
         );
         assert_eq!(events[n - 1], json!("[DONE]"));
         assert_eq!(t.carried(), 0);
+    }
+
+    #[test]
+    fn text_with_escapes_takes_the_general_path_and_is_the_same() {
+        let mut t = StreamTranslator::new(false, 0);
+        let start = r#"{"type":"message_start","message":{"id":"m","model":"c","usage":{}}}"#;
+        let escaped = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a \"q\"\n\u00e9"}}"#;
+        let plain = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"plain"}}"#;
+        let out =
+            t.feed(format!("data: {start}\n\ndata: {escaped}\n\ndata: {plain}\n\n").as_bytes());
+        let events = events_of(&out);
+        assert_eq!(
+            events[1]["choices"][0]["delta"],
+            json!({"content": "a \"q\"\né"})
+        );
+        assert_eq!(
+            events[2]["choices"][0]["delta"],
+            json!({"content": "plain"})
+        );
+        // Both paths write the same chunk around the delta.
+        let strip = |v: &Value| {
+            let mut v = v.clone();
+            v["choices"][0]["delta"] = Value::Null;
+            v
+        };
+        assert_eq!(strip(&events[1]), strip(&events[2]));
+        assert_eq!(events[1]["choices"][0]["finish_reason"], Value::Null);
     }
 
     #[test]

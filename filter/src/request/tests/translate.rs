@@ -200,3 +200,81 @@ fn a_stream_is_translated_chunk_by_chunk_and_settled_as_a_direct_call() {
     h.on_log(&fx.host);
     assert_eq!(fx.tokens_used("alice"), 16 + 7);
 }
+
+/// 64 text deltas, as the simulator streams a Messages answer of 64 tokens: one event a chunk.
+fn bench_messages_chunks() -> Vec<Vec<u8>> {
+    let mut events = vec![
+        r#"{"type":"message_start","message":{"id":"msg_sim","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":6,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}}"#.to_string(),
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_string(),
+        r#"{"type":"ping"}"#.to_string(),
+    ];
+    for i in 0..64 {
+        let piece = if i == 0 {
+            "tok0".to_string()
+        } else {
+            format!(" tok{i}")
+        };
+        events.push(format!(
+            r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{piece}"}}}}"#
+        ));
+    }
+    events.push(r#"{"type":"content_block_stop","index":0}"#.to_string());
+    events.push(r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":64}}"#.to_string());
+    events.push(r#"{"type":"message_stop"}"#.to_string());
+    events
+        .into_iter()
+        .map(|e| {
+            let v: Value = serde_json::from_str(&e).unwrap();
+            format!("event: {}\ndata: {e}\n\n", v["type"].as_str().unwrap()).into_bytes()
+        })
+        .collect()
+}
+
+/// µs per stream of `n` cached requests to `path` with `body`, answered by `chunks`.
+fn time_streams(fx: &Fx, path: &str, body: &[u8], chunks: &[Vec<u8>], n: u32) -> f64 {
+    let headers = headers(path);
+    let headers = refs(&headers);
+    let parts: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        let (id, h) = send(fx, path, body);
+        let _ = &headers;
+        answer(fx, id, &h, "text/event-stream", &parts);
+        h.on_log(&fx.host);
+        h.on_done(&fx.host);
+    }
+    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+}
+
+/// Not a test: what translating a 64-token stream costs the filter, natively (the same
+/// Messages stream through the filter, direct and translated; the recording host's work is in
+/// both). `cargo test -p maas-filter --release --lib native_cost_of_a_translated_stream --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn native_cost_of_a_translated_stream() {
+    let chunks = bench_messages_chunks();
+    let n = 2000;
+    // A budget no run exhausts.
+    let mut p = policy();
+    p["tiers"][0]["limits"] = json!({});
+    p["models"].as_array_mut().unwrap().push(
+        json!({"name": "claude", "path": "/llm/claude", "tiers": ["free"], "api": "anthropic"}),
+    );
+    let fx = Fx::with(json!({ "bootstrapPolicy": p }));
+    fx.cache(&key(2), allow_alice());
+    let direct_body = br#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say something short about benchmarks please"}]}"#;
+    let chat_body = br#"{"model":"claude","max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Say something short about benchmarks please"}]}"#;
+    // Warm-up, then each measured.
+    time_streams(&fx, CLAUDE_MESSAGES, direct_body, &chunks, 200);
+    time_streams(&fx, CLAUDE_CHAT, chat_body, &chunks, 200);
+    let direct = time_streams(&fx, CLAUDE_MESSAGES, direct_body, &chunks, n);
+    let translated = time_streams(&fx, CLAUDE_CHAT, chat_body, &chunks, n);
+    eprintln!(
+        "64-token Messages stream through the filter: direct {direct:.1} µs, translated from \
+         OpenAI chat {translated:.1} µs ({:+.1} µs per stream, {:+.2} µs per chunk of {})",
+        translated - direct,
+        (translated - direct) / chunks.len() as f64,
+        chunks.len()
+    );
+}
