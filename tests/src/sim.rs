@@ -14,7 +14,8 @@
 //!   body names no cap); header `x-sim-completion-tokens: N` overrides (a backend that ignores
 //!   the cap); the completion text is `tok0 tok1 …`.
 //!
-//! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
+//! Faults (`x-sim-fault`): `status-500` (in the API's error shape: Anthropic's `api_error` for
+//! Messages), `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
 //! `x-ratelimit-remaining-requests` (twice), `x-ratelimit-limit-tokens` and
 //! `x-ratelimit-limit-images` to the answer; `x-sim-ratelimit-trailers` (any value) ends the
@@ -796,6 +797,14 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     let fault = header_str(&parts.headers, "x-sim-fault").unwrap_or("");
+    if fault == "status-500" && only_path.ends_with("/messages") {
+        // Anthropic's own 500.
+        return anthropic_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            "simulated failure",
+        );
+    }
     if fault == "status-500" {
         return error_response(
             StatusCode::INTERNAL_SERVER_ERROR,

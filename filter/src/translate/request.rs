@@ -140,14 +140,23 @@ pub fn translate(
         out.insert("system".into(), Value::Array(system));
     }
     out.insert("messages".into(), Value::Array(messages));
-    if let Some(tools) = tools {
-        let tools = translate_tools(&tools)?;
-        if !tools.is_empty() {
-            out.insert("tools".into(), Value::Array(tools));
+    let tools = match tools {
+        Some(tools) => translate_tools(&tools)?,
+        None => Vec::new(),
+    };
+    if tools.is_empty() {
+        // Without tools `auto` and `none` mean what no tools mean (Anthropic takes no
+        // `tool_choice` without tools); a tool required of none cannot be.
+        match tool_choice.as_ref().and_then(Value::as_str) {
+            None if tool_choice.is_none() => {}
+            Some("auto" | "none") => {}
+            _ => return refuse("tool_choice requires tools"),
         }
-    }
-    if let Some(choice) = translate_tool_choice(tool_choice.as_ref(), parallel_tool_calls)? {
-        out.insert("tool_choice".into(), choice);
+    } else {
+        out.insert("tools".into(), Value::Array(tools));
+        if let Some(choice) = translate_tool_choice(tool_choice.as_ref(), parallel_tool_calls)? {
+            out.insert("tool_choice".into(), choice);
+        }
     }
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
@@ -580,7 +589,11 @@ mod tests {
                 json!({"stream_options": {"include_obfuscation": true}}),
                 "include_obfuscation",
             ),
-            (json!({"tool_choice": "sometimes"}), "sometimes"),
+            (
+                json!({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "sometimes",
+            ),
+            (json!({"tool_choice": "required"}), "requires tools"),
         ] {
             let mut body = json!({"model": "m", "messages": user});
             body.as_object_mut()
@@ -638,6 +651,7 @@ mod tests {
         let (body, ask) = tr(
             json!({"model": "m", "n": 1, "logprobs": false, "seed": null, "presence_penalty": 0,
                 "response_format": {"type": "text"}, "stream": false, "tools": [],
+                "tool_choice": "none", "parallel_tool_calls": false,
                 "messages": [{"role": "user", "content": "x"}]}),
             5,
         )

@@ -241,6 +241,31 @@ async fn what_cannot_be_translated_is_refused_and_never_reaches_the_backend() {
     }
 }
 
+#[tokio::test]
+async fn an_anthropic_error_reaches_the_client_as_an_openai_error() {
+    for (id, stream) in [("tr-error-json", false), ("tr-error-stream", true)] {
+        let r = chat(
+            stack(),
+            CHAT,
+            id,
+            &[
+                ("authorization", &bearer("refused-token")),
+                ("x-sim-fault", "status-500"),
+            ],
+            chat_body(json!({"stream": stream})),
+        )
+        .await;
+        assert_eq!(r.status, 500, "{}", r.body);
+        assert_eq!(
+            r.json(),
+            json!({"error": {"message": "simulated failure", "type": "api_error",
+                             "param": null, "code": null}}),
+            "{id}"
+        );
+        assert_eq!(upstream(id).path, "/v1/messages");
+    }
+}
+
 /// `GET /maas-api/v1/usage?groupBy=model` for `token`: (requests, prompt, completion) of
 /// sim-claude.
 async fn ledger(token: &str) -> (u64, u64, u64) {
