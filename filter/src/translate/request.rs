@@ -140,27 +140,43 @@ pub fn translate(
         out.insert("system".into(), Value::Array(system));
     }
     out.insert("messages".into(), Value::Array(messages));
+    insert_tools(
+        &mut out,
+        tools.as_ref(),
+        tool_choice.as_ref(),
+        parallel_tool_calls,
+    )?;
+    let bytes = serde_json::to_vec(&Value::Object(out))
+        .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
+    Ok((bytes, ask))
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` as Anthropic's `tools` and `tool_choice`.
+fn insert_tools(
+    out: &mut Map<String, Value>,
+    tools: Option<&Value>,
+    tool_choice: Option<&Value>,
+    parallel_tool_calls: bool,
+) -> Result<(), Untranslatable> {
     let tools = match tools {
-        Some(tools) => translate_tools(&tools)?,
+        Some(tools) => translate_tools(tools)?,
         None => Vec::new(),
     };
     if tools.is_empty() {
         // Without tools `auto` and `none` mean what no tools mean (Anthropic takes no
         // `tool_choice` without tools); a tool required of none cannot be.
-        match tool_choice.as_ref().and_then(Value::as_str) {
+        match tool_choice.and_then(Value::as_str) {
             None if tool_choice.is_none() => {}
             Some("auto" | "none") => {}
             _ => return refuse("tool_choice requires tools"),
         }
     } else {
         out.insert("tools".into(), Value::Array(tools));
-        if let Some(choice) = translate_tool_choice(tool_choice.as_ref(), parallel_tool_calls)? {
+        if let Some(choice) = translate_tool_choice(tool_choice, parallel_tool_calls)? {
             out.insert("tool_choice".into(), choice);
         }
     }
-    let bytes = serde_json::to_vec(&Value::Object(out))
-        .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
-    Ok((bytes, ask))
+    Ok(())
 }
 
 /// The system blocks and the user / assistant messages.
