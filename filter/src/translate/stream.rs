@@ -70,7 +70,8 @@ impl StreamTranslator {
 
     /// Translates one chunk of the Messages stream: what the client gets for it now.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
+        // A chunk's events come out about as long as they went in.
+        let mut out = Vec::with_capacity(chunk.len().saturating_mul(2));
         let mut rest = chunk;
         if self.after_cr {
             self.after_cr = false;
@@ -107,10 +108,17 @@ impl StreamTranslator {
     fn end_line(&mut self, out: &mut Vec<u8>) {
         let line = std::mem::take(&mut self.line);
         if line.is_empty() {
+            // The buffers are kept for the next line and event (no allocation per event).
+            self.line = line;
             if self.has_data {
-                let data = std::mem::take(&mut self.data);
+                let mut data = std::mem::take(&mut self.data);
                 self.has_data = false;
                 self.event(&data, out);
+                // A large event's buffer is not kept for the stream's life.
+                if data.capacity() <= 64 * 1024 {
+                    data.clear();
+                    self.data = data;
+                }
             }
             return;
         }
