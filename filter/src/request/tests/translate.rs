@@ -350,3 +350,71 @@ fn the_native_cost_streams_are_translated_and_passed() {
         h.on_log(&fx.host);
     }
 }
+
+/// The host calls of one request to `path` with `body` answered by `chunks` (a cached caller).
+fn calls_of(path: &str, body: &[u8], content_type: &str, chunks: &[&[u8]]) -> Vec<Call> {
+    let fx = fx("inject");
+    // Warm: the worker's copy of the credential, as on a steady path.
+    let (id, h) = send(&fx, path, body);
+    answer(&fx, id, &h, content_type, chunks);
+    h.on_log(&fx.host);
+    fx.host.clear_calls();
+    let (id, h) = send(&fx, path, body);
+    answer(&fx, id, &h, content_type, chunks);
+    h.on_log(&fx.host);
+    // The rate-limit values depend on the prompt estimate: calls are compared by kind.
+    fx.host
+        .calls
+        .borrow()
+        .iter()
+        .map(|c| match c {
+            Call::AddHeader(m, n, _) => Call::AddHeader(*m, n.clone(), String::new()),
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// What a translation costs in host calls, exactly: the path and `anthropic-version` set, the
+/// translated body written once, the answer's `content-length` removed, a clock read for its
+/// `created`, and each answer chunk written back. The same Messages call passed through makes
+/// none of these.
+#[test]
+fn translation_adds_only_its_own_host_calls() {
+    let direct_body = br#"{"model":"claude","max_tokens":4,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#;
+    let chat_body = br#"{"model":"claude","max_tokens":4,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+    let (head, tail) = MESSAGE.split_at(40);
+    for chunks in [vec![MESSAGE], vec![head, tail]] {
+        let direct = calls_of(CLAUDE_MESSAGES, direct_body, "application/json", &chunks);
+        let translated = calls_of(CLAUDE_CHAT, chat_body, "application/json", &chunks);
+        let mut extra = translated.clone();
+        for c in &direct {
+            if let Some(i) = extra.iter().position(|t| t == c) {
+                extra.remove(i);
+            }
+        }
+        let mut want = vec![
+            Call::SetHeader(
+                Headers::Request,
+                ":path".into(),
+                Some(CLAUDE_MESSAGES.into()),
+            ),
+            Call::SetHeader(
+                Headers::Request,
+                "anthropic-version".into(),
+                Some("2023-06-01".into()),
+            ),
+            Call::SetBody(Body::Request),
+            Call::SetHeader(Headers::Response, "content-length".into(), None),
+            Call::Now,
+        ];
+        want.extend(chunks.iter().map(|_| Call::SetBody(Body::Response)));
+        // As multisets: which of two equal calls is the extra one does not matter.
+        let sorted = |v: &[Call]| {
+            let mut v: Vec<String> = v.iter().map(|c| format!("{c:?}")).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(&extra), sorted(&want), "{translated:#?}");
+        assert_eq!(translated.len(), direct.len() + want.len());
+    }
+}
