@@ -124,8 +124,10 @@ if command -v valgrind >/dev/null 2>&1; then
   }
   if [ -n "$test_bin" ] &&
     json="$(per_request request::tests::respond::native_cost_of_a_cached_request cached_request_callbacks)" &&
-    stream="$(per_request request::tests::respond::native_cost_of_a_cached_stream cached_stream_callbacks)"; then
-    echo "{\"cached_json\": $json, \"cached_stream\": $stream}" >"$BENCH_INSTRUCTIONS"
+    stream="$(per_request request::tests::respond::native_cost_of_a_cached_stream cached_stream_callbacks)" &&
+    translated="$(per_request request::tests::translate::native_cost_of_a_translated_stream translated_stream_callbacks)" &&
+    messages="$(per_request request::tests::translate::native_cost_of_a_messages_stream messages_stream_callbacks)"; then
+    echo "{\"cached_json\": $json, \"cached_stream\": $stream, \"translated_stream\": $translated, \"messages_stream\": $messages}" >"$BENCH_INSTRUCTIONS"
   else
     log "warning: the instruction count failed (the report shows none)"
   fi

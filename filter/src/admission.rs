@@ -675,6 +675,7 @@ impl Metering {
 }
 
 /// What the request's operation means for its body.
+#[allow(clippy::struct_excessive_bools)] // independent facts of one operation
 #[derive(Debug, Clone, Copy)]
 pub struct OperationTraits {
     /// The operation itself (the provider's path for it).
@@ -687,16 +688,27 @@ pub struct OperationTraits {
     pub cap_field: Option<&'static str>,
     /// The body may carry `stream_options` (OpenAI chat/completions and completions).
     pub accepts_stream_options: bool,
+    /// OpenAI chat to a model whose backend speaks Anthropic Messages: the request and its
+    /// answer are translated ([`crate::translate`]).
+    pub translate: bool,
 }
 
 impl OperationTraits {
     pub fn of(operation: Operation, model: &Model) -> Self {
+        let translate = crate::operations::translates(operation, model);
         OperationTraits {
             operation,
             discovery: operation.is_discovery(),
             unmetered: operation.is_unmetered(),
-            cap_field: operation.cap_field(model.provider.as_ref().map(|p| p.kind)),
-            accepts_stream_options: operation.accepts_stream_options(),
+            // Translated: the Messages body's own cap, which Anthropic requires.
+            cap_field: if translate {
+                Operation::Messages.cap_field(None)
+            } else {
+                operation.cap_field(model.provider.as_ref().map(|p| p.kind))
+            },
+            // Anthropic refuses `stream_options`; its streams carry their usage anyway.
+            accepts_stream_options: operation.accepts_stream_options() && !translate,
+            translate,
         }
     }
 }
@@ -739,7 +751,7 @@ pub fn ask(
         prompt_tokens_estimate: info.map_or(0, |i| i.prompt_tokens_estimate),
         reserved: decide::reservation(info, tier),
         weights,
-        cap: info.and_then(|i| decide::injected_cap(i, op.cap_field, tier)),
+        cap: info.and_then(|i| decide::injected_cap(i, op.cap_field, tier, op.translate)),
     }))
 }
 

@@ -123,13 +123,18 @@ pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> Tokens {
 /// ([`UncappedRequests::Inject`]): the operation's cap field (`cap_field`, see
 /// [`crate::operations::Operation::cap_field`]) and the completion budget per choice that
 /// [`reservation`] reserves, so the backend generates no more than was reserved. `None`: the
-/// body names a cap, the operation has no cap field, or the tier forwards as sent.
+/// body names a cap, the operation has no cap field, or the tier forwards as sent — unless the
+/// backend requires a cap (`required`: a request translated to Anthropic Messages), which then
+/// gets the reservation's whatever the tier says.
 pub fn injected_cap(
     info: &RequestInfo,
     cap_field: Option<&'static str>,
     tier: &Tier,
+    required: bool,
 ) -> Option<(&'static str, u64)> {
-    if info.max_tokens.is_some() || tier.uncapped_requests != UncappedRequests::Inject {
+    if info.max_tokens.is_some()
+        || (tier.uncapped_requests != UncappedRequests::Inject && !required)
+    {
         return None;
     }
     Some((cap_field?, limits::reservation_for(None, tier)))
@@ -636,19 +641,32 @@ mod tests {
         let uncapped = crate::request_body::inspect(br#"{"model":"sim"}"#).unwrap();
         let capped = crate::request_body::inspect(br#"{"model":"sim","max_tokens":7}"#).unwrap();
         assert_eq!(
-            injected_cap(&uncapped, Some("max_tokens"), &tier),
+            injected_cap(&uncapped, Some("max_tokens"), &tier, false),
             Some(("max_tokens", 300))
         );
         // The injected cap is the completion budget reserved (per choice).
         assert_eq!(reservation(Some(&uncapped), &tier).output, 300);
-        assert_eq!(injected_cap(&capped, Some("max_tokens"), &tier), None);
-        assert_eq!(injected_cap(&uncapped, None, &tier), None);
+        assert_eq!(
+            injected_cap(&capped, Some("max_tokens"), &tier, false),
+            None
+        );
+        assert_eq!(injected_cap(&uncapped, None, &tier, false), None);
         tier.default_max_tokens = None;
         assert_eq!(
-            injected_cap(&uncapped, Some("max_output_tokens"), &tier),
+            injected_cap(&uncapped, Some("max_output_tokens"), &tier, false),
             Some(("max_output_tokens", limits::FALLBACK_RESERVATION))
         );
         tier.uncapped_requests = UncappedRequests::Reserve;
-        assert_eq!(injected_cap(&uncapped, Some("max_tokens"), &tier), None);
+        assert_eq!(
+            injected_cap(&uncapped, Some("max_tokens"), &tier, false),
+            None
+        );
+        // A backend that requires a cap (translated to Anthropic Messages) gets the reservation
+        // whatever the tier says; the client's own cap stands.
+        assert_eq!(
+            injected_cap(&uncapped, Some("max_tokens"), &tier, true),
+            Some(("max_tokens", limits::FALLBACK_RESERVATION))
+        );
+        assert_eq!(injected_cap(&capped, Some("max_tokens"), &tier, true), None);
     }
 }

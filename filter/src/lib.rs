@@ -41,6 +41,7 @@ pub(crate) mod response;
 pub mod sse;
 pub mod state;
 pub(crate) mod store;
+pub mod translate;
 pub mod usage;
 pub mod worker;
 

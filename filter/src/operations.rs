@@ -90,12 +90,20 @@ const OPENAI_DEFAULTS: &[(&str, &str)] = &[
     ("GET", "/v1/models/*"),
 ];
 
+/// An `anthropic` model also serves OpenAI chat clients, translated ([`translates`]).
 const ANTHROPIC_DEFAULTS: &[(&str, &str)] = &[
     ("POST", "/v1/messages"),
+    ("POST", "/v1/chat/completions"),
     ("POST", "/v1/messages/count_tokens"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/*"),
 ];
+
+/// An OpenAI chat request to a model whose backend speaks Anthropic Messages (API family
+/// `anthropic`): translated to `POST /v1/messages` and back ([`crate::translate`]).
+pub fn translates(operation: Operation, model: &Model) -> bool {
+    operation == Operation::ChatCompletions && model.api_family() == ApiFamily::Anthropic
+}
 
 /// The default operations of an API family.
 pub fn defaults(api: ApiFamily) -> &'static [(&'static str, &'static str)] {
@@ -396,8 +404,18 @@ mod tests {
         );
         assert!(Operation::CountTokens.is_unmetered());
         assert!(!Operation::Messages.is_unmetered());
+        // OpenAI chat clients too, translated to Messages.
+        assert_eq!(
+            check(&p, "claude", "POST", "/v1/chat/completions"),
+            Ok(Operation::ChatCompletions)
+        );
+        let claude = p.models.iter().find(|m| m.name == "claude").unwrap();
+        assert!(translates(Operation::ChatCompletions, claude));
+        assert!(!translates(Operation::Messages, claude));
+        let local = p.models.iter().find(|m| m.name == "local").unwrap();
+        assert!(!translates(Operation::ChatCompletions, local));
         for (method, rest) in [
-            ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/completions"),
             ("POST", "/v1/messages/batches"),
             ("GET", "/v1/messages/count_tokens"),
             ("GET", "/v1/files"),
@@ -502,8 +520,13 @@ mod tests {
             allowed_rest(model(&p, "gpt"), "POST", "/v1/chat/completions"),
             Ok(Operation::ChatCompletions)
         );
+        // An anthropic model serves OpenAI chat clients too (translated).
         assert_eq!(
-            allowed_rest(model(&p, "claude"), "POST", "/v1/chat/completions")
+            allowed_rest(model(&p, "claude"), "POST", "/v1/chat/completions"),
+            Ok(Operation::ChatCompletions)
+        );
+        assert_eq!(
+            allowed_rest(model(&p, "claude"), "POST", "/v1/completions")
                 .unwrap_err()
                 .code,
             "operation_not_allowed"

@@ -607,6 +607,12 @@ impl Request {
         };
         apply_header_plan(host, &plan);
         drop(plan);
+        if self.traits().is_some_and(|t| t.translate)
+            && let Err(r) = translate_headers(host, &headers)
+        {
+            self.refuse(host, &r);
+            return Step::Refused;
+        }
         if self.body.is_buffering() {
             return self.wait_for_body(host, slot_read);
         }
@@ -1007,6 +1013,22 @@ fn apply_header_plan(host: &dyn Host, plan: &HeaderPlan<'_>) {
     for (name, value) in &plan.set {
         host.set_header(Headers::Request, name, value.as_deref());
     }
+}
+
+/// A request translated to Anthropic Messages goes to the model's `/v1/messages` with the API
+/// version its body is written for (the client's headers as read at the request headers).
+fn translate_headers(host: &dyn Host, headers: &HeaderMap) -> Result<(), Refusal> {
+    let path = headers
+        .get(":path")
+        .and_then(crate::translate::messages_path)
+        .ok_or_else(|| Refusal::internal("the gateway could not translate the request path"))?;
+    host.set_header(Headers::Request, ":path", Some(&path));
+    host.set_header(
+        Headers::Request,
+        "anthropic-version",
+        Some(crate::translate::ANTHROPIC_VERSION),
+    );
+    Ok(())
 }
 
 /// 503 `limits_unavailable`: the lease service is unreachable and `onUnavailable` is `refuse`.

@@ -59,6 +59,8 @@ pub enum Deny {
     ModelMismatch,
     /// 400: the reservation alone is larger than a token window's limit.
     TokensExceedLimit,
+    /// 400: an OpenAI request the gateway cannot translate faithfully for the model's API.
+    UntranslatableRequest,
     /// 401: no credential, or one that is unknown, expired or revoked.
     InvalidApiKey,
     /// 403: the caller's groups qualify for no tier.
@@ -109,12 +111,13 @@ pub enum Deny {
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 27] = [
+    pub const ALL: [Deny; 28] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
         Deny::ModelMismatch,
         Deny::TokensExceedLimit,
+        Deny::UntranslatableRequest,
         Deny::InvalidApiKey,
         Deny::NoTier,
         Deny::ModelNotAllowed,
@@ -147,6 +150,7 @@ impl Deny {
             Deny::InvalidBody => "invalid_body",
             Deny::ModelMismatch => "model_mismatch",
             Deny::TokensExceedLimit => "tokens_exceed_limit",
+            Deny::UntranslatableRequest => "untranslatable_request",
             Deny::InvalidApiKey => "invalid_api_key",
             Deny::NoTier => "no_tier",
             Deny::ModelNotAllowed => "model_not_allowed",
@@ -178,7 +182,8 @@ impl Deny {
             | Deny::InvalidCredential
             | Deny::InvalidBody
             | Deny::ModelMismatch
-            | Deny::TokensExceedLimit => 400,
+            | Deny::TokensExceedLimit
+            | Deny::UntranslatableRequest => 400,
             Deny::InvalidApiKey => 401,
             Deny::NoTier
             | Deny::ModelNotAllowed

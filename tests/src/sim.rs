@@ -14,7 +14,8 @@
 //!   body names no cap); header `x-sim-completion-tokens: N` overrides (a backend that ignores
 //!   the cap); the completion text is `tok0 tok1 …`.
 //!
-//! Faults (`x-sim-fault`): `status-500`, `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
+//! Faults (`x-sim-fault`): `status-500` (in the API's error shape: Anthropic's `api_error` for
+//! Messages), `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
 //! `x-ratelimit-remaining-requests` (twice), `x-ratelimit-limit-tokens` and
 //! `x-ratelimit-limit-images` to the answer; `x-sim-ratelimit-trailers` (any value) ends the
@@ -471,10 +472,13 @@ fn refusal(kind: Kind, request: &serde_json::Map<String, Value>) -> Option<Respo
         Kind::Messages => {
             let message = match unknown {
                 Some(k) => format!("{k}: Extra inputs are not permitted"),
-                None => ["model", "messages", "max_tokens"]
+                None => match ["model", "messages", "max_tokens"]
                     .iter()
                     .find(|r| !request.contains_key(**r))
-                    .map(|r| format!("{r}: Field required"))?,
+                {
+                    Some(r) => format!("{r}: Field required"),
+                    None => messages_shape(request)?,
+                },
             };
             Some(anthropic_error(
                 StatusCode::BAD_REQUEST,
@@ -483,6 +487,97 @@ fn refusal(kind: Kind, request: &serde_json::Map<String, Value>) -> Option<Respo
             ))
         }
     }
+}
+
+/// Content block types of Anthropic messages and what each requires (its other fields are
+/// checked by the real API too; the simulator checks the ones a translating gateway writes).
+const BLOCK_TYPES: &[(&str, &[&str])] = &[
+    ("text", &["text"]),
+    ("image", &["source"]),
+    ("document", &["source"]),
+    ("tool_use", &["id", "name", "input"]),
+    ("tool_result", &["tool_use_id"]),
+    ("thinking", &["thinking"]),
+    ("redacted_thinking", &["data"]),
+];
+
+/// Anthropic's refusal of a Messages body whose `messages`, `system`, `stop_sequences` or
+/// `metadata` are not of the API's shape (its words: `messages.0.role: Input should be 'user' or
+/// 'assistant'`): a role `system` in `messages`, an unknown content block, a block without what
+/// it requires, an image source that is not base64 or a URL.
+fn messages_shape(request: &serde_json::Map<String, Value>) -> Option<String> {
+    let blocks = |at: &str, content: &Value, only_text: bool| -> Option<String> {
+        let blocks = match content {
+            Value::String(_) => return None,
+            Value::Array(b) => b,
+            _ => return Some(format!("{at}: Input should be a valid string or list")),
+        };
+        for (j, b) in blocks.iter().enumerate() {
+            let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
+            let Some((_, required)) = BLOCK_TYPES
+                .iter()
+                .find(|(t, _)| *t == kind && (!only_text || *t == "text"))
+            else {
+                return Some(format!(
+                    "{at}.{j}: Input tag '{kind}' found using 'type' does not match any of the expected tags"
+                ));
+            };
+            if let Some(r) = required.iter().find(|r| b.get(**r).is_none()) {
+                return Some(format!("{at}.{j}.{kind}.{r}: Field required"));
+            }
+            if kind == "image" {
+                let source = b
+                    .get("source")
+                    .and_then(|s| s.get("type"))
+                    .and_then(Value::as_str);
+                if !matches!(source, Some("base64" | "url")) {
+                    return Some(format!("{at}.{j}.image.source: Input tag does not match"));
+                }
+            }
+        }
+        None
+    };
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return Some("messages: Input should be a valid list".into());
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        if !matches!(role, "user" | "assistant") {
+            return Some(format!(
+                "messages.{i}.role: Input should be 'user' or 'assistant'"
+            ));
+        }
+        if let Some(k) = m
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "role" | "content")))
+        {
+            return Some(format!("messages.{i}.{k}: Extra inputs are not permitted"));
+        }
+        let content = m.get("content").unwrap_or(&Value::Null);
+        if let Some(e) = blocks(&format!("messages.{i}.content"), content, false) {
+            return Some(e);
+        }
+    }
+    if let Some(system) = request.get("system")
+        && let Some(e) = blocks("system", system, true)
+    {
+        return Some(e);
+    }
+    if let Some(stops) = request.get("stop_sequences")
+        && !stops
+            .as_array()
+            .is_some_and(|a| a.iter().all(Value::is_string))
+    {
+        return Some("stop_sequences: Input should be a valid list".into());
+    }
+    if let Some(metadata) = request.get("metadata")
+        && !metadata
+            .as_object()
+            .is_some_and(|o| o.keys().all(|k| k == "user_id"))
+    {
+        return Some("metadata: Extra inputs are not permitted".into());
+    }
+    None
 }
 
 /// Whether an `accept-encoding` value allows gzip (`gzip`, `x-gzip` or `*`, with q > 0).
@@ -704,6 +799,14 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     let fault = header_str(&parts.headers, "x-sim-fault").unwrap_or("");
+    if fault == "status-500" && only_path.ends_with("/messages") {
+        // Anthropic's own 500.
+        return anthropic_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            "simulated failure",
+        );
+    }
     if fault == "status-500" {
         return error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -1470,6 +1573,26 @@ mod tests {
             Kind::Messages,
             json!({"model": "m", "messages": []})
         ));
+        // As Anthropic: no system role in messages, known blocks only, system as text.
+        let translated = json!({"model": "m", "max_tokens": 1, "stop_sequences": ["x"],
+            "metadata": {"user_id": "u"}, "system": [{"type": "text", "text": "s"}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "x"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]},
+                {"role": "assistant", "content": "y"}]});
+        assert!(!refused(Kind::Messages, translated));
+        for bad in [
+            json!([{"role": "system", "content": "s"}]),
+            json!([{"role": "user", "content": "x", "name": "n"}]),
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            json!([{"role": "user", "content": [{"type": "text"}]}]),
+            json!([{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]),
+        ] {
+            let v = json!({"model": "m", "max_tokens": 1, "messages": bad});
+            assert!(refused(Kind::Messages, v.clone()), "{v}");
+        }
+        let bad_system = json!({"model": "m", "max_tokens": 1, "messages": [],
+                                "system": [{"type": "image", "source": {}}]});
+        assert!(refused(Kind::Messages, bad_system));
         let embeddings_stream = json!({"model": "m", "input": "x", "stream": true});
         assert!(refused(Kind::Embeddings, embeddings_stream));
     }

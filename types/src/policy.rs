@@ -243,7 +243,8 @@ pub struct Model {
     pub provider: Option<Provider>,
     /// API family of the model's endpoints, which picks the default `operations`:
     /// `openai` (chat/completions, completions, embeddings, responses, models) or `anthropic`
-    /// (messages, models). Default: `anthropic` for an anthropic provider, else `openai`.
+    /// (messages, models, and OpenAI chat/completions translated to messages by the filter).
+    /// Default: `anthropic` for an anthropic provider, else `openai`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<ApiFamily>,
     /// The only (method, path) pairs forwarded to the model, replacing the API family's

@@ -46,6 +46,8 @@ pub(super) struct RequestBody {
     pending: Option<PendingBody>,
     /// The gateway asked for the stream's usage: the usage-only event is removed.
     pub(super) strip_usage_event: bool,
+    /// Translated to Anthropic Messages: what the client asked of the answer's shape.
+    pub(super) translated: Option<crate::translate::request::ClientAsk>,
 }
 
 impl RequestBody {
@@ -273,8 +275,9 @@ impl Request {
         let mut bytes = bytes;
         let mut rewritten = false;
         // `inspect` accepted the body just above: splice without parsing it again.
+        let mut strip_usage_event = false;
         if ask_usage && let Ok(new_body) = request_body::splice_include_usage(&bytes) {
-            self.body.strip_usage_event = true;
+            strip_usage_event = true;
             bytes = new_body;
             rewritten = true;
         }
@@ -282,6 +285,22 @@ impl Request {
             request_body::set_string_member(&mut bytes, "model", name)
                 .map_err(|e| Refusal::new(Deny::InvalidBody, e.to_string()))?;
             rewritten = true;
+        }
+        // Before anything is counted: what cannot be translated is refused here. The cap the
+        // client named was read for the reservation; none, admission sets the one it reserves
+        // (`may_take_a_cap`).
+        let client_cap = info.as_ref().ok().and_then(|i| i.max_tokens);
+        let mut translated = None;
+        if traits.translate {
+            let (body, ask) = crate::translate::request::translate(&bytes, client_cap)
+                .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
+            translated = Some(ask);
+            bytes = body;
+            rewritten = true;
+        }
+        self.body.translated = translated;
+        if strip_usage_event {
+            self.body.strip_usage_event = true;
         }
         if may_take_a_cap {
             // Written at admission, with the cap it may set (one write).

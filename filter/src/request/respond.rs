@@ -49,6 +49,12 @@ pub enum Scan {
     Decoding(Box<DecodingScanner>),
     /// A coding that cannot be read (br, zstd…): settles to the reservation.
     Unreadable,
+    /// An answer translated for the client (Anthropic Messages → OpenAI chat): its usage is
+    /// read by `usage` from what the provider sent, as for a direct call.
+    Translated {
+        usage: Box<Scan>,
+        answer: Box<crate::translate::answer::Answer>,
+    },
 }
 
 impl std::fmt::Debug for Scan {
@@ -59,6 +65,7 @@ impl std::fmt::Debug for Scan {
             Scan::Sse(_) => "Sse",
             Scan::Decoding(_) => "Decoding",
             Scan::Unreadable => "Unreadable",
+            Scan::Translated { .. } => "Translated",
         })
     }
 }
@@ -142,11 +149,28 @@ impl Request {
         });
         // An unmetered operation (count_tokens) generates nothing: its answer is not read.
         let strip = self.body.strip_usage_event;
-        let scan = if self.traits().is_none_or(|t| t.unmetered) {
+        let mut scan = if self.traits().is_none_or(|t| t.unmetered) {
             Scan::None
         } else {
             scan_for(content_type, coding, strip)
         };
+        if let Some(ask) = self.body.translated {
+            // The body changes: its length is the upstream codec's to frame.
+            host.set_header(Headers::Response, "content-length", None);
+            let answer = crate::translate::answer::Answer::new(
+                content_type,
+                coding == Coding::Identity,
+                ask,
+                host.now_ms() / 1000,
+            );
+            if answer.drops_encoding() {
+                host.set_header(Headers::Response, "content-encoding", None);
+            }
+            scan = Scan::Translated {
+                usage: Box::new(scan),
+                answer: Box::new(answer),
+            };
+        }
         if matches!(scan, Scan::Sse(_)) && strip {
             host.set_header(Headers::Response, "content-length", None);
         }
@@ -168,7 +192,16 @@ impl Request {
             && !matches!(**scan, Scan::None | Scan::Unreadable)
         {
             let chunk = read_body(host, Body::Response, body_size);
-            match scan.as_mut() {
+            let scan = match scan.as_mut() {
+                Scan::Translated { usage, answer } => {
+                    // What the client gets for this chunk now (the translation).
+                    let out = answer.feed(&chunk, end_of_stream);
+                    host.set_body(Body::Response, body_size, &out);
+                    usage.as_mut()
+                }
+                other => other,
+            };
+            match scan {
                 Scan::Json(s) => s.feed(&chunk),
                 Scan::Decoding(d) => d.feed(&chunk),
                 Scan::Sse(s) => {
@@ -184,7 +217,7 @@ impl Request {
                         host.set_body(Body::Response, body_size, &out);
                     }
                 }
-                Scan::None | Scan::Unreadable => {}
+                Scan::None | Scan::Unreadable | Scan::Translated { .. } => {}
             }
         }
         if end_of_stream {
@@ -203,7 +236,19 @@ impl Request {
         };
         let trailers = host.headers(Headers::ResponseTrailers);
         remove_rate_limit_headers(host, Headers::ResponseTrailers, &trailers, |_| false);
-        if let Scan::Sse(s) = scan.as_mut() {
+        if let Scan::Translated { answer, .. } = scan.as_mut()
+            && answer.pending() > 0
+        {
+            log::warn!(
+                "maas: a translated answer ended in trailers: {} untranslated bytes dropped",
+                answer.pending()
+            );
+        }
+        let scan = match scan.as_mut() {
+            Scan::Translated { usage, .. } => usage.as_mut(),
+            other => other,
+        };
+        if let Scan::Sse(s) = scan {
             // Bytes held back from an unterminated last event cannot be forwarded once the
             // trailers came (proxy-wasm adds no body data then); its usage is still read.
             let (held, _) = s.finish();
@@ -239,11 +284,16 @@ impl Request {
                 return;
             }
         };
-        let (usage, content_events) = match scan.as_mut() {
+        // A translated answer is metered from what the provider sent.
+        let scan = match scan.as_mut() {
+            Scan::Translated { usage, .. } => usage.as_mut(),
+            other => other,
+        };
+        let (usage, content_events) = match scan {
             Scan::Json(s) => (s.finish(), 0),
             Scan::Sse(s) => (s.usage(), s.content_events()),
             Scan::Decoding(d) => d.finish(),
-            Scan::None | Scan::Unreadable => (None, 0),
+            Scan::None | Scan::Unreadable | Scan::Translated { .. } => (None, 0),
         };
         if usage.is_none() && status == 200 && !matches!(*scan, Scan::None) {
             if let Ok(w) = self.worker.try_borrow() {

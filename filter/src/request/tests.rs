@@ -21,6 +21,7 @@ mod one_url;
 mod provider_paths;
 mod respond;
 mod subscriptions;
+mod translate;
 mod weights;
 
 pub(super) const COMPANION: &str = "maas-companion";

@@ -42,5 +42,6 @@ mod stack_parts;
 mod subscriptions;
 mod subscriptions_resources;
 mod token_weights;
+mod translate_anthropic;
 mod ui_browser;
 mod usage_ledger;

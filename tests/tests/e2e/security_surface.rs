@@ -176,10 +176,12 @@ async fn disallowed_operations_are_404_and_never_reach_the_backend() {
         }
     }
     // Per family: OpenAI models do not serve Anthropic's messages, nor Anthropic models OpenAI's
-    // chat completions; a model with its own list serves nothing else.
+    // completions (their chat completions are translated: `translate_anthropic`); a model with
+    // its own list serves nothing else.
     for (method, path) in [
         ("POST", "/ext/openai/v1/messages"),
-        ("POST", "/ext/anthropic/v1/chat/completions"),
+        ("POST", "/ext/anthropic/v1/completions"),
+        ("POST", "/ext/anthropic/v1/embeddings"),
         ("POST", "/ext/anthropic/v1/messages/batches"),
         ("POST", "/llm/custom/v1/chat/completions"),
         ("GET", "/llm/custom/v1/models"),

@@ -466,6 +466,10 @@ pub(crate) struct FilterInstructions {
     pub(crate) cached_json: Option<u64>,
     /// Per cached stream (the benchmark's: 64 content chunks, usage asked for).
     pub(crate) cached_stream: Option<u64>,
+    /// Per 64-token Anthropic stream translated for an OpenAI chat client.
+    pub(crate) translated_stream: Option<u64>,
+    /// Per the same Messages stream passed through (the comparison).
+    pub(crate) messages_stream: Option<u64>,
 }
 
 /// `{"cached_json": N, "cached_stream": M}` from `path` (`None`: no file, or unreadable).
@@ -475,6 +479,8 @@ pub(crate) fn read_instructions(path: Option<&Path>) -> Option<FilterInstruction
     let counts = FilterInstructions {
         cached_json: v["cached_json"].as_u64(),
         cached_stream: v["cached_stream"].as_u64(),
+        translated_stream: v["translated_stream"].as_u64(),
+        messages_stream: v["messages_stream"].as_u64(),
     };
     (counts != FilterInstructions::default()).then_some(counts)
 }
@@ -502,6 +508,14 @@ pub(crate) fn render_instructions(counts: Option<FilterInstructions>) -> String 
         let _ = writeln!(
             o,
             "**{n} instructions** per cached stream (the benchmark's filter-stream: 64 content chunks, the usage chunk and `[DONE]`, one event per chunk, usage asked for by the client), counted the same way over `native_cost_of_a_cached_stream`{per_chunk}.\n"
+        );
+    }
+    if let (Some(t), Some(m)) = (counts.translated_stream, counts.messages_stream) {
+        let _ = writeln!(
+            o,
+            "**{t} instructions** per translated stream (an OpenAI chat client to an Anthropic model: the request translated, a 64-token Messages stream of 70 events turned into chunks, the usage chunk and `[DONE]`, one event per chunk) against **{m}** for the same Messages stream passed through untranslated: {:+} per stream, {:+.0} per event (`native_cost_of_a_translated_stream` and `native_cost_of_a_messages_stream` in `filter/src/request/tests/translate.rs`, counted the same way).\n",
+            t as i64 - m as i64,
+            (t as f64 - m as f64) / 70.0
         );
     }
     if counts == FilterInstructions::default() {

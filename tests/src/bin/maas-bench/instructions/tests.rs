@@ -72,7 +72,7 @@ fn the_instruction_count_is_read_from_its_file_and_rendered() {
     std::fs::write(&file, r#"{"cached_json": 33648}"#).unwrap();
     let json_only = FilterInstructions {
         cached_json: Some(33648),
-        cached_stream: None,
+        ..FilterInstructions::default()
     };
     assert_eq!(read_instructions(Some(&file)), Some(json_only));
     let text = render_instructions(Some(json_only));
@@ -85,6 +85,7 @@ fn the_instruction_count_is_read_from_its_file_and_rendered() {
         Some(FilterInstructions {
             cached_json: Some(30000),
             cached_stream: Some(96000),
+            ..FilterInstructions::default()
         })
     );
     let text = render_instructions(both);
@@ -93,6 +94,22 @@ fn the_instruction_count_is_read_from_its_file_and_rendered() {
         "{text}"
     );
     assert!(text.contains("+1000 per chunk"), "{text}");
+    assert!(!text.contains("translated"), "{text}");
+    std::fs::write(
+        &file,
+        r#"{"cached_json": 30000, "translated_stream": 177000, "messages_stream": 100000}"#,
+    )
+    .unwrap();
+    let text = render_instructions(read_instructions(Some(&file)));
+    assert!(
+        text.contains("**177000 instructions** per translated stream"),
+        "{text}"
+    );
+    assert!(text.contains("**100000**"), "{text}");
+    assert!(
+        text.contains("+77000 per stream, +1100 per event"),
+        "{text}"
+    );
     std::fs::write(&file, "not json").unwrap();
     assert_eq!(read_instructions(Some(&file)), None);
     assert_eq!(read_instructions(Some(&dir.join("missing.json"))), None);

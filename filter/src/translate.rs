@@ -1,0 +1,115 @@
+//! Translation between an OpenAI chat client and a model whose backend speaks Anthropic Messages
+//! (a model of API family `anthropic` called at `POST /v1/chat/completions`).
+//!
+//! Plain functions over plain data, natively tested:
+//! - [`request`]: the OpenAI chat body → an Anthropic Messages body (refusing, with a 400, what
+//!   cannot be translated faithfully instead of dropping it);
+//! - [`response`]: a non-streamed Messages answer (or an Anthropic error) → `chat.completion` (or
+//!   an OpenAI error);
+//! - [`stream`]: Messages SSE events → `chat.completion.chunk` events and `data: [DONE]`, event by
+//!   event, carrying only an incomplete trailing event from one chunk to the next.
+//!
+//! Metering never reads the translation: the usage scanners read what the provider really sent,
+//! so budgets, metering and ledger are those of a direct Anthropic call of the same usage.
+
+pub mod answer;
+pub mod request;
+pub mod response;
+pub mod stream;
+
+use crate::usage::UsageCounts;
+use serde_json::{Value, json};
+
+/// The Anthropic API version the translated requests are written for.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The path suffix a translated request is sent to instead of `/v1/chat/completions`.
+pub const MESSAGES_PATH: &str = "/v1/messages";
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// The upstream path of a translated request: `path` (the client's, query and all) with its
+/// `/v1/chat/completions` operation replaced by `/v1/messages` (the query dropped: Messages
+/// takes none). `None`: the path does not end with the chat operation.
+pub fn messages_path(path: &str) -> Option<String> {
+    let no_query = path.split(['?', '#']).next().unwrap_or_default();
+    let prefix = no_query.strip_suffix(CHAT_PATH)?;
+    Some(format!("{prefix}{MESSAGES_PATH}"))
+}
+
+/// OpenAI's `finish_reason` for an Anthropic `stop_reason`.
+pub fn finish_reason(stop_reason: Option<&str>) -> Value {
+    match stop_reason {
+        None => Value::Null,
+        Some("max_tokens" | "model_context_window_exceeded") => json!("length"),
+        Some("tool_use") => json!("tool_calls"),
+        Some("refusal") => json!("content_filter"),
+        // end_turn, stop_sequence, pause_turn and anything newer: the turn ended.
+        Some(_) => json!("stop"),
+    }
+}
+
+/// OpenAI `usage` from Anthropic counts, as the filter's metering reads them: prompt = input +
+/// cache creation + cache read, completion = output, cached = cache read.
+pub fn openai_usage(counts: &UsageCounts) -> Value {
+    let u = counts.usage().unwrap_or_default();
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_input_tokens},
+    })
+}
+
+/// An OpenAI error body from an Anthropic one (`{"type":"error","error":{"type","message"}}`):
+/// the same type and message. `None`: not an Anthropic error.
+pub fn openai_error(anthropic: &Value) -> Option<Value> {
+    let error = anthropic.get("error")?;
+    let message = error.get("message").and_then(Value::as_str).unwrap_or("");
+    let kind = error
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("api_error");
+    Some(json!({"error": {"message": message, "type": kind, "param": null, "code": null}}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_path_keeps_its_prefix_and_drops_the_query() {
+        assert_eq!(
+            messages_path("/llm/claude/v1/chat/completions").as_deref(),
+            Some("/llm/claude/v1/messages")
+        );
+        assert_eq!(
+            messages_path("/v1/chat/completions?x=1").as_deref(),
+            Some("/v1/messages")
+        );
+        assert_eq!(messages_path("/v1/completions"), None);
+    }
+
+    #[test]
+    fn stop_reasons_map_to_finish_reasons() {
+        assert_eq!(finish_reason(Some("end_turn")), json!("stop"));
+        assert_eq!(finish_reason(Some("stop_sequence")), json!("stop"));
+        assert_eq!(finish_reason(Some("max_tokens")), json!("length"));
+        assert_eq!(finish_reason(Some("tool_use")), json!("tool_calls"));
+        assert_eq!(finish_reason(Some("refusal")), json!("content_filter"));
+        assert_eq!(finish_reason(None), Value::Null);
+    }
+
+    #[test]
+    fn usage_counts_the_cache_in_the_prompt_as_metering_does() {
+        let counts: UsageCounts = serde_json::from_value(json!({
+            "input_tokens": 10, "cache_creation_input_tokens": 3,
+            "cache_read_input_tokens": 5, "output_tokens": 7
+        }))
+        .unwrap();
+        assert_eq!(
+            openai_usage(&counts),
+            json!({"prompt_tokens": 18, "completion_tokens": 7, "total_tokens": 25,
+                   "prompt_tokens_details": {"cached_tokens": 5}})
+        );
+    }
+}

@@ -1,0 +1,159 @@
+//! A translated request's answer as it passes, chunk by chunk: what the client gets for each
+//! chunk of the provider's answer.
+
+use super::request::ClientAsk;
+use super::stream::StreamTranslator;
+use serde_json::json;
+
+/// Largest non-streamed answer kept to be translated at its end (real ones are kilobytes); a
+/// larger one is answered with an error (the provider's bytes are not passed untranslated).
+pub const JSON_CAP: usize = 16 * 1024 * 1024;
+
+#[derive(Debug)]
+enum Mode {
+    /// A JSON answer (a message or an error): kept whole, translated at its end.
+    Json { kept: Vec<u8>, too_large: bool },
+    /// An event stream: translated event by event.
+    Sse(Box<StreamTranslator>),
+    /// A body the gateway cannot read (compressed although identity was asked for): replaced by
+    /// an OpenAI error at its end.
+    Unreadable { sse: bool },
+    /// Neither JSON nor a stream (an Envoy error page…): passed as it is.
+    Passthrough,
+}
+
+/// One translated answer.
+#[derive(Debug)]
+pub struct Answer {
+    mode: Mode,
+    created: u64,
+}
+
+/// The error answered in place of a provider answer that cannot be translated.
+fn untranslatable(message: &str) -> Vec<u8> {
+    let body = json!({"error": {"message": message, "type": "upstream_error", "param": null,
+                                "code": "untranslatable_response"}});
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+impl Answer {
+    /// `content_type` of the provider's answer; `identity`: not compressed; `created`: now, in
+    /// seconds (the OpenAI `created`).
+    pub fn new(content_type: &str, identity: bool, ask: ClientAsk, created: u64) -> Self {
+        const SSE: &str = "text/event-stream";
+        let sse = content_type
+            .get(..SSE.len())
+            .is_some_and(|t| t.eq_ignore_ascii_case(SSE));
+        let json = content_type
+            .as_bytes()
+            .windows(4)
+            .any(|w| w.eq_ignore_ascii_case(b"json"));
+        let mode = if !identity && (sse || json) {
+            Mode::Unreadable { sse }
+        } else if sse {
+            Mode::Sse(Box::new(StreamTranslator::new(ask.include_usage, created)))
+        } else if json {
+            Mode::Json {
+                kept: Vec::new(),
+                too_large: false,
+            }
+        } else {
+            Mode::Passthrough
+        };
+        Answer { mode, created }
+    }
+
+    /// Whether the answer's `content-encoding` must go (its body is replaced by plain bytes).
+    pub fn drops_encoding(&self) -> bool {
+        matches!(self.mode, Mode::Unreadable { .. })
+    }
+
+    /// Bytes kept for later chunks.
+    pub fn pending(&self) -> usize {
+        match &self.mode {
+            Mode::Json { kept, .. } => kept.len(),
+            Mode::Sse(t) => t.carried(),
+            Mode::Unreadable { .. } | Mode::Passthrough => 0,
+        }
+    }
+
+    /// One chunk of the provider's answer (`end`: its last): what the client gets now.
+    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        match &mut self.mode {
+            Mode::Passthrough => chunk.to_vec(),
+            Mode::Sse(t) => t.feed(chunk),
+            Mode::Unreadable { sse } => {
+                if !end {
+                    return Vec::new();
+                }
+                let error =
+                    untranslatable("the provider compressed its answer; it cannot be translated");
+                if *sse {
+                    let mut out = b"data: ".to_vec();
+                    out.extend(error);
+                    out.extend_from_slice(b"\n\n");
+                    out
+                } else {
+                    error
+                }
+            }
+            Mode::Json { kept, too_large } => {
+                if !*too_large {
+                    if kept.len().saturating_add(chunk.len()) > JSON_CAP {
+                        *too_large = true;
+                        *kept = Vec::new();
+                    } else {
+                        kept.extend_from_slice(chunk);
+                    }
+                }
+                if !end {
+                    return Vec::new();
+                }
+                if *too_large {
+                    return untranslatable("the provider's answer is too large to translate");
+                }
+                let kept = std::mem::take(kept);
+                // Neither a message nor an Anthropic error: passed as it came.
+                super::response::translate(&kept, self.created).unwrap_or(kept)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn a_json_answer_is_kept_until_its_end_then_translated() {
+        let mut a = Answer::new("application/json", true, ClientAsk::default(), 1);
+        let body = br#"{"id":"m","type":"message","model":"c","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":2}}"#;
+        let (head, tail) = body.split_at(20);
+        assert!(a.feed(head, false).is_empty());
+        assert_eq!(a.pending(), 20);
+        let out: Value = serde_json::from_slice(&a.feed(tail, true)).unwrap();
+        assert_eq!(out["choices"][0]["message"]["content"], "hi");
+        assert_eq!(out["usage"]["total_tokens"], 3);
+    }
+
+    #[test]
+    fn a_compressed_answer_becomes_an_error() {
+        let mut a = Answer::new("application/json", false, ClientAsk::default(), 1);
+        assert!(a.drops_encoding());
+        assert!(a.feed(b"\x1f\x8b", false).is_empty());
+        let out: Value = serde_json::from_slice(&a.feed(b"", true)).unwrap();
+        assert_eq!(out["error"]["code"], "untranslatable_response");
+    }
+
+    #[test]
+    fn other_bodies_pass() {
+        let mut a = Answer::new("text/plain", true, ClientAsk::default(), 1);
+        assert_eq!(
+            a.feed(b"upstream connect error", true),
+            b"upstream connect error"
+        );
+        let mut j = Answer::new("application/json", true, ClientAsk::default(), 1);
+        assert_eq!(j.feed(b"[1]", true), b"[1]");
+    }
+}
