@@ -960,6 +960,29 @@ fn internal_auth(
     }
 }
 
+/// The API keys' settings: a positive maximum lifetime and flush interval.
+fn key_settings(
+    max_expiration_days: u32,
+    cache_ttl_seconds: u64,
+    last_used_flush_interval_ms: u64,
+) -> Result<KeySettings, String> {
+    at_least(
+        "--api-key-max-expiration-days",
+        max_expiration_days.into(),
+        1,
+    )?;
+    at_least(
+        "--last-used-flush-interval-ms",
+        last_used_flush_interval_ms,
+        1,
+    )?;
+    Ok(KeySettings {
+        max_expiration_days,
+        cache_ttl: Duration::from_secs(cache_ttl_seconds),
+        last_used_flush_interval: Duration::from_millis(last_used_flush_interval_ms),
+    })
+}
+
 impl Cli {
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
@@ -996,10 +1019,10 @@ impl Cli {
             self.admin_sar_resource,
             self.admin_sar_verb,
         )?;
-        at_least(
-            "--api-key-max-expiration-days",
-            self.api_key_max_expiration_days.into(),
-            1,
+        let keys = key_settings(
+            self.api_key_max_expiration_days,
+            self.key_cache_ttl_seconds,
+            self.last_used_flush_interval_ms,
         )?;
         let tls = tls_files(self.tls_cert, self.tls_key)?;
         let internal_auth = internal_auth(
@@ -1008,11 +1031,6 @@ impl Cli {
             self.internal_client_names,
             (self.internal_tls_cert, self.internal_tls_key),
             tls.as_ref(),
-        )?;
-        at_least(
-            "--last-used-flush-interval-ms",
-            self.last_used_flush_interval_ms,
-            1,
         )?;
         let usage = usage_settings(
             self.usage_hourly_retention_days,
@@ -1045,11 +1063,7 @@ impl Cli {
             },
             credentials,
             azure_authority_url: self.azure_authority_url,
-            keys: KeySettings {
-                max_expiration_days: self.api_key_max_expiration_days,
-                cache_ttl: Duration::from_secs(self.key_cache_ttl_seconds),
-                last_used_flush_interval: Duration::from_millis(self.last_used_flush_interval_ms),
-            },
+            keys,
             leases: LeaseSettings {
                 redis: self
                     .redis_url

@@ -118,13 +118,21 @@ fn chat(model: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 }
 
-/// Waits until the filter has the credential (the companion's first exchange, one poll).
+/// Waits until the filter has the credential (the companion's first exchange, one poll) on
+/// every Envoy worker: each polls on its own, so one worker may serve while another is a poll
+/// behind (503 `provider_credential_missing` meanwhile). Ten answers in a row, each on a new
+/// connection (so on any worker), say every worker has it.
 async fn until_served(stack: &Stack, path: &str, model: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut in_a_row = 0;
     loop {
         let (status, body) = post(stack, path, chat(model)).await;
-        if status == 200 {
+        in_a_row = if status == 200 { in_a_row + 1 } else { 0 };
+        if in_a_row == 10 {
             return;
+        }
+        if status == 200 {
+            continue;
         }
         assert!(
             Instant::now() < deadline,
