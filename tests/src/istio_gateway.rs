@@ -247,9 +247,10 @@ pub fn apply(bootstrap: &mut Value, shipped: &ShippedGateway, ecds: &Path) -> Re
 
 /// The model HTTPRoutes `wasm-plugin-crs/` ships as samples (each a prefix rule and the one base
 /// URL's `/v1` rule matching `x-maas-model`).
-pub const MODEL_ROUTE_SAMPLES: [&str; 2] = [
+pub const MODEL_ROUTE_SAMPLES: [&str; 3] = [
     "wasm-plugin-crs/samples/kserve-model/httproute.yaml",
     "wasm-plugin-crs/samples/external-model/httproute.yaml",
+    "wasm-plugin-crs/samples/azure-openai-model/httproute.yaml",
 ];
 
 /// The HTTPRoute in `path` (relative to the workspace root).
@@ -609,8 +610,8 @@ mod tests {
 
     /// The sample HTTPRoutes as Istio translates them: each model's prefix route and its one base
     /// URL route (`/v1` with `x-maas-model` naming the policy's model, the header removed before
-    /// the backend, the path kept), both to the cluster the sample policy names as the model's
-    /// `upstreamCluster`.
+    /// the backend, the path kept) — and the Azure sample's provider-path route — all to the
+    /// cluster the sample policy names as the model's `upstreamCluster`.
     #[test]
     fn the_sample_httproutes_translate_as_istio_would() {
         let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
@@ -667,15 +668,31 @@ mod tests {
             named("llm.gpt-4o.0")["route"]["host_rewrite_literal"],
             "api.openai.com"
         );
+        // The Azure sample's provider path: the filter's rewrite with the header, kept as sent.
+        let azure = named("llm.gpt-4o-azure.2");
+        assert_eq!(
+            azure["match"],
+            json!({"path_separated_prefix": "/openai/deployments/gpt-4o-prod", "case_sensitive": true,
+                   "headers": [{"name": "x-maas-model", "string_match": {"exact": "gpt-4o-azure"}}]})
+        );
+        assert_eq!(
+            azure["route"]["cluster"],
+            "outbound|443||example-resource.openai.azure.com"
+        );
+        assert!(azure["route"].get("regex_rewrite").is_none(), "{azure}");
+        assert_eq!(azure["request_headers_to_remove"], json!(["x-maas-model"]));
         // Longer prefixes first; the /v1 routes last.
         let order: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
         assert_eq!(
             order,
             [
                 "llm.facebook-opt-125m-simulated.0",
+                "llm.gpt-4o-azure.2",
+                "llm.gpt-4o-azure.0",
                 "llm.gpt-4o.0",
                 "llm.facebook-opt-125m-simulated.1",
-                "llm.gpt-4o.1"
+                "llm.gpt-4o.1",
+                "llm.gpt-4o-azure.1"
             ]
         );
 

@@ -234,7 +234,11 @@ pub fn network_policies(cx: &Context) -> Verdict {
 /// matching PathPrefix `/v1` with the header `x-maas-model` exactly the model's `name` (what the
 /// filter sets), to the same backendRefs, with the same host rewrite and timeouts, no path
 /// rewrite (the client's `/v1/…` is the server's), and `x-maas-model` removed before the
-/// backend. Without it a model is reachable only at its path prefix.
+/// backend. Without it a model is reachable only at its path prefix. A model whose provider has
+/// its own path (an `azure-openai` `deployment`: the filter sends
+/// `/openai/deployments/<deployment>/…` with the header at both URL forms) also needs a rule
+/// for that path prefix with the same header, alike; without it the rewritten request finds no
+/// route.
 pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
     let header = maas_types::MODEL_ROUTING_HEADER;
     let models = list_at(policy, "models")?;
@@ -248,7 +252,21 @@ pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
         );
         let rules = list_at(r, "spec.rules")?;
         let mut served = 0;
+        let by_header = |rule: &Value, model_name: &str| {
+            list_or_empty(rule, "matches").iter().any(|m| {
+                list_or_empty(m, "headers").iter().any(|h| {
+                    opt_str(h, "name").is_some_and(|n| n.eq_ignore_ascii_case(header))
+                        && matches!(opt_str(h, "type"), None | Some("Exact"))
+                        && (model_name.is_empty() || opt_str(h, "value") == Some(model_name))
+                })
+            })
+        };
         for rule in rules {
+            // The routing header's rules (the one base URL, a provider's path) follow a prefix
+            // rule's model.
+            if by_header(rule, "") {
+                continue;
+            }
             let Some(path) = list_or_empty(rule, "matches")
                 .iter()
                 .find_map(|m| opt_str(m, "path.value"))
@@ -264,67 +282,94 @@ pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
                 })?;
             let model_name = str_at(model, "name")?;
             served += 1;
-            let hostname = |rule: &Value| {
-                list_or_empty(rule, "filters")
-                    .iter()
-                    .find_map(|f| opt_str(f, "urlRewrite.hostname"))
-                    .map(str::to_string)
-            };
-            let one_url = rules.iter().find(|other| {
-                list_or_empty(other, "matches").iter().any(|m| {
-                    opt_str(m, "path.type") == Some("PathPrefix")
-                        && opt_str(m, "path.value") == Some(maas_types::ONE_BASE_PATH)
-                        && list_or_empty(m, "headers").iter().any(|h| {
-                            opt_str(h, "name").is_some_and(|n| n.eq_ignore_ascii_case(header))
-                                && matches!(opt_str(h, "type"), None | Some("Exact"))
-                                && opt_str(h, "value") == Some(model_name)
+            let at_path = |prefix: &str| {
+                rules.iter().find(|other| {
+                    by_header(other, model_name)
+                        && list_or_empty(other, "matches").iter().any(|m| {
+                            opt_str(m, "path.type") == Some("PathPrefix")
+                                && opt_str(m, "path.value") == Some(prefix)
                         })
                 })
-            });
-            let Some(one_url) = one_url else {
+            };
+            let Some(one_url) = at_path(maas_types::ONE_BASE_PATH) else {
                 return Err(format!(
                     "HTTPRoute {name}: no rule for the one base URL of model {model_name} \
                      (PathPrefix {} with header {header}: {model_name}, Exact)",
                     maas_types::ONE_BASE_PATH
                 ));
             };
-            ensure!(
-                one_url.get("backendRefs") == rule.get("backendRefs"),
-                "HTTPRoute {name}: the {header} rule of {model_name} leads to {}, its prefix rule to {}",
-                repr_opt(one_url.get("backendRefs")),
-                repr_opt(rule.get("backendRefs"))
-            );
-            ensure!(
-                hostname(one_url) == hostname(rule),
-                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the host to {:?}, its \
-                 prefix rule to {:?}",
-                hostname(one_url),
-                hostname(rule)
-            );
-            ensure!(
-                one_url.get("timeouts") == rule.get("timeouts"),
-                "HTTPRoute {name}: the {header} rule of {model_name} has timeouts {}, its prefix \
-                 rule {}",
-                repr_opt(one_url.get("timeouts")),
-                repr_opt(rule.get("timeouts"))
-            );
-            let filters = list_or_empty(one_url, "filters");
-            ensure!(
-                !filters.iter().any(|f| opt(f, "urlRewrite.path").is_some()),
-                "HTTPRoute {name}: the {header} rule of {model_name} rewrites the path (the \
-                 client's /v1/… is the server's)"
-            );
-            ensure!(
-                filters.iter().any(|f| {
-                    list_or_empty(f, "requestHeaderModifier.remove")
-                        .iter()
-                        .any(|h| h.as_str().is_some_and(|h| h.eq_ignore_ascii_case(header)))
-                }),
-                "HTTPRoute {name}: the {header} rule of {model_name} does not remove {header} \
-                 before the backend (RequestHeaderModifier remove)"
-            );
+            like_prefix_rule(&name, model_name, "the one base URL", one_url, rule)?;
+            if opt_str(model, "provider.type") == Some("azure-openai")
+                && let Some(deployment) = opt_str(model, "provider.deployment")
+            {
+                let prefix = format!("/openai/deployments/{deployment}");
+                let Some(provider_rule) = at_path(&prefix) else {
+                    return Err(format!(
+                        "HTTPRoute {name}: no rule for the provider path of model {model_name} \
+                         (PathPrefix {prefix} with header {header}: {model_name}, Exact): the \
+                         filter's rewritten request would find no route"
+                    ));
+                };
+                like_prefix_rule(&name, model_name, "the provider path", provider_rule, rule)?;
+            }
         }
         ensure!(served > 0, "HTTPRoute {name} serves no model path");
     }
+    Ok(())
+}
+
+/// A routing-header rule (`what`: the one base URL, the provider path) of `model_name` in
+/// HTTPRoute `name` leads where its prefix rule does (backendRefs, host rewrite, timeouts), keeps
+/// the path and removes the header before the backend.
+fn like_prefix_rule(
+    name: &str,
+    model_name: &str,
+    what: &str,
+    other: &Value,
+    rule: &Value,
+) -> Verdict {
+    let header = maas_types::MODEL_ROUTING_HEADER;
+    let hostname = |rule: &Value| {
+        list_or_empty(rule, "filters")
+            .iter()
+            .find_map(|f| opt_str(f, "urlRewrite.hostname"))
+            .map(str::to_string)
+    };
+    ensure!(
+        other.get("backendRefs") == rule.get("backendRefs"),
+        "HTTPRoute {name}: the {header} rule of {model_name} ({what}) leads to {}, its prefix \
+         rule to {}",
+        repr_opt(other.get("backendRefs")),
+        repr_opt(rule.get("backendRefs"))
+    );
+    ensure!(
+        hostname(other) == hostname(rule),
+        "HTTPRoute {name}: the {header} rule of {model_name} ({what}) rewrites the host to {:?}, \
+         its prefix rule to {:?}",
+        hostname(other),
+        hostname(rule)
+    );
+    ensure!(
+        other.get("timeouts") == rule.get("timeouts"),
+        "HTTPRoute {name}: the {header} rule of {model_name} ({what}) has timeouts {}, its \
+         prefix rule {}",
+        repr_opt(other.get("timeouts")),
+        repr_opt(rule.get("timeouts"))
+    );
+    let filters = list_or_empty(other, "filters");
+    ensure!(
+        !filters.iter().any(|f| opt(f, "urlRewrite.path").is_some()),
+        "HTTPRoute {name}: the {header} rule of {model_name} ({what}) rewrites the path (the \
+         path the filter sends is the server's)"
+    );
+    ensure!(
+        filters.iter().any(|f| {
+            list_or_empty(f, "requestHeaderModifier.remove")
+                .iter()
+                .any(|h| h.as_str().is_some_and(|h| h.eq_ignore_ascii_case(header)))
+        }),
+        "HTTPRoute {name}: the {header} rule of {model_name} ({what}) does not remove {header} \
+         before the backend (RequestHeaderModifier remove)"
+    );
     Ok(())
 }

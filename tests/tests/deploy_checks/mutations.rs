@@ -500,4 +500,57 @@ fn the_sample_model_routes_publish_the_one_base_url() {
             "/spec/rules/0/matches/0/path/value",
         ) = json!("/llm/gpt-5");
     });
+    // The Azure sample's provider path (/openai/deployments/<deployment>, the filter's rewrite).
+    let provider_rule = |d: &mut Docs| -> usize {
+        at(doc(d, "HTTPRoute", "gpt-4o-azure"), "/spec/rules")
+            .as_array()
+            .and_then(|r| {
+                r.iter().position(|r| {
+                    r.pointer("/matches/0/path/value")
+                        == Some(&json!("/openai/deployments/gpt-4o-prod"))
+                })
+            })
+            .expect("a provider-path rule")
+    };
+    refused(
+        "no rule for the provider path of model gpt-4o-azure",
+        &|d| {
+            let i = provider_rule(d);
+            at(doc(d, "HTTPRoute", "gpt-4o-azure"), "/spec/rules")
+                .as_array_mut()
+                .expect("rules")
+                .remove(i);
+        },
+    );
+    refused(
+        "no rule for the provider path of model gpt-4o-azure",
+        &|d| {
+            let i = provider_rule(d);
+            *at(
+                doc(d, "HTTPRoute", "gpt-4o-azure"),
+                &format!("/spec/rules/{i}/matches/0/path/value"),
+            ) = json!("/openai/deployments/other");
+        },
+    );
+    refused("(the provider path) rewrites the path", &|d| {
+        let i = provider_rule(d);
+        at(
+            doc(d, "HTTPRoute", "gpt-4o-azure"),
+            &format!("/spec/rules/{i}/filters"),
+        )
+        .as_array_mut()
+        .expect("filters")
+        .push(json!({"type": "URLRewrite", "urlRewrite": {"path": {
+            "type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}));
+    });
+    refused("(the provider path) does not remove x-maas-model", &|d| {
+        let i = provider_rule(d);
+        at(
+            doc(d, "HTTPRoute", "gpt-4o-azure"),
+            &format!("/spec/rules/{i}/filters"),
+        )
+        .as_array_mut()
+        .expect("filters")
+        .retain(|f| f["type"] != "RequestHeaderModifier");
+    });
 }

@@ -69,6 +69,8 @@ identities:
 
 /// The provider key of the sample external model (Secret openai-key in the samples).
 const OPENAI_KEY: &str = "sk-sample-openai-key";
+/// The key of the sample Azure OpenAI resource (Secret azure-openai-key).
+const AZURE_KEY: &str = "sk-sample-azure-key";
 
 /// The models of the sample policy (wasm-plugin-crs/base/companion/policy-configmap.yaml: the
 /// models the sample HTTPRoutes publish) in this module's free tier, beside the module's own.
@@ -97,8 +99,9 @@ fn policy() -> &'static str {
 fn stack() -> &'static Stack {
     static S: ModuleStack<Stack> = ModuleStack::new();
     static CREDENTIALS: OnceLock<String> = OnceLock::new();
-    let credentials =
-        CREDENTIALS.get_or_init(|| format!("credentials:\n  openai-key: {OPENAI_KEY}\n"));
+    let credentials = CREDENTIALS.get_or_init(|| {
+        format!("credentials:\n  openai-key: {OPENAI_KEY}\n  azure-openai-key: {AZURE_KEY}\n")
+    });
     stack_with(&S, policy(), IDENTITIES, credentials)
 }
 
@@ -541,6 +544,26 @@ async fn one_url_refusals_open_no_upstream_request(
 const KSERVE_CLUSTER: &str =
     "outbound|80||facebook-opt-125m-simulated-predictor.llm.svc.cluster.local";
 const OPENAI_CLUSTER: &str = "outbound|443||api.openai.com";
+const AZURE_CLUSTER: &str = "outbound|443||example-resource.openai.azure.com";
+
+/// The Azure OpenAI simulator behind the sample Azure model: strict about the deployment path,
+/// `api-version` and `api-key`.
+async fn azure_sim() -> maas_e2e::cloud_sim::CloudSimHandle {
+    maas_e2e::cloud_sim::spawn(maas_e2e::cloud_sim::CloudSimConfig {
+        azure_deployment: "gpt-4o-prod".into(),
+        azure_api_key: AZURE_KEY.into(),
+        azure_tenant: "t".into(),
+        azure_client_id: "c".into(),
+        azure_client_secret: "s".into(),
+        vertex_project: "p".into(),
+        vertex_location: "l".into(),
+        gcp_private_key_pem: include_str!("../../fixtures/test-gcp-service-account-key.pem").into(),
+        gcp_client_email: "unused@p.iam.gserviceaccount.com".into(),
+        token_lifetime: 3600,
+    })
+    .await
+    .expect("the Azure simulator starts")
+}
 
 /// The one base URL in the route configuration Istio generates from the sample HTTPRoutes
 /// (wasm-plugin-crs/samples/*/httproute.yaml, translated by `istio_gateway::istio_routes` as
@@ -555,6 +578,7 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
     let stack = stack();
     let kserve = model_sim("facebook/opt-125m");
     let openai = model_sim("gpt-4o");
+    let azure = azure_sim().await;
     let samples: Vec<Value> = istio_gateway::MODEL_ROUTE_SAMPLES
         .iter()
         .map(|p| istio_gateway::load_httproute(p).unwrap())
@@ -564,6 +588,7 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
         (KSERVE_CLUSTER.to_string(), kserve.addr()),
         // Istio's DestinationRule originates TLS to the provider; here the provider is plain HTTP.
         (OPENAI_CLUSTER.to_string(), openai.addr()),
+        (AZURE_CLUSTER.to_string(), azure.addr),
     ];
     let envoy = istio_envoy_with(stack, "istio-one-url", Shape::Shipped, |v| {
         istio_gateway::replace_model_routes(v, routes.clone(), &clusters)
@@ -649,6 +674,42 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
     let on_kserve = seen(&kserve, "iu-prefix");
     assert_eq!(on_kserve.len(), 1);
     assert_eq!(on_kserve[0].path, "/v1/chat/completions");
+
+    // The Azure sample: at both URL forms the filter sends the deployment path, Envoy chooses
+    // the provider-path rule by it and the header, and the strict simulator (404 for another
+    // path, 400 without a known api-version, 401 without the key) answers.
+    for (url, id) in [
+        (one_url.clone(), "iu-azure"),
+        (
+            format!(
+                "{}/llm/gpt-4o-azure/v1/chat/completions",
+                envoy.gateway_url()
+            ),
+            "iu-azure-prefix",
+        ),
+    ] {
+        let r = post(url, id, chat("gpt-4o-azure"), None).await;
+        assert_eq!(r.status, 200, "{id}: {}", r.body);
+    }
+    let paths: Vec<(String, Option<String>, u16)> = azure
+        .requests()
+        .into_iter()
+        .map(|r| (r.path, r.api_key, r.status))
+        .collect();
+    let want = (
+        "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21".to_string(),
+        Some(AZURE_KEY.to_string()),
+        200,
+    );
+    assert_eq!(paths, [want.clone(), want]);
+    assert_eq!(
+        seen(&kserve, "iu-azure").len() + seen(&openai, "iu-azure").len(),
+        0
+    );
+    assert_eq!(
+        cluster_stat(&admin, AZURE_CLUSTER, "upstream_rq_total").await,
+        2
+    );
 
     one_url_refusals_open_no_upstream_request(&envoy, &kserve, &openai).await;
     // The counters count: the three requests that went through.
