@@ -500,7 +500,22 @@ fn the_sample_model_routes_publish_the_one_base_url() {
             "/spec/rules/0/matches/0/path/value",
         ) = json!("/llm/gpt-5");
     });
-    // The Azure sample's provider path (/openai/deployments/<deployment>, the filter's rewrite).
+}
+
+/// The Azure sample routes the filter's rewritten path (/openai/deployments/<deployment>) by
+/// the routing header, as its prefix rule does, the header removed and the path kept.
+#[test]
+fn the_azure_sample_routes_its_provider_path() {
+    let policy = sample_policy();
+    let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
+        let mut docs = render("samples").clone();
+        mutate(&mut docs);
+        let verdict = manifest_checks::model_routes(&docs, &policy);
+        assert!(
+            verdict.as_ref().is_err_and(|why| why.contains(text)),
+            "expected a refusal naming {text:?}, got {verdict:?}"
+        );
+    };
     let provider_rule = |d: &mut Docs| -> usize {
         at(doc(d, "HTTPRoute", "gpt-4o-azure"), "/spec/rules")
             .as_array()

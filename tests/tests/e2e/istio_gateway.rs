@@ -675,41 +675,7 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
     assert_eq!(on_kserve.len(), 1);
     assert_eq!(on_kserve[0].path, "/v1/chat/completions");
 
-    // The Azure sample: at both URL forms the filter sends the deployment path, Envoy chooses
-    // the provider-path rule by it and the header, and the strict simulator (404 for another
-    // path, 400 without a known api-version, 401 without the key) answers.
-    for (url, id) in [
-        (one_url.clone(), "iu-azure"),
-        (
-            format!(
-                "{}/llm/gpt-4o-azure/v1/chat/completions",
-                envoy.gateway_url()
-            ),
-            "iu-azure-prefix",
-        ),
-    ] {
-        let r = post(url, id, chat("gpt-4o-azure"), None).await;
-        assert_eq!(r.status, 200, "{id}: {}", r.body);
-    }
-    let paths: Vec<(String, Option<String>, u16)> = azure
-        .requests()
-        .into_iter()
-        .map(|r| (r.path, r.api_key, r.status))
-        .collect();
-    let want = (
-        "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21".to_string(),
-        Some(AZURE_KEY.to_string()),
-        200,
-    );
-    assert_eq!(paths, [want.clone(), want]);
-    assert_eq!(
-        seen(&kserve, "iu-azure").len() + seen(&openai, "iu-azure").len(),
-        0
-    );
-    assert_eq!(
-        cluster_stat(&admin, AZURE_CLUSTER, "upstream_rq_total").await,
-        2
-    );
+    the_azure_sample_takes_its_provider_path(&envoy, &azure, &[&kserve, &openai]).await;
 
     one_url_refusals_open_no_upstream_request(&envoy, &kserve, &openai).await;
     // The counters count: the three requests that went through.
@@ -719,5 +685,51 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
             cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await,
         ),
         (2, 1)
+    );
+}
+
+/// The Azure sample: at both URL forms the filter sends the deployment path, Envoy chooses the
+/// provider-path rule by it and the header, and the strict simulator (404 for another path, 400
+/// without a known api-version, 401 without the key) answers; no other backend sees it.
+async fn the_azure_sample_takes_its_provider_path(
+    envoy: &ExtraEnvoy,
+    azure: &maas_e2e::cloud_sim::CloudSimHandle,
+    others: &[&SimHandle],
+) {
+    let gateway = envoy.gateway_url();
+    for (url, id) in [
+        (format!("{gateway}/v1/chat/completions"), "iu-azure"),
+        (
+            format!("{gateway}/llm/gpt-4o-azure/v1/chat/completions"),
+            "iu-azure-prefix",
+        ),
+    ] {
+        let r = send(
+            client()
+                .post(url)
+                .header("authorization", "Bearer oneurl-token")
+                .header("x-test-id", id)
+                .json(&chat("gpt-4o-azure")),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{id}: {}", r.body);
+        for other in others {
+            assert!(seen(other, id).is_empty(), "{id} reached another backend");
+        }
+    }
+    let got: Vec<(String, Option<String>, u16)> = azure
+        .requests()
+        .into_iter()
+        .map(|r| (r.path, r.api_key, r.status))
+        .collect();
+    let want = (
+        "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21".to_string(),
+        Some(AZURE_KEY.to_string()),
+        200,
+    );
+    assert_eq!(got, [want.clone(), want]);
+    assert_eq!(
+        cluster_stat(&envoy.admin_url(), AZURE_CLUSTER, "upstream_rq_total").await,
+        2
     );
 }
