@@ -124,11 +124,18 @@ export interface MintedKey {
   expiresAt: string;
 }
 
+/** `GET /v1/models` (the reference's shape). */
 export interface ModelEntry {
   id: string;
   owned_by: string;
+  /** The model server answered its readiness probe. */
   ready: boolean;
+  /** The model's own URL (its path prefix on the gateway). */
   url?: string | null;
+  kind?: string;
+  aliases?: string[];
+  modelDetails?: { displayName?: string; description?: string; contextWindow?: number } | null;
+  subscriptions?: { name: string; displayName?: string | null }[];
 }
 
 /** `GET /v1/usage?from=&to=&groupBy=day` */

@@ -571,16 +571,55 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     let model = wait_for(&b, "[data-model='sim-model']").await;
     let snippets = model.find_all(By::Css("pre")).await.unwrap();
     assert_eq!(snippets.len(), 2, "curl and Python");
+    // The snippets use the one base URL, the model named in the body; the model's own URL is
+    // shown beside them.
     let curl = snippets[0].text().await.unwrap();
     assert!(
-        curl.contains(&format!("{gw}/llm/sim-model/v1/chat/completions")),
+        curl.contains(&format!("{gw}/v1/chat/completions"))
+            && curl.contains("\"model\":\"sim-model\""),
         "{curl}"
     );
     let python = snippets[1].text().await.unwrap();
     assert!(
-        python.contains(&format!("base_url=\"{gw}/llm/sim-model/v1\"")),
+        python.contains(&format!("base_url=\"{gw}/v1\"")),
         "{python}"
     );
+    let one_url = wait_for(&b, "#one-base-url code")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(one_url, format!("{gw}/v1"));
+    let own = model
+        .find(By::Css(".model-url"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(own.ends_with("/llm/sim-model/v1"), "{own}");
+    // The readiness badge says what the model list says (the probe of the model's server).
+    let listed = crate::helpers::send(
+        client
+            .get(format!("{gw}/maas-api/v1/models"))
+            .bearer_auth(&browser_key),
+    )
+    .await;
+    let ready = serde_json::from_str::<Value>(&listed.body).unwrap()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "sim-model")
+        .map(|m| m["ready"] == true)
+        .unwrap();
+    let badge = model
+        .find(By::Css(".model-ready"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(badge, if ready { "ready" } else { "not ready" });
     shots.take(&b, "04-models").await;
     assert_desktop_layout(&b, "04-models").await;
     let out = Command::new("bash")
