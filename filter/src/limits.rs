@@ -54,7 +54,9 @@ pub(crate) use grants::{
     Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy, Meter, apply_grants, claim,
     tracked_counters, unclaim,
 };
-pub(crate) use headers::{QUOTA_WARNING_HEADER, RateHeaders};
+pub(crate) use headers::{
+    IETF_POLICY_HEADER, IETF_STATE_HEADER, QUOTA_WARNING_HEADER, RateHeaders,
+};
 #[cfg(test)]
 pub(crate) use probe::{lease_state, token_state};
 pub(crate) use settle::{Reservation, Settled, settle, settle_folded};

@@ -299,6 +299,14 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// The rate-limit headers the policy in force chooses.
+    fn rate_limit_style(&self) -> maas_types::RateLimitHeaders {
+        self.route
+            .as_ref()
+            .map(|r| r.policy.rate_limit_headers)
+            .unwrap_or_default()
+    }
+
     pub fn new(id: u32, worker: SharedWorker, registry: Registry) -> Self {
         Request {
             id,
@@ -802,7 +810,7 @@ impl Request {
         let (limited, read) =
             limits::precheck_folded(host, &auth.counter_key, &windows, subject, now_s, &folded);
         match limited {
-            Some(limited) => Err(limited_refusal(limited)),
+            Some(limited) => Err(limited_refusal(limited, policy.rate_limit_headers)),
             None => Ok(read),
         }
     }
@@ -970,7 +978,7 @@ impl Request {
                     headers,
                 },
             }),
-            refused => Err(limited_refusal(refused)),
+            refused => Err(limited_refusal(refused, route.policy.rate_limit_headers)),
         }
     }
 
@@ -1039,8 +1047,8 @@ fn lease_unavailable() -> Refusal {
     )
 }
 
-fn limited_refusal(a: Admission) -> Refusal {
-    a.into_refusal().unwrap_or_else(|| {
+fn limited_refusal(a: Admission, style: maas_types::RateLimitHeaders) -> Refusal {
+    a.into_refusal(style).unwrap_or_else(|| {
         Refusal::new(
             Deny::AdmissionUndecided,
             "admission refused without a reason",

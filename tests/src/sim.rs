@@ -697,6 +697,9 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
             ("x-ratelimit-limit-images", "provider-own"),
             // A warning the gateway did not give must not reach the client either.
             ("x-maas-quota-warning", "provider-own"),
+            // The IETF pair, as a provider following the draft sends it.
+            ("ratelimit", "\"provider\";r=1;t=1"),
+            ("ratelimit-policy", "\"provider\";q=1;w=1"),
         ] {
             h.append(name, header::HeaderValue::from_static(value));
         }

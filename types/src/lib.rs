@@ -27,7 +27,7 @@ pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use policy::{
     ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails, ONE_BASE_PATH,
     OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth, ProviderKind, ProviderPath,
-    Tier, TokenWeights, UncappedRequests,
+    RateLimitHeaders, Tier, TokenWeights, UncappedRequests,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -31,6 +31,26 @@ pub struct PolicyDocument {
     /// client sends. Left out when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_url: Option<String>,
+    /// Which rate-limit headers answers carry (default `openai`). Left out when default.
+    #[serde(default, skip_serializing_if = "RateLimitHeaders::is_default")]
+    pub rate_limit_headers: RateLimitHeaders,
+}
+
+/// The rate-limit headers of answers: OpenAI's six `x-ratelimit-*`, the IETF pair
+/// `RateLimit` / `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers), or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RateLimitHeaders {
+    #[default]
+    Openai,
+    Ietf,
+    None,
+}
+
+impl RateLimitHeaders {
+    pub fn is_default(&self) -> bool {
+        *self == RateLimitHeaders::Openai
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1019,6 +1019,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         subscriptions: Vec::new(),
         revoked_key_ids: Vec::new(),
         public_url: None,
+        rate_limit_headers: Default::default(),
     });
     let only_tier = Tier {
         name: SUBSCRIPTION_ONLY_TIER.into(),

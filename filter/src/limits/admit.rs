@@ -68,7 +68,7 @@ pub(crate) enum Admission {
 
 impl Admission {
     /// The refusal to answer with; `None` for an allowed request.
-    pub(crate) fn into_refusal(self) -> Option<Refusal> {
+    pub(crate) fn into_refusal(self, style: maas_types::RateLimitHeaders) -> Option<Refusal> {
         match self {
             Admission::Allowed { .. } => None,
             Admission::Limited {
@@ -78,7 +78,7 @@ impl Admission {
                 headers,
             } => {
                 let mut h: Vec<(String, String)> = headers
-                    .headers()
+                    .headers(style)
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
@@ -120,7 +120,7 @@ impl Admission {
                 tier,
                 headers,
             }
-            .into_refusal(),
+            .into_refusal(style),
         }
     }
 }

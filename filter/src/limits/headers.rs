@@ -4,7 +4,7 @@
 
 use super::counters::all_limits;
 use super::slot::{Kind, Record, used_globally};
-use maas_types::{Tier, Window};
+use maas_types::{RateLimitHeaders, Tier, Window};
 
 /// The early warning's header.
 pub(crate) const QUOTA_WARNING_HEADER: &str = "x-maas-quota-warning";
@@ -49,6 +49,8 @@ pub(crate) struct WindowState {
     pub(crate) limit: u64,
     pub(crate) used: u64,
     pub(crate) reset_seconds: u64,
+    /// The window's length (the IETF `RateLimit-Policy`'s `w`).
+    pub(crate) window_seconds: u64,
 }
 
 impl WindowState {
@@ -81,6 +83,7 @@ impl RateHeaders {
                 limit: l.limit,
                 used: used_globally(records, kind, l.window, now),
                 reset_seconds: l.window.seconds_left(now),
+                window_seconds: l.window.seconds(),
             };
             match kind {
                 Kind::Requests => Self::note(&mut h.requests, w),
@@ -106,20 +109,32 @@ impl RateHeaders {
         h
     }
 
-    /// `x-ratelimit-*` headers as OpenAI sends them, each handed to `f` (formatted on the
-    /// stack: per request on every response, nothing allocated).
-    pub(crate) fn each(&self, mut f: impl FnMut(&'static str, &str)) {
-        let [limit, remaining, reset] = REQUEST_RATE_HEADERS;
-        if let Some(r) = self.requests {
-            f(limit, Short::decimal(r.limit).as_str());
-            f(remaining, Short::decimal(r.remaining()).as_str());
-            f(reset, Short::duration(r.reset_seconds).as_str());
-        }
-        let [limit, remaining, reset] = TOKEN_RATE_HEADERS;
-        if let Some(t) = self.tokens {
-            f(limit, Short::decimal(t.limit).as_str());
-            f(remaining, Short::decimal(t.remaining()).as_str());
-            f(reset, Short::duration(t.reset_seconds).as_str());
+    /// The rate-limit headers in `style`, each handed to `f`: OpenAI's six `x-ratelimit-*`
+    /// (formatted on the stack: per request on every response, nothing allocated), the IETF
+    /// `RateLimit` / `RateLimit-Policy` pair, or none; and the warning past a threshold.
+    pub(crate) fn each(&self, style: RateLimitHeaders, mut f: impl FnMut(&'static str, &str)) {
+        match style {
+            RateLimitHeaders::Openai => {
+                let [limit, remaining, reset] = REQUEST_RATE_HEADERS;
+                if let Some(r) = self.requests {
+                    f(limit, Short::decimal(r.limit).as_str());
+                    f(remaining, Short::decimal(r.remaining()).as_str());
+                    f(reset, Short::duration(r.reset_seconds).as_str());
+                }
+                let [limit, remaining, reset] = TOKEN_RATE_HEADERS;
+                if let Some(t) = self.tokens {
+                    f(limit, Short::decimal(t.limit).as_str());
+                    f(remaining, Short::decimal(t.remaining()).as_str());
+                    f(reset, Short::duration(t.reset_seconds).as_str());
+                }
+            }
+            RateLimitHeaders::Ietf => {
+                if let Some((policy, state)) = self.ietf() {
+                    f(IETF_POLICY_HEADER, &policy);
+                    f(IETF_STATE_HEADER, &state);
+                }
+            }
+            RateLimitHeaders::None => {}
         }
         // Formatted only past a threshold (rare: most answers send no warning).
         if let Some(w) = self.warning {
@@ -127,21 +142,51 @@ impl RateHeaders {
         }
     }
 
-    /// Whether [`Self::each`] hands over a header `name` (any case).
-    pub(crate) fn sends(&self, name: &str) -> bool {
-        let among = |names: [&str; 3]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
-        (self.requests.is_some() && among(REQUEST_RATE_HEADERS))
-            || (self.tokens.is_some() && among(TOKEN_RATE_HEADERS))
-            || (self.warning.is_some() && name.eq_ignore_ascii_case(QUOTA_WARNING_HEADER))
+    /// `RateLimit-Policy` and `RateLimit` (structured-field lists, one member per window kind:
+    /// `"requests";q=30;w=60` and `"requests";r=29;t=58`), when a window applies.
+    fn ietf(&self) -> Option<(String, String)> {
+        let windows = [("requests", self.requests), ("tokens", self.tokens)];
+        let present = || windows.iter().filter_map(|(n, w)| w.map(|w| (*n, w)));
+        // No window: no header.
+        present().next()?;
+        let join = |item: &dyn Fn(&str, WindowState) -> String| {
+            present()
+                .map(|(n, w)| item(n, w))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Some((
+            join(&|n, w| format!("\"{n}\";q={};w={}", w.limit, w.window_seconds)),
+            join(&|n, w| format!("\"{n}\";r={};t={}", w.remaining(), w.reset_seconds)),
+        ))
+    }
+
+    /// Whether [`Self::each`] in `style` hands over a header `name` (any case).
+    pub(crate) fn sends(&self, style: RateLimitHeaders, name: &str) -> bool {
+        let among = |names: &[&str]| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+        let windows = self.requests.is_some() || self.tokens.is_some();
+        let limits = match style {
+            RateLimitHeaders::Openai => {
+                (self.requests.is_some() && among(&REQUEST_RATE_HEADERS))
+                    || (self.tokens.is_some() && among(&TOKEN_RATE_HEADERS))
+            }
+            RateLimitHeaders::Ietf => windows && among(&[IETF_POLICY_HEADER, IETF_STATE_HEADER]),
+            RateLimitHeaders::None => false,
+        };
+        limits || (self.warning.is_some() && name.eq_ignore_ascii_case(QUOTA_WARNING_HEADER))
     }
 
     /// [`Self::each`] as owned pairs (a refusal's headers).
-    pub(crate) fn headers(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn headers(&self, style: RateLimitHeaders) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(7);
-        self.each(|name, value| out.push((name, value.to_string())));
+        self.each(style, |name, value| out.push((name, value.to_string())));
         out
     }
 }
+
+/// The IETF pair (draft-ietf-httpapi-ratelimit-headers): the quota policies and the state.
+pub(crate) const IETF_POLICY_HEADER: &str = "ratelimit-policy";
+pub(crate) const IETF_STATE_HEADER: &str = "ratelimit";
 
 /// The `x-ratelimit-*` names of request windows and of token windows (limit, remaining, reset).
 const REQUEST_RATE_HEADERS: [&str; 3] = [

@@ -3,7 +3,7 @@ use super::slot::{SLOT_SUBJECTS, SLOT_VERSION, Slot, read_slot, slot_of, used};
 use super::*;
 use crate::store::{MemStore, SharedStore};
 use maas_types::PolicyDocument;
-use maas_types::Tier;
+use maas_types::{RateLimitHeaders, Tier};
 use serde_json::json;
 
 const SLOTS: u64 = DEFAULT_COUNTER_SLOTS;
@@ -217,7 +217,7 @@ fn refusals_are_openai_shaped() {
     let (low, _) = two_tiers();
     let s = MemStore::new();
     let r = admit(&s, &[&low], "a", 70_000, 0, SLOTS)
-        .into_refusal()
+        .into_refusal(RateLimitHeaders::Openai)
         .unwrap();
     assert_eq!(
         (r.status, r.kind, r.code),
@@ -236,7 +236,9 @@ fn refusals_are_openai_shaped() {
     for i in 0..3 {
         allowed(admit1(&s, &t, "b", 1, 6000 + i));
     }
-    let r = admit1(&s, &t, "b", 1, 6010).into_refusal().unwrap();
+    let r = admit1(&s, &t, "b", 1, 6010)
+        .into_refusal(RateLimitHeaders::Openai)
+        .unwrap();
     assert_eq!((r.status, r.code), (429, "rate_limit_exceeded"));
     assert_eq!(
         r.message,
@@ -251,10 +253,14 @@ fn refusals_are_openai_shaped() {
     let r = Admission::Unavailable {
         reason: "counter slot full",
     }
-    .into_refusal()
+    .into_refusal(RateLimitHeaders::Openai)
     .unwrap();
     assert_eq!((r.status, r.code), (503, "limits_unavailable"));
-    assert!(admit1(&s, &t, "c", 1, 0).into_refusal().is_none());
+    assert!(
+        admit1(&s, &t, "c", 1, 0)
+            .into_refusal(RateLimitHeaders::Openai)
+            .is_none()
+    );
 }
 
 #[test]
@@ -371,18 +377,73 @@ fn reservation_sources_and_headers() {
             limit: 3,
             used: 1,
             reset_seconds: 5,
+            window_seconds: 60,
         }),
         tokens: Some(WindowState {
             limit: 100,
             used: 120,
             reset_seconds: 65,
+            window_seconds: 3600,
         }),
         warning: None,
     };
-    let hs = h.headers();
+    let hs = h.headers(RateLimitHeaders::Openai);
     assert!(hs.contains(&("x-ratelimit-remaining-requests", "2".to_string())));
     assert!(hs.contains(&("x-ratelimit-remaining-tokens", "0".to_string())));
     assert!(hs.contains(&("x-ratelimit-reset-tokens", "1m5s".to_string())));
+}
+
+/// The policy's `rateLimitHeaders`: the IETF pair names each window kind with its quota and
+/// window (`RateLimit-Policy`) and what remains and when it resets (`RateLimit`); `none` sends
+/// no limit header (a warning still goes); only the chosen names are the gateway's to send.
+#[test]
+fn rate_limit_headers_in_each_style() {
+    let h = RateHeaders {
+        requests: Some(WindowState {
+            limit: 30,
+            used: 1,
+            reset_seconds: 58,
+            window_seconds: 60,
+        }),
+        tokens: Some(WindowState {
+            limit: 2000,
+            used: 500,
+            reset_seconds: 3000,
+            window_seconds: 86_400,
+        }),
+        warning: None,
+    };
+    assert_eq!(
+        h.headers(RateLimitHeaders::Ietf),
+        [
+            (
+                "ratelimit-policy",
+                "\"requests\";q=30;w=60, \"tokens\";q=2000;w=86400".to_string()
+            ),
+            (
+                "ratelimit",
+                "\"requests\";r=29;t=58, \"tokens\";r=1500;t=3000".to_string()
+            ),
+        ]
+    );
+    assert!(h.sends(RateLimitHeaders::Ietf, "RateLimit"));
+    assert!(!h.sends(RateLimitHeaders::Ietf, "x-ratelimit-limit-requests"));
+    assert_eq!(h.headers(RateLimitHeaders::Openai).len(), 6);
+    assert!(h.headers(RateLimitHeaders::None).is_empty());
+    assert!(!h.sends(RateLimitHeaders::None, "ratelimit"));
+    let only_tokens = RateHeaders {
+        requests: None,
+        ..h
+    };
+    assert_eq!(
+        only_tokens.headers(RateLimitHeaders::Ietf)[1].1,
+        "\"tokens\";r=1500;t=3000"
+    );
+    assert!(
+        RateHeaders::default()
+            .headers(RateLimitHeaders::Ietf)
+            .is_empty()
+    );
 }
 
 /// The fullest window past a threshold of its tier after admission (this request counted):
@@ -407,14 +468,14 @@ fn early_warnings_name_the_fullest_window_past_a_threshold() {
     let w = headers.warning.expect("a warning");
     assert_eq!((w.threshold, w.percent, w.kind), (95, 100, Kind::Requests));
     assert!(
-        headers.headers().contains(&(
+        headers.headers(RateLimitHeaders::Openai).contains(&(
             "x-maas-quota-warning",
             "threshold=95, used=100, kind=requests, window=1m, reset=60".to_string()
         )),
         "{:?}",
-        headers.headers()
+        headers.headers(RateLimitHeaders::Openai)
     );
-    assert!(headers.sends("X-Maas-Quota-Warning"));
+    assert!(headers.sends(RateLimitHeaders::Openai, "X-Maas-Quota-Warning"));
     // The refusal that follows carries it too.
     let refused = admit(&s, &[&t], "u", 1, now, SLOTS);
     let Admission::Limited { headers, .. } = refused else {

@@ -449,25 +449,32 @@ impl Request {
             Phase::Leasing { limited, .. } => limited.take(),
             _ => None,
         };
+        let style = self.rate_limit_style();
         let refusal = match kept {
             Some(Admission::NeedsLease {
                 kind,
                 tier,
                 headers,
                 ..
-            }) => limited_refusal(Admission::Limited {
-                kind,
-                retry_after,
-                tier,
-                headers,
-            }),
-            Some(other) => limited_refusal(other),
-            None => limited_refusal(Admission::Limited {
-                kind: Kind::Requests,
-                retry_after,
-                tier: String::new(),
-                headers: limits::RateHeaders::default(),
-            }),
+            }) => limited_refusal(
+                Admission::Limited {
+                    kind,
+                    retry_after,
+                    tier,
+                    headers,
+                },
+                style,
+            ),
+            Some(other) => limited_refusal(other, style),
+            None => limited_refusal(
+                Admission::Limited {
+                    kind: Kind::Requests,
+                    retry_after,
+                    tier: String::new(),
+                    headers: limits::RateHeaders::default(),
+                },
+                style,
+            ),
         };
         self.refuse(host, &refusal);
     }

@@ -17,7 +17,13 @@ const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 fn is_rate_limit_header(name: &str) -> bool {
     name.get(..RATE_LIMIT_PREFIX.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(RATE_LIMIT_PREFIX))
-        || name.eq_ignore_ascii_case(crate::limits::QUOTA_WARNING_HEADER)
+        || [
+            crate::limits::QUOTA_WARNING_HEADER,
+            crate::limits::IETF_POLICY_HEADER,
+            crate::limits::IETF_STATE_HEADER,
+        ]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// Removes each `x-ratelimit-*` name of `map` (as read into `headers`) that `keep` does not
@@ -136,11 +142,14 @@ impl Request {
         // never reach the client: a name the gateway sends replaces it, any other is removed.
         // Most upstreams send none (one pass says so): then each name is added, which spares
         // Envoy a search of the map.
+        let style = self.rate_limit_style();
         let upstream_limits = headers.names().any(is_rate_limit_header);
         if upstream_limits {
-            remove_rate_limit_headers(host, Headers::Response, &headers, |n| rate_headers.sends(n));
+            remove_rate_limit_headers(host, Headers::Response, &headers, |n| {
+                rate_headers.sends(style, n)
+            });
         }
-        rate_headers.each(|name, value| {
+        rate_headers.each(style, |name, value| {
             if upstream_limits && headers.get(name).is_some() {
                 host.set_header(Headers::Response, name, Some(value));
             } else {

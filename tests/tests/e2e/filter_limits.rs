@@ -198,6 +198,9 @@ async fn the_providers_own_rate_limit_headers_are_replaced_by_the_gateways() {
         );
         // Below every threshold the gateway warns of nothing: the upstream's warning is gone.
         assert_eq!(r.header("x-maas-quota-warning"), None, "stream {stream}");
+        // The provider's IETF pair too (the policy chose OpenAI's headers).
+        assert_eq!(r.header("ratelimit"), None, "stream {stream}");
+        assert_eq!(r.header("ratelimit-policy"), None, "stream {stream}");
         assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 1000);
         assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
         assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 999 - n);

@@ -26,6 +26,7 @@ mod local_command;
 mod models_ready;
 mod one_url;
 mod output_caps;
+mod rate_limit_headers;
 mod reliability_faults;
 mod reliability_policy;
 mod security_input;
