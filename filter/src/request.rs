@@ -111,6 +111,9 @@ pub(crate) enum Phase {
         reservation: Reservation,
         status: u32,
         scan: Box<Scan>,
+        /// An SSE comment (`: x-maas-quota-warning …`) to put before the first event, when the
+        /// request left a window past a warning threshold: what a streaming client sees.
+        sse_comment: Option<String>,
     },
     /// The reservation was settled (or there was none): nothing more to do.
     Settled,
@@ -145,6 +148,7 @@ impl std::fmt::Debug for Phase {
                 reservation,
                 status,
                 scan,
+                ..
             } => f
                 .debug_struct("Responding")
                 .field("reservation", reservation)

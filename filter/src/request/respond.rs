@@ -183,10 +183,32 @@ impl Request {
         if matches!(scan, Scan::Sse(_)) && strip {
             host.set_header(Headers::Response, "content-length", None);
         }
+        // Past a warning threshold, a stream also says so before its first event (a comment:
+        // SSE clients skip it; a reader of the raw stream sees it). Only a stream the filter
+        // reads as events; formatted, and the length dropped, only then.
+        let streamed = match &scan {
+            Scan::Sse(_) => true,
+            Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
+            _ => false,
+        };
+        let sse_comment = rate_headers
+            .warning
+            .filter(|_| streamed && (200..300).contains(&status))
+            .map(|w| {
+                format!(
+                    ": {} {}\n\n",
+                    crate::limits::QUOTA_WARNING_HEADER,
+                    w.value()
+                )
+            });
+        if sse_comment.is_some() && !strip && self.body.translated.is_none() {
+            host.set_header(Headers::Response, "content-length", None);
+        }
         self.phase = Phase::Responding {
             reservation,
             status,
             scan: Box::new(scan),
+            sse_comment,
         };
         Action::Continue
     }
@@ -197,15 +219,28 @@ impl Request {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
-        if let Phase::Responding { scan, .. } = &mut self.phase
+        if let Phase::Responding {
+            scan, sse_comment, ..
+        } = &mut self.phase
             && !matches!(**scan, Scan::None | Scan::Unreadable)
         {
             let chunk = read_body(host, Body::Response, body_size);
+            // The warning comment goes before the first chunk (once).
+            let comment = sse_comment.take();
+            let with_comment = |out: &[u8]| -> Vec<u8> {
+                let mut all =
+                    Vec::with_capacity(out.len() + comment.as_ref().map_or(0, String::len));
+                all.extend_from_slice(comment.as_deref().unwrap_or_default().as_bytes());
+                all.extend_from_slice(out);
+                all
+            };
+            let mut written = false;
             let scan = match scan.as_mut() {
                 Scan::Translated { usage, answer } => {
                     // What the client gets for this chunk now (the translation).
                     let out = answer.feed(&chunk, end_of_stream);
-                    host.set_body(Body::Response, body_size, &out);
+                    host.set_body(Body::Response, body_size, &with_comment(&out));
+                    written = true;
                     usage.as_mut()
                 }
                 other => other,
@@ -222,8 +257,16 @@ impl Request {
                     };
                     // Only a stripped (or held-back) stream is rewritten; otherwise the chunk
                     // Envoy already has goes on untouched, with no copy.
-                    if let Some(out) = sse::splice(forward, &held) {
-                        host.set_body(Body::Response, body_size, &out);
+                    if !written {
+                        match sse::splice(forward, &held) {
+                            Some(out) => {
+                                host.set_body(Body::Response, body_size, &with_comment(&out))
+                            }
+                            None if comment.is_some() => {
+                                host.set_body(Body::Response, body_size, &with_comment(&chunk))
+                            }
+                            None => {}
+                        }
                     }
                 }
                 Scan::None | Scan::Unreadable | Scan::Translated { .. } => {}
@@ -284,6 +327,7 @@ impl Request {
                 reservation,
                 status,
                 scan,
+                ..
             } => (reservation, status, scan),
             Phase::Forwarding {
                 reservation: None, ..

@@ -231,6 +231,7 @@ async fn streamed_responses_exhaust_the_token_budget() {
             .starts_with("text/event-stream")
     );
     assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 73);
+    assert!(!r.body.contains("x-maas-quota-warning"), "{}", r.body);
     let events = sse_events(&r.body);
     assert_eq!(
         events.last().map(String::as_str),
@@ -272,6 +273,25 @@ async fn streamed_responses_exhaust_the_token_budget() {
     for id in ["stream-3", "stream-4"] {
         let r = chat(stack, CHAT, id, &h, plain.clone()).await;
         assert_eq!(r.status, 200, "{id}: {}", r.body);
+        // stream-4 leaves the day's window at 93 %: the warning is in the headers and, for a
+        // streaming client, a comment before the first event (SSE clients skip it).
+        if id == "stream-4" {
+            let w = r.header("x-maas-quota-warning").expect("a warning");
+            assert!(w.starts_with("threshold=80, used=93, kind=tokens"), "{w}");
+            assert!(
+                r.body
+                    .starts_with(&format!(": x-maas-quota-warning {w}\n\n")),
+                "{}",
+                r.body
+            );
+            assert_eq!(
+                sse_events(&r.body).last().map(String::as_str),
+                Some("[DONE]")
+            );
+        } else {
+            assert_eq!(r.header("x-maas-quota-warning"), None);
+            assert!(r.body.starts_with("data:"), "{}", r.body);
+        }
     }
     // 88 used; 88 + 27 does not fit in 100.
     let r = chat(stack, CHAT, "stream-5", &h, plain.clone()).await;
