@@ -391,8 +391,20 @@ fn csv_header(by: GroupBy) -> Vec<&'static str> {
     h
 }
 
+/// A text cell a spreadsheet will not run: one starting with `=`, `+`, `-`, `@`, tab or CR (a
+/// formula to Excel and its kin) gets a leading `'`. User names come from identity providers,
+/// key names from users: a name must not become a formula in an admin's export.
+fn text_cell(s: Option<&str>) -> String {
+    let s = s.unwrap_or_default();
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    }
+}
+
 /// `GET /v1/usage` as CSV (`Accept: text/csv`): one header line, one line per group; `refused`
-/// as `reason=count` pairs joined by `;`.
+/// as `reason=count` pairs joined by `;`; text cells never formulas ([`text_cell`]).
 pub fn to_csv(by: GroupBy, rows: &[UsageRow]) -> Result<Vec<u8>, UsageApiError> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let fail = |e: csv::Error| {
@@ -401,25 +413,18 @@ pub fn to_csv(by: GroupBy, rows: &[UsageRow]) -> Result<Vec<u8>, UsageApiError> 
     };
     w.write_record(csv_header(by)).map_err(fail)?;
     for r in rows {
-        let mut line: Vec<String> = match by {
-            GroupBy::Day => vec![
-                r.day.clone().unwrap_or_default(),
-                r.model.clone().unwrap_or_default(),
-            ],
-            GroupBy::Hour => vec![
-                r.hour.clone().unwrap_or_default(),
-                r.model.clone().unwrap_or_default(),
-            ],
-            GroupBy::Model => vec![r.model.clone().unwrap_or_default()],
-            GroupBy::Key => vec![
-                r.key_id.clone().flatten().unwrap_or_default(),
-                r.key_name.clone().unwrap_or_default(),
-            ],
-            GroupBy::User => vec![r.user.clone().unwrap_or_default()],
-            GroupBy::Subscription => vec![r.subscription.clone().unwrap_or_default()],
-            GroupBy::Organization => vec![r.organization.clone().unwrap_or_default()],
-            GroupBy::CostCenter => vec![r.cost_center.clone().unwrap_or_default()],
+        let key_id = r.key_id.clone().flatten();
+        let cells: Vec<Option<&str>> = match by {
+            GroupBy::Day => vec![r.day.as_deref(), r.model.as_deref()],
+            GroupBy::Hour => vec![r.hour.as_deref(), r.model.as_deref()],
+            GroupBy::Model => vec![r.model.as_deref()],
+            GroupBy::Key => vec![key_id.as_deref(), r.key_name.as_deref()],
+            GroupBy::User => vec![r.user.as_deref()],
+            GroupBy::Subscription => vec![r.subscription.as_deref()],
+            GroupBy::Organization => vec![r.organization.as_deref()],
+            GroupBy::CostCenter => vec![r.cost_center.as_deref()],
         };
+        let mut line: Vec<String> = cells.into_iter().map(text_cell).collect();
         let refused: Vec<String> = r.refused.iter().map(|(k, v)| format!("{k}={v}")).collect();
         line.extend([
             r.requests.to_string(),

@@ -1238,3 +1238,54 @@ async fn chargeback_labels_and_cost_are_rolled_up() {
         .body;
     assert_eq!(body["data"][0]["cost"], "0.00012", "{body}");
 }
+
+/// A name that a spreadsheet would run as a formula (a user name from an identity provider, a
+/// key name a user chose) is exported as text: a leading `'`.
+#[tokio::test]
+async fn the_csv_export_never_holds_a_formula() {
+    let app = spawn_app().await;
+    let r = report(
+        &app,
+        "csv-formula",
+        json!([
+            record(
+                "=HYPERLINK(\"http://x\",\"y\")",
+                None,
+                "free",
+                "sim-model",
+                this_hour()
+            ),
+            record("@SUM(1)", None, "free", "sim-model", this_hour()),
+            record("plain", None, "free", "sim-model", this_hour()),
+        ]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let csv = app
+        .http
+        .get(format!("{}/v1/usage?user=*&groupBy=user", app.public))
+        .bearer_auth("carol-token")
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let firsts: Vec<String> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
+    assert!(firsts.contains(&"'@SUM(1)".to_string()), "{csv}");
+    assert!(firsts.contains(&"plain".to_string()), "{csv}");
+    assert!(
+        csv.lines().any(|l| l.starts_with("\"'=HYPERLINK(")),
+        "{csv}"
+    );
+    assert!(
+        !csv.lines()
+            .any(|l| l.starts_with('=') || l.starts_with("\"=")),
+        "{csv}"
+    );
+}

@@ -78,32 +78,31 @@ impl RateHeaders {
 
     pub(super) fn from_records(tiers: &[&Tier], records: &[Record], now: u64) -> Self {
         let mut h = RateHeaders::default();
-        for (kind, l, tier) in all_limits(tiers) {
-            let w = WindowState {
-                limit: l.limit,
-                used: used_globally(records, kind, l.window, now),
-                reset_seconds: l.window.seconds_left(now),
-                window_seconds: l.window.seconds(),
-            };
-            match kind {
-                Kind::Requests => Self::note(&mut h.requests, w),
-                Kind::Tokens => Self::note(&mut h.tokens, w),
-            }
-            let thresholds = tiers
-                .iter()
-                .find(|t| t.name == tier)
-                .map_or(&[][..], |t| t.warn_at.as_slice());
-            let pct = percent(w.used, w.limit);
-            if let Some(&threshold) = thresholds.iter().rev().find(|t| u64::from(**t) <= pct)
-                && h.warning.is_none_or(|cur| pct > cur.percent)
-            {
-                h.warning = Some(Warning {
-                    threshold,
-                    percent: pct,
-                    kind,
-                    window: l.window,
-                    reset_seconds: w.reset_seconds,
-                });
+        // Tier by tier: each limit's warning thresholds are its own tier's (no lookup by name).
+        for tier in tiers {
+            for (kind, l, _) in all_limits(std::slice::from_ref(tier)) {
+                let w = WindowState {
+                    limit: l.limit,
+                    used: used_globally(records, kind, l.window, now),
+                    reset_seconds: l.window.seconds_left(now),
+                    window_seconds: l.window.seconds(),
+                };
+                match kind {
+                    Kind::Requests => Self::note(&mut h.requests, w),
+                    Kind::Tokens => Self::note(&mut h.tokens, w),
+                }
+                let pct = percent(w.used, w.limit);
+                if let Some(&threshold) = tier.warn_at.iter().rev().find(|t| u64::from(**t) <= pct)
+                    && h.warning.is_none_or(|cur| pct > cur.percent)
+                {
+                    h.warning = Some(Warning {
+                        threshold,
+                        percent: pct,
+                        kind,
+                        window: l.window,
+                        reset_seconds: w.reset_seconds,
+                    });
+                }
             }
         }
         h

@@ -227,19 +227,17 @@ impl Request {
             let chunk = read_body(host, Body::Response, body_size);
             // The warning comment goes before the first chunk (once).
             let comment = sse_comment.take();
-            let with_comment = |out: &[u8]| -> Vec<u8> {
-                let mut all =
-                    Vec::with_capacity(out.len() + comment.as_ref().map_or(0, String::len));
-                all.extend_from_slice(comment.as_deref().unwrap_or_default().as_bytes());
-                all.extend_from_slice(out);
-                all
+            // The chunk as the client gets it; copied only with a comment to put first (rare).
+            let write = |out: &[u8]| match &comment {
+                Some(c) => host.set_body(Body::Response, body_size, &[c.as_bytes(), out].concat()),
+                None => host.set_body(Body::Response, body_size, out),
             };
             let mut written = false;
             let scan = match scan.as_mut() {
                 Scan::Translated { usage, answer } => {
                     // What the client gets for this chunk now (the translation).
                     let out = answer.feed(&chunk, end_of_stream);
-                    host.set_body(Body::Response, body_size, &with_comment(&out));
+                    write(&out);
                     written = true;
                     usage.as_mut()
                 }
@@ -259,12 +257,8 @@ impl Request {
                     // Envoy already has goes on untouched, with no copy.
                     if !written {
                         match sse::splice(forward, &held) {
-                            Some(out) => {
-                                host.set_body(Body::Response, body_size, &with_comment(&out))
-                            }
-                            None if comment.is_some() => {
-                                host.set_body(Body::Response, body_size, &with_comment(&chunk))
-                            }
+                            Some(out) => write(&out),
+                            None if comment.is_some() => write(&chunk),
                             None => {}
                         }
                     }
