@@ -300,6 +300,11 @@ pub(crate) struct Request {
     auth: Option<Authorized>,
     /// What admission reserved (settles the response).
     metering: Metering,
+    /// The clock when the filter began to decide (ms; 0 before): request duration and time to
+    /// first token count from it.
+    started_ms: u64,
+    /// A streamed answer's first bytes were seen (time to first token recorded).
+    first_bytes_seen: bool,
 }
 
 impl Request {
@@ -324,6 +329,8 @@ impl Request {
             body: body::RequestBody::default(),
             auth: None,
             metering: Metering::default(),
+            started_ms: 0,
+            first_bytes_seen: false,
         }
     }
 
@@ -338,9 +345,10 @@ impl Request {
     }
 
     /// Counts one decision (a busy worker counts nothing: metrics never decide).
-    fn count_decision(&self, d: Decision) {
+    fn count_decision(&self, host: &dyn Host, d: Decision, code: &str) {
+        let model = self.model().map_or("none", |m| m.name.as_str());
         if let Ok(w) = self.worker.try_borrow() {
-            w.metrics.decision(d);
+            w.metrics.decision(host, d, code, model);
         }
     }
 
@@ -381,7 +389,7 @@ impl Request {
     /// Answers the request with an error (on the effective context).
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
-        self.count_decision(r.decision);
+        self.count_decision(host, r.decision, r.code);
         // The usage ledger counts refusals of a known subject (in the VM only).
         self.ledger_refused(r.code);
         host.send_response(r.status, &r.response_headers(), &r.body());
@@ -476,7 +484,9 @@ impl Request {
         if let BodyIntent::Read { hold, declared } = model.body {
             self.body.start(hold, declared);
         }
-        let now_s = host.now_ms() / 1000;
+        let now_ms = host.now_ms();
+        self.started_ms = now_ms;
+        let now_s = now_ms / 1000;
         let step = match self.cached(host, &view.cfg, model.credential, now_s) {
             Some((result, counter_key)) => {
                 self.authenticated(host, result, counter_key, headers, subscriptions > 0, now_s)
@@ -707,7 +717,7 @@ impl Request {
         match admission::catalog(policy, &caller.identity, api_key, requested, id.as_deref()) {
             Ok(body) => {
                 self.phase = Phase::Settled;
-                self.count_decision(Decision::Allowed);
+                self.count_decision(host, Decision::Allowed, "ok");
                 host.send_response(
                     200,
                     &[
@@ -870,7 +880,7 @@ impl Request {
             reservation,
             rate_headers,
         };
-        self.count_decision(Decision::Allowed);
+        self.count_decision(host, Decision::Allowed, "ok");
         Step::Continue
     }
 

@@ -32,6 +32,29 @@ pub const SIMULATOR_CLUSTER: &str = "model-sim";
 /// Long enough for slow streamed generations.
 const MODEL_ROUTE_TIMEOUT: &str = "300s";
 
+/// The label names of the filter's metrics (filter/src/metrics.rs `LABELS`; the Gateway's
+/// `extraStatTags` list the same, a manifest check compares the three).
+pub const FILTER_METRIC_LABELS: [&str; 7] = [
+    "decision",
+    "code",
+    "model",
+    "tier",
+    "subscription",
+    "token_type",
+    "operation",
+];
+
+/// Envoy's tag extraction for the filter's labelled metrics, written as Istio writes an
+/// `extraStatTags` entry: `<label>=.=<value>;.;` in a stat name becomes the label.
+pub fn filter_stats_tags() -> Value {
+    Value::Array(
+        FILTER_METRIC_LABELS
+            .iter()
+            .map(|l| json!({"tag_name": l, "regex": format!("({l}=\\.=(.*?);\\.;)")}))
+            .collect(),
+    )
+}
+
 #[derive(Debug, Clone)]
 pub struct WasmFilterOptions {
     pub wasm_path: PathBuf,
@@ -659,6 +682,7 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
         "admin": {"address": {"socket_address": {
             "address": input.admin.ip().to_string(), "port_value": input.admin.port()
         }}},
+        "stats_config": {"stats_tags": filter_stats_tags()},
         "static_resources": {
             "listeners": [{
                 "name": "gateway",

@@ -7,6 +7,7 @@ use crate::encoding::{self, Coding, DecodingScanner};
 use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::ledger::Event;
 use crate::limits;
+use crate::metrics::{self, TokenReport};
 use crate::sse::{self, SseScanner};
 use crate::usage::JsonUsageScanner;
 use proxy_wasm::types::Action;
@@ -61,6 +62,17 @@ pub enum Scan {
         usage: Box<Scan>,
         answer: Box<crate::translate::answer::Answer>,
     },
+}
+
+impl Scan {
+    /// An event stream the filter reads (translated or not).
+    pub fn is_stream(&self) -> bool {
+        match self {
+            Scan::Sse(_) => true,
+            Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Scan {
@@ -186,11 +198,7 @@ impl Request {
         // Past a warning threshold, a stream also says so before its first event (a comment:
         // SSE clients skip it; a reader of the raw stream sees it). Only a stream the filter
         // reads as events; formatted, and the length dropped, only then.
-        let streamed = match &scan {
-            Scan::Sse(_) => true,
-            Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
-            _ => false,
-        };
+        let streamed = scan.is_stream();
         let sse_comment = rate_headers
             .warning
             .filter(|_| streamed && (200..300).contains(&status))
@@ -219,6 +227,7 @@ impl Request {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        self.first_stream_bytes(host, body_size);
         if let Phase::Responding {
             scan, sse_comment, ..
         } = &mut self.phase
@@ -360,7 +369,8 @@ impl Request {
         // The limits count weighted tokens; the ledger and the metrics the raw ones.
         let settled = decide::settled_tokens(&seen, self.metering.reserved);
         let actual = settled.weighted(self.metering.weights);
-        let now_s = host.now_ms() / 1000;
+        let now_ms = host.now_ms();
+        let now_s = now_ms / 1000;
         // A busy subject's refund is folded into its next counter write (`crate::folds`).
         let folded = self
             .worker
@@ -385,9 +395,60 @@ impl Request {
                 cached,
             },
         );
-        if let (Some(u), Some(m), Ok(mut w)) = (usage, self.model(), self.worker.try_borrow_mut()) {
-            w.metrics
-                .tokens(host, tier, &m.name, u.prompt_tokens, u.completion_tokens);
+        let operation = self.operation_name();
+        if let (Some(u), Some(m), Ok(w)) = (usage, self.model(), self.worker.try_borrow()) {
+            w.metrics.tokens(
+                host,
+                &TokenReport {
+                    tier,
+                    model: &m.name,
+                    operation,
+                    input: u.prompt_tokens,
+                    output: u.completion_tokens,
+                    cached: u.cached_input_tokens,
+                },
+            );
+        }
+        if status != 0 {
+            self.record_latency(host, &metrics::GEN_AI_REQUEST_DURATION, now_ms);
+        }
+    }
+
+    fn operation_name(&self) -> &'static str {
+        self.traits().map_or("none", |t| t.operation.metric_name())
+    }
+
+    /// Records the time since the filter began to decide in a latency family (once the clock
+    /// was read at the headers).
+    fn record_latency(&self, host: &dyn Host, family: &metrics::Family, now_ms: u64) {
+        if self.started_ms == 0 {
+            return;
+        }
+        let model = self.model().map_or("none", |m| m.name.as_str());
+        if let Ok(w) = self.worker.try_borrow() {
+            w.metrics.record(
+                host,
+                family,
+                &[self.operation_name(), model],
+                now_ms.saturating_sub(self.started_ms),
+            );
+        }
+    }
+
+    /// A streamed answer's first bytes: the time to first token (one clock read per stream).
+    fn first_stream_bytes(&mut self, host: &dyn Host, body_size: usize) {
+        if self.first_bytes_seen || body_size == 0 || self.started_ms == 0 {
+            return;
+        }
+        let streamed_ok = match &self.phase {
+            Phase::Responding { status, scan, .. } => {
+                (200..300).contains(status) && scan.is_stream()
+            }
+            _ => false,
+        };
+        if streamed_ok {
+            self.first_bytes_seen = true;
+            self.record_latency(host, &metrics::GEN_AI_TIME_TO_FIRST_TOKEN, host.now_ms());
         }
     }
 }

@@ -65,8 +65,10 @@ fn a_json_response_settles_to_its_usage() {
     assert_eq!(fx.tokens_used("alice"), 12);
     fx.flush();
     assert_eq!(
-        fx.host
-            .metric(&crate::metrics::token_metric("completion", "free", "sim")),
+        fx.host.metric(&crate::metrics::series_name(
+            &crate::metrics::TOKENS,
+            &["output", "free", "none", "sim"]
+        )),
         7
     );
     // Settled once: the end of the stream changes nothing.
@@ -574,7 +576,8 @@ fn host_calls_per_request_stay_within_budget() {
     assert_eq!(json.len(), 21, "{json:#?}");
     // Held: the length is kept (no removal); a rewritten stream body corrects it (a set instead).
     assert_eq!(held.len(), 20, "{held:#?}");
-    assert_eq!(held_stream.len(), 26, "{held_stream:#?}");
+    // A stream reads the clock once more, at its first bytes (time to first token).
+    assert_eq!(held_stream.len(), 27, "{held_stream:#?}");
     // No settlement read or write: one counter read (precheck) and one CAS write (admission).
     assert_eq!(busy.len(), 19, "{busy:#?}");
     let slot_calls = |calls: &[Call]| {
@@ -584,9 +587,11 @@ fn host_calls_per_request_stay_within_budget() {
             .count()
     };
     assert_eq!((slot_calls(&json), slot_calls(&busy)), (4, 2));
-    assert_eq!(json_first.len(), 25, "{json_first:#?}");
-    assert_eq!(stream.len(), 26, "{stream:#?}");
-    assert_eq!(miss.len(), 37, "{miss:#?}");
+    // The first request of a worker also defines its labelled series (decision, tokens by type,
+    // the token-usage and duration histograms): once per series and VM.
+    assert_eq!(json_first.len(), 29, "{json_first:#?}");
+    assert_eq!(stream.len(), 27, "{stream:#?}");
+    assert_eq!(miss.len(), 41, "{miss:#?}");
     // What makes a request expensive is what it reads: the worker's copy reads no cache slot.
     let reads = |calls: &[Call]| {
         calls
@@ -745,7 +750,7 @@ fn host_calls_per_request_do_not_grow_with_global_limits_and_a_lease_held() {
         "no callout"
     );
     assert_eq!(json.len(), 21, "{json:#?}");
-    assert_eq!(stream.len(), 26, "{stream:#?}");
+    assert_eq!(stream.len(), 27, "{stream:#?}");
     assert!(fx.root.worker.borrow().leases.tracked.contains_key("alice"));
 }
 
