@@ -34,6 +34,7 @@ pub mod migration_checks;
 pub mod module_stack;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod redis;
 pub mod sim;
 pub mod stack;

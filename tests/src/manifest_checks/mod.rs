@@ -41,7 +41,10 @@ mod scope;
 
 pub use context::{LeaseStore, Options, Platform, Tls};
 pub use docs::{Docs, Verdict, name_of, opt, repr};
-pub use monitoring::{dashboard, exported_metrics};
+pub use monitoring::{
+    DASHBOARDS, dashboard, dashboard_files, dashboard_queries, exported_metrics,
+    filter_metric_labels,
+};
 pub use network::model_routes;
 pub use report::{Outcome, Report};
 pub use schema::{Schemas, schema_file_name};
@@ -86,7 +89,7 @@ const WIRING: [Wiring; 21] = [
     ),
     (
         "monitoring: ServiceMonitor on the metrics port (HTTPS with TLS on), PodMonitor on the Gateway's \
-             Envoy, alerts on exported metrics only",
+             Envoy, alerts on exported metrics only, the Gateway's proxy extracts the filter's metric labels",
         monitoring::monitoring,
     ),
     (
