@@ -229,6 +229,11 @@ impl Metrics {
             policy_resources_invalid.clone(),
         );
         let policy_reloads = Family::<ResultLabels, Counter>::default();
+        // Every result exists from the start (at 0): an alert on `rejected` reads a series that
+        // is there before the first failure, and a dashboard shows 0, not "no data".
+        for result in ["accepted", "rejected", "unreadable"] {
+            let _ = policy_reloads.get_or_create(&ResultLabels { result });
+        }
         registry.register(
             "maas_policy_reload",
             "Policy file reloads by result (accepted, rejected, unreadable)",

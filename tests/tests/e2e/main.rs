@@ -24,6 +24,7 @@ mod internal_auth;
 mod istio_gateway;
 mod local_command;
 mod models_ready;
+mod observability;
 mod one_url;
 mod output_caps;
 mod rate_limit_headers;
