@@ -108,6 +108,37 @@ pub fn config(jobs: &[ScrapeJob], rule_files: &[PathBuf], scrape_interval: &str)
     out
 }
 
+/// The shipped PrometheusRules' groups (gateway and companion) written as one rules file under
+/// `dir`, as Prometheus and promtool read it.
+pub fn shipped_rules(repo_root: &Path, dir: &Path) -> Result<PathBuf> {
+    let mut groups = Vec::new();
+    for file in [
+        "wasm-plugin-crs/base/gateway/monitoring.yaml",
+        "wasm-plugin-crs/base/companion/monitoring.yaml",
+    ] {
+        let path = repo_root.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        for doc in yaml_serde::Deserializer::from_str(&text) {
+            let doc: Value = serde::Deserialize::deserialize(doc)
+                .with_context(|| format!("{} is not YAML", path.display()))?;
+            if doc["kind"] == "PrometheusRule"
+                && let Some(g) = doc["spec"]["groups"].as_array()
+            {
+                groups.extend(g.iter().cloned());
+            }
+        }
+    }
+    if groups.is_empty() {
+        bail!("no PrometheusRule groups in the shipped monitoring.yaml files");
+    }
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("rules.yml");
+    // JSON is YAML.
+    std::fs::write(&path, serde_json::json!({"groups": groups}).to_string())?;
+    Ok(path)
+}
+
 pub struct Prometheus {
     process: ManagedProcess,
     pub url: String,

@@ -13,7 +13,7 @@ use maas_e2e::prometheus::{self, Prometheus, alert_signal, grafana_to_promql};
 use maas_e2e::stack::{Stack, StackOptions, free_ports};
 use maas_e2e::tools::workspace_root;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
@@ -75,33 +75,6 @@ fn stack() -> &'static Stack {
         .join()
         .unwrap_or_else(|_| Err("stack start panicked".into()))
     })
-}
-
-/// The shipped PrometheusRules' groups, as one rules file Prometheus and promtool read.
-fn rules_file(dir: &Path) -> PathBuf {
-    let mut groups = Vec::new();
-    for file in [
-        "wasm-plugin-crs/base/gateway/monitoring.yaml",
-        "wasm-plugin-crs/base/companion/monitoring.yaml",
-    ] {
-        let text = std::fs::read_to_string(workspace_root().join(file)).expect("monitoring.yaml");
-        for doc in yaml_serde::Deserializer::from_str(&text) {
-            let doc: Value = serde::Deserialize::deserialize(doc).expect("YAML");
-            if doc["kind"] == "PrometheusRule" {
-                groups.extend(
-                    doc["spec"]["groups"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default(),
-                );
-            }
-        }
-    }
-    assert!(groups.len() >= 2, "no rule groups read");
-    let path = dir.join("rules.yml");
-    // JSON is YAML.
-    std::fs::write(&path, json!({"groups": groups}).to_string()).expect("rules written");
-    path
 }
 
 /// Calls of every kind, in a loop for `run`: each round admits JSON and streamed answers (one
@@ -239,7 +212,7 @@ async fn empty_queries(prom: &Prometheus, exprs: &[(String, String)]) -> Vec<Str
 }
 
 fn start_prometheus(stack: &Stack, dir: &Path) -> Prometheus {
-    let rules = rules_file(dir);
+    let rules = prometheus::shipped_rules(&workspace_root(), dir).expect("the shipped rules");
     let promtool = prometheus::promtool().expect("promtool");
     let checked = std::process::Command::new(promtool)
         .args(["check", "rules"])
