@@ -23,6 +23,7 @@ mod http2;
 mod internal_auth;
 mod istio_gateway;
 mod local_command;
+mod log_privacy;
 mod models_ready;
 mod observability;
 mod one_url;
