@@ -791,10 +791,7 @@ mod tests {
             ..input(&p, true)
         };
         let log = hcm_of(&with)["access_log"][0].clone();
-        assert_eq!(
-            log["typed_config"]["path"],
-            "/tmp/stack/usage-events.jsonl"
-        );
+        assert_eq!(log["typed_config"]["path"], "/tmp/stack/usage-events.jsonl");
         assert_eq!(
             log["filter"]["extension_filter"]["typed_config"]["expression"],
             "'wasm.maas_event' in filter_state"
@@ -803,7 +800,9 @@ mod tests {
             log["typed_config"]["log_format"]["text_format_source"]["inline_string"],
             USAGE_EVENT_FORMAT
         );
-        assert!(USAGE_EVENT_FORMAT.ends_with("}\n") && USAGE_EVENT_FORMAT.matches('\n').count() == 1);
+        assert!(
+            USAGE_EVENT_FORMAT.ends_with("}\n") && USAGE_EVENT_FORMAT.matches('\n').count() == 1
+        );
         for (event, dash) in [(r#"{"model":"m\"x"}"#, "-"), ("{}", "x")] {
             let line = USAGE_EVENT_FORMAT
                 .replace("%FILTER_STATE(wasm.maas_event:PLAIN)%", event)
