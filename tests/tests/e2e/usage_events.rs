@@ -4,7 +4,8 @@
 //! stream, an embeddings call, an Anthropic Messages call, an OpenAI chat translated to Messages,
 //! a client that leaves mid-stream (settled in the filter's `on_log`, before Envoy's access log),
 //! refusals (429 over a limit, 403 for a model the tier may not use, 400 for too large a
-//! reservation) and a subscription with a billing rate. Every line parses; the events add up
+//! reservation), requests past a shadow limit, prompt-cache tokens the provider reported, and a
+//! subscription with a billing rate. Every line parses; the events add up
 //! exactly to the ledger as `GET /maas-api/v1/usage` shows it (requests, tokens, cached tokens,
 //! refusals by code, cost), user by user; the user is the companion's keyed pseudonym; no line
 //! holds a prompt, an API key or a username. With the switch off, the file stays empty.
@@ -22,7 +23,7 @@ tiers:
     level: 0
     groups: [g-roomy]
     limits:
-      requests: [{limit: 100, window: 1d}]
+      requests: [{limit: 100, window: 1d}, {limit: 3, window: 1d, shadow: true}]
       tokens: [{limit: 100000, window: 1d}]
     defaultMaxTokens: 50
   - name: tiny
@@ -288,8 +289,14 @@ async fn ledger_shows(stack: &Stack, cred: &str, want: &Sums) {
 
 /// evelyn's calls: every API family and the refusals that reach the ledger; the API key's.
 async fn evelyn_calls(s: &Stack, key: &str) {
-    let r = post(s, CHAT, key, &[], body("sim-model", json!({}))).await;
+    // The provider says 2 of the prompt's tokens came from its prompt cache.
+    let cached = [("x-sim-cached-tokens", "2")];
+    let r = post(s, CHAT, key, &cached, body("sim-model", json!({}))).await;
     assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        2
+    );
     let stream = body("sim-model", json!({"stream": true}));
     let r = post(s, CHAT, "evelyn-token", &[], stream).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -397,6 +404,14 @@ fn check_lines(lines: &[Value], key: &str, key_id: &str) {
         .filter(|l| l["event"]["key_id"] == key_id)
         .collect();
     assert_eq!(with_key.len(), 1, "the API key's one call");
+    assert_eq!(with_key[0]["event"]["cached_tokens"], 2);
+    // evelyn's fourth request on and past the shadow limit of 3: counted, not refused.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"]["shadow"] == "shadow_rate_limit_exceeded" && l["status"] == 200),
+        "a shadow refusal: {lines:#?}"
+    );
     let by = |decision: &str| {
         lines
             .iter()
