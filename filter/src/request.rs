@@ -305,6 +305,11 @@ pub(crate) struct Request {
     started_ms: u64,
     /// A streamed answer's first bytes were seen (time to first token recorded).
     first_bytes_seen: bool,
+    /// The authenticated caller (the usage event names them by their pseudonym).
+    caller: Option<Rc<crate::cache::CachedIdentity>>,
+    /// With the policy's `observability.usageEvents`: what the ledger counted for this request,
+    /// until its usage event is written (a cell: the ledger's side reads `&self`).
+    usage_event: std::cell::RefCell<Option<Box<crate::usage_event::Counted>>>,
 }
 
 impl Request {
@@ -331,6 +336,8 @@ impl Request {
             metering: Metering::default(),
             started_ms: 0,
             first_bytes_seen: false,
+            caller: None,
+            usage_event: std::cell::RefCell::new(None),
         }
     }
 
@@ -390,8 +397,10 @@ impl Request {
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
         self.count_decision(host, r.decision, r.code);
-        // The usage ledger counts refusals of a known subject (in the VM only).
+        // The usage ledger counts refusals of a known subject (in the VM only), and the usage
+        // event reports them.
         self.ledger_refused(r.code);
+        self.write_usage_event(host);
         host.send_response(r.status, &r.response_headers(), &r.body());
     }
 
@@ -618,6 +627,7 @@ impl Request {
         now_s: u64,
     ) -> Step {
         let requested = requested_subscription(&headers, names_subscription);
+        self.caller = Some(caller.identity.clone());
         let decided = self.authorize(host, &caller, counter_key, &headers, requested, now_s);
         let (plan, slot_read) = match decided {
             Ok(d) => d,
@@ -897,6 +907,7 @@ impl Request {
         if let Ok(w) = self.worker.try_borrow() {
             w.metrics.inc(w.metrics.shadow_refusals, 1);
         }
+        // (The usage event reports it as the request's `shadow`.)
         self.ledger_refused(if s.code == "tokens_exceed_limit" {
             "shadow_tokens_exceed_limit"
         } else {

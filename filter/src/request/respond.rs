@@ -127,7 +127,8 @@ impl Request {
             && let Err(r) = self.check_routed(host)
         {
             log::warn!("{}", r.message);
-            self.settle(host);
+            // Settled and refused: one usage event says both (written by the refusal).
+            self.settle_usage(host);
             self.refuse(host, &r);
             return Action::Pause;
         }
@@ -318,9 +319,16 @@ impl Request {
         Action::Continue
     }
 
+    /// Settles the token reservation to what the response showed (once), and writes the
+    /// request's usage event (when the policy asks for them).
+    pub(super) fn settle(&mut self, host: &dyn Host) {
+        self.settle_usage(host);
+        self.write_usage_event(host);
+    }
+
     /// Settles the token reservation to what the response showed (once). Without response
     /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
-    pub(super) fn settle(&mut self, host: &dyn Host) {
+    fn settle_usage(&mut self, host: &dyn Host) {
         let (res, status, mut scan) = match std::mem::replace(&mut self.phase, Phase::Settled) {
             Phase::Forwarding {
                 reservation: Some(res),
@@ -453,9 +461,10 @@ impl Request {
     }
 }
 
-/// The usage ledger's side of a request (in the VM: no host call).
+/// The usage ledger's side of a request (in the VM: no host call), and its usage event (one
+/// host call, with the policy's `observability.usageEvents` only).
 impl Request {
-    fn ledger_add(&self, tier: &str, event: Event<'_>) {
+    fn ledger_add(&self, tier: &str, event: Event<'static>) {
         let (Some(auth), Some(model)) = (self.auth.as_ref(), self.model()) else {
             return;
         };
@@ -465,6 +474,69 @@ impl Request {
             && w.ledger.enabled
         {
             w.ledger.add(subject, key_id, tier, &model.name, event);
+        }
+        self.count_for_event(event, None);
+    }
+
+    /// The usage event counts what the ledger counted (`tier`: the ledger's, when the request
+    /// holds none yet). Only with the policy's `observability.usageEvents`.
+    fn count_for_event(&self, event: Event<'static>, tier: Option<String>) {
+        if !self
+            .route
+            .as_ref()
+            .is_some_and(|r| r.policy.observability.usage_events)
+        {
+            return;
+        }
+        let Ok(mut slot) = self.usage_event.try_borrow_mut() else {
+            return;
+        };
+        let counted = slot.get_or_insert_default();
+        if tier.is_some() {
+            counted.tier = tier;
+        }
+        match event {
+            Event::Settled {
+                prompt,
+                completion,
+                cached,
+            } => {
+                counted.settled = Some(crate::usage_event::Tokens {
+                    input: prompt,
+                    output: completion,
+                    cached,
+                });
+            }
+            Event::Refused(code) if code.starts_with("shadow_") => counted.shadow = Some(code),
+            Event::Refused(code) => counted.refused = Some(code),
+        }
+    }
+
+    /// Hands the request's usage event to Envoy (filter state `wasm.maas_event`), once, when
+    /// the ledger counted something for it: at settlement or at the refusal.
+    pub(super) fn write_usage_event(&self, host: &dyn Host) {
+        let Ok(mut slot) = self.usage_event.try_borrow_mut() else {
+            return;
+        };
+        let Some(counted) = slot.as_mut().filter(|c| !c.written) else {
+            return;
+        };
+        counted.written = true;
+        let (Some(route), Some(model)) = (self.route.as_ref(), self.model()) else {
+            return;
+        };
+        let Some(tier) = counted.tier.as_deref().or_else(|| self.tier_name()) else {
+            return;
+        };
+        let about = crate::usage_event::About {
+            user: self.caller.as_ref().and_then(|c| c.pseudonym.as_deref()),
+            key_id: self.identity.as_ref().and_then(|i| i.key_id()),
+            tier,
+            model: &model.name,
+            operation: Some(route.traits.operation),
+        };
+        if let Some(event) = crate::usage_event::build(&route.policy, &about, counted) {
+            host.set_property(&[crate::usage_event::PROPERTY], &event);
         }
     }
 
@@ -476,7 +548,7 @@ impl Request {
     }
 
     /// A refusal of a request whose subject and tier are known.
-    pub(super) fn ledger_refused(&self, code: &str) {
+    pub(super) fn ledger_refused(&self, code: &'static str) {
         if let Some(tier) = self.tier_name() {
             self.ledger_add(tier, Event::Refused(code));
         }
@@ -488,7 +560,7 @@ impl Request {
         &self,
         identity: &crate::cache::CachedIdentity,
         requested_subscription: Option<&str>,
-        code: &str,
+        code: &'static str,
     ) {
         let (Some(policy), Some(model)) = (self.route.as_ref().map(|r| &r.policy), self.model())
         else {
@@ -530,5 +602,6 @@ impl Request {
                 Event::Refused(code),
             );
         }
+        self.count_for_event(Event::Refused(code), Some(tier));
     }
 }

@@ -22,6 +22,7 @@ mod provider_paths;
 mod respond;
 mod subscriptions;
 mod translate;
+mod usage_events;
 mod weights;
 
 pub(super) const COMPANION: &str = "maas-companion";
@@ -218,6 +219,7 @@ pub(super) fn allow_alice() -> CachedAnswer {
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
         subscription: None,
+        pseudonym: None,
     })
 }
 

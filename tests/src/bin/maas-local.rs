@@ -221,12 +221,14 @@ OpenAI SDK: OpenAI(base_url="$GATEWAY/v1", api_key=KEY); Anthropic SDK: Anthropi
 
 Stream: add "stream":true,"stream_options":{{"include_usage":true}} to the body of step 2.
 Policy: {policy} (edits are reloaded; new model routes need a restart)
+Usage events: {events} (one JSON line per request with the policy's observability: {{usageEvents: true}})
 Identities: {identities}
 Logs: {dir}
 Root: {root}
 Ctrl-C stops everything."#,
         policy = stack.policy_path().display(),
         identities = stack.identities_path().display(),
+        events = stack.usage_events_path().display(),
         dir = stack.dir().display(),
         root = root.display(),
     );

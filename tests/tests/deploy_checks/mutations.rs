@@ -406,6 +406,14 @@ refused! {
         at(doc(d, "ClusterRole", "maas-companion-tokenreview"), "/rules").as_array_mut().expect("rules")
             .retain(|r| r["resources"] != json!(["subjectaccessreviews"]));
     };
+    // The usage-events Telemetry logs only requests with an event, on the Gateway's pods.
+    usage_events_unfiltered: @"usage-events", "requests without a usage event would be logged", |d: &mut Docs| {
+        remove(at(doc(d, "Telemetry", "maas-usage-events"), "/spec/accessLogging/0"), "/filter");
+    };
+    usage_events_elsewhere: @"usage-events", "expected the Gateway's pods", |d: &mut Docs| {
+        *at(doc(d, "Telemetry", "maas-usage-events"), "/spec/selector/matchLabels")
+            = json!({"app": "something-else"});
+    };
     admins_elsewhere_than_the_subscriptions: @"maas-resources", "but the subscriptions are in MAAS_POLICY_NAMESPACE", |d: &mut Docs| {
         *at(env(d, "MAAS_ADMIN_SAR_NAMESPACE"), "/value") = json!("team-a");
     };

@@ -20,6 +20,8 @@ struct Started {
     one_base_url_first: bool,
     /// The `Prometheus:` line's URL (with --observability).
     prometheus: Option<String>,
+    /// The `Usage events:` line's file.
+    usage_events: String,
     output: mpsc::Receiver<String>,
 }
 
@@ -104,6 +106,7 @@ fn start_local_with(extra: &[&str]) -> Started {
     let mut one_base_url: Option<String> = None;
     let mut one_base_url_first = false;
     let mut prometheus = None;
+    let mut usage_events = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     while stack_dir.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -121,6 +124,9 @@ fn start_local_with(extra: &[&str]) -> Started {
         }
         if line.starts_with("Path-prefix URLs") {
             one_base_url_first = one_base_url.is_some();
+        }
+        if let Some(rest) = line.strip_prefix("Usage events: ") {
+            usage_events = rest.split(" (").next().map(str::to_string);
         }
         if let Some(url) = line.strip_prefix("Internal API: ") {
             internal = Some(url.trim().to_string());
@@ -144,6 +150,7 @@ fn start_local_with(extra: &[&str]) -> Started {
         one_base_url: one_base_url.expect("an OpenAI base URL line before the Logs line"),
         one_base_url_first,
         prometheus,
+        usage_events: usage_events.expect("a Usage events line before the Logs line"),
         output: rx,
     }
 }
@@ -207,6 +214,13 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
         processes_mentioning(&started.stack_dir).len() >= 3,
         "postgres, companion and envoy run from the stack dir"
     );
+    // Where the usage events go: a file of the stack's, which Envoy opened.
+    let events = std::path::Path::new(&started.usage_events);
+    assert_eq!(
+        events,
+        std::path::Path::new(&started.stack_dir).join("usage-events.jsonl")
+    );
+    assert!(events.exists(), "{}", events.display());
     // The printed steps: mint with alice-token through the gateway, then call the model.
     let client = reqwest::blocking::Client::new();
     let minted: serde_json::Value = client

@@ -47,4 +47,5 @@ mod subscriptions_resources;
 mod token_weights;
 mod translate_anthropic;
 mod ui_browser;
+mod usage_events;
 mod usage_ledger;

@@ -439,6 +439,7 @@ fn kind_of(c: &Call) -> &'static str {
         Call::IncrementMetric(..) => "metric increment",
         Call::RecordMetric(..) => "metric record",
         Call::Property(_) => "property",
+        Call::SetProperty(_) => "property set",
         Call::SharedGet(_) => "shared get",
         Call::SharedSet(_) => "shared set (CAS)",
     }
@@ -767,6 +768,7 @@ fn cached_fixture() -> Fx {
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
         subscription: None,
+        pseudonym: None,
     });
     let id = credential::extract(None, Some(&key(2)))
         .unwrap()
@@ -948,4 +950,54 @@ fn cached_stream_callbacks(fx: &Fx, id: u32, chunks: &[Vec<u8>]) {
 #[inline(never)]
 fn put_chunk(host: &RecordingHost, chunk: &[u8]) {
     host.set_buffer(Body::Response, chunk);
+}
+
+/// A worker whose policy asks for usage events (`observability.usageEvents`).
+fn events_fx() -> Fx {
+    let mut p = policy();
+    p["observability"] = serde_json::json!({"usageEvents": true});
+    Fx::with(serde_json::json!({"bootstrapPolicy": p}))
+}
+
+fn set_properties(calls: &[Call]) -> Vec<&Call> {
+    calls
+        .iter()
+        .filter(|c| matches!(c, Call::SetProperty(_)))
+        .collect()
+}
+
+/// Usage events off (the default) cost no host call; on, exactly one property set per request
+/// (its event, at settlement), whatever the response's shape, and nothing else changes.
+#[test]
+fn host_calls_per_request_stay_within_budget_with_usage_events() {
+    let json_headers = [(":status", "200"), ("content-type", "application/json")];
+    let sse_headers = [(":status", "200"), ("content-type", "text/event-stream")];
+    let parts: Vec<&[u8]> = SSE.split_inclusive("\n\n").map(str::as_bytes).collect();
+    for (body, headers, chunks) in [
+        (BODY, &json_headers, vec![JSON]),
+        (STREAM, &sse_headers, parts),
+    ] {
+        let (_, off) = calls_of(&Fx::new(), body, headers, &chunks);
+        assert!(set_properties(&off).is_empty(), "{off:#?}");
+        let (_, on) = calls_of(&events_fx(), body, headers, &chunks);
+        assert_eq!(
+            set_properties(&on),
+            [&Call::SetProperty("maas_event".into())]
+        );
+        let without: Vec<Call> = on
+            .iter()
+            .filter(|c| !matches!(c, Call::SetProperty(_)))
+            .cloned()
+            .collect();
+        assert_eq!(without, off);
+    }
+    assert!(set_properties(&calls_of_miss(&Fx::new())).is_empty());
+    // A refusal: one set too (429 at the precheck: the free tier allows 3 a minute).
+    let fx = events_fx();
+    for _ in 0..3 {
+        one_request(&fx, BODY, &json_headers, &[JSON]);
+    }
+    let refused = one_request(&fx, BODY, &json_headers, &[JSON]);
+    assert_eq!(fx.host.last_sent().unwrap().status, 429);
+    assert_eq!(set_properties(&refused).len(), 1, "{refused:#?}");
 }
