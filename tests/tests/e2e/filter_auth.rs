@@ -670,8 +670,13 @@ async fn metrics_are_exported() {
     );
     // No series keeps its labels in its name (a label Envoy does not extract would).
     assert!(!text.contains("=.="), "unextracted labels: {text}");
+    // Counted at the filter's next tick.
     assert!(
-        labelled_now(stack, "maas_requests_total", &[("decision", "allowed")]).await >= 1,
+        eventually(std::time::Duration::from_secs(5), || async {
+            labelled_now(stack, "maas_requests_total", &[("decision", "allowed")]).await >= 1
+        })
+        .await
+        .is_some(),
         "maas_requests_total never counted the allowed request"
     );
 }
