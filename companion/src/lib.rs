@@ -3,7 +3,7 @@
 //! Modules by capability, with no import cycles among them (a test checks:
 //! `tests/module_graph.rs`): `settings` (configuration, parsed once), `http` (shared HTTP
 //! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `policy_source` (the policy from the reference's Kubernetes resources), `credentials`, `identity`,
-//! `authenticate`, `caller`, `internal_tls` (who may call the internal listener: mutual TLS), `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`), `pseudonym` (users as keyed pseudonyms in the logs); `state` assembles
+//! `authenticate`, `caller`, `internal_tls` (who may call the internal listener: mutual TLS), `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`), `pseudonym` (users as keyed pseudonyms in the logs), `quota_webhook` (quota warnings to a webhook); `state` assembles
 //! the substates, `routes` the routers, `startup` the listeners. Only the settings and the application are public.
 
 // The companion's own lints (the workspace's are in the root Cargo.toml). A panic in a handler
@@ -43,6 +43,7 @@ mod policy;
 mod policy_source;
 pub mod pseudonym;
 mod public_url;
+mod quota_webhook;
 mod readiness;
 mod routes;
 pub mod settings;

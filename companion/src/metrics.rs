@@ -64,6 +64,48 @@ pub struct Metrics {
     pub internal_handshakes_failed: Counter,
     pub leases: LeaseMetrics,
     pub usage: UsageMetrics,
+    pub quota_webhook: QuotaWebhookMetrics,
+}
+
+/// The quota-warning webhook's series, registered (at 0) whether the webhook is on or not, so
+/// dashboards and alerts read a series.
+pub struct QuotaWebhookMetrics {
+    /// Delivery outcomes: `delivered`, `retried` (an attempt failed, another is scheduled),
+    /// `dead` (given up: attempts exhausted or a 4xx), `dropped` (beyond the pending bound).
+    pub events: Family<ResultLabels, Counter>,
+    /// Events not delivered yet (all companions together, as the last look at the outbox saw).
+    pub pending: Gauge,
+}
+
+/// The results of `maas_companion_quota_webhooks_total`.
+pub const QUOTA_WEBHOOK_RESULTS: [&str; 4] = ["delivered", "retried", "dead", "dropped"];
+
+impl QuotaWebhookMetrics {
+    fn new(registry: &mut Registry) -> QuotaWebhookMetrics {
+        let events = Family::<ResultLabels, Counter>::default();
+        for result in QUOTA_WEBHOOK_RESULTS {
+            let _ = events.get_or_create(&ResultLabels { result });
+        }
+        registry.register(
+            "maas_companion_quota_webhooks",
+            "Quota-warning webhook deliveries by result (delivered, retried, dead, dropped)",
+            events.clone(),
+        );
+        let pending = Gauge::default();
+        registry.register(
+            "maas_companion_quota_webhook_pending",
+            "Quota-warning webhook events not delivered yet (the outbox, all companions)",
+            pending.clone(),
+        );
+        QuotaWebhookMetrics { events, pending }
+    }
+
+    /// Counts `n` events of `result` (one of [`QUOTA_WEBHOOK_RESULTS`]).
+    pub fn count(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            self.events.get_or_create(&ResultLabels { result }).inc_by(n);
+        }
+    }
 }
 
 /// Labels of the usage series: `tier`, `model`, then `direction` or `reason` where they apply,
@@ -261,6 +303,7 @@ impl Metrics {
         leases.register(&mut registry);
         let usage = UsageMetrics::default();
         usage.register(&mut registry);
+        let quota_webhook = QuotaWebhookMetrics::new(&mut registry);
         Arc::new(Metrics {
             registry,
             http_requests,
@@ -275,6 +318,7 @@ impl Metrics {
             internal_handshakes_failed,
             leases,
             usage,
+            quota_webhook,
         })
     }
 

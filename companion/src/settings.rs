@@ -311,6 +311,25 @@ pub struct Cli {
     /// `user="other"`.
     #[arg(long, env = "MAAS_USAGE_METRICS_MAX_USERS", default_value_t = 1000)]
     pub usage_metrics_max_users: u32,
+    /// Where quota warnings are POSTed (`https://…`; `http://` only to a loopback address or
+    /// inside a mesh that encrypts it): one signed event per window per `warnAt` threshold.
+    /// Unset: no webhook (no task, no cost).
+    #[arg(long, env = "MAAS_QUOTA_WEBHOOK_URL", hide_env_values = true)]
+    pub quota_webhook_url: Option<SecretString>,
+    /// The webhook's signing secret: a file of at least 32 bytes (a Secret). Required with
+    /// `--quota-webhook-url`.
+    #[arg(long, env = "MAAS_QUOTA_WEBHOOK_SECRET_FILE")]
+    pub quota_webhook_secret_file: Option<PathBuf>,
+    /// How long one delivery attempt may take (connect and answer).
+    #[arg(long, env = "MAAS_QUOTA_WEBHOOK_TIMEOUT_MS", default_value_t = 5000)]
+    pub quota_webhook_timeout_ms: u64,
+    /// Delivery attempts of one event at most; then it is dead.
+    #[arg(long, env = "MAAS_QUOTA_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
+    pub quota_webhook_max_attempts: u32,
+    /// Undelivered events kept at most (all companions together); beyond, the oldest are
+    /// dropped and counted.
+    #[arg(long, env = "MAAS_QUOTA_WEBHOOK_MAX_PENDING", default_value_t = 10_000)]
+    pub quota_webhook_max_pending: u32,
 }
 
 /// The configuration, checked: required values are present, ranges hold, named files exist.
@@ -332,6 +351,97 @@ pub struct Settings {
     pub log_pseudonyms: crate::pseudonym::Pseudonyms,
     /// The key of the pseudonyms outside the logs (authenticate answer, spans): always keyed.
     pub pseudonym_key: std::sync::Arc<secrecy::SecretSlice<u8>>,
+    /// The quota-warning webhook; `None`: off.
+    pub quota_webhook: Option<QuotaWebhookSettings>,
+}
+
+/// The quota-warning webhook (`--quota-webhook-*`), checked.
+#[derive(Debug, Clone)]
+pub struct QuotaWebhookSettings {
+    /// An absolute `http(s)` URL with a host and no fragment (it may hold a token: never logged).
+    pub url: SecretString,
+    /// `scheme://host:port` only: what logs may show.
+    pub endpoint: String,
+    /// At least 32 bytes; never logged.
+    pub secret: std::sync::Arc<secrecy::SecretSlice<u8>>,
+    /// One attempt's limit (connect and answer); at least 1 ms.
+    pub timeout: Duration,
+    /// At least 1.
+    pub max_attempts: u32,
+    /// At least 1.
+    pub max_pending: u32,
+    /// The first retry's delay (doubled at each attempt, jittered); not a flag (tests lower it).
+    pub retry_base: Duration,
+    /// The longest delay between two attempts (a `Retry-After` may ask for more, up to
+    /// [`MAX_RETRY_AFTER`]).
+    pub retry_max: Duration,
+    /// How often a companion looks for events due (its own are sent at once).
+    pub poll_interval: Duration,
+}
+
+/// The longest `Retry-After` a receiver is granted.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// Checks the webhook flags: the URL (`https://`, or `http://` — a warning at start unless to a
+/// loopback address), the secret file (required with the URL, at least 32 bytes, trailing
+/// whitespace trimmed), the bounds. The messages name the flag, never the URL or the secret.
+fn quota_webhook_settings(
+    url: Option<SecretString>,
+    secret_file: Option<PathBuf>,
+    timeout_ms: u64,
+    max_attempts: u32,
+    max_pending: u32,
+) -> Result<Option<QuotaWebhookSettings>, String> {
+    const BAD: &str = "--quota-webhook-url (MAAS_QUOTA_WEBHOOK_URL) must be an https:// (or http://) URL with a host and no fragment";
+    let Some(url) = url else {
+        if secret_file.is_some() {
+            return Err(
+                "--quota-webhook-secret-file applies only with --quota-webhook-url".into(),
+            );
+        }
+        return Ok(None);
+    };
+    let parsed = reqwest::Url::parse(url.expose_secret().trim()).map_err(|_| BAD.to_string())?;
+    let ok = matches!(parsed.scheme(), "http" | "https")
+        && parsed.host_str().is_some_and(|h| !h.is_empty())
+        && parsed.fragment().is_none();
+    if !ok {
+        return Err(BAD.into());
+    }
+    let endpoint = format!(
+        "{}://{}:{}",
+        parsed.scheme(),
+        parsed.host_str().unwrap_or_default(),
+        parsed.port_or_known_default().unwrap_or(0)
+    );
+    let path = secret_file.ok_or(
+        "--quota-webhook-secret-file (MAAS_QUOTA_WEBHOOK_SECRET_FILE) is required with --quota-webhook-url",
+    )?;
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("--quota-webhook-secret-file {}: {e}", path.display()))?;
+    let secret = bytes.trim_ascii_end().to_vec();
+    if secret.len() < 32 {
+        return Err(format!(
+            "--quota-webhook-secret-file {}: the secret must be at least 32 bytes",
+            path.display()
+        ));
+    }
+    at_least("--quota-webhook-timeout-ms", timeout_ms, 1)?;
+    at_most("--quota-webhook-timeout-ms", timeout_ms, 600_000)?;
+    at_least("--quota-webhook-max-attempts", max_attempts.into(), 1)?;
+    at_most("--quota-webhook-max-attempts", max_attempts.into(), 100)?;
+    at_least("--quota-webhook-max-pending", max_pending.into(), 1)?;
+    Ok(Some(QuotaWebhookSettings {
+        url: SecretString::from(parsed.to_string()),
+        endpoint,
+        secret: std::sync::Arc::new(secrecy::SecretSlice::from(secret)),
+        timeout: Duration::from_millis(timeout_ms),
+        max_attempts,
+        max_pending,
+        retry_base: Duration::from_secs(5),
+        retry_max: Duration::from_secs(15 * 60),
+        poll_interval: Duration::from_secs(1),
+    }))
 }
 
 /// The model servers' readiness probe (`ready` in `GET /v1/models`).
@@ -899,6 +1009,13 @@ fn model_probe_settings(
     })
 }
 
+fn at_most(flag: &str, value: u64, max: u64) -> Result<(), String> {
+    if value > max {
+        return Err(format!("{flag} must be at most {max}"));
+    }
+    Ok(())
+}
+
 fn at_least(flag: &str, value: u64, min: u64) -> Result<(), String> {
     if value < min {
         return Err(format!("{flag} must be at least {min}"));
@@ -1047,6 +1164,13 @@ impl Cli {
             self.usage_metrics_per_user,
             self.usage_metrics_max_users,
         )?;
+        let quota_webhook = quota_webhook_settings(
+            self.quota_webhook_url,
+            self.quota_webhook_secret_file,
+            self.quota_webhook_timeout_ms,
+            self.quota_webhook_max_attempts,
+            self.quota_webhook_max_pending,
+        )?;
         Ok(Settings {
             database,
             listeners: ListenerSettings {
@@ -1088,6 +1212,7 @@ impl Cli {
             log_format: self.log_format,
             log_pseudonyms: log_pseudonyms(self.log_user_names, &pseudonym_key),
             pseudonym_key,
+            quota_webhook,
         })
     }
 }
@@ -1486,6 +1611,78 @@ mod tests {
         ] {
             let e = with(&[flag, value]).unwrap_err();
             assert!(e.contains(flag), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_quota_webhook_needs_a_url_and_a_long_secret_and_names_the_bad_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(&policy, "tiers: []").unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, format!("{}\n", "s".repeat(32))).unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "s".repeat(31)).unwrap();
+        let (policy, secret, short) = (flag_path(&policy), flag_path(&secret), flag_path(&short));
+        let with = |extra: &[&str]| {
+            let mut args = vec![
+                "--database-url",
+                "postgres://x/y",
+                "--policy-file",
+                &policy,
+                "--internal-auth",
+                "none",
+            ];
+            args.extend_from_slice(extra);
+            parse(&args).into_settings()
+        };
+        assert!(with(&[]).unwrap().quota_webhook.is_none(), "off by default");
+        let url = "https://hooks.example.com/maas?token=t0ps3cret";
+        let s = with(&["--quota-webhook-url", url, "--quota-webhook-secret-file", &secret])
+            .unwrap()
+            .quota_webhook
+            .unwrap();
+        assert_eq!(s.endpoint, "https://hooks.example.com:443");
+        assert_eq!(s.secret.expose_secret(), "s".repeat(32).as_bytes(), "trimmed");
+        assert_eq!(
+            (s.timeout, s.max_attempts, s.max_pending),
+            (Duration::from_millis(5000), 8, 10_000)
+        );
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("t0ps3cret") && !shown.contains("sssss"), "{shown}");
+        let refused = |extra: &[&str], flag: &str| {
+            let e = with(extra).unwrap_err();
+            assert!(e.contains(flag), "{e}");
+            assert!(!e.contains("t0ps3cret"), "{e}");
+        };
+        refused(&["--quota-webhook-url", url], "--quota-webhook-secret-file");
+        refused(&["--quota-webhook-secret-file", &secret], "--quota-webhook-url");
+        refused(
+            &["--quota-webhook-url", url, "--quota-webhook-secret-file", &short],
+            "--quota-webhook-secret-file",
+        );
+        for bad in ["ftp://x/y", "not a url", "https://x/y#frag"] {
+            refused(
+                &["--quota-webhook-url", bad, "--quota-webhook-secret-file", &secret],
+                "--quota-webhook-url",
+            );
+        }
+        for (flag, value) in [
+            ("--quota-webhook-timeout-ms", "0"),
+            ("--quota-webhook-max-attempts", "0"),
+            ("--quota-webhook-max-pending", "0"),
+        ] {
+            refused(
+                &[
+                    "--quota-webhook-url",
+                    url,
+                    "--quota-webhook-secret-file",
+                    &secret,
+                    flag,
+                    value,
+                ],
+                flag,
+            );
         }
     }
 

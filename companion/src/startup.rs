@@ -108,6 +108,25 @@ async fn lease_store(settings: &Settings, metrics: &Arc<Metrics>) -> anyhow::Res
     Ok(leases)
 }
 
+/// The leases, observed by the quota webhook when `--quota-webhook-url` is given (its tasks
+/// pushed to `background`); else unchanged (no task, no cost).
+fn with_quota_webhook(
+    leases: Leases,
+    settings: &Settings,
+    store: crate::quota_webhook::store::WebhookStore,
+    policy: &PolicyHandle,
+    metrics: &Arc<Metrics>,
+    background: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<Leases> {
+    let Some(webhook) = &settings.quota_webhook else {
+        return Ok(leases);
+    };
+    let (observer, tasks) =
+        crate::quota_webhook::start(webhook, store, policy.clone(), metrics.clone())?;
+    background.extend(tasks);
+    Ok(leases.observed_by(observer))
+}
+
 /// The file policy, loaded (and refused when invalid) before anything else starts, with its
 /// digest; `None` with `--policy-source kubernetes`.
 fn load_file_policy(settings: &Settings) -> anyhow::Result<Option<(PolicyHandle, [u8; 32])>> {
@@ -413,7 +432,14 @@ impl Application {
         let (migrations, retrying) = migrate_at_start(&pool).await;
         let mut background: Vec<JoinHandle<()>> = retrying.into_iter().collect();
 
-        let leases = lease_store(&settings, &metrics).await?;
+        let leases = with_quota_webhook(
+            lease_store(&settings, &metrics).await?,
+            &settings,
+            crate::quota_webhook::store::WebhookStore::new(pool.clone(), migrations.clone()),
+            &policy,
+            &metrics,
+            &mut background,
+        )?;
 
         let usage = Usage::new(
             UsageStore::new(pool.clone(), migrations.clone()),

@@ -14,7 +14,9 @@ pub mod redis;
 
 use crate::metrics::Metrics;
 pub use batch::{Applied, Batch, CounterId, StoreError};
-use maas_types::lease::{LeaseKind, LeaseRequest, MAX_BATCH_ID_BYTES, MAX_BATCH_ITEMS};
+use maas_types::lease::{
+    LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, MAX_BATCH_ID_BYTES, MAX_BATCH_ITEMS,
+};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -64,11 +66,19 @@ impl LeaseStore {
     }
 }
 
+/// Told of every batch the store applied, with the global count after each item (the quota
+/// webhook's detection: `crate::quota_webhook`). Called on the request's path: it must not
+/// wait for anything (no I/O; hand work to a task of its own).
+pub trait LeaseObserver: Send + Sync {
+    fn applied(&self, items: &[LeaseItem], grants: &[LeaseGrant]);
+}
+
 /// The lease capability as handlers see it: the store and the metrics it feeds.
 #[derive(Clone)]
 pub struct Leases {
     store: Arc<LeaseStore>,
     metrics: Arc<Metrics>,
+    observer: Option<Arc<dyn LeaseObserver>>,
 }
 
 impl Leases {
@@ -78,7 +88,14 @@ impl Leases {
         Leases {
             store: Arc::new(store),
             metrics,
+            observer: None,
         }
+    }
+
+    /// These leases, `observer` told of every applied batch.
+    pub fn observed_by(mut self, observer: Arc<dyn LeaseObserver>) -> Leases {
+        self.observer = Some(observer);
+        self
     }
 
     pub fn store_kind(&self) -> &'static str {
@@ -129,6 +146,9 @@ impl Leases {
                     .filter(|(item, grant)| item.need > 0 && grant.granted == 0)
                     .count();
                 m.grants_denied.inc_by(len_u64(denied));
+                if let Some(observer) = &self.observer {
+                    observer.applied(&request.items, &applied.grants);
+                }
             }
             Err(e) => {
                 // Once per outage: the replicas retry every tick.
