@@ -103,7 +103,9 @@ impl QuotaWebhookMetrics {
     /// Counts `n` events of `result` (one of [`QUOTA_WEBHOOK_RESULTS`]).
     pub fn count(&self, result: &'static str, n: u64) {
         if n > 0 {
-            self.events.get_or_create(&ResultLabels { result }).inc_by(n);
+            self.events
+                .get_or_create(&ResultLabels { result })
+                .inc_by(n);
         }
     }
 }

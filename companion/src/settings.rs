@@ -395,9 +395,7 @@ fn quota_webhook_settings(
     const BAD: &str = "--quota-webhook-url (MAAS_QUOTA_WEBHOOK_URL) must be an https:// (or http://) URL with a host and no fragment";
     let Some(url) = url else {
         if secret_file.is_some() {
-            return Err(
-                "--quota-webhook-secret-file applies only with --quota-webhook-url".into(),
-            );
+            return Err("--quota-webhook-secret-file applies only with --quota-webhook-url".into());
         }
         return Ok(None);
     };
@@ -1638,32 +1636,57 @@ mod tests {
         };
         assert!(with(&[]).unwrap().quota_webhook.is_none(), "off by default");
         let url = "https://hooks.example.com/maas?token=t0ps3cret";
-        let s = with(&["--quota-webhook-url", url, "--quota-webhook-secret-file", &secret])
-            .unwrap()
-            .quota_webhook
-            .unwrap();
+        let s = with(&[
+            "--quota-webhook-url",
+            url,
+            "--quota-webhook-secret-file",
+            &secret,
+        ])
+        .unwrap()
+        .quota_webhook
+        .unwrap();
         assert_eq!(s.endpoint, "https://hooks.example.com:443");
-        assert_eq!(s.secret.expose_secret(), "s".repeat(32).as_bytes(), "trimmed");
+        assert_eq!(
+            s.secret.expose_secret(),
+            "s".repeat(32).as_bytes(),
+            "trimmed"
+        );
         assert_eq!(
             (s.timeout, s.max_attempts, s.max_pending),
             (Duration::from_millis(5000), 8, 10_000)
         );
         let shown = format!("{s:?}");
-        assert!(!shown.contains("t0ps3cret") && !shown.contains("sssss"), "{shown}");
+        assert!(
+            !shown.contains("t0ps3cret") && !shown.contains("sssss"),
+            "{shown}"
+        );
         let refused = |extra: &[&str], flag: &str| {
             let e = with(extra).unwrap_err();
             assert!(e.contains(flag), "{e}");
             assert!(!e.contains("t0ps3cret"), "{e}");
         };
         refused(&["--quota-webhook-url", url], "--quota-webhook-secret-file");
-        refused(&["--quota-webhook-secret-file", &secret], "--quota-webhook-url");
         refused(
-            &["--quota-webhook-url", url, "--quota-webhook-secret-file", &short],
+            &["--quota-webhook-secret-file", &secret],
+            "--quota-webhook-url",
+        );
+        refused(
+            &[
+                "--quota-webhook-url",
+                url,
+                "--quota-webhook-secret-file",
+                &short,
+            ],
             "--quota-webhook-secret-file",
         );
         for bad in ["ftp://x/y", "not a url", "https://x/y#frag"] {
             refused(
-                &["--quota-webhook-url", bad, "--quota-webhook-secret-file", &secret],
+                &[
+                    "--quota-webhook-url",
+                    bad,
+                    "--quota-webhook-secret-file",
+                    &secret,
+                ],
                 "--quota-webhook-url",
             );
         }

@@ -37,7 +37,9 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     /// Refused for good.
-    Refused { error: String },
+    Refused {
+        error: String,
+    },
 }
 
 /// The outcome of an answer with `status` (and its `Retry-After`, read at `now`).

@@ -22,7 +22,10 @@ use sha2::{Digest, Sha256};
 pub enum Scope {
     Tier(String),
     /// A subscription's budget on one model.
-    Subscription { name: String, model: String },
+    Subscription {
+        name: String,
+        model: String,
+    },
 }
 
 impl Scope {
@@ -237,14 +240,16 @@ mod tests {
         let p = policy();
         let tokens = item("alice", LeaseKind::Tokens, 60, 1000);
         // 400 of 1000: below 80 %, but 80 % of the shadow limit (500).
-        assert_eq!(
-            thresholds(&crossings(&p, &tokens, 400)),
-            [(80, true, 500)]
-        );
+        assert_eq!(thresholds(&crossings(&p, &tokens, 400)), [(80, true, 500)]);
         let c = crossings(&p, &tokens, 960);
         assert_eq!(
             thresholds(&c),
-            [(80, false, 1000), (95, false, 1000), (80, true, 500), (95, true, 500)]
+            [
+                (80, false, 1000),
+                (95, false, 1000),
+                (80, true, 500),
+                (95, true, 500)
+            ]
         );
         assert_eq!(c[0].scope, Scope::Tier("free".into()));
         assert_eq!((c[0].user.as_str(), c[0].percent_used), ("alice", 96));

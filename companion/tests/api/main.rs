@@ -15,6 +15,7 @@ mod models;
 mod oidc;
 mod operations;
 mod policy;
+mod quota_webhook;
 mod resources;
 mod subscription_quota;
 mod subscriptions;
