@@ -28,6 +28,7 @@ mod models_ready;
 mod observability;
 mod one_url;
 mod output_caps;
+mod quota_webhook;
 mod rate_limit_headers;
 mod reliability_faults;
 mod reliability_policy;
