@@ -1107,9 +1107,21 @@ fn key_settings(
 }
 
 impl Cli {
+    /// The webhook's settings from its flags (taken out of `self`).
+    fn quota_webhook(&mut self) -> Result<Option<QuotaWebhookSettings>, String> {
+        quota_webhook_settings(
+            self.quota_webhook_url.take(),
+            self.quota_webhook_secret_file.take(),
+            self.quota_webhook_timeout_ms,
+            self.quota_webhook_max_attempts,
+            self.quota_webhook_max_pending,
+        )
+    }
+
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
-    pub fn into_settings(self) -> Result<Settings, String> {
+    pub fn into_settings(mut self) -> Result<Settings, String> {
+        let quota_webhook = self.quota_webhook()?;
         let database = database_settings(
             database_url(self.database_url, self.db_connection_url)?,
             self.db_max_connections,
@@ -1161,13 +1173,6 @@ impl Cli {
             self.usage_rollup_interval_ms,
             self.usage_metrics_per_user,
             self.usage_metrics_max_users,
-        )?;
-        let quota_webhook = quota_webhook_settings(
-            self.quota_webhook_url,
-            self.quota_webhook_secret_file,
-            self.quota_webhook_timeout_ms,
-            self.quota_webhook_max_attempts,
-            self.quota_webhook_max_pending,
         )?;
         Ok(Settings {
             database,

@@ -15,6 +15,7 @@ use crate::keys::store::KeyStore;
 use crate::leases::{LeaseStore, Leases};
 use crate::metrics::Metrics;
 use crate::policy::PolicyHandle;
+use crate::quota_webhook::store::WebhookStore;
 use crate::routes::{internal_router, metrics_router, public_router};
 use crate::settings::{
     ClientName, CredentialsSettings, IdentityProvider, IdentitySettings, InternalAuth,
@@ -113,7 +114,7 @@ async fn lease_store(settings: &Settings, metrics: &Arc<Metrics>) -> anyhow::Res
 fn with_quota_webhook(
     leases: Leases,
     settings: &Settings,
-    store: crate::quota_webhook::store::WebhookStore,
+    store: WebhookStore,
     policy: &PolicyHandle,
     metrics: &Arc<Metrics>,
     background: &mut Vec<JoinHandle<()>>,
@@ -159,14 +160,14 @@ async fn kube_client(
     Ok(kube_client)
 }
 
-/// The policy: the file's (with its digest, for the reloader), or the reference's resources
-/// (with the tasks that watch them), waiting a while for their first listing.
+/// The policy: the file's (with the task that reloads it), or the reference's resources (with
+/// the tasks that watch them), waiting a while for their first listing.
 async fn policy_handle(
     file_policy: Option<(PolicyHandle, [u8; 32])>,
     settings: &Settings,
     kube_client: Option<&kube::Client>,
     metrics: &Arc<Metrics>,
-) -> anyhow::Result<(PolicyHandle, Option<[u8; 32]>, Vec<JoinHandle<()>>)> {
+) -> anyhow::Result<(PolicyHandle, Vec<JoinHandle<()>>)> {
     let mut policy_tasks = Vec::new();
     let (policy, policy_digest) = match (file_policy, &settings.policy.source) {
         (Some(loaded), _) => (loaded.0, Some(loaded.1)),
@@ -202,7 +203,14 @@ async fn policy_handle(
             anyhow::bail!("--policy-file is required with --policy-source file")
         }
     };
-    Ok((policy, policy_digest, policy_tasks))
+    if let Some(digest) = policy_digest {
+        policy_tasks.push(policy.spawn_reloader(
+            settings.policy.reload_interval,
+            digest,
+            metrics.clone(),
+        ));
+    }
+    Ok((policy, policy_tasks))
 }
 
 /// Who callers are (the identity provider the settings name) and who is an admin.
@@ -408,7 +416,7 @@ impl Application {
         let file_policy = load_file_policy(&settings)?;
 
         let kube_client = kube_client(overrides, &settings).await?;
-        let (policy, policy_digest, policy_tasks) =
+        let (policy, policy_tasks) =
             policy_handle(file_policy, &settings, kube_client.as_ref(), &metrics).await?;
         let identity = identity_service(&settings.identity, kube_client.as_ref(), &metrics)?;
         let credentials = credentials_source(
@@ -430,23 +438,15 @@ impl Application {
         let metrics_addr = metrics_listener.local_addr()?;
 
         let (migrations, retrying) = migrate_at_start(&pool).await;
-        let mut background: Vec<JoinHandle<()>> = retrying.into_iter().collect();
-
-        let leases = with_quota_webhook(
-            lease_store(&settings, &metrics).await?,
-            &settings,
-            crate::quota_webhook::store::WebhookStore::new(pool.clone(), migrations.clone()),
-            &policy,
-            &metrics,
-            &mut background,
-        )?;
+        let mut background: Vec<JoinHandle<()>> =
+            retrying.into_iter().chain(policy_tasks).collect();
 
         let usage = Usage::new(
             UsageStore::new(pool.clone(), migrations.clone()),
             metrics.clone(),
             settings.usage,
         );
-        let keys = KeyStore::new(pool, migrations);
+        let keys = KeyStore::new(pool.clone(), migrations.clone());
         let state = AppState {
             keys: keys.clone(),
             key_settings: settings.keys,
@@ -459,19 +459,18 @@ impl Application {
             },
             credentials: Arc::new(credentials),
             metrics: metrics.clone(),
-            leases,
+            leases: with_quota_webhook(
+                lease_store(&settings, &metrics).await?,
+                &settings,
+                WebhookStore::new(pool, migrations),
+                &policy,
+                &metrics,
+                &mut background,
+            )?,
             usage: usage.clone(),
             public_url: crate::public_url::PublicUrl::new(settings.listeners.public_url.clone()),
             readiness: crate::readiness::Readiness::new(settings.model_probe.clone()),
         };
-        if let Some(digest) = policy_digest {
-            background.push(policy.spawn_reloader(
-                settings.policy.reload_interval,
-                digest,
-                metrics.clone(),
-            ));
-        }
-        background.extend(policy_tasks);
         background
             .push(keys.spawn_flusher(settings.keys.last_used_flush_interval, metrics.clone()));
         background.push(usage.spawn_rollup());

@@ -351,6 +351,9 @@ impl Worker {
     }
 }
 
+/// What [`start`] gives: the lease observer and the tasks.
+pub type Started = (Arc<dyn LeaseObserver>, Vec<JoinHandle<()>>);
+
 /// Turns the webhook on: the lease observer to give the leases, and the recorder and sender
 /// tasks. The client follows no redirect and gives up on an attempt after the timeout.
 pub fn start(
@@ -358,7 +361,7 @@ pub fn start(
     store: WebhookStore,
     policy: PolicyHandle,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<(Arc<dyn LeaseObserver>, Vec<JoinHandle<()>>)> {
+) -> anyhow::Result<Started> {
     let client = reqwest::Client::builder()
         .timeout(settings.timeout)
         .connect_timeout(settings.timeout)
@@ -413,7 +416,7 @@ mod tests {
             },
             kind: LeaseKind::Tokens,
             window: Window::parse("1h").unwrap(),
-            window_start: 1_800_000_000 - 1_800_000_000 % 3600,
+            window_start: 1_800_000_000,
             limit: 200,
             used: 170,
             percent_used: 85,
