@@ -188,6 +188,7 @@ impl Authenticator {
             };
             let left = u64::try_from((key.expires_at - Utc::now()).num_seconds()).unwrap_or(0);
             return Ok(AuthenticateResponse {
+                pseudonym: Some(crate::pseudonym::subject(&key.username)),
                 subject: key.username,
                 tier,
                 tier_pinned: key.tier.is_some(),
@@ -220,6 +221,7 @@ impl Authenticator {
             ttl = ttl.min(u64::try_from(exp - Utc::now().timestamp()).unwrap_or(0));
         }
         Ok(AuthenticateResponse {
+            pseudonym: Some(crate::pseudonym::subject(&identity.username)),
             subject: identity.username,
             tier,
             tier_pinned: false,

@@ -5,6 +5,11 @@
 //! process. An operator who knows a user's name finds their lines by computing the pseudonym
 //! with the key (`maas-companion pseudonym <name>` is not provided: `printf %s NAME | openssl
 //! dgst -sha256 -hmac KEY`). Set once at start; until then (tests) names show in clear.
+//!
+//! [`subject`] is the same pseudonym, always keyed whatever the logs do (the key file when one
+//! is configured, else the process's random key): the authenticate answer carries it, so the
+//! gateway's telemetry (trace attributes, usage events) and the companion's spans name a user
+//! the same way and never by name.
 
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretSlice};
@@ -31,18 +36,32 @@ impl std::fmt::Debug for Pseudonyms {
 impl Pseudonyms {
     /// Pseudonyms with a random key (they change at each start).
     pub fn random() -> Pseudonyms {
-        use rand::RngCore;
-        let mut key = vec![0u8; 32];
-        rand::thread_rng().fill_bytes(&mut key);
-        Pseudonyms::Keyed(Arc::new(SecretSlice::from(key)))
+        Pseudonyms::Keyed(random_key())
     }
 }
 
 static CURRENT: OnceLock<Pseudonyms> = OnceLock::new();
+static SUBJECT_KEY: OnceLock<Arc<SecretSlice<u8>>> = OnceLock::new();
 
-/// Sets how users appear in the logs from now on (the first call wins).
-pub fn init(p: Pseudonyms) {
+/// A random pseudonym key (32 bytes).
+pub fn random_key() -> Arc<SecretSlice<u8>> {
+    use rand::RngCore;
+    let mut key = vec![0u8; 32];
+    rand::thread_rng().fill_bytes(&mut key);
+    Arc::new(SecretSlice::from(key))
+}
+
+/// Sets how users appear in the logs, and the key of [`subject`], from now on (the first call
+/// wins).
+pub fn init(p: Pseudonyms, subject_key: Arc<SecretSlice<u8>>) {
     let _ = CURRENT.set(p);
+    let _ = SUBJECT_KEY.set(subject_key);
+}
+
+/// `name`'s keyed pseudonym, whatever the logs do: with the configured key, else (not set yet)
+/// a random key drawn once for the process.
+pub fn subject(name: &str) -> String {
+    pseudonym(SUBJECT_KEY.get_or_init(random_key).expose_secret(), name)
 }
 
 /// `name` as the logs show it (see the module doc).
@@ -82,5 +101,15 @@ mod tests {
         assert_ne!(pseudonym(b"key-1", "alice"), pseudonym(b"key-2", "alice"));
         assert_ne!(pseudonym(b"key-1", "alice"), pseudonym(b"key-1", "bob"));
         assert!(!pseudonym(b"key-1", "alice").contains("alice"));
+    }
+
+    #[test]
+    fn a_subject_pseudonym_is_always_keyed_and_stable() {
+        // Keyed even before (or without) any setting: never the clear name.
+        let p = subject("alice");
+        assert!(p.starts_with("u-") && p.len() == 18, "{p}");
+        assert!(!p.contains("alice"));
+        assert_eq!(subject("alice"), p);
+        assert_ne!(subject("bob"), p);
     }
 }

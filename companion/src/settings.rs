@@ -60,30 +60,35 @@ pub enum LogUserNames {
     Clear,
 }
 
-/// The logs' pseudonyms: clear names, or keyed by the file's bytes (trailing whitespace
-/// trimmed; at least 32 bytes), or by a random key.
+/// The pseudonyms' key: the file's bytes (trailing whitespace trimmed; at least 32 bytes), or a
+/// random key.
+fn pseudonym_key(
+    key_file: Option<PathBuf>,
+) -> Result<std::sync::Arc<secrecy::SecretSlice<u8>>, String> {
+    let Some(path) = key_file else {
+        return Ok(crate::pseudonym::random_key());
+    };
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("--log-pseudonym-key-file {}: {e}", path.display()))?;
+    let key = bytes.trim_ascii_end().to_vec();
+    if key.len() < 32 {
+        return Err(format!(
+            "--log-pseudonym-key-file {}: the key must be at least 32 bytes",
+            path.display()
+        ));
+    }
+    Ok(std::sync::Arc::new(secrecy::SecretSlice::from(key)))
+}
+
+/// The logs' pseudonyms: clear names, or keyed by `key`.
 fn log_pseudonyms(
     names: LogUserNames,
-    key_file: Option<PathBuf>,
-) -> Result<crate::pseudonym::Pseudonyms, String> {
+    key: &std::sync::Arc<secrecy::SecretSlice<u8>>,
+) -> crate::pseudonym::Pseudonyms {
     use crate::pseudonym::Pseudonyms;
-    match (names, key_file) {
-        (LogUserNames::Clear, _) => Ok(Pseudonyms::Clear),
-        (LogUserNames::Hmac, None) => Ok(Pseudonyms::random()),
-        (LogUserNames::Hmac, Some(path)) => {
-            let bytes = std::fs::read(&path)
-                .map_err(|e| format!("--log-pseudonym-key-file {}: {e}", path.display()))?;
-            let key = bytes.trim_ascii_end().to_vec();
-            if key.len() < 32 {
-                return Err(format!(
-                    "--log-pseudonym-key-file {}: the key must be at least 32 bytes",
-                    path.display()
-                ));
-            }
-            Ok(Pseudonyms::Keyed(std::sync::Arc::new(
-                secrecy::SecretSlice::from(key),
-            )))
-        }
+    match names {
+        LogUserNames::Clear => Pseudonyms::Clear,
+        LogUserNames::Hmac => Pseudonyms::Keyed(key.clone()),
     }
 }
 
@@ -237,7 +242,8 @@ pub struct Cli {
     #[arg(long, env = "MAAS_LOG_USER_NAMES", value_enum, default_value = "hmac")]
     pub log_user_names: LogUserNames,
     /// The pseudonyms' key: a file of at least 32 bytes (a Secret; a new key rotates every
-    /// pseudonym). Unset: a random key at each start.
+    /// pseudonym). Unset: a random key at each start. Also keys the pseudonym of the
+    /// authenticate answer and the spans, which is keyed even with clear names in the logs.
     #[arg(long, env = "MAAS_LOG_PSEUDONYM_KEY_FILE")]
     pub log_pseudonym_key_file: Option<PathBuf>,
     /// How long the filter may cache a positive API key answer.
@@ -324,6 +330,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// How users are named in the logs.
     pub log_pseudonyms: crate::pseudonym::Pseudonyms,
+    /// The key of the pseudonyms outside the logs (authenticate answer, spans): always keyed.
+    pub pseudonym_key: std::sync::Arc<secrecy::SecretSlice<u8>>,
 }
 
 /// The model servers' readiness probe (`ready` in `GET /v1/models`).
@@ -1032,6 +1040,7 @@ impl Cli {
             (self.internal_tls_cert, self.internal_tls_key),
             tls.as_ref(),
         )?;
+        let pseudonym_key = pseudonym_key(self.log_pseudonym_key_file)?;
         let usage = usage_settings(
             self.usage_hourly_retention_days,
             self.usage_rollup_interval_ms,
@@ -1077,7 +1086,8 @@ impl Cli {
                 self.simulator_url,
             )?,
             log_format: self.log_format,
-            log_pseudonyms: log_pseudonyms(self.log_user_names, self.log_pseudonym_key_file)?,
+            log_pseudonyms: log_pseudonyms(self.log_user_names, &pseudonym_key),
+            pseudonym_key,
         })
     }
 }

@@ -380,7 +380,10 @@ impl Application {
         // One TLS crypto provider for every rustls user in the process (kube, axum-server).
         let _ = rustls::crypto::ring::default_provider().install_default();
         // How users are named in the logs, before anything logs one.
-        crate::pseudonym::init(settings.log_pseudonyms.clone());
+        crate::pseudonym::init(
+            settings.log_pseudonyms.clone(),
+            settings.pseudonym_key.clone(),
+        );
         let metrics = Metrics::new();
         // The file policy is loaded (and refused when invalid) before anything else starts.
         let file_policy = load_file_policy(&settings)?;

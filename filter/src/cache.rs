@@ -16,8 +16,8 @@ use maas_types::AuthenticateResponse;
 use sha2::{Digest, Sha256};
 use std::rc::Rc;
 
-/// 3: an allow carries the key's subscription (version 2 entries are misses: re-asked).
-const VERSION: u8 = 3;
+/// 4: an allow carries the subject's pseudonym (version 3 entries are misses: re-asked).
+const VERSION: u8 = 4;
 const KIND_ALLOW: u8 = 1;
 const KIND_DENY: u8 = 2;
 /// Attempts at a CAS update before giving up (contention is between a handful of workers).
@@ -79,6 +79,9 @@ pub struct CachedIdentity {
     pub pinned_tier: Option<String>,
     /// The subscription the API key is bound to (the authenticate answer's `subscription`).
     pub subscription: Option<String>,
+    /// The subject's keyed pseudonym from the companion (the answer's `pseudonym`): what
+    /// telemetry names the caller by, never the clear subject.
+    pub pseudonym: Option<String>,
 }
 
 /// An allowed caller as a request holds it: shared with the worker's copy and the other
@@ -106,6 +109,7 @@ impl CachedIdentity {
             groups: r.groups.clone(),
             pinned_tier: r.tier_pinned.then(|| r.tier.clone()),
             subscription: r.subscription.clone().filter(|s| !s.is_empty()),
+            pseudonym: r.pseudonym.clone().filter(|s| !s.is_empty()),
         }
     }
 }
@@ -150,6 +154,13 @@ impl<'a> Reader<'a> {
         let n = self.u16()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).ok()
     }
+    /// A presence byte, then the string when present.
+    fn optional_string(&mut self) -> Option<Option<String>> {
+        match self.u8()? {
+            0 => Some(None),
+            _ => self.string().map(Some),
+        }
+    }
 }
 
 /// Encodes an entry: version, kind, expiry (unix s), fingerprint, verifier, then the answer.
@@ -183,12 +194,14 @@ pub fn encode(
             for g in id.groups.iter().take(n) {
                 put_str(&mut out, g);
             }
-            match &id.subscription {
-                Some(s) => {
-                    out.push(1);
-                    put_str(&mut out, s);
+            for field in [&id.subscription, &id.pseudonym] {
+                match field {
+                    Some(s) => {
+                        out.push(1);
+                        put_str(&mut out, s);
+                    }
+                    None => out.push(0),
                 }
-                None => out.push(0),
             }
         }
         CachedAnswer::Deny { status, message } => {
@@ -229,15 +242,14 @@ pub fn decode(bytes: &[u8]) -> Option<Entry> {
             for _ in 0..n {
                 groups.push(r.string()?);
             }
-            let subscription = match r.u8()? {
-                0 => None,
-                _ => Some(r.string()?),
-            };
+            let subscription = r.optional_string()?;
+            let pseudonym = r.optional_string()?;
             CachedAnswer::Allow(CachedIdentity {
                 subject,
                 groups,
                 pinned_tier,
                 subscription,
+                pseudonym,
             })
         }
         KIND_DENY => {
@@ -499,6 +511,7 @@ mod tests {
             groups: vec![],
             pinned_tier: None,
             subscription: None,
+            pseudonym: None,
         });
         let id = |n: u32| CacheIdentity {
             cache_key: format!("maas/c/t/{n}"),
@@ -545,6 +558,7 @@ mod tests {
             groups: vec!["system:authenticated".into(), "tier-premium-users".into()],
             pinned_tier: Some("premium".into()),
             subscription: None,
+            pseudonym: None,
         })
     }
 
@@ -558,6 +572,7 @@ mod tests {
             subscription: None,
             expires_at,
             cache_ttl_seconds: ttl,
+            pseudonym: None,
         }
     }
 
@@ -574,12 +589,14 @@ mod tests {
                 groups: vec![],
                 pinned_tier: None,
                 subscription: None,
+                pseudonym: None,
             }),
             CachedAnswer::Allow(CachedIdentity {
                 subject: "alice".into(),
                 groups: vec!["team-a".into()],
                 pinned_tier: None,
                 subscription: Some("team-a".into()),
+                pseudonym: Some("u-0123456789abcdef".into()),
             }),
         ] {
             let bytes = encode(&a, &[3; 16], &[7; 32], 1234);

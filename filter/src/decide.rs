@@ -224,6 +224,7 @@ mod tests {
             groups: groups.iter().map(|s| s.to_string()).collect(),
             pinned_tier: pinned.map(str::to_string),
             subscription: None,
+            pseudonym: None,
         }
     }
 
@@ -247,6 +248,7 @@ mod tests {
             groups: groups.iter().map(|s| s.to_string()).collect(),
             pinned_tier: None,
             subscription: bound.map(str::to_string),
+            pseudonym: None,
         }
     }
 

@@ -39,6 +39,12 @@ pub struct AuthenticateResponse {
     pub expires_at: Option<i64>,
     /// How long the filter may cache this answer (it also never caches past `expires_at`).
     pub cache_ttl_seconds: u64,
+    /// The subject as a keyed pseudonym (`u-` and 16 hex digits of HMAC-SHA256 with the
+    /// companion's pseudonym key, whatever its log setting): what the gateway's telemetry (trace
+    /// attributes, usage events) names the user by, never the clear name. Absent from a companion
+    /// that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pseudonym: Option<String>,
 }
 
 /// `GET /internal/v1/credentials` body: provider credentials by `credentialRef` — a static key,
@@ -82,5 +88,19 @@ mod tests {
         };
         let json = serde_json::to_value(&bound).unwrap();
         assert_eq!(json["subscription"], "team-a");
+    }
+
+    #[test]
+    fn the_pseudonym_field_is_optional_both_ways() {
+        let old = r#"{"subject":"a","groups":[],"tier":"free","cache_ttl_seconds":5}"#;
+        let r: AuthenticateResponse = serde_json::from_str(old).unwrap();
+        assert_eq!(r.pseudonym, None);
+        assert!(serde_json::to_value(&r).unwrap().get("pseudonym").is_none());
+        let named = AuthenticateResponse {
+            pseudonym: Some("u-0123456789abcdef".into()),
+            ..r
+        };
+        let json = serde_json::to_value(&named).unwrap();
+        assert_eq!(json["pseudonym"], "u-0123456789abcdef");
     }
 }

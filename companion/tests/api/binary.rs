@@ -415,3 +415,37 @@ async fn logs_name_users_by_keyed_pseudonym_unless_clear_names_are_asked() {
         .join("\n");
     assert!(clear.contains("\"user\":\"alice\""), "{clear}");
 }
+
+/// The authenticate answer names its subject by the keyed pseudonym of the key file's key, even
+/// when the logs are set to clear names (telemetry never gets the name).
+#[tokio::test]
+async fn the_authenticate_answer_carries_the_keyed_pseudonym_even_with_clear_log_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("pseudonym.key");
+    let key = "q".repeat(32);
+    std::fs::write(&key_file, &key).unwrap();
+    let started = start_binary(&[
+        ("MAAS_LOG_USER_NAMES", "clear"),
+        ("MAAS_LOG_PSEUDONYM_KEY_FILE", key_file.to_str().unwrap()),
+    ])
+    .await;
+    let answer: serde_json::Value = internal_pki()
+        .gateway_client()
+        .post(format!(
+            "https://{}/internal/v1/authenticate",
+            started.internal
+        ))
+        .json(&serde_json::json!({"credential": "alice-token"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["subject"], "alice");
+    assert_eq!(
+        answer["pseudonym"],
+        maas_companion::pseudonym::pseudonym(key.as_bytes(), "alice")
+    );
+    started.stop();
+}

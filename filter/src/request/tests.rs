@@ -218,6 +218,7 @@ pub(super) fn allow_alice() -> CachedAnswer {
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
         subscription: None,
+        pseudonym: None,
     })
 }
 

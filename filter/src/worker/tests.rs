@@ -109,6 +109,7 @@ fn a_polled_policy_replaces_the_bootstrap_one_and_evicts_newly_revoked_keys() {
             groups: vec![],
             pinned_tier: None,
             subscription: None,
+            pseudonym: None,
         }),
         60,
         host.now.get() / 1000,
@@ -197,6 +198,7 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
         groups: vec![],
         pinned_tier: None,
         subscription: None,
+        pseudonym: None,
     });
     let now = host.now.get() / 1000;
     let copy = |key_id: &str, verifier: u8| credential::CacheIdentity {

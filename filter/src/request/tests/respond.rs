@@ -762,6 +762,7 @@ fn cached_fixture() -> Fx {
         groups: vec!["system:authenticated".into()],
         pinned_tier: None,
         subscription: None,
+        pseudonym: None,
     });
     let id = credential::extract(None, Some(&key(2)))
         .unwrap()

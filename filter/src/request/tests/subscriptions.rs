@@ -30,6 +30,7 @@ fn allow(subject: &str, groups: &[&str], subscription: Option<&str>) -> CachedAn
         groups: groups.iter().map(|g| g.to_string()).collect(),
         pinned_tier: None,
         subscription: subscription.map(str::to_string),
+        pseudonym: None,
     })
 }
 

@@ -221,6 +221,7 @@ fn a_subscription_models_weights_apply_to_its_own_windows() {
             groups: vec!["team-a".into()],
             pinned_tier: None,
             subscription: Some("team-a".into()),
+            pseudonym: None,
         }),
     );
     let (id, h) = fx.http();
