@@ -26,8 +26,8 @@ pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use policy::{
     ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails, ONE_BASE_PATH,
-    OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth, ProviderKind, ProviderPath,
-    RateLimitHeaders, Tier, TokenWeights, UncappedRequests,
+    Observability, OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth,
+    ProviderKind, ProviderPath, RateLimitHeaders, Tier, TokenWeights, UncappedRequests,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -34,6 +34,26 @@ pub struct PolicyDocument {
     /// Which rate-limit headers answers carry (default `openai`). Left out when default.
     #[serde(default, skip_serializing_if = "RateLimitHeaders::is_default")]
     pub rate_limit_headers: RateLimitHeaders,
+    /// What the gateway reports beside enforcing (default: nothing). Left out when default.
+    #[serde(default, skip_serializing_if = "Observability::is_default")]
+    pub observability: Observability,
+}
+
+/// What the gateway reports beside enforcing (issue 32); every switch defaults to off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Observability {
+    /// One usage event per request the usage ledger counts: the filter leaves it in the
+    /// stream's filter state (`wasm.maas_event`) for an access log to write
+    /// (docs/contracts.md "Usage events").
+    #[serde(default)]
+    pub usage_events: bool,
+}
+
+impl Observability {
+    pub fn is_default(&self) -> bool {
+        *self == Observability::default()
+    }
 }
 
 /// The rate-limit headers of answers: OpenAI's six `x-ratelimit-*`, the IETF pair
@@ -1456,6 +1476,27 @@ mod tests {
         let mut v = sample();
         v["tiers"][0]["colour"] = json!("red");
         fails_at(v, "tiers[0].colour");
+    }
+
+    #[test]
+    fn observability_is_off_by_default_left_out_and_checked_by_field() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert!(!doc.observability.usage_events);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert!(served.get("observability").is_none(), "{served}");
+        let mut v = sample();
+        v["observability"] = json!({"usageEvents": true});
+        let doc = PolicyDocument::from_value(v).unwrap();
+        assert!(doc.observability.usage_events);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert_eq!(served["observability"]["usageEvents"], true);
+        assert_eq!(PolicyDocument::from_value(served).unwrap(), doc);
+        let mut v = sample();
+        v["observability"] = json!({"usageEvents": "yes"});
+        fails_at(v, "observability.usageEvents");
+        let mut v = sample();
+        v["observability"] = json!({"usageEvent": true});
+        fails_at(v, "observability.usageEvent");
     }
 
     #[test]

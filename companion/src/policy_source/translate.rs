@@ -1020,6 +1020,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         revoked_key_ids: Vec::new(),
         public_url: None,
         rate_limit_headers: Default::default(),
+        observability: Default::default(),
     });
     let only_tier = Tier {
         name: SUBSCRIPTION_ONLY_TIER.into(),
