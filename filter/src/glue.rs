@@ -177,6 +177,10 @@ impl Host for ProxyHost {
             .flatten()
             .and_then(|b| crate::host::property_u64_from(&b))
     }
+
+    fn set_property(&self, path: &[&str], value: &[u8]) {
+        let _ = hostcalls::set_property(path.to_vec(), Some(value));
+    }
 }
 
 struct RootCtx(Root);

@@ -79,6 +79,9 @@ pub trait Host: SharedStore {
     /// A numeric property of the stream (`["request", "total_size"]`: Envoy hands an int64 over
     /// as 8 little-endian bytes); `None` when absent, malformed or negative.
     fn property_u64(&self, path: &[&str]) -> Option<u64>;
+    /// Sets a property of the stream: Envoy keeps `["name"]` in the stream's filter state as
+    /// `wasm.name` (an access log reads it with `%FILTER_STATE(wasm.name:PLAIN)%`).
+    fn set_property(&self, path: &[&str], value: &[u8]);
 }
 
 /// An int64 property as Envoy serialises it (8 little-endian bytes), when not negative.

@@ -300,6 +300,9 @@ pub(crate) struct Request {
     auth: Option<Authorized>,
     /// What admission reserved (settles the response).
     metering: Metering,
+    /// The caller's identity once authenticated (shared, not copied): the trace attributes
+    /// name it by its pseudonym.
+    caller: Option<Rc<cache::CachedIdentity>>,
 }
 
 impl Request {
@@ -324,6 +327,7 @@ impl Request {
             body: body::RequestBody::default(),
             auth: None,
             metering: Metering::default(),
+            caller: None,
         }
     }
 
@@ -378,9 +382,34 @@ impl Request {
         )
     }
 
+    /// The request span's attributes, once, at the request's end (settled or refused), when
+    /// the policy asks for them (`observability.traceAttributes`; off: no host call).
+    fn observe(&self, host: &dyn Host, decision: &str, tokens: Option<(u64, u64)>) {
+        let on = match &self.route {
+            Some(r) => r.policy.observability.trace_attributes,
+            None => self.worker.try_borrow().ok().is_some_and(|w| {
+                w.policy
+                    .as_ref()
+                    .is_some_and(|p| p.observability.trace_attributes)
+            }),
+        };
+        if !on {
+            return;
+        }
+        let attributes = crate::observe::Attributes {
+            model: self.model().map(|m| m.name.as_str()),
+            operation: self.traits().map(|t| t.operation),
+            user: self.caller.as_ref().and_then(|c| c.pseudonym.as_deref()),
+            decision,
+            tokens,
+        };
+        crate::observe::set(host, &attributes);
+    }
+
     /// Answers the request with an error (on the effective context).
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
+        self.observe(host, r.code, None);
         self.count_decision(r.decision);
         // The usage ledger counts refusals of a known subject (in the VM only).
         self.ledger_refused(r.code);
@@ -481,7 +510,7 @@ impl Request {
             Some((result, counter_key)) => {
                 self.authenticated(host, result, counter_key, headers, subscriptions > 0, now_s)
             }
-            None => match self.call_companion(host, &view.cfg, model.credential) {
+            None => match self.call_companion(host, &view.cfg, model.credential, &headers) {
                 Some(waiting) => {
                     // The client's headers wait with the request (what to strip, the
                     // subscription named).
@@ -570,6 +599,7 @@ impl Request {
                 return Step::Refused;
             }
         };
+        self.caller = Some(caller.identity.clone());
         match &self.unrouted {
             Some(Unrouted::Catalog { .. }) => {
                 return self.answer_catalog(host, &caller, &headers, names_subscription);
@@ -707,6 +737,7 @@ impl Request {
         match admission::catalog(policy, &caller.identity, api_key, requested, id.as_deref()) {
             Ok(body) => {
                 self.phase = Phase::Settled;
+                self.observe(host, Decision::Allowed.as_str(), None);
                 self.count_decision(Decision::Allowed);
                 host.send_response(
                     200,

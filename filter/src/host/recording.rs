@@ -25,6 +25,7 @@ pub enum Call {
     IncrementMetric(u32, i64),
     RecordMetric(u32, u64),
     Property(String),
+    SetProperty(String),
     SharedGet(String),
     SharedSet(String),
 }
@@ -73,6 +74,8 @@ pub struct RecordingHost {
     pub truncated_maps: RefCell<Vec<Headers>>,
     pub buffers: RefCell<HashMap<Body, Vec<u8>>>,
     pub properties: RefCell<HashMap<String, String>>,
+    /// Properties set, by context: `(context, name, value)`.
+    pub set_properties: RefCell<Vec<(u32, String, Vec<u8>)>>,
     /// Numeric properties per context (`(context, "request.total_size")`).
     pub numbers: RefCell<HashMap<(u32, String), u64>>,
     pub store: MemStore,
@@ -336,5 +339,14 @@ impl Host for RecordingHost {
             .borrow()
             .get(&(self.effective.get(), key))
             .copied()
+    }
+
+    fn set_property(&self, path: &[&str], value: &[u8]) {
+        let key = path.join(".");
+        self.record(|| Call::SetProperty(key.clone()));
+        let _host_side = crate::alloc_count::pause();
+        self.set_properties
+            .borrow_mut()
+            .push((self.effective.get(), key, value.to_vec()));
     }
 }

@@ -437,6 +437,7 @@ fn kind_of(c: &Call) -> &'static str {
         Call::IncrementMetric(..) => "metric increment",
         Call::RecordMetric(..) => "metric record",
         Call::Property(_) => "property",
+        Call::SetProperty(_) => "property set",
         Call::SharedGet(_) => "shared get",
         Call::SharedSet(_) => "shared set (CAS)",
     }
