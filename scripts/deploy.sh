@@ -811,8 +811,9 @@ render_manifests() {
     echo "      - op: replace"
     echo "        path: /data/deployment"
     echo "        value: |"
-    echo "          spec:"
-    echo "            replicas: $GATEWAY_REPLICAS"
+    # The base's Deployment patch (proxy config included) with the replica count set.
+    sed -n '/^  deployment: |$/,$p' "$CRS_DIR/base/gateway/gateway-options.yaml" | tail -n +2 |
+      sed -e "s/^\(      replicas: \).*/\1$GATEWAY_REPLICAS/" -e 's/^    /          /'
     echo "  - target: {group: gateway.networking.k8s.io, kind: Gateway, name: $GATEWAY_NAME}"
     echo "    patch: |-"
     echo "      - op: replace"

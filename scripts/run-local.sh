@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 usage() {
   cat <<USAGE
 Usage: ./scripts/run-local.sh [--policy FILE] [--identities FILE] [--credentials FILE] [--port N]
-                              [--host ADDR] [--replicas N] [--keep]
+                              [--host ADDR] [--replicas N] [--keep] [--observability]
 
   --policy FILE        tiers, models and each model's backend (simulator or http(s)://host:port)
                        default: config/local/policy.yaml
@@ -25,6 +25,8 @@ Usage: ./scripts/run-local.sh [--policy FILE] [--identities FILE] [--credentials
                        the first being the default: READY http://127.0.0.1:8080 http://127.0.0.1:8081
                        (replica i takes port + i when free, else a free port)
   --keep               keep the stack's directory (logs, database) after exit
+  --observability      also start Prometheus (port 9090 when free) scraping every Envoy and
+                       companion, the shipped alert rules loaded; prints its URL
   -h, --help           this help
 USAGE
 }

@@ -80,6 +80,10 @@ pub struct UsageMetrics {
     pub requests: Family<UsageLabels, Counter>,
     /// Requests the gateway refused: `{tier, model, reason[, user]}`.
     pub refused: Family<UsageLabels, Counter>,
+    /// Spend (tokens × the model's `billingRate.perToken`, in the rate's currency):
+    /// `{tier, model, organization, cost_center}` (`none` outside subscriptions or without
+    /// `tokenMetadata`). A float for dashboards; the ledger keeps the exact decimal.
+    pub cost: Family<UsageLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     /// Report batches by result (`applied`, `duplicate`, `invalid`, `unavailable`, `error`).
     pub reports: Family<ResultLabels, Counter>,
     /// Hourly ledger rows rolled up into daily rows.
@@ -104,6 +108,11 @@ impl UsageMetrics {
             "maas_companion_usage_refused",
             "Requests the gateways refused, by tier, model and reason (the refusal's error code)",
             self.refused.clone(),
+        );
+        registry.register(
+            "maas_companion_usage_cost",
+            "Spend reported by the gateways (tokens times the model's billingRate.perToken), by tier, model, organization and cost centre",
+            self.cost.clone(),
         );
         registry.register(
             "maas_companion_usage_reports",
@@ -220,6 +229,11 @@ impl Metrics {
             policy_resources_invalid.clone(),
         );
         let policy_reloads = Family::<ResultLabels, Counter>::default();
+        // Every result exists from the start (at 0): an alert on `rejected` reads a series that
+        // is there before the first failure, and a dashboard shows 0, not "no data".
+        for result in ["accepted", "rejected", "unreadable"] {
+            let _ = policy_reloads.get_or_create(&ResultLabels { result });
+        }
         registry.register(
             "maas_policy_reload",
             "Policy file reloads by result (accepted, rejected, unreadable)",

@@ -1095,7 +1095,7 @@ impl Cli {
             (self.internal_tls_cert, self.internal_tls_key),
             tls.as_ref(),
         )?;
-        let pseudonym_key = pseudonym_key(self.log_pseudonym_key_file.clone())?;
+        let pseudonym_key = pseudonym_key(self.log_pseudonym_key_file)?;
         let usage = usage_settings(
             self.usage_hourly_retention_days,
             self.usage_rollup_interval_ms,

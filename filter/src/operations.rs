@@ -37,6 +37,20 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// The operation as metrics and traces name it (OpenTelemetry's `gen_ai.operation.name`
+    /// where it has one: `chat`, `text_completion`, `embeddings`).
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            Operation::ChatCompletions | Operation::Messages => "chat",
+            Operation::Completions => "text_completion",
+            Operation::Embeddings => "embeddings",
+            Operation::Responses => "responses",
+            Operation::CountTokens => "count_tokens",
+            Operation::Models => "models",
+            Operation::Custom => "custom",
+        }
+    }
+
     /// Only OpenAI chat/completions and completions accept `stream_options.include_usage`.
     pub fn accepts_stream_options(self) -> bool {
         matches!(self, Operation::ChatCompletions | Operation::Completions)

@@ -300,9 +300,16 @@ pub(crate) struct Request {
     auth: Option<Authorized>,
     /// What admission reserved (settles the response).
     metering: Metering,
-    /// The caller's identity once authenticated (shared, not copied): the trace attributes
-    /// name it by its pseudonym.
-    caller: Option<Rc<cache::CachedIdentity>>,
+    /// The clock when the filter began to decide (ms; 0 before): request duration and time to
+    /// first token count from it.
+    started_ms: u64,
+    /// A streamed answer's first bytes were seen (time to first token recorded).
+    first_bytes_seen: bool,
+    /// The authenticated caller (the usage event names them by their pseudonym).
+    caller: Option<Rc<crate::cache::CachedIdentity>>,
+    /// With the policy's `observability.usageEvents`: what the ledger counted for this request,
+    /// until its usage event is written (a cell: the ledger's side reads `&self`).
+    usage_event: std::cell::RefCell<Option<Box<crate::usage_event::Counted>>>,
 }
 
 impl Request {
@@ -327,7 +334,10 @@ impl Request {
             body: body::RequestBody::default(),
             auth: None,
             metering: Metering::default(),
+            started_ms: 0,
+            first_bytes_seen: false,
             caller: None,
+            usage_event: std::cell::RefCell::new(None),
         }
     }
 
@@ -342,9 +352,10 @@ impl Request {
     }
 
     /// Counts one decision (a busy worker counts nothing: metrics never decide).
-    fn count_decision(&self, d: Decision) {
+    fn count_decision(&self, host: &dyn Host, d: Decision, code: &str) {
+        let model = self.model().map_or("none", |m| m.name.as_str());
         if let Ok(w) = self.worker.try_borrow() {
-            w.metrics.decision(d);
+            w.metrics.decision(host, d, code, model);
         }
     }
 
@@ -410,9 +421,11 @@ impl Request {
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
         self.observe(host, r.code, None);
-        self.count_decision(r.decision);
-        // The usage ledger counts refusals of a known subject (in the VM only).
+        self.count_decision(host, r.decision, r.code);
+        // The usage ledger counts refusals of a known subject (in the VM only), and the usage
+        // event reports them.
         self.ledger_refused(r.code);
+        self.write_usage_event(host);
         host.send_response(r.status, &r.response_headers(), &r.body());
     }
 
@@ -423,6 +436,18 @@ impl Request {
 
     /// Request headers: route the request, then authenticate (cache or callout) and go as far
     /// as the body allows.
+    /// A management path: the companion authenticates these itself; only the reserved namespace
+    /// (and a credential header spelt with `_`) goes, in every spelling.
+    fn pass_management(&mut self, host: &dyn Host, headers: &HeaderMap) -> Action {
+        for name in headers.names() {
+            if hygiene::strip_for_management(name) {
+                host.set_header(Headers::Request, name, None);
+            }
+        }
+        self.phase = Phase::PassedThrough;
+        Action::Continue
+    }
+
     fn on_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Action {
         let Some(view) = self.view() else {
             return self.refused(host, &Refusal::not_configured());
@@ -460,17 +485,7 @@ impl Request {
         };
         let model = match admission::route(&facts, &view.snapshot()) {
             Ok(Route::Model(m)) => m,
-            Ok(Route::Management) => {
-                // The companion authenticates these itself; only the reserved namespace (and a
-                // credential header spelt with `_`) goes, in every spelling.
-                for name in headers.names() {
-                    if hygiene::strip_for_management(name) {
-                        host.set_header(Headers::Request, name, None);
-                    }
-                }
-                self.phase = Phase::PassedThrough;
-                return Action::Continue;
-            }
+            Ok(Route::Management) => return self.pass_management(host, &headers),
             Err(RouteRefusal::Refused(r)) => return self.refused(host, &r),
             Err(RouteRefusal::Revoked { cache_key }) => {
                 cache::evict(host, &cache_key, view.cfg.cache.max_entries);
@@ -505,7 +520,9 @@ impl Request {
         if let BodyIntent::Read { hold, declared } = model.body {
             self.body.start(hold, declared);
         }
-        let now_s = host.now_ms() / 1000;
+        let now_ms = host.now_ms();
+        self.started_ms = now_ms;
+        let now_s = now_ms / 1000;
         let step = match self.cached(host, &view.cfg, model.credential, now_s) {
             Some((result, counter_key)) => {
                 self.authenticated(host, result, counter_key, headers, subscriptions > 0, now_s)
@@ -738,7 +755,7 @@ impl Request {
             Ok(body) => {
                 self.phase = Phase::Settled;
                 self.observe(host, Decision::Allowed.as_str(), None);
-                self.count_decision(Decision::Allowed);
+                self.count_decision(host, Decision::Allowed, "ok");
                 host.send_response(
                     200,
                     &[
@@ -901,7 +918,7 @@ impl Request {
             reservation,
             rate_headers,
         };
-        self.count_decision(Decision::Allowed);
+        self.count_decision(host, Decision::Allowed, "ok");
         Step::Continue
     }
 
@@ -918,6 +935,7 @@ impl Request {
         if let Ok(w) = self.worker.try_borrow() {
             w.metrics.inc(w.metrics.shadow_refusals, 1);
         }
+        // (The usage event reports it as the request's `shadow`.)
         self.ledger_refused(if s.code == "tokens_exceed_limit" {
             "shadow_tokens_exceed_limit"
         } else {

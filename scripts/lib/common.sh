@@ -171,6 +171,16 @@ ensure_redis() {
   export MAAS_REDIS_SERVER
 }
 
+# Prometheus and promtool (Debian's): the observability e2e scrapes the local stack with a real
+# Prometheus and evaluates every dashboard panel and alert; run-local.sh --observability starts
+# one. Exports MAAS_PROMETHEUS and MAAS_PROMTOOL.
+ensure_prometheus() {
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || apt_install prometheus
+  MAAS_PROMETHEUS="$(command -v prometheus)" || die "prometheus installed but not on the PATH"
+  MAAS_PROMTOOL="$(command -v promtool)" || die "promtool installed but not on the PATH"
+  export MAAS_PROMETHEUS MAAS_PROMTOOL
+}
+
 # Headless Chromium and chromedriver (Debian's) for the web UI's browser test
 # (tests/tests/e2e/ui_browser.rs). Exports MAAS_CHROMIUM and MAAS_CHROMEDRIVER.
 ensure_browser() {
@@ -207,6 +217,7 @@ ensure_all() {
   ensure_envoy
   ensure_postgres
   ensure_redis
+  ensure_prometheus
   ensure_sdk_clients
 }
 

@@ -23,7 +23,7 @@ use maas_types::PolicyDocument;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Cluster the filter dispatches authenticate and policy calls to.
 pub const COMPANION_INTERNAL_CLUSTER: &str = "maas-companion";
@@ -31,6 +31,29 @@ pub const COMPANION_PUBLIC_CLUSTER: &str = "maas-companion-public";
 pub const SIMULATOR_CLUSTER: &str = "model-sim";
 /// Long enough for slow streamed generations.
 const MODEL_ROUTE_TIMEOUT: &str = "300s";
+
+/// The label names of the filter's metrics (filter/src/metrics.rs `LABELS`; the Gateway's
+/// `extraStatTags` list the same, a manifest check compares the three).
+pub const FILTER_METRIC_LABELS: [&str; 7] = [
+    "decision",
+    "code",
+    "model",
+    "tier",
+    "subscription",
+    "token_type",
+    "operation",
+];
+
+/// Envoy's tag extraction for the filter's labelled metrics, written as Istio writes an
+/// `extraStatTags` entry: `<label>=.=<value>;.;` in a stat name becomes the label.
+pub fn filter_stats_tags() -> Value {
+    Value::Array(
+        FILTER_METRIC_LABELS
+            .iter()
+            .map(|l| json!({"tag_name": l, "regex": format!("({l}=\\.=(.*?);\\.;)")}))
+            .collect(),
+    )
+}
 
 #[derive(Debug, Clone)]
 pub struct WasmFilterOptions {
@@ -52,6 +75,47 @@ pub struct EnvoyConfigInput<'a> {
     /// Mutual TLS to the companion's internal listener (`None`: plain HTTP, for a companion
     /// run with `--internal-auth none`).
     pub companion_tls: Option<CompanionTls>,
+    /// Where Envoy writes the filter's usage events, one JSON line per request that has one
+    /// (`None`: no usage-event access log).
+    pub usage_events_path: Option<PathBuf>,
+}
+
+/// The usage-event line (docs/contracts.md "Usage events"): the filter's event (filter state
+/// `wasm.maas_event`, JSON the filter wrote) and what Envoy knows of the request. Every other
+/// field is quoted or numeric by construction, never client text: `%START_TIME%` (RFC 3339),
+/// `%DURATION%` and `%RESPONSE_CODE%` (integers; 0 without a response), `%RESPONSE_FLAGS%`,
+/// `%UPSTREAM_CLUSTER%` and `%UPSTREAM_HOST%` (configuration names, `ip:port`; `-` when none),
+/// `%TRACE_ID%` (hex, or `-`). The deploy component (wasm-plugin-crs/components/usage-events)
+/// and docs/deploy.md carry the same line.
+pub const USAGE_EVENT_FORMAT: &str = concat!(
+    r#"{"event":%FILTER_STATE(wasm.maas_event:PLAIN)%,"#,
+    r#""start_time":"%START_TIME%","duration_ms":%DURATION%,"#,
+    r#""status":%RESPONSE_CODE%,"response_flags":"%RESPONSE_FLAGS%","#,
+    r#""backend":"%UPSTREAM_CLUSTER%","upstream_host":"%UPSTREAM_HOST%","#,
+    r#""trace_id":"%TRACE_ID%"}"#,
+    "\n"
+);
+
+/// The CEL filter that keeps a request's line only when the filter left it a usage event.
+pub const USAGE_EVENT_FILTER: &str = "'wasm.maas_event' in filter_state";
+
+/// The access log writing usage events to `path` (requests without one are not logged).
+pub fn usage_events_access_log(path: &Path) -> Value {
+    json!({
+        "name": "envoy.access_loggers.file",
+        "filter": {"extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                "expression": USAGE_EVENT_FILTER
+            }
+        }},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": path.to_string_lossy(),
+            "log_format": {"text_format_source": {"inline_string": USAGE_EVENT_FORMAT}}
+        }
+    })
 }
 
 /// What Envoy's companion cluster presents and checks: the gateway's client certificate, the
@@ -725,11 +789,17 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
     );
 
     let http_filters = http_filters(input);
+    let access_log: Vec<Value> = input
+        .usage_events_path
+        .iter()
+        .map(|p| usage_events_access_log(p))
+        .collect();
 
     let bootstrap = json!({
         "admin": {"address": {"socket_address": {
             "address": input.admin.ip().to_string(), "port_value": input.admin.port()
         }}},
+        "stats_config": {"stats_tags": filter_stats_tags()},
         "static_resources": {
             "listeners": [{
                 "name": "gateway",
@@ -755,7 +825,8 @@ pub fn render(input: &EnvoyConfigInput<'_>) -> Result<String> {
                             "name": "gateway",
                             "virtual_hosts": [{"name": "gateway", "domains": ["*"], "routes": routes}]
                         },
-                        "http_filters": http_filters
+                        "http_filters": http_filters,
+                        "access_log": access_log
                     }
                 }]}]
             }],
@@ -796,6 +867,51 @@ mod tests {
                 poll_interval_ms: 500,
             }),
             companion_tls: None,
+            usage_events_path: None,
+        }
+    }
+
+    /// The usage-event access log: rendered with a path only, filtered by the CEL expression,
+    /// and its line is one JSON object whatever Envoy puts in each field (its `-` included).
+    #[test]
+    fn the_usage_event_log_is_rendered_with_a_path_and_its_line_is_json() {
+        let p = policy();
+        let hcm_of = |input: &EnvoyConfigInput<'_>| {
+            let v: Value = serde_json::from_str(&render(input).unwrap()).unwrap();
+            hcm(&v).clone()
+        };
+        assert_eq!(hcm_of(&input(&p, true))["access_log"], json!([]));
+        let with = EnvoyConfigInput {
+            usage_events_path: Some("/tmp/stack/usage-events.jsonl".into()),
+            ..input(&p, true)
+        };
+        let log = hcm_of(&with)["access_log"][0].clone();
+        assert_eq!(log["typed_config"]["path"], "/tmp/stack/usage-events.jsonl");
+        assert_eq!(
+            log["filter"]["extension_filter"]["typed_config"]["expression"],
+            "'wasm.maas_event' in filter_state"
+        );
+        assert_eq!(
+            log["typed_config"]["log_format"]["text_format_source"]["inline_string"],
+            USAGE_EVENT_FORMAT
+        );
+        assert!(
+            USAGE_EVENT_FORMAT.ends_with("}\n") && USAGE_EVENT_FORMAT.matches('\n').count() == 1
+        );
+        for (event, dash) in [(r#"{"model":"m\"x"}"#, "-"), ("{}", "x")] {
+            let line = USAGE_EVENT_FORMAT
+                .replace("%FILTER_STATE(wasm.maas_event:PLAIN)%", event)
+                .replace("%START_TIME%", "2026-01-01T00:00:00.000Z")
+                .replace("%DURATION%", "12")
+                .replace("%RESPONSE_CODE%", "0")
+                .replace("%RESPONSE_FLAGS%", dash)
+                .replace("%UPSTREAM_CLUSTER%", dash)
+                .replace("%UPSTREAM_HOST%", dash)
+                .replace("%TRACE_ID%", dash);
+            assert!(!line.contains('%'), "every operator replaced: {line}");
+            let v: Value = serde_json::from_str(line.trim_end()).unwrap();
+            assert_eq!(v["event"], serde_json::from_str::<Value>(event).unwrap());
+            assert_eq!(v["backend"], dash);
         }
     }
 

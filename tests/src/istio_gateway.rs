@@ -583,6 +583,7 @@ mod tests {
                     poll_interval_ms: 500,
                 }),
                 companion_tls: None,
+                usage_events_path: None,
             })
             .unwrap(),
         )

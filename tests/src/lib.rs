@@ -37,6 +37,7 @@ pub mod module_stack;
 pub mod otlp;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod redis;
 pub mod sim;
 pub mod stack;

@@ -12,7 +12,10 @@
 //!   absent), completions and Anthropic `max_tokens`, Responses `max_output_tokens`; else 16
 //!   (header `x-sim-uncapped-tokens: N`: N, as vLLM generates up to the context length when the
 //!   body names no cap); header `x-sim-completion-tokens: N` overrides (a backend that ignores
-//!   the cap); the completion text is `tok0 tok1 …`.
+//!   the cap); the completion text is `tok0 tok1 …`;
+//! - header `x-sim-cached-tokens: N`: chat/completions usage says `min(N, prompt_tokens)` of the
+//!   prompt came from the prompt cache (`prompt_tokens_details.cached_tokens`); else none is
+//!   said.
 //!
 //! Faults (`x-sim-fault`): `status-500` (in the API's error shape: Anthropic's `api_error` for
 //! Messages), `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
@@ -1040,6 +1043,8 @@ struct Plan {
     model: String,
     prompt_tokens: u64,
     completion_tokens: u64,
+    /// `x-sim-cached-tokens` (at most the prompt): reported by chat/completions usage.
+    cached_tokens: u64,
     include_usage_chunk: bool,
     chunk_delay: Duration,
     fault: String,
@@ -1075,6 +1080,10 @@ impl Plan {
             } else {
                 completion_tokens(kind, request, headers)
             },
+            cached_tokens: header_str(headers, "x-sim-cached-tokens")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                .min(prompt_tokens(request)),
             include_usage_chunk: request
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
@@ -1099,11 +1108,15 @@ impl Plan {
 
     /// OpenAI chat/completions usage.
     fn usage(&self) -> Value {
-        json!({
+        let mut usage = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+        });
+        if self.cached_tokens > 0 {
+            usage["prompt_tokens_details"] = json!({"cached_tokens": self.cached_tokens});
+        }
+        usage
     }
 
     /// Responses API usage.
@@ -1488,6 +1501,23 @@ mod tests {
         assert_eq!(completion_tokens(Kind::Messages, &body, &empty), 5);
         assert_eq!(completion_tokens(Kind::Responses, &body, &empty), 9);
         assert_eq!(completion_tokens(Kind::Chat, &body, &empty), 7);
+    }
+
+    /// `x-sim-cached-tokens`: chat usage names that many cached prompt tokens, at most the
+    /// prompt; without it, no `prompt_tokens_details`.
+    #[test]
+    fn cached_tokens_from_the_header() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "a b c"}]});
+        let plan = |cached: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(c) = cached {
+                h.insert("x-sim-cached-tokens", c.parse().unwrap());
+            }
+            Plan::new(Kind::Chat, &body, &h, &SimConfig::default(), "").usage()
+        };
+        assert_eq!(plan(Some("2"))["prompt_tokens_details"]["cached_tokens"], 2);
+        assert_eq!(plan(Some("9"))["prompt_tokens_details"]["cached_tokens"], 3);
+        assert!(plan(None).get("prompt_tokens_details").is_none());
     }
 
     #[test]

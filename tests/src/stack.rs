@@ -275,6 +275,8 @@ struct Replica {
     companion_log: PathBuf,
     envoy_log: PathBuf,
     envoy_config_path: PathBuf,
+    /// Where this replica's Envoy writes the filter's usage events (one JSON line each).
+    usage_events_path: PathBuf,
 }
 
 impl Replica {
@@ -534,8 +536,15 @@ impl Core {
         Ok(process)
     }
 
-    /// Writes replica `index`'s Envoy bootstrap for `ports` (its own companion, node id).
-    fn write_envoy_config(&self, ports: &ReplicaPorts, node_id: &str, path: &Path) -> Result<()> {
+    /// Writes replica `index`'s Envoy bootstrap for `ports` (its own companion, node id, usage
+    /// events file).
+    fn write_envoy_config(
+        &self,
+        ports: &ReplicaPorts,
+        node_id: &str,
+        usage_events: &Path,
+        path: &Path,
+    ) -> Result<()> {
         let spec = &self.envoy;
         let rendered = envoy_config::render(&EnvoyConfigInput {
             policy: &spec.policy,
@@ -546,6 +555,7 @@ impl Core {
             simulator: self.sim_addr,
             filter: spec.filter.clone(),
             companion_tls: spec.companion_tls.clone(),
+            usage_events_path: Some(usage_events.to_path_buf()),
         })?;
         // Merged before the test's extra, which may replace it (`null` unsets it).
         let rendered = match &spec.filter {
@@ -582,6 +592,8 @@ impl Core {
             .arg(config)
             .arg("--disable-hot-restart")
             .args(["--concurrency", &self.envoy.concurrency.to_string()])
+            // The usage events file is written within a quarter second (default: 10 s).
+            .args(["--file-flush-interval-msec", "250"])
             .args([
                 "-l",
                 &std::env::var("MAAS_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
@@ -622,6 +634,7 @@ impl Core {
         let companion_log = replica_file(&self.dir_path, "companion", "log", index);
         let envoy_log = replica_file(&self.dir_path, "envoy", "log", index);
         let envoy_config_path = replica_file(&self.dir_path, "envoy", "json", index);
+        let usage_events_path = replica_file(&self.dir_path, "usage-events", "jsonl", index);
         let node_id = format!("gateway-{index}");
         // Replica 0 takes the user's port (checked free before anything started) on every
         // attempt; replica i takes port + i on its first attempt when it is free. The gateway
@@ -671,7 +684,7 @@ impl Core {
                 if !std::mem::take(&mut first) && fixed.is_none() {
                     ports.gateway = SocketAddr::new(ip, p[1]);
                 }
-                self.write_envoy_config(ports, &node_id, &envoy_config_path)
+                self.write_envoy_config(ports, &node_id, &usage_events_path, &envoy_config_path)
             },
             |ports| self.spawn_envoy(index, ports, &envoy_config_path, &envoy_log),
         );
@@ -695,6 +708,7 @@ impl Core {
             companion_log,
             envoy_log,
             envoy_config_path,
+            usage_events_path,
         }))
     }
 }
@@ -1314,6 +1328,15 @@ impl Stack {
     pub fn envoy_config_path(&self) -> &Path {
         &self.primary.envoy_config_path
     }
+    /// Where Envoy writes the filter's usage events (policy `observability.usageEvents`): one
+    /// JSON line per request the usage ledger counts (docs/contracts.md "Usage events").
+    pub fn usage_events_path(&self) -> &Path {
+        &self.primary.usage_events_path
+    }
+    /// Replica `index`'s usage events file (each Envoy writes its own).
+    pub fn usage_events_path_of(&self, index: usize) -> PathBuf {
+        self.replica_or_panic(index).usage_events_path.clone()
+    }
     /// Envoy's pid while it runs.
     pub fn envoy_pid(&self) -> Option<u32> {
         lock(&self.primary.envoy)
@@ -1422,10 +1445,19 @@ impl Stack {
         self.core.res.log_paths()
     }
 
-    /// Every process log, concatenated (tests scan it for leaked credentials).
+    /// Every process log and every usage events file, concatenated (tests scan it for leaked
+    /// credentials).
     pub fn logs_text(&self) -> String {
+        let events = self
+            .core
+            .res
+            .replicas()
+            .iter()
+            .map(|r| r.usage_events_path.clone())
+            .collect::<Vec<_>>();
         self.log_paths()
             .iter()
+            .chain(&events)
             .map(|p| std::fs::read_to_string(p).unwrap_or_default())
             .collect::<Vec<_>>()
             .join("\n")

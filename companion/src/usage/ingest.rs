@@ -131,7 +131,7 @@ pub async fn handler(
         Ok(Applied::Rows(_)) => {
             usage.database_up(true);
             usage.count_report("applied");
-            usage.count_records(&report.records);
+            usage.count_records(&report.records, |r| chargeback(&document, r));
             Ok(Json(UsageAccepted {
                 accepted: u64::try_from(report.records.len()).unwrap_or(u64::MAX),
                 duplicate: false,

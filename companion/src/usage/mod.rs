@@ -18,7 +18,7 @@ use chrono::Utc;
 use maas_types::usage::UsageRecord;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use store::{RolledUp, StoreError, UsageStore};
+use store::{Chargeback, RolledUp, StoreError, UsageStore};
 
 /// The `user` label value of everyone beyond the cap.
 pub const OTHER_USER: &str = "other";
@@ -26,8 +26,9 @@ pub const OTHER_USER: &str = "other";
 /// Batch ids are remembered this long (a resend after that would count twice).
 pub const BATCH_ID_RETENTION: chrono::TimeDelta = chrono::TimeDelta::days(1);
 
-/// Which `user` label a subject gets: none (per-user labels off), its name (the first `max`
-/// distinct users seen since start), or [`OTHER_USER`].
+/// Which `user` label a subject gets: none (per-user labels off), its name as the logs show it
+/// (the keyed pseudonym unless clear names are on: `crate::pseudonym`; the first `max` distinct
+/// users seen since start), or [`OTHER_USER`].
 pub struct UserLabels {
     max: Option<usize>,
     seen: Mutex<HashSet<String>>,
@@ -43,6 +44,7 @@ impl UserLabels {
 
     pub fn label(&self, subject: &str) -> Option<String> {
         let max = self.max?;
+        let subject = &crate::pseudonym::user(subject);
         let mut seen = self
             .seen
             .lock()
@@ -91,10 +93,37 @@ impl Usage {
         self.metrics.usage.database_up.set(i64::from(up));
     }
 
-    /// Adds an applied batch to the chargeback counters.
-    pub fn count_records(&self, records: &[UsageRecord]) {
+    /// Adds an applied batch to the chargeback counters (`charge`: what a record is charged to,
+    /// as the ledger wrote it).
+    pub fn count_records(
+        &self,
+        records: &[UsageRecord],
+        charge: impl Fn(&UsageRecord) -> Chargeback,
+    ) {
         let m = &self.metrics.usage;
         for r in records {
+            let c = charge(r);
+            let tokens = r.prompt_tokens.saturating_add(r.completion_tokens);
+            let rate = c.rate.parse::<f64>().unwrap_or(0.0);
+            if tokens > 0 && rate > 0.0 {
+                let or_none = |s: &str| {
+                    if s.is_empty() {
+                        "none".to_string()
+                    } else {
+                        s.to_string()
+                    }
+                };
+                #[allow(clippy::cast_precision_loss)] // a dashboard figure; the ledger is exact
+                let spend = tokens as f64 * rate;
+                m.cost
+                    .get_or_create(&vec![
+                        ("tier", r.tier.clone()),
+                        ("model", r.model.clone()),
+                        ("organization", or_none(&c.organization)),
+                        ("cost_center", or_none(&c.cost_center)),
+                    ])
+                    .inc_by(spend);
+            }
             let user = self.users.label(&r.subject);
             let labels = |extra: Option<(&'static str, String)>| -> UsageLabels {
                 let mut l = vec![("tier", r.tier.clone()), ("model", r.model.clone())];

@@ -151,6 +151,24 @@ impl RecordingHost {
         self.calls.borrow().len()
     }
 
+    /// The sum of a labelled family's counters over the series whose labels include `with`.
+    pub fn series_sum(&self, family: &str, with: &[(&str, &str)]) -> i64 {
+        let names = self.metric_names.borrow();
+        let values = self.metric_values.borrow();
+        names
+            .iter()
+            .zip(1u32..)
+            .filter(|(name, _)| {
+                let (f, labels) = crate::metrics::parse_series(name);
+                f == family
+                    && with
+                        .iter()
+                        .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, id)| values.get(&id).copied().unwrap_or(0))
+            .sum()
+    }
+
     /// The value of a counter by name (0 when never incremented).
     pub fn metric(&self, name: &str) -> i64 {
         let names = self.metric_names.borrow();

@@ -7,6 +7,7 @@ use crate::encoding::{self, Coding, DecodingScanner};
 use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::ledger::Event;
 use crate::limits;
+use crate::metrics::{self, TokenReport};
 use crate::response::Decision;
 use crate::sse::{self, SseScanner};
 use crate::usage::JsonUsageScanner;
@@ -64,6 +65,17 @@ pub enum Scan {
     },
 }
 
+impl Scan {
+    /// An event stream the filter reads (translated or not).
+    pub fn is_stream(&self) -> bool {
+        match self {
+            Scan::Sse(_) => true,
+            Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
+            _ => false,
+        }
+    }
+}
+
 impl std::fmt::Debug for Scan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -116,7 +128,8 @@ impl Request {
             && let Err(r) = self.check_routed(host)
         {
             log::warn!("{}", r.message);
-            self.settle(host);
+            // Settled and refused: one usage event says both (written by the refusal).
+            self.settle_usage(host);
             self.refuse(host, &r);
             return Action::Pause;
         }
@@ -187,11 +200,7 @@ impl Request {
         // Past a warning threshold, a stream also says so before its first event (a comment:
         // SSE clients skip it; a reader of the raw stream sees it). Only a stream the filter
         // reads as events; formatted, and the length dropped, only then.
-        let streamed = match &scan {
-            Scan::Sse(_) => true,
-            Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
-            _ => false,
-        };
+        let streamed = scan.is_stream();
         let sse_comment = rate_headers
             .warning
             .filter(|_| streamed && (200..300).contains(&status))
@@ -220,6 +229,7 @@ impl Request {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        self.first_stream_bytes(host, body_size);
         if let Phase::Responding {
             scan, sse_comment, ..
         } = &mut self.phase
@@ -310,9 +320,16 @@ impl Request {
         Action::Continue
     }
 
+    /// Settles the token reservation to what the response showed (once), and writes the
+    /// request's usage event (when the policy asks for them).
+    pub(super) fn settle(&mut self, host: &dyn Host) {
+        self.settle_usage(host);
+        self.write_usage_event(host);
+    }
+
     /// Settles the token reservation to what the response showed (once). Without response
     /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
-    pub(super) fn settle(&mut self, host: &dyn Host) {
+    fn settle_usage(&mut self, host: &dyn Host) {
         let (res, status, mut scan) = match std::mem::replace(&mut self.phase, Phase::Settled) {
             Phase::Forwarding {
                 reservation: Some(res),
@@ -364,7 +381,8 @@ impl Request {
         // The limits count weighted tokens; the ledger and the metrics the raw ones.
         let settled = decide::settled_tokens(&seen, self.metering.reserved);
         let actual = settled.weighted(self.metering.weights);
-        let now_s = host.now_ms() / 1000;
+        let now_ms = host.now_ms();
+        let now_s = now_ms / 1000;
         // A busy subject's refund is folded into its next counter write (`crate::folds`).
         let folded = self
             .worker
@@ -390,16 +408,68 @@ impl Request {
                 cached,
             },
         );
-        if let (Some(u), Some(m), Ok(mut w)) = (usage, self.model(), self.worker.try_borrow_mut()) {
-            w.metrics
-                .tokens(host, tier, &m.name, u.prompt_tokens, u.completion_tokens);
+        let operation = self.operation_name();
+        if let (Some(u), Some(m), Ok(w)) = (usage, self.model(), self.worker.try_borrow()) {
+            w.metrics.tokens(
+                host,
+                &TokenReport {
+                    tier,
+                    model: &m.name,
+                    operation,
+                    input: u.prompt_tokens,
+                    output: u.completion_tokens,
+                    cached: u.cached_input_tokens,
+                },
+            );
+        }
+        if status != 0 {
+            self.record_latency(host, &metrics::GEN_AI_REQUEST_DURATION, now_ms);
+        }
+    }
+
+    fn operation_name(&self) -> &'static str {
+        self.traits().map_or("none", |t| t.operation.metric_name())
+    }
+
+    /// Records the time since the filter began to decide in a latency family (once the clock
+    /// was read at the headers).
+    fn record_latency(&self, host: &dyn Host, family: &metrics::Family, now_ms: u64) {
+        if self.started_ms == 0 {
+            return;
+        }
+        let model = self.model().map_or("none", |m| m.name.as_str());
+        if let Ok(w) = self.worker.try_borrow() {
+            w.metrics.record(
+                host,
+                family,
+                &[self.operation_name(), model],
+                now_ms.saturating_sub(self.started_ms),
+            );
+        }
+    }
+
+    /// A streamed answer's first bytes: the time to first token (one clock read per stream).
+    fn first_stream_bytes(&mut self, host: &dyn Host, body_size: usize) {
+        if self.first_bytes_seen || body_size == 0 || self.started_ms == 0 {
+            return;
+        }
+        let streamed_ok = match &self.phase {
+            Phase::Responding { status, scan, .. } => {
+                (200..300).contains(status) && scan.is_stream()
+            }
+            _ => false,
+        };
+        if streamed_ok {
+            self.first_bytes_seen = true;
+            self.record_latency(host, &metrics::GEN_AI_TIME_TO_FIRST_TOKEN, host.now_ms());
         }
     }
 }
 
-/// The usage ledger's side of a request (in the VM: no host call).
+/// The usage ledger's side of a request (in the VM: no host call), and its usage event (one
+/// host call, with the policy's `observability.usageEvents` only).
 impl Request {
-    fn ledger_add(&self, tier: &str, event: Event<'_>) {
+    fn ledger_add(&self, tier: &str, event: Event<'static>) {
         let (Some(auth), Some(model)) = (self.auth.as_ref(), self.model()) else {
             return;
         };
@@ -409,6 +479,69 @@ impl Request {
             && w.ledger.enabled
         {
             w.ledger.add(subject, key_id, tier, &model.name, event);
+        }
+        self.count_for_event(event, None);
+    }
+
+    /// The usage event counts what the ledger counted (`tier`: the ledger's, when the request
+    /// holds none yet). Only with the policy's `observability.usageEvents`.
+    fn count_for_event(&self, event: Event<'static>, tier: Option<String>) {
+        if !self
+            .route
+            .as_ref()
+            .is_some_and(|r| r.policy.observability.usage_events)
+        {
+            return;
+        }
+        let Ok(mut slot) = self.usage_event.try_borrow_mut() else {
+            return;
+        };
+        let counted = slot.get_or_insert_default();
+        if tier.is_some() {
+            counted.tier = tier;
+        }
+        match event {
+            Event::Settled {
+                prompt,
+                completion,
+                cached,
+            } => {
+                counted.settled = Some(crate::usage_event::Tokens {
+                    input: prompt,
+                    output: completion,
+                    cached,
+                });
+            }
+            Event::Refused(code) if code.starts_with("shadow_") => counted.shadow = Some(code),
+            Event::Refused(code) => counted.refused = Some(code),
+        }
+    }
+
+    /// Hands the request's usage event to Envoy (filter state `wasm.maas_event`), once, when
+    /// the ledger counted something for it: at settlement or at the refusal.
+    pub(super) fn write_usage_event(&self, host: &dyn Host) {
+        let Ok(mut slot) = self.usage_event.try_borrow_mut() else {
+            return;
+        };
+        let Some(counted) = slot.as_mut().filter(|c| !c.written) else {
+            return;
+        };
+        counted.written = true;
+        let (Some(route), Some(model)) = (self.route.as_ref(), self.model()) else {
+            return;
+        };
+        let Some(tier) = counted.tier.as_deref().or_else(|| self.tier_name()) else {
+            return;
+        };
+        let about = crate::usage_event::About {
+            user: self.caller.as_ref().and_then(|c| c.pseudonym.as_deref()),
+            key_id: self.identity.as_ref().and_then(|i| i.key_id()),
+            tier,
+            model: &model.name,
+            operation: Some(route.traits.operation),
+        };
+        if let Some(event) = crate::usage_event::build(&route.policy, &about, counted) {
+            host.set_property(&[crate::usage_event::PROPERTY], &event);
         }
     }
 
@@ -420,7 +553,7 @@ impl Request {
     }
 
     /// A refusal of a request whose subject and tier are known.
-    pub(super) fn ledger_refused(&self, code: &str) {
+    pub(super) fn ledger_refused(&self, code: &'static str) {
         if let Some(tier) = self.tier_name() {
             self.ledger_add(tier, Event::Refused(code));
         }
@@ -432,7 +565,7 @@ impl Request {
         &self,
         identity: &crate::cache::CachedIdentity,
         requested_subscription: Option<&str>,
-        code: &str,
+        code: &'static str,
     ) {
         let (Some(policy), Some(model)) = (self.route.as_ref().map(|r| &r.policy), self.model())
         else {
@@ -474,5 +607,6 @@ impl Request {
                 Event::Refused(code),
             );
         }
+        self.count_for_event(Event::Refused(code), Some(tier));
     }
 }

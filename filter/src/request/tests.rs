@@ -23,6 +23,7 @@ mod provider_paths;
 mod respond;
 mod subscriptions;
 mod translate;
+mod usage_events;
 mod weights;
 
 pub(super) const COMPANION: &str = "maas-companion";

@@ -3,7 +3,7 @@
 //! Redis for global limits). Started by ./scripts/run-local.sh; Ctrl-C stops everything.
 
 use clap::Parser;
-use maas_e2e::{ConfigSource, Stack, StackOptions, tools};
+use maas_e2e::{ConfigSource, Stack, StackOptions, prometheus, tools};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,6 +37,10 @@ struct Args {
     /// Keep the stack's directory (logs, data) after exit.
     #[arg(long)]
     keep: bool,
+    /// Also start Prometheus (port 9090 when free), scraping every Envoy and companion with the
+    /// shipped alert rules loaded; the dashboards' queries run against it.
+    #[arg(long)]
+    observability: bool,
 }
 
 fn source(path: Option<PathBuf>) -> ConfigSource {
@@ -74,7 +78,12 @@ fn run() -> anyhow::Result<()> {
         eprintln!("maas-local: starting PostgreSQL, companion, model simulator and Envoy …");
     }
     let stack = Stack::start(options)?;
-    print_next_steps(&stack);
+    let prometheus = if args.observability {
+        Some(start_prometheus(&stack)?)
+    } else {
+        None
+    };
+    print_next_steps(&stack, prometheus.as_ref());
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -96,9 +105,51 @@ fn run() -> anyhow::Result<()> {
         }
     });
     eprintln!("maas-local: stopping …");
+    drop(prometheus);
     stack.shutdown();
     eprintln!("maas-local: stopped");
     outcome
+}
+
+/// Prometheus beside the stack: every replica's Envoy admin and companion metrics, every
+/// second, the shipped alert rules loaded; its data in the stack's directory.
+fn start_prometheus(stack: &Stack) -> anyhow::Result<prometheus::Prometheus> {
+    eprintln!("maas-local: starting Prometheus …");
+    let replicas = stack.gateway_urls().len();
+    let admins: Vec<String> = (0..replicas).map(|i| stack.envoy_admin_url_of(i)).collect();
+    let metrics: Vec<String> = (0..replicas)
+        .map(|i| stack.companion_metrics_url_of(i))
+        .collect();
+    let dir = stack.dir().join("prometheus");
+    let rules = prometheus::shipped_rules(&tools::workspace_root(), &dir)?;
+    let jobs = prometheus::stack_jobs(&admins, &metrics);
+    let port = if std::net::TcpListener::bind(("127.0.0.1", 9090)).is_ok() {
+        9090
+    } else {
+        maas_e2e::stack::free_ports(1)?
+            .first()
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("no free port"))?
+    };
+    prometheus::Prometheus::start(&dir, port, &prometheus::config(&jobs, &[rules], "5s"))
+}
+
+fn print_observability(stack: &Stack, p: &prometheus::Prometheus) {
+    println!("Prometheus: {} (alerts: {}/alerts)", p.url, p.url);
+    println!(
+        "  scrapes {} Envoy admin(s) /stats/prometheus and companion /metrics every 5 s",
+        stack.gateway_urls().len()
+    );
+    println!(
+        "  dashboards to import in Grafana: {}",
+        tools::workspace_root()
+            .join("wasm-plugin-crs/base/companion/dashboards")
+            .display()
+    );
+    println!(
+        "  try: curl -s '{}/api/v1/query?query=sum%20by%20(decision)%20(maas_requests_total)'",
+        p.url
+    );
 }
 
 /// Where the companion's internal API is, and that only the gateway's certificate gets in.
@@ -119,11 +170,14 @@ fn print_internal_api(stack: &Stack) {
     );
 }
 
-fn print_next_steps(stack: &Stack) {
+fn print_next_steps(stack: &Stack, prometheus: Option<&prometheus::Prometheus>) {
     let gw = stack.gateway_url();
     let root = tools::workspace_root();
     let urls = stack.gateway_urls();
     println!("READY {}", urls.join(" "));
+    if let Some(p) = prometheus {
+        print_observability(stack, p);
+    }
     // The companion (it inherits the environment) serves the web UI from MAAS_UI_DIR, which
     // ./scripts/run-local.sh sets to the ui/dist it builds.
     if std::env::var_os("MAAS_UI_DIR").is_some_and(|d| !d.is_empty()) {
@@ -167,12 +221,14 @@ OpenAI SDK: OpenAI(base_url="$GATEWAY/v1", api_key=KEY); Anthropic SDK: Anthropi
 
 Stream: add "stream":true,"stream_options":{{"include_usage":true}} to the body of step 2.
 Policy: {policy} (edits are reloaded; new model routes need a restart)
+Usage events: {events} (one JSON line per request with the policy's observability: {{usageEvents: true}})
 Identities: {identities}
 Logs: {dir}
 Root: {root}
 Ctrl-C stops everything."#,
         policy = stack.policy_path().display(),
         identities = stack.identities_path().display(),
+        events = stack.usage_events_path().display(),
         dir = stack.dir().display(),
         root = root.display(),
     );

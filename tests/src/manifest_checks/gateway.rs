@@ -1,6 +1,7 @@
 //! The Gateway's side: the EnvoyFilter that installs the filter (first, over ECDS, fail closed,
 //! headers held for the body), the connection manager's settings, the Gateway's replica count
-//! (which the filter's limits repeat), and the companion cluster the filter calls.
+//! (which the filter's limits repeat), the companion cluster the filter calls, and the
+//! usage-events Telemetry when it is rendered.
 
 use super::context::{
     COMPANION, COMPANION_CLUSTER, COMPANION_CLUSTER_FILTER, Context, FILTER_ENVOYFILTER,
@@ -437,6 +438,51 @@ fn cluster_mutual_tls(cx: &Context, cluster: &Value) -> Verdict {
         opt(sds, "sds_config.ads").is_some(),
         "{}",
         repr_opt(sds.get("sds_config"))
+    );
+    Ok(())
+}
+
+/// The Telemetry of components/usage-events.
+pub const USAGE_EVENTS_TELEMETRY: &str = "maas-usage-events";
+
+/// components/usage-events, when rendered: its Telemetry selects the Gateway's pods and has them
+/// log, to the provider `maas-usage-events` only, only the requests the filter left a usage
+/// event (the CEL filter on `wasm.maas_event`; without it every request would be logged).
+pub fn usage_events(cx: &Context) -> Verdict {
+    let Some(t) = cx
+        .docs
+        .find("Telemetry", Some(USAGE_EVENTS_TELEMETRY))
+        .first()
+        .copied()
+    else {
+        return Ok(());
+    };
+    let selector = opt(t, "spec.selector.matchLabels");
+    let (label, gateway) = super::context::GATEWAY_POD_LABEL;
+    ensure!(
+        selector == Some(&json!({label: gateway})),
+        "Telemetry {USAGE_EVENTS_TELEMETRY} selects {}, expected the Gateway's pods ({label}: {gateway})",
+        repr_opt(selector)
+    );
+    let logs = list_at(t, "spec.accessLogging")?;
+    ensure!(
+        logs.len() == 1,
+        "Telemetry {USAGE_EVENTS_TELEMETRY} has {} accessLogging entries, expected 1",
+        logs.len()
+    );
+    let providers: Vec<Option<&str>> = list_or_empty(&logs[0], "providers")
+        .iter()
+        .map(|p| opt_str(p, "name"))
+        .collect();
+    ensure!(
+        providers == [Some(USAGE_EVENTS_TELEMETRY)],
+        "Telemetry {USAGE_EVENTS_TELEMETRY} logs to {providers:?}, expected the provider {USAGE_EVENTS_TELEMETRY} only"
+    );
+    let expression = opt_str(&logs[0], "filter.expression");
+    let wanted = crate::envoy_config::USAGE_EVENT_FILTER;
+    ensure!(
+        expression == Some(wanted),
+        "Telemetry {USAGE_EVENTS_TELEMETRY} filters on {expression:?}, expected {wanted:?} (requests without a usage event would be logged)"
     );
     Ok(())
 }

@@ -24,7 +24,8 @@
 //!    pod count (its parametersRef ConfigMap) is the filter's limits.global.replicas; the
 //!    companion's Redis URL (budget leases) comes from an optional Secret, and a development
 //!    Redis, when rendered, is single, hardened, unpersisted, password-protected and reachable
-//!    from the companion only.
+//!    from the companion only; the usage-events Telemetry, when rendered, logs only the
+//!    Gateway's requests that carry a usage event.
 //! 3. The sample model HTTPRoutes ([`model_routes`], on the `samples` render): each model of the
 //!    policy they serve is also published at the one base URL (`/v1` + `x-maas-model`).
 
@@ -41,7 +42,10 @@ mod scope;
 
 pub use context::{LeaseStore, Options, Platform, Tls};
 pub use docs::{Docs, Verdict, name_of, opt, repr};
-pub use monitoring::{dashboard, exported_metrics};
+pub use monitoring::{
+    DASHBOARDS, dashboard, dashboard_files, dashboard_queries, exported_metrics,
+    filter_metric_labels,
+};
 pub use network::model_routes;
 pub use report::{Outcome, Report};
 pub use schema::{Schemas, schema_file_name};
@@ -54,7 +58,7 @@ use std::path::Path;
 type Wiring = (&'static str, fn(&Context) -> Verdict);
 
 /// Every wiring check, in the order they report.
-const WIRING: [Wiring; 21] = [
+const WIRING: [Wiring; 22] = [
     (
         "namespaces: companion objects together, gateway objects in the Gateway's namespace ({platform})",
         scope::namespaces,
@@ -86,7 +90,7 @@ const WIRING: [Wiring; 21] = [
     ),
     (
         "monitoring: ServiceMonitor on the metrics port (HTTPS with TLS on), PodMonitor on the Gateway's \
-             Envoy, alerts on exported metrics only",
+             Envoy, alerts on exported metrics only, the Gateway's proxy extracts the filter's metric labels",
         monitoring::monitoring,
     ),
     (
@@ -151,6 +155,11 @@ const WIRING: [Wiring; 21] = [
     (
         "policy ConfigMap parses, its models name known tiers, external models their upstreamCluster",
         companion::policy_document,
+    ),
+    (
+        "usage events: the Telemetry maas-usage-events, when rendered, has the Gateway's pods log only \
+             requests with a usage event ('wasm.maas_event' in filter_state) to the provider maas-usage-events",
+        gateway::usage_events,
     ),
 ];
 

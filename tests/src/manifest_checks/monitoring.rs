@@ -14,13 +14,12 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::LazyLock;
 
-/// A metric name in a PromQL expression (Envoy prefixes the filter's with envoy_wasmcustom_).
-static METRIC: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\b(?:envoy_wasmcustom_)?maas_[a-z0-9_]+").expect("a valid regex")
-});
+/// A metric name of ours in a PromQL expression (Envoy prints the filter's without a prefix).
+static METRIC: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\b(?:maas|gen_ai)_[a-z0-9_]+").expect("a valid regex"));
 
 /// The alerts the PrometheusRules must hold.
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 10] = [
     "MaaSCompanionDown",
     "MaaSFilterUnavailableDecisionsRising",
     "MaaSFilterCalloutFailures",
@@ -29,6 +28,8 @@ const ALERTS: [&str; 8] = [
     "MaaSLeaseStoreDown",
     "MaaSGatewayLeaseFallback",
     "MaaSFilterHeadersNotHeld",
+    "MaaSAuthFailureRateHigh",
+    "MaaSGatewayAddedLatencyHigh",
 ];
 
 /// The `.rs` files under `dir`, recursively, in name order.
@@ -52,13 +53,13 @@ fn rust_sources(dir: &Path) -> Vec<(String, String)> {
 }
 
 /// Metric names as Prometheus sees them, read from the filter's and the companion's sources:
-/// the filter's `pub const …: &str = "maas_…"` (and `maas_requests_<decision>` for each
-/// `Decision::… => "<decision>"`), Envoy's histogram suffixes; the companion's registered
-/// names with OpenMetrics' suffixes.
+/// the filter's `pub const …: &str = "maas_…"` and its labelled families' `name: "…"`, with
+/// Envoy's histogram suffixes; the companion's registered names with OpenMetrics' suffixes.
 pub fn exported_metrics(repo_root: &Path) -> Result<BTreeSet<String>, String> {
     let constant = Regex::new(r#"pub const [A-Z_]+: &str = "(maas_[a-z0-9_]+)""#)
         .map_err(|e| e.to_string())?;
-    let decision = Regex::new(r#"Decision::\w+ => "([a-z_]+)""#).map_err(|e| e.to_string())?;
+    let family =
+        Regex::new(r#"name: "((?:maas|gen_ai)_[a-z0-9_]+)""#).map_err(|e| e.to_string())?;
     let registered =
         Regex::new(r#"register\(\s*"(maas_[a-z0-9_]+)""#).map_err(|e| e.to_string())?;
     let filter = rust_sources(&repo_root.join("filter/src"));
@@ -66,24 +67,13 @@ pub fn exported_metrics(repo_root: &Path) -> Result<BTreeSet<String>, String> {
     for (path, text) in &filter {
         if path.contains("metrics") {
             base.extend(constant.captures_iter(text).map(|c| c[1].to_string()));
-        }
-    }
-    if filter
-        .iter()
-        .any(|(_, text)| text.contains("maas_requests_{}"))
-    {
-        for (_, text) in &filter {
-            base.extend(
-                decision
-                    .captures_iter(text)
-                    .map(|c| format!("maas_requests_{}", &c[1])),
-            );
+            base.extend(family.captures_iter(text).map(|c| c[1].to_string()));
         }
     }
     let mut known = BTreeSet::new();
     for name in &base {
         for suffix in ["", "_bucket", "_sum", "_count"] {
-            known.insert(format!("envoy_wasmcustom_{name}{suffix}"));
+            known.insert(format!("{name}{suffix}"));
         }
     }
     for (_, text) in rust_sources(&repo_root.join("companion/src")) {
@@ -142,7 +132,8 @@ pub fn monitoring(cx: &Context) -> Verdict {
         "{}",
         repr(&json!(paths))
     );
-    alerts_on_known_metrics(cx)
+    alerts_on_known_metrics(cx)?;
+    gateway_stat_tags(cx.docs, cx.repo_root)
 }
 
 fn scrape_scheme(cx: &Context, ep: &Value) -> Verdict {
@@ -212,40 +203,87 @@ fn alerts_on_known_metrics(cx: &Context) -> Verdict {
     Ok(())
 }
 
-/// The Grafana dashboard (`text`, base/companion/grafana-dashboard.json): valid JSON with
-/// panels whose queries name only exported metrics, shipped in the render as the ConfigMap
-/// maas-grafana-dashboard with Grafana's dashboard label.
-pub fn dashboard(docs: &Docs, text: &str, repo_root: &Path) -> Verdict {
-    let dash: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+/// The dashboards shipped in base/companion/kustomization.yaml's ConfigMap (`key`, file).
+pub const DASHBOARDS: [(&str, &str); 4] = [
+    ("maas-platform-admin.json", "platform-admin.json"),
+    ("maas-models.json", "models.json"),
+    ("maas-usage.json", "usage.json"),
+    ("maas-auth.json", "auth.json"),
+];
+
+/// The dashboards' files as (ConfigMap key, text).
+pub fn dashboard_files(repo_root: &Path) -> Result<Vec<(String, String)>, String> {
+    DASHBOARDS
+        .iter()
+        .map(|(key, file)| {
+            let path = repo_root
+                .join("wasm-plugin-crs/base/companion/dashboards")
+                .join(file);
+            std::fs::read_to_string(&path)
+                .map(|text| (key.to_string(), text))
+                .map_err(|e| format!("{}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// Every query of a dashboard: its panels' targets and its query variables' metrics.
+pub fn dashboard_queries(dash: &Value) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for p in list_at(dash, "panels")? {
+        if opt_str(p, "type") == Some("row") {
+            continue;
+        }
+        let title = opt_str(p, "title").unwrap_or_default();
+        for t in list_or_empty(p, "targets") {
+            let expr = at(t, "expr")?.as_str().unwrap_or_default();
+            out.push((title.to_string(), expr.to_string()));
+        }
+    }
+    let label_values =
+        Regex::new(r"^label_values\((.+),\s*[a-z_]+\)$").map_err(|e| e.to_string())?;
+    for v in list_or_empty(dash, "templating.list") {
+        if let Some(def) = opt_str(v, "definition")
+            && let Some(c) = label_values.captures(def)
+        {
+            out.push((
+                format!("variable {}", opt_str(v, "name").unwrap_or_default()),
+                c[1].to_string(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// One dashboard: valid JSON, a title and uid, panels with unique ids, each with a query naming
+/// only exported metrics.
+fn one_dashboard(key: &str, text: &str, known: &BTreeSet<String>) -> Result<Vec<String>, String> {
+    let dash: Value = serde_json::from_str(text).map_err(|e| format!("{key}: not JSON: {e}"))?;
     ensure!(
         truthy(dash.get("title")) && truthy(dash.get("uid")),
-        "no title or uid"
+        "{key}: no title or uid"
     );
     let all_panels = list_at(&dash, "panels")?;
     let panels: Vec<&Value> = all_panels
         .iter()
         .filter(|p| opt_str(p, "type") != Some("row"))
         .collect();
-    ensure!(panels.len() >= 8, "{} panels", panels.len());
+    ensure!(panels.len() >= 5, "{key}: {} panels", panels.len());
     let ids: Vec<String> = all_panels
         .iter()
         .map(|p| at(p, "id").map(Value::to_string))
         .collect::<Result<_, _>>()?;
     ensure!(
         ids.iter().collect::<BTreeSet<_>>().len() == ids.len(),
-        "panel ids repeat"
+        "{key}: panel ids repeat"
     );
-    let known = exported_metrics(repo_root)?;
     ensure!(
         panels.iter().all(|p| truthy(p.get("targets"))),
-        "a panel without a query"
+        "{key}: a panel without a query"
     );
-    let mut exprs = Vec::new();
-    for p in &panels {
-        for t in list_or_empty(p, "targets") {
-            exprs.push(at(t, "expr")?.as_str().unwrap_or_default());
-        }
-    }
+    let exprs: Vec<String> = dashboard_queries(&dash)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
     for expr in &exprs {
         for metric in METRIC.find_iter(expr) {
             ensure!(
@@ -256,10 +294,29 @@ pub fn dashboard(docs: &Docs, text: &str, repo_root: &Path) -> Verdict {
             );
         }
     }
+    Ok(exprs)
+}
+
+/// The Grafana dashboards (`files`: ConfigMap key and text, from [`dashboard_files`]): each
+/// valid with panels whose queries name only exported metrics, together covering the series
+/// each persona needs, shipped in the render as the ConfigMap maas-grafana-dashboard with
+/// Grafana's dashboard label and exactly these files.
+pub fn dashboard(docs: &Docs, files: &[(String, String)], repo_root: &Path) -> Verdict {
+    let known = exported_metrics(repo_root)?;
+    let mut exprs = Vec::new();
+    for (key, text) in files {
+        exprs.extend(one_dashboard(key, text, &known)?);
+    }
     for needed in [
+        "maas_requests_total",
+        "maas_tokens_total",
+        "gen_ai_server_time_to_first_token_ms_bucket",
         "maas_companion_usage_tokens_total",
+        "maas_companion_usage_cost_total",
         "maas_companion_usage_refused_total",
-        "envoy_wasmcustom_maas_auth_callout_latency_ms_bucket",
+        "maas_auth_callout_latency_ms_bucket",
+        "maas_authenticate_total",
+        "maas_lease_fallback",
         "maas_companion_database_up",
     ] {
         ensure!(
@@ -277,13 +334,73 @@ pub fn dashboard(docs: &Docs, text: &str, repo_root: &Path) -> Verdict {
         opt_str(cms[0], "metadata.labels.grafana_dashboard") == Some("1"),
         "no grafana_dashboard label"
     );
-    let data: Vec<&Value> = opt(cms[0], "data")
-        .and_then(Value::as_object)
-        .map(|d| d.values().collect())
-        .unwrap_or_default();
+    let data = opt(cms[0], "data").cloned().unwrap_or(Value::Null);
+    let want: serde_json::Map<String, Value> =
+        files.iter().map(|(k, t)| (k.clone(), json!(t))).collect();
     ensure!(
-        data == [&json!(text)],
-        "the ConfigMap does not hold the dashboard file"
+        data == Value::Object(want),
+        "the ConfigMap does not hold exactly the dashboard files"
+    );
+    Ok(())
+}
+
+/// The filter's metric label names (filter/src/metrics.rs `LABELS`), read from its source.
+pub fn filter_metric_labels(repo_root: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(repo_root.join("filter/src/metrics.rs"))
+        .map_err(|e| e.to_string())?;
+    let block = Regex::new(r"(?s)pub const LABELS: \[&str; \d+\] = \[(.*?)\];")
+        .map_err(|e| e.to_string())?;
+    let item = Regex::new(r#""([a-z_]+)""#).map_err(|e| e.to_string())?;
+    let inner = block
+        .captures(&text)
+        .and_then(|c| c.get(1))
+        .ok_or("no LABELS in filter/src/metrics.rs")?
+        .as_str();
+    Ok(item
+        .captures_iter(inner)
+        .map(|c| c[1].to_string())
+        .collect())
+}
+
+/// The Gateway's Envoy extracts every label the filter writes: the Deployment patch in
+/// ConfigMap maas-gateway-options gives the proxy `extraStatTags` equal to the filter's label
+/// names (and the local stack's bootstrap lists the same), and keeps the filter's series.
+pub fn gateway_stat_tags(docs: &Docs, repo_root: &Path) -> Verdict {
+    let labels = filter_metric_labels(repo_root)?;
+    let local: Vec<String> = crate::envoy_config::FILTER_METRIC_LABELS
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+    ensure!(
+        labels == local,
+        "the local bootstrap's stats tags {} differ from the filter's labels {}",
+        repr(&json!(local)),
+        repr(&json!(labels))
+    );
+    let cm = docs.one("ConfigMap", "maas-gateway-options")?;
+    let patch: Value = yaml_serde::from_str(opt_str(cm, "data.deployment").unwrap_or_default())
+        .map_err(|e| format!("maas-gateway-options deployment: {e}"))?;
+    let proxy = patch
+        .pointer("/spec/template/metadata/annotations")
+        .and_then(|a| a.get("proxy.istio.io/config"))
+        .and_then(Value::as_str)
+        .ok_or("maas-gateway-options: no proxy.istio.io/config annotation on the Gateway's pods")?;
+    let proxy: Value =
+        yaml_serde::from_str(proxy).map_err(|e| format!("proxy.istio.io/config: {e}"))?;
+    let tags: Vec<String> = list_or_empty(&proxy, "extraStatTags")
+        .iter()
+        .filter_map(|t| t.as_str().map(str::to_string))
+        .collect();
+    ensure!(
+        tags == labels,
+        "extraStatTags {} differ from the filter's labels {}",
+        repr(&json!(tags)),
+        repr(&json!(labels))
+    );
+    let prefixes = list_or_empty(&proxy, "proxyStatsMatcher.inclusionPrefixes");
+    ensure!(
+        prefixes.contains(&json!("wasmcustom")),
+        "proxyStatsMatcher does not keep the filter's series (wasmcustom)"
     );
     Ok(())
 }

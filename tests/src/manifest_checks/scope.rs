@@ -10,7 +10,7 @@ use super::docs::{Verdict, ensure, list_or_empty, name_of, namespace_of, opt_str
 use serde_json::Value;
 
 /// The objects deployed beside the Gateway, by kind and name.
-const GATEWAY_SIDE: [(&str, &str); 10] = [
+const GATEWAY_SIDE: [(&str, &str); 11] = [
     ("EnvoyFilter", FILTER_ENVOYFILTER),
     ("EnvoyFilter", HCM_ENVOYFILTER),
     ("Gateway", GATEWAY_NAME),
@@ -21,6 +21,7 @@ const GATEWAY_SIDE: [(&str, &str); 10] = [
     ("PrometheusRule", "maas-gateway-alerts"),
     ("Role", GATEWAY_SDS_RBAC),
     ("RoleBinding", GATEWAY_SDS_RBAC),
+    ("Telemetry", super::gateway::USAGE_EVENTS_TELEMETRY),
 ];
 const CLUSTER_SCOPED: [&str; 4] = [
     "ClusterRole",

@@ -292,11 +292,21 @@ refused! {
         edit_script(at(job, "/spec/jobTemplate/spec/template/spec/containers/0"),
             "--cert /etc/maas/internal-client/tls.crt", "");
     };
-    alert_on_unknown_metric: "unknown metric envoy_wasmcustom_maas_requests_unavailble", |d: &mut Docs| {
+    alert_on_unknown_metric: "unknown metric maas_requests_totl", |d: &mut Docs| {
         let expr = at(doc(d, "PrometheusRule", "maas-gateway-alerts"), "/spec/groups/0/rules/0/expr");
         let text = expr.as_str().expect("text").to_string();
-        assert!(text.contains("maas_requests_unavailable"), "{text}");
-        *expr = json!(text.replace("maas_requests_unavailable", "maas_requests_unavailble"));
+        assert!(text.contains("maas_requests_total"), "{text}");
+        *expr = json!(text.replace("maas_requests_total", "maas_requests_totl"));
+    };
+    gateway_without_stat_tags: "no proxy.istio.io/config annotation", |d: &mut Docs| {
+        let data = at(doc(d, "ConfigMap", "maas-gateway-options"), "/data/deployment");
+        *data = json!("spec:\n  replicas: 1\n");
+    };
+    gateway_missing_a_stat_tag: "extraStatTags", |d: &mut Docs| {
+        let data = at(doc(d, "ConfigMap", "maas-gateway-options"), "/data/deployment");
+        let text = data.as_str().expect("text").to_string();
+        assert!(text.contains(", operation]"), "{text}");
+        *data = json!(text.replace(", operation]", "]"));
     };
     scrape_plain_http_with_tls: "scrapes plain HTTP", |d: &mut Docs| {
         *at(doc(d, "ServiceMonitor", "maas-companion"), "/spec/endpoints/0/scheme") = json!("http");
@@ -395,6 +405,14 @@ refused! {
     no_subject_access_review_right: "subjectaccessreviews", |d: &mut Docs| {
         at(doc(d, "ClusterRole", "maas-companion-tokenreview"), "/rules").as_array_mut().expect("rules")
             .retain(|r| r["resources"] != json!(["subjectaccessreviews"]));
+    };
+    // The usage-events Telemetry logs only requests with an event, on the Gateway's pods.
+    usage_events_unfiltered: @"usage-events", "requests without a usage event would be logged", |d: &mut Docs| {
+        remove(at(doc(d, "Telemetry", "maas-usage-events"), "/spec/accessLogging/0"), "/filter");
+    };
+    usage_events_elsewhere: @"usage-events", "expected the Gateway's pods", |d: &mut Docs| {
+        *at(doc(d, "Telemetry", "maas-usage-events"), "/spec/selector/matchLabels")
+            = json!({"app": "something-else"});
     };
     admins_elsewhere_than_the_subscriptions: @"maas-resources", "but the subscriptions are in MAAS_POLICY_NAMESPACE", |d: &mut Docs| {
         *at(env(d, "MAAS_ADMIN_SAR_NAMESPACE"), "/value") = json!("team-a");

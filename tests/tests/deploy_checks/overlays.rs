@@ -96,6 +96,21 @@ fn odh_with_the_companion_writing_status_passes_every_check() {
     passes_every_check("maas-status");
 }
 
+/// components/usage-events beside the Gateway's objects: its Telemetry in openshift-ingress.
+#[test]
+fn odh_with_usage_events_passes_every_check() {
+    passes_every_check("usage-events");
+    let docs = render("usage-events");
+    let t = docs
+        .one("Telemetry", "maas-usage-events")
+        .expect("the Telemetry");
+    assert_eq!(t["metadata"]["namespace"], "openshift-ingress");
+    assert!(
+        render("odh").find("Telemetry", None).is_empty(),
+        "no Telemetry without the component"
+    );
+}
+
 #[test]
 fn postgres_and_samples_validate_against_their_schemas() {
     passes_every_check("base/postgres");

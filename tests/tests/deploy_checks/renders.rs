@@ -48,9 +48,10 @@ fn relative(from: &Path, to: &Path) -> String {
     format!("{}{}", "../".repeat(ups), down.display())
 }
 
-/// The odh overlay's gateway side (TLS backend on) with the companion's base plus a component,
-/// as deploy.sh --dev-redis and docs/deploy.md compose them.
-fn compose(components: &[&str]) -> Docs {
+/// The odh overlay's gateway side (TLS backend on) with the companion's base plus components
+/// (`components`, the companion's; `gateway_components`, the Gateway's side), as deploy.sh
+/// --dev-redis and docs/deploy.md compose them.
+fn compose(components: &[&str], gateway_components: &[&str]) -> Docs {
     let crs = workspace_root().join("wasm-plugin-crs");
     let dir = tempfile::tempdir().expect("a temp dir");
     let companion = dir.path().join("companion");
@@ -64,15 +65,29 @@ fn compose(components: &[&str]) -> Docs {
             )
         })
         .collect();
+    let listed = if listed.is_empty() {
+        listed
+    } else {
+        format!("components:\n{listed}")
+    };
     let inner = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: opendatahub\n\
-         resources:\n  - {}\ncomponents:\n{listed}",
+         resources:\n  - {}\n{listed}",
         relative(&companion, &crs.join("base/companion")),
     );
     std::fs::write(companion.join("kustomization.yaml"), inner).expect("write");
+    let gateway_listed: String = gateway_components
+        .iter()
+        .map(|c| {
+            format!(
+                "  - {}\n",
+                relative(dir.path(), &crs.join("components").join(c))
+            )
+        })
+        .collect();
     let outer = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-         resources:\n  - {}\n  - companion\ncomponents:\n  - {}\n  - {}\n",
+         resources:\n  - {}\n  - companion\ncomponents:\n  - {}\n  - {}\n{gateway_listed}",
         relative(dir.path(), &crs.join("base/gateway")),
         relative(dir.path(), &crs.join("components/tls-backend")),
         relative(dir.path(), &crs.join("components/wiring")),
@@ -82,16 +97,17 @@ fn compose(components: &[&str]) -> Docs {
 }
 
 /// A render by name: an overlay, `dev-redis`, `maas-resources`, `maas-status` (with
-/// `maas-resources`), `base/postgres` or `samples`.
+/// `maas-resources`), `usage-events` (the Gateway's side), `base/postgres` or `samples`.
 pub fn render(name: &str) -> &'static Docs {
     if let Some(docs) = RENDERS.lock().expect("renders").get(name) {
         return docs;
     }
     let crs = workspace_root().join("wasm-plugin-crs");
     let docs = match name {
-        "dev-redis" => compose(&["redis-dev"]),
-        "maas-resources" => compose(&["maas-resources"]),
-        "maas-status" => compose(&["maas-resources", "maas-status"]),
+        "dev-redis" => compose(&["redis-dev"], &[]),
+        "maas-resources" => compose(&["maas-resources"], &[]),
+        "maas-status" => compose(&["maas-resources", "maas-status"], &[]),
+        "usage-events" => compose(&[], &["usage-events"]),
         "base/postgres" | "samples" => kustomize(&crs.join(name)),
         overlay => kustomize(&crs.join("overlays").join(overlay)),
     };

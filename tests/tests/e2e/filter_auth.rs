@@ -598,30 +598,86 @@ async fn metrics_are_exported() {
         body("sim-model"),
     )
     .await;
-    let text = send(client().get(format!("{}/stats/prometheus", stack.envoy_admin_url())))
-        .await
-        .body;
-    for name in [
-        "maas_requests_allowed{",
-        "maas_requests_unauthenticated{",
-        "maas_requests_rate_limited{",
-        "maas_auth_cache_hit{",
-        "maas_auth_cache_miss{",
-        "maas_auth_callout_latency_ms_bucket",
-    ] {
-        assert!(text.contains(name), "{name} missing from /stats/prometheus");
+    // Prometheus sees the filter's series with their labels (Envoy's tag extraction, as the
+    // Gateway's extraStatTags configure it), without a prefix. Histograms reach the output at
+    // Envoy's stats flush (every 5 s).
+    let series = |text: &str, family: &str, labels: &[&str]| {
+        text.lines().any(|l| {
+            l.strip_prefix(family)
+                .and_then(|r| r.strip_prefix('{'))
+                .is_some_and(|r| labels.iter().all(|want| r.contains(want)))
+        })
+    };
+    let complete = |text: &str| {
+        series(
+            text,
+            "maas_requests_total",
+            &[
+                r#"decision="allowed""#,
+                r#"code="ok""#,
+                r#"model="sim-model""#,
+            ],
+        ) && series(
+            text,
+            "maas_requests_total",
+            &[r#"decision="unauthenticated""#, r#"code="invalid_api_key""#],
+        ) && series(
+            text,
+            "maas_tokens_total",
+            &[
+                r#"token_type="input""#,
+                r#"tier="free""#,
+                r#"subscription="none""#,
+                r#"model="sim-model""#,
+            ],
+        ) && series(text, "maas_tokens_total", &[r#"token_type="output""#])
+            && series(
+                text,
+                "gen_ai_client_token_usage_count",
+                &[
+                    r#"token_type="input""#,
+                    r#"operation="chat""#,
+                    r#"model="sim-model""#,
+                ],
+            )
+            && series(
+                text,
+                "gen_ai_server_request_duration_ms_count",
+                &[r#"operation="chat""#],
+            )
+            && [
+                "maas_auth_cache_hit",
+                "maas_auth_cache_miss",
+                "maas_auth_callout_latency_ms_bucket",
+            ]
+            .iter()
+            .all(|n| text.contains(n))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut text = String::new();
+    while std::time::Instant::now() < deadline {
+        text = send(client().get(format!("{}/stats/prometheus", stack.envoy_admin_url())))
+            .await
+            .body;
+        if complete(&text) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     assert!(
-        text.contains("maas_tokens_prompt_tier_free_model_sim_model"),
-        "token metrics missing: {text}"
+        complete(&text),
+        "series missing from /stats/prometheus: {text}"
     );
+    // No series keeps its labels in its name (a label Envoy does not extract would).
+    assert!(!text.contains("=.="), "unextracted labels: {text}");
+    // Counted at the filter's next tick.
     assert!(
         eventually(std::time::Duration::from_secs(5), || async {
-            metric_now(stack, "maas_requests_allowed").await >= 1
+            labelled_now(stack, "maas_requests_total", &[("decision", "allowed")]).await >= 1
         })
         .await
         .is_some(),
-        "maas_requests_allowed never counted the allowed request"
+        "maas_requests_total never counted the allowed request"
     );
 }
 

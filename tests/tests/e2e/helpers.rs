@@ -84,6 +84,52 @@ pub async fn metric_now(stack: &Stack, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A labelled family of the filter (`maas_requests_total`, …) summed over the series whose
+/// labels include `with`, as Envoy holds it right now. `/stats` prints a series with its labels
+/// in the name (`wasmcustom.decision=.=allowed;.;model=.=m;.;maas_requests_total: 3`).
+pub async fn labelled_now(stack: &Stack, family: &str, with: &[(&str, &str)]) -> u64 {
+    let text = client()
+        .get(format!(
+            "{}/stats?filter=wasmcustom",
+            stack.envoy_admin_url()
+        ))
+        .send()
+        .await
+        .expect("envoy admin answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    labelled_sum(&text, family, with)
+}
+
+/// [`labelled_now`] once what happened before the call has been handed to Envoy (see [`metric`]).
+pub async fn labelled(stack: &Stack, family: &str, with: &[(&str, &str)]) -> u64 {
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    labelled_now(stack, family, with).await
+}
+
+/// Sums the counters of `/stats` text that belong to `family` with the labels `with`.
+pub fn labelled_sum(stats: &str, family: &str, with: &[(&str, &str)]) -> u64 {
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("wasmcustom."))
+        .filter_map(|l| l.rsplit_once(": "))
+        .filter_map(|(name, value)| {
+            let mut rest = name;
+            let mut labels = Vec::new();
+            while let Some((pair, tail)) = rest.split_once(";.;") {
+                labels.push(pair.split_once("=.=")?);
+                rest = tail;
+            }
+            let wanted = rest == family
+                && with
+                    .iter()
+                    .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v));
+            wanted.then(|| value.trim().parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
 /// Polls `check` until true or `timeout` passes; returns how long it took.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> Option<Duration>
 where

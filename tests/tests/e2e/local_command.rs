@@ -18,6 +18,10 @@ struct Started {
     /// The `OpenAI base URL:` line's URL, and whether it came before the path-prefix URLs.
     one_base_url: String,
     one_base_url_first: bool,
+    /// The `Prometheus:` line's URL (with --observability).
+    prometheus: Option<String>,
+    /// The `Usage events:` line's file.
+    usage_events: String,
     output: mpsc::Receiver<String>,
 }
 
@@ -101,6 +105,8 @@ fn start_local_with(extra: &[&str]) -> Started {
     let mut internal = None;
     let mut one_base_url: Option<String> = None;
     let mut one_base_url_first = false;
+    let mut prometheus = None;
+    let mut usage_events = None;
     let deadline = Instant::now() + Duration::from_secs(120);
     while stack_dir.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -119,8 +125,14 @@ fn start_local_with(extra: &[&str]) -> Started {
         if line.starts_with("Path-prefix URLs") {
             one_base_url_first = one_base_url.is_some();
         }
+        if let Some(rest) = line.strip_prefix("Usage events: ") {
+            usage_events = rest.split(" (").next().map(str::to_string);
+        }
         if let Some(url) = line.strip_prefix("Internal API: ") {
             internal = Some(url.trim().to_string());
+        }
+        if let Some(rest) = line.strip_prefix("Prometheus: ") {
+            prometheus = rest.split_whitespace().next().map(str::to_string);
         }
         if let Some(dir) = line.strip_prefix("Logs: ") {
             stack_dir = Some(dir.trim().to_string());
@@ -137,6 +149,8 @@ fn start_local_with(extra: &[&str]) -> Started {
         internal: internal.expect("an Internal API line before the Logs line"),
         one_base_url: one_base_url.expect("an OpenAI base URL line before the Logs line"),
         one_base_url_first,
+        prometheus,
+        usage_events: usage_events.expect("a Usage events line before the Logs line"),
         output: rx,
     }
 }
@@ -200,6 +214,13 @@ fn ready_next_steps_work_and_ctrl_c_leaves_nothing() {
         processes_mentioning(&started.stack_dir).len() >= 3,
         "postgres, companion and envoy run from the stack dir"
     );
+    // Where the usage events go: a file of the stack's, which Envoy opened.
+    let events = std::path::Path::new(&started.usage_events);
+    assert_eq!(
+        events,
+        std::path::Path::new(&started.stack_dir).join("usage-events.jsonl")
+    );
+    assert!(events.exists(), "{}", events.display());
     // The printed steps: mint with alice-token through the gateway, then call the model.
     let client = reqwest::blocking::Client::new();
     let minted: serde_json::Value = client
@@ -333,6 +354,66 @@ fn replicas_ready_lists_every_gateway_and_a_key_works_through_each() {
         .filter(|(pid, _)| std::path::Path::new(&format!("/proc/{pid}")).exists())
         .collect();
     assert!(still.is_empty(), "children left behind: {still:?}");
+    drop(started.output);
+}
+
+/// `--observability`: Prometheus starts beside the stack, prints its URL, scrapes the gateway
+/// (the filter's labelled series appear after a call) with the shipped alert rules loaded, and
+/// stops with the rest on Ctrl-C.
+#[test]
+fn observability_starts_prometheus_scraping_the_gateway() {
+    let _one = one_at_a_time();
+    let mut started = start_local_with(&["--observability"]);
+    let prom = started.prometheus.clone().expect("a Prometheus: line");
+    let client = reqwest::blocking::Client::new();
+    let resp = client
+        .post(format!("{}/v1/chat/completions", started.gateway))
+        .bearer_auth("alice-token")
+        .json(&serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let query = |q: &str| -> serde_json::Value {
+        client
+            .get(format!("{prom}/api/v1/query"))
+            .query(&[("query", q)])
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = query(r#"sum(maas_requests_total{decision="allowed",model="sim-model"})"#);
+        if r["data"]["result"][0]["value"][1] == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never saw the call: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let rules: serde_json::Value = client
+        .get(format!("{prom}/api/v1/rules"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let names = rules.to_string();
+    for alert in [
+        "MaaSAuthFailureRateHigh",
+        "MaaSGatewayLeaseFallback",
+        "MaaSCompanionDown",
+    ] {
+        assert!(names.contains(alert), "{alert} not loaded: {rules}");
+    }
+    // SAFETY: kill(2) on our own, not yet reaped child.
+    unsafe { libc::kill(started.child.id() as libc::pid_t, libc::SIGINT) };
+    let status = started.child.wait().unwrap();
+    assert!(status.success(), "maas-local exit after Ctrl-C: {status}");
+    let left = wait_gone(&started.stack_dir, Duration::from_secs(15));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
     drop(started.output);
 }
 

@@ -194,6 +194,7 @@ fn render_with_plugin_config(
             poll_interval_ms: 500,
         }),
         companion_tls: None,
+        usage_events_path: None,
     })?;
     let mut v: Value = serde_json::from_str(&rendered)?;
     let wasm = maas_e2e::envoy_config::wasm_filter_mut(&mut v).context("the wasm filter")?;

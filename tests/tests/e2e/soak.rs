@@ -162,8 +162,13 @@ async fn counters(stack: &Stack) -> Counters {
     Counters {
         upstream_rq: envoy_counter(stack, "cluster.model-sim.upstream_rq_completed").await,
         upstream_started: envoy_counter(stack, "cluster.model-sim.upstream_rq_total").await,
-        allowed: metric(stack, "maas_requests_allowed").await,
-        limited: metric(stack, "maas_requests_rate_limited").await,
+        allowed: labelled(stack, "maas_requests_total", &[("decision", "allowed")]).await,
+        limited: labelled(
+            stack,
+            "maas_requests_total",
+            &[("decision", "rate_limited")],
+        )
+        .await,
     }
 }
 

@@ -100,6 +100,7 @@ fn bare_envoy_routes_generated_from_the_policy() {
                 simulator: sim.addr(),
                 filter: None,
                 companion_tls: None,
+                usage_events_path: None,
             })?;
             Ok(serde_json::from_str(&config)?)
         },

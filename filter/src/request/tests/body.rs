@@ -246,8 +246,16 @@ fn every_header_stage_refusal() {
     }
     assert_eq!(fx.dispatches(), 0);
     fx.flush();
-    assert_eq!(fx.host.metric("maas_requests_bad_request"), 2);
-    assert_eq!(fx.host.metric("maas_requests_not_found"), 3);
+    assert_eq!(
+        fx.host
+            .series_sum("maas_requests_total", &[("decision", "bad_request")]),
+        2
+    );
+    assert_eq!(
+        fx.host
+            .series_sum("maas_requests_total", &[("decision", "not_found")]),
+        3
+    );
 }
 
 #[test]

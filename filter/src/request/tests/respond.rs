@@ -65,8 +65,10 @@ fn a_json_response_settles_to_its_usage() {
     assert_eq!(fx.tokens_used("alice"), 12);
     fx.flush();
     assert_eq!(
-        fx.host
-            .metric(&crate::metrics::token_metric("completion", "free", "sim")),
+        fx.host.metric(&crate::metrics::series_name(
+            &crate::metrics::TOKENS,
+            &["output", "free", "none", "sim"]
+        )),
         7
     );
     // Settled once: the end of the stream changes nothing.
@@ -575,7 +577,8 @@ fn host_calls_per_request_stay_within_budget() {
     assert_eq!(json.len(), 21, "{json:#?}");
     // Held: the length is kept (no removal); a rewritten stream body corrects it (a set instead).
     assert_eq!(held.len(), 20, "{held:#?}");
-    assert_eq!(held_stream.len(), 26, "{held_stream:#?}");
+    // A stream reads the clock once more, at its first bytes (time to first token).
+    assert_eq!(held_stream.len(), 27, "{held_stream:#?}");
     // No settlement read or write: one counter read (precheck) and one CAS write (admission).
     assert_eq!(busy.len(), 19, "{busy:#?}");
     let slot_calls = |calls: &[Call]| {
@@ -585,9 +588,11 @@ fn host_calls_per_request_stay_within_budget() {
             .count()
     };
     assert_eq!((slot_calls(&json), slot_calls(&busy)), (4, 2));
-    assert_eq!(json_first.len(), 25, "{json_first:#?}");
-    assert_eq!(stream.len(), 26, "{stream:#?}");
-    assert_eq!(miss.len(), 37, "{miss:#?}");
+    // The first request of a worker also defines its labelled series (decision, tokens by type,
+    // the token-usage and duration histograms): once per series and VM.
+    assert_eq!(json_first.len(), 29, "{json_first:#?}");
+    assert_eq!(stream.len(), 27, "{stream:#?}");
+    assert_eq!(miss.len(), 41, "{miss:#?}");
     // What makes a request expensive is what it reads: the worker's copy reads no cache slot.
     let reads = |calls: &[Call]| {
         calls
@@ -746,7 +751,7 @@ fn host_calls_per_request_do_not_grow_with_global_limits_and_a_lease_held() {
         "no callout"
     );
     assert_eq!(json.len(), 21, "{json:#?}");
-    assert_eq!(stream.len(), 26, "{stream:#?}");
+    assert_eq!(stream.len(), 27, "{stream:#?}");
     assert!(fx.root.worker.borrow().leases.tracked.contains_key("alice"));
 }
 
@@ -945,4 +950,54 @@ fn cached_stream_callbacks(fx: &Fx, id: u32, chunks: &[Vec<u8>]) {
 #[inline(never)]
 fn put_chunk(host: &RecordingHost, chunk: &[u8]) {
     host.set_buffer(Body::Response, chunk);
+}
+
+/// A worker whose policy asks for usage events (`observability.usageEvents`).
+fn events_fx() -> Fx {
+    let mut p = policy();
+    p["observability"] = serde_json::json!({"usageEvents": true});
+    Fx::with(serde_json::json!({"bootstrapPolicy": p}))
+}
+
+fn set_properties(calls: &[Call]) -> Vec<&Call> {
+    calls
+        .iter()
+        .filter(|c| matches!(c, Call::SetProperty(_)))
+        .collect()
+}
+
+/// Usage events off (the default) cost no host call; on, exactly one property set per request
+/// (its event, at settlement), whatever the response's shape, and nothing else changes.
+#[test]
+fn host_calls_per_request_stay_within_budget_with_usage_events() {
+    let json_headers = [(":status", "200"), ("content-type", "application/json")];
+    let sse_headers = [(":status", "200"), ("content-type", "text/event-stream")];
+    let parts: Vec<&[u8]> = SSE.split_inclusive("\n\n").map(str::as_bytes).collect();
+    for (body, headers, chunks) in [
+        (BODY, &json_headers, vec![JSON]),
+        (STREAM, &sse_headers, parts),
+    ] {
+        let (_, off) = calls_of(&Fx::new(), body, headers, &chunks);
+        assert!(set_properties(&off).is_empty(), "{off:#?}");
+        let (_, on) = calls_of(&events_fx(), body, headers, &chunks);
+        assert_eq!(
+            set_properties(&on),
+            [&Call::SetProperty("maas_event".into())]
+        );
+        let without: Vec<Call> = on
+            .iter()
+            .filter(|c| !matches!(c, Call::SetProperty(_)))
+            .cloned()
+            .collect();
+        assert_eq!(without, off);
+    }
+    assert!(set_properties(&calls_of_miss(&Fx::new())).is_empty());
+    // A refusal: one set too (429 at the precheck: the free tier allows 3 a minute).
+    let fx = events_fx();
+    for _ in 0..3 {
+        one_request(&fx, BODY, &json_headers, &[JSON]);
+    }
+    let refused = one_request(&fx, BODY, &json_headers, &[JSON]);
+    assert_eq!(fx.host.last_sent().unwrap().status, 429);
+    assert_eq!(set_properties(&refused).len(), 1, "{refused:#?}");
 }

@@ -113,8 +113,10 @@ fn a_weighted_tier_reserves_and_settles_weighted_tokens_and_the_ledger_keeps_the
     // The metrics keep raw tokens too.
     fx.flush();
     assert_eq!(
-        fx.host
-            .metric(&crate::metrics::token_metric("completion", "free", "sim")),
+        fx.host.metric(&crate::metrics::series_name(
+            &crate::metrics::TOKENS,
+            &["output", "free", "none", "sim"]
+        )),
         20
     );
 }

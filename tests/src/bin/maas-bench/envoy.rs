@@ -162,6 +162,7 @@ pub(crate) fn start_envoy_run(
             poll_interval_ms: 2000,
         }),
         companion_tls: None,
+        usage_events_path: None,
     };
     let mut config: Value = serde_json::from_str(&envoy_config::render(&input)?)?;
     if filter {
