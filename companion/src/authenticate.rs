@@ -234,7 +234,12 @@ impl Authenticator {
     }
 }
 
-/// `POST /internal/v1/authenticate`.
+/// `POST /internal/v1/authenticate`. Its span says the result and the subject's pseudonym,
+/// never the credential.
+#[tracing::instrument(name = "authenticate", skip_all, fields(
+    maas.result = tracing::field::Empty,
+    maas.user = tracing::field::Empty,
+))]
 pub async fn handler(
     State(auth): State<Authenticator>,
     State(metrics): State<Arc<Metrics>>,
@@ -252,6 +257,11 @@ pub async fn handler(
         Err(e) => e.result_label(),
     };
     metrics.record_validation(label, started);
+    let span = tracing::Span::current();
+    span.record("maas.result", label);
+    if let Ok(Some(p)) = result.as_ref().map(|r| r.pseudonym.as_deref()) {
+        span.record("maas.user", p);
+    }
     result.map(Json)
 }
 

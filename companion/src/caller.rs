@@ -75,10 +75,10 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let auth = Authenticator::from_ref(state);
-        match credential(&parts.headers)? {
+        let caller = match credential(&parts.headers)? {
             Credential::ApiKey { raw, .. } => {
                 let key = auth.api_key(raw).await?;
-                Ok(Caller {
+                Caller {
                     username: key.username,
                     groups: key.user_groups,
                     kind: CallerKind::ApiKey {
@@ -87,19 +87,22 @@ where
                         subscription: key.subscription,
                     },
                     is_admin: false,
-                })
+                }
             }
             Credential::Token(token) => {
                 let identity = auth.identity.verify_token(token).await?;
                 let is_admin = auth.identity.is_admin(&identity).await;
-                Ok(Caller {
+                Caller {
                     username: identity.username,
                     groups: identity.groups,
                     kind: CallerKind::Cluster,
                     is_admin,
-                })
+                }
             }
-        }
+        };
+        // The request's span names the caller by pseudonym (when spans are exported).
+        crate::telemetry::record_user(&caller.username);
+        Ok(caller)
     }
 }
 

@@ -3,7 +3,7 @@
 //! Modules by capability, with no import cycles among them (a test checks:
 //! `tests/module_graph.rs`): `settings` (configuration, parsed once), `http` (shared HTTP
 //! plumbing), `db`, `metrics`, `keys` (store, rules, API), `policy`, `policy_source` (the policy from the reference's Kubernetes resources), `credentials`, `identity`,
-//! `authenticate`, `caller`, `internal_tls` (who may call the internal listener: mutual TLS), `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`), `pseudonym` (users as keyed pseudonyms in the logs), `quota_webhook` (quota warnings to a webhook); `state` assembles
+//! `authenticate`, `caller`, `internal_tls` (who may call the internal listener: mutual TLS), `models`, `openapi`, `ui` (the web UI's files), `leases` (budget leases), `usage` (the usage ledger, `/v1/usage`, `/v1/quota`), `pseudonym` (users as keyed pseudonyms in the logs and spans), `telemetry` (logs, OTLP trace export, the HTTP span), `quota_webhook` (quota warnings to a webhook); `state` assembles
 //! the substates, `routes` the routers, `startup` the listeners. Only the settings and the application are public.
 
 // The companion's own lints (the workspace's are in the root Cargo.toml). A panic in a handler
@@ -49,6 +49,7 @@ mod routes;
 pub mod settings;
 pub mod startup;
 mod state;
+pub mod telemetry;
 mod ui;
 mod usage;
 

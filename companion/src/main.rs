@@ -21,23 +21,8 @@
 )]
 
 use clap::Parser;
-use maas_companion::settings::LogFormat;
-use maas_companion::{Application, Cli};
+use maas_companion::{Application, Cli, telemetry};
 use std::process::ExitCode;
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,sqlx=warn".into());
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
-}
 
 /// Stderr is where a failed start is reported (logging may not be set up yet).
 #[allow(clippy::print_stderr)]
@@ -49,7 +34,19 @@ fn fail(code: ExitCode, message: std::fmt::Arguments<'_>) -> ExitCode {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // Logs, and the trace export when asked for, before anything logs.
+    let telemetry = match cli
+        .trace_settings()
+        .and_then(|traces| telemetry::init(cli.log_format, &traces))
+    {
+        Ok(t) => t,
+        Err(m) => {
+            return fail(
+                ExitCode::from(2),
+                format_args!("invalid configuration: {m}"),
+            );
+        }
+    };
     let settings = match cli.into_settings() {
         Ok(s) => s,
         Err(m) => {
@@ -65,7 +62,12 @@ async fn main() -> ExitCode {
         Ok(app) => app,
         Err(e) => return fail(ExitCode::FAILURE, format_args!("cannot start: {e:#}")),
     };
-    match app.run_until(stop).await {
+    let result = app.run_until(stop).await;
+    // The spans still buffered go out before the exit (the exporter blocks: off the runtime).
+    if let Some(t) = telemetry {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(ExitCode::FAILURE, format_args!("{e:#}")),
     }

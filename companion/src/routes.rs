@@ -9,7 +9,8 @@ use crate::keys::store::KeyStore;
 use crate::leases::Leases;
 use crate::state::AppState;
 use crate::{
-    authenticate, credentials, http, keys, leases, metrics, models, openapi, policy, ui, usage,
+    authenticate, credentials, http, keys, leases, metrics, models, openapi, policy, telemetry, ui,
+    usage,
 };
 use axum::extract::{DefaultBodyLimit, State};
 use axum::response::{IntoResponse, Response};
@@ -58,15 +59,22 @@ async fn ready(State(keys): State<KeyStore>, State(leases): State<Leases>) -> Re
 }
 
 /// What every listener shares: JSON 404 and 405, request metrics labelled with the listener,
-/// the body limit.
+/// the body limit; on the public and internal listeners, when traces are exported, the
+/// request's span (continuing the caller's trace context).
 fn layers(router: Router<AppState>, state: &AppState, listener: &'static str) -> Router {
-    router
+    let router = router
         .fallback(http::no_route)
         .layer(axum::middleware::from_fn(http::json_method_not_allowed))
         .layer(axum::middleware::from_fn_with_state(
             (state.metrics.clone(), listener),
             metrics::track,
-        ))
+        ));
+    let router = if listener != "metrics" && telemetry::enabled() {
+        router.layer(axum::middleware::from_fn(telemetry::http_span))
+    } else {
+        router
+    };
+    router
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(state.clone())
 }

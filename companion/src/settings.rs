@@ -246,6 +246,13 @@ pub struct Cli {
     /// authenticate answer and the spans, which is keyed even with clear names in the logs.
     #[arg(long, env = "MAAS_LOG_PSEUDONYM_KEY_FILE")]
     pub log_pseudonym_key_file: Option<PathBuf>,
+    /// Where the companion's spans go: an OTLP/HTTP (protobuf) traces endpoint, e.g.
+    /// `http://otel-collector:4318/v1/traces`. Unset: no trace export (no exporter at all).
+    #[arg(long, env = "MAAS_OTLP_TRACES_ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
+    /// The share of new traces sampled (0 to 1); a caller's sampling decision is followed.
+    #[arg(long, env = "MAAS_OTLP_TRACE_SAMPLE_RATIO", default_value_t = 1.0)]
+    pub otlp_trace_sample_ratio: f64,
     /// How long the filter may cache a positive API key answer.
     #[arg(long, env = "MAAS_KEY_CACHE_TTL_SECONDS", default_value_t = 60)]
     pub key_cache_ttl_seconds: u64,
@@ -353,6 +360,45 @@ pub struct Settings {
     pub pseudonym_key: std::sync::Arc<secrecy::SecretSlice<u8>>,
     /// The quota-warning webhook; `None`: off.
     pub quota_webhook: Option<QuotaWebhookSettings>,
+    pub traces: TraceSettings,
+}
+
+/// The companion's trace export.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    /// An http(s) URL; `None`: no export.
+    pub endpoint: Option<String>,
+    /// In `0..=1`.
+    pub sample_ratio: f64,
+}
+
+/// Checks the trace flags: an http(s) endpoint with a host, a ratio in `0..=1`.
+fn trace_settings(endpoint: Option<&str>, ratio: f64) -> Result<TraceSettings, String> {
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(format!(
+            "--otlp-trace-sample-ratio {ratio}: expected a number from 0 to 1"
+        ));
+    }
+    let endpoint = match endpoint.map(str::trim).filter(|e| !e.is_empty()) {
+        None => None,
+        Some(e) => {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"));
+            match rest {
+                Some(r) if !r.is_empty() && !r.starts_with('/') => Some(e.to_string()),
+                _ => {
+                    return Err(format!(
+                        "--otlp-traces-endpoint {e}: expected an http(s) URL such as http://collector:4318/v1/traces"
+                    ));
+                }
+            }
+        }
+    };
+    Ok(TraceSettings {
+        endpoint,
+        sample_ratio: ratio,
+    })
 }
 
 /// The quota-warning webhook (`--quota-webhook-*`), checked.
@@ -1118,9 +1164,18 @@ impl Cli {
         )
     }
 
+    /// The trace flags, checked (read before the rest: logging is set up with them).
+    pub fn trace_settings(&self) -> Result<TraceSettings, String> {
+        trace_settings(
+            self.otlp_traces_endpoint.as_deref(),
+            self.otlp_trace_sample_ratio,
+        )
+    }
+
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
     pub fn into_settings(mut self) -> Result<Settings, String> {
+        let traces = self.trace_settings()?;
         let quota_webhook = self.quota_webhook()?;
         let database = database_settings(
             database_url(self.database_url, self.db_connection_url)?,
@@ -1216,6 +1271,7 @@ impl Cli {
             log_pseudonyms: log_pseudonyms(self.log_user_names, &pseudonym_key),
             pseudonym_key,
             quota_webhook,
+            traces,
         })
     }
 }
@@ -1247,6 +1303,36 @@ mod tests {
         assert_eq!(c.admin_groups, vec!["maas-admins".to_string()]);
         assert_eq!(c.api_key_max_expiration_days, 90);
         assert_eq!(c.internal_auth, InternalAuthKind::Mtls);
+    }
+
+    #[test]
+    fn trace_export_is_off_by_default_and_its_flags_are_checked() {
+        let c = parse(&["--database-url", "postgres://x/y"]);
+        let t = c.trace_settings().unwrap();
+        assert_eq!(t.endpoint, None);
+        assert_eq!(t.sample_ratio, 1.0);
+        let c = parse(&[
+            "--otlp-traces-endpoint",
+            "http://collector:4318/v1/traces",
+            "--otlp-trace-sample-ratio",
+            "0.25",
+        ]);
+        let t = c.trace_settings().unwrap();
+        assert_eq!(
+            t.endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(t.sample_ratio, 0.25);
+        for (flag, value) in [
+            ("--otlp-trace-sample-ratio", "1.5"),
+            ("--otlp-trace-sample-ratio", "-0.1"),
+            ("--otlp-traces-endpoint", "collector:4318"),
+            ("--otlp-traces-endpoint", "http://"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let e = parse(&[&arg]).trace_settings().unwrap_err();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub(crate) mod lease;
 pub(crate) mod ledger;
 pub(crate) mod limits;
 pub(crate) mod metrics;
+pub(crate) mod observe;
 pub(crate) mod operations;
 pub(crate) mod path;
 pub(crate) mod provider;

@@ -393,9 +393,34 @@ impl Request {
         )
     }
 
+    /// The request span's attributes, once, at the request's end (settled or refused), when
+    /// the policy asks for them (`observability.traceAttributes`; off: no host call).
+    fn observe(&self, host: &dyn Host, decision: &str, tokens: Option<(u64, u64)>) {
+        let on = match &self.route {
+            Some(r) => r.policy.observability.trace_attributes,
+            None => self.worker.try_borrow().ok().is_some_and(|w| {
+                w.policy
+                    .as_ref()
+                    .is_some_and(|p| p.observability.trace_attributes)
+            }),
+        };
+        if !on {
+            return;
+        }
+        let attributes = crate::observe::Attributes {
+            model: self.model().map(|m| m.name.as_str()),
+            operation: self.traits().map(|t| t.operation),
+            user: self.caller.as_ref().and_then(|c| c.pseudonym.as_deref()),
+            decision,
+            tokens,
+        };
+        crate::observe::set(host, &attributes);
+    }
+
     /// Answers the request with an error (on the effective context).
     fn refuse(&mut self, host: &dyn Host, r: &Refusal) {
         self.phase = Phase::Refused;
+        self.observe(host, r.code, None);
         self.count_decision(host, r.decision, r.code);
         // The usage ledger counts refusals of a known subject (in the VM only), and the usage
         // event reports them.
@@ -411,6 +436,18 @@ impl Request {
 
     /// Request headers: route the request, then authenticate (cache or callout) and go as far
     /// as the body allows.
+    /// A management path: the companion authenticates these itself; only the reserved namespace
+    /// (and a credential header spelt with `_`) goes, in every spelling.
+    fn pass_management(&mut self, host: &dyn Host, headers: &HeaderMap) -> Action {
+        for name in headers.names() {
+            if hygiene::strip_for_management(name) {
+                host.set_header(Headers::Request, name, None);
+            }
+        }
+        self.phase = Phase::PassedThrough;
+        Action::Continue
+    }
+
     fn on_headers(&mut self, host: &dyn Host, end_of_stream: bool) -> Action {
         let Some(view) = self.view() else {
             return self.refused(host, &Refusal::not_configured());
@@ -448,17 +485,7 @@ impl Request {
         };
         let model = match admission::route(&facts, &view.snapshot()) {
             Ok(Route::Model(m)) => m,
-            Ok(Route::Management) => {
-                // The companion authenticates these itself; only the reserved namespace (and a
-                // credential header spelt with `_`) goes, in every spelling.
-                for name in headers.names() {
-                    if hygiene::strip_for_management(name) {
-                        host.set_header(Headers::Request, name, None);
-                    }
-                }
-                self.phase = Phase::PassedThrough;
-                return Action::Continue;
-            }
+            Ok(Route::Management) => return self.pass_management(host, &headers),
             Err(RouteRefusal::Refused(r)) => return self.refused(host, &r),
             Err(RouteRefusal::Revoked { cache_key }) => {
                 cache::evict(host, &cache_key, view.cfg.cache.max_entries);
@@ -500,7 +527,7 @@ impl Request {
             Some((result, counter_key)) => {
                 self.authenticated(host, result, counter_key, headers, subscriptions > 0, now_s)
             }
-            None => match self.call_companion(host, &view.cfg, model.credential) {
+            None => match self.call_companion(host, &view.cfg, model.credential, &headers) {
                 Some(waiting) => {
                     // The client's headers wait with the request (what to strip, the
                     // subscription named).
@@ -589,6 +616,7 @@ impl Request {
                 return Step::Refused;
             }
         };
+        self.caller = Some(caller.identity.clone());
         match &self.unrouted {
             Some(Unrouted::Catalog { .. }) => {
                 return self.answer_catalog(host, &caller, &headers, names_subscription);
@@ -627,7 +655,6 @@ impl Request {
         now_s: u64,
     ) -> Step {
         let requested = requested_subscription(&headers, names_subscription);
-        self.caller = Some(caller.identity.clone());
         let decided = self.authorize(host, &caller, counter_key, &headers, requested, now_s);
         let (plan, slot_read) = match decided {
             Ok(d) => d,
@@ -727,6 +754,7 @@ impl Request {
         match admission::catalog(policy, &caller.identity, api_key, requested, id.as_deref()) {
             Ok(body) => {
                 self.phase = Phase::Settled;
+                self.observe(host, Decision::Allowed.as_str(), None);
                 self.count_decision(host, Decision::Allowed, "ok");
                 host.send_response(
                     200,

@@ -453,6 +453,70 @@ fn connection_managers_mut(bootstrap: &mut Value) -> Vec<&mut Value> {
         .collect()
 }
 
+/// The cluster of the OTLP/HTTP traces receiver ([`enable_tracing`]).
+pub const TRACES_CLUSTER: &str = "otel-collector";
+
+/// The request span's attributes the filter leaves in filter state (policy
+/// `observability.traceAttributes`), as the tracer's custom tags read them.
+pub const TRACE_ATTRIBUTES: [&str; 6] = [
+    "gen_ai.request.model",
+    "gen_ai.operation.name",
+    "maas.user",
+    "maas.decision",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+];
+
+/// The connection manager's `tracing`: Envoy's OpenTelemetry tracer exporting over OTLP/HTTP
+/// through [`TRACES_CLUSTER`] to `url`, every request sampled, and a custom tag per
+/// [`TRACE_ATTRIBUTES`] from the filter's filter state (`wasm.<name>`, the bytes as they are).
+pub fn tracing_config(url: &str) -> Value {
+    let tags: Vec<Value> = TRACE_ATTRIBUTES
+        .iter()
+        .map(|a| json!({"tag": a, "value": format!("%FILTER_STATE(wasm.{a}:PLAIN)%")}))
+        .collect();
+    json!({
+        "random_sampling": {"value": 100},
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                "service_name": "maas-gateway",
+                "http_service": {
+                    "http_uri": {"uri": url, "cluster": TRACES_CLUSTER, "timeout": "5s"}
+                }
+            }
+        },
+        "custom_tags": tags
+    })
+}
+
+/// Turns on Envoy's request spans (see [`tracing_config`]) in a rendered bootstrap, exported
+/// to the OTLP/HTTP traces `url` (`http://host:port/path`), flushed every 200 ms.
+pub fn enable_tracing(bootstrap: &mut Value, url: &str) -> Result<()> {
+    let target = BackendUrl::parse(url)?;
+    let Some(clusters) = bootstrap
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        bail!("no clusters in the config");
+    };
+    clusters.push(backend_cluster(TRACES_CLUSTER, &target));
+    let hcms = connection_managers_mut(bootstrap);
+    if hcms.is_empty() {
+        bail!("no HTTP connection manager in the config");
+    }
+    for hcm in hcms {
+        hcm["tracing"] = tracing_config(url);
+    }
+    // The tracer batches spans (5 s or 5 spans by default): tests wait less.
+    bootstrap["layered_runtime"] = json!({"layers": [{"name": "tracing", "static_layer": {
+        "tracing.opentelemetry.flush_interval_ms": 200,
+        "tracing.opentelemetry.min_flush_spans": 1
+    }}]});
+    Ok(())
+}
+
 /// Lets the gateway's HTTP/1 codec keep request and response trailers
 /// (`http_protocol_options.enable_trailers`): by default it drops them, so a chunked request's
 /// trailers never reach the filter. HTTP/2 keeps trailers without this.
@@ -569,6 +633,13 @@ pub fn with_node_id(rendered: &str, id: &str) -> Result<String> {
         bail!("the bootstrap is not a JSON object");
     };
     obj.insert("node".into(), json!({"id": id, "cluster": NODE_CLUSTER}));
+    Ok(serde_json::to_string_pretty(&bootstrap)?)
+}
+
+/// A rendered bootstrap with Envoy's request spans exported to `url` ([`enable_tracing`]).
+pub fn with_tracing(rendered: &str, url: &str) -> Result<String> {
+    let mut bootstrap: Value = serde_json::from_str(rendered)?;
+    enable_tracing(&mut bootstrap, url)?;
     Ok(serde_json::to_string_pretty(&bootstrap)?)
 }
 
@@ -1222,6 +1293,24 @@ mod tests {
         assert_eq!(v["node"]["cluster"], NODE_CLUSTER);
         v.as_object_mut().unwrap().remove("node");
         assert_eq!(v, serde_json::from_str::<Value>(&rendered).unwrap());
+    }
+
+    #[test]
+    fn tracing_exports_to_the_receiver_with_the_filters_attributes_as_tags() {
+        let p = policy();
+        let mut v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        enable_tracing(&mut v, "http://127.0.0.1:4318/v1/traces").unwrap();
+        let t = &hcm(&v)["tracing"];
+        assert_eq!(t["provider"]["name"], "envoy.tracers.opentelemetry");
+        let uri = &t["provider"]["typed_config"]["http_service"]["http_uri"];
+        assert_eq!(uri["uri"], "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(uri["cluster"], TRACES_CLUSTER);
+        let tags = t["custom_tags"].as_array().unwrap();
+        assert_eq!(tags.len(), TRACE_ATTRIBUTES.len());
+        assert_eq!(tags[2]["tag"], "maas.user");
+        assert_eq!(tags[2]["value"], "%FILTER_STATE(wasm.maas.user:PLAIN)%");
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        assert!(clusters.iter().any(|c| c["name"] == TRACES_CLUSTER));
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! - [`tools`]: where Envoy, PostgreSQL, the companion and the .wasm are found;
 //! - [`manifest_checks`]: the schema and wiring checks on rendered manifests (the `deploy_checks`
 //!   test on every overlay, the `maas-manifest-checks` binary on deploy.sh's renders);
-//! - [`migration_checks`]: the companion's migrations stay forward-only and additive.
+//! - [`migration_checks`]: the companion's migrations stay forward-only and additive;
+//! - [`otlp`]: an OTLP/HTTP traces receiver (Envoy's and the companion's spans, for the tracing
+//!   tests).
 
 pub mod cloud_sim;
 pub mod envoy_config;
@@ -32,6 +34,7 @@ pub mod kube_standin;
 pub mod manifest_checks;
 pub mod migration_checks;
 pub mod module_stack;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod prometheus;

@@ -84,6 +84,10 @@ pub struct StackOptions {
     /// `false` runs them with `--internal-auth none` (plain HTTP): only for tools that cannot
     /// present a certificate (the benchmark's `wrk` straight at the companion).
     pub internal_mtls: bool,
+    /// Envoy's request spans (OpenTelemetry tracer, OTLP/HTTP) exported to this traces URL
+    /// (`http://host:port/v1/traces`), with the filter's trace attributes as custom tags.
+    /// `None` (the default): no tracing.
+    pub envoy_traces_url: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -107,6 +111,7 @@ impl Default for StackOptions {
             redis: None,
             envoy_policy: None,
             internal_mtls: true,
+            envoy_traces_url: None,
         }
     }
 }
@@ -255,6 +260,8 @@ struct EnvoySpec {
     gateway_port: Option<u16>,
     /// What the companion cluster presents and checks (`None`: plain HTTP).
     companion_tls: Option<CompanionTls>,
+    /// Where Envoy's spans go ([`StackOptions::envoy_traces_url`]).
+    traces_url: Option<String>,
 }
 
 /// One gateway replica: a companion and the Envoy that talks to it. Its ports stay its own
@@ -563,6 +570,10 @@ impl Core {
             None => rendered,
         };
         let rendered = envoy_config::with_node_id(&rendered, node_id)?;
+        let rendered = match &spec.traces_url {
+            Some(url) => envoy_config::with_tracing(&rendered, url)?,
+            None => rendered,
+        };
         std::fs::write(path, rendered)?;
         Ok(())
     }
@@ -863,6 +874,7 @@ fn envoy_spec(
         gateway_host: options.gateway_host,
         gateway_port: options.gateway_port,
         companion_tls,
+        traces_url: options.envoy_traces_url.clone(),
     }
 }
 

@@ -48,6 +48,11 @@ pub struct Observability {
     /// (docs/contracts.md "Usage events").
     #[serde(default)]
     pub usage_events: bool,
+    /// The gateway's request span gets the request's attributes (model, operation, user
+    /// pseudonym, decision, tokens): the filter leaves each in the stream's filter state
+    /// (`wasm.<attribute>`) for the tracer's custom tags (docs/contracts.md "Trace attributes").
+    #[serde(default)]
+    pub trace_attributes: bool,
 }
 
 impl Observability {
@@ -1497,6 +1502,23 @@ mod tests {
         let mut v = sample();
         v["observability"] = json!({"usageEvent": true});
         fails_at(v, "observability.usageEvent");
+    }
+
+    #[test]
+    fn trace_attributes_are_off_by_default_and_checked() {
+        let doc = PolicyDocument::from_value(sample()).unwrap();
+        assert!(!doc.observability.trace_attributes);
+        let mut v = sample();
+        v["observability"] = json!({"traceAttributes": true});
+        let doc = PolicyDocument::from_value(v).unwrap();
+        assert!(doc.observability.trace_attributes);
+        assert!(!doc.observability.usage_events);
+        let served = serde_json::to_value(&doc).unwrap();
+        assert_eq!(served["observability"]["traceAttributes"], true);
+        assert_eq!(PolicyDocument::from_value(served).unwrap(), doc);
+        let mut v = sample();
+        v["observability"] = json!({"traceAttributes": 1});
+        fails_at(v, "observability.traceAttributes");
     }
 
     #[test]

@@ -258,6 +258,7 @@ pub struct CreateResponse {
         (status = 503, description = "database unavailable", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.create", skip_all)]
 pub async fn create(
     State(store): State<KeyStore>,
     State(policy): State<PolicyHandle>,
@@ -439,6 +440,7 @@ fn generate_key() -> Result<(String, String, String), ApiKeyError> {
         (status = 503, description = "database unavailable", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.get", skip_all)]
 pub async fn get(
     State(store): State<KeyStore>,
     caller: Caller,
@@ -464,6 +466,7 @@ pub async fn get(
         (status = 503, description = "database unavailable", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.revoke", skip_all)]
 pub async fn revoke(
     State(store): State<KeyStore>,
     caller: Caller,
@@ -631,6 +634,7 @@ fn search_query(req: SearchRequest, caller: &Caller) -> Result<SearchQuery, ApiK
         (status = 503, description = "database unavailable", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.search", skip_all)]
 pub async fn search(
     State(store): State<KeyStore>,
     caller: Caller,
@@ -689,6 +693,7 @@ pub struct BulkRevokeResponse {
         (status = 503, description = "database unavailable", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.bulk_revoke", skip_all)]
 pub async fn bulk_revoke(
     State(store): State<KeyStore>,
     caller: Caller,
@@ -769,6 +774,7 @@ pub struct KeyConfigResponse {
         (status = 401, description = "no valid credential", body = ErrorBody)
     )
 )]
+#[tracing::instrument(name = "keys.config", skip_all)]
 pub async fn config(State(limits): State<KeySettings>, _caller: Caller) -> Json<KeyConfigResponse> {
     let days = limits.max_expiration_days;
     Json(KeyConfigResponse {
@@ -788,6 +794,7 @@ pub struct CleanupResponse {
 }
 
 /// Deletes ephemeral keys that expired more than 30 minutes ago.
+#[tracing::instrument(name = "keys.cleanup", skip_all)]
 pub async fn cleanup(State(store): State<KeyStore>) -> Result<Json<CleanupResponse>, ApiKeyError> {
     let n = store.delete_expired_ephemeral().await?;
     Ok(Json(CleanupResponse {

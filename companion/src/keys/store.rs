@@ -136,6 +136,7 @@ impl KeyStore {
     }
 
     /// Inserts a key in one statement; answers the stored (created_at, expires_at).
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.insert"))]
     pub async fn insert(
         &self,
         key: &NewKey<'_>,
@@ -163,6 +164,7 @@ impl KeyStore {
         .await?)
     }
 
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.find"))]
     pub async fn find(&self, id: Uuid) -> Result<Option<KeyRow>, StoreError> {
         Ok(
             sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
@@ -174,6 +176,7 @@ impl KeyStore {
 
     /// Revokes an active key of `owner` (any owner's when `any_owner`); `None` when there is
     /// no such active key.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.revoke"))]
     pub async fn revoke(
         &self,
         id: Uuid,
@@ -192,6 +195,7 @@ impl KeyStore {
     }
 
     /// Up to `limit + 1` rows, so that the caller can tell whether there are more.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.search"))]
     pub async fn search(&self, query: &SearchQuery) -> Result<Vec<KeyRow>, StoreError> {
         let pool = self.ready()?;
         let mut q: QueryBuilder<Postgres> =
@@ -246,6 +250,7 @@ impl KeyStore {
 
     /// Revokes every active key (ephemeral ones too) of `owner` and/or bound to `subscription`
     /// (at least one is given by the caller); with `dry_run` only counts them. Answers how many.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.revoke_all"))]
     pub async fn revoke_all(
         &self,
         owner: Option<&str>,
@@ -273,6 +278,7 @@ impl KeyStore {
     }
 
     /// Deletes ephemeral keys that expired more than 30 minutes ago; answers how many.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.delete_expired_ephemeral"))]
     pub async fn delete_expired_ephemeral(&self) -> Result<u64, StoreError> {
         let done = sqlx::query(
             "DELETE FROM api_keys WHERE ephemeral AND expires_at < now() - interval '30 minutes'",
@@ -283,6 +289,7 @@ impl KeyStore {
     }
 
     /// The key with this hash, if any (status and expiry are the caller's to judge).
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.find_by_hash"))]
     pub async fn find_by_hash(&self, hash: &str) -> Result<Option<KeyCheck>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT id, key_id, username, user_groups, tier, subscription, status, expires_at \
@@ -299,6 +306,7 @@ impl KeyStore {
     }
 
     /// Key ids revoked in the last 24 hours.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.recently_revoked"))]
     pub async fn recently_revoked(&self) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT key_id FROM api_keys WHERE revoked_at > now() - make_interval(hours => $1) ORDER BY key_id",

@@ -42,6 +42,7 @@ impl IntoResponse for LeaseError {
 }
 
 /// Checks the batch, applies it, answers one grant per item in item order.
+#[tracing::instrument(name = "leases", skip_all, fields(maas.items = request.items.len()))]
 pub async fn handler(
     State(leases): State<Leases>,
     ApiJson(request): ApiJson<LeaseRequest>,

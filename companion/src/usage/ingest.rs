@@ -109,6 +109,7 @@ pub fn chargeback(policy: &PolicyDocument, r: &UsageRecord) -> Chargeback {
 }
 
 /// Checks the batch, applies it once (a known batch id adds nothing), counts it.
+#[tracing::instrument(name = "usage.ingest", skip_all, fields(maas.records = report.records.len()))]
 pub async fn handler(
     State(usage): State<Usage>,
     State(policy): State<PolicyHandle>,

@@ -225,6 +225,7 @@ impl UsageStore {
 
     /// Records the batch id and adds the batch's rows, in one statement (so atomically): a
     /// batch id already recorded adds nothing.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "usage.apply"))]
     pub async fn apply(
         &self,
         replica: &str,
@@ -334,6 +335,7 @@ impl UsageStore {
 
     /// Moves hourly rows older than `cutoff` (a UTC midnight) into daily rows, in one statement,
     /// and forgets batch ids applied before `batches_before`.
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "usage.roll_up"))]
     pub async fn roll_up(
         &self,
         cutoff: DateTime<Utc>,
@@ -384,6 +386,7 @@ impl UsageStore {
     }
 
     /// The groups of a usage query, ordered by group (then model).
+    #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "usage.query"))]
     pub async fn query(&self, q: &UsageQuery) -> Result<Vec<UsageGroup>, StoreError> {
         let pool = self.ready()?;
         let (first, second) = q.group_by.columns();

@@ -8,7 +8,7 @@ use crate::authenticate::{self, AUTHENTICATE_PATH};
 use crate::cache::Caller;
 use crate::config::PluginConfig;
 use crate::credential::{CacheIdentity, Credential};
-use crate::host::{Body, Headers, Host, read_body};
+use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::response::Refusal;
 use maas_types::AuthenticateRequest;
 
@@ -20,6 +20,7 @@ impl Request {
         host: &dyn Host,
         cfg: &PluginConfig,
         cred: Credential<'_>,
+        headers: &HeaderMap,
     ) -> Option<Waiting> {
         let Some(identity) = self.identity.as_ref() else {
             self.refuse(host, &Refusal::undecidable());
@@ -38,14 +39,17 @@ impl Request {
                 credential: cred.raw().to_string(),
             })
             .unwrap_or_default();
+            // The client's trace context (when valid) joins the companion's span to its trace.
+            let mut call_headers = vec![
+                (":method", "POST"),
+                (":path", AUTHENTICATE_PATH),
+                (":authority", cfg.companion.authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            call_headers.extend(crate::observe::trace_context(headers));
             let call = host.dispatch(
                 &cfg.companion.cluster,
-                &[
-                    (":method", "POST"),
-                    (":path", AUTHENTICATE_PATH),
-                    (":authority", cfg.companion.authority.as_str()),
-                    ("content-type", "application/json"),
-                ],
+                &call_headers,
                 Some(&body),
                 cfg.companion.timeout_ms,
             );

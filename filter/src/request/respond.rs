@@ -8,6 +8,7 @@ use crate::host::{Body, HeaderMap, Headers, Host, read_body};
 use crate::ledger::Event;
 use crate::limits;
 use crate::metrics::{self, TokenReport};
+use crate::response::Decision;
 use crate::sse::{self, SseScanner};
 use crate::usage::JsonUsageScanner;
 use proxy_wasm::types::Action;
@@ -342,7 +343,10 @@ impl Request {
             } => (reservation, status, scan),
             Phase::Forwarding {
                 reservation: None, ..
-            } => return,
+            } => {
+                self.observe(host, Decision::Allowed.as_str(), None);
+                return;
+            }
             other => {
                 self.phase = other;
                 return;
@@ -393,6 +397,7 @@ impl Request {
             Some(u) => (u.prompt_tokens, u.completion_tokens, u.cached_input_tokens),
             None => (settled.input, settled.output, 0),
         };
+        self.observe(host, Decision::Allowed.as_str(), Some((prompt, completion)));
         // The tier the request ran on (the first of the tiers admission counted in).
         let tier = self.tier_name().unwrap_or_default();
         self.ledger_add(

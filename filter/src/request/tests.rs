@@ -17,6 +17,7 @@ mod body;
 mod cap;
 mod lease;
 mod ledger;
+mod observe;
 mod one_url;
 mod provider_paths;
 mod respond;

@@ -46,6 +46,7 @@ mod stack_parts;
 mod subscriptions;
 mod subscriptions_resources;
 mod token_weights;
+mod tracing;
 mod translate_anthropic;
 mod ui_browser;
 mod usage_events;

@@ -25,8 +25,8 @@ pub(crate) struct Target {
     pub(crate) met: Option<bool>,
 }
 
-/// Median req/s, p50 ms, p99 ms, (min, max) req/s, errors.
-pub(crate) type Summary = (f64, f64, f64, (f64, f64), u64);
+/// Median req/s, p50 ms, p99 ms, (min, max) req/s, errors, p99.9 ms.
+pub(crate) type Summary = (f64, f64, f64, (f64, f64), u64, f64);
 
 /// Medians of one Envoy's streams: response headers ms, first SSE event ms, (min, max) of the
 /// first event ms.
@@ -53,6 +53,7 @@ fn med(results: &Results, name: &str, c: u32) -> Option<Summary> {
         median(&rs.iter().map(|r| r.p99_ms).collect::<Vec<_>>()),
         min_max(&rps),
         rs.iter().map(|r| r.errors).sum(),
+        median(&rs.iter().map(|r| r.p999_ms).collect::<Vec<_>>()),
     ))
 }
 
@@ -186,24 +187,25 @@ fn render_throughput(o: &mut String, args: &Args, variants: &[Variant], results:
     );
     let _ = writeln!(
         o,
-        "| variant | conc. | req/s | spread | p50 ms | p99 ms | req/s vs base | p50 vs base | errors |"
+        "| variant | conc. | req/s | spread | p50 ms | p99 ms | p99.9 ms | req/s vs base | p50 vs base | p99 vs base | errors |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(o, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for &c in &args.concurrency {
         for v in variants.iter().filter(|v| v.pair.is_none()) {
-            let Some((rps, p50, p99, (lo, hi), errors)) = med(v.name, c) else {
+            let Some((rps, p50, p99, (lo, hi), errors, p999)) = med(v.name, c) else {
                 continue;
             };
-            let (ratio_rps, ratio_p50) = match med(v.baseline, c) {
-                Some((brps, bp50, ..)) if v.baseline != "-" && v.baseline != v.name => (
+            let (ratio_rps, ratio_p50, ratio_p99) = match med(v.baseline, c) {
+                Some((brps, bp50, bp99, ..)) if v.baseline != "-" && v.baseline != v.name => (
                     format!("{:.2}× {}", rps / brps, v.baseline),
                     format!("{:.2}×", p50 / bp50),
+                    format!("{:.2}×", p99 / bp99),
                 ),
-                _ => ("—".into(), "—".into()),
+                _ => ("—".into(), "—".into(), "—".into()),
             };
             let _ = writeln!(
                 o,
-                "| {} | {c} | {rps:.0} | {lo:.0}–{hi:.0} | {p50:.3} | {p99:.3} | {ratio_rps} | {ratio_p50} | {errors} |",
+                "| {} | {c} | {rps:.0} | {lo:.0}–{hi:.0} | {p50:.3} | {p99:.3} | {p999:.3} | {ratio_rps} | {ratio_p50} | {ratio_p99} | {errors} |",
                 v.name
             );
         }

@@ -16,6 +16,7 @@ pub(crate) struct WrkResult {
     pub(crate) rps: f64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
+    pub(crate) p999_ms: f64,
     pub(crate) errors: u64,
     /// Envoy's CPU time (user + system, all threads) per request, µs; 0 when unknown.
     pub(crate) cpu_us: f64,
@@ -201,6 +202,7 @@ pub(crate) struct WrkRun {
     pub(crate) duration_us: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
     pub(crate) errors: u64,
 }
 
@@ -223,13 +225,14 @@ impl WrkRun {
             duration_us: n("duration_us"),
             p50_us: n("p50_us"),
             p99_us: n("p99_us"),
+            p999_us: n("p999_us"),
             errors: (n("connect") + n("read") + n("write") + n("status") + n("timeout")) as u64,
         })
     }
 }
 
 /// Runs side by side as one result: req/s summed, p50 = the runs' p50s weighted by their
-/// requests, p99 = the highest, errors summed; `cpu_ticks`: the serving Envoys' CPU during them.
+/// requests, p99 and p99.9 = the highest, errors summed; `cpu_ticks`: the serving Envoys' CPU during them.
 pub(crate) fn combine_runs(runs: &[WrkRun], cpu_ticks: Option<u64>) -> WrkResult {
     let requests: u64 = runs.iter().map(|r| r.requests).sum();
     let weight = requests.max(1) as f64;
@@ -250,6 +253,7 @@ pub(crate) fn combine_runs(runs: &[WrkRun], cpu_ticks: Option<u64>) -> WrkResult
             / weight
             / 1000.0,
         p99_ms: runs.iter().map(|r| r.p99_us).fold(0.0, f64::max) / 1000.0,
+        p999_ms: runs.iter().map(|r| r.p999_us).fold(0.0, f64::max) / 1000.0,
         errors: runs.iter().map(|r| r.errors).sum(),
         cpu_us,
         redis_rt_per_s: None,

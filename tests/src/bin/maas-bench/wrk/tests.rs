@@ -7,6 +7,7 @@ fn pair_results_sum_rates_and_weight_the_median_latency() {
         duration_us: 1e6,
         p50_us: 100.0,
         p99_us: 900.0,
+        p999_us: 0.0,
         errors: 1,
     };
     let b = WrkRun {
@@ -14,6 +15,7 @@ fn pair_results_sum_rates_and_weight_the_median_latency() {
         duration_us: 2e6,
         p50_us: 500.0,
         p99_us: 400.0,
+        p999_us: 0.0,
         errors: 2,
     };
     let r = combine_runs(&[a, b], None);
