@@ -52,19 +52,11 @@ pub struct Attributes<'a> {
     pub tokens: Option<(u64, u64)>,
 }
 
-/// `gen_ai.operation.name`: the OpenTelemetry GenAI names where there is one (`chat`,
-/// `text_completion`, `embeddings`), else the API's own (`responses`, `messages`, …).
+/// `gen_ai.operation.name`, as the metrics' `operation` label names it
+/// ([`Operation::metric_name`]: OpenTelemetry's `chat`, `text_completion`, `embeddings` where
+/// there is one — Anthropic Messages is `chat` —, else `responses`, `count_tokens`, …).
 pub fn operation_name(op: Operation) -> &'static str {
-    match op {
-        Operation::ChatCompletions => "chat",
-        Operation::Completions => "text_completion",
-        Operation::Embeddings => "embeddings",
-        Operation::Responses => "responses",
-        Operation::Messages => "messages",
-        Operation::CountTokens => "count_tokens",
-        Operation::Models => "models",
-        Operation::Custom => "custom",
-    }
+    op.metric_name()
 }
 
 /// The (attribute, value) pairs to set, in [`ATTRIBUTES`] order; unknown ones are left out.
@@ -241,6 +233,6 @@ mod tests {
         assert!(attributes(&Attributes::default()).is_empty());
         assert_eq!(operation_name(Operation::Embeddings), "embeddings");
         assert_eq!(operation_name(Operation::Completions), "text_completion");
-        assert_eq!(operation_name(Operation::Messages), "messages");
+        assert_eq!(operation_name(Operation::Messages), "chat");
     }
 }
