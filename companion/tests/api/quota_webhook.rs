@@ -63,10 +63,38 @@ fn header(h: &HeaderMap, name: &str) -> String {
         .to_string()
 }
 
+/// One scripted answer: its status, how long it is held back, its `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    status: u16,
+    delay: Duration,
+    retry_after: Option<&'static str>,
+}
+
+fn statuses(list: &[u16]) -> Vec<Step> {
+    list.iter()
+        .map(|&status| Step {
+            status,
+            delay: Duration::ZERO,
+            retry_after: None,
+        })
+        .collect()
+}
+
 /// A receiver answering the statuses of `script` in turn, then 200.
 async fn receiver(script: &[u16]) -> Receiver {
-    type Shared = (Log, Arc<Mutex<VecDeque<u16>>>);
-    async fn hook(State((log, script)): State<Shared>, h: HeaderMap, body: String) -> StatusCode {
+    receiver_with(statuses(script)).await
+}
+
+/// A receiver answering the steps of `script` in turn, then 200 at once.
+async fn receiver_with(script: Vec<Step>) -> Receiver {
+    type Shared = (Log, Arc<Mutex<VecDeque<Step>>>);
+    async fn hook(
+        State((log, script)): State<Shared>,
+        h: HeaderMap,
+        body: String,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
         log.lock().unwrap().push(Got {
             id: header(&h, "x-maas-webhook-id"),
             timestamp: header(&h, "x-maas-webhook-timestamp"),
@@ -74,14 +102,21 @@ async fn receiver(script: &[u16]) -> Receiver {
             content_type: header(&h, "content-type"),
             body,
         });
-        let status = script.lock().unwrap().pop_front().unwrap_or(200);
-        StatusCode::from_u16(status).unwrap()
+        let step = script.lock().unwrap().pop_front();
+        let step = step.unwrap_or(Step {
+            status: 200,
+            delay: Duration::ZERO,
+            retry_after: None,
+        });
+        tokio::time::sleep(step.delay).await;
+        let status = StatusCode::from_u16(step.status).unwrap();
+        match step.retry_after {
+            Some(v) => (status, [("retry-after", v)]).into_response(),
+            None => status.into_response(),
+        }
     }
     let got: Log = Arc::default();
-    let shared: Shared = (
-        got.clone(),
-        Arc::new(Mutex::new(script.iter().copied().collect())),
-    );
+    let shared: Shared = (got.clone(), Arc::new(Mutex::new(script.into())));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hooks/maas", listener.local_addr().unwrap());
     let app = axum::Router::new()
@@ -461,4 +496,132 @@ async fn beyond_max_pending_the_oldest_undelivered_events_are_dropped() {
         app.metric("maas_companion_quota_webhook_pending").await == 2.0
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_receiver_too_slow_is_retried_after_the_timeout_with_the_same_id() {
+    let r = receiver_with(vec![Step {
+        status: 200,
+        delay: Duration::from_secs(5),
+        retry_after: None,
+    }])
+    .await;
+    let db = create_database().await;
+    let mut settings = webhook(&r.url);
+    settings.timeout = Duration::from_millis(300);
+    let app = spawn(&db, settings).await;
+    alice_to(&app, 0, 80_000).await;
+    until("delivered", || async {
+        deliveries(&app, "delivered").await == 1.0
+    })
+    .await;
+    let got = r.got();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].id, got[1].id);
+    assert_eq!(deliveries(&app, "retried").await, 1.0);
+    let error: Option<String> = sqlx::query_scalar("SELECT last_error FROM quota_webhook_outbox")
+        .fetch_optional(&app.pool)
+        .await
+        .unwrap()
+        .flatten();
+    assert_eq!(error, None, "delivered: no longer in the outbox");
+}
+
+#[tokio::test]
+async fn a_429s_retry_after_sets_the_next_attempt_when_longer_than_the_backoff() {
+    let r = receiver_with(vec![Step {
+        status: 429,
+        delay: Duration::ZERO,
+        retry_after: Some("120"),
+    }])
+    .await;
+    let db = create_database().await;
+    let app = spawn(&db, webhook(&r.url)).await;
+    alice_to(&app, 0, 80_000).await;
+    until("a retry scheduled", || async {
+        deliveries(&app, "retried").await == 1.0
+    })
+    .await;
+    let (wait, error): (f64, Option<String>) = sqlx::query_as(
+        "SELECT EXTRACT(EPOCH FROM next_attempt_at - now())::float8, last_error
+         FROM quota_webhook_outbox",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    // The backoff alone would be at most 200 ms (test settings): the receiver's 120 s rules.
+    assert!(wait > 100.0 && wait <= 120.0, "next attempt in {wait} s");
+    assert_eq!(error.as_deref(), Some("HTTP 429"));
+    assert_eq!(r.got().len(), 1);
+}
+
+const SCOPES_POLICY: &str = r#"
+tiers:
+  - name: trial
+    level: 0
+    groups: [system:authenticated]
+    limits:
+      tokens: [{limit: 1000, window: 1h}, {limit: 500, window: 1h, shadow: true}]
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [trial]
+subscriptions:
+  - name: team-a
+    owner: {groups: [system:authenticated]}
+    warnAt: [50]
+    models:
+      - name: sim-model
+        tokenRateLimits: [{limit: 2000, window: 1h}]
+"#;
+
+#[tokio::test]
+async fn a_shadow_limit_and_a_subscription_budget_warn_naming_their_scope() {
+    let r = receiver(&[]).await;
+    let database_url = create_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let policy = write("policy.yaml", SCOPES_POLICY);
+    let identities = write("identities.yaml", crate::helpers::IDENTITIES);
+    let credentials = write("credentials.yaml", "credentials: {}\n");
+    let mut config =
+        crate::helpers::local_settings(&database_url, &policy, &identities, &credentials);
+    config.quota_webhook = Some(webhook(&r.url));
+    let app =
+        crate::helpers::spawn_with_config(config, dir, policy, database_url, Default::default())
+            .await;
+    // 450 of the trial's 1000 tokens: 45 % of the limit, 90 % of its shadow limit (500).
+    assert_eq!(lease(&app, "erin", 3600, 1000, 450).await, 450);
+    // 1100 of team-a's 2000 on sim-model: 55 %, past the subscription's only threshold.
+    let counter = maas_types::subscription::counter_subject("erin", "team-a", "sim-model");
+    assert_eq!(lease(&app, &counter, 3600, 2000, 1100).await, 1100);
+    until("two events", || async { r.got().len() == 2 }).await;
+    let mut events: Vec<Value> = r.got().iter().map(Got::json).collect();
+    events.sort_by_key(|e| e["limit"].as_u64());
+    let summary: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            json!([
+                e["scope"],
+                e["threshold"],
+                e["limit"],
+                e["used"],
+                e["percentUsed"],
+                e["shadow"],
+                e["window"]
+            ])
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            json!([{"tier": "trial"}, 80, 500, 450, 90, true, "1h"]),
+            json!([{"subscription": "team-a", "model": "sim-model"}, 50, 2000, 1100, 55, false, "1h"]),
+        ]
+    );
+    assert!(events.iter().all(|e| e["subject"] == pseudonym("erin")));
 }
