@@ -39,6 +39,9 @@ impl ReceivedSpan {
 
 type Spans = Arc<Mutex<Vec<ReceivedSpan>>>;
 
+/// Spans kept (the first ones); later ones are decoded and answered, not kept.
+const MAX_KEPT_SPANS: usize = 100_000;
+
 /// The receiver: listening on 127.0.0.1 (port chosen by the system) until dropped.
 pub struct OtlpReceiver {
     addr: SocketAddr,
@@ -124,7 +127,9 @@ async fn receive(
         );
     };
     if let Ok(mut all) = spans.lock() {
-        all.extend(flatten(&req));
+        // Bounded: a benchmark sends spans for minutes (they are decoded, then dropped).
+        let room = MAX_KEPT_SPANS.saturating_sub(all.len());
+        all.extend(flatten(&req).into_iter().take(room));
     }
     (
         StatusCode::OK,

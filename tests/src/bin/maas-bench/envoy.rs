@@ -72,6 +72,16 @@ pub(crate) struct EnvoyInputs<'a> {
     pub(crate) dir: PathBuf,
     /// Merged (deeply) over the filter's pluginConfig.
     pub(crate) plugin_extra: Option<Value>,
+    /// Observability on the Envoy's side: the usage-event access log and the OpenTelemetry
+    /// tracer (the filter-observed variant).
+    pub(crate) observe: Option<Observe>,
+}
+
+/// Where an observed Envoy writes usage events and sends spans.
+#[derive(Clone)]
+pub(crate) struct Observe {
+    pub(crate) events_path: PathBuf,
+    pub(crate) traces_url: String,
 }
 
 impl<'a> EnvoyInputs<'a> {
@@ -91,6 +101,7 @@ impl<'a> EnvoyInputs<'a> {
             envoy_bin: self.envoy_bin.clone(),
             dir: self.dir.clone(),
             plugin_extra: Some(plugin_extra),
+            observe: None,
         }
     }
 }
@@ -162,9 +173,12 @@ pub(crate) fn start_envoy_run(
             poll_interval_ms: 2000,
         }),
         companion_tls: None,
-        usage_events_path: None,
+        usage_events_path: inp.observe.as_ref().map(|o| o.events_path.clone()),
     };
     let mut config: Value = serde_json::from_str(&envoy_config::render(&input)?)?;
+    if let Some(o) = &inp.observe {
+        envoy_config::enable_tracing(&mut config, &o.traces_url)?;
+    }
     if filter {
         // The stack's pluginConfig, with a cache big enough for the memory measurement and TTLs
         // longer than the benchmark.

@@ -23,6 +23,7 @@ mod junk;
 mod keys;
 mod litellm;
 mod memory;
+mod observed;
 mod profile;
 mod report;
 mod run;

@@ -209,6 +209,7 @@ pub(crate) fn run() -> Result<()> {
         stream_tokens: bodies.stream_tokens,
     };
     write_report(&report, &measured)?;
+    drop(extras.observed);
     stack.shutdown();
     drop(extras.litellm);
     Ok(())
@@ -368,6 +369,7 @@ fn envoy_inputs<'a>(
         envoy_bin: tools::envoy_bin()?,
         dir: dir.to_path_buf(),
         plugin_extra: None,
+        observe: None,
     })
 }
 

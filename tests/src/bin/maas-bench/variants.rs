@@ -137,10 +137,12 @@ pub(crate) struct Setup<'a> {
     pub(crate) cached_auth: &'a str,
 }
 
-/// What runs beside the variants until the end: LiteLLM, the two-replica Envoys.
+/// What runs beside the variants until the end: LiteLLM, the two-replica Envoys, the
+/// filter-observed stack.
 pub(crate) struct Extras {
     pub(crate) litellm: Option<ManagedProcess>,
     pub(crate) two_replica_envoys: Vec<(&'static str, Vec<BenchEnvoy>)>,
+    pub(crate) observed: Option<crate::observed::Observed>,
 }
 
 /// A variant on one gateway at every concurrency.
@@ -184,6 +186,7 @@ pub(crate) fn variants(s: &Setup<'_>) -> Result<(Vec<Variant>, Extras)> {
     } else {
         Vec::new()
     };
+    let observed = add_observed(s, &mut variants)?;
     if !s.ctx.args.only.is_empty() {
         variants.retain(|v| {
             s.ctx.args.only.iter().any(|o| {
@@ -198,6 +201,7 @@ pub(crate) fn variants(s: &Setup<'_>) -> Result<(Vec<Variant>, Extras)> {
         Extras {
             litellm,
             two_replica_envoys,
+            observed,
         },
     ))
 }
@@ -273,6 +277,34 @@ fn base_variants(s: &Setup<'_>) -> Vec<Variant> {
         ),
         companion_auth,
     ]
+}
+
+/// filter-observed (after filter-cached), when the run includes it: its own stack.
+fn add_observed(
+    s: &Setup<'_>,
+    variants: &mut Vec<Variant>,
+) -> Result<Option<crate::observed::Observed>> {
+    let name = crate::observed::FILTER_OBSERVED;
+    let only = &s.ctx.args.only;
+    if !only.is_empty() && !only.iter().any(|o| o == name) {
+        return Ok(None);
+    }
+    let observed = crate::observed::start(s.ctx, crate::POLICY, crate::IDENTITIES)?;
+    let v = variant(
+        name,
+        "envoy",
+        observed.envoy.listen,
+        CHAT_PATH,
+        &s.bodies.json,
+        fixed(Some(&observed.auth)),
+        observed.envoy.pid(),
+    );
+    let at = variants
+        .iter()
+        .position(|v| v.name == "filter-cached")
+        .map_or(variants.len(), |i| i + 1);
+    variants.insert(at, v);
+    Ok(Some(observed))
 }
 
 /// LiteLLM in front of the simulator (`--litellm`), last.
