@@ -27,7 +27,8 @@
 # (per price run; default BENCH_SECONDS, at most 4), BENCH_HOSTCALL_KINDS (a subset of the priced
 # kinds), BENCH_COMPARE_WASM (`label=path,…`: other builds of the filter as variants
 # `filter-cached:<label>` in the same run), BENCH_TWO_REPLICA_IDLE_S (seconds with no traffic before each
-# two-replica run: the subjects are released and dropped for idleness first; default 0).
+# two-replica run: the subjects are released and dropped for idleness first; default 0),
+# BENCH_OBSERVED (filter-observed: `all` by default, `events` or `traces` to measure one alone).
 # The filter's host calls and allocations per request come from its budget tests (native, debug:
 # `cargo test -p maas-filter --lib per_request_stay_within_budget` with MAAS_HOST_CALLS_OUT),
 # run here first; maas-bench renders them (BENCH_HOST_CALLS names the file).

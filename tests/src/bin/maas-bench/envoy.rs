@@ -77,11 +77,11 @@ pub(crate) struct EnvoyInputs<'a> {
     pub(crate) observe: Option<Observe>,
 }
 
-/// Where an observed Envoy writes usage events and sends spans.
+/// Where an observed Envoy writes usage events and sends spans (each optional).
 #[derive(Clone)]
 pub(crate) struct Observe {
-    pub(crate) events_path: PathBuf,
-    pub(crate) traces_url: String,
+    pub(crate) events_path: Option<PathBuf>,
+    pub(crate) traces_url: Option<String>,
 }
 
 impl<'a> EnvoyInputs<'a> {
@@ -173,11 +173,11 @@ pub(crate) fn start_envoy_run(
             poll_interval_ms: 2000,
         }),
         companion_tls: None,
-        usage_events_path: inp.observe.as_ref().map(|o| o.events_path.clone()),
+        usage_events_path: inp.observe.as_ref().and_then(|o| o.events_path.clone()),
     };
     let mut config: Value = serde_json::from_str(&envoy_config::render(&input)?)?;
-    if let Some(o) = &inp.observe {
-        envoy_config::enable_tracing(&mut config, &o.traces_url)?;
+    if let Some(url) = inp.observe.as_ref().and_then(|o| o.traces_url.as_deref()) {
+        envoy_config::enable_tracing(&mut config, url)?;
     }
     if filter {
         // The stack's pluginConfig, with a cache big enough for the memory measurement and TTLs

@@ -30,15 +30,47 @@ impl Drop for Observed {
     }
 }
 
-/// The benchmark's policy with every per-request observability switch on.
-pub(crate) fn observed_policy(policy: &str) -> String {
-    format!("{policy}observability: {{usageEvents: true, traceAttributes: true}}\n")
+/// What the variant turns on (`BENCH_OBSERVED`: `all`, the default; `events`: usage events and
+/// the access log only; `traces`: trace attributes and the tracer only) — to tell their costs
+/// apart.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Watch {
+    All,
+    Events,
+    Traces,
+}
+
+impl Watch {
+    pub(crate) fn from_env() -> anyhow::Result<Watch> {
+        match std::env::var("BENCH_OBSERVED").as_deref() {
+            Err(_) | Ok("" | "all") => Ok(Watch::All),
+            Ok("events") => Ok(Watch::Events),
+            Ok("traces") => Ok(Watch::Traces),
+            Ok(other) => anyhow::bail!("BENCH_OBSERVED={other}: expected all, events or traces"),
+        }
+    }
+    fn events(self) -> bool {
+        self != Watch::Traces
+    }
+    fn traces(self) -> bool {
+        self != Watch::Events
+    }
+}
+
+/// The benchmark's policy with the per-request observability switches `watch` names on.
+pub(crate) fn observed_policy(policy: &str, watch: Watch) -> String {
+    format!(
+        "{policy}observability: {{usageEvents: {}, traceAttributes: {}}}\n",
+        watch.events(),
+        watch.traces()
+    )
 }
 
 pub(crate) fn start(ctx: &Ctx<'_>, policy: &str, identities: &str) -> Result<Observed> {
-    log(
-        "starting the filter-observed stack (companion with observability on, OTLP receiver, Envoy with access log and tracer, CPU 0) …",
-    );
+    let watch = Watch::from_env()?;
+    log(format!(
+        "starting the filter-observed stack ({watch:?}: its companion's policy turns it on; OTLP receiver; Envoy with the access log and/or the tracer, CPU 0) …"
+    ));
     let stack = Stack::start(StackOptions {
         envoy_concurrency: 1,
         companion_env: vec![
@@ -47,7 +79,7 @@ pub(crate) fn start(ctx: &Ctx<'_>, policy: &str, identities: &str) -> Result<Obs
         ],
         internal_mtls: false,
         ..StackOptions::default()
-            .with_policy_yaml(&observed_policy(policy))
+            .with_policy_yaml(&observed_policy(policy, watch))
             .with_identities_yaml(identities)
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -62,8 +94,10 @@ pub(crate) fn start(ctx: &Ctx<'_>, policy: &str, identities: &str) -> Result<Obs
     );
     inputs.simulator = stack.sim().addr();
     inputs.observe = Some(Observe {
-        events_path: ctx.dir.join("observed-usage-events.jsonl"),
-        traces_url: receiver.url(),
+        events_path: watch
+            .events()
+            .then(|| ctx.dir.join("observed-usage-events.jsonl")),
+        traces_url: watch.traces().then(|| receiver.url()),
     });
     let envoy = start_envoy(&inputs, "envoy-observed", true, 1000)?;
     Ok(Observed {
@@ -80,8 +114,14 @@ mod tests {
 
     #[test]
     fn the_observed_policy_turns_both_switches_on() {
-        let p = observed_policy(crate::POLICY);
-        let doc: maas_types::PolicyDocument = yaml_serde::from_str(&p).expect("a policy");
-        assert!(doc.observability.usage_events && doc.observability.trace_attributes);
+        let doc = |w| -> maas_types::PolicyDocument {
+            yaml_serde::from_str(&observed_policy(crate::POLICY, w)).expect("a policy")
+        };
+        let all = doc(Watch::All).observability;
+        assert!(all.usage_events && all.trace_attributes);
+        let events = doc(Watch::Events).observability;
+        assert!(events.usage_events && !events.trace_attributes);
+        let traces = doc(Watch::Traces).observability;
+        assert!(!traces.usage_events && traces.trace_attributes);
     }
 }
