@@ -175,7 +175,9 @@ ensure_redis() {
 # Prometheus and evaluates every dashboard panel and alert; run-local.sh --observability starts
 # one. Exports MAAS_PROMETHEUS and MAAS_PROMTOOL.
 ensure_prometheus() {
-  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || apt_install prometheus
+  if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    apt_install prometheus
+  fi
   MAAS_PROMETHEUS="$(command -v prometheus)" || die "prometheus installed but not on the PATH"
   MAAS_PROMTOOL="$(command -v promtool)" || die "promtool installed but not on the PATH"
   export MAAS_PROMETHEUS MAAS_PROMTOOL
