@@ -52,13 +52,6 @@ pub struct Attributes<'a> {
     pub tokens: Option<(u64, u64)>,
 }
 
-/// `gen_ai.operation.name`, as the metrics' `operation` label names it
-/// ([`Operation::metric_name`]: OpenTelemetry's `chat`, `text_completion`, `embeddings` where
-/// there is one — Anthropic Messages is `chat` —, else `responses`, `count_tokens`, …).
-pub fn operation_name(op: Operation) -> &'static str {
-    op.metric_name()
-}
-
 /// The (attribute, value) pairs to set, in [`ATTRIBUTES`] order; unknown ones are left out.
 pub fn attributes(a: &Attributes<'_>) -> Vec<(&'static str, String)> {
     let mut out = Vec::with_capacity(ATTRIBUTES.len());
@@ -66,7 +59,8 @@ pub fn attributes(a: &Attributes<'_>) -> Vec<(&'static str, String)> {
         out.push((MODEL, m.to_string()));
     }
     if let Some(op) = a.operation {
-        out.push((OPERATION, operation_name(op).to_string()));
+        // The metrics' `operation` label's names (`Operation::metric_name`).
+        out.push((OPERATION, op.metric_name().to_string()));
     }
     if let Some(u) = a.user.filter(|u| !u.is_empty()) {
         out.push((USER, u.to_string()));
@@ -231,8 +225,8 @@ mod tests {
             vec![(DECISION, "missing_credential".to_string())]
         );
         assert!(attributes(&Attributes::default()).is_empty());
-        assert_eq!(operation_name(Operation::Embeddings), "embeddings");
-        assert_eq!(operation_name(Operation::Completions), "text_completion");
-        assert_eq!(operation_name(Operation::Messages), "chat");
+        assert_eq!(Operation::Embeddings.metric_name(), "embeddings");
+        assert_eq!(Operation::Completions.metric_name(), "text_completion");
+        assert_eq!(Operation::Messages.metric_name(), "chat");
     }
 }

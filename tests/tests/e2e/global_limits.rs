@@ -11,7 +11,7 @@
 //! The control test runs the same traffic with `limits.global.enabled: false`: it must admit
 //! twice the limit, which proves the alternating test detects per-replica counting.
 
-use crate::helpers::{Reply, client, send};
+use crate::helpers::{Reply, client, send, stat_value, wasm_stats};
 use maas_e2e::{Stack, StackOptions};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -291,24 +291,7 @@ fn redis_data_calls(stack: &Stack) -> u64 {
 
 /// A wasm custom metric of replica `replica`'s Envoy (`wasmcustom.<name>`), 0 when undefined.
 async fn envoy_metric(stack: &Stack, replica: usize, name: &str) -> u64 {
-    let text = client()
-        .get(format!(
-            "{}/stats?filter=wasmcustom",
-            stack.envoy_admin_url_of(replica)
-        ))
-        .send()
-        .await
-        .map(|r| r.text())
-        .ok();
-    let text = match text {
-        Some(t) => t.await.unwrap_or_default(),
-        None => String::new(),
-    };
-    let wanted = format!("wasmcustom.{name}: ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&wanted))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    stat_value(&wasm_stats(&stack.envoy_admin_url_of(replica)).await, name)
 }
 
 /// Sends `rounds` requests alternating replica 0, 1, 0, … one at a time.

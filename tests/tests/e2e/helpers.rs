@@ -64,42 +64,39 @@ pub async fn metric(stack: &Stack, name: &str) -> u64 {
     metric_now(stack, name).await
 }
 
-/// A wasm custom metric's value in Envoy right now (the filter's last tick), 0 when not defined.
-pub async fn metric_now(stack: &Stack, name: &str) -> u64 {
-    let text = client()
-        .get(format!(
-            "{}/stats?filter=wasmcustom",
-            stack.envoy_admin_url()
-        ))
+/// Envoy's `/stats` lines of the filter's metrics (`wasmcustom.…`) at this admin URL; empty when
+/// Envoy does not answer.
+pub async fn wasm_stats(admin_url: &str) -> String {
+    match client()
+        .get(format!("{admin_url}/stats?filter=wasmcustom"))
         .send()
         .await
-        .expect("envoy admin answers")
-        .text()
-        .await
-        .unwrap_or_default();
+    {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// An unlabelled metric's value in `/stats` text (`wasmcustom.<name>: N`), 0 when not defined.
+pub fn stat_value(stats: &str, name: &str) -> u64 {
     let wanted = format!("wasmcustom.{name}: ");
-    text.lines()
+    stats
+        .lines()
         .find_map(|l| l.strip_prefix(&wanted))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// A wasm custom metric's value in Envoy right now (the filter's last tick), 0 when not defined.
+pub async fn metric_now(stack: &Stack, name: &str) -> u64 {
+    stat_value(&wasm_stats(&stack.envoy_admin_url()).await, name)
 }
 
 /// A labelled family of the filter (`maas_requests_total`, …) summed over the series whose
 /// labels include `with`, as Envoy holds it right now. `/stats` prints a series with its labels
 /// in the name (`wasmcustom.decision=.=allowed;.;model=.=m;.;maas_requests_total: 3`).
 pub async fn labelled_now(stack: &Stack, family: &str, with: &[(&str, &str)]) -> u64 {
-    let text = client()
-        .get(format!(
-            "{}/stats?filter=wasmcustom",
-            stack.envoy_admin_url()
-        ))
-        .send()
-        .await
-        .expect("envoy admin answers")
-        .text()
-        .await
-        .unwrap_or_default();
-    labelled_sum(&text, family, with)
+    labelled_sum(&wasm_stats(&stack.envoy_admin_url()).await, family, with)
 }
 
 /// [`labelled_now`] once what happened before the call has been handed to Envoy (see [`metric`]).
