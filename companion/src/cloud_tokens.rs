@@ -38,6 +38,8 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub enum CloudSecret {
     Gcp(GcpServiceAccountKey),
+    /// Workload identity federation ([`crate::gcp_federation`]): no key, the pod's token.
+    GcpFederated(Box<crate::gcp_federation::ExternalAccount>),
     Azure(AzureClientCredentials),
 }
 
@@ -96,6 +98,10 @@ impl CloudSecret {
                     h.update([0]);
                 }
             }
+            CloudSecret::GcpFederated(account) => {
+                h.update(b"gcp-federated\0");
+                h.update(account.digest());
+            }
             CloudSecret::Azure(a) => {
                 for part in [
                     "azure",
@@ -152,6 +158,7 @@ struct Slot {
 pub struct CloudTokens {
     http: reqwest::Client,
     azure_authority: String,
+    gcp_federation: crate::gcp_federation::GcpFederation,
     slots: std::sync::Mutex<HashMap<String, std::sync::Arc<Slot>>>,
 }
 
@@ -161,6 +168,11 @@ pub struct CloudTokens {
 pub fn refresh_at(obtained: SystemTime, lifetime: Duration) -> SystemTime {
     let margin = (lifetime / 5).max(Duration::from_secs(300).min(lifetime / 2));
     obtained + lifetime.saturating_sub(margin)
+}
+
+/// A token goes into a header: visible ASCII only, not empty.
+pub(crate) fn header_safe(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| b > b' ' && b < 0x7f)
 }
 
 fn check_url(what: &str, url: &str) -> Result<(), TokenError> {
@@ -214,8 +226,20 @@ impl CloudTokens {
         Ok(CloudTokens {
             http,
             azure_authority: azure_authority.trim_end_matches('/').to_string(),
+            gcp_federation: crate::gcp_federation::GcpFederation::default(),
             slots: std::sync::Mutex::default(),
         })
+    }
+
+    /// Where workload identity federation may send and read tokens (`--gcp-*`).
+    pub fn with_gcp_federation(
+        mut self,
+        federation: crate::gcp_federation::GcpFederation,
+    ) -> Result<Self, TokenError> {
+        check_url("--gcp-sts-url", &federation.sts_url)?;
+        check_url("--gcp-iam-credentials-url", &federation.iam_credentials_url)?;
+        self.gcp_federation = federation;
+        Ok(self)
     }
 
     /// The current token for `reference`: the cached one until its refresh time, else a new
@@ -288,6 +312,10 @@ impl CloudTokens {
 
     async fn exchange(&self, secret: &CloudSecret) -> Result<(String, Duration), TokenError> {
         let (endpoint, form): (String, Vec<(&str, String)>) = match secret {
+            CloudSecret::GcpFederated(account) => {
+                return crate::gcp_federation::exchange(&self.http, account, &self.gcp_federation)
+                    .await;
+            }
             CloudSecret::Gcp(key) => (
                 key.token_uri.clone(),
                 vec![
@@ -342,10 +370,7 @@ impl CloudTokens {
         }
         let parsed: TokenResponse =
             serde_json::from_slice(&body).map_err(|e| failed(format!("unexpected answer: {e}")))?;
-        // The token goes into a header: visible ASCII only.
-        if parsed.access_token.is_empty()
-            || !parsed.access_token.bytes().all(|b| b > b' ' && b < 0x7f)
-        {
+        if !header_safe(&parsed.access_token) {
             return Err(failed("the access token is not a header value".into()));
         }
         if parsed.expires_in == 0 {

@@ -4,7 +4,8 @@
 //! Sources: a YAML file `credentials: {ref: key}` (local stack, re-read at each request so edits
 //! apply at once; an entry may also be a map of the Secret data keys below), or Kubernetes
 //! Secrets named by the policy's `credentialRef` (cluster), data key `api-key` for a static key,
-//! `service-account.json` (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
+//! `service-account.json` or `credential-config.json` (workload identity federation, see
+//! [`crate::gcp_federation`]) (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
 //! `client-secret` (`auth: azureClientCredentials`) for cloud credentials, which the companion
 //! exchanges for short-lived access tokens ([`crate::cloud_tokens`]) and serves in their place
 //! (Secrets cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
@@ -41,14 +42,17 @@ pub const SECRET_CACHE_TTL: Duration = Duration::from_millis(500);
 pub const SECRET_KEY: &str = "api-key";
 /// `auth: gcpServiceAccount`: the Google service-account key file.
 pub const GCP_KEY: &str = "service-account.json";
+/// `auth: gcpServiceAccount` without a key: Google's `external_account` configuration.
+pub const GCP_FEDERATION: &str = "credential-config.json";
 /// `auth: azureClientCredentials`: the Entra application's tenant, client id and secret.
 pub const AZURE_TENANT: &str = "tenant-id";
 pub const AZURE_CLIENT_ID: &str = "client-id";
 pub const AZURE_CLIENT_SECRET: &str = "client-secret";
 /// Every Secret data key read (others are never loaded).
-const DATA_KEYS: [&str; 5] = [
+const DATA_KEYS: [&str; 6] = [
     SECRET_KEY,
     GCP_KEY,
+    GCP_FEDERATION,
     AZURE_TENANT,
     AZURE_CLIENT_ID,
     AZURE_CLIENT_SECRET,
@@ -237,9 +241,20 @@ fn cloud_secret(
     };
     Ok(match auth {
         ProviderAuth::ApiKey => None,
-        ProviderAuth::GcpServiceAccount => Some(CloudSecret::Gcp(GcpServiceAccountKey::parse(
-            field(GCP_KEY)?,
-        )?)),
+        // A key when the Secret has one, else a federation configuration.
+        ProviderAuth::GcpServiceAccount => Some(match field(GCP_KEY) {
+            Ok(key) => CloudSecret::Gcp(GcpServiceAccountKey::parse(key)?),
+            Err(_) => match field(GCP_FEDERATION) {
+                Ok(config) => CloudSecret::GcpFederated(Box::new(
+                    crate::gcp_federation::ExternalAccount::parse(config)?,
+                )),
+                Err(_) => {
+                    return Err(TokenError::Invalid(format!(
+                        "no `{GCP_KEY}` or `{GCP_FEDERATION}` entry"
+                    )));
+                }
+            },
+        }),
         ProviderAuth::AzureClientCredentials => Some(CloudSecret::Azure(AzureClientCredentials {
             tenant_id: field(AZURE_TENANT)?.to_string(),
             client_id: field(AZURE_CLIENT_ID)?.to_string(),
@@ -302,7 +317,7 @@ async fn read_secrets(
                     }
                 }
                 if data.is_empty() {
-                    tracing::warn!(secret = %name, %namespace, "Secret has none of the entries api-key, service-account.json, tenant-id/client-id/client-secret");
+                    tracing::warn!(secret = %name, %namespace, "Secret has none of the entries api-key, service-account.json, credential-config.json, tenant-id/client-id/client-secret");
                 } else {
                     credentials.insert(reference.clone(), data);
                 }

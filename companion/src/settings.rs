@@ -189,6 +189,29 @@ pub struct Cli {
         default_value = "https://login.microsoftonline.com"
     )]
     pub azure_authority_url: String,
+    /// Workload identity federation (`credential-config.json`): the only Google STS token
+    /// endpoint the pod's token is sent to.
+    #[arg(
+        long,
+        env = "MAAS_GCP_STS_URL",
+        default_value = "https://sts.googleapis.com/v1/token"
+    )]
+    pub gcp_sts_url: String,
+    /// The IAM Credentials API a federation configuration may impersonate through.
+    #[arg(
+        long,
+        env = "MAAS_GCP_IAM_CREDENTIALS_URL",
+        default_value = "https://iamcredentials.googleapis.com"
+    )]
+    pub gcp_iam_credentials_url: String,
+    /// The only directory a federation configuration's token file may be read from (the
+    /// projected service-account token's volume).
+    #[arg(
+        long,
+        env = "MAAS_GCP_SUBJECT_TOKEN_DIR",
+        default_value = "/var/run/secrets/tokens"
+    )]
+    pub gcp_subject_token_dir: PathBuf,
     #[arg(
         long,
         env = "MAAS_ADMIN_GROUPS",
@@ -349,6 +372,8 @@ pub struct Settings {
     pub credentials: CredentialsSettings,
     /// `--azure-authority-url`, an http(s) URL.
     pub azure_authority_url: String,
+    /// `--gcp-sts-url`, `--gcp-iam-credentials-url`, `--gcp-subject-token-dir`.
+    pub gcp_federation: crate::gcp_federation::GcpFederation,
     pub keys: KeySettings,
     pub leases: LeaseSettings,
     pub usage: UsageSettings,
@@ -1172,11 +1197,20 @@ impl Cli {
         )
     }
 
+    fn gcp_federation(&mut self) -> crate::gcp_federation::GcpFederation {
+        crate::gcp_federation::GcpFederation {
+            sts_url: std::mem::take(&mut self.gcp_sts_url),
+            iam_credentials_url: std::mem::take(&mut self.gcp_iam_credentials_url),
+            subject_token_dir: std::mem::take(&mut self.gcp_subject_token_dir),
+        }
+    }
+
     /// Checks what clap cannot (required-when rules, ranges, files) and builds the settings.
     /// The message names the flag and never holds the database password.
     pub fn into_settings(mut self) -> Result<Settings, String> {
         let traces = self.trace_settings()?;
         let quota_webhook = self.quota_webhook()?;
+        let gcp_federation = self.gcp_federation();
         let database = database_settings(
             database_url(self.database_url, self.db_connection_url)?,
             self.db_max_connections,
@@ -1254,6 +1288,7 @@ impl Cli {
             },
             credentials,
             azure_authority_url: self.azure_authority_url,
+            gcp_federation,
             keys,
             leases: LeaseSettings {
                 redis: self

@@ -253,10 +253,13 @@ fn identity_service(
 fn credentials_source(
     settings: &CredentialsSettings,
     azure_authority_url: &str,
+    gcp_federation: &crate::gcp_federation::GcpFederation,
     kube_client: Option<&kube::Client>,
 ) -> anyhow::Result<CredentialsSource> {
     let tokens = crate::cloud_tokens::CloudTokens::new(azure_authority_url)
-        .map_err(|e| anyhow::anyhow!("--azure-authority-url: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--azure-authority-url: {e}"))?
+        .with_gcp_federation(gcp_federation.clone())
+        .map_err(anyhow::Error::msg)?;
     let credentials = match settings {
         CredentialsSettings::File(path) => CredentialsSource::file(path.clone(), tokens),
         CredentialsSettings::Kubernetes { namespace } => {
@@ -422,6 +425,7 @@ impl Application {
         let credentials = credentials_source(
             &settings.credentials,
             &settings.azure_authority_url,
+            &settings.gcp_federation,
             kube_client.as_ref(),
         )?;
         // Its certificate files are read before anything listens: a bad one stops the start.

@@ -14,6 +14,11 @@
 //!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
 //!   and `exp` (at most an hour, not expired) checked; issues tokens valid for
 //!   [`CloudSimConfig::token_lifetime`] seconds.
+//! - Workload identity federation: Google's STS `POST /gcp/sts` (RFC 8693 token exchange of
+//!   a Kubernetes token it accepts — [`CloudSimHandle::allow_subject_token`] — for the pool's
+//!   [`WIF_AUDIENCE`], cloud-platform scope) and the IAM Credentials API `POST
+//!   /gcp/iam/v1/projects/-/serviceAccounts/<WIF_SERVICE_ACCOUNT>:generateAccessToken`
+//!   (bearer: a valid STS token; lifetime ≤ 3600 s), whose access tokens Vertex accepts.
 //! - Microsoft Entra `POST /<tenant>/oauth2/v2.0/token`: the client credentials grant for the
 //!   Cognitive Services scope, with the configured tenant, client id and secret.
 //!
@@ -35,6 +40,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const AZURE_API_VERSIONS: &[&str] = &["2024-06-01", "2024-10-21", "2025-01-01-preview"];
 pub const GCP_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 pub const AZURE_SCOPE: &str = "https://cognitiveservices.azure.com/.default";
+/// The workload identity pool provider the STS simulator exchanges tokens for.
+pub const WIF_AUDIENCE: &str =
+    "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/ocp/providers/ocp";
+/// The service account the federated token may impersonate.
+pub const WIF_SERVICE_ACCOUNT: &str = "vertex-caller@proj-1.iam.gserviceaccount.com";
 
 #[derive(Debug, Clone)]
 pub struct CloudSimConfig {
@@ -79,6 +89,8 @@ struct Sim {
     url: String,
     public_key: jwt_simple::prelude::RS256PublicKey,
     recorded: Mutex<Recorded>,
+    /// The Kubernetes tokens the STS accepts now, and those it was sent (in order).
+    subject_tokens: Mutex<(Vec<String>, Vec<String>)>,
 }
 
 #[derive(Clone)]
@@ -99,6 +111,51 @@ impl CloudSimHandle {
     }
     pub fn tokens_issued(&self) -> u32 {
         self.sim.recorded.lock().unwrap().issued
+    }
+    /// A projected service-account token the STS accepts from now on (kubelet issued it).
+    pub fn allow_subject_token(&self, token: &str) {
+        self.sim
+            .subject_tokens
+            .lock()
+            .unwrap()
+            .0
+            .push(token.to_string());
+    }
+    /// A token the STS refuses from now on (it expired).
+    pub fn revoke_subject_token(&self, token: &str) {
+        self.sim
+            .subject_tokens
+            .lock()
+            .unwrap()
+            .0
+            .retain(|t| t != token);
+    }
+    /// The subject tokens the STS was sent, in order.
+    pub fn subject_tokens_seen(&self) -> Vec<String> {
+        self.sim.subject_tokens.lock().unwrap().1.clone()
+    }
+    pub fn gcp_sts_url(&self) -> String {
+        format!("{}/gcp/sts", self.sim.url)
+    }
+    pub fn gcp_iam_credentials_url(&self) -> String {
+        format!("{}/gcp/iam", self.sim.url)
+    }
+    /// Google's `external_account` configuration (`credential-config.json`) for this
+    /// simulator, reading the subject token from `token_file`.
+    pub fn gcp_federation_config(&self, token_file: &str) -> String {
+        json!({
+            "universe_domain": "googleapis.com",
+            "type": "external_account",
+            "audience": WIF_AUDIENCE,
+            "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+            "token_url": self.gcp_sts_url(),
+            "service_account_impersonation_url": format!(
+                "{}/v1/projects/-/serviceAccounts/{WIF_SERVICE_ACCOUNT}:generateAccessToken",
+                self.gcp_iam_credentials_url()
+            ),
+            "credential_source": {"file": token_file, "format": {"type": "text"}},
+        })
+        .to_string()
     }
     pub fn refused_grants(&self) -> Vec<String> {
         self.sim.recorded.lock().unwrap().refused_grants.clone()
@@ -137,9 +194,15 @@ pub async fn spawn(config: CloudSimConfig) -> anyhow::Result<CloudSimHandle> {
         url: format!("http://{addr}"),
         public_key,
         recorded: Mutex::default(),
+        subject_tokens: Mutex::default(),
     });
     let app = Router::new()
         .route("/gcp/token", axum::routing::post(gcp_token))
+        .route("/gcp/sts", axum::routing::post(gcp_sts))
+        .route(
+            "/gcp/iam/v1/projects/-/serviceAccounts/{account}",
+            axum::routing::post(gcp_generate_access_token),
+        )
         .route(
             "/{tenant}/oauth2/v2.0/token",
             axum::routing::post(entra_token),
@@ -169,16 +232,22 @@ impl Sim {
     }
 
     fn issue(&self, kind: &'static str) -> Response {
+        let lifetime = self.config.token_lifetime;
+        let token = self.new_token(kind, lifetime);
+        axum::Json(json!({"access_token": token, "token_type": "Bearer", "expires_in": lifetime}))
+            .into_response()
+    }
+
+    /// A new token of `kind`, valid for `lifetime` seconds.
+    fn new_token(&self, kind: &'static str, lifetime: u64) -> String {
         let mut r = self.recorded.lock().unwrap();
         r.issued += 1;
         let token = format!("{kind}-sim-token-{}", r.issued);
-        let lifetime = self.config.token_lifetime;
         r.tokens.insert(
             token.clone(),
             (kind, now_ms() + u128::from(lifetime) * 1000),
         );
-        axum::Json(json!({"access_token": token, "token_type": "Bearer", "expires_in": lifetime}))
-            .into_response()
+        token
     }
 
     fn valid_token(&self, token: &str, kind: &str) -> bool {
@@ -226,6 +295,89 @@ async fn gcp_token(
         _ => return sim.refuse_grant("iat and exp required, at most an hour apart"),
     }
     sim.issue("gcp")
+}
+
+/// Google's STS: RFC 8693 token exchange of the current Kubernetes token for a federated
+/// token, as `sts.googleapis.com/v1/token` checks it.
+async fn gcp_sts(
+    State(sim): State<Arc<Sim>>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let get = |k: &str| form.get(k).map(String::as_str);
+    if get("grant_type") != Some("urn:ietf:params:oauth:grant-type:token-exchange") {
+        return sim.refuse_grant("grant_type must be the token exchange grant");
+    }
+    if get("audience") != Some(WIF_AUDIENCE) {
+        return sim.refuse_grant("audience is not the workload identity pool provider");
+    }
+    if get("requested_token_type") != Some("urn:ietf:params:oauth:token-type:access_token")
+        || get("subject_token_type") != Some("urn:ietf:params:oauth:token-type:jwt")
+        || !get("scope").is_some_and(|s| s.split(' ').any(|s| s == GCP_SCOPE))
+    {
+        return sim.refuse_grant("token types or scope not as Google requires");
+    }
+    let accepted = {
+        let mut tokens = sim.subject_tokens.lock().unwrap();
+        let sent = get("subject_token").unwrap_or_default().to_string();
+        let accepted = tokens.0.contains(&sent);
+        tokens.1.push(sent);
+        accepted
+    };
+    if !accepted {
+        return sim.refuse_grant("the subject token is not a valid Kubernetes token");
+    }
+    sim.issue("sts")
+}
+
+/// The IAM Credentials API's `generateAccessToken` for the one service account the federated
+/// principal may impersonate.
+async fn gcp_generate_access_token(
+    State(sim): State<Arc<Sim>>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let google_error = |status: StatusCode, why: &str| {
+        sim.recorded
+            .lock()
+            .unwrap()
+            .refused_grants
+            .push(why.to_string());
+        (
+            status,
+            axum::Json(json!({"error": {"code": status.as_u16(), "message": why}})),
+        )
+            .into_response()
+    };
+    if account != format!("{WIF_SERVICE_ACCOUNT}:generateAccessToken") {
+        return google_error(StatusCode::NOT_FOUND, "no such service account or method");
+    }
+    if !bearer(&headers).is_some_and(|t| sim.valid_token(t, "sts")) {
+        return google_error(StatusCode::UNAUTHORIZED, "no valid federated token");
+    }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let scoped = body["scope"]
+        .as_array()
+        .is_some_and(|s| s.iter().any(|s| s == GCP_SCOPE));
+    let lifetime = body["lifetime"]
+        .as_str()
+        .and_then(|l| l.strip_suffix('s'))
+        .and_then(|l| l.parse::<u64>().ok());
+    let Some(lifetime) = lifetime.filter(|l| scoped && (1..=3600).contains(l)) else {
+        return google_error(
+            StatusCode::BAD_REQUEST,
+            "scope must include cloud-platform, lifetime at most 3600s",
+        );
+    };
+    let lifetime = lifetime.min(sim.config.token_lifetime);
+    let token = sim.new_token("gcp", lifetime);
+    let expire =
+        chrono::Utc::now() + chrono::Duration::seconds(i64::try_from(lifetime).unwrap_or(3600));
+    axum::Json(json!({
+        "accessToken": token,
+        "expireTime": expire.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    }))
+    .into_response()
 }
 
 async fn entra_token(

@@ -360,3 +360,155 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
     assert_eq!(seen.len() - base, 6);
     assert!(seen[base..].iter().all(|r| r.status == 200));
 }
+
+/// The stack with two federated Vertex models: `vx-wif` reading `token_file`, `vx-escape`
+/// naming a file outside the token directory (the directory `token_file` is in).
+async fn start_federated(lifetime: u64, token_file: &std::path::Path) -> (CloudSimHandle, Stack) {
+    let sim = cloud_sim::spawn(sim_config(lifetime))
+        .await
+        .expect("cloud simulator starts");
+    sim.allow_subject_token("k8s-sa-token-1");
+    let mut policy: Value = serde_json::from_str(&policy(&sim)).expect("policy");
+    for name in ["vx-wif", "vx-escape"] {
+        policy["models"]
+            .as_array_mut()
+            .expect("models")
+            .push(json!({
+            "name": name, "path": format!("/ext/{name}"), "tiers": ["free"],
+            "backend": sim.url(), "upstreamCluster": format!("ext-{name}"),
+            "provider": {"type": "vertex", "credentialRef": name, "auth": "gcpServiceAccount",
+                         "project": "proj-1", "location": "us-central1"}}));
+    }
+    let mut credentials: Value = serde_json::from_str(&credentials(&sim)).expect("credentials");
+    credentials["credentials"]["vx-wif"] = json!({
+        "credential-config.json": sim.gcp_federation_config(token_file.to_str().expect("utf-8"))});
+    credentials["credentials"]["vx-escape"] =
+        json!({"credential-config.json": sim.gcp_federation_config("/etc/hostname")});
+    let mut options = StackOptions::default()
+        .with_policy_yaml(&policy.to_string())
+        .with_identities_yaml(IDENTITIES)
+        .with_credentials_yaml(&credentials.to_string());
+    options.poll_interval_ms = 500;
+    let dir = token_file
+        .parent()
+        .and_then(std::path::Path::to_str)
+        .expect("utf-8 dir")
+        .to_string();
+    options.companion_env.extend([
+        ("MAAS_GCP_STS_URL".into(), sim.gcp_sts_url()),
+        (
+            "MAAS_GCP_IAM_CREDENTIALS_URL".into(),
+            sim.gcp_iam_credentials_url(),
+        ),
+        ("MAAS_GCP_SUBJECT_TOKEN_DIR".into(), dir),
+    ]);
+    let stack = tokio::task::spawn_blocking(move || Stack::start(options))
+        .await
+        .expect("stack start task")
+        .expect("stack starts");
+
+    (sim, stack)
+}
+
+/// Workload identity federation (a Secret's `credential-config.json`, no key anywhere): the
+/// companion exchanges its projected Kubernetes token at Google's STS, impersonates the
+/// service account at the IAM Credentials API, and hands the filter only the access token.
+/// Tokens living 3 s rotate under traffic; kubelet rotating the pod's token midway (the STS
+/// refusing the old one from then on) fails no request. A configuration naming a token file
+/// outside `--gcp-subject-token-dir` sends nothing anywhere: its model is 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vertex_tokens_from_workload_identity_federation_follow_the_pod_token() {
+    const LIFETIME: u64 = 3;
+    let tokens_dir = tempfile::tempdir().expect("token dir");
+    let token_file = tokens_dir.path().join("token");
+    std::fs::write(&token_file, "k8s-sa-token-1\n").expect("token file");
+    let (sim, stack) = start_federated(LIFETIME, &token_file).await;
+    until_served(&stack, "/ext/vx-wif/v1/chat/completions", "vx-wif").await;
+    let doc = credentials_document(&stack).await;
+    let parsed: Value = serde_json::from_str(&doc).expect("JSON");
+    assert!(
+        parsed["credentials"]["vx-wif"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("gcp-sim-token-")),
+        "{doc}"
+    );
+    for never in ["k8s-sa-token", "sts-sim-token", "external_account"] {
+        assert!(!doc.contains(never), "the filter got {never}: {doc}");
+    }
+    assert!(parsed["credentials"].get("vx-escape").is_none(), "{doc}");
+    let (status, body) = post(
+        &stack,
+        "/ext/vx-escape/v1/chat/completions",
+        chat("vx-escape"),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["error"]["code"], "provider_credential_missing",
+        "{body}"
+    );
+
+    let base = sim.requests().len();
+    let started = Instant::now();
+    let mut sent = 0;
+    let mut rotated = None;
+    while started.elapsed() < Duration::from_secs(LIFETIME * 3 + 1) {
+        if rotated.is_none() && started.elapsed() > Duration::from_secs(LIFETIME) {
+            // kubelet writes a new token; the old one expires half a second later (after any
+            // exchange that read it just before has long been answered).
+            sim.allow_subject_token("k8s-sa-token-2");
+            std::fs::write(&token_file, "k8s-sa-token-2\n").expect("token file");
+            rotated = Some((Instant::now(), sim.subject_tokens_seen().len()));
+        }
+        if let Some((at, _)) = rotated
+            && at.elapsed() > Duration::from_millis(500)
+        {
+            sim.revoke_subject_token("k8s-sa-token-1");
+        }
+        let path = if sent % 2 == 0 {
+            "/ext/vx-wif/v1/chat/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let (status, body) = post(&stack, path, chat("vx-wif")).await;
+        assert_eq!(
+            status,
+            200,
+            "request {sent} at {:?}: {body}",
+            started.elapsed()
+        );
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = sim.requests();
+    let seen = &seen[base..];
+    assert_eq!(seen.len(), sent);
+    let tokens: BTreeSet<&str> = seen.iter().filter_map(|r| r.bearer.as_deref()).collect();
+    assert!(
+        tokens.len() >= 3,
+        "{sent} requests saw {} tokens",
+        tokens.len()
+    );
+    assert!(
+        tokens.iter().all(|t| t.starts_with("gcp-sim-token-")),
+        "{tokens:?}"
+    );
+    assert!(
+        sim.refused_grants().is_empty(),
+        "{:?}",
+        sim.refused_grants()
+    );
+    // The file is read again at each exchange: the new pod token was used after the rotation.
+    let (_, before) = rotated.expect("rotated during the traffic");
+    let after = sim.subject_tokens_seen().split_off(before);
+    assert!(
+        !after.is_empty() && after.iter().all(|t| t == "k8s-sa-token-2"),
+        "{after:?}"
+    );
+    eprintln!(
+        "vertex (federation): {sent} requests over {:?}, {} distinct tokens, {} issued",
+        started.elapsed(),
+        tokens.len(),
+        sim.tokens_issued()
+    );
+}
