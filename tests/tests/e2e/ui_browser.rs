@@ -393,6 +393,56 @@ async fn assert_desktop_layout(b: &WebDriver, page: &str) {
 }
 
 /// The first row of the key table for `name`.
+/// On the admin page: everyone's spend by organisation from the real ledger (Alice's calls ran
+/// on a tier: no organisation, no cost), then the documented shape with money (the page's fetch
+/// answers it): largest spender first, the total added exactly.
+async fn carol_sees_spend_by_organisation(b: &WebDriver, shots: &Shots) {
+    wait_for(b, "#spend-load").await.click().await.unwrap();
+    let table = wait_for(b, "#spend-table").await.text().await.unwrap();
+    assert!(table.contains("(none)"), "{table}");
+    b.execute(
+        r#"
+        const real = window.fetch;
+        window.fetch = (url, init) => String(url).includes('groupBy=organization')
+            ? Promise.resolve(new Response(JSON.stringify({data: [
+                {organization: 'org-small', requests: 3, promptTokens: 30, completionTokens: 20, cost: '0.0042'},
+                {organization: 'org-big', requests: 9, promptTokens: 900, completionTokens: 600, cost: '0.006'}]}),
+                {status: 200, headers: {'content-type': 'application/json'}}))
+            : real(url, init);
+        "#,
+        vec![],
+    )
+    .await
+    .unwrap();
+    b.find(By::Id("spend-load"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let card = wait_for(b, "#spend-table").await.text().await.unwrap();
+        if card.contains("org-big") {
+            let big = card.find("org-big").unwrap();
+            let small = card.find("org-small").unwrap();
+            assert!(big < small, "largest spender first: {card}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{card}");
+        tokio::time::sleep(POLL).await;
+    }
+    let main = b.find(By::Tag("main")).await.unwrap().text().await.unwrap();
+    assert!(main.contains("Spend by organisation: 0.0102"), "{main}");
+    let bars = b
+        .find_all(By::Css("#spend-by-group-chart .bar"))
+        .await
+        .unwrap();
+    assert_eq!(bars.len(), 2);
+    shots.take(b, "09b-admin-spend-by-organisation").await;
+    assert_desktop_layout(b, "09b-admin-spend-by-organisation").await;
+}
+
 fn row(name: &str) -> String {
     format!("tr[data-key-name='{name}']")
 }
@@ -713,7 +763,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
                  cost: '0.004'},
                 {day: '2026-12-01', model: 'sim-model', promptTokens: 300, completionTokens: 200, requests: 3},
                 {day: '2026-12-01', model: 'sim-premium', promptTokens: 40, completionTokens: 60, requests: 1,
-                 refused: {}, cachedInputTokens: 0}]});
+                 refused: {}, cachedInputTokens: 0, cost: '0.0002'}]});
             if (u.endsWith('/v1/quota')) return answer({data: [
                 {kind: 'tokens', window: '1m', limit: 2000, used: 1700, remaining: 300, resetsAt: '2026-12-01T05:01:00Z',
                  percentUsed: 85, warning: 80, burnRatePerHour: 102000, projectedExhaustionAt: '2026-12-01T05:00:50Z'},
@@ -742,10 +792,31 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     // Requests, prompt, completion, total, refused (all reasons), cached input tokens, cost.
     for want in [
         "2026-11-30 sim-model 9 1,200 800 2,000 3 500 0.004",
-        "2026-12-01 sim-premium 1 40 60 100 0 0 0",
+        "2026-12-01 sim-premium 1 40 60 100 0 0 0.0002",
     ] {
         assert!(table.contains(want), "{want:?} not in {table}");
     }
+    // Tokens and spend per day, split by model (a legend names the two): exact decimal totals.
+    let spend = wait_for(&b, "#spend-chart").await.text().await.unwrap();
+    assert!(
+        spend.contains("sim-model") && spend.contains("sim-premium"),
+        "{spend}"
+    );
+    let mut per_day = Vec::new();
+    for value in b
+        .find_all(By::Css("#spend-chart .bar-value"))
+        .await
+        .unwrap()
+    {
+        per_day.push(value.text().await.unwrap());
+    }
+    assert_eq!(per_day, ["0.004", "0.0002"], "{spend}");
+    let segments = b.find_all(By::Css("#usage-chart .bar .seg")).await.unwrap();
+    assert_eq!(
+        segments.len(),
+        3,
+        "one segment per day and model with tokens"
+    );
     let reasons = wait_for(&b, "#usage-table td.refused")
         .await
         .attr("title")
@@ -871,6 +942,7 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
         tokio::time::sleep(POLL).await;
     }
     shots.take(&b, "09-admin-bulk-revoked").await;
+    carol_sees_spend_by_organisation(&b, &shots).await;
     let left: Value = client
         .post(format!("{gw}/maas-api/v1/api-keys/search"))
         .bearer_auth("alice-token")

@@ -3,8 +3,10 @@ import { ApiError, call, type ApiKey } from "../api";
 import type { Ctx } from "../App";
 import { ErrorBox, asApiError } from "../widgets";
 import { KeyTable } from "./Keys";
+import { SpendByGroup } from "./Spend";
 
-/** Admins: anyone's keys (search by username; empty = everyone), and revoking all of a user's. */
+/** Admins: anyone's keys (search by username; empty = everyone), revoking all of a user's, and
+ *  everyone's spend by organisation, cost centre or subscription. */
 export function AdminPage({ ctx }: { ctx: Ctx }) {
   const [username, setUsername] = useState("");
   const [searched, setSearched] = useState<string | null>(null);
@@ -92,6 +94,7 @@ export function AdminPage({ ctx }: { ctx: Ctx }) {
             ))}
         </section>
       )}
+      <SpendByGroup ctx={ctx} />
     </>
   );
 }

@@ -2,6 +2,7 @@ import { useCallback, useEffect, useState } from "react";
 import { ApiError, call, type UsageRow } from "../api";
 import type { Ctx } from "../App";
 import { ErrorBox, NotYet, asApiError } from "../widgets";
+import { StackedBars, addDecimal } from "../charts";
 
 function isoDay(d: Date): string {
   return d.toISOString().slice(0, 10);
@@ -19,7 +20,7 @@ function refusedReasons(r: UsageRow): string {
     .join(", ");
 }
 
-/** Tokens per day by model, from `GET /v1/usage?from=&to=&groupBy=day`. */
+/** Tokens and spend per day by model, from `GET /v1/usage?from=&to=&groupBy=day`. */
 export function UsagePage({ ctx }: { ctx: Ctx }) {
   const today = new Date();
   const [from, setFrom] = useState(isoDay(new Date(today.getTime() - 6 * 86_400_000)));
@@ -46,8 +47,16 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
   const days = [...new Set((rows ?? []).map((r) => r.day))].sort();
   const models = [...new Set((rows ?? []).map((r) => r.model))].sort();
   const total = (r: UsageRow) => r.promptTokens + r.completionTokens;
-  const perDay = days.map((d) => (rows ?? []).filter((r) => r.day === d).reduce((s, r) => s + total(r), 0));
-  const max = Math.max(1, ...perDay);
+  const cell = (d: string, m: string) => (rows ?? []).filter((r) => r.day === d && r.model === m);
+  const tokenRows = days.map((d) => ({
+    label: d,
+    parts: models.map((m) => String(cell(d, m).reduce((s, r) => s + total(r), 0))),
+  }));
+  const spendRows = days.map((d) => ({
+    label: d,
+    parts: models.map((m) => cell(d, m).reduce((s, r) => addDecimal(s, r.cost ?? "0"), "0")),
+  }));
+  const spent = spendRows.some((r) => r.parts.some((p) => p !== "0"));
   return (
     <>
       <h2>My usage</h2>
@@ -68,15 +77,13 @@ export function UsagePage({ ctx }: { ctx: Ctx }) {
       {rows && rows.length > 0 && (
         <section className="card">
           <h3>Tokens per day</h3>
-          <div className="bars" id="usage-chart">
-            {days.map((d, i) => (
-              <div className="bar-row" key={d}>
-                <span className="bar-label">{d}</span>
-                <span className="bar" style={{ width: `${(100 * (perDay[i] ?? 0)) / max}%` }} />
-                <span className="bar-value">{(perDay[i] ?? 0).toLocaleString()}</span>
-              </div>
-            ))}
-          </div>
+          <StackedBars id="usage-chart" series={models} rows={tokenRows} format={(t) => Number(t).toLocaleString()} />
+          {spent && (
+            <>
+              <h3>Spend per day</h3>
+              <StackedBars id="spend-chart" series={models} rows={spendRows} format={(t) => t} />
+            </>
+          )}
           <div className="table-scroll">
             <table id="usage-table">
               <thead>
