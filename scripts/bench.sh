@@ -4,7 +4,11 @@
 #   ./scripts/bench.sh                 full run (3 rounds × 10 s per variant and concurrency, the
 #                                      host-call prices ~3 min and wasm-floor ~1 min of it), ~18 min
 #   ./scripts/bench.sh --quick         quick check (2 s runs, small key counts), ~3 min
-#   ./scripts/bench.sh --litellm       also LiteLLM proxy (installed from PyPI into .local/bench-venv)
+#   ./scripts/bench.sh --peers         also the peers doing the same job, as ratios to bare Envoy in
+#                                      the same rounds: LiteLLM proxy (installed from PyPI into
+#                                      .local/bench-venv); Kuadrant's wasm-shim + Limitador are not
+#                                      published where this machine downloads from (the report says so)
+#   ./scripts/bench.sh --litellm       the same as --peers
 #   ./scripts/bench.sh --only envoy,filter-cached   a subset of the variants
 #   ./scripts/bench.sh --no-profile    skip the perf profile of Envoy
 #   ./scripts/bench.sh --only hostcalls   price every kind of host call (µs per call) and bill the
@@ -45,7 +49,7 @@ cd "$ROOT"
 want_litellm=""
 for a in "$@"; do
   case "$a" in
-    --litellm) want_litellm=1 ;;
+    --litellm | --peers) want_litellm=1 ;;
     -h | --help)
       awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
       exit 0

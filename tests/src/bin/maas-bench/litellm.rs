@@ -19,7 +19,7 @@ pub(crate) fn start_litellm(
     let bin = root.join(".local/bench-venv/bin/litellm");
     if !bin.is_file() {
         bail!(
-            "{} missing: ./scripts/bench.sh --litellm installs it",
+            "{} missing: ./scripts/bench.sh --peers installs it",
             bin.display()
         );
     }

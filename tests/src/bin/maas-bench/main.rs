@@ -78,8 +78,9 @@ struct Args {
     /// Quick check: 2 s runs, 3 rounds, small key counts (overrides the above).
     #[arg(long, env = "BENCH_QUICK")]
     quick: bool,
-    /// Also benchmark LiteLLM proxy (installed from PyPI into .local/bench-venv).
-    #[arg(long, env = "BENCH_LITELLM")]
+    /// Also benchmark the peers: LiteLLM proxy (installed from PyPI into .local/bench-venv);
+    /// Kuadrant's cannot be built here (the report says why).
+    #[arg(long, visible_alias = "peers", env = "BENCH_LITELLM")]
     litellm: bool,
     /// Only these variants (comma separated); default all.
     #[arg(long, env = "BENCH_ONLY", value_delimiter = ',')]

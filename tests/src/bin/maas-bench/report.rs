@@ -115,12 +115,60 @@ pub(crate) fn render_report(report: &Report<'_>, measured: &Measured) -> String 
     } else {
         targets.push(Target {
             what: "≥ 100× LiteLLM's req/s with enforcement on".into(),
-            measured: "not measured in this run (`./scripts/bench.sh --litellm`)".into(),
+            measured: "not measured in this run (`./scripts/bench.sh --peers`)".into(),
             met: None,
         });
     }
+    render_peers(&mut o, results);
     render_targets(&mut o, &targets);
     o
+}
+
+/// Why Kuadrant's peer is not in the run: its two parts are not published where this machine
+/// may download from (checked 2026-12-03 against the crates.io index: `wasm-shim` and
+/// `limitador-server` answer 404; only the `limitador` library, 0.14.0, is published).
+pub(crate) const KUADRANT_NOT_BUILT: &str = "not built: Kuadrant's wasm-shim (the Envoy filter) and limitador-server are published only as GitHub sources and container images, neither reachable from this machine or CI (crates.io, PyPI, npm and Debian only); crates.io has only the `limitador` library (0.14.0), not its server, and no wasm-shim";
+
+/// The peers doing the same job, as ratios to bare Envoy in this very run (`--peers`).
+fn render_peers(o: &mut String, results: &Results) {
+    let med = |name: &str, c: u32| med(results, name, c);
+    let _ = writeln!(
+        o,
+        "### Peers in the same run\n\n| peer | req/s vs envoy (c=32) | p50 vs envoy (c=1) | p99 vs envoy (c=32) |\n|---|---:|---:|---:|"
+    );
+    let ratio = |name: &str| -> Option<(String, String, String)> {
+        let (p, e) = (med(name, 32)?, med("envoy", 32)?);
+        let one = match (med(name, 1), med("envoy", 1)) {
+            (Some(p1), Some(e1)) if e1.1 > 0.0 => format!("{:.1}×", p1.1 / e1.1),
+            _ => "—".into(),
+        };
+        let p99 = if e.2 > 0.0 {
+            format!("{:.1}×", p.2 / e.2)
+        } else {
+            "—".into()
+        };
+        Some((format!("{:.3}× ({:.0} req/s)", p.0 / e.0, p.0), one, p99))
+    };
+    for (peer, name) in [
+        ("MaaS Gateway filter (filter-cached)", "filter-cached"),
+        ("LiteLLM proxy", "litellm"),
+    ] {
+        match ratio(name) {
+            Some((rps, p50, p99)) => {
+                let _ = writeln!(o, "| {peer} | {rps} | {p50} | {p99} |");
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "| {peer} | not in this run (`./scripts/bench.sh --peers`) | — | — |"
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        o,
+        "| Kuadrant wasm-shim + Limitador | {KUADRANT_NOT_BUILT} | — | — |\n"
+    );
 }
 
 /// The run: when, on what, how.
@@ -212,7 +260,7 @@ fn render_throughput(o: &mut String, args: &Args, variants: &[Variant], results:
     }
     let _ = writeln!(
         o,
-        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; wasm-floor = the same Envoy with `tests/bench/hostcall-filter` making exactly the host calls of a cached JSON request of the filter (kind `floor`: the request header map read, 3 header edits (`authorization` and `content-length` removed, `accept-encoding` set; the request sends no `x-maas-*` to remove), the body read once when it reaches its content-length, the counter slot read with the headers and CAS-written at admission (a busy subject's refund folds into its next admission), 3 clock reads, the response header map read, 6 `x-ratelimit-*` adds, the response body read) and nothing else; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-observed = filter-cached with every per-request observability switch on (policy `observability.usageEvents` and `traceAttributes`: one usage event and six span attributes per request) and Envoy's usage-event access log (a file) and OpenTelemetry tracer (every span exported to an OTLP/HTTP receiver) — its own companion serves that policy; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--litellm`).\n"
+        "\nvariants: direct = wrk → simulator; envoy = the same Envoy config without the wasm filter; wasm-noop = the same Envoy with a trivial Rust proxy-wasm filter (tests/bench/noop-filter: strips `Authorization`, nothing else) — the cost of having any wasm filter; wasm-floor = the same Envoy with `tests/bench/hostcall-filter` making exactly the host calls of a cached JSON request of the filter (kind `floor`: the request header map read, 3 header edits (`authorization` and `content-length` removed, `accept-encoding` set; the request sends no `x-maas-*` to remove), the body read once when it reaches its content-length, the counter slot read with the headers and CAS-written at admission (a busy subject's refund folds into its next admission), 3 clock reads, the response header map read, 6 `x-ratelimit-*` adds, the response body read) and nothing else; filter-cached = the filter, cached key, request + token limits on (never tripping), JSON usage counted; envoy-stream / filter-stream = the same with `stream: true`; filter-observed = filter-cached with every per-request observability switch on (policy `observability.usageEvents` and `traceAttributes`: one usage event and six span attributes per request) and Envoy's usage-event access log (a file) and OpenTelemetry tracer (every span exported to an OTLP/HTTP receiver) — its own companion serves that policy; filter-miss = a key never seen before on every request (companion callout + PostgreSQL); companion-auth = wrk straight at the companion's `POST /internal/v1/authenticate` (a valid key); litellm = LiteLLM proxy with a master key in front of the same simulator (only with `--peers`, alias `--litellm`).\n"
     );
 }
 
@@ -495,4 +543,54 @@ fn full_report(report: &Report<'_>, measured: &Measured, two_replica: Option<&st
         text.push_str(&render_profiles(&measured.profiles, args.seconds));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wrk::WrkResult;
+
+    fn run(rps: f64, p50_ms: f64, p99_ms: f64) -> Vec<WrkResult> {
+        vec![WrkResult {
+            requests: 1000,
+            rps,
+            p50_ms,
+            p99_ms,
+            p999_ms: p99_ms,
+            errors: 0,
+            cpu_us: 0.0,
+            redis_rt_per_s: None,
+            lease_batches_per_s: None,
+        }]
+    }
+
+    #[test]
+    fn peers_are_ratios_to_bare_envoy_of_the_same_run_or_say_why_not() {
+        let mut results = Results::new();
+        results.insert(("envoy".into(), 32), run(10_000.0, 1.0, 2.0));
+        results.insert(("envoy".into(), 1), run(3_000.0, 0.2, 0.4));
+        results.insert(("filter-cached".into(), 32), run(6_000.0, 2.0, 3.0));
+        let mut o = String::new();
+        render_peers(&mut o, &results);
+        assert!(
+            o.contains("| MaaS Gateway filter (filter-cached) | 0.600× (6000 req/s) | — | 1.5× |"),
+            "{o}"
+        );
+        assert!(
+            o.contains("| LiteLLM proxy | not in this run (`./scripts/bench.sh --peers`)"),
+            "{o}"
+        );
+        assert!(
+            o.contains("Kuadrant wasm-shim + Limitador | not built: "),
+            "{o}"
+        );
+        results.insert(("litellm".into(), 32), run(100.0, 300.0, 900.0));
+        results.insert(("litellm".into(), 1), run(10.0, 9.6, 20.0));
+        let mut o = String::new();
+        render_peers(&mut o, &results);
+        assert!(
+            o.contains("| LiteLLM proxy | 0.010× (100 req/s) | 48.0× | 450.0× |"),
+            "{o}"
+        );
+    }
 }
