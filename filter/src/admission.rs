@@ -665,12 +665,28 @@ pub struct Metering {
     pub weights: TokenWeights,
     /// The cap to set on a body that names none (its API field and the completion budget).
     pub cap: Option<(&'static str, u64)>,
+    /// The prices money budgets charge (a subscription's override, else the model's); none:
+    /// the request costs nothing.
+    pub pricing: Option<maas_types::Pricing>,
 }
 
 impl Metering {
     /// What the limits reserve (weighted).
     pub fn reserve(&self) -> u64 {
         self.reserved.weighted(self.weights)
+    }
+
+    /// What money budgets reserve (nano-units): the prompt estimate at the input price and the
+    /// whole completion budget at the output price.
+    pub fn reserve_cost(&self) -> u64 {
+        self.pricing
+            .map_or(0, |p| p.reserve(self.reserved.input, self.reserved.output))
+    }
+
+    /// What `settled` raw tokens (of which `cached` input tokens from the prompt cache) cost.
+    pub fn cost(&self, settled: decide::Tokens, cached: u64) -> u64 {
+        self.pricing
+            .map_or(0, |p| p.charge(settled.input, cached, settled.output))
     }
 }
 
@@ -747,11 +763,14 @@ pub fn ask(
             ..Metering::default()
         }));
     }
+    // A subscription's prices replace the model's (the subscription's tier carries them).
+    let pricing = windows.iter().find_map(|t| t.pricing).or(model.pricing);
     Ok(Some(Metering {
         prompt_tokens_estimate: info.map_or(0, |i| i.prompt_tokens_estimate),
         reserved: decide::reservation(info, tier),
         weights,
         cap: info.and_then(|i| decide::injected_cap(i, op.cap_field, tier, op.translate)),
+        pricing,
     }))
 }
 

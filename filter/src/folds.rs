@@ -12,7 +12,7 @@
 //! headers) never see a refund late; other workers see the count higher than it is by those
 //! refunds for at most one tick: stricter for a moment, never an overshoot.
 
-use crate::limits::{self, Reservation, Settled};
+use crate::limits::{self, Reservation, Settled, Used};
 use crate::store::SharedStore;
 use smallvec::SmallVec;
 
@@ -84,25 +84,25 @@ impl Folds {
 
     /// Folds the settlement of `r` to `actual` (at `now`, Unix s) when it is a refund of a hot
     /// subject in the window it was reserved in; false: the caller writes it now.
-    pub fn fold(&mut self, r: &Reservation, actual: u64, now: u64) -> bool {
-        if actual > r.reserved || r.token_windows.is_empty() {
+    pub fn fold(&mut self, r: &Reservation, used: Used, now: u64) -> bool {
+        if !r.refunds(used) || r.windows.is_empty() {
             return false;
         }
         let Some(s) = self.subjects.get_mut(r.subject.as_str()) else {
             return false;
         };
         let in_window = r
-            .token_windows
+            .windows
             .iter()
-            .all(|&(window, start)| start == now - now % window.max(1));
+            .all(|&(_, window, start)| start == now - now % window.max(1));
         if &*s.key != r.key.as_str() || !s.hot() || !in_window {
             return false;
         }
-        for f in r.settled(actual) {
+        for f in r.settled(used) {
             match s
                 .folded
                 .iter_mut()
-                .find(|x| x.window == f.window && x.start == f.start)
+                .find(|x| x.kind == f.kind && x.window == f.window && x.start == f.start)
             {
                 Some(x) => {
                     x.reserved = x.reserved.saturating_add(f.reserved);

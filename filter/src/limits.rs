@@ -59,7 +59,7 @@ pub(crate) use headers::{
 };
 #[cfg(test)]
 pub(crate) use probe::{lease_state, token_state};
-pub(crate) use settle::{Reservation, Settled, settle, settle_folded};
+pub(crate) use settle::{Reservation, Settled, Used, settle, settle_folded};
 pub(crate) use slot::{DEFAULT_COUNTER_SLOTS, Kind, SlotRead, counter_key};
 
 #[cfg(test)]

@@ -936,10 +936,10 @@ impl Request {
             w.metrics.inc(w.metrics.shadow_refusals, 1);
         }
         // (The usage event reports it as the request's `shadow`.)
-        self.ledger_refused(if s.code == "tokens_exceed_limit" {
-            "shadow_tokens_exceed_limit"
-        } else {
-            "shadow_rate_limit_exceeded"
+        self.ledger_refused(match s.code {
+            "tokens_exceed_limit" => "shadow_tokens_exceed_limit",
+            "cost_exceeds_limit" => "shadow_cost_exceeds_limit",
+            _ => "shadow_rate_limit_exceeded",
         });
     }
 
@@ -983,6 +983,7 @@ impl Request {
             tiers: &windows,
             subject,
             reserve: metering.reserve(),
+            reserve_cost: metering.reserve_cost(),
             now: now_s,
             settled: &folded,
         };

@@ -59,6 +59,8 @@ pub enum Deny {
     ModelMismatch,
     /// 400: the reservation alone is larger than a token window's limit.
     TokensExceedLimit,
+    /// 400: the request's worst-case cost exceeds a money budget's whole amount.
+    CostExceedsLimit,
     /// 400: an OpenAI request the gateway cannot translate faithfully for the model's API.
     UntranslatableRequest,
     /// 401: no credential, or one that is unknown, expired or revoked.
@@ -111,12 +113,13 @@ pub enum Deny {
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 28] = [
+    pub const ALL: [Deny; 29] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
         Deny::ModelMismatch,
         Deny::TokensExceedLimit,
+        Deny::CostExceedsLimit,
         Deny::UntranslatableRequest,
         Deny::InvalidApiKey,
         Deny::NoTier,
@@ -150,6 +153,7 @@ impl Deny {
             Deny::InvalidBody => "invalid_body",
             Deny::ModelMismatch => "model_mismatch",
             Deny::TokensExceedLimit => "tokens_exceed_limit",
+            Deny::CostExceedsLimit => "cost_exceeds_limit",
             Deny::UntranslatableRequest => "untranslatable_request",
             Deny::InvalidApiKey => "invalid_api_key",
             Deny::NoTier => "no_tier",
@@ -183,6 +187,7 @@ impl Deny {
             | Deny::InvalidBody
             | Deny::ModelMismatch
             | Deny::TokensExceedLimit
+            | Deny::CostExceedsLimit
             | Deny::UntranslatableRequest => 400,
             Deny::InvalidApiKey => 401,
             Deny::NoTier

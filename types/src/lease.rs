@@ -51,6 +51,8 @@ pub const MAX_BATCH_ID_BYTES: usize = 128;
 pub enum LeaseKind {
     Requests,
     Tokens,
+    /// Money, in nano-units ([`crate::money`]).
+    Cost,
 }
 
 impl LeaseKind {
@@ -58,6 +60,7 @@ impl LeaseKind {
         match self {
             LeaseKind::Requests => "requests",
             LeaseKind::Tokens => "tokens",
+            LeaseKind::Cost => "cost",
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod credential;
 pub mod error_body;
 pub mod lease;
+pub mod money;
 pub mod policy;
 pub mod subscription;
 pub mod usage;
@@ -24,6 +25,7 @@ pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
 pub use credential::{Credential, CredentialError};
 pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
+pub use money::{Budget, Money, Pricing};
 pub use policy::{
     ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails, ONE_BASE_PATH,
     Observability, OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth,

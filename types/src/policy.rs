@@ -109,6 +109,10 @@ pub struct Tier {
         skip_serializing_if = "is_default_warn_at"
     )]
     pub warn_at: Vec<u8>,
+    /// Prices that replace the model's for requests counted against this tier: only a
+    /// subscription's model sets them ([`crate::Subscription::limits_tier`]); not in documents.
+    #[serde(skip)]
+    pub pricing: Option<crate::money::Pricing>,
 }
 
 /// The default warning thresholds: 80 % and 95 % of a window's limit.
@@ -240,6 +244,10 @@ pub struct Limits {
     /// Tokens (prompt + completion) per window.
     #[serde(default)]
     pub tokens: Vec<Limit>,
+    /// Money per window (issue 30): what the models' `pricing` charges for the tokens,
+    /// reserved at admission (worst case) and settled to the real usage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<crate::money::Budget>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,7 +262,7 @@ pub struct Limit {
     pub shadow: bool,
 }
 
-fn is_false(b: &bool) -> bool {
+pub(crate) fn is_false(b: &bool) -> bool {
     !*b
 }
 
@@ -306,6 +314,9 @@ pub struct Model {
     /// filter does not read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<ModelDetails>,
+    /// Prices per token, what money budgets charge (a subscription's model may override them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<crate::money::Pricing>,
 }
 
 /// A model's catalogue entry, as the reference's `modelDetails` (from a MaaSModelRef's
@@ -719,6 +730,17 @@ fn check_limits(path: &str, limits: &[Limit], max: Option<u64>) -> Result<(), Po
     Ok(())
 }
 
+/// Money budgets (at `path`): each more than 0, one enforced and one shadow per window.
+fn check_budgets(path: &str, budgets: &[crate::money::Budget]) -> Result<(), PolicyError> {
+    for (i, b) in budgets.iter().enumerate() {
+        if b.amount.nanos() == 0 {
+            return Err(err(format!("{path}[{i}].amount"), "must be more than 0"));
+        }
+    }
+    let limits: Vec<Limit> = budgets.iter().map(crate::money::Budget::as_limit).collect();
+    check_limits(path, &limits, None)
+}
+
 /// Checks a model id (a name, an alias or a served name): what a JSON body's `model` can carry
 /// and a header can hold — not blank, no control characters, at most [`MAX_NAME_LEN`] bytes.
 fn check_model_id(path: String, id: &str) -> Result<(), PolicyError> {
@@ -948,6 +970,12 @@ pub struct SubscriptionModel {
     /// Ours: how input and output tokens count against `tokenRateLimits` (default 1 and 1).
     #[serde(default, skip_serializing_if = "TokenWeights::is_default")]
     pub token_weights: TokenWeights,
+    /// Ours (issue 30): money per window for each user of the subscription on this model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<crate::money::Budget>,
+    /// Ours: prices that replace the model's `pricing` under this subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<crate::money::Pricing>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1114,6 +1142,7 @@ fn validate_subscriptions(doc: &PolicyDocument) -> Result<(), PolicyError> {
                 None,
             )?;
             check_token_weights(&format!("{mat}.tokenWeights"), &model.token_weights)?;
+            check_budgets(&format!("{mat}.budgets"), &model.budgets)?;
             if let Some(rate) = &model.billing_rate
                 && !is_decimal(&rate.per_token)
             {
@@ -1220,6 +1249,7 @@ impl PolicyDocument {
                 None,
             )?;
             check_limits(&format!("tiers[{i}].limits.tokens"), &t.limits.tokens, None)?;
+            check_budgets(&format!("tiers[{i}].limits.budgets"), &t.limits.budgets)?;
             if t.default_max_tokens == Some(0) {
                 return Err(err(
                     format!("tiers[{i}].defaultMaxTokens"),

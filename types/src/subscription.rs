@@ -278,11 +278,13 @@ impl Subscription {
             limits: Limits {
                 requests: m.request_rate_limits.clone(),
                 tokens: m.token_rate_limits.clone(),
+                budgets: m.budgets.clone(),
             },
             default_max_tokens: self.default_max_tokens,
             uncapped_requests: self.uncapped_requests,
             token_weights: m.token_weights,
             warn_at: self.warn_at.clone(),
+            pricing: m.pricing,
         })
     }
 }

@@ -722,6 +722,7 @@ fn model_of(
         api: None,
         operations: None,
         upstream_cluster: None,
+        pricing: None,
     };
     // Another id clients may send, when it differs from the MaaSModelRef's name.
     let alias = |model: &mut Model, id: &str| {
@@ -1036,6 +1037,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         uncapped_requests: Default::default(),
         token_weights: Default::default(),
         warn_at: maas_types::policy::default_warn_at(),
+        pricing: None,
     };
     if doc.tiers.is_empty() {
         doc.tiers.push(only_tier.clone());

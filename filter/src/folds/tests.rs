@@ -43,6 +43,7 @@ fn admit(
         tiers: &tiers,
         subject: "alice",
         reserve,
+        reserve_cost: 0,
         now,
         settled: &folded,
     };
@@ -66,9 +67,9 @@ fn slot_tokens(store: &MemStore, t: &Tier, now: u64) -> u64 {
 
 /// Settles as the request does: folded when `folds` takes it, else written.
 fn settle(store: &MemStore, folds: &mut Folds, r: &Reservation, actual: u64, now: u64) -> bool {
-    let folded = folds.fold(r, actual, now);
+    let folded = folds.fold(r, limits::Used::tokens(actual), now);
     if !folded {
-        limits::settle(store, r, actual, now);
+        limits::settle(store, r, limits::Used::tokens(actual), now);
     }
     folded
 }
@@ -114,15 +115,15 @@ fn usage_above_the_reservation_or_after_its_window_is_written_at_once() {
     }
     let (r, _) = admit(&store, &mut folds, &t, 100, NOW).unwrap();
     assert!(
-        !folds.fold(&r, 101, NOW),
+        !folds.fold(&r, limits::Used::tokens(101), NOW),
         "more than reserved is written now"
     );
     assert!(
-        !folds.fold(&r, 10, NOW + 60),
+        !folds.fold(&r, limits::Used::tokens(10), NOW + 60),
         "settled after its window: written now"
     );
     assert!(
-        folds.fold(&r, 10, NOW + 59),
+        folds.fold(&r, limits::Used::tokens(10), NOW + 59),
         "a refund in its own window folds"
     );
 }
@@ -134,7 +135,7 @@ fn a_refund_folded_for_a_window_that_ended_is_dropped() {
         admit(&store, &mut folds, &t, 100, NOW).unwrap();
     }
     let (r, _) = admit(&store, &mut folds, &t, 100, NOW).unwrap();
-    assert!(folds.fold(&r, 10, NOW));
+    assert!(folds.fold(&r, limits::Used::tokens(10), NOW));
     // The next window: the refund is moot, the new window counts only what it admits.
     let (_, headers) = admit(&store, &mut folds, &t, 50, NOW + 60).unwrap();
     assert_eq!(headers.tokens.unwrap().used, 50);
@@ -176,7 +177,7 @@ fn a_slot_written_in_between_makes_the_admission_read_again_with_the_folds() {
         settle(&store, &mut folds, &r, 100, NOW);
     }
     let (r, _) = admit(&store, &mut folds, &t, 100, NOW).unwrap();
-    assert!(folds.fold(&r, 40, NOW));
+    assert!(folds.fold(&r, limits::Used::tokens(40), NOW));
     let key = key();
     let folded = folds.pending(&key, "alice");
     assert_eq!(folded.len(), 1);
@@ -188,6 +189,7 @@ fn a_slot_written_in_between_makes_the_admission_read_again_with_the_folds() {
         tiers: &tiers,
         subject: "alice",
         reserve: 7,
+        reserve_cost: 0,
         now: NOW,
         settled: &[],
     };
@@ -205,6 +207,7 @@ fn a_slot_written_in_between_makes_the_admission_read_again_with_the_folds() {
         tiers: &tiers,
         subject: "alice",
         reserve: 5,
+        reserve_cost: 0,
         now: NOW,
         settled: &folded,
     };

@@ -45,8 +45,10 @@ pub(crate) enum Admission {
         tier: String,
         headers: RateHeaders,
     },
-    /// The reservation exceeds the limit of a token window: it can never fit. 400, nothing counted.
+    /// The reservation exceeds the limit of a token window (or, `kind` cost, a money budget's
+    /// whole amount): it can never fit. 400, nothing counted.
     TooLarge {
+        kind: Kind,
         requested: u64,
         limit: u64,
         window: Window,
@@ -92,10 +94,27 @@ impl Admission {
                 ))
             }
             Admission::TooLarge {
+                kind: Kind::Cost,
                 requested,
                 limit,
                 window,
                 tier,
+            } => Some(Refusal::new(
+                Deny::CostExceedsLimit,
+                format!(
+                    "this request may cost up to {} (prompt estimate × input price + max_tokens × \
+                     output price) but tier {tier} allows {} per {window}; lower max_tokens or \
+                     shorten the prompt",
+                    maas_types::Money(requested),
+                    maas_types::Money(limit)
+                ),
+            )),
+            Admission::TooLarge {
+                requested,
+                limit,
+                window,
+                tier,
+                ..
             } => Some(Refusal::new(
                 Deny::TokensExceedLimit,
                 format!(
@@ -155,6 +174,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) tiers: &'a [&'a Tier],
     pub(crate) subject: &'a str,
     pub(crate) reserve: u64,
+    /// Money reserved in every cost window (nano-units): the worst case at the model's prices.
+    pub(crate) reserve_cost: u64,
     /// Unix seconds.
     pub(crate) now: u64,
     /// Settlements of this subject this worker folded and did not write yet
@@ -168,20 +189,22 @@ impl Ask<'_> {
         match kind {
             Kind::Requests => 1,
             Kind::Tokens => self.reserve,
+            Kind::Cost => self.reserve_cost,
         }
     }
 
-    /// The reservation of this request in the token windows `counters` (a token counter's
+    /// The reservation of this request in the token and cost windows of `counters` (each
     /// window as of now).
     fn reservation(&self, counters: &[(Kind, Window)]) -> Reservation {
         Reservation {
             subject: InlineStr::new(self.subject),
             key: InlineStr::new(self.key),
             reserved: self.reserve,
-            token_windows: counters
+            reserved_cost: self.reserve_cost,
+            windows: counters
                 .iter()
-                .filter(|(k, _)| *k == Kind::Tokens)
-                .map(|(_, w)| (w.seconds(), w.start_of(self.now)))
+                .filter(|(k, _)| *k != Kind::Requests)
+                .map(|(k, w)| (*k, w.seconds(), w.start_of(self.now)))
                 .collect(),
         }
     }
@@ -207,10 +230,10 @@ pub(crate) fn admit_leased(
             shadowed: None,
         };
     }
-    if let Some(refusal) = too_large(&tiers, ask.reserve) {
+    if let Some(refusal) = too_large(&tiers, ask) {
         return refusal;
     }
-    let shadow_too_large = shadow_too_large(&tiers, ask.reserve);
+    let shadow_too_large = shadow_too_large(&tiers, ask);
     let leased = lease.map(|_| lease_counters(&tiers)).unwrap_or_default();
     let admitted = slot::update(store, ask.key, ask.subject, ask.now, read, |records| {
         // This worker's folded settlements count as written (and are, with this admission).
@@ -239,28 +262,35 @@ pub(crate) fn admit_leased(
     admitted.unwrap_or_else(slot_error)
 }
 
-/// A reservation above a token window's limit can never fit: refused without counting (the
-/// tightest such window named).
-fn too_large(tiers: &[&Tier], reserve: u64) -> Option<Admission> {
-    let (l, tier) = all_limits(tiers)
-        .filter(|(k, l, _)| *k == Kind::Tokens && reserve > l.limit)
-        .map(|(_, l, t)| (l, t))
-        .min_by_key(|(l, _)| l.limit)?;
+/// A reservation above a token window's limit (or a cost above a budget's amount) can never
+/// fit: refused without counting (the tightest such window named; tokens first).
+fn too_large(tiers: &[&Tier], ask: &Ask) -> Option<Admission> {
+    let (kind, l, tier) = [Kind::Tokens, Kind::Cost].into_iter().find_map(|kind| {
+        all_limits(tiers)
+            .filter(|(k, l, _)| *k == kind && ask.add(kind) > l.limit)
+            .min_by_key(|(_, l, _)| l.limit)
+    })?;
     Some(Admission::TooLarge {
-        requested: reserve,
+        kind,
+        requested: ask.add(kind),
         limit: l.limit,
         window: l.window,
         tier: tier.to_string(),
     })
 }
 
-/// A shadow token limit below the reservation: what `too_large` would refuse.
-fn shadow_too_large(tiers: &[&Tier], reserve: u64) -> Option<Shadowed> {
+/// A shadow token limit below the reservation (or shadow budget below its cost): what
+/// `too_large` would refuse.
+fn shadow_too_large(tiers: &[&Tier], ask: &Ask) -> Option<Shadowed> {
     shadow_limits(tiers)
-        .filter(|(k, l, _)| *k == Kind::Tokens && reserve > l.limit)
-        .min_by_key(|(_, l, _)| l.limit)
+        .filter(|(k, l, _)| *k != Kind::Requests && ask.add(*k) > l.limit)
+        .min_by_key(|(k, l, _)| (*k == Kind::Cost, l.limit))
         .map(|(kind, l, tier)| Shadowed {
-            code: "tokens_exceed_limit",
+            code: if kind == Kind::Cost {
+                "cost_exceeds_limit"
+            } else {
+                "tokens_exceed_limit"
+            },
             kind,
             window: l.window,
             tier: tier.to_string(),

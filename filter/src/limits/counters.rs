@@ -5,15 +5,27 @@ use super::slot::Kind;
 use maas_types::{Limit, Tier, Window};
 use smallvec::SmallVec;
 
-/// Every limit of `tiers`, enforced and shadow, with its kind and tier name.
-fn every_limit<'a>(tiers: &'a [&'a Tier]) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+/// Every limit of `tiers`, enforced and shadow, with its kind and tier name (a money budget
+/// as a limit in nano-units).
+fn every_limit<'a>(tiers: &'a [&'a Tier]) -> impl Iterator<Item = (Kind, Limit, &'a str)> + 'a {
     tiers.iter().flat_map(|t| {
         let name = t.name.as_str();
         t.limits
             .requests
             .iter()
-            .map(move |l| (Kind::Requests, l, name))
-            .chain(t.limits.tokens.iter().map(move |l| (Kind::Tokens, l, name)))
+            .map(move |l| (Kind::Requests, *l, name))
+            .chain(
+                t.limits
+                    .tokens
+                    .iter()
+                    .map(move |l| (Kind::Tokens, *l, name)),
+            )
+            .chain(
+                t.limits
+                    .budgets
+                    .iter()
+                    .map(move |b| (Kind::Cost, b.as_limit(), name)),
+            )
     })
 }
 
@@ -21,14 +33,14 @@ fn every_limit<'a>(tiers: &'a [&'a Tier]) -> impl Iterator<Item = (Kind, &'a Lim
 /// never refuse, lease or show in headers).
 pub(super) fn all_limits<'a>(
     tiers: &'a [&'a Tier],
-) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+) -> impl Iterator<Item = (Kind, Limit, &'a str)> + 'a {
     every_limit(tiers).filter(|(_, l, _)| !l.shadow)
 }
 
 /// Every shadow limit of `tiers`: evaluated, never refusing.
 pub(super) fn shadow_limits<'a>(
     tiers: &'a [&'a Tier],
-) -> impl Iterator<Item = (Kind, &'a Limit, &'a str)> + 'a {
+) -> impl Iterator<Item = (Kind, Limit, &'a str)> + 'a {
     every_limit(tiers).filter(|(_, l, _)| l.shadow)
 }
 

@@ -64,6 +64,8 @@ impl WindowState {
 pub struct RateHeaders {
     pub(crate) requests: Option<WindowState>,
     pub(crate) tokens: Option<WindowState>,
+    /// The tightest money budget (nano-units), when one applies.
+    pub(crate) cost: Option<WindowState>,
     /// The fullest window past a `warnAt` threshold of its tier, if any.
     pub(crate) warning: Option<Warning>,
 }
@@ -90,6 +92,7 @@ impl RateHeaders {
                 match kind {
                     Kind::Requests => Self::note(&mut h.requests, w),
                     Kind::Tokens => Self::note(&mut h.tokens, w),
+                    Kind::Cost => Self::note(&mut h.cost, w),
                 }
                 let pct = percent(w.used, w.limit);
                 if let Some(&threshold) = tier.warn_at.iter().rev().find(|t| u64::from(**t) <= pct)
@@ -125,6 +128,13 @@ impl RateHeaders {
                     f(limit, Short::decimal(t.limit).as_str());
                     f(remaining, Short::decimal(t.remaining()).as_str());
                     f(reset, Short::duration(t.reset_seconds).as_str());
+                }
+                // Money beside tokens, in the currency's units (only with a budget).
+                let [limit, remaining, reset] = COST_RATE_HEADERS;
+                if let Some(c) = self.cost {
+                    f(limit, &maas_types::Money(c.limit).to_string());
+                    f(remaining, &maas_types::Money(c.remaining()).to_string());
+                    f(reset, Short::duration(c.reset_seconds).as_str());
                 }
             }
             RateLimitHeaders::Ietf => {
@@ -168,6 +178,7 @@ impl RateHeaders {
             RateLimitHeaders::Openai => {
                 (self.requests.is_some() && among(&REQUEST_RATE_HEADERS))
                     || (self.tokens.is_some() && among(&TOKEN_RATE_HEADERS))
+                    || (self.cost.is_some() && among(&COST_RATE_HEADERS))
             }
             RateLimitHeaders::Ietf => windows && among(&[IETF_POLICY_HEADER, IETF_STATE_HEADER]),
             RateLimitHeaders::None => false,
@@ -177,7 +188,7 @@ impl RateHeaders {
 
     /// [`Self::each`] as owned pairs (a refusal's headers).
     pub(crate) fn headers(&self, style: RateLimitHeaders) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(7);
+        let mut out = Vec::with_capacity(10);
         self.each(style, |name, value| out.push((name, value.to_string())));
         out
     }
@@ -197,6 +208,12 @@ const TOKEN_RATE_HEADERS: [&str; 3] = [
     "x-ratelimit-limit-tokens",
     "x-ratelimit-remaining-tokens",
     "x-ratelimit-reset-tokens",
+];
+/// Money budgets (ours, in the style of OpenAI's): amounts as decimals of the currency.
+const COST_RATE_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit-cost",
+    "x-ratelimit-remaining-cost",
+    "x-ratelimit-reset-cost",
 ];
 
 /// A short ASCII text on the stack: a number or a duration (without the formatting machinery,

@@ -11,15 +11,34 @@ pub struct Reservation {
     pub(crate) subject: InlineStr,
     /// The subject's counter slot.
     pub(crate) key: InlineStr,
+    /// Tokens reserved in each token window (weighted).
     pub(crate) reserved: u64,
-    /// (window seconds, window start) of each token counter the reservation went into.
-    pub(crate) token_windows: SmallVec<[(u64, u64); 4]>,
+    /// Money reserved in each cost window (nano-units).
+    pub(crate) reserved_cost: u64,
+    /// (kind — tokens or cost —, window seconds, window start) of each counter the reservation
+    /// went into.
+    pub(crate) windows: SmallVec<[(Kind, u64, u64); 4]>,
 }
 
-/// A reservation settled but not written yet: `reserved` tokens of token window `window` (s)
+/// What a response really used, in the counters' units: weighted tokens and nano-units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Used {
+    pub tokens: u64,
+    pub cost: u64,
+}
+
+impl Used {
+    /// Tokens only (no money budget applies, or a test).
+    pub fn tokens(tokens: u64) -> Used {
+        Used { tokens, cost: 0 }
+    }
+}
+
+/// A reservation settled but not written yet: `reserved` of the `kind` window `window` (s)
 /// starting at `start` settled to `actual`. Several of one window add up (both sums).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
+    pub(crate) kind: Kind,
     pub(crate) window: u64,
     pub(crate) start: u64,
     pub(crate) reserved: u64,
@@ -27,16 +46,26 @@ pub struct Settled {
 }
 
 impl Reservation {
-    /// Settling this reservation to `actual`, per token window it went into.
-    pub(crate) fn settled(&self, actual: u64) -> impl Iterator<Item = Settled> + '_ {
-        self.token_windows
-            .iter()
-            .map(move |&(window, start)| Settled {
+    /// Settling this reservation to `used`, per token and cost window it went into.
+    pub(crate) fn settled(&self, used: Used) -> impl Iterator<Item = Settled> + '_ {
+        self.windows.iter().map(move |&(kind, window, start)| {
+            let (reserved, actual) = match kind {
+                Kind::Cost => (self.reserved_cost, used.cost),
+                _ => (self.reserved, used.tokens),
+            };
+            Settled {
+                kind,
                 window,
                 start,
-                reserved: self.reserved,
+                reserved,
                 actual,
-            })
+            }
+        })
+    }
+
+    /// `used` is no more than what was reserved, in every unit (a refund, or exact).
+    pub(crate) fn refunds(&self, used: Used) -> bool {
+        used.tokens <= self.reserved && used.cost <= self.reserved_cost
     }
 }
 
@@ -47,7 +76,7 @@ fn apply_settled(records: &mut Records, s: &Settled, now: u64) -> bool {
     let current = now - now % s.window.max(1);
     let rec = records
         .iter_mut()
-        .find(|x| x.kind == Kind::Tokens.code() && x.window == s.window);
+        .find(|x| x.kind == s.kind.code() && x.window == s.window);
     let (new_start, new_count) = match &rec {
         Some(x) if x.start == s.start && s.start == current => (
             s.start,
@@ -75,7 +104,7 @@ fn apply_settled(records: &mut Records, s: &Settled, now: u64) -> bool {
         }
         None => {
             records.push(Record {
-                kind: Kind::Tokens.code(),
+                kind: s.kind.code(),
                 window: s.window,
                 start: new_start,
                 count: new_count,
@@ -96,11 +125,11 @@ pub(super) fn apply_folded(records: &mut Records, s: &Settled, now: u64) -> bool
     s.start == current && apply_settled(records, s, now)
 }
 
-/// Settles a reservation to the tokens really used: in every token window the reservation went
-/// into, `reserved` is replaced by `actual`; if that window is over, `actual` counts in the
-/// current one (the tokens were used now).
-pub(crate) fn settle(store: &dyn SharedStore, r: &Reservation, actual: u64, now: u64) {
-    let settled: SmallVec<[Settled; 4]> = r.settled(actual).collect();
+/// Settles a reservation to what was really used: in every token (cost) window the
+/// reservation went into, what was reserved is replaced by the tokens (money) used; if that
+/// window is over, they count in the current one (they were used now).
+pub(crate) fn settle(store: &dyn SharedStore, r: &Reservation, used: Used, now: u64) {
+    let settled: SmallVec<[Settled; 4]> = r.settled(used).collect();
     write_settled(
         store,
         r.key.as_str(),

@@ -2,7 +2,7 @@
 //! place, and the one compare-and-swap update ([`update`]) every write of a slot goes through.
 //!
 //! Slot value: `version(1) = 4`, then per subject `len(u16 LE) subject n(u8)` and `n` 49-byte
-//! records: kind (u8: 0 requests, 1 tokens), window seconds, window start, count, granted, others,
+//! records: kind (u8: 0 requests, 1 tokens, 2 cost), window seconds, window start, count, granted, others,
 //! since (u64 LE; `since`: when this replica first admitted in this window, 0 before). A record
 //! whose start is not the current window's counts 0 everywhere (count, lease, others). Version 3
 //! slots (41-byte records, no `since`) and version 2 slots (25-byte records, no lease) are still
@@ -31,6 +31,8 @@ const RECORD_V2: usize = 25;
 pub enum Kind {
     Requests,
     Tokens,
+    /// Money in nano-units ([`maas_types::money`]).
+    Cost,
 }
 
 impl Kind {
@@ -38,6 +40,7 @@ impl Kind {
         match self {
             Kind::Requests => 0,
             Kind::Tokens => 1,
+            Kind::Cost => 2,
         }
     }
 
@@ -45,6 +48,7 @@ impl Kind {
         match self {
             Kind::Requests => "requests",
             Kind::Tokens => "tokens",
+            Kind::Cost => "cost",
         }
     }
 
@@ -53,6 +57,7 @@ impl Kind {
         match self {
             Kind::Requests => maas_types::lease::LeaseKind::Requests,
             Kind::Tokens => maas_types::lease::LeaseKind::Tokens,
+            Kind::Cost => maas_types::lease::LeaseKind::Cost,
         }
     }
 }

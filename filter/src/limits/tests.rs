@@ -57,6 +57,7 @@ fn ask<'a>(
         tiers,
         subject,
         reserve,
+        reserve_cost: 0,
         now,
         settled: &[],
     }
@@ -111,7 +112,7 @@ fn requests_per_window_with_retry_after() {
     let now = 6000; // start of a minute
     for i in 0..3 {
         let (r, h) = allowed(admit1(&s, &t, "alice", 1, now + i));
-        settle(&s, &r, 1, now + i);
+        settle(&s, &r, Used::tokens(1), now + i);
         assert_eq!(h.requests.unwrap().remaining(), 2 - i);
     }
     match admit1(&s, &t, "alice", 1, now + 10) {
@@ -167,13 +168,13 @@ fn tokens_reserve_then_settle() {
     );
     assert_eq!(h.requests.unwrap().used, 1);
     // Settle to 10 actually used: refund.
-    settle(&s, &r1, 10, now + 1);
+    settle(&s, &r1, Used::tokens(10), now + 1);
     let (_, h) = allowed(admit1(&s, &t, "alice", 50, now + 2));
     assert_eq!(h.tokens.unwrap().remaining(), 40);
     assert_eq!(tokens_used(&s, &t, "alice", now + 2), 60);
     // Top-up beyond the reservation is counted too.
     let (r3, _) = allowed(admit1(&s, &t, "carol", 10, now));
-    settle(&s, &r3, 95, now + 1);
+    settle(&s, &r3, Used::tokens(95), now + 1);
     assert_eq!(tokens_used(&s, &t, "carol", now + 1), 95);
     assert!(matches!(
         admit1(&s, &t, "carol", 10, now + 2),
@@ -192,6 +193,7 @@ fn reservation_above_a_window_limit_is_refused_without_counting() {
             limit,
             window,
             tier,
+            ..
         } => {
             assert_eq!((requested, limit, tier.as_str()), (101, 100, "free"));
             assert_eq!(window.to_string(), "1m");
@@ -279,7 +281,7 @@ fn two_tiers_keys_of_one_subject_share_one_budget() {
             [&low, &high]
         };
         if let Admission::Allowed { reservation, .. } = admit(&s, &tiers, "carol", 20, now, SLOTS) {
-            settle(&s, &reservation, 20, now);
+            settle(&s, &reservation, Used::tokens(20), now);
             spent += 20;
         }
     }
@@ -302,7 +304,7 @@ fn pinned_lower_tier_restricts_but_does_not_add() {
     while let Admission::Allowed { reservation, .. } =
         admit(&s, &[&low, &high], "dave", 10, now, SLOTS)
     {
-        settle(&s, &reservation, 10, now);
+        settle(&s, &reservation, Used::tokens(10), now);
         low_spent += 10;
         assert!(low_spent <= 1000);
     }
@@ -312,7 +314,7 @@ fn pinned_lower_tier_restricts_but_does_not_add() {
     while let Admission::Allowed { reservation, .. } =
         admit(&s, &[&high, &high], "dave", 10, now, SLOTS)
     {
-        settle(&s, &reservation, 10, now);
+        settle(&s, &reservation, Used::tokens(10), now);
         high_spent += 10;
         assert!(high_spent <= 1000);
     }
@@ -332,7 +334,7 @@ fn settlement_after_window_rollover_counts_in_new_window() {
     let s = MemStore::new();
     let t = tier();
     let (r, _) = allowed(admit1(&s, &t, "alice", 90, 59));
-    settle(&s, &r, 30, 61);
+    settle(&s, &r, Used::tokens(30), 61);
     // 1m window: the new minute holds the 30 used; the day window: 30.
     assert_eq!(tokens_used(&s, &t, "alice", 61), 30);
 }
@@ -353,7 +355,7 @@ fn concurrent_reservations_never_overshoot_more_than_one() {
     }
     assert_eq!(admitted, 3); // 3 × 30 = 90 ≤ 100 (and the request limit is 3)
     for r in &open {
-        settle(&s, r, 35, now + 1); // each used a bit more than reserved
+        settle(&s, r, Used::tokens(35), now + 1); // each used a bit more than reserved
     }
     let used = tokens_used(&s, &t, "alice", now + 1);
     assert!(used <= 100 + 30, "{used}");
@@ -373,6 +375,7 @@ fn reservation_sources_and_headers() {
     assert_eq!(duration(0), "0s");
     assert_eq!(duration(3600), "1h0m0s");
     let h = RateHeaders {
+        cost: None,
         requests: Some(WindowState {
             limit: 3,
             used: 1,
@@ -399,6 +402,7 @@ fn reservation_sources_and_headers() {
 #[test]
 fn rate_limit_headers_in_each_style() {
     let h = RateHeaders {
+        cost: None,
         requests: Some(WindowState {
             limit: 30,
             used: 1,
@@ -678,7 +682,7 @@ fn concurrent_cas_retries_still_exact() {
                 if let Admission::Allowed { reservation, .. } =
                     admit(&self.inner, &[self.tier], "bob", 1, 0, 1)
                 {
-                    settle(&self.inner, &reservation, 2, 0);
+                    settle(&self.inner, &reservation, Used::tokens(2), 0);
                 }
                 self.raced.set(self.raced.get() + 1);
                 let r = self.inner.set(k, v, cas);
@@ -707,13 +711,13 @@ fn concurrent_cas_retries_still_exact() {
     settle(
         &s.inner,
         &allowed(admit(&s.inner, &[&t], "alice", 1, 0, 1)).0,
-        0,
+        Used::tokens(0),
         0,
     );
     s.racing.set(true);
     for _ in 0..10 {
         let (r, _) = allowed(admit(&s, &[&t], "alice", 5, 0, 1));
-        settle(&s, &r, 3, 0);
+        settle(&s, &r, Used::tokens(3), 0);
     }
     let raced = s.raced.get();
     assert_eq!(raced, 20);
@@ -737,7 +741,7 @@ fn precheck_refuses_only_what_is_certain() {
     assert!(precheck(&s, &[&t], "alice", 0, SLOTS).is_none());
     for i in 0..3 {
         let (r, _) = allowed(admit1(&s, &t, "alice", 1, i));
-        settle(&s, &r, 1, i);
+        settle(&s, &r, Used::tokens(1), i);
     }
     match precheck(&s, &[&t], "alice", 5, SLOTS) {
         Some(Admission::Limited {
@@ -750,11 +754,11 @@ fn precheck_refuses_only_what_is_certain() {
     }
     // Tokens: 99 of 100 used still passes the precheck (a 1-token request fits)...
     let (r, _) = allowed(admit1(&s, &t, "bob", 10, 0));
-    settle(&s, &r, 99, 0);
+    settle(&s, &r, Used::tokens(99), 0);
     assert!(precheck(&s, &[&t], "bob", 1, SLOTS).is_none());
     // ... 100 of 100 does not.
     let (r, _) = allowed(admit1(&s, &t, "bob", 1, 1));
-    settle(&s, &r, 1, 1);
+    settle(&s, &r, Used::tokens(1), 1);
     assert!(matches!(
         precheck(&s, &[&t], "bob", 2, SLOTS),
         Some(Admission::Limited {
@@ -773,7 +777,7 @@ fn precheck_refuses_only_what_is_certain() {
     .unwrap();
     let (mid, top) = (&doc.tiers[0], &doc.tiers[1]);
     let (r, _) = allowed(admit(&s, &[top], "erin", 10, 0, SLOTS));
-    settle(&s, &r, 50, 0);
+    settle(&s, &r, Used::tokens(50), 0);
     assert!(precheck(&s, &[mid], "erin", 1, SLOTS).is_none());
     match precheck(&s, &[mid, top], "erin", 1, SLOTS) {
         Some(Admission::Limited { tier, .. }) => assert_eq!(tier, "top"),
@@ -945,3 +949,4 @@ proptest::proptest! {
 }
 
 mod leases;
+mod money;

@@ -380,16 +380,22 @@ impl Request {
         };
         // The limits count weighted tokens; the ledger and the metrics the raw ones.
         let settled = decide::settled_tokens(&seen, self.metering.reserved);
-        let actual = settled.weighted(self.metering.weights);
+        // Money: the settled tokens at the prices, cached input at its own.
+        let used = limits::Used {
+            tokens: settled.weighted(self.metering.weights),
+            cost: self
+                .metering
+                .cost(settled, usage.map_or(0, |u| u.cached_input_tokens)),
+        };
         let now_ms = host.now_ms();
         let now_s = now_ms / 1000;
         // A busy subject's refund is folded into its next counter write (`crate::folds`).
         let folded = self
             .worker
             .try_borrow_mut()
-            .is_ok_and(|mut w| w.folds.fold(&res, actual, now_s));
+            .is_ok_and(|mut w| w.folds.fold(&res, used, now_s));
         if !folded {
-            limits::settle(host, &res, actual, now_s);
+            limits::settle(host, &res, used, now_s);
         }
         // The usage ledger (in the VM): the response's usage, else what was settled (the
         // prompt estimate as prompt tokens, the rest as completion), unweighted.

@@ -43,6 +43,7 @@ fn admit_g(s: &dyn SharedStore, t: &Tier, reserve: u64, now: u64, p: &LeasePolic
         tiers: &tiers,
         subject: "alice",
         reserve,
+        reserve_cost: 0,
         now,
         settled: &[],
     };
@@ -331,7 +332,7 @@ fn claims_take_debt_and_idle_release_by_cas_and_undo_restores_them() {
     assert!(grant(&s, Kind::Tokens, 100, 100, NOW));
     let (r, _) = allowed(admit_g(&s, &t, 100, NOW, &held()));
     // Usage settles above the reservation: 40 tokens of debt.
-    settle(&s, &r, 140, NOW);
+    settle(&s, &r, Used::tokens(140), NOW);
     assert_eq!(state(&s, Kind::Tokens, NOW), (140, 100, 0));
     let c = claim_at(&s, &t, &mut [], NOW, false, 2000);
     let tok = c.iter().find(|c| c.kind == Kind::Tokens).unwrap();
@@ -479,7 +480,7 @@ proptest! {
                 Op::Settle(actual) => {
                     if !open.is_empty() {
                         let r = open.remove(0);
-                        settle(&s, &r, actual, now);
+                        settle(&s, &r, Used::tokens(actual), now);
                     }
                 }
                 Op::Tick(idle) => {
@@ -528,8 +529,8 @@ proptest! {
             let b = admit1(&off, &t, "alice", reserve, now);
             prop_assert_eq!(&a, &b);
             if let (Admission::Allowed { reservation: ra, .. }, Admission::Allowed { reservation: rb, .. }) = (a, b) {
-                settle(&on, &ra, actual, now);
-                settle(&off, &rb, actual, now);
+                settle(&on, &ra, Used::tokens(actual), now);
+                settle(&off, &rb, Used::tokens(actual), now);
             }
             now += wait;
         }

@@ -259,3 +259,117 @@ fn a_subscription_models_weights_apply_to_its_own_windows() {
     // The tier's own windows are untouched.
     assert_eq!(fx.tokens_used("alice"), 0);
 }
+
+/// The test policy with prices on `sim` ($2.50 / $10 / $1.25 per million input / output /
+/// cached input tokens) and a 1-cent budget a minute on the free tier (requests and tokens
+/// lifted: only money binds).
+fn priced_policy() -> Value {
+    let mut p = policy();
+    p["models"][0]["pricing"] =
+        json!({"input": "0.0000025", "output": "0.00001", "cachedInput": "0.00000125"});
+    p["tiers"][0]["limits"]["requests"][0]["limit"] = json!(100);
+    p["tiers"][0]["limits"]["tokens"][0]["limit"] = json!(100_000);
+    p["tiers"][0]["limits"]["budgets"] = json!([{"amount": "0.01", "window": "1m"}]);
+    p
+}
+
+fn cost_used(fx: &Fx) -> u64 {
+    let key = limits::counter_key("alice", limits::DEFAULT_COUNTER_SLOTS);
+    limits::lease_state(
+        &fx.host.store,
+        &key,
+        "alice",
+        limits::Kind::Cost,
+        60,
+        fx.host.now.get() / 1000,
+    )
+    .0
+}
+
+#[test]
+fn a_money_budget_reserves_the_worst_case_cost_and_settles_the_real_one() {
+    let fx = Fx::with(json!({"bootstrapPolicy": priced_policy()}));
+    fx.cache(&key(2), allow_alice());
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    fx.body(id, &h, BODY, true);
+    // 5 prompt tokens at 2,500 nano + max_tokens 50 at 10,000 nano.
+    assert_eq!(cost_used(&fx), 5 * 2_500 + 50 * 10_000);
+    fx.host.enter(id);
+    fx.host.set_map(
+        Headers::Response,
+        &[(":status", "200"), ("content-type", "application/json")],
+    );
+    h.on_response_headers(&fx.host);
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Response, "x-ratelimit-remaining-cost")
+            .as_deref(),
+        Some("0.0094875")
+    );
+    fx.host.set_buffer(Body::Response, USAGE_10_20);
+    h.on_response_body(&fx.host, USAGE_10_20.len(), true);
+    // 4 uncached + 6 cached input tokens and 20 output tokens at their prices.
+    fx.write_folds();
+    assert_eq!(cost_used(&fx), 4 * 2_500 + 6 * 1_250 + 20 * 10_000);
+}
+
+#[test]
+fn the_money_budget_refuses_once_spent_and_a_request_that_could_never_fit_up_front() {
+    let fx = Fx::with(json!({"bootstrapPolicy": priced_policy()}));
+    // Each settles to 217,500 nano and reserves 512,500: 1 cent a minute.
+    let mut admitted = 0u64;
+    let refusal = loop {
+        match call(&fx, CHAT, BODY, ("application/json", USAGE_10_20)) {
+            None => admitted += 1,
+            Some(s) => break s,
+        }
+        assert!(admitted < 100, "never limited");
+    };
+    // 217,500 × 44 = 9,570,000, and + 512,500 > 10,000,000: the 45th is refused (the 44th
+    // fitted: 9,352,500 + 512,500).
+    assert_eq!(admitted, 44);
+    assert_eq!(refusal.status, 429);
+    let body = String::from_utf8_lossy(&refusal.body).to_string();
+    assert!(body.contains("rate limit reached for cost"), "{body}");
+    // A cap whose worst case alone is above a cent: 400, nothing counted.
+    let fx = Fx::with(json!({"bootstrapPolicy": priced_policy()}));
+    let body = br#"{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}"#;
+    let s = call(&fx, CHAT, body, ("application/json", USAGE_10_20)).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "cost_exceeds_limit"));
+    assert_eq!(cost_used(&fx), 0);
+}
+
+#[test]
+fn a_subscriptions_prices_replace_the_models_and_no_budget_costs_nothing() {
+    // Without a budget, prices change nothing: no cost window, no cost header.
+    let mut p = policy();
+    p["models"][0]["pricing"] = json!({"input": "1", "output": "1"});
+    let fx = Fx::with(json!({"bootstrapPolicy": p}));
+    assert_eq!(
+        call(&fx, CHAT, BODY, ("application/json", USAGE_10_20)),
+        None
+    );
+    assert_eq!(cost_used(&fx), 0);
+    // A subscription's own prices and budget.
+    let doc = maas_types::PolicyDocument::from_value(json!({
+        "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+        "models": [{"name": "sim", "path": "/llm/sim", "tiers": ["free"],
+                    "pricing": {"input": "1", "output": "1"}}],
+        "subscriptions": [{"name": "team-a", "owner": {"groups": ["g"]},
+            "models": [{"name": "sim", "tokenRateLimits": [{"limit": 1000, "window": "1m"}],
+                        "budgets": [{"amount": "5", "window": "1d"}],
+                        "pricing": {"input": "0.000001", "output": "0.000002"}}]}]
+    }))
+    .unwrap();
+    let tier = doc.subscriptions[0].limits_tier("sim").unwrap();
+    let op = crate::admission::OperationTraits::of(
+        crate::operations::Operation::ChatCompletions,
+        &doc.models[0],
+    );
+    let info = crate::request_body::inspect(BODY).map_err(|e| e.to_string());
+    let m = crate::admission::ask(&doc.models[0], &[&tier], Some(&info), op)
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.reserve_cost(), 5 * 1_000 + 50 * 2_000);
+}

@@ -70,6 +70,7 @@ fn admit(
         tiers: &tiers,
         subject,
         reserve,
+        reserve_cost: 0,
         now: now_s(host),
         settled: &[],
     };
@@ -135,7 +136,7 @@ fn the_tick_batch_reports_debt_claimed_by_cas_and_a_200_keeps_it() {
     grant(&host, "alice", Kind::Requests, 10);
     let r = admit(&host, &root, "alice", 100, false);
     // Usage above the reservation: 40 tokens of debt.
-    limits::settle(&host.store, &r, 140, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(140), now_s(&host));
     next_report(&host, &mut root);
     let b = batches(&host);
     assert_eq!(b.len(), 1);
@@ -184,7 +185,7 @@ fn a_failed_batch_is_kept_with_its_claims_and_resent_verbatim_until_a_200() {
     grant(&host, "alice", Kind::Tokens, 100);
     grant(&host, "alice", Kind::Requests, 10);
     let r = admit(&host, &root, "alice", 100, false);
-    limits::settle(&host.store, &r, 140, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(140), now_s(&host));
     next_report(&host, &mut root);
     let (token, first) = raw_batches(&host)[0].clone();
     let req: LeaseRequest = serde_json::from_slice(&first).unwrap();
@@ -196,7 +197,7 @@ fn a_failed_batch_is_kept_with_its_claims_and_resent_verbatim_until_a_200() {
     assert!(root.worker.borrow().leases.state.fallback);
     // More usage meanwhile: it waits for the next batch.
     let r = admit(&host, &root, "alice", 10, true);
-    limits::settle(&host.store, &r, 10, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(10), now_s(&host));
     // No answer at all (timeout) then a refused dispatch: the same bytes each report.
     next_report(&host, &mut root);
     let (token, again) = raw_batches(&host)[1].clone();
@@ -227,7 +228,7 @@ fn a_failed_batch_is_kept_with_its_claims_and_resent_verbatim_until_a_200() {
     );
     // The next batch is a new one.
     let r = admit(&host, &root, "alice", 10, false);
-    limits::settle(&host.store, &r, 900, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(900), now_s(&host));
     host.now.set(host.now.get() + crate::worker::TICK_MS);
     root.tick(&host);
     let (_, next) = batches(&host).pop().unwrap();
@@ -240,7 +241,7 @@ fn a_batch_the_companion_refuses_is_undone_and_dropped() {
     grant(&host, "alice", Kind::Tokens, 100);
     grant(&host, "alice", Kind::Requests, 10);
     let r = admit(&host, &root, "alice", 100, false);
-    limits::settle(&host.store, &r, 140, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(140), now_s(&host));
     next_report(&host, &mut root);
     let (token, _) = batches(&host)[0].clone();
     answer(&host, &mut root, token, 400, "", b"{}");
@@ -294,7 +295,7 @@ fn an_idle_subject_releases_its_unused_lease_then_is_no_longer_tracked() {
     grant(&host, "alice", Kind::Requests, 10);
     grant(&host, "alice", Kind::Tokens, 500);
     let r = admit(&host, &root, "alice", 100, false);
-    limits::settle(&host.store, &r, 100, now_s(&host));
+    limits::settle(&host.store, &r, limits::Used::tokens(100), now_s(&host));
     host.now.set(host.now.get() + 2000);
     root.tick(&host);
     let (token, req) = batches(&host).pop().unwrap();
@@ -502,6 +503,7 @@ fn lease_callouts_of_a_steady_subject(window: &str, limit: u64) -> usize {
             tiers: &tiers,
             subject: "steady",
             reserve: 1,
+            reserve_cost: 0,
             now,
             settled: &[],
         };
