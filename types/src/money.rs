@@ -7,9 +7,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Nano-units in one unit of the currency.
 pub const NANOS_PER_UNIT: u64 = 1_000_000_000;
-/// The largest amount a document may name (units): far below `u64::MAX` nano-units (1.8 × 10¹⁰
-/// units), so sums of many charges cannot overflow before saturating arithmetic would matter.
-pub const MAX_UNITS: u64 = 1_000_000_000;
+/// The largest amount a document may name (units): 9 × 10¹⁵ nano-units, under 2⁵³ — the
+/// largest count the lease contract carries exactly (JSON numbers).
+pub const MAX_UNITS: u64 = 9_000_000;
+/// The largest cost a counter takes (nano-units): 2⁵³ − 1, what the lease contract carries.
+pub const MAX_COUNTED: u64 = (1 << 53) - 1;
 
 /// An amount of money in nano-units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
@@ -59,7 +61,7 @@ impl std::fmt::Display for Money {
     }
 }
 
-const EXPECTED: &str = "must be a decimal amount such as \"10.50\" or \"0.0000025\" (at most 9 decimal places, at most 1000000000)";
+const EXPECTED: &str = "must be a decimal amount such as \"10.50\" or \"0.0000025\" (at most 9 decimal places, at most 9000000)";
 
 impl Serialize for Money {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -89,15 +91,17 @@ pub struct Pricing {
 
 impl Pricing {
     /// The worst-case cost of a request that may read `input` tokens and write `output`
-    /// (nothing assumed cached), saturating.
+    /// (nothing assumed cached), at most [`MAX_COUNTED`].
     pub fn reserve(&self, input: u64, output: u64) -> u64 {
         input
             .saturating_mul(self.input.0)
             .saturating_add(output.saturating_mul(self.output.0))
+            .min(MAX_COUNTED)
     }
 
     /// What `input` tokens (of which `cached` from the prompt cache) and `output` tokens cost,
-    /// saturating.
+    /// at most [`MAX_COUNTED`] (a backend reporting absurd usage cannot push a counter past
+    /// what the lease contract carries).
     pub fn charge(&self, input: u64, cached: u64, output: u64) -> u64 {
         let cached = cached.min(input);
         let cached_price = self.cached_input.unwrap_or(self.input).0;
@@ -105,6 +109,7 @@ impl Pricing {
             .saturating_mul(self.input.0)
             .saturating_add(cached.saturating_mul(cached_price))
             .saturating_add(output.saturating_mul(self.output.0))
+            .min(MAX_COUNTED)
     }
 }
 
@@ -142,7 +147,7 @@ mod tests {
             ("0.00000015", 150, "0.00000015"),
             ("3", 3_000_000_000, "3"),
             ("0.000000001", 1, "0.000000001"),
-            ("1000000000", 1_000_000_000_000_000_000, "1000000000"),
+            ("9000000", 9_000_000_000_000_000, "9000000"),
             ("0", 0, "0"),
         ] {
             let m = Money::parse(text).unwrap();
@@ -185,6 +190,78 @@ mod tests {
             ..p
         };
         assert_eq!(no_cache_price.charge(1000, 400, 0), 2_500_000);
-        assert_eq!(p.reserve(u64::MAX, 1), u64::MAX);
+        assert_eq!(p.reserve(u64::MAX, 1), MAX_COUNTED);
+        assert_eq!(p.charge(1 << 60, 0, 1 << 60), MAX_COUNTED);
+    }
+
+    #[test]
+    fn budgets_and_prices_in_a_policy_are_checked_naming_the_field() {
+        use crate::PolicyDocument;
+        use serde_json::json;
+        let doc = |budgets: serde_json::Value, pricing: serde_json::Value| {
+            json!({
+                "tiers": [{"name": "free", "level": 0, "groups": ["g"],
+                           "limits": {"budgets": budgets}}],
+                "models": [{"name": "m", "path": "/llm/m", "tiers": ["free"], "pricing": pricing}],
+                "subscriptions": [{"name": "team-a", "owner": {"groups": ["g"]},
+                    "models": [{"name": "m", "tokenRateLimits": [{"limit": 10, "window": "1m"}],
+                                "budgets": [{"amount": "5", "window": "30d"}],
+                                "pricing": {"input": "0.000001", "output": "0.000002"}}]}]
+            })
+        };
+        let ok = PolicyDocument::from_value(doc(
+            json!([{"amount": "10.50", "window": "1d"}, {"amount": "1", "window": "1d", "shadow": true}]),
+            json!({"input": "0.0000025", "output": "0.00001", "cachedInput": "0.00000125"}),
+        ))
+        .unwrap();
+        assert_eq!(ok.tiers[0].limits.budgets[0].amount.nanos(), 10_500_000_000);
+        let sub_tier = ok.subscriptions[0].limits_tier("m").unwrap();
+        assert_eq!(
+            sub_tier.limits.budgets[0].as_limit().limit,
+            5 * NANOS_PER_UNIT
+        );
+        assert_eq!(sub_tier.pricing.unwrap().output.nanos(), 2_000);
+        // Served as written (canonical decimals), read back the same.
+        let again = PolicyDocument::from_value(serde_json::to_value(&ok).unwrap()).unwrap();
+        assert_eq!(again, ok);
+        let fails = |v: serde_json::Value, at: &str| {
+            let e = PolicyDocument::from_value(v).unwrap_err().to_string();
+            assert!(e.contains(at), "{at}: {e}");
+        };
+        let price = json!({"input": "1", "output": "1"});
+        fails(
+            doc(json!([{"amount": "0", "window": "1d"}]), price.clone()),
+            "tiers[0].limits.budgets[0].amount: must be more than 0",
+        );
+        fails(
+            doc(
+                json!([{"amount": "1.0000000001", "window": "1d"}]),
+                price.clone(),
+            ),
+            "tiers[0].limits.budgets[0].amount",
+        );
+        fails(
+            doc(json!([{"amount": 5, "window": "1d"}]), price.clone()),
+            "tiers[0].limits.budgets[0].amount",
+        );
+        fails(
+            doc(
+                json!([{"amount": "1", "window": "1d"}, {"amount": "2", "window": "1d"}]),
+                price.clone(),
+            ),
+            "tiers[0].limits.budgets[1].window",
+        );
+        fails(
+            doc(json!([]), json!({"input": "-1", "output": "1"})),
+            "models[0].pricing.input",
+        );
+        fails(doc(json!([]), json!({"input": "1"})), "models[0].pricing");
+        fails(
+            doc(
+                json!([]),
+                json!({"input": "1", "output": "1", "cached": "1"}),
+            ),
+            "models[0].pricing",
+        );
     }
 }

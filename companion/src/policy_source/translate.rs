@@ -971,6 +971,8 @@ fn subscription_of(
             request_rate_limits: Vec::new(),
             billing_rate,
             token_weights: Default::default(),
+            budgets: Vec::new(),
+            pricing: None,
         });
         index.push(i);
     }

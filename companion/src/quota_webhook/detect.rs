@@ -101,10 +101,17 @@ struct Governing<'a> {
     warn_at: &'a [u8],
 }
 
-fn of_kind(limits: &maas_types::Limits, kind: LeaseKind) -> &[Limit] {
+/// A scope's limits of `kind` (money budgets as limits in nano-units).
+fn of_kind(
+    requests: &[Limit],
+    tokens: &[Limit],
+    budgets: &[maas_types::Budget],
+    kind: LeaseKind,
+) -> Vec<Limit> {
     match kind {
-        LeaseKind::Requests => &limits.requests,
-        LeaseKind::Tokens => &limits.tokens,
+        LeaseKind::Requests => requests.to_vec(),
+        LeaseKind::Tokens => tokens.to_vec(),
+        LeaseKind::Cost => budgets.iter().map(maas_types::Budget::as_limit).collect(),
     }
 }
 
@@ -129,10 +136,12 @@ fn governing<'a>(
         (Some(model), Some(user)) => {
             let sub = policy.subscription(first)?;
             let m = sub.model(model)?;
-            let limits = match item.kind {
-                LeaseKind::Requests => &m.request_rate_limits,
-                LeaseKind::Tokens => &m.token_rate_limits,
-            };
+            let limits = of_kind(
+                &m.request_rate_limits,
+                &m.token_rate_limits,
+                &m.budgets,
+                item.kind,
+            );
             limits
                 .iter()
                 .any(|l| !l.shadow && l.window == window)
@@ -143,13 +152,21 @@ fn governing<'a>(
                         model: m.name.clone(),
                     },
                     enforced: item.limit,
-                    shadow: shadow_of(limits, window),
+                    shadow: shadow_of(&limits, window),
                     warn_at: &sub.warn_at,
                 })
         }
         _ => {
+            let tier_limits = |t: &maas_types::Tier| {
+                of_kind(
+                    &t.limits.requests,
+                    &t.limits.tokens,
+                    &t.limits.budgets,
+                    item.kind,
+                )
+            };
             let tier = policy.tiers.iter().find(|t| {
-                of_kind(&t.limits, item.kind)
+                tier_limits(t)
                     .iter()
                     .any(|l| !l.shadow && l.window == window && l.limit == item.limit)
             })?;
@@ -157,7 +174,7 @@ fn governing<'a>(
                 user: &item.subject,
                 scope: Scope::Tier(tier.name.clone()),
                 enforced: item.limit,
-                shadow: shadow_of(of_kind(&tier.limits, item.kind), window),
+                shadow: shadow_of(&tier_limits(tier), window),
                 warn_at: &tier.warn_at,
             })
         }

@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::http::header::CACHE_CONTROL;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
-use maas_types::{ErrorBody, ErrorKind, LeaseKind, PolicyDocument, Window};
+use maas_types::{ErrorBody, ErrorKind, LeaseKind, Limit, PolicyDocument, Window};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
@@ -583,9 +583,11 @@ pub fn subscription_quota_windows(
     let sub = policy.subscription(subscription)?;
     let mut out = Vec::new();
     for m in &sub.models {
+        let budgets: Vec<Limit> = m.budgets.iter().map(maas_types::Budget::as_limit).collect();
         for (kind, limits) in [
             (LeaseKind::Requests, &m.request_rate_limits),
             (LeaseKind::Tokens, &m.token_rate_limits),
+            (LeaseKind::Cost, &budgets),
         ] {
             // Shadow limits are tried, not enforced: not a quota.
             let mut limits: Vec<_> = limits.iter().filter(|l| !l.shadow).copied().collect();
@@ -616,7 +618,17 @@ pub fn quota_windows(
     // The smallest limit of each window, with its tier's thresholds.
     let mut windows: BTreeMap<(u8, Window), (u64, &[u8])> = BTreeMap::new();
     for tier in std::iter::once(running).chain(own) {
-        for (rank, limits) in [(0, &tier.limits.requests), (1, &tier.limits.tokens)] {
+        let budgets: Vec<Limit> = tier
+            .limits
+            .budgets
+            .iter()
+            .map(maas_types::Budget::as_limit)
+            .collect();
+        for (rank, limits) in [
+            (0, &tier.limits.requests),
+            (1, &tier.limits.tokens),
+            (2, &budgets),
+        ] {
             for l in limits.iter().filter(|l| !l.shadow) {
                 let entry = windows
                     .entry((rank, l.window))
@@ -630,10 +642,10 @@ pub fn quota_windows(
     let list = windows
         .into_iter()
         .map(|((rank, window), (limit, warn_at))| QuotaWindow {
-            kind: if rank == 0 {
-                LeaseKind::Requests
-            } else {
-                LeaseKind::Tokens
+            kind: match rank {
+                0 => LeaseKind::Requests,
+                1 => LeaseKind::Tokens,
+                _ => LeaseKind::Cost,
             },
             window,
             limit,
@@ -647,7 +659,7 @@ pub fn quota_windows(
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaRow {
-    /// `requests` or `tokens`.
+    /// `requests`, `tokens` or `cost` (a money budget).
     #[schema(value_type = String)]
     pub kind: &'static str,
     /// `1m`, `1h`, `1d`, …
@@ -675,6 +687,21 @@ pub struct QuotaRow {
     /// When the limit is reached at that rate, if before the window resets.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projected_exhaustion_at: Option<DateTime<Utc>>,
+    /// Kind `cost` (a money budget; `limit`, `used`, `remaining` and the burn rate are then in
+    /// nano-units): the same as exact decimals of the currency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amounts: Option<QuotaAmounts>,
+}
+
+/// A money budget's figures as decimal strings (`"10.5"`).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaAmounts {
+    #[schema(example = "10")]
+    pub limit: String,
+    pub used: String,
+    pub remaining: String,
+    pub burn_rate_per_hour: String,
 }
 
 /// The burn of a window at `now`: what was taken per hour on average since `start`, and when
@@ -793,6 +820,15 @@ pub async fn quota(
             warning,
             burn_rate_per_hour,
             projected_exhaustion_at: exhaustion.map(at),
+            amounts: (w.kind == LeaseKind::Cost).then(|| {
+                let money = |n: u64| maas_types::Money(n).to_string();
+                QuotaAmounts {
+                    limit: money(w.limit),
+                    used: money(used),
+                    remaining: money(w.limit.saturating_sub(used)),
+                    burn_rate_per_hour: money(burn_rate_per_hour),
+                }
+            }),
         });
     }
     Ok((
@@ -1060,12 +1096,12 @@ mod tests {
             .iter_mut()
             .find(|t| t.name == "premium")
             .unwrap();
-        premium.limits.requests.push(maas_types::Limit {
+        premium.limits.requests.push(Limit {
             limit: 1,
             window: serde_json::from_value(serde_json::json!("1m")).unwrap(),
             shadow: true,
         });
-        premium.limits.tokens.push(maas_types::Limit {
+        premium.limits.tokens.push(Limit {
             limit: 5,
             window: serde_json::from_value(serde_json::json!("1h")).unwrap(),
             shadow: true,

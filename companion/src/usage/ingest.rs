@@ -1,7 +1,7 @@
 //! `POST /internal/v1/usage` (internal listener only): a gateway worker's usage report batch.
 
 use super::Usage;
-use super::store::{Applied, Chargeback};
+use super::store::{Applied, Chargeback, Rates};
 use crate::http::{ApiJson, error_response};
 use crate::policy::PolicyHandle;
 use axum::Json;
@@ -79,32 +79,38 @@ pub fn check(report: &UsageReport, now_unix: u64) -> Result<(), UsageInvalid> {
 /// `billingRate.perToken`; anything else (a tier, a subscription or model no longer in the
 /// policy) nothing.
 pub fn chargeback(policy: &PolicyDocument, r: &UsageRecord) -> Chargeback {
-    let none = || Chargeback {
-        rate: "0".into(),
-        ..Chargeback::default()
-    };
-    let Some(sub) = r
+    let model_pricing = policy
+        .models
+        .iter()
+        .find(|m| m.name == r.model)
+        .and_then(|m| m.pricing);
+    let sub = r
         .tier
         .strip_prefix("subscription:")
-        .and_then(|name| policy.subscription(name))
-    else {
-        return none();
-    };
-    let rate = sub
-        .model(&r.model)
-        .and_then(|m| m.billing_rate.as_ref())
-        .map(|b| b.per_token.clone())
+        .and_then(|name| policy.subscription(name));
+    let sub_model = sub.and_then(|s| s.model(&r.model));
+    // A subscription's flat billing rate, else its prices, else the model's (money budgets
+    // charge the same prices), else nothing.
+    let rates = match sub_model.and_then(|m| m.billing_rate.as_ref()) {
         // Validated with the policy; checked again because the statement casts it.
-        .filter(|t| maas_types::policy::is_decimal(t))
-        .unwrap_or_else(|| "0".into());
-    Chargeback {
-        organization: sub
-            .token_metadata
-            .organization_id
-            .clone()
+        Some(b) if maas_types::policy::is_decimal(&b.per_token) => Rates::flat(&b.per_token),
+        _ => sub_model
+            .and_then(|m| m.pricing)
+            .or(model_pricing)
+            .map(|p| Rates {
+                input: p.input.to_string(),
+                cached_input: p.cached_input.unwrap_or(p.input).to_string(),
+                output: p.output.to_string(),
+            })
             .unwrap_or_default(),
-        cost_center: sub.token_metadata.cost_center.clone().unwrap_or_default(),
-        rate,
+    };
+    let meta = sub.map(|s| &s.token_metadata);
+    Chargeback {
+        organization: meta
+            .and_then(|m| m.organization_id.clone())
+            .unwrap_or_default(),
+        cost_center: meta.and_then(|m| m.cost_center.clone()).unwrap_or_default(),
+        rates,
     }
 }
 
@@ -193,5 +199,62 @@ mod tests {
             check(&bad, now).map_err(|e| e.field),
             Err("records[1].hourStart".to_string())
         );
+    }
+
+    /// A record's prices: the subscription's flat billing rate first, then its model's
+    /// `pricing`, then the model's own (tier usage too: money budgets charge the same), else 0.
+    #[test]
+    fn the_ledger_charges_what_money_budgets_charge() {
+        let policy = PolicyDocument::from_value(serde_json::json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "priced", "path": "/llm/priced", "tiers": ["free"],
+                 "pricing": {"input": "0.000003", "output": "0.000015", "cachedInput": "0.0000003"}},
+                {"name": "free-model", "path": "/llm/free-model", "tiers": ["free"]}],
+            "subscriptions": [
+                {"name": "flat", "owner": {"groups": ["g"]}, "tokenMetadata": {"organizationId": "o"},
+                 "models": [{"name": "priced", "tokenRateLimits": [{"limit": 9, "window": "1m"}],
+                             "billingRate": {"perToken": "0.000002"}}]},
+                {"name": "own", "owner": {"groups": ["g"]},
+                 "models": [{"name": "priced", "tokenRateLimits": [{"limit": 9, "window": "1m"}],
+                             "pricing": {"input": "0.000001", "output": "0.000004"}}]}]
+        }))
+        .unwrap();
+        let record = |tier: &str, model: &str| UsageRecord {
+            subject: "alice".into(),
+            key_id: None,
+            tier: tier.into(),
+            model: model.into(),
+            hour_start: 0,
+            requests: 1,
+            refused: Default::default(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            cached_input_tokens: 0,
+        };
+        let rates = |tier: &str, model: &str| chargeback(&policy, &record(tier, model)).rates;
+        let r = |i: &str, c: &str, o: &str| Rates {
+            input: i.into(),
+            cached_input: c.into(),
+            output: o.into(),
+        };
+        assert_eq!(
+            rates("subscription:flat", "priced"),
+            Rates::flat("0.000002")
+        );
+        assert_eq!(
+            chargeback(&policy, &record("subscription:flat", "priced")).organization,
+            "o"
+        );
+        assert_eq!(
+            rates("subscription:own", "priced"),
+            r("0.000001", "0.000001", "0.000004")
+        );
+        assert_eq!(
+            rates("free", "priced"),
+            r("0.000003", "0.0000003", "0.000015")
+        );
+        assert_eq!(rates("free", "free-model"), Rates::flat("0"));
+        assert_eq!(rates("subscription:gone", "free-model"), Rates::flat("0"));
     }
 }

@@ -103,9 +103,13 @@ impl Usage {
         let m = &self.metrics.usage;
         for r in records {
             let c = charge(r);
-            let tokens = r.prompt_tokens.saturating_add(r.completion_tokens);
-            let rate = c.rate.parse::<f64>().unwrap_or(0.0);
-            if tokens > 0 && rate > 0.0 {
+            let rate = |r: &str| r.parse::<f64>().unwrap_or(0.0);
+            let cached = r.cached_input_tokens.min(r.prompt_tokens);
+            #[allow(clippy::cast_precision_loss)] // a dashboard figure; the ledger is exact
+            let spend = (r.prompt_tokens - cached) as f64 * rate(&c.rates.input)
+                + cached as f64 * rate(&c.rates.cached_input)
+                + r.completion_tokens as f64 * rate(&c.rates.output);
+            if spend > 0.0 {
                 let or_none = |s: &str| {
                     if s.is_empty() {
                         "none".to_string()
@@ -113,8 +117,6 @@ impl Usage {
                         s.to_string()
                     }
                 };
-                #[allow(clippy::cast_precision_loss)] // a dashboard figure; the ledger is exact
-                let spend = tokens as f64 * rate;
                 m.cost
                     .get_or_create(&vec![
                         ("tier", r.tier.clone()),

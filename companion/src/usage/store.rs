@@ -36,8 +36,35 @@ pub struct Chargeback {
     pub organization: String,
     /// `tokenMetadata.costCenter`; `''` likewise.
     pub cost_center: String,
-    /// The model's `billingRate.perToken` (a validated non-negative decimal); `"0"` without.
-    pub rate: String,
+    /// The price of an uncached input token, of a cached one and of an output token (validated
+    /// non-negative decimals; `"0"` without a price): the subscription model's
+    /// `billingRate.perToken` for all three, else its `pricing`, else the model's `pricing`.
+    pub rates: Rates,
+}
+
+/// Prices per token as exact decimal strings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Rates {
+    pub input: String,
+    pub cached_input: String,
+    pub output: String,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates::flat("0")
+    }
+}
+
+impl Rates {
+    /// One price for every token.
+    pub fn flat(rate: &str) -> Rates {
+        Rates {
+            input: rate.to_string(),
+            cached_input: rate.to_string(),
+            output: rate.to_string(),
+        }
+    }
 }
 
 /// One ledger row's counts.
@@ -247,11 +274,15 @@ impl UsageStore {
         let mut cached = Vec::with_capacity(rows.len());
         let mut organizations = Vec::with_capacity(rows.len());
         let mut cost_centers = Vec::with_capacity(rows.len());
-        let mut rates = Vec::with_capacity(rows.len());
+        let mut input_rates = Vec::with_capacity(rows.len());
+        let mut cached_rates = Vec::with_capacity(rows.len());
+        let mut output_rates = Vec::with_capacity(rows.len());
         for (k, c) in rows {
             organizations.push(k.chargeback.organization);
             cost_centers.push(k.chargeback.cost_center);
-            rates.push(k.chargeback.rate);
+            input_rates.push(k.chargeback.rates.input);
+            cached_rates.push(k.chargeback.rates.cached_input);
+            output_rates.push(k.chargeback.rates.output);
             key_ids.push(k.key_id);
             subjects.push(k.subject);
             tiers.push(k.tier);
@@ -275,17 +306,18 @@ impl UsageStore {
                  SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
                         maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
                         SUM(ci)::bigint, max(o), max(cc),
-                        SUM((p + c)::numeric * rate::numeric)
+                        SUM((p - LEAST(ci, p))::numeric * ir::numeric
+                            + LEAST(ci, p)::numeric * cr::numeric + c::numeric * orate::numeric)
                  FROM (
                      -- The gateway reports a key by the key id in its secret; the ledger
                      -- names it by the key API's id. Mapped records of one row are added up
                      -- (one statement may not update a row twice).
                      SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
-                            u.p, u.c, u.ci, u.o, u.cc, u.rate
+                            u.p, u.c, u.ci, u.o, u.cc, u.ir, u.cr, u.orate
                      FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
                                  $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
-                                 $13::text[], $14::text[], $15::text[])
-                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, rate)
+                                 $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
+                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, ir, cr, orate)
                      LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
                  ) AS mapped
                  WHERE EXISTS (SELECT 1 FROM batch)
@@ -321,7 +353,9 @@ impl UsageStore {
         .bind(cached)
         .bind(organizations)
         .bind(cost_centers)
-        .bind(rates)
+        .bind(input_rates)
+        .bind(cached_rates)
+        .bind(output_rates)
         .fetch_one(pool)
         .await?;
         let new_batch: i64 = row.try_get("new_batch")?;
