@@ -25,6 +25,7 @@ mod istio_gateway;
 mod local_command;
 mod log_privacy;
 mod models_ready;
+mod money_budgets;
 mod observability;
 mod one_url;
 mod output_caps;
