@@ -85,6 +85,8 @@ export interface Tier {
   limits: {
     requests?: { limit: number; window: string }[];
     tokens?: { limit: number; window: string }[];
+    /** Money budgets: an exact decimal amount per window. */
+    budgets?: { amount: string; window: string; shadow?: boolean }[];
   };
 }
 
@@ -169,6 +171,8 @@ export interface QuotaRow {
   burnRatePerHour?: number;
   /** When the limit is reached at the current rate, if before the reset. */
   projectedExhaustionAt?: string | null;
+  /** Kind `cost` (a money budget, counted in nano-units): the figures as exact decimals. */
+  amounts?: { limit: string; used: string; remaining: string; burnRatePerHour: string } | null;
 }
 
 export function fmtDate(s: string | null | undefined): string {

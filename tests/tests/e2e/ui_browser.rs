@@ -767,7 +767,10 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
             if (u.endsWith('/v1/quota')) return answer({data: [
                 {kind: 'tokens', window: '1m', limit: 2000, used: 1700, remaining: 300, resetsAt: '2026-12-01T05:01:00Z',
                  percentUsed: 85, warning: 80, burnRatePerHour: 102000, projectedExhaustionAt: '2026-12-01T05:00:50Z'},
-                {kind: 'requests', window: '1m', limit: 30, used: 4, remaining: 26, resetsAt: '2026-12-01T05:01:00Z'}]});
+                {kind: 'requests', window: '1m', limit: 30, used: 4, remaining: 26, resetsAt: '2026-12-01T05:01:00Z'},
+                {kind: 'cost', window: '1d', limit: 50000000, used: 48300000, remaining: 1700000,
+                 resetsAt: '2026-12-02T00:00:00Z', percentUsed: 96, warning: 95,
+                 amounts: {limit: '0.05', used: '0.0483', remaining: '0.0017', burnRatePerHour: '0.01'}}]});
             if (u.endsWith('/v1/subscriptions')) return answer([
                 {subscription_id_header: 'team-a', display_name: 'Team A', priority: 1,
                  model_refs: [{name: 'sim-model', namespace: 'llm'}]}]);
@@ -834,13 +837,16 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     nav(&b, "quota").await;
     let quota = wait_for(&b, "#quota-table").await.text().await.unwrap();
     assert!(quota.contains("2,000 tokens 1m 1,700 300"), "{quota}");
+    // A money budget in its exact decimals, not in nano-units.
+    assert!(quota.contains("0.05 spend 1d 0.0483 0.0017"), "{quota}");
+    assert!(!quota.contains("50,000,000"), "{quota}");
     // The early warning, with when the window runs out at this rate.
     assert!(quota.contains("past 80% · runs out"), "{quota}");
     let warned = b
         .find_all(By::Css("#quota-table td.warning"))
         .await
         .unwrap();
-    assert_eq!(warned.len(), 1, "only the tokens window warns");
+    assert_eq!(warned.len(), 2, "the tokens window and the budget warn");
     shots.take(&b, "06b-quota-with-data").await;
     assert_desktop_layout(&b, "06b-quota-with-data").await;
     let violations = b.execute("return window.__csp;", vec![]).await.unwrap();

@@ -36,13 +36,14 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
               </thead>
               <tbody>
                 {rows.map((r) => (
-                  <tr key={`${r.kind}/${r.window}`}>
+                  <tr key={`${r.kind}/${r.window}/${r.model ?? ""}`} className={r.amounts ? "money" : undefined}>
                     <td>
-                      {r.limit.toLocaleString()} {r.kind}
+                      {r.amounts ? `${r.amounts.limit} spend` : `${r.limit.toLocaleString()} ${r.kind}`}
+                      {r.model ? ` on ${r.model}` : ""}
                     </td>
                     <td>{r.window}</td>
-                    <td>{r.used.toLocaleString()}</td>
-                    <td>{r.remaining.toLocaleString()}</td>
+                    <td>{r.amounts ? r.amounts.used : r.used.toLocaleString()}</td>
+                    <td>{r.amounts ? r.amounts.remaining : r.remaining.toLocaleString()}</td>
                     <td className="meter-cell">
                       <span className="meter">
                         <span style={{ width: `${Math.min(100, (100 * r.used) / Math.max(1, r.limit))}%` }} />
@@ -73,6 +74,11 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
             {(tier.limits.tokens ?? []).map((l) => (
               <li key={`t${l.window}`}>
                 {l.limit.toLocaleString()} tokens per {l.window}
+              </li>
+            ))}
+            {(tier.limits.budgets ?? []).filter((b) => !b.shadow).map((b) => (
+              <li key={`b${b.window}`}>
+                {b.amount} spend per {b.window}
               </li>
             ))}
           </ul>
