@@ -110,6 +110,22 @@ pub fn rate<'p>(policy: &'p PolicyDocument, tier: &str, model: &str) -> Option<&
         .map(|b| b.per_token.as_str())
 }
 
+/// The prices of `model` for a request on `tier`: its subscription model's `pricing`, else the
+/// model's own.
+pub fn pricing(policy: &PolicyDocument, tier: &str, model: &str) -> Option<maas_types::Pricing> {
+    subscription_of(tier)
+        .and_then(|s| policy.subscription(s))
+        .and_then(|s| s.model(model))
+        .and_then(|m| m.pricing)
+        .or_else(|| {
+            policy
+                .models
+                .iter()
+                .find(|m| m.name == model)
+                .and_then(|m| m.pricing)
+        })
+}
+
 /// `tokens × rate` exactly, as a decimal without trailing zeros (the ledger's `cost`, as
 /// `/v1/usage` prints it): `"0"` without a rate or for a rate that is not a decimal.
 pub fn cost(rate: Option<&str>, tokens: u64) -> String {
@@ -173,7 +189,17 @@ pub fn build(policy: &PolicyDocument, about: &About<'_>, counted: &Counted) -> O
         input_tokens: tokens.input,
         output_tokens: tokens.output,
         cached_tokens: tokens.cached,
-        cost: cost(rate(policy, about.tier, about.model), billed),
+        cost: match rate(policy, about.tier, about.model) {
+            Some(flat) => cost(Some(flat), billed),
+            // Priced per kind of token (money budgets charge the same): the ledger's rule.
+            None => pricing(policy, about.tier, about.model).map_or_else(
+                || "0".into(),
+                |p| {
+                    maas_types::Money(p.charge(tokens.input, tokens.cached, tokens.output))
+                        .to_string()
+                },
+            ),
+        },
     };
     serde_json::to_vec(&event).ok()
 }
@@ -335,6 +361,26 @@ mod tests {
         assert_eq!(rate(&p, "subscription:gone", "sim"), None);
         assert_eq!(rate(&p, "free", "sim"), None);
         assert_eq!(rate(&p, "subscription:team-a", "other"), None);
+        // Prices per kind of token where there is no flat rate: the subscription's, else the
+        // model's.
+        let priced = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [{"name": "sim", "path": "/llm/sim", "tiers": ["free"],
+                        "pricing": {"input": "0.000003", "output": "0.000015"}}],
+            "subscriptions": [{"name": "own", "owner": {"groups": ["g"]},
+                "models": [{"name": "sim", "tokenRateLimits": [{"limit": 9, "window": "1m"}],
+                            "pricing": {"input": "0.000001", "output": "0.000004"}}]}]
+        }))
+        .unwrap();
+        assert_eq!(
+            pricing(&priced, "free", "sim").map(|p| p.output.nanos()),
+            Some(15_000)
+        );
+        assert_eq!(
+            pricing(&priced, "subscription:own", "sim").map(|p| p.output.nanos()),
+            Some(4_000)
+        );
+        assert_eq!(pricing(&priced, "free", "other"), None);
     }
 
     #[test]
