@@ -237,6 +237,51 @@ pub struct UsageStore {
     migrations: MigrationState,
 }
 
+/// Adds a batch to the hourly ledger once (a known batch id adds nothing): one statement.
+const APPLY_BATCH: &str = "WITH batch AS (
+                 INSERT INTO usage_batches (replica, batch_id) VALUES ($1, $2)
+                 ON CONFLICT DO NOTHING
+                 RETURNING 1
+             ), added AS (
+                 INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
+                     requests, refused, prompt_tokens, completion_tokens, cached_input_tokens,
+                     organization, cost_center, cost)
+                 SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
+                        maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
+                        SUM(ci)::bigint, max(o), max(cc),
+                        SUM((p - LEAST(ci, p))::numeric * ir::numeric
+                            + LEAST(ci, p)::numeric * cr::numeric + c::numeric * orate::numeric)
+                 FROM (
+                     -- The gateway reports a key by the key id in its secret; the ledger
+                     -- names it by the key API's id. Mapped records of one row are added up
+                     -- (one statement may not update a row twice).
+                     SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
+                            u.p, u.c, u.ci, u.o, u.cc, u.ir, u.cr, u.orate
+                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+                                 $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
+                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, ir, cr, orate)
+                     LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
+                 ) AS mapped
+                 WHERE EXISTS (SELECT 1 FROM batch)
+                 GROUP BY k, s, t, m, hs
+                 ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
+                     requests = h.requests + EXCLUDED.requests,
+                     refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
+                     prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
+                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens,
+                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens,
+                     -- The hour keeps its first labels (a row an older release wrote gets
+                     -- them now).
+                     organization = CASE WHEN h.organization = '' THEN EXCLUDED.organization
+                                         ELSE h.organization END,
+                     cost_center = CASE WHEN h.cost_center = '' THEN EXCLUDED.cost_center
+                                        ELSE h.cost_center END,
+                     cost = h.cost + EXCLUDED.cost
+                 RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM batch) AS new_batch, (SELECT count(*) FROM added) AS rows";
+
 impl UsageStore {
     pub fn new(pool: PgPool, migrations: MigrationState) -> UsageStore {
         UsageStore { pool, migrations }
@@ -294,70 +339,26 @@ impl UsageStore {
             completion.push(to_i64(c.completion_tokens));
             cached.push(to_i64(c.cached_input_tokens));
         }
-        let row = sqlx::query(
-            "WITH batch AS (
-                 INSERT INTO usage_batches (replica, batch_id) VALUES ($1, $2)
-                 ON CONFLICT DO NOTHING
-                 RETURNING 1
-             ), added AS (
-                 INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
-                     requests, refused, prompt_tokens, completion_tokens, cached_input_tokens,
-                     organization, cost_center, cost)
-                 SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
-                        maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
-                        SUM(ci)::bigint, max(o), max(cc),
-                        SUM((p - LEAST(ci, p))::numeric * ir::numeric
-                            + LEAST(ci, p)::numeric * cr::numeric + c::numeric * orate::numeric)
-                 FROM (
-                     -- The gateway reports a key by the key id in its secret; the ledger
-                     -- names it by the key API's id. Mapped records of one row are added up
-                     -- (one statement may not update a row twice).
-                     SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
-                            u.p, u.c, u.ci, u.o, u.cc, u.ir, u.cr, u.orate
-                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
-                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
-                                 $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
-                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, ir, cr, orate)
-                     LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
-                 ) AS mapped
-                 WHERE EXISTS (SELECT 1 FROM batch)
-                 GROUP BY k, s, t, m, hs
-                 ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
-                     requests = h.requests + EXCLUDED.requests,
-                     refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
-                     prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
-                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens,
-                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens,
-                     -- The hour keeps its first labels (a row an older release wrote gets
-                     -- them now).
-                     organization = CASE WHEN h.organization = '' THEN EXCLUDED.organization
-                                         ELSE h.organization END,
-                     cost_center = CASE WHEN h.cost_center = '' THEN EXCLUDED.cost_center
-                                        ELSE h.cost_center END,
-                     cost = h.cost + EXCLUDED.cost
-                 RETURNING 1
-             )
-             SELECT (SELECT count(*) FROM batch) AS new_batch, (SELECT count(*) FROM added) AS rows",
-        )
-        .bind(replica)
-        .bind(batch_id)
-        .bind(key_ids)
-        .bind(subjects)
-        .bind(tiers)
-        .bind(models)
-        .bind(hours)
-        .bind(requests)
-        .bind(refused)
-        .bind(prompt)
-        .bind(completion)
-        .bind(cached)
-        .bind(organizations)
-        .bind(cost_centers)
-        .bind(input_rates)
-        .bind(cached_rates)
-        .bind(output_rates)
-        .fetch_one(pool)
-        .await?;
+        let row = sqlx::query(APPLY_BATCH)
+            .bind(replica)
+            .bind(batch_id)
+            .bind(key_ids)
+            .bind(subjects)
+            .bind(tiers)
+            .bind(models)
+            .bind(hours)
+            .bind(requests)
+            .bind(refused)
+            .bind(prompt)
+            .bind(completion)
+            .bind(cached)
+            .bind(organizations)
+            .bind(cost_centers)
+            .bind(input_rates)
+            .bind(cached_rates)
+            .bind(output_rates)
+            .fetch_one(pool)
+            .await?;
         let new_batch: i64 = row.try_get("new_batch")?;
         let rows: i64 = row.try_get("rows")?;
         Ok(if new_batch == 0 {

@@ -28,6 +28,9 @@ pub(crate) struct Shadowed {
     pub(crate) tier: String,
 }
 
+// `Allowed` is the common case and moves once: boxing it would allocate on every admitted
+// request (the allocation budget counts them).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Admission {
     Allowed {
