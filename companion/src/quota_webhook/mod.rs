@@ -284,18 +284,17 @@ impl Worker {
             &row.body,
         )
         .await;
-        let m = &self.metrics.quota_webhook;
-        let written = match outcome {
-            deliver::Outcome::Delivered => {
-                m.count("delivered", 1);
+        // Counted once the outcome is written: what the metric says is in the database.
+        let (result, written) = match outcome {
+            deliver::Outcome::Delivered => (
+                "delivered",
                 self.store
                     .finish(row.id, Final::Delivered, row.attempts, None)
-                    .await
-            }
+                    .await,
+            ),
             deliver::Outcome::Retry { error, retry_after }
                 if row.attempts < self.settings.max_attempts =>
             {
-                m.count("retried", 1);
                 let backoff = deliver::backoff(
                     row.attempts,
                     self.settings.retry_base,
@@ -304,16 +303,22 @@ impl Worker {
                 );
                 let delay = deliver::next_delay(backoff, retry_after, MAX_RETRY_AFTER);
                 tracing::debug!(event = %id, attempts = row.attempts, %error, "quota webhook attempt failed; retried");
-                self.store.retry_later(row.id, delay, &error).await
+                (
+                    "retried",
+                    self.store.retry_later(row.id, delay, &error).await,
+                )
             }
             deliver::Outcome::Retry { error, .. } | deliver::Outcome::Refused { error } => {
-                m.count("dead", 1);
                 tracing::warn!(event = %id, attempts = row.attempts, %error, endpoint = %self.settings.endpoint, "quota webhook event dead: not delivered");
-                self.store
-                    .finish(row.id, Final::Dead, row.attempts, Some(&error))
-                    .await
+                (
+                    "dead",
+                    self.store
+                        .finish(row.id, Final::Dead, row.attempts, Some(&error))
+                        .await,
+                )
             }
         };
+        self.metrics.quota_webhook.count(result, 1);
         // Unwritten, the claim runs out and the event is sent again (same id).
         self.database(written, "writing a delivery's outcome");
     }
