@@ -255,21 +255,27 @@ impl Worker {
                 queued += u32::from(self.record(c).await);
             }
             if queued > 0 {
-                match self.store.bound(self.settings.max_pending).await {
-                    Ok(dropped) => {
-                        if dropped > 0 {
-                            tracing::warn!(
-                                dropped,
-                                max_pending = self.settings.max_pending,
-                                "quota webhook: oldest undelivered events dropped (pending bound)"
-                            );
-                        }
-                        self.metrics.quota_webhook.count("dropped", dropped);
-                    }
-                    Err(e) => self.database(Err(e), "bounding the outbox"),
-                }
+                self.keep_bound().await;
                 self.wake.notify_one();
             }
+        }
+    }
+
+    /// Drops the oldest undelivered events beyond `max_pending`. A row being claimed at that
+    /// moment is skipped (locked): the sender calls this again while the outbox is over.
+    async fn keep_bound(&self) {
+        match self.store.bound(self.settings.max_pending).await {
+            Ok(dropped) => {
+                if dropped > 0 {
+                    tracing::warn!(
+                        dropped,
+                        max_pending = self.settings.max_pending,
+                        "quota webhook: oldest undelivered events dropped (pending bound)"
+                    );
+                }
+                self.metrics.quota_webhook.count("dropped", dropped);
+            }
+            Err(e) => self.database(Err(e), "bounding the outbox"),
         }
     }
 
@@ -332,6 +338,9 @@ impl Worker {
             match self.store.pending().await {
                 Ok(n) => {
                     self.metrics.quota_webhook.pending.set(n);
+                    if n > i64::from(self.settings.max_pending) {
+                        self.keep_bound().await;
+                    }
                 }
                 Err(e) => self.database(Err(e), "counting the outbox"),
             }
