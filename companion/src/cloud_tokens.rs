@@ -16,6 +16,8 @@
 //! A changed secret (a rotated key) is exchanged at once. The long-lived secrets and the tokens
 //! are [`SecretString`]s: never logged.
 
+pub mod gcp_federation;
+
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -38,8 +40,8 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub enum CloudSecret {
     Gcp(GcpServiceAccountKey),
-    /// Workload identity federation ([`crate::gcp_federation`]): no key, the pod's token.
-    GcpFederated(Box<crate::gcp_federation::ExternalAccount>),
+    /// Workload identity federation ([`crate::cloud_tokens::gcp_federation`]): no key, the pod's token.
+    GcpFederated(Box<gcp_federation::ExternalAccount>),
     Azure(AzureClientCredentials),
 }
 
@@ -158,7 +160,7 @@ struct Slot {
 pub struct CloudTokens {
     http: reqwest::Client,
     azure_authority: String,
-    gcp_federation: crate::gcp_federation::GcpFederation,
+    gcp_federation: gcp_federation::GcpFederation,
     slots: std::sync::Mutex<HashMap<String, std::sync::Arc<Slot>>>,
 }
 
@@ -226,7 +228,7 @@ impl CloudTokens {
         Ok(CloudTokens {
             http,
             azure_authority: azure_authority.trim_end_matches('/').to_string(),
-            gcp_federation: crate::gcp_federation::GcpFederation::default(),
+            gcp_federation: gcp_federation::GcpFederation::default(),
             slots: std::sync::Mutex::default(),
         })
     }
@@ -234,7 +236,7 @@ impl CloudTokens {
     /// Where workload identity federation may send and read tokens (`--gcp-*`).
     pub fn with_gcp_federation(
         mut self,
-        federation: crate::gcp_federation::GcpFederation,
+        federation: gcp_federation::GcpFederation,
     ) -> Result<Self, TokenError> {
         check_url("--gcp-sts-url", &federation.sts_url)?;
         check_url("--gcp-iam-credentials-url", &federation.iam_credentials_url)?;
@@ -313,8 +315,7 @@ impl CloudTokens {
     async fn exchange(&self, secret: &CloudSecret) -> Result<(String, Duration), TokenError> {
         let (endpoint, form): (String, Vec<(&str, String)>) = match secret {
             CloudSecret::GcpFederated(account) => {
-                return crate::gcp_federation::exchange(&self.http, account, &self.gcp_federation)
-                    .await;
+                return gcp_federation::exchange(&self.http, account, &self.gcp_federation).await;
             }
             CloudSecret::Gcp(key) => (
                 key.token_uri.clone(),

@@ -5,7 +5,7 @@
 //! apply at once; an entry may also be a map of the Secret data keys below), or Kubernetes
 //! Secrets named by the policy's `credentialRef` (cluster), data key `api-key` for a static key,
 //! `service-account.json` or `credential-config.json` (workload identity federation, see
-//! [`crate::gcp_federation`]) (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
+//! [`crate::cloud_tokens::gcp_federation`]) (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
 //! `client-secret` (`auth: azureClientCredentials`) for cloud credentials, which the companion
 //! exchanges for short-lived access tokens ([`crate::cloud_tokens`]) and serves in their place
 //! (Secrets cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
@@ -246,7 +246,7 @@ fn cloud_secret(
             Ok(key) => CloudSecret::Gcp(GcpServiceAccountKey::parse(key)?),
             Err(_) => match field(GCP_FEDERATION) {
                 Ok(config) => CloudSecret::GcpFederated(Box::new(
-                    crate::gcp_federation::ExternalAccount::parse(config)?,
+                    crate::cloud_tokens::gcp_federation::ExternalAccount::parse(config)?,
                 )),
                 Err(_) => {
                     return Err(TokenError::Invalid(format!(

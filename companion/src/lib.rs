@@ -31,7 +31,6 @@ mod caller;
 mod cloud_tokens;
 mod credentials;
 mod db;
-mod gcp_federation;
 mod http;
 mod identity;
 mod internal_tls;

@@ -373,7 +373,7 @@ pub struct Settings {
     /// `--azure-authority-url`, an http(s) URL.
     pub azure_authority_url: String,
     /// `--gcp-sts-url`, `--gcp-iam-credentials-url`, `--gcp-subject-token-dir`.
-    pub gcp_federation: crate::gcp_federation::GcpFederation,
+    pub gcp_federation: crate::cloud_tokens::gcp_federation::GcpFederation,
     pub keys: KeySettings,
     pub leases: LeaseSettings,
     pub usage: UsageSettings,
@@ -1197,8 +1197,8 @@ impl Cli {
         )
     }
 
-    fn gcp_federation(&mut self) -> crate::gcp_federation::GcpFederation {
-        crate::gcp_federation::GcpFederation {
+    fn gcp_federation(&mut self) -> crate::cloud_tokens::gcp_federation::GcpFederation {
+        crate::cloud_tokens::gcp_federation::GcpFederation {
             sts_url: std::mem::take(&mut self.gcp_sts_url),
             iam_credentials_url: std::mem::take(&mut self.gcp_iam_credentials_url),
             subject_token_dir: std::mem::take(&mut self.gcp_subject_token_dir),

@@ -253,7 +253,7 @@ fn identity_service(
 fn credentials_source(
     settings: &CredentialsSettings,
     azure_authority_url: &str,
-    gcp_federation: &crate::gcp_federation::GcpFederation,
+    gcp_federation: &crate::cloud_tokens::gcp_federation::GcpFederation,
     kube_client: Option<&kube::Client>,
 ) -> anyhow::Result<CredentialsSource> {
     let tokens = crate::cloud_tokens::CloudTokens::new(azure_authority_url)

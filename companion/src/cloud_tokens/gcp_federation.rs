@@ -15,7 +15,7 @@
 //! field), so writing a Secret cannot turn the companion into a file reader or a token sender
 //! to a host of the author's choosing.
 
-use crate::cloud_tokens::{GCP_SCOPE, TokenError, header_safe};
+use super::{GCP_SCOPE, TokenError, header_safe};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
