@@ -763,8 +763,12 @@ pub fn ask(
             ..Metering::default()
         }));
     }
-    // A subscription's prices replace the model's (the subscription's tier carries them).
-    let pricing = windows.iter().find_map(|t| t.pricing).or(model.pricing);
+    // A subscription's (or the tier's) prices replace the model's: the first tier counted
+    // that names some.
+    let pricing = windows
+        .iter()
+        .find_map(|t| t.pricing_of(&model.name))
+        .or(model.pricing);
     Ok(Some(Metering {
         prompt_tokens_estimate: info.map_or(0, |i| i.prompt_tokens_estimate),
         reserved: decide::reservation(info, tier),

@@ -111,12 +111,19 @@ pub fn rate<'p>(policy: &'p PolicyDocument, tier: &str, model: &str) -> Option<&
 }
 
 /// The prices of `model` for a request on `tier`: its subscription model's `pricing`, else the
-/// model's own.
+/// tier's `prices` for it, else the model's own.
 pub fn pricing(policy: &PolicyDocument, tier: &str, model: &str) -> Option<maas_types::Pricing> {
     subscription_of(tier)
         .and_then(|s| policy.subscription(s))
         .and_then(|s| s.model(model))
         .and_then(|m| m.pricing)
+        .or_else(|| {
+            policy
+                .tiers
+                .iter()
+                .find(|t| t.name == tier)
+                .and_then(|t| t.pricing_of(model))
+        })
         .or_else(|| {
             policy
                 .models

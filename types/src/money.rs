@@ -263,5 +263,18 @@ mod tests {
             ),
             "models[0].pricing",
         );
+        // A tier's prices name models of the document, and replace the model's on that tier.
+        let mut tiered = doc(json!([]), price.clone());
+        tiered["tiers"][0]["prices"] = json!({"m": {"input": "0.000001", "output": "0.000003"}});
+        let read = PolicyDocument::from_value(tiered.clone()).unwrap();
+        assert_eq!(read.tiers[0].pricing_of("m").unwrap().output.nanos(), 3_000);
+        assert_eq!(read.tiers[0].pricing_of("other"), None);
+        tiered["tiers"][0]["prices"] = json!({"gone": {"input": "1", "output": "1"}});
+        fails(
+            tiered.clone(),
+            "tiers[0].prices.gone: not a model of the document",
+        );
+        tiered["tiers"][0]["prices"] = json!({"m": {"input": "x", "output": "1"}});
+        fails(tiered, "tiers[0].prices");
     }
 }

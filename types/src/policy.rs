@@ -109,10 +109,21 @@ pub struct Tier {
         skip_serializing_if = "is_default_warn_at"
     )]
     pub warn_at: Vec<u8>,
+    /// Prices that replace models' for requests on this tier, by model name (what money
+    /// budgets and the ledger charge).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, crate::money::Pricing>,
     /// Prices that replace the model's for requests counted against this tier: only a
     /// subscription's model sets them ([`crate::Subscription::limits_tier`]); not in documents.
     #[serde(skip)]
     pub pricing: Option<crate::money::Pricing>,
+}
+
+impl Tier {
+    /// The prices this tier charges for `model`, when it replaces the model's own.
+    pub fn pricing_of(&self, model: &str) -> Option<crate::money::Pricing> {
+        self.pricing.or_else(|| self.prices.get(model).copied())
+    }
 }
 
 /// The default warning thresholds: 80 % and 95 % of a window's limit.
@@ -1250,6 +1261,14 @@ impl PolicyDocument {
             )?;
             check_limits(&format!("tiers[{i}].limits.tokens"), &t.limits.tokens, None)?;
             check_budgets(&format!("tiers[{i}].limits.budgets"), &t.limits.budgets)?;
+            for name in t.prices.keys() {
+                if !self.models.iter().any(|m| &m.name == name) {
+                    return Err(err(
+                        format!("tiers[{i}].prices.{name}"),
+                        "not a model of the document",
+                    ));
+                }
+            }
             if t.default_max_tokens == Some(0) {
                 return Err(err(
                     format!("tiers[{i}].defaultMaxTokens"),

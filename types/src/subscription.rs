@@ -284,6 +284,7 @@ impl Subscription {
             uncapped_requests: self.uncapped_requests,
             token_weights: m.token_weights,
             warn_at: self.warn_at.clone(),
+            prices: Default::default(),
             pricing: m.pricing,
         })
     }

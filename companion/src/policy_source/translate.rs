@@ -1039,6 +1039,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         uncapped_requests: Default::default(),
         token_weights: Default::default(),
         warn_at: maas_types::policy::default_warn_at(),
+        prices: Default::default(),
         pricing: None,
     };
     if doc.tiers.is_empty() {

@@ -79,11 +79,19 @@ pub fn check(report: &UsageReport, now_unix: u64) -> Result<(), UsageInvalid> {
 /// `billingRate.perToken`; anything else (a tier, a subscription or model no longer in the
 /// policy) nothing.
 pub fn chargeback(policy: &PolicyDocument, r: &UsageRecord) -> Chargeback {
+    // The tier's prices for the model, else the model's own.
     let model_pricing = policy
-        .models
+        .tiers
         .iter()
-        .find(|m| m.name == r.model)
-        .and_then(|m| m.pricing);
+        .find(|t| t.name == r.tier)
+        .and_then(|t| t.pricing_of(&r.model))
+        .or_else(|| {
+            policy
+                .models
+                .iter()
+                .find(|m| m.name == r.model)
+                .and_then(|m| m.pricing)
+        });
     let sub = r
         .tier
         .strip_prefix("subscription:")
@@ -206,9 +214,11 @@ mod tests {
     #[test]
     fn the_ledger_charges_what_money_budgets_charge() {
         let policy = PolicyDocument::from_value(serde_json::json!({
-            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]},
+                      {"name": "partner", "level": 1, "groups": ["p"],
+                       "prices": {"priced": {"input": "0.000001", "output": "0.000005"}}}],
             "models": [
-                {"name": "priced", "path": "/llm/priced", "tiers": ["free"],
+                {"name": "priced", "path": "/llm/priced", "tiers": ["free", "partner"],
                  "pricing": {"input": "0.000003", "output": "0.000015", "cachedInput": "0.0000003"}},
                 {"name": "free-model", "path": "/llm/free-model", "tiers": ["free"]}],
             "subscriptions": [
@@ -255,6 +265,10 @@ mod tests {
             r("0.000003", "0.0000003", "0.000015")
         );
         assert_eq!(rates("free", "free-model"), Rates::flat("0"));
+        assert_eq!(
+            rates("partner", "priced"),
+            r("0.000001", "0.000001", "0.000005")
+        );
         assert_eq!(rates("subscription:gone", "free-model"), Rates::flat("0"));
     }
 }

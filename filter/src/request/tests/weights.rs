@@ -372,4 +372,14 @@ fn a_subscriptions_prices_replace_the_models_and_no_budget_costs_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(m.reserve_cost(), 5 * 1_000 + 50 * 2_000);
+    // A tier's prices for the model replace the model's on that tier.
+    let mut p = priced_policy();
+    p["tiers"][0]["prices"] = json!({"sim": {"input": "0.000001", "output": "0.000002"}});
+    let fx = Fx::with(json!({"bootstrapPolicy": p}));
+    assert_eq!(
+        call(&fx, CHAT, BODY, ("application/json", USAGE_10_20)),
+        None
+    );
+    fx.write_folds();
+    assert_eq!(cost_used(&fx), 10 * 1_000 + 20 * 2_000);
 }
