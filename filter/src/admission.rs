@@ -24,7 +24,6 @@ use crate::operations::{self, OneUrl, Operation};
 use crate::path::{self, PathClass};
 use crate::request_body::RequestInfo;
 use crate::response::{Deny, Refusal};
-use maas_types::subscription::counter_subject;
 use maas_types::{CredentialsDocument, Model, PolicyDocument, Tier, TokenWeights};
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -405,7 +404,7 @@ pub fn authorize<'h>(
             tier: sub.limits_tier(&model.name).ok_or_else(|| {
                 Refusal::new(Deny::ModelNotInSubscription, "model not in subscription")
             })?,
-            counter_subject: Rc::from(counter_subject(&identity.subject, &sub.name, &model.name)),
+            counter_subject: Rc::from(sub.counter_subject_of(&identity.subject, &model.name)),
         })),
         None => None,
     };

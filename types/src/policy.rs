@@ -953,6 +953,10 @@ pub struct Subscription {
         skip_serializing_if = "is_default_warn_at"
     )]
     pub warn_at: Vec<u8>,
+    /// Ours (issue 30): the limits and budgets of each model are one pool shared by every user
+    /// of the subscription; by default each user has their own, as the reference counts them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pool: bool,
 }
 
 /// Who has the subscription: any listed user, or any member of a listed group.

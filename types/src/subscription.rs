@@ -256,6 +256,15 @@ pub fn counter_subject(subject: &str, subscription: &str, model: &str) -> String
     out
 }
 
+impl Subscription {
+    /// The counter `subject`'s requests on `model` count in under this subscription: their
+    /// own, or the subscription's pool ([`counter_subject`] with an empty subject, which no
+    /// caller has).
+    pub fn counter_subject_of(&self, subject: &str, model: &str) -> String {
+        counter_subject(if self.pool { "" } else { subject }, &self.name, model)
+    }
+}
+
 /// The name of the tier that stands for a subscription's limits ([`Subscription::limits_tier`]):
 /// `subscription:<name>` (shown in 429 messages and metric labels).
 pub fn limits_tier_name(subscription: &str) -> String {
@@ -735,6 +744,53 @@ mod tests {
             counter_subject("c/d", "s", "b"),
             counter_subject("d", "s", "b/c")
         );
+    }
+
+    #[test]
+    fn a_pooled_subscription_counts_every_user_in_one_counter() {
+        let mut d = doc(sample());
+        let plain = d.subscription("premium-sub").unwrap().clone();
+        assert_eq!(
+            plain.counter_subject_of("alice", "sim"),
+            counter_subject("alice", "premium-sub", "sim")
+        );
+        assert_ne!(
+            plain.counter_subject_of("alice", "sim"),
+            plain.counter_subject_of("bob", "sim")
+        );
+        let sub = d
+            .subscriptions
+            .iter_mut()
+            .find(|s| s.name == "premium-sub")
+            .unwrap();
+        sub.pool = true;
+        let pooled = sub.clone();
+        assert_eq!(
+            pooled.counter_subject_of("alice", "sim"),
+            pooled.counter_subject_of("bob", "sim")
+        );
+        assert_ne!(
+            pooled.counter_subject_of("alice", "sim"),
+            pooled.counter_subject_of("alice", "big"),
+            "one pool per model"
+        );
+        // Written and read back; absent when false.
+        let v = serde_json::to_value(&d).unwrap();
+        assert!(
+            v["subscriptions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["pool"] == true)
+        );
+        assert!(
+            v["subscriptions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s.get("pool").is_none())
+        );
+        assert_eq!(PolicyDocument::from_value(v).unwrap(), d);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub const KIND_EXTERNAL_MODEL: &str = "ExternalModel";
 pub const KIND_EXTERNAL_PROVIDER: &str = "ExternalProvider";
 pub const KIND_AUTH_POLICY: &str = "MaaSAuthPolicy";
 pub const KIND_SUBSCRIPTION: &str = "MaaSSubscription";
+/// A MaaSSubscription annotated `"true"` shares its limits and budgets among all its users
+/// (the policy's `subscriptions[].pool`).
+pub const POOL_ANNOTATION: &str = "maas-gateway.io/pool";
 
 /// The resources as listed (any order; translated sorted by namespace and name).
 #[derive(Debug, Clone, Default)]
@@ -1006,6 +1009,8 @@ fn subscription_of(
             default_max_tokens: None,
             uncapped_requests: Default::default(),
             warn_at: maas_types::policy::default_warn_at(),
+            // Ours: the reference's CRD has no pool; an annotation opts a subscription in.
+            pool: annotation(s, POOL_ANNOTATION) == Some("true"),
         },
         index,
     ))
@@ -1287,6 +1292,31 @@ spec:
         assert_eq!(names, ["facebook-opt-125m-simulated"]);
         assert_eq!(t.notes.len(), 2, "{:?}", t.notes);
         assert!(t.invalid.is_empty());
+    }
+
+    #[test]
+    fn a_subscription_annotated_as_a_pool_shares_its_limits() {
+        let pooled = r#"
+apiVersion: maas.opendatahub.io/v1alpha1
+kind: MaaSSubscription
+metadata:
+  name: shared
+  namespace: models-as-a-service
+  annotations: {maas-gateway.io/pool: "true"}
+spec:
+  owner: {groups: [{name: system:authenticated}]}
+  modelRefs:
+    - {name: facebook-opt-125m-simulated, namespace: llm, tokenRateLimits: [{limit: 5, window: 1m}]}
+"#;
+        let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{pooled}")));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert!(t.document.subscription("shared").unwrap().pool);
+        assert!(
+            !t.document
+                .subscription("simulator-subscription")
+                .unwrap()
+                .pool
+        );
     }
 
     #[test]

@@ -307,6 +307,29 @@ mod tests {
     }
 
     #[test]
+    fn a_pooled_subscription_counter_warns_for_no_one_user() {
+        let p = policy();
+        let pool = item(
+            &counter_subject("", "team", "m"),
+            LeaseKind::Tokens,
+            3600,
+            200,
+        );
+        let c = crossings(&p, &pool, 180);
+        assert_eq!(thresholds(&c), [(90, false, 200)]);
+        assert_eq!(c[0].user, "");
+        let body: serde_json::Value = serde_json::from_str(&super::super::event_body(
+            &c[0],
+            uuid::Uuid::nil(),
+            chrono::Utc::now(),
+        ))
+        .unwrap();
+        assert!(body.get("subject").is_none(), "{body}");
+        assert_eq!(body["scope"]["pool"], true, "{body}");
+        assert_eq!(body["scope"]["subscription"], "team", "{body}");
+    }
+
+    #[test]
     fn a_counter_the_policy_no_longer_limits_gives_nothing() {
         let p = policy();
         // No tier has a 1m token limit of 999; no such subscription or model; a zero window.

@@ -61,8 +61,10 @@ pub struct QuotaWarningEvent {
     pub event_type: &'static str,
     pub id: String,
     pub created_at: String,
-    /// The user's keyed pseudonym (`crate::pseudonym::subject`).
-    pub subject: String,
+    /// The user's keyed pseudonym (`crate::pseudonym::subject`); none for a subscription's
+    /// pool, which is everyone's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     pub scope: EventScope,
     pub kind: &'static str,
     pub window: String,
@@ -82,6 +84,9 @@ pub struct EventScope {
     pub subscription: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The subscription's limits are one pool for all its users (`subscriptions[].pool`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pool: bool,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -95,18 +100,21 @@ pub fn event_body(c: &Crossing, id: Uuid, now: DateTime<Utc>) -> String {
             tier: Some(name.clone()),
             subscription: None,
             model: None,
+            pool: false,
         },
         Scope::Subscription { name, model } => EventScope {
             tier: None,
             subscription: Some(name.clone()),
             model: Some(model.clone()),
+            // A pool's counter names no user (`Subscription::counter_subject_of`).
+            pool: c.user.is_empty(),
         },
     };
     let event = QuotaWarningEvent {
         event_type: "quota.warning",
         id: id.to_string(),
         created_at: rfc3339(now),
-        subject: crate::pseudonym::subject(&c.user),
+        subject: (!c.user.is_empty()).then(|| crate::pseudonym::subject(&c.user)),
         scope,
         kind: c.kind.as_str(),
         window: c.window.to_string(),

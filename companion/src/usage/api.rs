@@ -792,9 +792,10 @@ pub async fn quota(
         let start = w.window.start_of(now);
         // The counter the gateways enforce against (the same function as theirs).
         let counter = match (&subscription, &w.model) {
-            (Some(sub), Some(model)) => {
-                maas_types::subscription::counter_subject(&caller.username, sub, model)
-            }
+            (Some(sub), Some(model)) => match policy.subscription(sub) {
+                Some(s) => s.counter_subject_of(&caller.username, model),
+                None => maas_types::subscription::counter_subject(&caller.username, sub, model),
+            },
             _ => caller.username.clone(),
         };
         let used = leases

@@ -29,6 +29,7 @@ mod money_budgets;
 mod observability;
 mod one_url;
 mod output_caps;
+mod pools;
 mod quota_webhook;
 mod rate_limit_headers;
 mod reliability_faults;

@@ -1,0 +1,237 @@
+//! A subscription's pool across gateway replicas (issue 30): two Envoys with the release .wasm,
+//! each with its own companion, one Redis, one PostgreSQL. Subscription `team` has `pool: true`:
+//! its 30 requests a day on `sim-model` are one budget for all its users. Three users calling
+//! at once on both replicas are held to those 30 together — never more, and the whole pool is
+//! usable — `/v1/quota` shows each of them the pool's count, and a 429 names the subscription.
+//! Subscription `solo` (no pool) keeps the reference's rule: each user has their own budget.
+//!
+//! Prints a `pool figure:` line (requests admitted against the pool's limit): the overshoot the
+//! lead reports.
+
+use crate::helpers::{Reply, client, send};
+use maas_e2e::{Stack, StackOptions};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const POLICY: &str = r#"
+tiers:
+  - name: free
+    level: 0
+    groups: [system:authenticated]
+    limits:
+      tokens: [{limit: 1000000, window: 1d}]
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [free]
+    backend: simulator
+subscriptions:
+  - name: team
+    pool: true
+    owner: {groups: [team]}
+    models:
+      - name: sim-model
+        tokenRateLimits: [{limit: 1000000, window: 1d}]
+        requestRateLimits: [{limit: 30, window: 1d}]
+  - name: solo
+    owner: {groups: [team]}
+    models:
+      - name: sim-model
+        tokenRateLimits: [{limit: 1000000, window: 1d}]
+        requestRateLimits: [{limit: 4, window: 1d}]
+"#;
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: alice-token, username: alice, groups: [system:authenticated, team]}
+  - {token: bob-token, username: bob, groups: [system:authenticated, team]}
+  - {token: carol-token, username: carol, groups: [system:authenticated, team]}
+"#;
+
+const USERS: [&str; 3] = ["alice-token", "bob-token", "carol-token"];
+const CHAT: &str = "/llm/sim-model/v1/chat/completions";
+const REPLICAS: usize = 2;
+const POOL: u64 = 30;
+
+async fn start_stack() -> Arc<Stack> {
+    let stack = tokio::task::spawn_blocking(move || {
+        Stack::start(
+            StackOptions::default()
+                .with_policy_yaml(POLICY)
+                .with_identities_yaml(IDENTITIES)
+                .with_credentials_yaml("credentials: {}\n")
+                .with_replicas(REPLICAS),
+        )
+    })
+    .await
+    .expect("stack start did not panic")
+    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    assert!(stack.has_redis());
+    Arc::new(stack)
+}
+
+/// A key of `token`'s user bound to `subscription`.
+async fn key_for(stack: &Stack, token: &str, subscription: &str) -> String {
+    let v = stack
+        .mint_key(
+            token,
+            json!({"name": format!("{subscription}-key"), "subscription": subscription}),
+        )
+        .await
+        .expect("minted");
+    assert_eq!(v["subscription"], subscription, "{v}");
+    v["key"].as_str().expect("key").to_string()
+}
+
+async fn chat_at(stack: &Stack, replica: usize, key: &str) -> Reply {
+    send(
+        client()
+            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
+            .bearer_auth(key)
+            .json(&json!({"model": "sim-model", "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await
+}
+
+/// Whether `r` was admitted; a refusal must be the subscription's request limit.
+fn admitted(r: &Reply, subscription: &str) -> bool {
+    match r.status {
+        200 => true,
+        429 => {
+            let e = r.error(429);
+            let m = e["message"].as_str().unwrap_or_default();
+            assert!(
+                m.contains("for requests") && m.contains(&format!("subscription:{subscription}")),
+                "{}",
+                r.body
+            );
+            false
+        }
+        other => panic!("unexpected {other}: {}", r.body),
+    }
+}
+
+/// The `/v1/quota` requests row of a key bound to a subscription.
+async fn quota_requests(stack: &Stack, key: &str) -> Value {
+    let quota: Value = client()
+        .get(format!("{}/v1/quota", stack.companion_public_url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("quota")
+        .json()
+        .await
+        .expect("quota json");
+    quota["data"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["kind"] == "requests"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no requests row: {quota}"))
+}
+
+/// Three users at once on both replicas spend one pool: together exactly its 30 requests (none
+/// over, the whole pool usable once a replica's idle lease went back), each of them served
+/// some, and each sees the pool's count in `/v1/quota`.
+#[tokio::test]
+async fn three_users_share_one_pool_across_replicas_and_never_exceed_it() {
+    let stack = start_stack().await;
+    let mut keys = Vec::new();
+    for token in USERS {
+        keys.push(key_for(&stack, token, "team").await);
+    }
+    let mut tasks = Vec::new();
+    for (n, key) in keys.iter().cycle().take(6).enumerate() {
+        let (stack, key) = (Arc::clone(&stack), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut refused_in_a_row, mut i) = (0u64, 0, n);
+            while refused_in_a_row < 3 {
+                if admitted(&chat_at(&stack, i % REPLICAS, &key).await, "team") {
+                    ok += 1;
+                    refused_in_a_row = 0;
+                } else {
+                    refused_in_a_row += 1;
+                }
+                i += 1;
+                assert!(ok <= POOL, "a client alone was admitted {ok} > {POOL}");
+            }
+            (n % USERS.len(), ok)
+        }));
+    }
+    let mut per_user = [0u64; 3];
+    for t in tasks {
+        let (user, ok) = t.await.expect("client task");
+        if let Some(slot) = per_user.get_mut(user) {
+            *slot += ok;
+        }
+    }
+    let concurrent: u64 = per_user.iter().sum();
+    assert!(concurrent <= POOL, "admitted {concurrent} > pool {POOL}");
+    // What a replica leased and did not use goes back when it idles: the rest of the pool is
+    // then usable from either replica.
+    let mut total = concurrent;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while total < POOL && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let key = keys.get(i % keys.len()).expect("a key");
+        if admitted(&chat_at(&stack, i % REPLICAS, key).await, "team") {
+            total += 1;
+        }
+        i += 1;
+    }
+    eprintln!(
+        "pool figure: 3 users on {REPLICAS} replicas admitted {total} of a pool of {POOL} \
+         ({concurrent} while all six clients ran; per user {per_user:?}; over by {})",
+        total.saturating_sub(POOL)
+    );
+    assert_eq!(total, POOL, "the pool is neither exceeded nor lost");
+    assert!(
+        per_user.iter().all(|n| *n > 0),
+        "every user was served from the pool: {per_user:?}"
+    );
+    // Full now: every user is refused on either replica.
+    for (n, key) in keys.iter().enumerate() {
+        assert!(!admitted(&chat_at(&stack, n % REPLICAS, key).await, "team"));
+    }
+    for key in &keys {
+        let row = quota_requests(&stack, key).await;
+        assert_eq!(row["limit"], POOL, "{row}");
+        assert_eq!(row["used"], POOL, "each user sees the pool's count: {row}");
+        assert_eq!(row["remaining"], 0, "{row}");
+    }
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}
+
+/// Without `pool` each user has their own budget (the reference's rule): alice spending all of
+/// hers leaves bob's whole (one replica: this is about whose counter, not about leases); and a
+/// pooled subscription's quota is not the unpooled one's.
+#[tokio::test]
+async fn without_a_pool_each_user_keeps_their_own_budget() {
+    let stack = start_stack().await;
+    let alice = key_for(&stack, "alice-token", "solo").await;
+    let bob = key_for(&stack, "bob-token", "solo").await;
+    let mut alice_ok = 0;
+    for _ in 0..6 {
+        if admitted(&chat_at(&stack, 0, &alice).await, "solo") {
+            alice_ok += 1;
+        }
+    }
+    assert_eq!(alice_ok, 4, "alice's own 4 requests");
+    let mut bob_ok = 0;
+    for _ in 0..6 {
+        if admitted(&chat_at(&stack, 0, &bob).await, "solo") {
+            bob_ok += 1;
+        }
+    }
+    assert_eq!(bob_ok, 4, "bob's budget is his own");
+    assert_eq!(quota_requests(&stack, &alice).await["used"], 4);
+    let carol_team = key_for(&stack, "carol-token", "team").await;
+    assert_eq!(quota_requests(&stack, &carol_team).await["used"], 0);
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}
