@@ -360,6 +360,8 @@ pub struct Caller<'a, 'h> {
     pub counter_key: Option<Rc<str>>,
     /// The request's clock (unix s): a provider access token past its expiry is never sent.
     pub now_s: u64,
+    /// The body, read before authorisation (the one base URL), asked for a stream.
+    pub stream: bool,
 }
 
 /// When the upstream check reads the cluster Envoy routed the request to.
@@ -434,7 +436,12 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
-    let upstream_path = crate::provider::upstream_path(model.provider.as_ref(), op.operation)?;
+    let upstream_path = crate::provider::upstream_path(
+        model.provider.as_ref(),
+        model.served_name.as_deref().unwrap_or(&model.name),
+        op.operation,
+        caller.stream,
+    )?;
     let routing = match upstream {
         // A rewritten path matches no route of the model's prefix: the routing header has
         // Envoy route it to the model's cluster (as at the one base URL).

@@ -1,6 +1,6 @@
 //! Where a provider's request goes: the provider's own path for the OpenAI-shaped operation the
-//! client called (Azure OpenAI deployments, Vertex AI's OpenAI-compatible endpoint), from the
-//! model's policy. A plain function over plain data; the request state machine sets the result
+//! client called (Azure OpenAI deployments, Vertex AI's OpenAI-compatible endpoint, a Vertex AI
+//! partner model's own endpoint), from the model's policy. A plain function over plain data; the request state machine sets the result
 //! as `:path` (with the routing header, so Envoy routes the rewritten path to the model's
 //! cluster, see [`crate::admission::authorize`]).
 //!
@@ -15,10 +15,13 @@ use maas_types::{Provider, ProviderPath};
 /// The path to send instead of the client's, when the model's provider has its own path scheme
 /// (`None`: the path goes as the client sent it). An operation the provider's scheme has no
 /// path for is refused (404 `operation_not_allowed`), never forwarded to a path the provider
-/// would answer otherwise.
+/// would answer otherwise. `model_id`: the model's id at the provider (its served name, else its
+/// name); `stream`: the body asked for a stream (a partner model streams at another method).
 pub fn upstream_path(
     provider: Option<&Provider>,
+    model_id: &str,
     operation: Operation,
+    stream: bool,
 ) -> Result<Option<String>, Refusal> {
     let Some(scheme) = provider.and_then(Provider::path) else {
         return Ok(None);
@@ -44,7 +47,35 @@ pub fn upstream_path(
             ))),
             _ => Err(not_served("chat/completions")),
         },
+        ProviderPath::VertexPublisher {
+            project,
+            location,
+            publisher,
+        } => match operation {
+            // Chat is translated to Messages first (the model's API family is Anthropic).
+            Operation::Messages | Operation::ChatCompletions => {
+                let method = if stream {
+                    "streamRawPredict"
+                } else {
+                    "rawPredict"
+                };
+                Ok(Some(format!(
+                    "/v1/projects/{project}/locations/{location}/publishers/{}/models/{model_id}:{method}",
+                    publisher.as_str()
+                )))
+            }
+            _ => Err(not_served("messages and chat/completions")),
+        },
     }
+}
+
+/// Whether the model's upstream path depends on the body's `stream` (known only once the body
+/// is read: the headers must wait for it).
+pub fn path_follows_stream(provider: Option<&Provider>) -> bool {
+    matches!(
+        provider.and_then(Provider::path),
+        Some(ProviderPath::VertexPublisher { .. })
+    )
 }
 
 fn not_served(served: &str) -> Refusal {
@@ -93,17 +124,20 @@ mod tests {
                 "/openai/deployments/gpt-4o/embeddings?api-version=2024-10-21",
             ),
         ] {
-            assert_eq!(upstream_path(Some(&p), op).unwrap().as_deref(), Some(path));
+            assert_eq!(
+                upstream_path(Some(&p), "m", op, false).unwrap().as_deref(),
+                Some(path)
+            );
         }
         let p = azure(Some("d"), Some("2025-01-01-preview"));
         assert_eq!(
-            upstream_path(Some(&p), Operation::ChatCompletions)
+            upstream_path(Some(&p), "m", Operation::ChatCompletions, false)
                 .unwrap()
                 .as_deref(),
             Some("/openai/deployments/d/chat/completions?api-version=2025-01-01-preview")
         );
         for op in [Operation::Responses, Operation::Models, Operation::Custom] {
-            let r = upstream_path(Some(&p), op).unwrap_err();
+            let r = upstream_path(Some(&p), "m", op, false).unwrap_err();
             assert_eq!(r.deny, Deny::OperationNotAllowed, "{op:?}");
         }
     }
@@ -111,7 +145,7 @@ mod tests {
     #[test]
     fn vertex_gets_its_project_and_location_path() {
         assert_eq!(
-            upstream_path(Some(&vertex()), Operation::ChatCompletions)
+            upstream_path(Some(&vertex()), "m", Operation::ChatCompletions, false)
                 .unwrap()
                 .as_deref(),
             Some("/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions")
@@ -121,14 +155,49 @@ mod tests {
             Operation::Completions,
             Operation::Models,
         ] {
-            assert!(upstream_path(Some(&vertex()), op).is_err(), "{op:?}");
+            assert!(
+                upstream_path(Some(&vertex()), "m", op, false).is_err(),
+                "{op:?}"
+            );
         }
+    }
+
+    #[test]
+    fn a_vertex_partner_model_gets_its_publisher_path_by_stream() {
+        let claude = Provider {
+            publisher: Some(maas_types::VertexPublisher::Anthropic),
+            ..vertex()
+        };
+        let base = "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514";
+        for op in [Operation::Messages, Operation::ChatCompletions] {
+            for (stream, method) in [(false, "rawPredict"), (true, "streamRawPredict")] {
+                assert_eq!(
+                    upstream_path(Some(&claude), "claude-sonnet-4@20250514", op, stream)
+                        .unwrap()
+                        .as_deref(),
+                    Some(format!("{base}:{method}").as_str()),
+                    "{op:?}"
+                );
+            }
+        }
+        for op in [
+            Operation::CountTokens,
+            Operation::Embeddings,
+            Operation::Responses,
+            Operation::Custom,
+        ] {
+            let r = upstream_path(Some(&claude), "c", op, false).unwrap_err();
+            assert_eq!(r.deny, Deny::OperationNotAllowed, "{op:?}");
+        }
+        assert!(path_follows_stream(Some(&claude)));
+        assert!(!path_follows_stream(Some(&vertex())));
+        assert!(!path_follows_stream(None));
     }
 
     #[test]
     fn without_a_path_scheme_the_path_goes_as_sent() {
         assert_eq!(
-            upstream_path(None, Operation::ChatCompletions).unwrap(),
+            upstream_path(None, "m", Operation::ChatCompletions, false).unwrap(),
             None
         );
         // Azure without a deployment, Vertex without project/location, OpenAI: as before.
@@ -143,7 +212,7 @@ mod tests {
                 Operation::Models,
                 Operation::Custom,
             ] {
-                assert_eq!(upstream_path(Some(p), op).unwrap(), None);
+                assert_eq!(upstream_path(Some(p), "m", op, true).unwrap(), None);
             }
         }
     }

@@ -666,7 +666,11 @@ impl Request {
         };
         apply_header_plan(host, &plan);
         drop(plan);
+        // A partner model on Vertex has its path from the plan (Vertex's own, not /v1/messages).
         if self.traits().is_some_and(|t| t.translate)
+            && !self
+                .model()
+                .is_some_and(|m| crate::provider::path_follows_stream(m.provider.as_ref()))
             && let Err(r) = translate_headers(host, &headers)
         {
             self.refuse(host, &r);
@@ -806,6 +810,10 @@ impl Request {
                 header_names: &names,
                 counter_key,
                 now_s,
+                stream: self
+                    .body
+                    .info()
+                    .is_some_and(|i| i.as_ref().is_ok_and(|i| i.stream)),
             },
             if route.by_body {
                 Upstream::AfterRouting
@@ -1047,6 +1055,17 @@ impl Request {
         if let Phase::BodyBuffering { headers_held, .. } = &mut self.phase {
             *headers_held = false;
         }
+    }
+
+    /// The request headers still wait for the body (so they may still change).
+    pub(super) fn headers_held(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::BodyBuffering {
+                headers_held: true,
+                ..
+            } | Phase::AwaitingModel { .. }
+        )
     }
 
     /// Holding its headers, this request waits for a body that has not reached the filter.

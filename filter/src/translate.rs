@@ -36,6 +36,21 @@ pub fn messages_path(path: &str) -> Option<String> {
     Some(format!("{prefix}{MESSAGES_PATH}"))
 }
 
+/// A Messages body as Claude on Vertex AI takes it: no `model` (the path names it) and
+/// `anthropic_version` in the body (Vertex reads no `anthropic-version` header). Anything that
+/// is not a JSON object is refused.
+pub fn vertex_messages_body(body: &[u8]) -> Result<Vec<u8>, String> {
+    let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(body) else {
+        return Err("the body is not a JSON object".to_string());
+    };
+    map.remove("model");
+    map.insert(
+        "anthropic_version".to_string(),
+        json!(maas_types::VERTEX_ANTHROPIC_VERSION),
+    );
+    serde_json::to_vec(&Value::Object(map)).map_err(|e| e.to_string())
+}
+
 /// OpenAI's `finish_reason` for an Anthropic `stop_reason`.
 pub fn finish_reason(stop_reason: Option<&str>) -> Value {
     match stop_reason {
@@ -75,6 +90,21 @@ pub fn openai_error(anthropic: &Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vertex_body_names_no_model_and_carries_the_vertex_version() {
+        let out = vertex_messages_body(
+            br#"{"model":"claude","max_tokens":5,"anthropic_version":"x","messages":[]}"#,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            json!({"max_tokens": 5, "anthropic_version": "vertex-2023-10-16", "messages": []})
+        );
+        assert!(vertex_messages_body(b"[1]").is_err());
+        assert!(vertex_messages_body(b"{").is_err());
+    }
 
     #[test]
     fn the_path_keeps_its_prefix_and_drops_the_query() {

@@ -9,6 +9,11 @@
 //! - Vertex AI: only `POST /v1/projects/<project>/locations/<location>/endpoints/openapi/
 //!   chat/completions` (else 404), with `Authorization: Bearer` and a Google access token it
 //!   issued that has not expired (else 401 `UNAUTHENTICATED`).
+//! - Claude on Vertex AI: only `POST /v1/projects/<project>/locations/<location>/publishers/
+//!   anthropic/models/<VERTEX_CLAUDE_MODEL>:rawPredict` (a JSON Messages answer) and
+//!   `:streamRawPredict` (Messages SSE), with the same bearer token; the body must be an
+//!   Anthropic Messages body without `model`, with `anthropic_version: vertex-2023-10-16` and
+//!   `max_tokens`, `stream: true` exactly at the stream method (else 400 `INVALID_ARGUMENT`).
 //! - Google's token endpoint `POST /gcp/token`: the JWT bearer grant only; the assertion's
 //!   RS256 signature is verified against the service-account key's public key, and its `iss`
 //!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
@@ -35,6 +40,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The Claude model id the Vertex simulator serves (Vertex's `name@version` form).
+pub const VERTEX_CLAUDE_MODEL: &str = "claude-sonnet-4@20250514";
 
 /// The `api-version`s the Azure simulator knows.
 pub const AZURE_API_VERSIONS: &[&str] = &["2024-06-01", "2024-10-21", "2025-01-01-preview"];
@@ -463,6 +471,91 @@ fn completion(op: &str) -> Response {
     axum::Json(body).into_response()
 }
 
+fn google_error(status: StatusCode, message: &str) -> Response {
+    let code = status.as_u16();
+    let name = if code == 401 {
+        "UNAUTHENTICATED"
+    } else {
+        "INVALID_ARGUMENT"
+    };
+    (
+        status,
+        axum::Json(json!({"error": {"code": code, "status": name, "message": message}})),
+    )
+        .into_response()
+}
+
+/// Claude on Vertex: the body checked as Vertex checks it, answered as Anthropic answers (text
+/// `tok0 tok1`, usage 3 input and 2 output tokens).
+fn claude_on_vertex(method: &str, body: &Value) -> Response {
+    let stream = body["stream"] == json!(true);
+    let problem = if !body.is_object() {
+        Some("the body is not a JSON object")
+    } else if body.get("model").is_some() {
+        Some("Invalid JSON payload received. Unknown name \"model\": the model is in the URL")
+    } else if body["anthropic_version"] != json!("vertex-2023-10-16") {
+        Some("anthropic_version: must be vertex-2023-10-16")
+    } else if !body["max_tokens"].is_u64() || !body["messages"].is_array() {
+        Some("max_tokens and messages are required")
+    } else if stream != (method == "streamRawPredict") {
+        Some("stream: true goes to streamRawPredict, and only there")
+    } else {
+        None
+    };
+    if let Some(why) = problem {
+        return google_error(StatusCode::BAD_REQUEST, why);
+    }
+    let usage = json!({"input_tokens": 3, "output_tokens": 2});
+    if !stream {
+        return axum::Json(
+            json!({"id": "msg_vrtx", "type": "message", "role": "assistant",
+            "model": VERTEX_CLAUDE_MODEL, "content": [{"type": "text", "text": "tok0 tok1"}],
+            "stop_reason": "max_tokens", "stop_sequence": null, "usage": usage}),
+        )
+        .into_response();
+    }
+    let events = [
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_vrtx",
+            "type": "message", "role": "assistant", "model": VERTEX_CLAUDE_MODEL, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "tok0"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": " tok1"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+            "usage": {"output_tokens": 2}}),
+        ),
+        ("message_stop", json!({"type": "message_stop"})),
+    ];
+    let mut text = String::new();
+    for (event, data) in events {
+        text.push_str(&format!("event: {event}\ndata: {data}\n\n"));
+    }
+    ([("content-type", "text/event-stream")], text).into_response()
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get("authorization")?
@@ -559,6 +652,22 @@ fn answer(
         "/v1/projects/{}/locations/{}/endpoints/openapi/chat/completions",
         c.vertex_project, c.vertex_location
     );
+    let claude = format!(
+        "/v1/projects/{}/locations/{}/publishers/anthropic/models/{VERTEX_CLAUDE_MODEL}:",
+        c.vertex_project, c.vertex_location
+    );
+    if let Some(vertex_method) = path.strip_prefix(&claude)
+        && matches!(vertex_method, "rawPredict" | "streamRawPredict")
+        && method == axum::http::Method::POST
+    {
+        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
+            return google_error(
+                StatusCode::UNAUTHORIZED,
+                "Request had invalid authentication credentials.",
+            );
+        }
+        return claude_on_vertex(vertex_method, body);
+    }
     if path == vertex && method == axum::http::Method::POST {
         if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
             return (

@@ -423,6 +423,9 @@ impl Model {
         match (self.api, &self.provider) {
             (Some(api), _) => api,
             (None, Some(p)) if p.kind == ProviderKind::Anthropic => ApiFamily::Anthropic,
+            (None, Some(p)) if p.publisher == Some(VertexPublisher::Anthropic) => {
+                ApiFamily::Anthropic
+            }
             _ => ApiFamily::Openai,
         }
     }
@@ -464,7 +467,32 @@ pub struct Provider {
     /// vertex: the region (e.g. `us-central1`, or `global`); required with `project`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// vertex, with project and location: the model is a partner model of this publisher,
+    /// called at its own endpoint in its own API (`anthropic`: Claude on Vertex AI, Anthropic
+    /// Messages at `…/publishers/anthropic/models/{model}:rawPredict` or `:streamRawPredict`,
+    /// the model's `servedName` else its name in the path). The model's API family follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<VertexPublisher>,
 }
+
+/// A Vertex AI partner-model publisher the gateway speaks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VertexPublisher {
+    /// Anthropic's Claude models: Anthropic Messages, `anthropic_version` in the body.
+    Anthropic,
+}
+
+impl VertexPublisher {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            VertexPublisher::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// The `anthropic_version` Vertex AI requires in the body of Claude requests.
+pub const VERTEX_ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
 
 /// The `api-version` an Azure OpenAI deployment is called with when the policy names none
 /// (the latest generally available data-plane inference version).
@@ -512,6 +540,12 @@ pub enum ProviderPath<'a> {
     },
     /// `/v1/projects/{project}/locations/{location}/endpoints/openapi/…`
     VertexOpenapi { project: &'a str, location: &'a str },
+    /// `/v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model}:…`
+    VertexPublisher {
+        project: &'a str,
+        location: &'a str,
+        publisher: VertexPublisher,
+    },
 }
 
 impl Provider {
@@ -525,6 +559,7 @@ impl Provider {
             api_version: None,
             project: None,
             location: None,
+            publisher: None,
         }
     }
 
@@ -541,7 +576,14 @@ impl Provider {
                 })
             }
             (ProviderKind::Vertex, _, Some(project), Some(location)) => {
-                Some(ProviderPath::VertexOpenapi { project, location })
+                Some(match self.publisher {
+                    Some(publisher) => ProviderPath::VertexPublisher {
+                        project,
+                        location,
+                        publisher,
+                    },
+                    None => ProviderPath::VertexOpenapi { project, location },
+                })
             }
             _ => None,
         }
@@ -603,6 +645,25 @@ fn check_path_segment(at: String, v: &str) -> Result<(), PolicyError> {
     }
 }
 
+/// A partner model's id in a Vertex AI path (`claude-sonnet-4@20250514`): a path segment that
+/// may also hold `@` (Vertex's version separator), and no `:` (the method's separator).
+fn check_publisher_model(at: String, v: &str) -> Result<(), PolicyError> {
+    let ok = !v.is_empty()
+        && v.len() <= 128
+        && v != "."
+        && v != ".."
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            at,
+            "must be 1 to 128 letters, digits, '.', '_', '-' or '@' for a vertex publisher model (it becomes one segment of the provider's path; set servedName to the publisher's model id)",
+        ))
+    }
+}
+
 /// A provider's path fields and auth belong to its type, and come in the sets they are used in.
 fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
     let only_for = |field: &str, kind: &str| {
@@ -631,6 +692,17 @@ fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
             format!("{at}.apiVersion"),
             "needs a deployment (the api-version is sent with the deployment's path)",
         ));
+    }
+    if p.publisher.is_some() {
+        if !vertex {
+            return Err(only_for("publisher", "vertex"));
+        }
+        if p.project.is_none() {
+            return Err(err(
+                format!("{at}.project"),
+                "required with publisher: the partner model's path names the project and location",
+            ));
+        }
     }
     if p.project.is_some() != p.location.is_some() {
         let missing = if p.project.is_none() {
@@ -1340,6 +1412,14 @@ impl PolicyDocument {
                     ));
                 }
                 check_provider_fields(&format!("models[{i}].provider"), p)?;
+                if p.publisher.is_some() {
+                    // The model's id at the publisher is one segment of the provider's path.
+                    let (at, id) = match &m.served_name {
+                        Some(s) => (format!("models[{i}].servedName"), s.as_str()),
+                        None => (format!("models[{i}].name"), m.name.as_str()),
+                    };
+                    check_publisher_model(at, id)?;
+                }
                 if m.upstream_cluster.is_none() {
                     return Err(err(
                         format!("models[{i}].upstreamCluster"),
@@ -1774,6 +1854,45 @@ mod tests {
         // Without the path fields the path goes as sent (as before).
         let doc = PolicyDocument::from_value(sample()).unwrap();
         assert_eq!(doc.models[1].provider.as_ref().unwrap().path(), None);
+    }
+
+    #[test]
+    fn claude_on_vertex_is_checked_with_the_field_named() {
+        let mut w = sample();
+        w["models"][1]["provider"] = json!({"type": "vertex", "credentialRef": "gcp-sa",
+            "auth": "gcpServiceAccount", "project": "my-proj", "location": "us-central1"});
+        // Claude on Vertex: the publisher's path, the Anthropic API family, the model id a
+        // path segment (Vertex's `@version` allowed).
+        let mut claude = w.clone();
+        claude["models"][1]["provider"]["publisher"] = json!("anthropic");
+        claude["models"][1]["servedName"] = json!("claude-sonnet-4@20250514");
+        let doc = PolicyDocument::from_value(claude.clone()).unwrap();
+        assert_eq!(
+            doc.models[1].provider.as_ref().unwrap().path(),
+            Some(ProviderPath::VertexPublisher {
+                project: "my-proj",
+                location: "us-central1",
+                publisher: VertexPublisher::Anthropic
+            })
+        );
+        assert_eq!(doc.models[1].api_family(), ApiFamily::Anthropic);
+        claude["models"][1]["servedName"] = json!("claude/../x");
+        fails_at(claude.clone(), "models[1].servedName");
+        claude["models"][1]["servedName"] = json!("c:rawPredict");
+        fails_at(claude.clone(), "models[1].servedName");
+        claude["models"][1]["provider"]["publisher"] = json!("google");
+        fails_at(claude.clone(), "models[1].provider.publisher");
+        let mut no_path = claude.clone();
+        no_path["models"][1]["provider"]["publisher"] = json!("anthropic");
+        no_path["models"][1]["servedName"] = json!("c");
+        no_path["models"][1]["provider"]
+            .as_object_mut()
+            .unwrap()
+            .retain(|k, _| k != "project" && k != "location");
+        fails_at(no_path, "models[1].provider.project");
+        let mut not_vertex = sample();
+        not_vertex["models"][1]["provider"]["publisher"] = json!("anthropic");
+        fails_at(not_vertex, "models[1].provider.publisher");
     }
 
     #[test]

@@ -298,6 +298,31 @@ impl Request {
             bytes = body;
             rewritten = true;
         }
+        // Claude on Vertex AI: the Messages body without `model`, with Vertex's version; a
+        // stream goes to the stream method, a path only held headers can still change.
+        let model = policy.models.get(route.model_idx);
+        let provider = model.and_then(|m| m.provider.as_ref());
+        if crate::provider::path_follows_stream(provider) {
+            bytes = crate::translate::vertex_messages_body(&bytes)
+                .map_err(|e| Refusal::new(Deny::InvalidBody, e))?;
+            rewritten = true;
+            if info.as_ref().is_ok_and(|i| i.stream) {
+                if !self.headers_held() {
+                    return Err(Refusal::new(
+                        Deny::BodyRoutingUnavailable,
+                        "this model streams at another provider path, which this gateway cannot \
+                         choose now (request headers are not held for the body); retry without \
+                         stream",
+                    ));
+                }
+                let id = model.map_or("", |m| m.served_name.as_deref().unwrap_or(&m.name));
+                if let Some(path) =
+                    crate::provider::upstream_path(provider, id, traits.operation, true)?
+                {
+                    host.set_header(Headers::Request, ":path", Some(&path));
+                }
+            }
+        }
         self.body.translated = translated;
         if strip_usage_event {
             self.body.strip_usage_event = true;

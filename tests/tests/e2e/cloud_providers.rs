@@ -45,6 +45,14 @@ fn policy(sim: &CloudSimHandle) -> String {
         json!({"name": name, "path": format!("/ext/{name}"), "tiers": ["free"],
                "backend": backend, "provider": provider, "upstreamCluster": format!("ext-{name}")})
     };
+    // Claude on Vertex AI: Anthropic Messages at the publisher's path, the Vertex model id
+    // as the served name.
+    let mut claude = model(
+        "claude-vx",
+        json!({"type": "vertex", "credentialRef": "gcp-sa", "auth": "gcpServiceAccount",
+               "project": "proj-1", "location": "us-central1", "publisher": "anthropic"}),
+    );
+    claude["servedName"] = json!(cloud_sim::VERTEX_CLAUDE_MODEL);
     json!({
         "tiers": [{"name": "free", "level": 0, "groups": ["system:authenticated"],
                    "limits": {"requests": [{"limit": 100000, "window": "1m"}]}}],
@@ -59,6 +67,7 @@ fn policy(sim: &CloudSimHandle) -> String {
             model("az-bare", json!({"type": "azure-openai", "credentialRef": "azure-key"})),
             model("vx", json!({"type": "vertex", "credentialRef": "gcp-sa", "auth": "gcpServiceAccount",
                                "project": "proj-1", "location": "us-central1"})),
+            claude,
         ]
     })
     .to_string()
@@ -307,12 +316,13 @@ async fn vertex_tokens_rotate_under_traffic_with_no_failed_request() {
 }
 
 /// The official OpenAI SDK (tests/sdk/clients.py, `MAAS_SDK_PYTHON` from scripts/lib/common.sh)
-/// with `base_url = {gateway}/v1` calls the Azure OpenAI (key and Entra) and Vertex models, not
-/// streamed and streamed, as it would call OpenAI.
+/// with `base_url = {gateway}/v1` calls the Azure OpenAI (key and Entra), Vertex and Claude on
+/// Vertex models, not streamed and streamed, as it would call OpenAI; the official Anthropic SDK
+/// calls Claude on Vertex as it would call Anthropic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
     let (sim, stack) = start(3600).await;
-    for model in ["az", "az-entra", "vx"] {
+    for model in ["az", "az-entra", "vx", "claude-vx"] {
         until_served(&stack, &format!("/ext/{model}/v1/chat/completions"), model).await;
     }
     let python = std::env::var("MAAS_SDK_PYTHON").expect(
@@ -323,6 +333,7 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
     let base = sim.requests().len();
     let out = tokio::process::Command::new(python)
         .arg(script)
+        .env("ANTHROPIC_MODEL", "claude-vx")
         .args([
             stack.gateway_url().as_str(),
             "alice-token",
@@ -330,6 +341,7 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
             "az",
             "az-entra",
             "vx",
+            "claude-vx",
         ])
         .output()
         .await
@@ -340,13 +352,29 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    for model in ["az", "az-entra", "vx"] {
+    for model in ["az", "az-entra", "vx", "claude-vx"] {
         let m = &v[model];
         assert_eq!(m["text"], "tok0 tok1", "{v}");
         assert_eq!(m["completion_tokens"], 2, "{v}");
         assert_eq!(m["stream_text"], "tok0 tok1", "{v}");
     }
     assert_eq!(v["unknown"]["status"], 404, "{v}");
+    let a = &v["anthropic"];
+    assert_eq!(
+        (
+            &a["text"],
+            &a["output_tokens"],
+            &a["stream_text"],
+            &a["stream_output_tokens"]
+        ),
+        (
+            &json!("tok0 tok1"),
+            &json!(2),
+            &json!("tok0 tok1"),
+            &json!(2)
+        ),
+        "{v}"
+    );
     // Each went to its provider's own path: 2 calls per model.
     let seen = sim.requests();
     let paths: BTreeSet<&str> = seen[base..].iter().map(|r| r.path.as_str()).collect();
@@ -355,9 +383,12 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
         BTreeSet::from([
             "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
             "/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions",
+            "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict",
+            "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict",
         ])
     );
-    assert_eq!(seen.len() - base, 6);
+    // 2 calls for each OpenAI-shaped model, 2 Anthropic ones.
+    assert_eq!(seen.len() - base, 10);
     assert!(seen[base..].iter().all(|r| r.status == 200));
 }
 

@@ -24,7 +24,12 @@ fn provider_policy() -> Value {
         {"name": "vx", "path": "/ext/vx", "tiers": ["free"],
          "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
                       "project": "proj-1", "location": "us-central1"},
-         "upstreamCluster": "ext-vx"}
+         "upstreamCluster": "ext-vx"},
+        {"name": "claude-vx", "path": "/ext/claude-vx", "tiers": ["free"],
+         "servedName": "claude-sonnet-4@20250514",
+         "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
+                      "project": "proj-1", "location": "us-central1", "publisher": "anthropic"},
+         "upstreamCluster": "ext-claude-vx"}
     ]);
     p
 }
@@ -266,4 +271,95 @@ fn a_provider_path_costs_two_header_writes_and_one_property_read() {
     assert_eq!(az_sets, plain_sets + 2);
     assert_eq!(az_props, plain_props + 1);
     assert_eq!(az, plain + 3);
+}
+
+const CLAUDE_ON_VERTEX: &str = "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514";
+
+/// Claude on Vertex AI: an OpenAI chat client (translated) and an Anthropic client, at the
+/// model's prefix and at the one base URL, reach Vertex's rawPredict (streamRawPredict for a
+/// stream) with a Messages body that names no model and carries Vertex's `anthropic_version`,
+/// and a bearer token; no `anthropic-version` header.
+#[test]
+fn claude_on_vertex_gets_its_publisher_path_by_stream_and_its_body() {
+    let fx = fx();
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "ext-claude-vx".into());
+    let cases = [
+        ("/ext/claude-vx/v1/chat/completions", false),
+        ("/ext/claude-vx/v1/chat/completions", true),
+        ("/v1/chat/completions", true),
+        ("/ext/claude-vx/v1/messages", true),
+        ("/v1/messages", false),
+    ];
+    for (path, stream) in cases {
+        let (id, h) = fx.http();
+        fx.headers(id, &h, &refs(&request(path)), false);
+        let body = json!({"model": "claude-vx", "max_tokens": 20, "stream": stream,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let a = fx.body(id, &h, body.to_string().as_bytes(), true);
+        assert_eq!(a, Action::Continue, "{path}: {:?}", fx.sent_to(id));
+        let method = if stream {
+            "streamRawPredict"
+        } else {
+            "rawPredict"
+        };
+        assert_eq!(
+            fx.host.map_value(Headers::Request, ":path"),
+            Some(format!("{CLAUDE_ON_VERTEX}:{method}")),
+            "{path} stream={stream}"
+        );
+        assert_eq!(
+            fx.host.map_value(Headers::Request, "anthropic-version"),
+            None
+        );
+        assert_eq!(
+            fx.host
+                .map_value(Headers::Request, "authorization")
+                .as_deref(),
+            Some("Bearer sk-provider")
+        );
+        let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+        assert!(sent.get("model").is_none(), "{path}: {sent}");
+        assert_eq!(sent["anthropic_version"], "vertex-2023-10-16", "{path}");
+        assert_eq!(sent["max_tokens"], 20, "{path}");
+        assert_eq!(sent["messages"][0]["content"], "hi", "{path}");
+    }
+    // count_tokens has no path here: refused, never sent elsewhere.
+    let (id, h) = fx.http();
+    fx.headers(
+        id,
+        &h,
+        &refs(&request("/ext/claude-vx/v1/messages/count_tokens")),
+        false,
+    );
+    fx.body(id, &h, br#"{"model":"claude-vx","messages":[]}"#, true);
+    let s = fx.sent_to(id).expect("refused");
+    assert_eq!(
+        (s.status, s.code().as_str()),
+        (404, "operation_not_allowed")
+    );
+}
+
+/// Without the headers held for the body, a stream's path cannot be chosen: refused, never
+/// sent to the non-stream method.
+#[test]
+fn claude_on_vertex_refuses_a_stream_it_cannot_route() {
+    let fx = Fx::with(json!({"pauseHeadersForBody": false, "bootstrapPolicy": provider_policy()}));
+    fx.cache(&key(2), allow_alice());
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "ext-claude-vx".into());
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&request("/ext/claude-vx/v1/messages")), false);
+    fx.body(
+        id,
+        &h,
+        br#"{"model":"claude-vx","max_tokens":5,"stream":true,"messages":[]}"#,
+        true,
+    );
+    let s = fx.sent_to(id).expect("refused");
+    assert_eq!(s.status, 503, "{:?}", s);
 }
