@@ -165,6 +165,8 @@ export interface QuotaRow {
   resetsAt?: string | null;
   /** A key bound to a subscription: the model this window is for. */
   model?: string | null;
+  /** The subscription's limits are one pool for all its users: `used` is everyone's. */
+  pool?: boolean;
   percentUsed?: number;
   /** The highest warning threshold (percent) passed. */
   warning?: number | null;

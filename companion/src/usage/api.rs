@@ -676,6 +676,10 @@ pub struct QuotaRow {
     /// subscription has its own budget).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The subscription's limits are one pool for all its users (`subscriptions[].pool`):
+    /// `used` is everyone's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pool: bool,
     /// `used` as a percentage of `limit` (at most 100).
     pub percent_used: u64,
     /// The highest `warnAt` threshold the window is past (the gateway then sends
@@ -785,6 +789,10 @@ pub async fn quota(
         None => quota_windows(&policy, &caller.groups, caller.pinned_tier())
             .ok_or(UsageApiError::NoTier)?,
     };
+    let pooled = subscription
+        .as_deref()
+        .and_then(|s| policy.subscription(s))
+        .is_some_and(|s| s.pool);
     let now = u64::try_from(Utc::now().timestamp()).unwrap_or(0);
     let mut data = Vec::with_capacity(windows.len());
     for w in windows {
@@ -816,6 +824,7 @@ pub async fn quota(
             remaining: w.limit.saturating_sub(used),
             window_start: at(start),
             resets_at: at(start.saturating_add(seconds)),
+            pool: w.model.is_some() && pooled,
             model: w.model,
             percent_used,
             warning,

@@ -317,6 +317,12 @@ async fn crossing_80_then_95_fires_two_signed_events_once_each() {
     let mut forged = got[0].clone();
     forged.body = forged.body.replace("\"limit\":100000", "\"limit\":1");
     assert!(!verifies(&forged, SECRET));
+    // The receiver has the sentinel's event before its sender writes the outcome and counts
+    // it: wait for the count, which must then be exactly the three sent.
+    until("three deliveries counted", || async {
+        deliveries(&app, "delivered").await >= 3.0
+    })
+    .await;
     assert_eq!(deliveries(&app, "delivered").await, 3.0);
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM quota_warnings WHERE delivery = 'delivered'")

@@ -200,6 +200,7 @@ async fn three_users_share_one_pool_across_replicas_and_never_exceed_it() {
         assert_eq!(row["limit"], POOL, "{row}");
         assert_eq!(row["used"], POOL, "each user sees the pool's count: {row}");
         assert_eq!(row["remaining"], 0, "{row}");
+        assert_eq!(row["pool"], true, "{row}");
     }
     tokio::task::spawn_blocking(move || stack.shutdown())
         .await
@@ -228,7 +229,9 @@ async fn without_a_pool_each_user_keeps_their_own_budget() {
         }
     }
     assert_eq!(bob_ok, 4, "bob's budget is his own");
-    assert_eq!(quota_requests(&stack, &alice).await["used"], 4);
+    let solo = quota_requests(&stack, &alice).await;
+    assert_eq!(solo["used"], 4, "{solo}");
+    assert!(solo.get("pool").is_none(), "{solo}");
     let carol_team = key_for(&stack, "carol-token", "team").await;
     assert_eq!(quota_requests(&stack, &carol_team).await["used"], 0);
     tokio::task::spawn_blocking(move || stack.shutdown())

@@ -40,6 +40,7 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
                     <td>
                       {r.amounts ? `${r.amounts.limit} spend` : `${r.limit.toLocaleString()} ${r.kind}`}
                       {r.model ? ` on ${r.model}` : ""}
+                      {r.pool ? " · shared by the subscription's users" : ""}
                     </td>
                     <td>{r.window}</td>
                     <td>{r.amounts ? r.amounts.used : r.used.toLocaleString()}</td>
