@@ -92,6 +92,7 @@ pub const USAGE_EVENT_FORMAT: &str = concat!(
     r#""start_time":"%START_TIME%","duration_ms":%DURATION%,"#,
     r#""status":%RESPONSE_CODE%,"response_flags":"%RESPONSE_FLAGS%","#,
     r#""backend":"%UPSTREAM_CLUSTER%","upstream_host":"%UPSTREAM_HOST%","#,
+    r#""served_by":"%UPSTREAM_METADATA(maas:backend)%","#,
     r#""trace_id":"%TRACE_ID%"}"#,
     "\n"
 );
@@ -247,6 +248,93 @@ fn backend_cluster(name: &str, url: &BackendUrl) -> Value {
         });
     }
     c
+}
+
+/// Statuses after which an attempt fails over to another backend (before the first response
+/// byte reached the client; Envoy never retries once it has sent the response on).
+pub const FAILOVER_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+
+/// The cluster of a model's several backends (`backends`): one endpoint per backend with a
+/// weight above 0, its `load_balancing_weight` the backend's weight (Envoy's weighted round
+/// robin), named in the endpoint's metadata `maas.backend` (the usage event's `served_by`);
+/// and the route to it: retries on another endpoint (`previous_hosts`) after a connect failure,
+/// a reset, a per-try timeout (the backends' largest `timeout`, also the per-try idle bound) or
+/// one of [`FAILOVER_STATUSES`]. Returns the cluster, the route action and the backends' base
+/// path (the local stack serves only http backends sharing one base path per model).
+fn backends_cluster(
+    input: &EnvoyConfigInput<'_>,
+    model: &maas_types::Model,
+    name: &str,
+) -> Result<(Value, Value, String)> {
+    let mut endpoints = Vec::new();
+    let mut base: Option<String> = None;
+    let mut timeout_ms = 0u64;
+    let mut total_weight = 0u32;
+    let mut any_dns = false;
+    for b in model.backends.iter().filter(|b| b.weight > 0) {
+        let (host, port, path) = match b.backend.as_deref() {
+            None | Some("simulator") => (
+                input.simulator.ip().to_string(),
+                input.simulator.port(),
+                String::new(),
+            ),
+            Some(u) => {
+                let url = BackendUrl::parse(u)?;
+                if url.tls {
+                    bail!(
+                        "model {}: backend {}: the local stack serves several backends over http only",
+                        model.name,
+                        b.name
+                    );
+                }
+                (url.host, url.port, url.base_path)
+            }
+        };
+        match &base {
+            Some(other) if *other != path => bail!(
+                "model {}: backend {}: every backend of a model needs the same base path",
+                model.name,
+                b.name
+            ),
+            _ => base = Some(path),
+        }
+        any_dns |= host.parse::<IpAddr>().is_err();
+        timeout_ms = timeout_ms.max(b.timeout_ms().unwrap_or(maas_types::policy::DEFAULT_BACKEND_TIMEOUT_MS));
+        total_weight += b.weight;
+        endpoints.push(json!({
+            "endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}},
+            "load_balancing_weight": b.weight,
+            "metadata": {"filter_metadata": {"maas": {"backend": b.name}}}
+        }));
+    }
+    let mut cluster = endpoint_cluster(name, "127.0.0.1", 1);
+    cluster["load_assignment"]["endpoints"] = json!([{"lb_endpoints": endpoints}]);
+    cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = json!(100_000);
+    if any_dns {
+        cluster["type"] = json!("STRICT_DNS");
+        cluster["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    let per_try = format!("{}s", timeout_ms as f64 / 1000.0);
+    let retries = endpoints.len().saturating_sub(1).max(1);
+    let route = json!({
+        "cluster": name,
+        "timeout": MODEL_ROUTE_TIMEOUT,
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes",
+            "retriable_status_codes": FAILOVER_STATUSES,
+            "num_retries": retries,
+            "per_try_timeout": per_try,
+            "per_try_idle_timeout": per_try,
+            "retry_host_predicate": [{
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+            }],
+            // Weighted round robin reaches every endpoint within the total weight's picks.
+            "host_selection_retry_max_attempts": total_weight + 1,
+            "retry_back_off": {"base_interval": "0.01s", "max_interval": "0.1s"}
+        }
+    });
+    Ok((cluster, route, base.unwrap_or_default()))
 }
 
 fn openai_404() -> Value {
@@ -668,6 +756,24 @@ fn model_routes(
     let mut one_url_routes = Vec::new();
     let mut provider_path_routes = Vec::new();
     for model in models {
+        if !model.backends.is_empty() {
+            let cluster = match &model.upstream_cluster {
+                Some(name) => name.clone(),
+                None => (0..)
+                    .map(|i| format!("backends-{i}"))
+                    .find(|n| !explicit.contains(n.as_str()) && !named.contains_key(n))
+                    .unwrap_or_default(),
+            };
+            if named.contains_key(&cluster) {
+                bail!("model {}: cluster {cluster:?} is used twice", model.name);
+            }
+            let (c, route, base) = backends_cluster(input, model, &cluster)?;
+            clusters.push(c);
+            named.insert(cluster, format!("the backends of {}", model.name));
+            routes.extend(prefix_routes(&model.path, &base, &route));
+            one_url_routes.push(one_url_route(&model.name, &base, &route));
+            continue;
+        }
         let backend = model.backend.as_deref().unwrap_or("simulator");
         let url = if backend == "simulator" {
             None

@@ -364,7 +364,8 @@ fn default_backend_weight() -> u32 {
 }
 
 /// A backend's default [`Backend::timeout`], in milliseconds.
-pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 30_000;
+/// (the local stack's route timeout: a backend may take as long to answer as a single one).
+pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
 
 impl Backend {
     /// [`Backend::timeout`] in milliseconds (`None`: not a duration).
@@ -1627,7 +1628,7 @@ mod tests {
         let doc = PolicyDocument::from_value(v.clone()).unwrap();
         let b = &doc.models[0].backends;
         assert_eq!((b[0].weight, b[0].timeout_ms()), (80, Some(2000)));
-        assert_eq!((b[1].weight, b[1].timeout_ms()), (20, Some(30_000)));
+        assert_eq!((b[1].weight, b[1].timeout_ms()), (20, Some(300_000)));
         assert_eq!(b[2].timeout_ms(), Some(500));
         assert_eq!(
             PolicyDocument::from_value(serde_json::to_value(&doc).unwrap()).unwrap(),
