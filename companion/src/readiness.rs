@@ -41,9 +41,17 @@ impl Readiness {
         }
     }
 
-    /// The URL probed for `model`: `<base>/v1/models`, or `None` (no probe target).
+    /// The URL probed for `model`: `<base>/v1/models`, or `None` (no probe target). A model
+    /// with several backends is probed at its first one with a weight above 0.
     pub fn probe_url(&self, model: &Model) -> Option<String> {
-        let base = match model.backend.as_deref() {
+        let first_weighted = || {
+            model
+                .backends
+                .iter()
+                .find(|b| b.weight > 0)
+                .and_then(|b| b.backend.as_deref())
+        };
+        let base = match model.backend.as_deref().or_else(first_weighted) {
             Some("simulator") | None if model.provider.is_none() => {
                 self.settings.simulator_url.as_deref()?
             }

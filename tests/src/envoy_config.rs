@@ -85,6 +85,8 @@ pub struct EnvoyConfigInput<'a> {
 /// field is quoted or numeric by construction, never client text: `%START_TIME%` (RFC 3339),
 /// `%DURATION%` and `%RESPONSE_CODE%` (integers; 0 without a response), `%RESPONSE_FLAGS%`,
 /// `%UPSTREAM_CLUSTER%` and `%UPSTREAM_HOST%` (configuration names, `ip:port`; `-` when none),
+/// `%UPSTREAM_METADATA(maas:backend)%` (the backend's name of a model with several backends, a
+/// policy-checked model id; `-` when none),
 /// `%TRACE_ID%` (hex, or `-`). The deploy component (wasm-plugin-crs/components/usage-events)
 /// and docs/deploy.md carry the same line.
 pub const USAGE_EVENT_FORMAT: &str = concat!(
@@ -299,7 +301,10 @@ fn backends_cluster(
             _ => base = Some(path),
         }
         any_dns |= host.parse::<IpAddr>().is_err();
-        timeout_ms = timeout_ms.max(b.timeout_ms().unwrap_or(maas_types::policy::DEFAULT_BACKEND_TIMEOUT_MS));
+        timeout_ms = timeout_ms.max(
+            b.timeout_ms()
+                .unwrap_or(maas_types::policy::DEFAULT_BACKEND_TIMEOUT_MS),
+        );
         total_weight += b.weight;
         endpoints.push(json!({
             "endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}},
@@ -1013,6 +1018,7 @@ mod tests {
                 .replace("%RESPONSE_FLAGS%", dash)
                 .replace("%UPSTREAM_CLUSTER%", dash)
                 .replace("%UPSTREAM_HOST%", dash)
+                .replace("%UPSTREAM_METADATA(maas:backend)%", dash)
                 .replace("%TRACE_ID%", dash);
             assert!(!line.contains('%'), "every operator replaced: {line}");
             let v: Value = serde_json::from_str(line.trim_end()).unwrap();
@@ -1306,6 +1312,81 @@ mod tests {
         let at = r.iter().position(|x| std::ptr::eq(x, route)).unwrap();
         assert!(r[..at].iter().any(|x| x["match"]["prefix"] == "/v1/"));
         assert!(r[at + 1..].iter().all(|x| x["match"]["headers"].is_null()));
+    }
+
+    #[test]
+    fn several_backends_are_one_weighted_cluster_with_failover() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "duo", "path": "/llm/duo", "tiers": ["free"], "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9001/base", "weight": 80, "timeout": "2s"},
+                    {"name": "b", "backend": "http://10.0.0.2:9002/base", "weight": 20, "timeout": "500ms"},
+                    {"name": "off", "backend": "http://127.0.0.1:9003/base", "weight": 0}
+                ]}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let r = routes(&v);
+        let route = r
+            .iter()
+            .find(|x| x["match"]["prefix"] == "/llm/duo/")
+            .map(|x| x["route"].clone())
+            .unwrap();
+        assert_eq!(route["prefix_rewrite"], "/base/");
+        let retry = &route["retry_policy"];
+        assert_eq!(retry["num_retries"], 1, "two backends with traffic");
+        assert_eq!(retry["per_try_timeout"], "2s", "the largest timeout");
+        assert_eq!(retry["per_try_idle_timeout"], "2s");
+        assert_eq!(
+            retry["retriable_status_codes"],
+            json!([429, 500, 502, 503, 504])
+        );
+        assert_eq!(
+            retry["retry_host_predicate"][0]["name"],
+            "envoy.retry_host_predicates.previous_hosts"
+        );
+        assert_eq!(retry["host_selection_retry_max_attempts"], 101);
+        let name = route["cluster"].as_str().unwrap();
+        let cluster = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        let eps = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_array()
+            .unwrap();
+        let got: Vec<(Value, Value, Value)> = eps
+            .iter()
+            .map(|e| {
+                (
+                    e["endpoint"]["address"]["socket_address"]["port_value"].clone(),
+                    e["load_balancing_weight"].clone(),
+                    e["metadata"]["filter_metadata"]["maas"]["backend"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (json!(9001), json!(80), json!("a")),
+                (json!(9002), json!(20), json!("b"))
+            ],
+            "weight 0 gets no traffic"
+        );
+        // The one base URL's route fails over alike.
+        assert!(
+            r.iter()
+                .any(|x| x["match"]["prefix"] == "/v1/" && x["route"]["retry_policy"] == *retry)
+        );
+        // The local stack serves one base path per model, over http.
+        for other in ["http://127.0.0.1:9002/other", "https://example.com/base"] {
+            let mut q = p.clone();
+            q.models[0].backends[1].backend = Some(other.to_string());
+            assert!(render(&input(&q, true)).is_err(), "{other}");
+        }
     }
 
     #[test]

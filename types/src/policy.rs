@@ -410,7 +410,19 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
     let mut names = BTreeSet::new();
     for (j, b) in m.backends.iter().enumerate() {
         let at = format!("models[{i}].backends[{j}]");
-        check_model_id(format!("{at}.name"), &b.name)?;
+        // It goes into the usage-event line unquoted: no character that needs escaping.
+        if b.name.is_empty()
+            || b.name.len() > 63
+            || !b
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(err(
+                format!("{at}.name"),
+                "must be 1 to 63 letters, digits, '.', '_' or '-'",
+            ));
+        }
         if !names.insert(b.name.as_str()) {
             return Err(err(
                 format!("{at}.name"),
@@ -1636,7 +1648,10 @@ mod tests {
         );
         // Weight defaults to the reference's 1.
         let mut w = v.clone();
-        w["models"][0]["backends"][1].as_object_mut().unwrap().remove("weight");
+        w["models"][0]["backends"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("weight");
         let doc = PolicyDocument::from_value(w).unwrap();
         assert_eq!(doc.models[0].backends[1].weight, 1);
 
@@ -1645,12 +1660,23 @@ mod tests {
             edit(&mut w);
             fails_at(w, path);
         };
-        bad("models[0].backend", &|w| w["models"][0]["backend"] = json!("simulator"));
+        bad("models[0].backend", &|w| {
+            w["models"][0]["backend"] = json!("simulator")
+        });
         bad("models[0].provider", &|w| {
             w["models"][0]["provider"] = json!({"type": "openai", "credentialRef": "k"});
         });
-        bad("models[0].backends[1].name", &|w| w["models"][0]["backends"][1]["name"] = json!("a"));
-        bad("models[0].backends[0].weight", &|w| w["models"][0]["backends"][0]["weight"] = json!(101));
+        bad("models[0].backends[1].name", &|w| {
+            w["models"][0]["backends"][1]["name"] = json!("a")
+        });
+        for name in ["", "a\"b", "a b", "a/b"] {
+            bad("models[0].backends[1].name", &|w| {
+                w["models"][0]["backends"][1]["name"] = json!(name);
+            });
+        }
+        bad("models[0].backends[0].weight", &|w| {
+            w["models"][0]["backends"][0]["weight"] = json!(101)
+        });
         bad("models[0].backends", &|w| {
             for j in 0..3 {
                 w["models"][0]["backends"][j]["weight"] = json!(0);
@@ -1662,7 +1688,10 @@ mod tests {
             });
         }
         bad("models[0].backends[2].backend", &|w| {
-            w["models"][0]["backends"][2].as_object_mut().unwrap().remove("backend");
+            w["models"][0]["backends"][2]
+                .as_object_mut()
+                .unwrap()
+                .remove("backend");
         });
         bad("models[0].backends[2].backend", &|w| {
             w["models"][0]["backends"][2]["backend"] = json!("tcp://x:1");

@@ -28,8 +28,20 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
         let names = [
-            "spread-a", "spread-b", "ok-503", "down-503", "ok-429", "down-429", "ok-refused",
-            "ok-slow", "stall", "drop-a", "drop-b", "meter", "ok-meter", "down-meter",
+            "spread-a",
+            "spread-b",
+            "ok-503",
+            "down-503",
+            "ok-429",
+            "down-429",
+            "ok-refused",
+            "ok-slow",
+            "stall",
+            "drop-a",
+            "drop-b",
+            "meter",
+            "ok-meter",
+            "down-meter",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -69,7 +81,9 @@ fn policy() -> &'static str {
             let list: Vec<String> = backends
                 .iter()
                 .map(|(n, u, w)| {
-                    format!("      - {{name: {n}, backend: \"{u}\", weight: {w}, timeout: {timeout}}}")
+                    format!(
+                        "      - {{name: {n}, backend: \"{u}\", weight: {w}, timeout: {timeout}}}"
+                    )
                 })
                 .collect();
             format!(
@@ -241,10 +255,17 @@ async fn fails_over(model: &str, up_sim: &str, down_sim: &str, n: usize) -> Vec<
         let v = r.json();
         assert_eq!(v["object"], "chat.completion", "{}", r.body);
     }
-    assert_eq!(sims()[up_sim].requests().len(), n, "{model}: all served by up");
+    assert_eq!(
+        sims()[up_sim].requests().len(),
+        n,
+        "{model}: all served by up"
+    );
     if !down_sim.is_empty() {
         let tried = sims()[down_sim].requests().len();
-        assert!(tried > 0 && tried <= n, "{model}: the faulty backend was tried {tried} times");
+        assert!(
+            tried > 0 && tried <= n,
+            "{model}: the faulty backend was tried {tried} times"
+        );
     }
     let events = events_of(s, model, n).await;
     assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
@@ -271,7 +292,11 @@ async fn a_backend_past_its_timeout_fails_over() {
     let started = Instant::now();
     fails_over("slow", "ok-slow", "stall", 6).await;
     // Every stalled attempt gave up after its 1 s, not the stall's 60 s.
-    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
