@@ -23,7 +23,8 @@ identities:
 /// `ok-429`/`down-429`, `ok-refused` (beside a port nothing listens on), `ok-slow`/`stall`
 /// (answers nothing for 60 s, the backends' timeout is 1 s), `drop-a`/`drop-b` (both end the
 /// stream after its first bytes), `meter` (one backend: the baseline for metering) and
-/// `ok-meter`/`down-meter` (answers 503) for the metered failover.
+/// `ok-meter`/`down-meter` (answers 503) for the metered failover, `ok-s503`/`down-s503` for a
+/// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that.
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -42,6 +43,10 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "meter",
             "ok-meter",
             "down-meter",
+            "ok-s503",
+            "down-s503",
+            "long-a",
+            "long-b",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -54,6 +59,7 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
         out["down-503"].set_fault("status-503");
         out["down-429"].set_fault("status-429");
         out["down-meter"].set_fault("status-503");
+        out["down-s503"].set_fault("status-503");
         out["stall"].set_fault("stall");
         out["drop-a"].set_fault("drop-mid-stream");
         out["drop-b"].set_fault("drop-mid-stream");
@@ -126,6 +132,16 @@ fn policy() -> &'static str {
                 "30s",
             ),
             model("meter", &[("only", url("meter"), 1)], "30s"),
+            model(
+                "stream-503",
+                &[("up", url("ok-s503"), 50), ("down", url("down-s503"), 50)],
+                "30s",
+            ),
+            model(
+                "long",
+                &[("a", url("long-a"), 50), ("b", url("long-b"), 50)],
+                "1s",
+            ),
             model(
                 "fail-meter",
                 &[("up", url("ok-meter"), 50), ("down", url("down-meter"), 50)],
@@ -368,4 +384,65 @@ async fn a_backend_failing_after_the_first_byte_is_not_retried() {
     for e in &events {
         assert_eq!(e["event"]["forwarded"], true, "{e}");
     }
+}
+
+/// A streamed chat for `model`: status and the whole body (an error reading it: `None`).
+async fn stream(stack: &Stack, model: &str, headers: &[(&str, &str)]) -> (u16, Option<String>) {
+    let mut req = client()
+        .post(format!(
+            "{}/llm/{model}/v1/chat/completions",
+            stack.gateway_url()
+        ))
+        .header("authorization", bearer("alice-token"))
+        .json(&json!({"model": model, "max_tokens": 8, "stream": true,
+                      "messages": [{"role": "user", "content": "one two"}]}));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("gateway answers");
+    let status = resp.status().as_u16();
+    let body = resp
+        .bytes()
+        .await
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).to_string());
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_stream_fails_over_before_its_first_byte() {
+    let s = stack();
+    let n = 6;
+    for _ in 0..n {
+        let (status, body) = stream(s, "stream-503", &[]).await;
+        assert_eq!(status, 200);
+        let body = body.expect("the whole stream");
+        assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+        assert_eq!(body.matches("[DONE]").count(), 1, "{body}");
+    }
+    assert_eq!(sims()["ok-s503"].requests().len(), n);
+    assert!(
+        !sims()["down-s503"].requests().is_empty(),
+        "no stream failed over"
+    );
+    let events = events_of(s, "stream-503", n).await;
+    assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
+}
+
+#[tokio::test]
+async fn a_stream_longer_than_the_timeout_is_not_cut_once_it_started() {
+    let s = stack();
+    // 8 chunks 300 ms apart: about 2.4 s in all, each gap under the 1 s timeout.
+    let started = Instant::now();
+    let (status, body) = stream(s, "long", &[("x-sim-chunk-delay-ms", "300")]).await;
+    assert_eq!(status, 200);
+    let body = body.expect("the whole stream");
+    assert!(
+        started.elapsed() > Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let tried = sims()["long-a"].requests().len() + sims()["long-b"].requests().len();
+    assert_eq!(tried, 1, "not retried");
 }
