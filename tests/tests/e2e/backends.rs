@@ -24,7 +24,8 @@ identities:
 /// (answers nothing for 60 s, the backends' timeout is 1 s), `drop-a`/`drop-b` (both end the
 /// stream after its first bytes), `meter` (one backend: the baseline for metering) and
 /// `ok-meter`/`down-meter` (answers 503) for the metered failover, `ok-s503`/`down-s503` for a
-/// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that.
+/// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that,
+/// `down-a`/`down-b` (both answer 503).
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -47,6 +48,8 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "down-s503",
             "long-a",
             "long-b",
+            "down-a",
+            "down-b",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -61,6 +64,8 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
         out["down-meter"].set_fault("status-503");
         out["down-s503"].set_fault("status-503");
         out["stall"].set_fault("stall");
+        out["down-a"].set_fault("status-503");
+        out["down-b"].set_fault("status-503");
         out["drop-a"].set_fault("drop-mid-stream");
         out["drop-b"].set_fault("drop-mid-stream");
         out
@@ -135,6 +140,11 @@ fn policy() -> &'static str {
             model(
                 "stream-503",
                 &[("up", url("ok-s503"), 50), ("down", url("down-s503"), 50)],
+                "30s",
+            ),
+            model(
+                "all-down",
+                &[("a", url("down-a"), 50), ("b", url("down-b"), 50)],
                 "30s",
             ),
             model(
@@ -445,4 +455,29 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_once_it_started() {
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
     let tried = sims()["long-a"].requests().len() + sims()["long-b"].requests().len();
     assert_eq!(tried, 1, "not retried");
+}
+
+#[tokio::test]
+async fn with_every_backend_down_the_client_gets_the_last_answer_after_one_try_each() {
+    let s = stack();
+    let n = 4;
+    for _ in 0..n {
+        let r = call(s, "all-down", json!({})).await;
+        let e = r.error(503);
+        assert_eq!(
+            e["message"], "simulated overload",
+            "the backend's own answer"
+        );
+    }
+    let a = sims()["down-a"].requests().len();
+    let b = sims()["down-b"].requests().len();
+    assert_eq!(
+        (a, b),
+        (n, n),
+        "each backend tried once per request, no more"
+    );
+    let events = events_of(s, "all-down", n).await;
+    for e in &events {
+        assert_eq!(e["status"], 503, "{e}");
+    }
 }
