@@ -320,7 +320,8 @@ fn backends_cluster(
         cluster["dns_lookup_family"] = json!("V4_PREFERRED");
     }
     let per_try = format!("{}s", timeout_ms as f64 / 1000.0);
-    let retries = endpoints.len().saturating_sub(1).max(1);
+    // One try per backend (a single one is not tried again).
+    let retries = endpoints.len().saturating_sub(1);
     let route = json!({
         "cluster": name,
         "timeout": MODEL_ROUTE_TIMEOUT,

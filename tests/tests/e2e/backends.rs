@@ -261,6 +261,7 @@ async fn requests_spread_by_weight() {
     }
     let a = sims()["spread-a"].requests().len();
     let b = sims()["spread-b"].requests().len();
+    eprintln!("backends::requests_spread_by_weight: 80/20 weights gave {a}/{b}");
     assert_eq!(a + b, 100, "each request reached one backend once");
     // Envoy's weighted round robin (per worker) gives 80/20 up to a few per worker; the bound
     // is wide enough never to flake and narrow enough that 50/50 or 100/0 fails.
