@@ -204,7 +204,18 @@ fn app(state: Arc<SimState>) -> Router {
 
 /// Serves the simulator on an already bound listener until the future is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, config: SimConfig) -> std::io::Result<()> {
-    let (app, _) = router(config);
+    serve_with_fault(listener, config, "").await
+}
+
+/// As [`serve`], every request without `x-sim-fault` getting `fault` (see
+/// [`SimHandle::set_fault`]; "" for none).
+pub async fn serve_with_fault(
+    listener: tokio::net::TcpListener,
+    config: SimConfig,
+    fault: &str,
+) -> std::io::Result<()> {
+    let (app, state) = router(config);
+    *lock(&state.fault) = fault.to_string();
     axum::serve(nodelay(listener), app).await
 }
 
