@@ -81,6 +81,15 @@ fn refused_url() -> &'static str {
     })
 }
 
+/// Chat completions simulator `name` received (the companion's readiness probes left out).
+fn chats(name: &str) -> usize {
+    sims()[name]
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .count()
+}
+
 fn url(name: &str) -> String {
     sims()[name].url()
 }
@@ -115,7 +124,8 @@ fn policy() -> &'static str {
             ),
             model(
                 "fail-429",
-                &[("up", url("ok-429"), 50), ("down", url("down-429"), 50)],
+                // The faulty one first: readiness must not stop at it.
+                &[("down", url("down-429"), 50), ("up", url("ok-429"), 50)],
                 "30s",
             ),
             model(
@@ -259,8 +269,8 @@ async fn requests_spread_by_weight() {
         let r = call(s, "spread", json!({})).await;
         assert_eq!(r.status, 200, "{}", r.body);
     }
-    let a = sims()["spread-a"].requests().len();
-    let b = sims()["spread-b"].requests().len();
+    let a = chats("spread-a");
+    let b = chats("spread-b");
     eprintln!("backends::requests_spread_by_weight: 80/20 weights gave {a}/{b}");
     assert_eq!(a + b, 100, "each request reached one backend once");
     // Envoy's weighted round robin (per worker) gives 80/20 up to a few per worker; the bound
@@ -282,13 +292,9 @@ async fn fails_over(model: &str, up_sim: &str, down_sim: &str, n: usize) -> Vec<
         let v = r.json();
         assert_eq!(v["object"], "chat.completion", "{}", r.body);
     }
-    assert_eq!(
-        sims()[up_sim].requests().len(),
-        n,
-        "{model}: all served by up"
-    );
+    assert_eq!(chats(up_sim), n, "{model}: all served by up");
     if !down_sim.is_empty() {
-        let tried = sims()[down_sim].requests().len();
+        let tried = chats(down_sim);
         assert!(
             tried > 0 && tried <= n,
             "{model}: the faulty backend was tried {tried} times"
@@ -349,9 +355,9 @@ async fn a_failed_over_request_is_metered_once_like_any_other() {
     for pair in remaining.windows(2) {
         assert_eq!(pair[0] - 1, pair[1], "{remaining:?}");
     }
-    let tried = sims()["down-meter"].requests().len();
+    let tried = chats("down-meter");
     assert!(tried > 0, "no request failed over in {n}");
-    assert_eq!(sims()["ok-meter"].requests().len(), n);
+    assert_eq!(chats("ok-meter"), n);
     let events = events_of(s, "fail-meter", n).await;
     for e in &events {
         assert_eq!(metered(e), metered(&baseline[0]), "{e}");
@@ -389,7 +395,7 @@ async fn a_backend_failing_after_the_first_byte_is_not_retried() {
             "one stream's start only: {text}"
         );
     }
-    let tried = sims()["drop-a"].requests().len() + sims()["drop-b"].requests().len();
+    let tried = chats("drop-a") + chats("drop-b");
     assert_eq!(tried, n, "each request reached one backend, once");
     let events = events_of(s, "drops", n).await;
     for e in &events {
@@ -431,11 +437,8 @@ async fn a_stream_fails_over_before_its_first_byte() {
         assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
         assert_eq!(body.matches("[DONE]").count(), 1, "{body}");
     }
-    assert_eq!(sims()["ok-s503"].requests().len(), n);
-    assert!(
-        !sims()["down-s503"].requests().is_empty(),
-        "no stream failed over"
-    );
+    assert_eq!(chats("ok-s503"), n);
+    assert!(chats("down-s503") > 0, "no stream failed over");
     let events = events_of(s, "stream-503", n).await;
     assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
 }
@@ -454,7 +457,7 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_once_it_started() {
         started.elapsed()
     );
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
-    let tried = sims()["long-a"].requests().len() + sims()["long-b"].requests().len();
+    let tried = chats("long-a") + chats("long-b");
     assert_eq!(tried, 1, "not retried");
 }
 
@@ -470,8 +473,8 @@ async fn with_every_backend_down_the_client_gets_the_last_answer_after_one_try_e
             "the backend's own answer"
         );
     }
-    let a = sims()["down-a"].requests().len();
-    let b = sims()["down-b"].requests().len();
+    let a = chats("down-a");
+    let b = chats("down-b");
     assert_eq!(
         (a, b),
         (n, n),
@@ -481,4 +484,42 @@ async fn with_every_backend_down_the_client_gets_the_last_answer_after_one_try_e
     for e in &events {
         assert_eq!(e["status"], 503, "{e}");
     }
+}
+
+/// `ready` of each model in alice's `GET /maas-api/v1/models`.
+async fn readiness(stack: &Stack) -> BTreeMap<String, bool> {
+    let r = send(
+        client()
+            .get(format!("{}/maas-api/v1/models", stack.gateway_url()))
+            .bearer_auth("alice-token"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["data"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap_or_default().to_string(),
+                m["ready"].as_bool().expect("ready"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_model_is_ready_while_one_of_its_backends_is() {
+    let ready = readiness(stack()).await;
+    assert_eq!(ready.get("spread"), Some(&true), "{ready:?}");
+    assert_eq!(
+        ready.get("refused"),
+        Some(&true),
+        "one backend up: {ready:?}"
+    );
+    assert_eq!(
+        ready.get("all-down"),
+        Some(&false),
+        "every backend 503: {ready:?}"
+    );
 }
