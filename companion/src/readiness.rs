@@ -41,12 +41,34 @@ impl Readiness {
         }
     }
 
-    /// The URL probed for `model`: `<base>/v1/models`, or `None` (no probe target).
+    /// The URL probed for `model`: `<base>/v1/models`, or `None` (no probe target). A model
+    /// with several backends: its first with a weight above 0 (see [`Readiness::probe_urls`]).
     pub fn probe_url(&self, model: &Model) -> Option<String> {
-        let base = match model.backend.as_deref() {
-            Some("simulator") | None if model.provider.is_none() => {
-                self.settings.simulator_url.as_deref()?
-            }
+        self.probe_urls(model).into_iter().next()
+    }
+
+    /// Every URL probed for `model`: its server's, or each backend's with a weight above 0 (the
+    /// model is ready when one of them answers: requests fail over to it).
+    pub fn probe_urls(&self, model: &Model) -> Vec<String> {
+        if model.backends.is_empty() {
+            return self
+                .url_of(model.backend.as_deref(), model.provider.is_some())
+                .into_iter()
+                .collect();
+        }
+        model
+            .backends
+            .iter()
+            .filter(|b| b.weight > 0)
+            .filter_map(|b| self.url_of(b.backend.as_deref(), b.provider.is_some()))
+            .collect()
+    }
+
+    /// `<base>/v1/models` of a `backend` (`simulator` or none: the stack's simulator, unless
+    /// `external`).
+    fn url_of(&self, backend: Option<&str>, external: bool) -> Option<String> {
+        let base = match backend {
+            Some("simulator") | None if !external => self.settings.simulator_url.as_deref()?,
             Some(b) if b.starts_with("http://") || b.starts_with("https://") => b,
             _ => return None,
         };
@@ -54,18 +76,30 @@ impl Readiness {
     }
 
     /// Whether each model's server is up (same order), probing those whose answer is older
-    /// than the TTL, all at once; the whole call takes at most the probe timeout.
+    /// than the TTL, all at once; the whole call takes at most the probe timeout. A model with
+    /// several backends is up when one of them is.
     pub async fn ready(&self, models: &[&Model]) -> Vec<bool> {
         let checks = models.iter().map(|m| {
-            let target = self.probe_url(m).map(|u| (u, m.provider.is_some()));
+            let external = m.provider.is_some();
+            let targets = self.probe_urls(m);
             async move {
-                match target {
-                    None => false,
-                    // Waiting for another listing's probe of the same server counts too.
-                    Some(t) => tokio::time::timeout(self.settings.timeout, self.check(t))
-                        .await
-                        .unwrap_or(false),
+                if targets.is_empty() {
+                    return false;
                 }
+                // Waiting for another listing's probe of the same server counts too.
+                let any_up = futures::future::select_ok(targets.into_iter().map(|u| {
+                    Box::pin(async move {
+                        if self.check((u, external)).await {
+                            Ok(())
+                        } else {
+                            Err(())
+                        }
+                    })
+                }));
+                matches!(
+                    tokio::time::timeout(self.settings.timeout, any_up).await,
+                    Ok(Ok(_))
+                )
             }
         });
         futures::future::join_all(checks).await

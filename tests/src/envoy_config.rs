@@ -85,6 +85,8 @@ pub struct EnvoyConfigInput<'a> {
 /// field is quoted or numeric by construction, never client text: `%START_TIME%` (RFC 3339),
 /// `%DURATION%` and `%RESPONSE_CODE%` (integers; 0 without a response), `%RESPONSE_FLAGS%`,
 /// `%UPSTREAM_CLUSTER%` and `%UPSTREAM_HOST%` (configuration names, `ip:port`; `-` when none),
+/// `%UPSTREAM_METADATA(maas:backend)%` (the backend's name of a model with several backends, a
+/// policy-checked model id; `-` when none),
 /// `%TRACE_ID%` (hex, or `-`). The deploy component (wasm-plugin-crs/components/usage-events)
 /// and docs/deploy.md carry the same line.
 pub const USAGE_EVENT_FORMAT: &str = concat!(
@@ -92,6 +94,7 @@ pub const USAGE_EVENT_FORMAT: &str = concat!(
     r#""start_time":"%START_TIME%","duration_ms":%DURATION%,"#,
     r#""status":%RESPONSE_CODE%,"response_flags":"%RESPONSE_FLAGS%","#,
     r#""backend":"%UPSTREAM_CLUSTER%","upstream_host":"%UPSTREAM_HOST%","#,
+    r#""served_by":"%UPSTREAM_METADATA(maas:backend)%","#,
     r#""trace_id":"%TRACE_ID%"}"#,
     "\n"
 );
@@ -247,6 +250,97 @@ fn backend_cluster(name: &str, url: &BackendUrl) -> Value {
         });
     }
     c
+}
+
+/// Statuses after which an attempt fails over to another backend (before the first response
+/// byte reached the client; Envoy never retries once it has sent the response on).
+pub const FAILOVER_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+
+/// The cluster of a model's several backends (`backends`): one endpoint per backend with a
+/// weight above 0, its `load_balancing_weight` the backend's weight (Envoy's weighted round
+/// robin), named in the endpoint's metadata `maas.backend` (the usage event's `served_by`);
+/// and the route to it: retries on another endpoint (`previous_hosts`) after a connect failure,
+/// a reset, a per-try timeout (the backends' largest `timeout`, also the per-try idle bound) or
+/// one of [`FAILOVER_STATUSES`]. Returns the cluster, the route action and the backends' base
+/// path (the local stack serves only http backends sharing one base path per model).
+fn backends_cluster(
+    input: &EnvoyConfigInput<'_>,
+    model: &maas_types::Model,
+    name: &str,
+) -> Result<(Value, Value, String)> {
+    let mut endpoints = Vec::new();
+    let mut base: Option<String> = None;
+    let mut timeout_ms = 0u64;
+    let mut total_weight = 0u32;
+    let mut any_dns = false;
+    for b in model.backends.iter().filter(|b| b.weight > 0) {
+        let (host, port, path) = match b.backend.as_deref() {
+            None | Some("simulator") => (
+                input.simulator.ip().to_string(),
+                input.simulator.port(),
+                String::new(),
+            ),
+            Some(u) => {
+                let url = BackendUrl::parse(u)?;
+                if url.tls {
+                    bail!(
+                        "model {}: backend {}: the local stack serves several backends over http only",
+                        model.name,
+                        b.name
+                    );
+                }
+                (url.host, url.port, url.base_path)
+            }
+        };
+        match &base {
+            Some(other) if *other != path => bail!(
+                "model {}: backend {}: every backend of a model needs the same base path",
+                model.name,
+                b.name
+            ),
+            _ => base = Some(path),
+        }
+        any_dns |= host.parse::<IpAddr>().is_err();
+        timeout_ms = timeout_ms.max(
+            b.timeout_ms()
+                .unwrap_or(maas_types::policy::DEFAULT_BACKEND_TIMEOUT_MS),
+        );
+        total_weight += b.weight;
+        endpoints.push(json!({
+            "endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}},
+            "load_balancing_weight": b.weight,
+            "metadata": {"filter_metadata": {"maas": {"backend": b.name}}}
+        }));
+    }
+    let mut cluster = endpoint_cluster(name, "127.0.0.1", 1);
+    cluster["load_assignment"]["endpoints"] = json!([{"lb_endpoints": endpoints}]);
+    cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = json!(100_000);
+    if any_dns {
+        cluster["type"] = json!("STRICT_DNS");
+        cluster["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    let per_try = format!("{}s", timeout_ms as f64 / 1000.0);
+    // One try per backend (a single one is not tried again).
+    let retries = endpoints.len().saturating_sub(1);
+    let route = json!({
+        "cluster": name,
+        "timeout": MODEL_ROUTE_TIMEOUT,
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes",
+            "retriable_status_codes": FAILOVER_STATUSES,
+            "num_retries": retries,
+            "per_try_timeout": per_try,
+            "per_try_idle_timeout": per_try,
+            "retry_host_predicate": [{
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+            }],
+            // Weighted round robin reaches every endpoint within the total weight's picks.
+            "host_selection_retry_max_attempts": total_weight + 1,
+            "retry_back_off": {"base_interval": "0.01s", "max_interval": "0.1s"}
+        }
+    });
+    Ok((cluster, route, base.unwrap_or_default()))
 }
 
 fn openai_404() -> Value {
@@ -668,6 +762,24 @@ fn model_routes(
     let mut one_url_routes = Vec::new();
     let mut provider_path_routes = Vec::new();
     for model in models {
+        if !model.backends.is_empty() {
+            let cluster = match &model.upstream_cluster {
+                Some(name) => name.clone(),
+                None => (0..)
+                    .map(|i| format!("backends-{i}"))
+                    .find(|n| !explicit.contains(n.as_str()) && !named.contains_key(n))
+                    .unwrap_or_default(),
+            };
+            if named.contains_key(&cluster) {
+                bail!("model {}: cluster {cluster:?} is used twice", model.name);
+            }
+            let (c, route, base) = backends_cluster(input, model, &cluster)?;
+            clusters.push(c);
+            named.insert(cluster, format!("the backends of {}", model.name));
+            routes.extend(prefix_routes(&model.path, &base, &route));
+            one_url_routes.push(one_url_route(&model.name, &base, &route));
+            continue;
+        }
         let backend = model.backend.as_deref().unwrap_or("simulator");
         let url = if backend == "simulator" {
             None
@@ -907,6 +1019,7 @@ mod tests {
                 .replace("%RESPONSE_FLAGS%", dash)
                 .replace("%UPSTREAM_CLUSTER%", dash)
                 .replace("%UPSTREAM_HOST%", dash)
+                .replace("%UPSTREAM_METADATA(maas:backend)%", dash)
                 .replace("%TRACE_ID%", dash);
             assert!(!line.contains('%'), "every operator replaced: {line}");
             let v: Value = serde_json::from_str(line.trim_end()).unwrap();
@@ -1200,6 +1313,81 @@ mod tests {
         let at = r.iter().position(|x| std::ptr::eq(x, route)).unwrap();
         assert!(r[..at].iter().any(|x| x["match"]["prefix"] == "/v1/"));
         assert!(r[at + 1..].iter().all(|x| x["match"]["headers"].is_null()));
+    }
+
+    #[test]
+    fn several_backends_are_one_weighted_cluster_with_failover() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "duo", "path": "/llm/duo", "tiers": ["free"], "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9001/base", "weight": 80, "timeout": "2s"},
+                    {"name": "b", "backend": "http://10.0.0.2:9002/base", "weight": 20, "timeout": "500ms"},
+                    {"name": "off", "backend": "http://127.0.0.1:9003/base", "weight": 0}
+                ]}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let r = routes(&v);
+        let route = r
+            .iter()
+            .find(|x| x["match"]["prefix"] == "/llm/duo/")
+            .map(|x| x["route"].clone())
+            .unwrap();
+        assert_eq!(route["prefix_rewrite"], "/base/");
+        let retry = &route["retry_policy"];
+        assert_eq!(retry["num_retries"], 1, "two backends with traffic");
+        assert_eq!(retry["per_try_timeout"], "2s", "the largest timeout");
+        assert_eq!(retry["per_try_idle_timeout"], "2s");
+        assert_eq!(
+            retry["retriable_status_codes"],
+            json!([429, 500, 502, 503, 504])
+        );
+        assert_eq!(
+            retry["retry_host_predicate"][0]["name"],
+            "envoy.retry_host_predicates.previous_hosts"
+        );
+        assert_eq!(retry["host_selection_retry_max_attempts"], 101);
+        let name = route["cluster"].as_str().unwrap();
+        let cluster = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        let eps = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_array()
+            .unwrap();
+        let got: Vec<(Value, Value, Value)> = eps
+            .iter()
+            .map(|e| {
+                (
+                    e["endpoint"]["address"]["socket_address"]["port_value"].clone(),
+                    e["load_balancing_weight"].clone(),
+                    e["metadata"]["filter_metadata"]["maas"]["backend"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (json!(9001), json!(80), json!("a")),
+                (json!(9002), json!(20), json!("b"))
+            ],
+            "weight 0 gets no traffic"
+        );
+        // The one base URL's route fails over alike.
+        assert!(
+            r.iter()
+                .any(|x| x["match"]["prefix"] == "/v1/" && x["route"]["retry_policy"] == *retry)
+        );
+        // The local stack serves one base path per model, over http.
+        for other in ["http://127.0.0.1:9002/other", "https://example.com/base"] {
+            let mut q = p.clone();
+            q.models[0].backends[1].backend = Some(other.to_string());
+            assert!(render(&input(&q, true)).is_err(), "{other}");
+        }
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //!   prompt came from the prompt cache (`prompt_tokens_details.cached_tokens`); else none is
 //!   said.
 //!
-//! Faults (`x-sim-fault`): `status-500` (in the API's error shape: Anthropic's `api_error` for
-//! Messages), `not-json`, `drop-mid-stream`, `no-usage`, `no-done`.
+//! Faults (`x-sim-fault`, or for every request without one [`SimHandle::set_fault`]):
+//! `status-500` (in the API's error shape: Anthropic's `api_error` for Messages), `status-503`,
+//! `status-429`, `stall` (nothing for 60 s), `not-json`, `drop-mid-stream`, `no-usage`,
+//! `no-done`.
 //! Provider limits: `x-sim-ratelimit-headers` (any value) adds the provider's own
 //! `x-ratelimit-remaining-requests` (twice), `x-ratelimit-limit-tokens` and
 //! `x-ratelimit-limit-images` to the answer; `x-sim-ratelimit-trailers` (any value) ends the
@@ -98,6 +100,8 @@ impl Default for SimConfig {
 struct SimState {
     config: SimConfig,
     recorded: Mutex<VecDeque<RecordedRequest>>,
+    /// The fault of requests without `x-sim-fault` ([`SimHandle::set_fault`]).
+    fault: Mutex<String>,
 }
 
 /// Shared view of a running simulator's record.
@@ -129,6 +133,11 @@ impl SimHandle {
     pub fn clear(&self) {
         lock(&self.state.recorded).clear();
     }
+    /// The fault of every request that names none in `x-sim-fault` ("" for none): a backend
+    /// that is down in its own way (`status-503`, `status-429`, `stall`, `drop-mid-stream`…).
+    pub fn set_fault(&self, fault: &str) {
+        *lock(&self.state.fault) = fault.to_string();
+    }
     /// Stops listening (a model server that went down): returns once the port is closed, so
     /// a connection after this is refused. Open connections are closed after their request.
     pub fn stop(&self) {
@@ -153,11 +162,38 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A backend that is down before answering: `status-503` (overloaded), `status-429` (rate
+/// limited), `stall` (answers nothing for 60 s).
+async fn backend_down(fault: &str) -> Option<Response> {
+    match fault {
+        "status-503" => Some(error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "simulated overload",
+            "server_error",
+        )),
+        "status-429" => Some(error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "simulated rate limit",
+            "rate_limit_error",
+        )),
+        "stall" => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Some(error_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                "simulated stall",
+                "server_error",
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// Builds the simulator's router and the handle to its record.
 fn router(config: SimConfig) -> (Router, Arc<SimState>) {
     let state = Arc::new(SimState {
         config,
         recorded: Mutex::new(VecDeque::new()),
+        fault: Mutex::new(String::new()),
     });
     (app(state.clone()), state)
 }
@@ -168,7 +204,18 @@ fn app(state: Arc<SimState>) -> Router {
 
 /// Serves the simulator on an already bound listener until the future is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, config: SimConfig) -> std::io::Result<()> {
-    let (app, _) = router(config);
+    serve_with_fault(listener, config, "").await
+}
+
+/// As [`serve`], every request without `x-sim-fault` getting `fault` (see
+/// [`SimHandle::set_fault`]; "" for none).
+pub async fn serve_with_fault(
+    listener: tokio::net::TcpListener,
+    config: SimConfig,
+    fault: &str,
+) -> std::io::Result<()> {
+    let (app, state) = router(config);
+    *lock(&state.fault) = fault.to_string();
     axum::serve(nodelay(listener), app).await
 }
 
@@ -804,7 +851,11 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
     {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
-    let fault = header_str(&parts.headers, "x-sim-fault").unwrap_or("");
+    let default_fault = lock(&state.fault).clone();
+    let fault = header_str(&parts.headers, "x-sim-fault").unwrap_or(&default_fault);
+    if let Some(refused) = backend_down(fault).await {
+        return refused;
+    }
     if fault == "status-500" && only_path.ends_with("/messages") {
         // Anthropic's own 500.
         return anthropic_error(

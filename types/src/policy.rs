@@ -300,6 +300,11 @@ pub struct Model {
     /// `url` in `/v1/models`; the filter does not route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// Several backends instead of one `backend`/`provider` (issue 29): requests are spread by
+    /// weight and fail over to another backend on a connect failure, a reset, a 429 or a 5xx
+    /// before the first response byte (see docs/design.md "Several backends per model").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<Backend>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_by: Option<String>,
     /// Set for external providers: the filter injects the provider's credential.
@@ -328,6 +333,136 @@ pub struct Model {
     /// Prices per token, what money budgets charge (a subscription's model may override them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<crate::money::Pricing>,
+}
+
+/// One of a model's several backends ([`Model::backends`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Backend {
+    /// Unique within the model: what usage events name as the backend that served.
+    pub name: String,
+    /// Where it runs, as a model's `backend`: `simulator` or an `http://host:port` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// An external provider with its own credential. Not served yet: the credential of the
+    /// backend Envoy picks (possibly on a retry) would have to be injected per upstream attempt;
+    /// validation refuses it (see docs/design.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
+    /// Relative share of the model's requests, 0..=100 (the reference's `weight`; 0: no traffic).
+    #[serde(default = "default_backend_weight")]
+    pub weight: u32,
+    /// How long an attempt on this backend may take to start answering (e.g. `30s`, `500ms`)
+    /// before the request fails over. Default [`DEFAULT_BACKEND_TIMEOUT_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// The reference's default weight.
+fn default_backend_weight() -> u32 {
+    1
+}
+
+/// A backend's default [`Backend::timeout`], in milliseconds.
+/// (the local stack's route timeout: a backend may take as long to answer as a single one).
+pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
+
+impl Backend {
+    /// [`Backend::timeout`] in milliseconds (`None`: not a duration).
+    pub fn timeout_ms(&self) -> Option<u64> {
+        match &self.timeout {
+            None => Some(DEFAULT_BACKEND_TIMEOUT_MS),
+            Some(t) => parse_duration_ms(t),
+        }
+    }
+}
+
+/// `500ms`, `30s`, `5m` as milliseconds; `None` for anything else (or zero).
+pub fn parse_duration_ms(s: &str) -> Option<u64> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = digits.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        _ => return None,
+    };
+    (ms > 0).then_some(ms)
+}
+
+/// Backends: one of `backend`/`provider` or `backends`; names unique; weights 0..=100 with one
+/// above 0; durations readable; no provider (not served yet).
+fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
+    if m.backends.is_empty() {
+        return Ok(());
+    }
+    for (field, given) in [
+        ("backend", m.backend.is_some()),
+        ("provider", m.provider.is_some()),
+    ] {
+        if given {
+            return Err(err(
+                format!("models[{i}].{field}"),
+                "a model has either backend/provider or backends, not both",
+            ));
+        }
+    }
+    let mut names = BTreeSet::new();
+    for (j, b) in m.backends.iter().enumerate() {
+        let at = format!("models[{i}].backends[{j}]");
+        // It goes into the usage-event line unquoted: no character that needs escaping.
+        if b.name.is_empty()
+            || b.name.len() > 63
+            || !b
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(err(
+                format!("{at}.name"),
+                "must be 1 to 63 letters, digits, '.', '_' or '-'",
+            ));
+        }
+        if !names.insert(b.name.as_str()) {
+            return Err(err(
+                format!("{at}.name"),
+                format!("backend {:?} is named twice", b.name),
+            ));
+        }
+        if b.provider.is_some() {
+            return Err(err(
+                format!("{at}.provider"),
+                "external providers are not served as one of several backends yet (their credential would have to be chosen per upstream attempt): use one model per provider, or backends that need no credential",
+            ));
+        }
+        match b.backend.as_deref() {
+            None => return Err(err(format!("{at}.backend"), "required")),
+            Some(u)
+                if u == "simulator" || u.starts_with("http://") || u.starts_with("https://") => {}
+            Some(_) => {
+                return Err(err(
+                    format!("{at}.backend"),
+                    "must be simulator or an http(s):// URL",
+                ));
+            }
+        }
+        if b.weight > 100 {
+            return Err(err(format!("{at}.weight"), "must be 0 to 100"));
+        }
+        if b.timeout_ms().is_none() {
+            return Err(err(
+                format!("{at}.timeout"),
+                "must be a positive duration such as 500ms, 30s or 5m",
+            ));
+        }
+    }
+    if m.backends.iter().all(|b| b.weight == 0) {
+        return Err(err(
+            format!("models[{i}].backends"),
+            "at least one backend needs a weight above 0",
+        ));
+    }
+    Ok(())
 }
 
 /// A model's catalogue entry, as the reference's `modelDetails` (from a MaaSModelRef's
@@ -1400,6 +1535,7 @@ impl PolicyDocument {
                     ));
                 }
             }
+            check_backends(i, m)?;
             if let Some(p) = &m.provider {
                 let at = format!("models[{i}].provider.credentialRef");
                 check_name(at.clone(), &p.credential_ref)?;
@@ -1575,6 +1711,80 @@ mod tests {
             Ok(_) => panic!("expected an error at {path}"),
             Err(e) => assert_eq!(e.path, path, "{e}"),
         }
+    }
+
+    #[test]
+    fn backends_are_checked_with_the_field_named() {
+        let mut v = sample();
+        v["models"][0]["backends"] = json!([
+            {"name": "a", "backend": "http://127.0.0.1:9001", "weight": 80, "timeout": "2s"},
+            {"name": "b", "backend": "simulator", "weight": 20},
+            {"name": "standby", "backend": "http://127.0.0.1:9002", "weight": 0, "timeout": "500ms"}
+        ]);
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let b = &doc.models[0].backends;
+        assert_eq!((b[0].weight, b[0].timeout_ms()), (80, Some(2000)));
+        assert_eq!((b[1].weight, b[1].timeout_ms()), (20, Some(300_000)));
+        assert_eq!(b[2].timeout_ms(), Some(500));
+        assert_eq!(
+            PolicyDocument::from_value(serde_json::to_value(&doc).unwrap()).unwrap(),
+            doc
+        );
+        // Weight defaults to the reference's 1.
+        let mut w = v.clone();
+        w["models"][0]["backends"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("weight");
+        let doc = PolicyDocument::from_value(w).unwrap();
+        assert_eq!(doc.models[0].backends[1].weight, 1);
+
+        let bad = |path: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut w = v.clone();
+            edit(&mut w);
+            fails_at(w, path);
+        };
+        bad("models[0].backend", &|w| {
+            w["models"][0]["backend"] = json!("simulator")
+        });
+        bad("models[0].provider", &|w| {
+            w["models"][0]["provider"] = json!({"type": "openai", "credentialRef": "k"});
+        });
+        bad("models[0].backends[1].name", &|w| {
+            w["models"][0]["backends"][1]["name"] = json!("a")
+        });
+        for name in ["", "a\"b", "a b", "a/b"] {
+            bad("models[0].backends[1].name", &|w| {
+                w["models"][0]["backends"][1]["name"] = json!(name);
+            });
+        }
+        bad("models[0].backends[0].weight", &|w| {
+            w["models"][0]["backends"][0]["weight"] = json!(101)
+        });
+        bad("models[0].backends", &|w| {
+            for j in 0..3 {
+                w["models"][0]["backends"][j]["weight"] = json!(0);
+            }
+        });
+        for t in ["", "30", "0s", "1h", "s", "-1s", "1.5s"] {
+            bad("models[0].backends[0].timeout", &|w| {
+                w["models"][0]["backends"][0]["timeout"] = json!(t);
+            });
+        }
+        bad("models[0].backends[2].backend", &|w| {
+            w["models"][0]["backends"][2]
+                .as_object_mut()
+                .unwrap()
+                .remove("backend");
+        });
+        bad("models[0].backends[2].backend", &|w| {
+            w["models"][0]["backends"][2]["backend"] = json!("tcp://x:1");
+        });
+        // External providers need a credential per upstream attempt: refused for now.
+        bad("models[0].backends[0].provider", &|w| {
+            w["models"][0]["backends"][0]["provider"] =
+                json!({"type": "openai", "credentialRef": "k"});
+        });
     }
 
     #[test]

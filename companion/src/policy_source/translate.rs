@@ -720,6 +720,7 @@ fn model_of(
             .and_then(|s| str_at(s, "endpoint"))
             .or_else(|| str_at(&spec, "endpointOverride"))
             .map(str::to_string),
+        backends: Vec::new(),
         owned_by: Some(format!("{namespace}/{name}")),
         provider: None,
         api: None,

@@ -19,6 +19,10 @@ struct Args {
     /// Serve only these models (as vLLM's --served-model-name): another body `model` is a 404.
     #[arg(long)]
     served_only: bool,
+    /// The fault of every request without `x-sim-fault` (a backend that is down, to try a
+    /// model's failover: `status-503`, `status-429`, `stall`, …; default none).
+    #[arg(long, default_value = "")]
+    fault: String,
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -40,7 +44,7 @@ fn main() -> anyhow::Result<()> {
             served_only: args.served_only,
         };
         tokio::select! {
-            r = sim::serve(listener, config) => r?,
+            r = sim::serve_with_fault(listener, config, &args.fault) => r?,
             _ = tokio::signal::ctrl_c() => {}
         }
         Ok(())

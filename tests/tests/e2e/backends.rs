@@ -1,0 +1,525 @@
+//! Several backends per model (issue 29), through real Envoy with the release .wasm: requests
+//! spread by weight; a backend answering 503 or 429, refusing connections or stalling past its
+//! timeout fails over to another and the client sees one clean answer; a backend that fails
+//! after the first response byte is not retried (the client sees the error); a request that
+//! failed over is metered once, like any other; the usage event names the backend that served.
+//! Each model has simulators of its own (so tests run in parallel without sharing a fault).
+
+use crate::helpers::*;
+use maas_e2e::Stack;
+use maas_e2e::sim::{self, SimConfig, SimHandle};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: alice-token, username: alice, groups: [g-free]}
+  - {token: mia-token, username: mia, groups: [g-free]}
+"#;
+
+/// The simulators, by name: `spread-a`/`spread-b` (80/20), `ok-503`/`down-503` (answers 503),
+/// `ok-429`/`down-429`, `ok-refused` (beside a port nothing listens on), `ok-slow`/`stall`
+/// (answers nothing for 60 s, the backends' timeout is 1 s), `drop-a`/`drop-b` (both end the
+/// stream after its first bytes), `meter` (one backend: the baseline for metering) and
+/// `ok-meter`/`down-meter` (answers 503) for the metered failover, `ok-s503`/`down-s503` for a
+/// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that,
+/// `down-a`/`down-b` (both answer 503).
+fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
+    static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
+    SIMS.get_or_init(|| {
+        let names = [
+            "spread-a",
+            "spread-b",
+            "ok-503",
+            "down-503",
+            "ok-429",
+            "down-429",
+            "ok-refused",
+            "ok-slow",
+            "stall",
+            "drop-a",
+            "drop-b",
+            "meter",
+            "ok-meter",
+            "down-meter",
+            "ok-s503",
+            "down-s503",
+            "long-a",
+            "long-b",
+            "down-a",
+            "down-b",
+        ];
+        let out: BTreeMap<_, _> = names
+            .into_iter()
+            .map(|n| {
+                let s = sim::spawn("127.0.0.1:0".parse().unwrap(), SimConfig::default())
+                    .expect("a simulator starts");
+                (n, s)
+            })
+            .collect();
+        out["down-503"].set_fault("status-503");
+        out["down-429"].set_fault("status-429");
+        out["down-meter"].set_fault("status-503");
+        out["down-s503"].set_fault("status-503");
+        out["stall"].set_fault("stall");
+        out["down-a"].set_fault("status-503");
+        out["down-b"].set_fault("status-503");
+        out["drop-a"].set_fault("drop-mid-stream");
+        out["drop-b"].set_fault("drop-mid-stream");
+        out
+    })
+}
+
+/// A local port nothing listens on (bound, then released).
+fn refused_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        format!("http://{}", l.local_addr().expect("its address"))
+    })
+}
+
+/// Chat completions simulator `name` received (the companion's readiness probes left out).
+fn chats(name: &str) -> usize {
+    sims()[name]
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .count()
+}
+
+fn url(name: &str) -> String {
+    sims()[name].url()
+}
+
+fn policy() -> &'static str {
+    static POLICY: OnceLock<String> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        let model = |name: &str, backends: &[(&str, String, u32)], timeout: &str| {
+            let list: Vec<String> = backends
+                .iter()
+                .map(|(n, u, w)| {
+                    format!(
+                        "      - {{name: {n}, backend: \"{u}\", weight: {w}, timeout: {timeout}}}"
+                    )
+                })
+                .collect();
+            format!(
+                "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    backends:\n{}\n",
+                list.join("\n")
+            )
+        };
+        let models = [
+            model(
+                "spread",
+                &[("a", url("spread-a"), 80), ("b", url("spread-b"), 20)],
+                "30s",
+            ),
+            model(
+                "fail-503",
+                &[("up", url("ok-503"), 50), ("down", url("down-503"), 50)],
+                "30s",
+            ),
+            model(
+                "fail-429",
+                // The faulty one first: readiness must not stop at it.
+                &[("down", url("down-429"), 50), ("up", url("ok-429"), 50)],
+                "30s",
+            ),
+            model(
+                "refused",
+                &[
+                    ("up", url("ok-refused"), 50),
+                    ("gone", refused_url().to_string(), 50),
+                ],
+                "30s",
+            ),
+            model(
+                "slow",
+                &[("up", url("ok-slow"), 50), ("stuck", url("stall"), 50)],
+                "1s",
+            ),
+            model(
+                "drops",
+                &[("a", url("drop-a"), 50), ("b", url("drop-b"), 50)],
+                "30s",
+            ),
+            model("meter", &[("only", url("meter"), 1)], "30s"),
+            model(
+                "stream-503",
+                &[("up", url("ok-s503"), 50), ("down", url("down-s503"), 50)],
+                "30s",
+            ),
+            model(
+                "all-down",
+                &[("a", url("down-a"), 50), ("b", url("down-b"), 50)],
+                "30s",
+            ),
+            model(
+                "long",
+                &[("a", url("long-a"), 50), ("b", url("long-b"), 50)],
+                "1s",
+            ),
+            model(
+                "fail-meter",
+                &[("up", url("ok-meter"), 50), ("down", url("down-meter"), 50)],
+                "30s",
+            ),
+        ];
+        format!(
+            r#"
+observability: {{usageEvents: true}}
+tiers:
+  - name: free
+    level: 0
+    groups: [g-free]
+    limits:
+      requests: [{{limit: 100000, window: 1d}}]
+      tokens: [{{limit: 10000000, window: 1d}}]
+models:
+{}"#,
+            models.concat()
+        )
+    })
+}
+
+fn stack() -> &'static Stack {
+    static S: ModuleStack<Stack> = ModuleStack::new();
+    S.get_or_start(|| start_stack(policy(), IDENTITIES, "credentials: {}\n", None))
+}
+
+/// A chat completion for `model` (usage events are told apart by the model).
+async fn call(stack: &Stack, model: &str, extra: Value) -> Reply {
+    call_as(stack, "alice-token", model, extra).await
+}
+
+/// As [`call`], with this credential.
+async fn call_as(stack: &Stack, cred: &str, model: &str, extra: Value) -> Reply {
+    let mut body = json!({"model": model, "max_tokens": 3,
+                          "messages": [{"role": "user", "content": "one two three four"}]});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        body[k] = v;
+    }
+    chat(
+        stack,
+        &format!("/llm/{model}/v1/chat/completions"),
+        "backends",
+        &[("authorization", &bearer(cred))],
+        body,
+    )
+    .await
+}
+
+/// The usage events of `model`, once there are `n` (never more).
+async fn events_of(stack: &Stack, model: &str, n: usize) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(stack.usage_events_path()).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .filter(|l: &Value| l["event"]["model"] == model)
+            .collect();
+        if lines.len() >= n {
+            // Late duplicates would show after a moment.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let again = std::fs::read_to_string(stack.usage_events_path()).unwrap_or_default();
+            let count = again
+                .lines()
+                .filter(|l| l.contains(&format!("\"model\":\"{model}\"")))
+                .count();
+            assert_eq!(count, n, "one usage event per request of {model}:\n{again}");
+            return lines;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} of {n} usage events of {model}:\n{text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn served_by(events: &[Value]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for e in events {
+        *out.entry(e["served_by"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+/// What metering saw of a request: forwarded, decision, input and output tokens.
+fn metered(e: &Value) -> (Value, Value, Value, Value) {
+    let e = &e["event"];
+    (
+        e["forwarded"].clone(),
+        e["decision"].clone(),
+        e["input_tokens"].clone(),
+        e["output_tokens"].clone(),
+    )
+}
+
+#[tokio::test]
+async fn requests_spread_by_weight() {
+    let s = stack();
+    for _ in 0..100 {
+        let r = call(s, "spread", json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let a = chats("spread-a");
+    let b = chats("spread-b");
+    eprintln!("backends::requests_spread_by_weight: 80/20 weights gave {a}/{b}");
+    assert_eq!(a + b, 100, "each request reached one backend once");
+    // Envoy's weighted round robin (per worker) gives 80/20 up to a few per worker; the bound
+    // is wide enough never to flake and narrow enough that 50/50 or 100/0 fails.
+    assert!((65..=92).contains(&a), "80/20 split: a got {a}, b got {b}");
+    let events = events_of(s, "spread", 100).await;
+    let by = served_by(&events);
+    assert_eq!(by.get("a"), Some(&a), "{by:?}");
+    assert_eq!(by.get("b"), Some(&b), "{by:?}");
+}
+
+/// `n` calls to `model`, each answered 200 by the healthy backend `up`; the faulty backend
+/// `down_sim` was tried (so requests did fail over); one usage event each, served by `up`.
+async fn fails_over(model: &str, up_sim: &str, down_sim: &str, n: usize) -> Vec<Value> {
+    let s = stack();
+    for _ in 0..n {
+        let r = call(s, model, json!({})).await;
+        assert_eq!(r.status, 200, "{model}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["object"], "chat.completion", "{}", r.body);
+    }
+    assert_eq!(chats(up_sim), n, "{model}: all served by up");
+    if !down_sim.is_empty() {
+        let tried = chats(down_sim);
+        assert!(
+            tried > 0 && tried <= n,
+            "{model}: the faulty backend was tried {tried} times"
+        );
+    }
+    let events = events_of(s, model, n).await;
+    assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
+    events
+}
+
+#[tokio::test]
+async fn a_503_backend_fails_over_and_the_client_sees_one_clean_answer() {
+    fails_over("fail-503", "ok-503", "down-503", 10).await;
+}
+
+#[tokio::test]
+async fn a_429_backend_fails_over() {
+    fails_over("fail-429", "ok-429", "down-429", 10).await;
+}
+
+#[tokio::test]
+async fn a_refused_connection_fails_over() {
+    fails_over("refused", "ok-refused", "", 10).await;
+}
+
+#[tokio::test]
+async fn a_backend_past_its_timeout_fails_over() {
+    let started = Instant::now();
+    fails_over("slow", "ok-slow", "stall", 6).await;
+    // Every stalled attempt gave up after its 1 s, not the stall's 60 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_failed_over_request_is_metered_once_like_any_other() {
+    let s = stack();
+    let r = call(s, "meter", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let baseline = events_of(s, "meter", 1).await;
+    // 503 first, then served by the other backend: the same tokens, one event, one count.
+    let n = 6;
+    let mut remaining = Vec::new();
+    for _ in 0..n {
+        // Mia calls nothing else: her request count moves with these requests only.
+        let r = call_as(s, "mia-token", "fail-meter", json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        remaining.push(
+            r.header("x-ratelimit-remaining-requests")
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("the filter counted the request"),
+        );
+    }
+    // Each request took one from the tier's request limit, failed over or not.
+    for pair in remaining.windows(2) {
+        assert_eq!(pair[0] - 1, pair[1], "{remaining:?}");
+    }
+    let tried = chats("down-meter");
+    assert!(tried > 0, "no request failed over in {n}");
+    assert_eq!(chats("ok-meter"), n);
+    let events = events_of(s, "fail-meter", n).await;
+    for e in &events {
+        assert_eq!(metered(e), metered(&baseline[0]), "{e}");
+        assert_eq!(e["status"], 200, "{e}");
+        assert_eq!(e["served_by"], "up", "{e}");
+    }
+    assert_eq!(baseline[0]["served_by"], "only");
+}
+
+#[tokio::test]
+async fn a_backend_failing_after_the_first_byte_is_not_retried() {
+    let s = stack();
+    let n = 4;
+    for _ in 0..n {
+        let resp = client()
+            .post(format!("{}/llm/drops/v1/chat/completions", s.gateway_url()))
+            .header("authorization", bearer("alice-token"))
+            .json(&json!({"model": "drops", "max_tokens": 8, "stream": true,
+                          "messages": [{"role": "user", "content": "one two"}]}))
+            .send()
+            .await
+            .expect("gateway answers");
+        assert_eq!(resp.status(), 200, "the stream started");
+        let body = resp.bytes().await;
+        let text = body
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(b).to_string())
+            .unwrap_or_default();
+        assert!(
+            body.is_err() || !text.contains("[DONE]"),
+            "the client sees the broken stream, not a second one: {text}"
+        );
+        assert!(
+            text.matches("\"role\":\"assistant\"").count() <= 1,
+            "one stream's start only: {text}"
+        );
+    }
+    let tried = chats("drop-a") + chats("drop-b");
+    assert_eq!(tried, n, "each request reached one backend, once");
+    let events = events_of(s, "drops", n).await;
+    for e in &events {
+        assert_eq!(e["event"]["forwarded"], true, "{e}");
+    }
+}
+
+/// A streamed chat for `model`: status and the whole body (an error reading it: `None`).
+async fn stream(stack: &Stack, model: &str, headers: &[(&str, &str)]) -> (u16, Option<String>) {
+    let mut req = client()
+        .post(format!(
+            "{}/llm/{model}/v1/chat/completions",
+            stack.gateway_url()
+        ))
+        .header("authorization", bearer("alice-token"))
+        .json(&json!({"model": model, "max_tokens": 8, "stream": true,
+                      "messages": [{"role": "user", "content": "one two"}]}));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("gateway answers");
+    let status = resp.status().as_u16();
+    let body = resp
+        .bytes()
+        .await
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).to_string());
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_stream_fails_over_before_its_first_byte() {
+    let s = stack();
+    let n = 6;
+    for _ in 0..n {
+        let (status, body) = stream(s, "stream-503", &[]).await;
+        assert_eq!(status, 200);
+        let body = body.expect("the whole stream");
+        assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+        assert_eq!(body.matches("[DONE]").count(), 1, "{body}");
+    }
+    assert_eq!(chats("ok-s503"), n);
+    assert!(chats("down-s503") > 0, "no stream failed over");
+    let events = events_of(s, "stream-503", n).await;
+    assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
+}
+
+#[tokio::test]
+async fn a_stream_longer_than_the_timeout_is_not_cut_once_it_started() {
+    let s = stack();
+    // 8 chunks 300 ms apart: about 2.4 s in all, each gap under the 1 s timeout.
+    let started = Instant::now();
+    let (status, body) = stream(s, "long", &[("x-sim-chunk-delay-ms", "300")]).await;
+    assert_eq!(status, 200);
+    let body = body.expect("the whole stream");
+    assert!(
+        started.elapsed() > Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let tried = chats("long-a") + chats("long-b");
+    assert_eq!(tried, 1, "not retried");
+}
+
+#[tokio::test]
+async fn with_every_backend_down_the_client_gets_the_last_answer_after_one_try_each() {
+    let s = stack();
+    let n = 4;
+    for _ in 0..n {
+        let r = call(s, "all-down", json!({})).await;
+        let e = r.error(503);
+        assert_eq!(
+            e["message"], "simulated overload",
+            "the backend's own answer"
+        );
+    }
+    let a = chats("down-a");
+    let b = chats("down-b");
+    assert_eq!(
+        (a, b),
+        (n, n),
+        "each backend tried once per request, no more"
+    );
+    let events = events_of(s, "all-down", n).await;
+    for e in &events {
+        assert_eq!(e["status"], 503, "{e}");
+    }
+}
+
+/// `ready` of each model in alice's `GET /maas-api/v1/models`.
+async fn readiness(stack: &Stack) -> BTreeMap<String, bool> {
+    let r = send(
+        client()
+            .get(format!("{}/maas-api/v1/models", stack.gateway_url()))
+            .bearer_auth("alice-token"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["data"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap_or_default().to_string(),
+                m["ready"].as_bool().expect("ready"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_model_is_ready_while_one_of_its_backends_is() {
+    let ready = readiness(stack()).await;
+    assert_eq!(ready.get("spread"), Some(&true), "{ready:?}");
+    assert_eq!(
+        ready.get("refused"),
+        Some(&true),
+        "one backend up: {ready:?}"
+    );
+    assert_eq!(
+        ready.get("all-down"),
+        Some(&false),
+        "every backend 503: {ready:?}"
+    );
+}
