@@ -435,7 +435,11 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
-    let upstream_path = crate::provider::upstream_path(model.provider.as_ref(), op.operation)?;
+    let upstream_path = crate::provider::upstream_path(
+        model.provider.as_ref(),
+        op.operation,
+        model.served_name.as_deref().unwrap_or(&model.name),
+    )?;
     let routing = match upstream {
         // A rewritten path matches no route of the model's prefix: the routing header has
         // Envoy route it to the model's cluster (as at the one base URL).
@@ -497,6 +501,10 @@ fn provider_key<'c, 'm>(
     let Some(p) = &model.provider else {
         return Ok(None);
     };
+    if p.auth == maas_types::ProviderAuth::AwsSigV4 {
+        // Signed once the body is final; refused now when no key could sign it.
+        return signing_key(credentials, model, now_s).map(|_| None);
+    }
     // `expires_at` is the expiry rounded down to the second: a token is surely expired only
     // once the clock's second is past it.
     let expired = || {
@@ -519,6 +527,32 @@ fn provider_key<'c, 'm>(
             format!("no credential for model {} yet; retry shortly", model.name),
         )),
     }
+}
+
+/// The SigV4 signing key of the model's provider for the day of `now_s` (`auth: awsSigV4`):
+/// 503 `signing_unavailable` when the companion has served none (not polled yet, the Secret
+/// missing or unusable) or it has expired. A request is never forwarded unsigned.
+pub fn signing_key<'c>(
+    credentials: &'c CredentialsDocument,
+    model: &Model,
+    now_s: u64,
+) -> Result<&'c maas_types::SigV4Key, Refusal> {
+    model
+        .provider
+        .as_ref()
+        .and_then(|p| {
+            let keys = credentials.sigv4.get(&p.credential_ref)?;
+            crate::sigv4::key_for(keys, p.region.as_deref()?, now_s)
+        })
+        .ok_or_else(|| {
+            Refusal::new(
+                Deny::SigningUnavailable,
+                format!(
+                    "the gateway has no valid AWS signing key for model {} yet; retry shortly",
+                    model.name
+                ),
+            )
+        })
 }
 
 /// What a [`HeaderPlan`] sets besides hygiene.

@@ -86,6 +86,8 @@ pub fn provider_headers(
             h
         }
         ProviderKind::AzureOpenai => vec![("api-key", key.to_string())],
+        // Signed once the body is final (`crate::sigv4`), not at the headers.
+        ProviderKind::Bedrock => Vec::new(),
     }
 }
 

@@ -15,10 +15,11 @@ use maas_types::{Provider, ProviderPath};
 /// The path to send instead of the client's, when the model's provider has its own path scheme
 /// (`None`: the path goes as the client sent it). An operation the provider's scheme has no
 /// path for is refused (404 `operation_not_allowed`), never forwarded to a path the provider
-/// would answer otherwise.
+/// would answer otherwise. `model_id`: the provider's id of the model (Bedrock's path names it).
 pub fn upstream_path(
     provider: Option<&Provider>,
     operation: Operation,
+    model_id: &str,
 ) -> Result<Option<String>, Refusal> {
     let Some(scheme) = provider.and_then(Provider::path) else {
         return Ok(None);
@@ -44,7 +45,28 @@ pub fn upstream_path(
             ))),
             _ => Err(not_served("chat/completions")),
         },
+        // The non-streamed path until the body says (`bedrock_path` at forwarding).
+        ProviderPath::Bedrock { .. } => match operation {
+            Operation::ChatCompletions => Ok(Some(bedrock_path(model_id, false))),
+            _ => Err(not_served("chat/completions")),
+        },
     }
+}
+
+/// Bedrock's Converse path of a model id (URI-encoded once: `:` as `%3A`, `/` of an ARN as
+/// `%2F`), `converse-stream` when the client asked for a stream.
+pub fn bedrock_path(model_id: &str, stream: bool) -> String {
+    let op = if stream {
+        "converse-stream"
+    } else {
+        "converse"
+    };
+    format!("/model/{}/{op}", crate::sigv4::uri_encode(model_id, false))
+}
+
+/// Bedrock's host of a region.
+pub fn bedrock_host(region: &str) -> String {
+    format!("bedrock-runtime.{region}.amazonaws.com")
 }
 
 fn not_served(served: &str) -> Refusal {
@@ -93,17 +115,20 @@ mod tests {
                 "/openai/deployments/gpt-4o/embeddings?api-version=2024-10-21",
             ),
         ] {
-            assert_eq!(upstream_path(Some(&p), op).unwrap().as_deref(), Some(path));
+            assert_eq!(
+                upstream_path(Some(&p), op, "m").unwrap().as_deref(),
+                Some(path)
+            );
         }
         let p = azure(Some("d"), Some("2025-01-01-preview"));
         assert_eq!(
-            upstream_path(Some(&p), Operation::ChatCompletions)
+            upstream_path(Some(&p), Operation::ChatCompletions, "m")
                 .unwrap()
                 .as_deref(),
             Some("/openai/deployments/d/chat/completions?api-version=2025-01-01-preview")
         );
         for op in [Operation::Responses, Operation::Models, Operation::Custom] {
-            let r = upstream_path(Some(&p), op).unwrap_err();
+            let r = upstream_path(Some(&p), op, "m").unwrap_err();
             assert_eq!(r.deny, Deny::OperationNotAllowed, "{op:?}");
         }
     }
@@ -111,7 +136,7 @@ mod tests {
     #[test]
     fn vertex_gets_its_project_and_location_path() {
         assert_eq!(
-            upstream_path(Some(&vertex()), Operation::ChatCompletions)
+            upstream_path(Some(&vertex()), Operation::ChatCompletions, "m")
                 .unwrap()
                 .as_deref(),
             Some("/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions")
@@ -121,14 +146,48 @@ mod tests {
             Operation::Completions,
             Operation::Models,
         ] {
-            assert!(upstream_path(Some(&vertex()), op).is_err(), "{op:?}");
+            assert!(upstream_path(Some(&vertex()), op, "m").is_err(), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn bedrock_gets_the_converse_path_of_its_model_id() {
+        let p = Provider {
+            auth: ProviderAuth::AwsSigV4,
+            region: Some("us-east-1".into()),
+            ..Provider::api_key(ProviderKind::Bedrock, "aws".into())
+        };
+        assert_eq!(
+            upstream_path(
+                Some(&p),
+                Operation::ChatCompletions,
+                "anthropic.claude-3-haiku-20240307-v1:0"
+            )
+            .unwrap()
+            .as_deref(),
+            Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse")
+        );
+        assert_eq!(
+            bedrock_path("a/b:1", true),
+            "/model/a%2Fb%3A1/converse-stream"
+        );
+        assert_eq!(
+            bedrock_host("eu-west-1"),
+            "bedrock-runtime.eu-west-1.amazonaws.com"
+        );
+        for op in [
+            Operation::Embeddings,
+            Operation::Completions,
+            Operation::Models,
+        ] {
+            assert!(upstream_path(Some(&p), op, "m").is_err(), "{op:?}");
         }
     }
 
     #[test]
     fn without_a_path_scheme_the_path_goes_as_sent() {
         assert_eq!(
-            upstream_path(None, Operation::ChatCompletions).unwrap(),
+            upstream_path(None, Operation::ChatCompletions, "m").unwrap(),
             None
         );
         // Azure without a deployment, Vertex without project/location, OpenAI: as before.
@@ -143,7 +202,7 @@ mod tests {
                 Operation::Models,
                 Operation::Custom,
             ] {
-                assert_eq!(upstream_path(Some(p), op).unwrap(), None);
+                assert_eq!(upstream_path(Some(p), op, "m").unwrap(), None);
             }
         }
     }
