@@ -1749,6 +1749,59 @@ mod tests {
     }
 
     #[test]
+    fn bedrock_needs_aws_sigv4_and_a_region() {
+        // awsSigV4 and a region, both required; neither belongs to another type.
+        let mut w = sample();
+        w["models"][1]["provider"] = json!({"type": "bedrock", "credentialRef": "aws",
+            "auth": "awsSigV4", "region": "us-east-1"});
+        let doc = PolicyDocument::from_value(w.clone()).unwrap();
+        let p = doc.models[1].provider.as_ref().unwrap();
+        assert_eq!(p.kind, ProviderKind::Bedrock);
+        assert_eq!(p.auth, ProviderAuth::AwsSigV4);
+        assert!(!p.auth.is_token());
+        assert_eq!(
+            p.path(),
+            Some(ProviderPath::Bedrock {
+                region: "us-east-1"
+            })
+        );
+        let back = serde_json::to_value(&doc).unwrap();
+        assert_eq!(back["models"][1]["provider"]["auth"], "awsSigV4");
+        assert_eq!(back["models"][1]["provider"]["region"], "us-east-1");
+        for bad in [
+            json!("US-EAST-1"),
+            json!("east"),
+            json!("-us-east-1"),
+            json!("us_east_1"),
+        ] {
+            let mut x = w.clone();
+            x["models"][1]["provider"]["region"] = bad;
+            fails_at(x, "models[1].provider.region");
+        }
+        let mut x = w.clone();
+        x["models"][1]["provider"]
+            .as_object_mut()
+            .unwrap()
+            .remove("region");
+        fails_at(x, "models[1].provider.region");
+        let mut x = w.clone();
+        x["models"][1]["provider"]
+            .as_object_mut()
+            .unwrap()
+            .remove("auth");
+        fails_at(x, "models[1].provider.auth");
+        let mut x = w.clone();
+        x["models"][1]["provider"]["project"] = json!("p");
+        fails_at(x, "models[1].provider.project");
+        let mut x = sample();
+        x["models"][1]["provider"]["auth"] = json!("awsSigV4");
+        fails_at(x, "models[1].provider.auth");
+        let mut x = sample();
+        x["models"][1]["provider"]["region"] = json!("us-east-1");
+        fails_at(x, "models[1].provider.region");
+    }
+
+    #[test]
     fn provider_paths_and_auth_are_checked_with_the_field_named() {
         // Azure: a deployment, the api-version defaulted.
         let mut v = sample();
@@ -1811,55 +1864,6 @@ mod tests {
         let mut w = sample();
         w["models"][1]["provider"]["auth"] = json!("oauth2");
         fails_at(w, "models[1].provider.auth");
-        // Bedrock: awsSigV4 and a region, both required; neither belongs to another type.
-        let mut w = sample();
-        w["models"][1]["provider"] = json!({"type": "bedrock", "credentialRef": "aws",
-            "auth": "awsSigV4", "region": "us-east-1"});
-        let doc = PolicyDocument::from_value(w.clone()).unwrap();
-        let p = doc.models[1].provider.as_ref().unwrap();
-        assert_eq!(p.kind, ProviderKind::Bedrock);
-        assert_eq!(p.auth, ProviderAuth::AwsSigV4);
-        assert!(!p.auth.is_token());
-        assert_eq!(
-            p.path(),
-            Some(ProviderPath::Bedrock {
-                region: "us-east-1"
-            })
-        );
-        let back = serde_json::to_value(&doc).unwrap();
-        assert_eq!(back["models"][1]["provider"]["auth"], "awsSigV4");
-        assert_eq!(back["models"][1]["provider"]["region"], "us-east-1");
-        for bad in [
-            json!("US-EAST-1"),
-            json!("east"),
-            json!("-us-east-1"),
-            json!("us_east_1"),
-        ] {
-            let mut x = w.clone();
-            x["models"][1]["provider"]["region"] = bad;
-            fails_at(x, "models[1].provider.region");
-        }
-        let mut x = w.clone();
-        x["models"][1]["provider"]
-            .as_object_mut()
-            .unwrap()
-            .remove("region");
-        fails_at(x, "models[1].provider.region");
-        let mut x = w.clone();
-        x["models"][1]["provider"]
-            .as_object_mut()
-            .unwrap()
-            .remove("auth");
-        fails_at(x, "models[1].provider.auth");
-        let mut x = w.clone();
-        x["models"][1]["provider"]["project"] = json!("p");
-        fails_at(x, "models[1].provider.project");
-        let mut x = sample();
-        x["models"][1]["provider"]["auth"] = json!("awsSigV4");
-        fails_at(x, "models[1].provider.auth");
-        let mut x = sample();
-        x["models"][1]["provider"]["region"] = json!("us-east-1");
-        fails_at(x, "models[1].provider.region");
         // Vertex: project and location together.
         let mut w = sample();
         w["models"][1]["provider"] = json!({"type": "vertex", "credentialRef": "gcp-sa",

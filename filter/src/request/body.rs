@@ -9,6 +9,13 @@ use crate::request_body::{self, RequestInfo};
 use crate::response::{Deny, Refusal};
 use proxy_wasm::types::Action;
 
+/// What signs a Bedrock request: the provider's model id, the day's key, the clock.
+pub(super) struct ConverseTarget<'a> {
+    pub model_id: &'a str,
+    pub key: &'a maas_types::SigV4Key,
+    pub now_s: u64,
+}
+
 /// Where the body is.
 #[derive(Debug, Default)]
 enum Stage {
@@ -48,6 +55,8 @@ pub(super) struct RequestBody {
     pub(super) strip_usage_event: bool,
     /// Translated to Anthropic Messages: what the client asked of the answer's shape.
     pub(super) translated: Option<crate::translate::request::ClientAsk>,
+    /// Translated to Bedrock Converse (and signed): what the client asked of the answer.
+    pub(super) converse: Option<crate::translate::request::ClientAsk>,
 }
 
 impl RequestBody {
@@ -96,6 +105,62 @@ impl RequestBody {
         };
         request_body::set_number_member(&mut pending.bytes, field, value)
             .map_err(|e| Refusal::new(Deny::InvalidBody, e.to_string()))?;
+        pending.rewritten = true;
+        Ok(())
+    }
+
+    /// A Bedrock request, its body final (the cap set): the kept OpenAI body becomes the Converse
+    /// body (written when forwarded), and the held headers get Bedrock's path and host and the
+    /// SigV4 signature of exactly that body. Refused (503 `signing_unavailable`) when the
+    /// headers are not held (they would leave unsigned) or no key can sign it.
+    pub(super) fn sign_converse(
+        &mut self,
+        host: &dyn Host,
+        target: &ConverseTarget<'_>,
+    ) -> Result<(), Refusal> {
+        let unavailable = |why: &str| Refusal::new(Deny::SigningUnavailable, why.to_string());
+        if !self.hold {
+            return Err(unavailable(
+                "this gateway cannot hold request headers for the body (pauseHeadersForBody), so it cannot sign requests to this model",
+            ));
+        }
+        let (Some(pending), Some(ask)) = (self.pending.as_mut(), self.converse) else {
+            return Err(Refusal::internal(
+                "the gateway lost the request body; retry",
+            ));
+        };
+        let (converse, _) = crate::translate::converse::request(&pending.bytes)
+            .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
+        let path = crate::provider::bedrock_path(target.model_id, ask.stream);
+        let authority = crate::provider::bedrock_host(&target.key.region);
+        let input = crate::sigv4::SignInput {
+            method: "POST",
+            host: &authority,
+            path: &path,
+            query: "",
+            content_type: "application/json",
+            body: &converse,
+            now_s: target.now_s,
+        };
+        let signed = crate::sigv4::sign(target.key, &input).ok_or_else(|| {
+            unavailable("the gateway's AWS signing key is not usable; retry shortly")
+        })?;
+        host.set_header(Headers::Request, ":path", Some(&path));
+        host.set_header(Headers::Request, ":authority", Some(&authority));
+        host.set_header(Headers::Request, "content-type", Some("application/json"));
+        host.set_header(
+            Headers::Request,
+            "accept",
+            Some(if ask.stream {
+                crate::translate::converse::EVENTSTREAM
+            } else {
+                "application/json"
+            }),
+        );
+        for (name, value) in &signed {
+            host.set_header(Headers::Request, name, Some(value));
+        }
+        pending.bytes = converse;
         pending.rewritten = true;
         Ok(())
     }
@@ -301,6 +366,18 @@ impl Request {
         self.body.translated = translated;
         if strip_usage_event {
             self.body.strip_usage_event = true;
+        }
+        if traits.converse {
+            // Checked now (before anything is counted); translated and signed once the body is
+            // final, at admission ([`RequestBody::sign_converse`]).
+            let (_, ask) = crate::translate::converse::request(&bytes)
+                .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
+            self.body.converse = Some(ask);
+            self.body.pending = Some(PendingBody {
+                bytes,
+                rewritten: true,
+            });
+            return Ok(());
         }
         if may_take_a_cap {
             // Written at admission, with the cap it may set (one write).

@@ -1,0 +1,268 @@
+//! OpenAI chat to an AWS Bedrock model through the state machine: the request leaves as a
+//! Converse body at Bedrock's path and host, signed with the day's key for exactly the body
+//! sent; without a key it is refused (503 `signing_unavailable`), never sent unsigned; the
+//! answer (JSON or event stream) comes back as OpenAI chat, settled to Bedrock's usage.
+
+use super::*;
+use crate::sigv4;
+use crate::translate::eventstream::encode;
+use maas_types::SigV4Key;
+
+const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+const MODEL_ID: &str = "anthropic.claude-3-haiku-20240307-v1:0";
+/// The recording host's clock: 2023-11-14T22:13:20Z.
+const NOW_S: u64 = 1_700_000_000;
+const END_OF_DAY: u64 = 1_700_006_400;
+
+fn derive(date: &str) -> String {
+    let k = sigv4::hmac(format!("AWS4{SECRET}").as_bytes(), date.as_bytes());
+    let k = sigv4::hmac(&k, b"us-east-1");
+    let k = sigv4::hmac(&k, b"bedrock");
+    hex::encode(sigv4::hmac(&k, b"aws4_request"))
+}
+
+fn key(date: &str, expires_at: u64) -> SigV4Key {
+    SigV4Key {
+        access_key_id: "AKIDEXAMPLE".into(),
+        date: date.into(),
+        region: "us-east-1".into(),
+        service: "bedrock".into(),
+        signing_key: derive(date),
+        session_token: Some("session-token-1".into()),
+        expires_at,
+    }
+}
+
+fn fx(keys: Vec<SigV4Key>) -> Fx {
+    let mut p = policy();
+    p["models"].as_array_mut().unwrap().push(json!({
+        "name": "haiku", "path": "/ext/haiku", "tiers": ["free"], "servedName": MODEL_ID,
+        "provider": {"type": "bedrock", "credentialRef": "aws", "auth": "awsSigV4",
+                     "region": "us-east-1"},
+        "upstreamCluster": "ext-haiku"}));
+    let fx = Fx::with(json!({"pauseHeadersForBody": true, "bootstrapPolicy": p}));
+    fx.cache(&key_of(2), allow_alice());
+    fx.root.worker.borrow_mut().credentials = Rc::new(CredentialsDocument {
+        sigv4: [("aws".to_string(), keys)].into(),
+        ..Default::default()
+    });
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "ext-haiku".into());
+    fx
+}
+
+fn key_of(n: u8) -> String {
+    super::key(n)
+}
+
+fn send(fx: &Fx, body: &[u8]) -> (u32, Http) {
+    let (id, h) = fx.http();
+    let headers = vec![
+        (":method", "POST".to_string()),
+        (":path", "/ext/haiku/v1/chat/completions".to_string()),
+        (":authority", "gateway.example".to_string()),
+        ("authorization", format!("Bearer {}", key_of(2))),
+        ("content-type", "application/json".to_string()),
+        ("x-amz-security-token", "client-token".to_string()),
+        ("X_Amz_Date", "20000101T000000Z".to_string()),
+    ];
+    fx.headers(id, &h, &refs(&headers), false);
+    fx.body(id, &h, body, true);
+    (id, h)
+}
+
+const CHAT_BODY: &[u8] = br#"{"model":"haiku","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+
+#[test]
+fn the_request_leaves_as_converse_signed_for_exactly_its_body() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (_, h) = send(&fx, CHAT_BODY);
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    let req = |n| fx.host.map_value(Headers::Request, n);
+    assert_eq!(
+        req(":path").as_deref(),
+        Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse")
+    );
+    assert_eq!(
+        req(":authority").as_deref(),
+        Some("bedrock-runtime.us-east-1.amazonaws.com")
+    );
+    // The client's x-amz-* never beside the gateway's.
+    assert_eq!(req("x_amz_date"), None);
+    assert_eq!(
+        req("x-amz-security-token").as_deref(),
+        Some("session-token-1")
+    );
+    let body = fx.host.buffer(Body::Request);
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        sent,
+        json!({"system": [{"text": "be brief"}],
+               "messages": [{"role": "user", "content": [{"text": "hi"}]}],
+               "inferenceConfig": {"maxTokens": 100}})
+    );
+    assert_eq!(req("content-length"), Some(body.len().to_string()));
+    assert_eq!(req("x-amz-content-sha256"), Some(sigv4::sha256_hex(&body)));
+    assert_eq!(req("x-amz-date").as_deref(), Some("20231114T221320Z"));
+    // AWS's verification, from the secret and what was sent.
+    let signed_headers = [
+        ("content-type", req("content-type").unwrap()),
+        ("host", req(":authority").unwrap()),
+        ("x-amz-content-sha256", req("x-amz-content-sha256").unwrap()),
+        ("x-amz-date", req("x-amz-date").unwrap()),
+        ("x-amz-security-token", req("x-amz-security-token").unwrap()),
+    ];
+    let refs: Vec<(&str, &str)> = signed_headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    let (canonical, signed) = sigv4::canonical_request(
+        "POST",
+        &req(":path").unwrap(),
+        "",
+        &refs,
+        &sigv4::sha256_hex(&body),
+    );
+    let scope = sigv4::scope("20231114", "us-east-1", "bedrock");
+    let signature = sigv4::signature(
+        &hex::decode(derive("20231114")).unwrap(),
+        &sigv4::string_to_sign("20231114T221320Z", &scope, &canonical),
+    );
+    assert_eq!(
+        req("authorization"),
+        Some(sigv4::authorization(
+            "AKIDEXAMPLE",
+            &scope,
+            &signed,
+            &signature
+        ))
+    );
+}
+
+#[test]
+fn a_stream_goes_to_converse_stream() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    send(
+        &fx,
+        br#"{"model":"haiku","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(
+        fx.host.map_value(Headers::Request, ":path").as_deref(),
+        Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream")
+    );
+    let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+    assert_eq!(sent["inferenceConfig"]["maxTokens"], 5);
+}
+
+#[test]
+fn without_a_valid_key_of_the_day_it_is_refused_never_sent_unsigned() {
+    for keys in [
+        vec![],
+        vec![key("20231113", NOW_S - 1)],
+        // Today's date but already past its expiry.
+        vec![key("20231114", NOW_S)],
+        vec![SigV4Key {
+            region: "eu-west-1".into(),
+            ..key("20231114", END_OF_DAY)
+        }],
+    ] {
+        let fx = fx(keys);
+        let (id, h) = fx.http();
+        let headers = vec![
+            (":method", "POST".to_string()),
+            (":path", "/ext/haiku/v1/chat/completions".to_string()),
+            ("authorization", format!("Bearer {}", key_of(2))),
+            ("content-type", "application/json".to_string()),
+        ];
+        fx.headers(id, &h, &refs(&headers), false);
+        let s = fx.sent_to(id).expect("refused at the headers");
+        assert_eq!((s.status, s.code().as_str()), (503, "signing_unavailable"));
+        assert_eq!(fx.tokens_used("alice"), 0);
+    }
+}
+
+fn answer(fx: &Fx, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
+    fx.host.enter(id);
+    fx.host.set_map(
+        Headers::Response,
+        &[
+            (":status", "200"),
+            ("content-type", content_type),
+            ("content-length", "999"),
+        ],
+    );
+    h.on_response_headers(&fx.host);
+    let mut out = Vec::new();
+    for (i, c) in chunks.iter().enumerate() {
+        fx.host.set_buffer(Body::Response, c);
+        h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
+        out.extend(fx.host.buffer(Body::Response));
+    }
+    out
+}
+
+#[test]
+fn a_json_answer_is_translated_and_settled_to_bedrocks_usage() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (id, h) = send(&fx, CHAT_BODY);
+    let body = br#"{"output":{"message":{"role":"assistant","content":[{"text":"hello"}]}},"stopReason":"end_turn","usage":{"inputTokens":11,"outputTokens":7,"totalTokens":18}}"#;
+    let out = answer(&fx, id, &h, "application/json", &[&body[..30], &body[30..]]);
+    let out: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(out["choices"][0]["message"]["content"], "hello");
+    assert_eq!(out["model"], "haiku");
+    assert_eq!(out["usage"]["total_tokens"], 18);
+    h.on_log(&fx.host);
+    assert_eq!(fx.tokens_used("alice"), 18);
+}
+
+#[test]
+fn an_event_stream_is_translated_frame_by_frame_and_settled_to_its_metadata() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (id, h) = send(
+        &fx,
+        br#"{"model":"haiku","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let ev = |kind: &str, p: &str| {
+        encode(
+            &[(":event-type", kind), (":message-type", "event")],
+            p.as_bytes(),
+        )
+    };
+    let bytes = [
+        ev("messageStart", r#"{"role":"assistant"}"#),
+        ev(
+            "contentBlockDelta",
+            r#"{"delta":{"text":"hel"},"contentBlockIndex":0}"#,
+        ),
+        ev(
+            "contentBlockDelta",
+            r#"{"delta":{"text":"lo"},"contentBlockIndex":0}"#,
+        ),
+        ev("contentBlockStop", r#"{"contentBlockIndex":0}"#),
+        ev("messageStop", r#"{"stopReason":"end_turn"}"#),
+        ev(
+            "metadata",
+            r#"{"usage":{"inputTokens":9,"outputTokens":2,"totalTokens":11}}"#,
+        ),
+    ]
+    .concat();
+    let chunks: Vec<&[u8]> = bytes.chunks(23).collect();
+    let out = answer(&fx, id, &h, "application/vnd.amazon.eventstream", &chunks);
+    assert_eq!(
+        fx.host
+            .map_value(Headers::Response, "content-type")
+            .as_deref(),
+        Some("text/event-stream")
+    );
+    assert_eq!(fx.host.map_value(Headers::Response, "content-length"), None);
+    let text = String::from_utf8(out).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let usage: Value =
+        serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens"], 9);
+    h.on_log(&fx.host);
+    assert_eq!(fx.tokens_used("alice"), 11);
+}
