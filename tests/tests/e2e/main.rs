@@ -9,6 +9,7 @@
 mod helpers;
 
 mod api_families;
+mod bedrock;
 mod budget_fields;
 mod cloud_providers;
 mod credential_rotation;
