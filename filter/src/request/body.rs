@@ -57,6 +57,10 @@ pub(super) struct RequestBody {
     pub(super) translated: Option<crate::translate::request::ClientAsk>,
     /// Translated to Bedrock Converse (and signed): what the client asked of the answer.
     pub(super) converse: Option<crate::translate::request::ClientAsk>,
+    /// The signed Converse body, written when forwarded instead of the kept OpenAI body (which
+    /// stays, so a request decided again after a lease round is translated and signed again
+    /// from it).
+    signed_body: Option<Vec<u8>>,
 }
 
 impl RequestBody {
@@ -145,6 +149,8 @@ impl RequestBody {
         let signed = crate::sigv4::sign(target.key, &input).ok_or_else(|| {
             unavailable("the gateway's AWS signing key is not usable; retry shortly")
         })?;
+        pending.rewritten = true;
+        self.signed_body = Some(converse);
         host.set_header(Headers::Request, ":path", Some(&path));
         host.set_header(Headers::Request, ":authority", Some(&authority));
         host.set_header(Headers::Request, "content-type", Some("application/json"));
@@ -160,13 +166,16 @@ impl RequestBody {
         for (name, value) in &signed {
             host.set_header(Headers::Request, name, Some(value));
         }
-        pending.bytes = converse;
-        pending.rewritten = true;
         Ok(())
     }
 
     /// Writes a body changed since its end (once), and drops the kept copy.
     pub(super) fn write_pending(&mut self, host: &dyn Host) {
+        if let Some(signed) = self.signed_body.take() {
+            self.pending = None;
+            self.replace(host, &signed);
+            return;
+        }
         if let Some(p) = self.pending.take().filter(|p| p.rewritten) {
             self.replace(host, &p.bytes);
         }

@@ -34,13 +34,21 @@ fn key(date: &str, expires_at: u64) -> SigV4Key {
 }
 
 fn fx(keys: Vec<SigV4Key>) -> Fx {
+    fx_with(keys, json!({}))
+}
+
+fn fx_with(keys: Vec<SigV4Key>, extra: Value) -> Fx {
     let mut p = policy();
     p["models"].as_array_mut().unwrap().push(json!({
         "name": "haiku", "path": "/ext/haiku", "tiers": ["free"], "servedName": MODEL_ID,
         "provider": {"type": "bedrock", "credentialRef": "aws", "auth": "awsSigV4",
                      "region": "us-east-1"},
         "upstreamCluster": "ext-haiku"}));
-    let fx = Fx::with(json!({"pauseHeadersForBody": true, "bootstrapPolicy": p}));
+    let mut cfg = json!({"pauseHeadersForBody": true, "bootstrapPolicy": p});
+    for (k, v) in extra.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    let fx = Fx::with(cfg);
     fx.cache(&key_of(2), allow_alice());
     fx.root.worker.borrow_mut().credentials = Rc::new(CredentialsDocument {
         sigv4: [("aws".to_string(), keys)].into(),
@@ -265,4 +273,85 @@ fn an_event_stream_is_translated_frame_by_frame_and_settled_to_its_metadata() {
     assert_eq!(usage["usage"]["prompt_tokens"], 9);
     h.on_log(&fx.host);
     assert_eq!(fx.tokens_used("alice"), 11);
+}
+
+/// The body read while the caller is being authenticated (a cache miss): translated and signed
+/// once, when the answer decides — whether its end came before the answer or after.
+#[test]
+fn a_body_read_while_authenticating_is_translated_once() {
+    const BODY: &[u8] = br#"{"model":"haiku","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    for end_before_answer in [true, false] {
+        let fx = fx(vec![key("20231114", END_OF_DAY)]);
+        let (id, h) = fx.http();
+        let headers = vec![
+            (":method", "POST".to_string()),
+            (":path", "/ext/haiku/v1/chat/completions".to_string()),
+            ("authorization", format!("Bearer {}", key_of(3))),
+            ("content-type", "application/json".to_string()),
+            ("content-length", BODY.len().to_string()),
+        ];
+        fx.headers(id, &h, &refs(&headers), false);
+        fx.body(id, &h, BODY, end_before_answer);
+        assert!(fx.phase(&h).contains("Authenticating"), "{}", fx.phase(&h));
+        fx.answer(id, &h, Some(200), &super::alice());
+        if !end_before_answer {
+            fx.body(id, &h, BODY, true);
+        }
+        assert!(
+            fx.phase(&h).starts_with("Forwarding"),
+            "{:?} {}",
+            fx.sent_to(id),
+            fx.phase(&h)
+        );
+        let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+        assert_eq!(sent["inferenceConfig"]["maxTokens"], 8);
+        assert_eq!(
+            fx.host.map_value(Headers::Request, ":path").as_deref(),
+            Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream")
+        );
+    }
+}
+
+/// Global limits: a request decided again after its lease round is translated and signed
+/// again from the OpenAI body it kept, never translated twice.
+#[test]
+fn a_request_decided_again_after_a_lease_round_is_signed_once_more_from_its_openai_body() {
+    use maas_types::lease::{LEASES_PATH, LeaseRequest};
+    let fx = fx_with(
+        vec![key("20231114", END_OF_DAY)],
+        json!({"limits": {"global": {"replicaId": "gw-a", "replicas": 1}}}),
+    );
+    let (id, h) = send(&fx, CHAT_BODY);
+    assert_eq!(fx.phase(&h), "Leasing");
+    let d = fx
+        .host
+        .dispatched
+        .borrow()
+        .iter()
+        .filter(|d| d.headers.iter().any(|(_, v)| v == LEASES_PATH))
+        .next_back()
+        .cloned()
+        .expect("a lease callout");
+    let req: LeaseRequest = serde_json::from_slice(d.body.as_deref().unwrap()).unwrap();
+    let grants: Vec<Value> = req
+        .items
+        .iter()
+        .map(|i| json!({"granted": i.want, "taken": i.want}))
+        .collect();
+    let answer = json!({"replicas": 1, "store": "memory", "grants": grants}).to_string();
+    fx.answer(id, &h, Some(200), answer.as_bytes());
+    assert!(
+        fx.phase(&h).starts_with("Forwarding"),
+        "{:?} {}",
+        fx.sent_to(id),
+        fx.phase(&h)
+    );
+    let body = fx.host.buffer(Body::Request);
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(sent["inferenceConfig"]["maxTokens"], 100, "{sent}");
+    assert!(sent.get("max_tokens").is_none(), "{sent}");
+    assert_eq!(
+        fx.host.map_value(Headers::Request, "x-amz-content-sha256"),
+        Some(sigv4::sha256_hex(&body))
+    );
 }
