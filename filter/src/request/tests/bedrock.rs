@@ -328,8 +328,7 @@ fn a_request_decided_again_after_a_lease_round_is_signed_once_more_from_its_open
         .dispatched
         .borrow()
         .iter()
-        .filter(|d| d.headers.iter().any(|(_, v)| v == LEASES_PATH))
-        .next_back()
+        .rfind(|d| d.headers.iter().any(|(_, v)| v == LEASES_PATH))
         .cloned()
         .expect("a lease callout");
     let req: LeaseRequest = serde_json::from_slice(d.body.as_deref().unwrap()).unwrap();
