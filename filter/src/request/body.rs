@@ -364,6 +364,10 @@ impl Request {
         // client named was read for the reservation; none, admission sets the one it reserves
         // (`may_take_a_cap`).
         let client_cap = info.as_ref().ok().and_then(|i| i.max_tokens);
+        let converse_ask = crate::translate::request::ClientAsk {
+            stream: info.as_ref().is_ok_and(|i| i.stream),
+            include_usage: info.as_ref().is_ok_and(|i| i.include_usage),
+        };
         let mut translated = None;
         if traits.translate {
             let (body, ask) = crate::translate::request::translate(&bytes, client_cap)
@@ -377,11 +381,10 @@ impl Request {
             self.body.strip_usage_event = true;
         }
         if traits.converse {
-            // Checked now (before anything is counted); translated and signed once the body is
-            // final, at admission ([`RequestBody::sign_converse`]).
-            let (_, ask) = crate::translate::converse::request(&bytes)
-                .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
-            self.body.converse = Some(ask);
+            // Translated and signed once the body is final, at admission, before anything is
+            // counted ([`RequestBody::sign_converse`]: what cannot be translated is refused
+            // there); what the client asked of the answer is read already.
+            self.body.converse = Some(converse_ask);
             self.body.pending = Some(PendingBody {
                 bytes,
                 rewritten: true,

@@ -438,7 +438,34 @@ struct Head<'a> {
     created: u64,
 }
 
+/// A `contentBlockDelta` payload, as far as the translation reads it (no JSON tree built).
+#[derive(serde::Deserialize)]
+struct DeltaEvent<'a> {
+    #[serde(borrow, default)]
+    delta: Option<TextDelta<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct TextDelta<'a> {
+    #[serde(borrow, default)]
+    text: Option<std::borrow::Cow<'a, str>>,
+}
+
 impl Head<'_> {
+    /// A content chunk, written straight (the stream's hot path: one per token).
+    fn content(&self, out: &mut Vec<u8>, text: &str) {
+        let created = self.created.to_string();
+        out.extend_from_slice(b"data: {\"id\":\"chatcmpl-bedrock-");
+        out.extend_from_slice(created.as_bytes());
+        out.extend_from_slice(b"\",\"object\":\"chat.completion.chunk\",\"created\":");
+        out.extend_from_slice(created.as_bytes());
+        out.extend_from_slice(b",\"model\":");
+        let _ = serde_json::to_writer(&mut *out, self.model);
+        out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        let _ = serde_json::to_writer(&mut *out, text);
+        out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+    }
+
     fn chunk(&self, out: &mut Vec<u8>, choices: Value, usage: Option<Value>) {
         let mut c = json!({
             "id": format!("chatcmpl-bedrock-{}", self.created),
@@ -489,9 +516,6 @@ fn stream_message(s: &mut StreamState, head: &Head<'_>, m: &Message, out: &mut V
         s.done = true;
         return seen;
     }
-    let Ok(payload) = serde_json::from_slice::<Value>(&m.payload) else {
-        return seen;
-    };
     if !s.started && m.kind != "metadata" {
         s.started = true;
         head.delta(
@@ -500,13 +524,20 @@ fn stream_message(s: &mut StreamState, head: &Head<'_>, m: &Message, out: &mut V
             Value::Null,
         );
     }
-    match m.kind.as_str() {
-        "contentBlockDelta" => {
-            if let Some(t) = payload.pointer("/delta/text").and_then(Value::as_str) {
-                seen.deltas = 1;
-                head.delta(out, json!({"content": t}), Value::Null);
-            }
+    if m.kind == "contentBlockDelta" {
+        if let Ok(DeltaEvent {
+            delta: Some(TextDelta { text: Some(t) }),
+        }) = serde_json::from_slice(&m.payload)
+        {
+            seen.deltas = 1;
+            head.content(out, &t);
         }
+        return seen;
+    }
+    let Ok(payload) = serde_json::from_slice::<Value>(&m.payload) else {
+        return seen;
+    };
+    match m.kind.as_str() {
         "messageStop" => head.delta(
             out,
             json!({}),

@@ -542,3 +542,19 @@ fn the_native_cost_requests_are_signed_and_translated() {
         h.on_log(&fx.host);
     }
 }
+
+#[test]
+fn what_converse_cannot_say_is_refused_before_anything_is_counted() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (id, h) = send(
+        &fx,
+        br#"{"model":"haiku","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(fx.phase(&h), "Refused");
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!(
+        (s.status, s.code().as_str()),
+        (400, "untranslatable_request")
+    );
+    assert_eq!(fx.tokens_used("alice"), 0);
+}
