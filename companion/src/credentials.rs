@@ -420,3 +420,59 @@ pub async fn serve(
     let body = serde_json::to_vec(&doc).unwrap_or_default();
     Ok(json_with_etag(&headers, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> PolicyDocument {
+        let model = |name: &str, region: &str| {
+            serde_json::json!({"name": name, "path": format!("/ext/{name}"), "tiers": ["free"],
+                "upstreamCluster": format!("ext-{name}"),
+                "provider": {"type": "bedrock", "credentialRef": "aws", "auth": "awsSigV4",
+                             "region": region}})
+        };
+        PolicyDocument::from_value(serde_json::json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [model("a", "us-east-1"), model("b", "eu-west-1"), model("c", "us-east-1")]
+        }))
+        .unwrap()
+    }
+
+    /// An AWS access key: the filter gets a derived signing key per region its models name,
+    /// never the secret key; a key without its secret is left out.
+    #[tokio::test]
+    async fn aws_access_keys_are_served_as_derived_signing_keys_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credentials.yaml");
+        std::fs::write(
+            &path,
+            "credentials:\n  aws: {aws-access-key-id: AKIDEXAMPLE, aws-secret-access-key: wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY, aws-session-token: tok-1}\n",
+        )
+        .unwrap();
+        let tokens = CloudTokens::new("https://login.example").unwrap();
+        let source = CredentialsSource::file(path.clone(), tokens);
+        let doc = source.load(&policy()).await.unwrap();
+        let keys = &doc.sigv4["aws"];
+        let regions: BTreeSet<&str> = keys.iter().map(|k| k.region.as_str()).collect();
+        assert_eq!(regions, BTreeSet::from(["eu-west-1", "us-east-1"]));
+        assert!(keys.iter().all(|k| k.access_key_id == "AKIDEXAMPLE"
+            && k.session_token.as_deref() == Some("tok-1")
+            && k.signing_key.len() == 64));
+        assert!(doc.credentials.is_empty());
+        let served = serde_json::to_string(&doc).unwrap();
+        assert!(!served.contains("wJalrXUtnFEMI"), "{served}");
+
+        std::fs::write(
+            &path,
+            "credentials:\n  aws: {aws-access-key-id: AKIDEXAMPLE}\n",
+        )
+        .unwrap();
+        let tokens = CloudTokens::new("https://login.example").unwrap();
+        let doc = CredentialsSource::file(path, tokens)
+            .load(&policy())
+            .await
+            .unwrap();
+        assert!(doc.sigv4.is_empty(), "{doc:?}");
+    }
+}
