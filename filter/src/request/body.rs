@@ -129,8 +129,10 @@ impl RequestBody {
             ));
         }
         let (Some(pending), Some(ask)) = (self.pending.as_mut(), self.converse) else {
-            return Err(Refusal::internal(
-                "the gateway lost the request body; retry",
+            // No body read (none, or one of a type streamed through unread).
+            return Err(Refusal::new(
+                Deny::UntranslatableRequest,
+                "this model takes an OpenAI chat body (JSON), translated to AWS Bedrock Converse",
             ));
         };
         let (converse, _) = crate::translate::converse::request(&pending.bytes)

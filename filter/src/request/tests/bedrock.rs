@@ -558,3 +558,24 @@ fn what_converse_cannot_say_is_refused_before_anything_is_counted() {
     );
     assert_eq!(fx.tokens_used("alice"), 0);
 }
+
+#[test]
+fn a_body_the_gateway_does_not_read_is_refused_not_sent_unsigned() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (id, h) = fx.http();
+    let headers = vec![
+        (":method", "POST".to_string()),
+        (":path", "/ext/haiku/v1/chat/completions".to_string()),
+        ("authorization", format!("Bearer {}", key_of(2))),
+        (
+            "content-type",
+            "multipart/form-data; boundary=x".to_string(),
+        ),
+    ];
+    fx.headers(id, &h, &refs(&headers), false);
+    fx.body(id, &h, b"--x--", true);
+    let s = fx.sent_to(id).expect("refused");
+    // A chat body is always read: one that is not JSON is refused as such.
+    assert_eq!((s.status, s.code().as_str()), (400, "invalid_body"));
+    assert_eq!(fx.phase(&h), "Refused");
+}
