@@ -15,7 +15,11 @@
 //! before the old one expires). A failed exchange keeps serving the old token while it is valid.
 //! A changed secret (a rotated key) is exchanged at once. The long-lived secrets and the tokens
 //! are [`SecretString`]s: never logged.
+//!
+//! AWS (bedrock, `auth: awsSigV4`) has no token exchange: [`aws_sigv4`] derives the day's SigV4
+//! signing key from the access key, and the filter signs each request with it.
 
+pub mod aws_sigv4;
 pub mod gcp_federation;
 
 use secrecy::{ExposeSecret, SecretString};

@@ -7,7 +7,10 @@
 //! `service-account.json` or `credential-config.json` (workload identity federation, see
 //! [`crate::cloud_tokens::gcp_federation`]) (`auth: gcpServiceAccount`) or `tenant-id`, `client-id`,
 //! `client-secret` (`auth: azureClientCredentials`) for cloud credentials, which the companion
-//! exchanges for short-lived access tokens ([`crate::cloud_tokens`]) and serves in their place
+//! exchanges for short-lived access tokens ([`crate::cloud_tokens`]) and serves in their place,
+//! or `aws-access-key-id`, `aws-secret-access-key`, optional `aws-session-token`
+//! (`auth: awsSigV4`), from which it derives the day's SigV4 signing key for each region its
+//! models name ([`crate::cloud_tokens::aws_sigv4`]) and serves that, never the secret key
 //! (Secrets cached for [`SECRET_CACHE_TTL`], well under the filter's poll interval,
 //! so a rotated Secret is served at the filter's next poll but one at worst, and the ETag makes
 //! an unchanged set a 304). A bare `name` is read in the credentials namespace (the platform's:
@@ -48,14 +51,21 @@ pub const GCP_FEDERATION: &str = "credential-config.json";
 pub const AZURE_TENANT: &str = "tenant-id";
 pub const AZURE_CLIENT_ID: &str = "client-id";
 pub const AZURE_CLIENT_SECRET: &str = "client-secret";
+/// `auth: awsSigV4`: the AWS access key (the session token for temporary credentials).
+pub const AWS_ACCESS_KEY_ID: &str = "aws-access-key-id";
+pub const AWS_SECRET_ACCESS_KEY: &str = "aws-secret-access-key";
+pub const AWS_SESSION_TOKEN: &str = "aws-session-token";
 /// Every Secret data key read (others are never loaded).
-const DATA_KEYS: [&str; 6] = [
+const DATA_KEYS: [&str; 9] = [
     SECRET_KEY,
     GCP_KEY,
     GCP_FEDERATION,
     AZURE_TENANT,
     AZURE_CLIENT_ID,
     AZURE_CLIENT_SECRET,
+    AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN,
 ];
 
 /// Where the long-lived credentials are read, and the access tokens obtained from them.
@@ -186,6 +196,10 @@ async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> Cr
     let mut cloud = Vec::new();
     for (reference, data) in raw {
         let auth = auth_of.get(reference.as_str()).copied().unwrap_or_default();
+        if auth == ProviderAuth::AwsSigV4 {
+            aws_signing_keys(policy, reference, data, &mut doc);
+            continue;
+        }
         let secret = match cloud_secret(auth, data) {
             Ok(None) => {
                 match data.get(SECRET_KEY) {
@@ -227,6 +241,50 @@ async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> Cr
     doc
 }
 
+/// The SigV4 signing keys of an AWS access key, for each region the models naming it sign for
+/// (now: today's, near midnight tomorrow's too); the secret key stays here.
+fn aws_signing_keys(
+    policy: &PolicyDocument,
+    reference: &str,
+    data: &SecretData,
+    doc: &mut CredentialsDocument,
+) {
+    use crate::cloud_tokens::aws_sigv4::{self, AwsAccessKey};
+    let field = |k: &str| {
+        data.get(k)
+            .map(|v| v.expose_secret().trim())
+            .filter(|v| !v.is_empty())
+    };
+    let (Some(id), Some(secret)) = (field(AWS_ACCESS_KEY_ID), field(AWS_SECRET_ACCESS_KEY)) else {
+        tracing::warn!(credential = %reference, "credential has no `{AWS_ACCESS_KEY_ID}` and `{AWS_SECRET_ACCESS_KEY}` entries");
+        return;
+    };
+    let key = AwsAccessKey {
+        access_key_id: id.to_string(),
+        secret_access_key: SecretString::from(secret),
+        session_token: field(AWS_SESSION_TOKEN).map(SecretString::from),
+    };
+    if let Err(e) = key.check() {
+        tracing::warn!(credential = %reference, error = %e, "credential not usable");
+        return;
+    }
+    let regions: BTreeSet<&str> = policy
+        .models
+        .iter()
+        .filter_map(|m| m.provider.as_ref())
+        .filter(|p| p.credential_ref == reference && p.auth == ProviderAuth::AwsSigV4)
+        .filter_map(|p| p.region.as_deref())
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let keys = regions
+        .into_iter()
+        .flat_map(|region| aws_sigv4::signing_keys(&key, region, now))
+        .collect();
+    doc.sigv4.insert(reference.to_string(), keys);
+}
+
 /// The cloud secret `auth` needs from `data` (`None`: an API key).
 fn cloud_secret(
     auth: ProviderAuth,
@@ -240,7 +298,8 @@ fn cloud_secret(
             .ok_or_else(|| TokenError::Invalid(format!("no `{k}` entry")))
     };
     Ok(match auth {
-        ProviderAuth::ApiKey => None,
+        // Derived, not exchanged: see `aws_signing_keys`.
+        ProviderAuth::ApiKey | ProviderAuth::AwsSigV4 => None,
         // A key when the Secret has one, else a federation configuration.
         ProviderAuth::GcpServiceAccount => Some(match field(GCP_KEY) {
             Ok(key) => CloudSecret::Gcp(GcpServiceAccountKey::parse(key)?),
@@ -317,7 +376,7 @@ async fn read_secrets(
                     }
                 }
                 if data.is_empty() {
-                    tracing::warn!(secret = %name, %namespace, "Secret has none of the entries api-key, service-account.json, credential-config.json, tenant-id/client-id/client-secret");
+                    tracing::warn!(secret = %name, %namespace, "Secret has none of the entries api-key, service-account.json, credential-config.json, tenant-id/client-id/client-secret, aws-access-key-id/aws-secret-access-key");
                 } else {
                     credentials.insert(reference.clone(), data);
                 }
@@ -360,4 +419,60 @@ pub async fn serve(
         .map_err(CredentialsError)?;
     let body = serde_json::to_vec(&doc).unwrap_or_default();
     Ok(json_with_etag(&headers, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> PolicyDocument {
+        let model = |name: &str, region: &str| {
+            serde_json::json!({"name": name, "path": format!("/ext/{name}"), "tiers": ["free"],
+                "upstreamCluster": format!("ext-{name}"),
+                "provider": {"type": "bedrock", "credentialRef": "aws", "auth": "awsSigV4",
+                             "region": region}})
+        };
+        PolicyDocument::from_value(serde_json::json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [model("a", "us-east-1"), model("b", "eu-west-1"), model("c", "us-east-1")]
+        }))
+        .unwrap()
+    }
+
+    /// An AWS access key: the filter gets a derived signing key per region its models name,
+    /// never the secret key; a key without its secret is left out.
+    #[tokio::test]
+    async fn aws_access_keys_are_served_as_derived_signing_keys_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credentials.yaml");
+        std::fs::write(
+            &path,
+            "credentials:\n  aws: {aws-access-key-id: AKIDEXAMPLE, aws-secret-access-key: wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY, aws-session-token: tok-1}\n",
+        )
+        .unwrap();
+        let tokens = CloudTokens::new("https://login.example").unwrap();
+        let source = CredentialsSource::file(path.clone(), tokens);
+        let doc = source.load(&policy()).await.unwrap();
+        let keys = &doc.sigv4["aws"];
+        let regions: BTreeSet<&str> = keys.iter().map(|k| k.region.as_str()).collect();
+        assert_eq!(regions, BTreeSet::from(["eu-west-1", "us-east-1"]));
+        assert!(keys.iter().all(|k| k.access_key_id == "AKIDEXAMPLE"
+            && k.session_token.as_deref() == Some("tok-1")
+            && k.signing_key.len() == 64));
+        assert!(doc.credentials.is_empty());
+        let served = serde_json::to_string(&doc).unwrap();
+        assert!(!served.contains("wJalrXUtnFEMI"), "{served}");
+
+        std::fs::write(
+            &path,
+            "credentials:\n  aws: {aws-access-key-id: AKIDEXAMPLE}\n",
+        )
+        .unwrap();
+        let tokens = CloudTokens::new("https://login.example").unwrap();
+        let doc = CredentialsSource::file(path, tokens)
+            .load(&policy())
+            .await
+            .unwrap();
+        assert!(doc.sigv4.is_empty(), "{doc:?}");
+    }
 }

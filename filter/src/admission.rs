@@ -503,6 +503,10 @@ fn provider_key<'c, 'm>(
     let Some(p) = &model.provider else {
         return Ok(None);
     };
+    if p.auth == maas_types::ProviderAuth::AwsSigV4 {
+        // Signed once the body is final; refused now when no key could sign it.
+        return signing_key(credentials, model, now_s).map(|_| Some((p, "")));
+    }
     // `expires_at` is the expiry rounded down to the second: a token is surely expired only
     // once the clock's second is past it.
     let expired = || {
@@ -525,6 +529,32 @@ fn provider_key<'c, 'm>(
             format!("no credential for model {} yet; retry shortly", model.name),
         )),
     }
+}
+
+/// The SigV4 signing key of the model's provider for the day of `now_s` (`auth: awsSigV4`):
+/// 503 `signing_unavailable` when the companion has served none (not polled yet, the Secret
+/// missing or unusable) or it has expired. A request is never forwarded unsigned.
+pub fn signing_key<'c>(
+    credentials: &'c CredentialsDocument,
+    model: &Model,
+    now_s: u64,
+) -> Result<&'c maas_types::SigV4Key, Refusal> {
+    model
+        .provider
+        .as_ref()
+        .and_then(|p| {
+            let keys = credentials.sigv4.get(&p.credential_ref)?;
+            crate::sigv4::key_for(keys, p.region.as_deref()?, now_s)
+        })
+        .ok_or_else(|| {
+            Refusal::new(
+                Deny::SigningUnavailable,
+                format!(
+                    "the gateway has no valid AWS signing key for model {} yet; retry shortly",
+                    model.name
+                ),
+            )
+        })
 }
 
 /// What a [`HeaderPlan`] sets besides hygiene.
@@ -555,8 +585,11 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
     } = sets;
     let mut plan = HeaderPlan::default();
     let mut client_anthropic_version = false;
+    let signed = provider_key.is_some_and(|(p, _)| p.kind == maas_types::ProviderKind::Bedrock);
     for name in names {
-        if hygiene::strip_for_model(name, &cfg.remove_headers) {
+        if hygiene::strip_for_model(name, &cfg.remove_headers)
+            || (signed && hygiene::is_aws_signing_header(name))
+        {
             plan.remove.push(name);
         } else if name.eq_ignore_ascii_case("anthropic-version") {
             client_anthropic_version = true;
@@ -713,11 +746,15 @@ pub struct OperationTraits {
     /// OpenAI chat to a model whose backend speaks Anthropic Messages: the request and its
     /// answer are translated ([`crate::translate`]).
     pub translate: bool,
+    /// OpenAI chat to an AWS Bedrock model: translated to Converse and signed with SigV4 once
+    /// the body is final ([`crate::translate::converse`], [`crate::sigv4`]).
+    pub converse: bool,
 }
 
 impl OperationTraits {
     pub fn of(operation: Operation, model: &Model) -> Self {
         let translate = crate::operations::translates(operation, model);
+        let converse = crate::operations::converses(operation, model);
         OperationTraits {
             operation,
             discovery: operation.is_discovery(),
@@ -728,9 +765,11 @@ impl OperationTraits {
             } else {
                 operation.cap_field(model.provider.as_ref().map(|p| p.kind))
             },
-            // Anthropic refuses `stream_options`; its streams carry their usage anyway.
-            accepts_stream_options: operation.accepts_stream_options() && !translate,
+            // Anthropic refuses `stream_options`; its streams carry their usage anyway (as
+            // Bedrock's do).
+            accepts_stream_options: operation.accepts_stream_options() && !translate && !converse,
             translate,
+            converse,
         }
     }
 }
@@ -779,7 +818,10 @@ pub fn ask(
         prompt_tokens_estimate: info.map_or(0, |i| i.prompt_tokens_estimate),
         reserved: decide::reservation(info, tier),
         weights,
-        cap: info.and_then(|i| decide::injected_cap(i, op.cap_field, tier, op.translate)),
+        // Translated requests always get a cap (Bedrock's answer is then bounded by the
+        // reservation too).
+        cap: info
+            .and_then(|i| decide::injected_cap(i, op.cap_field, tier, op.translate || op.converse)),
         pricing,
     }))
 }

@@ -4,6 +4,12 @@ use maas_types::{Provider, ProviderKind};
 
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// `x-amz-*` in any spelling: a signed request's (Bedrock) are the gateway's own, never the
+/// client's (a client's `x-amz-security-token` would stand beside the gateway's signature).
+pub fn is_aws_signing_header(name: &str) -> bool {
+    name.get(..6).is_some_and(|p| same_header(p, "x-amz-"))
+}
+
 /// True for a client header that must not reach a model backend: the user's credential and the
 /// project's reserved namespace (`x-maas-*`), plus the configured extras (lower case) — in every
 /// spelling a backend may take for them: ASCII case ignored and `_` read as `-` (CGI and WSGI
@@ -86,6 +92,8 @@ pub fn provider_headers(
             h
         }
         ProviderKind::AzureOpenai => vec![("api-key", key.to_string())],
+        // Signed once the body is final (`crate::sigv4`), not at the headers.
+        ProviderKind::Bedrock => Vec::new(),
     }
 }
 
@@ -120,6 +128,9 @@ mod tests {
             assert!(!strip_for_model(h, &extra), "{h}");
         }
         assert!(is_reserved("X-MAAS-GROUP"));
+        assert!(is_aws_signing_header("X_Amz_Security-Token"));
+        assert!(is_aws_signing_header("x-amz-date"));
+        assert!(!is_aws_signing_header("x-amzn-trace"));
         assert!(!is_reserved("x-maasx"));
     }
 

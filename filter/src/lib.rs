@@ -39,6 +39,7 @@ pub(crate) mod provider;
 pub mod request;
 pub mod request_body;
 pub(crate) mod response;
+pub mod sigv4;
 pub mod sse;
 pub mod state;
 pub(crate) mod store;

@@ -119,6 +119,16 @@ pub fn translates(operation: Operation, model: &Model) -> bool {
     operation == Operation::ChatCompletions && model.api_family() == ApiFamily::Anthropic
 }
 
+/// An OpenAI chat request to a model of provider type `bedrock`: translated to Converse and
+/// signed ([`crate::translate::converse`]).
+pub fn converses(operation: Operation, model: &Model) -> bool {
+    operation == Operation::ChatCompletions
+        && model
+            .provider
+            .as_ref()
+            .is_some_and(|p| p.kind == maas_types::ProviderKind::Bedrock)
+}
+
 /// The default operations of an API family.
 pub fn defaults(api: ApiFamily) -> &'static [(&'static str, &'static str)] {
     match api {

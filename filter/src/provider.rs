@@ -17,6 +17,7 @@ use maas_types::{Provider, ProviderPath};
 /// path for is refused (404 `operation_not_allowed`), never forwarded to a path the provider
 /// would answer otherwise. `model_id`: the model's id at the provider (its served name, else its
 /// name); `stream`: the body asked for a stream (a partner model streams at another method).
+/// Bedrock's path names the model id too.
 pub fn upstream_path(
     provider: Option<&Provider>,
     model_id: &str,
@@ -66,6 +67,11 @@ pub fn upstream_path(
             }
             _ => Err(not_served("messages and chat/completions")),
         },
+        // The non-streamed path until the body says (`bedrock_path` at forwarding).
+        ProviderPath::Bedrock { .. } => match operation {
+            Operation::ChatCompletions => Ok(Some(bedrock_path(model_id, false))),
+            _ => Err(not_served("chat/completions")),
+        },
     }
 }
 
@@ -76,6 +82,22 @@ pub fn path_follows_stream(provider: Option<&Provider>) -> bool {
         provider.and_then(Provider::path),
         Some(ProviderPath::VertexPublisher { .. })
     )
+}
+
+/// Bedrock's Converse path of a model id (URI-encoded once: `:` as `%3A`, `/` of an ARN as
+/// `%2F`), `converse-stream` when the client asked for a stream.
+pub fn bedrock_path(model_id: &str, stream: bool) -> String {
+    let op = if stream {
+        "converse-stream"
+    } else {
+        "converse"
+    };
+    format!("/model/{}/{op}", crate::sigv4::uri_encode(model_id, false))
+}
+
+/// Bedrock's host of a region.
+pub fn bedrock_host(region: &str) -> String {
+    format!("bedrock-runtime.{region}.amazonaws.com")
 }
 
 fn not_served(served: &str) -> Refusal {
@@ -159,6 +181,41 @@ mod tests {
                 upstream_path(Some(&vertex()), "m", op, false).is_err(),
                 "{op:?}"
             );
+        }
+    }
+
+    #[test]
+    fn bedrock_gets_the_converse_path_of_its_model_id() {
+        let p = Provider {
+            auth: ProviderAuth::AwsSigV4,
+            region: Some("us-east-1".into()),
+            ..Provider::api_key(ProviderKind::Bedrock, "aws".into())
+        };
+        assert_eq!(
+            upstream_path(
+                Some(&p),
+                "anthropic.claude-3-haiku-20240307-v1:0",
+                Operation::ChatCompletions,
+                false
+            )
+            .unwrap()
+            .as_deref(),
+            Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse")
+        );
+        assert_eq!(
+            bedrock_path("a/b:1", true),
+            "/model/a%2Fb%3A1/converse-stream"
+        );
+        assert_eq!(
+            bedrock_host("eu-west-1"),
+            "bedrock-runtime.eu-west-1.amazonaws.com"
+        );
+        for op in [
+            Operation::Embeddings,
+            Operation::Completions,
+            Operation::Models,
+        ] {
+            assert!(upstream_path(Some(&p), "m", op, false).is_err(), "{op:?}");
         }
     }
 

@@ -973,6 +973,22 @@ impl Request {
         if let Some((field, value)) = metering.cap {
             self.body.set_cap(field, value)?;
         }
+        if route.traits.converse {
+            // The body is final: translated and signed now, before anything is counted.
+            let credentials = self
+                .worker
+                .try_borrow()
+                .map_err(|_| Refusal::undecidable())?
+                .credentials
+                .clone();
+            let key = admission::signing_key(&credentials, model, now_s)?;
+            let target = body::ConverseTarget {
+                model_id: model.served_name.as_deref().unwrap_or(&model.name),
+                key,
+                now_s,
+            };
+            self.body.sign_converse(host, &target)?;
+        }
         self.metering = metering;
         let subject = auth.limits_subject();
         let (lease_policy, folded) = {

@@ -99,6 +99,9 @@ pub enum Deny {
     AuthInterrupted,
     /// 503: the model's provider credential is not loaded yet.
     ProviderCredentialMissing,
+    /// 503: no valid SigV4 signing key for the model's provider (AWS Bedrock): never forwarded
+    /// unsigned.
+    SigningUnavailable,
     /// 503: Envoy routed the request away from the model's own upstream.
     UpstreamMismatch,
     /// 503: the rate limit counters (or the lease service, `onUnavailable: refuse`) cannot be
@@ -113,7 +116,7 @@ pub enum Deny {
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 29] = [
+    pub const ALL: [Deny; 30] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
@@ -139,6 +142,7 @@ impl Deny {
         Deny::AuthUnavailable,
         Deny::AuthInterrupted,
         Deny::ProviderCredentialMissing,
+        Deny::SigningUnavailable,
         Deny::UpstreamMismatch,
         Deny::LimitsUnavailable,
         Deny::AdmissionUndecided,
@@ -173,6 +177,7 @@ impl Deny {
             Deny::AuthUnavailable => "auth_unavailable",
             Deny::AuthInterrupted => "auth_interrupted",
             Deny::ProviderCredentialMissing => "provider_credential_missing",
+            Deny::SigningUnavailable => "signing_unavailable",
             Deny::UpstreamMismatch => "upstream_mismatch",
             Deny::LimitsUnavailable => "limits_unavailable",
             Deny::AdmissionUndecided => "internal",
@@ -205,6 +210,7 @@ impl Deny {
             | Deny::AuthUnavailable
             | Deny::AuthInterrupted
             | Deny::ProviderCredentialMissing
+            | Deny::SigningUnavailable
             | Deny::UpstreamMismatch
             | Deny::LimitsUnavailable
             | Deny::AdmissionUndecided

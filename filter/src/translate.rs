@@ -13,6 +13,8 @@
 //! so budgets, metering and ledger are those of a direct Anthropic call of the same usage.
 
 pub mod answer;
+pub mod converse;
+pub mod eventstream;
 pub mod request;
 pub mod response;
 pub mod stream;

@@ -24,6 +24,7 @@
 //! - [`otlp`]: an OTLP/HTTP traces receiver (Envoy's and the companion's spans, for the tracing
 //!   tests).
 
+pub mod bedrock_sim;
 pub mod cloud_sim;
 pub mod envoy_config;
 pub mod extra_envoy;

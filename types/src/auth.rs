@@ -58,11 +58,48 @@ pub struct CredentialsDocument {
     /// always holds a valid one; a token past its expiry is never sent (503, as a missing one).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub expires_at: BTreeMap<String, u64>,
+    /// For `auth: awsSigV4` (bedrock): the SigV4 signing keys the companion derived from the
+    /// AWS secret key, by `credentialRef` — today's (UTC) and, in the last hour of the day,
+    /// tomorrow's too. The secret access key itself never leaves the companion.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sigv4: BTreeMap<String, Vec<SigV4Key>>,
+}
+
+/// A SigV4 signing key for one UTC day, region and service: `kSigning` of AWS's derivation
+/// (`HMAC(HMAC(HMAC(HMAC("AWS4" + secret, date), region), service), "aws4_request")`). It signs
+/// requests of that day only (the credential scope names the date), so it is worth little once
+/// the day is over; it cannot be turned back into the secret.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigV4Key {
+    pub access_key_id: String,
+    /// `yyyymmdd`, UTC.
+    pub date: String,
+    pub region: String,
+    pub service: String,
+    /// The 32-byte signing key, hex.
+    pub signing_key: String,
+    /// A temporary credential's `x-amz-security-token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+    /// Unix seconds: the end of `date` (UTC).
+    pub expires_at: u64,
+}
+
+impl std::fmt::Debug for SigV4Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigV4Key")
+            .field("date", &self.date)
+            .field("region", &self.region)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for CredentialsDocumentRedacted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.credentials.keys()).finish()
+        f.debug_list()
+            .entries(self.0.credentials.keys().chain(self.0.sigv4.keys()))
+            .finish()
     }
 }
 

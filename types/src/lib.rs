@@ -21,7 +21,7 @@ pub mod usage;
 pub mod window;
 
 pub use apikey::{ApiKeyParts, KeyFormatError};
-pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument};
+pub use auth::{AuthenticateRequest, AuthenticateResponse, CredentialsDocument, SigV4Key};
 pub use credential::{Credential, CredentialError};
 pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};

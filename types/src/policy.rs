@@ -608,6 +608,11 @@ pub struct Provider {
     /// the model's `servedName` else its name in the path). The model's API family follows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publisher: Option<VertexPublisher>,
+    /// bedrock: the AWS region (e.g. `us-east-1`), required. Requests go to
+    /// `bedrock-runtime.{region}.amazonaws.com` at `/model/{modelId}/converse[-stream]`, signed
+    /// with SigV4 for this region and the service `bedrock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// A Vertex AI partner-model publisher the gateway speaks to.
@@ -644,6 +649,10 @@ pub enum ProviderAuth {
     GcpServiceAccount,
     /// Microsoft Entra client credentials → short-lived access tokens (azure-openai).
     AzureClientCredentials,
+    /// An AWS access key → a SigV4 signing key derived per UTC day (bedrock); the filter signs
+    /// each request with it.
+    #[serde(rename = "awsSigV4")]
+    AwsSigV4,
 }
 
 impl ProviderAuth {
@@ -656,12 +665,16 @@ impl ProviderAuth {
             ProviderAuth::ApiKey => "apiKey",
             ProviderAuth::GcpServiceAccount => "gcpServiceAccount",
             ProviderAuth::AzureClientCredentials => "azureClientCredentials",
+            ProviderAuth::AwsSigV4 => "awsSigV4",
         }
     }
 
     /// The credential is a short-lived bearer token (sent as `Authorization: Bearer`).
     pub fn is_token(&self) -> bool {
-        !self.is_api_key()
+        matches!(
+            self,
+            ProviderAuth::GcpServiceAccount | ProviderAuth::AzureClientCredentials
+        )
     }
 }
 
@@ -681,6 +694,8 @@ pub enum ProviderPath<'a> {
         location: &'a str,
         publisher: VertexPublisher,
     },
+    /// `/model/{modelId}/converse[-stream]` at `bedrock-runtime.{region}.amazonaws.com`.
+    Bedrock { region: &'a str },
 }
 
 impl Provider {
@@ -695,6 +710,7 @@ impl Provider {
             project: None,
             location: None,
             publisher: None,
+            region: None,
         }
     }
 
@@ -720,6 +736,10 @@ impl Provider {
                     None => ProviderPath::VertexOpenapi { project, location },
                 })
             }
+            (ProviderKind::Bedrock, ..) => self
+                .region
+                .as_deref()
+                .map(|region| ProviderPath::Bedrock { region }),
             _ => None,
         }
     }
@@ -747,6 +767,8 @@ pub enum ProviderKind {
     Anthropic,
     AzureOpenai,
     Vertex,
+    /// AWS Bedrock (the Converse API), behind the OpenAI chat shape.
+    Bedrock,
 }
 
 impl ProviderKind {
@@ -756,6 +778,7 @@ impl ProviderKind {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::AzureOpenai => "azure-openai",
             ProviderKind::Vertex => "vertex",
+            ProviderKind::Bedrock => "bedrock",
         }
     }
 }
@@ -809,11 +832,13 @@ fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
     };
     let azure = p.kind == ProviderKind::AzureOpenai;
     let vertex = p.kind == ProviderKind::Vertex;
+    let bedrock = p.kind == ProviderKind::Bedrock;
     for (field, value, allowed, kind) in [
         ("deployment", &p.deployment, azure, "azure-openai"),
         ("apiVersion", &p.api_version, azure, "azure-openai"),
         ("project", &p.project, vertex, "vertex"),
         ("location", &p.location, vertex, "vertex"),
+        ("region", &p.region, bedrock, "bedrock"),
     ] {
         if let Some(v) = value {
             if !allowed {
@@ -850,11 +875,46 @@ fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
             "required: vertex's path needs both project and location",
         ));
     }
+    if bedrock {
+        if p.auth != ProviderAuth::AwsSigV4 {
+            return Err(err(
+                format!("{at}.auth"),
+                "must be awsSigV4: bedrock requests are signed with SigV4",
+            ));
+        }
+        match &p.region {
+            None => {
+                return Err(err(
+                    format!("{at}.region"),
+                    "required: the AWS region bedrock requests go to and are signed for",
+                ));
+            }
+            Some(r) if !is_aws_region(r) => {
+                return Err(err(
+                    format!("{at}.region"),
+                    "must be an AWS region: lower-case letters, digits and '-' (e.g. us-east-1)",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
     match p.auth {
         ProviderAuth::GcpServiceAccount if !vertex => Err(only_for("auth", "vertex")),
         ProviderAuth::AzureClientCredentials if !azure => Err(only_for("auth", "azure-openai")),
+        ProviderAuth::AwsSigV4 if !bedrock => Err(only_for("auth", "bedrock")),
         _ => Ok(()),
     }
+}
+
+/// An AWS region name as it goes into a host name and a SigV4 scope: `us-east-1`,
+/// `us-gov-west-1`, `ap-southeast-2` — lower-case letters, digits and inner `-`.
+pub fn is_aws_region(r: &str) -> bool {
+    (2..=32).contains(&r.len())
+        && r.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !r.starts_with('-')
+        && !r.ends_with('-')
+        && r.contains('-')
 }
 
 /// A refused document: where (`path`, e.g. `tiers[0].limits.tokens[1].window`) and why.
@@ -1810,7 +1870,7 @@ mod tests {
         v["models"][0]["tiers"][1] = json!("gold");
         fails_at(v, "models[0].tiers[1]");
         let mut v = sample();
-        v["models"][1]["provider"]["type"] = json!("bedrock");
+        v["models"][1]["provider"]["type"] = json!("sagemaker");
         fails_at(v, "models[1].provider.type");
         let mut v = sample();
         v["tiers"][1]["name"] = json!("free");
@@ -1980,6 +2040,59 @@ mod tests {
                 output: 4
             }
         );
+    }
+
+    #[test]
+    fn bedrock_needs_aws_sigv4_and_a_region() {
+        // awsSigV4 and a region, both required; neither belongs to another type.
+        let mut w = sample();
+        w["models"][1]["provider"] = json!({"type": "bedrock", "credentialRef": "aws",
+            "auth": "awsSigV4", "region": "us-east-1"});
+        let doc = PolicyDocument::from_value(w.clone()).unwrap();
+        let p = doc.models[1].provider.as_ref().unwrap();
+        assert_eq!(p.kind, ProviderKind::Bedrock);
+        assert_eq!(p.auth, ProviderAuth::AwsSigV4);
+        assert!(!p.auth.is_token());
+        assert_eq!(
+            p.path(),
+            Some(ProviderPath::Bedrock {
+                region: "us-east-1"
+            })
+        );
+        let back = serde_json::to_value(&doc).unwrap();
+        assert_eq!(back["models"][1]["provider"]["auth"], "awsSigV4");
+        assert_eq!(back["models"][1]["provider"]["region"], "us-east-1");
+        for bad in [
+            json!("US-EAST-1"),
+            json!("east"),
+            json!("-us-east-1"),
+            json!("us_east_1"),
+        ] {
+            let mut x = w.clone();
+            x["models"][1]["provider"]["region"] = bad;
+            fails_at(x, "models[1].provider.region");
+        }
+        let mut x = w.clone();
+        x["models"][1]["provider"]
+            .as_object_mut()
+            .unwrap()
+            .remove("region");
+        fails_at(x, "models[1].provider.region");
+        let mut x = w.clone();
+        x["models"][1]["provider"]
+            .as_object_mut()
+            .unwrap()
+            .remove("auth");
+        fails_at(x, "models[1].provider.auth");
+        let mut x = w.clone();
+        x["models"][1]["provider"]["project"] = json!("p");
+        fails_at(x, "models[1].provider.project");
+        let mut x = sample();
+        x["models"][1]["provider"]["auth"] = json!("awsSigV4");
+        fails_at(x, "models[1].provider.auth");
+        let mut x = sample();
+        x["models"][1]["provider"]["region"] = json!("us-east-1");
+        fails_at(x, "models[1].provider.region");
     }
 
     #[test]

@@ -283,6 +283,7 @@ fn provider_kind(s: &str) -> Option<ProviderKind> {
         "anthropic" => Some(ProviderKind::Anthropic),
         "azure-openai" => Some(ProviderKind::AzureOpenai),
         "vertex" => Some(ProviderKind::Vertex),
+        "bedrock" => Some(ProviderKind::Bedrock),
         _ => None,
     }
 }
@@ -462,7 +463,8 @@ fn served_binding<'a>(
 /// The Secret of a binding's credential (the binding's `auth`, else its provider's) and how it
 /// is used: `apikey` and `simple` a static key; `oauth2` the provider's cloud credential
 /// (vertex: a Google service account, azure-openai: Entra client credentials), exchanged by
-/// the companion for access tokens; `sigv4` is not built.
+/// the companion for access tokens; `sigv4` for bedrock (an AWS access key the companion derives
+/// daily SigV4 signing keys from).
 fn binding_secret(
     em: &DynamicObject,
     provider: &DynamicObject,
@@ -489,13 +491,14 @@ fn binding_secret(
         (Some("apikey" | "simple"), _) => ProviderAuth::ApiKey,
         (Some("oauth2"), ProviderKind::Vertex) => ProviderAuth::GcpServiceAccount,
         (Some("oauth2"), ProviderKind::AzureOpenai) => ProviderAuth::AzureClientCredentials,
+        (Some("sigv4"), ProviderKind::Bedrock) => ProviderAuth::AwsSigV4,
         (Some(other), _) => {
             return Err(bad(
                 auth_kind,
                 auth_of,
                 format!("{auth_at}.type"),
                 format!(
-                    "{other:?} is not supported for provider {}: apikey and simple (a static key) are served, and oauth2 for vertex (a service-account key) and azure-openai (Entra client credentials); the model is not served",
+                    "{other:?} is not supported for provider {}: apikey and simple (a static key) are served, oauth2 for vertex (a service-account key) and azure-openai (Entra client credentials), and sigv4 for bedrock (an AWS access key); the model is not served",
                     kind.as_str()
                 ),
             ));
@@ -539,6 +542,7 @@ fn provider_config(ps: &Value, provider: &mut Provider) {
             provider.project = get("project");
             provider.location = get("location");
         }
+        ProviderKind::Bedrock => provider.region = get("region"),
         ProviderKind::Openai | ProviderKind::Anthropic => {}
     }
 }
@@ -559,8 +563,7 @@ struct InferenceExternal {
 /// provider binding is served: the first with a weight above 0 (weighted splits across several
 /// are not built: the others are left out with a note). `auth.type` `apikey` and `simple` are
 /// served (the Secret's `api-key`, of the provider's namespace), `oauth2` for vertex and
-/// azure-openai (see [`binding_secret`]); `sigv4` is not: the model is invalid, named in the
-/// report.
+/// azure-openai, `sigv4` for bedrock (see [`binding_secret`]).
 fn inference_external(
     em: &DynamicObject,
     providers: &BTreeMap<(String, String), &DynamicObject>,
@@ -1621,9 +1624,27 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
         assert_eq!(p.auth, ProviderAuth::AzureClientCredentials);
         assert_eq!(p.deployment.as_deref(), Some("gpt-4o-prod"));
         assert_eq!(p.api_version.as_deref(), Some("2024-06-01"));
+        let bedrock = V0_2_1_INFERENCE
+            .replace("type: apikey", "type: sigv4")
+            .replace(
+                "provider: openai",
+                "provider: bedrock\n  config: {region: eu-west-1}",
+            );
+        let t = translate(None, &resources(&bedrock));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let p = t
+            .document
+            .model("gpt-4o-mini")
+            .unwrap()
+            .provider
+            .clone()
+            .unwrap();
+        assert_eq!(p.kind, ProviderKind::Bedrock);
+        assert_eq!(p.auth, ProviderAuth::AwsSigV4);
+        assert_eq!(p.region.as_deref(), Some("eu-west-1"));
     }
 
-    /// `sigv4` (and `oauth2` where no cloud credential is built) are refused by name (the model
+    /// `sigv4` and `oauth2` on a provider type they do not apply to are refused by name (the model
     /// is not served); a binding of weight 0 carries no traffic; of several weighted bindings
     /// only the first is served, noted.
     #[test]

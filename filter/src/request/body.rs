@@ -9,6 +9,13 @@ use crate::request_body::{self, RequestInfo};
 use crate::response::{Deny, Refusal};
 use proxy_wasm::types::Action;
 
+/// What signs a Bedrock request: the provider's model id, the day's key, the clock.
+pub(super) struct ConverseTarget<'a> {
+    pub model_id: &'a str,
+    pub key: &'a maas_types::SigV4Key,
+    pub now_s: u64,
+}
+
 /// Where the body is.
 #[derive(Debug, Default)]
 enum Stage {
@@ -48,6 +55,12 @@ pub(super) struct RequestBody {
     pub(super) strip_usage_event: bool,
     /// Translated to Anthropic Messages: what the client asked of the answer's shape.
     pub(super) translated: Option<crate::translate::request::ClientAsk>,
+    /// Translated to Bedrock Converse (and signed): what the client asked of the answer.
+    pub(super) converse: Option<crate::translate::request::ClientAsk>,
+    /// The signed Converse body, written when forwarded instead of the kept OpenAI body (which
+    /// stays, so a request decided again after a lease round is translated and signed again
+    /// from it).
+    signed_body: Option<Vec<u8>>,
 }
 
 impl RequestBody {
@@ -100,8 +113,71 @@ impl RequestBody {
         Ok(())
     }
 
+    /// A Bedrock request, its body final (the cap set): the kept OpenAI body becomes the Converse
+    /// body (written when forwarded), and the held headers get Bedrock's path and host and the
+    /// SigV4 signature of exactly that body. Refused (503 `signing_unavailable`) when the
+    /// headers are not held (they would leave unsigned) or no key can sign it.
+    pub(super) fn sign_converse(
+        &mut self,
+        host: &dyn Host,
+        target: &ConverseTarget<'_>,
+    ) -> Result<(), Refusal> {
+        let unavailable = |why: &str| Refusal::new(Deny::SigningUnavailable, why.to_string());
+        if !self.hold {
+            return Err(unavailable(
+                "this gateway cannot hold request headers for the body (pauseHeadersForBody), so it cannot sign requests to this model",
+            ));
+        }
+        let (Some(pending), Some(ask)) = (self.pending.as_mut(), self.converse) else {
+            // No body read (none, or one of a type streamed through unread).
+            return Err(Refusal::new(
+                Deny::UntranslatableRequest,
+                "this model takes an OpenAI chat body (JSON), translated to AWS Bedrock Converse",
+            ));
+        };
+        let (converse, _) = crate::translate::converse::request(&pending.bytes)
+            .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
+        let path = crate::provider::bedrock_path(target.model_id, ask.stream);
+        let authority = crate::provider::bedrock_host(&target.key.region);
+        let input = crate::sigv4::SignInput {
+            method: "POST",
+            host: &authority,
+            path: &path,
+            query: "",
+            content_type: "application/json",
+            body: &converse,
+            now_s: target.now_s,
+        };
+        let signed = crate::sigv4::sign(target.key, &input).ok_or_else(|| {
+            unavailable("the gateway's AWS signing key is not usable; retry shortly")
+        })?;
+        pending.rewritten = true;
+        self.signed_body = Some(converse);
+        host.set_header(Headers::Request, ":path", Some(&path));
+        host.set_header(Headers::Request, ":authority", Some(&authority));
+        host.set_header(Headers::Request, "content-type", Some("application/json"));
+        host.set_header(
+            Headers::Request,
+            "accept",
+            Some(if ask.stream {
+                crate::translate::converse::EVENTSTREAM
+            } else {
+                "application/json"
+            }),
+        );
+        for (name, value) in &signed {
+            host.set_header(Headers::Request, name, Some(value));
+        }
+        Ok(())
+    }
+
     /// Writes a body changed since its end (once), and drops the kept copy.
     pub(super) fn write_pending(&mut self, host: &dyn Host) {
+        if let Some(signed) = self.signed_body.take() {
+            self.pending = None;
+            self.replace(host, &signed);
+            return;
+        }
         if let Some(p) = self.pending.take().filter(|p| p.rewritten) {
             self.replace(host, &p.bytes);
         }
@@ -290,6 +366,10 @@ impl Request {
         // client named was read for the reservation; none, admission sets the one it reserves
         // (`may_take_a_cap`).
         let client_cap = info.as_ref().ok().and_then(|i| i.max_tokens);
+        let converse_ask = crate::translate::request::ClientAsk {
+            stream: info.as_ref().is_ok_and(|i| i.stream),
+            include_usage: info.as_ref().is_ok_and(|i| i.include_usage),
+        };
         let mut translated = None;
         if traits.translate {
             let (body, ask) = crate::translate::request::translate(&bytes, client_cap)
@@ -326,6 +406,17 @@ impl Request {
         self.body.translated = translated;
         if strip_usage_event {
             self.body.strip_usage_event = true;
+        }
+        if traits.converse {
+            // Translated and signed once the body is final, at admission, before anything is
+            // counted ([`RequestBody::sign_converse`]: what cannot be translated is refused
+            // there); what the client asked of the answer is read already.
+            self.body.converse = Some(converse_ask);
+            self.body.pending = Some(PendingBody {
+                bytes,
+                rewritten: true,
+            });
+            return Ok(());
         }
         if may_take_a_cap {
             // Written at admission, with the cap it may set (one write).

@@ -63,6 +63,9 @@ pub enum Scan {
         usage: Box<Scan>,
         answer: Box<crate::translate::answer::Answer>,
     },
+    /// A Bedrock answer translated for the client (Converse → OpenAI chat); it reads the usage
+    /// the provider sent itself (the answer's `usage`, the stream's `metadata` event).
+    Converse(Box<crate::translate::converse::Answer>),
 }
 
 impl Scan {
@@ -71,6 +74,7 @@ impl Scan {
         match self {
             Scan::Sse(_) => true,
             Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
+            Scan::Converse(answer) => answer.is_stream(),
             _ => false,
         }
     }
@@ -85,6 +89,7 @@ impl std::fmt::Debug for Scan {
             Scan::Decoding(_) => "Decoding",
             Scan::Unreadable => "Unreadable",
             Scan::Translated { .. } => "Translated",
+            Scan::Converse(_) => "Converse",
         })
     }
 }
@@ -194,6 +199,9 @@ impl Request {
                 answer: Box::new(answer),
             };
         }
+        if let Some(ask) = self.body.converse {
+            scan = self.converse_scan(host, content_type, coding, ask);
+        }
         if matches!(scan, Scan::Sse(_)) && strip {
             host.set_header(Headers::Response, "content-length", None);
         }
@@ -211,7 +219,11 @@ impl Request {
                     w.value()
                 )
             });
-        if sse_comment.is_some() && !strip && self.body.translated.is_none() {
+        if sse_comment.is_some()
+            && !strip
+            && self.body.translated.is_none()
+            && self.body.converse.is_none()
+        {
             host.set_header(Headers::Response, "content-length", None);
         }
         self.phase = Phase::Responding {
@@ -245,6 +257,11 @@ impl Request {
             };
             let mut written = false;
             let scan = match scan.as_mut() {
+                Scan::Converse(answer) => {
+                    write(&answer.feed(&chunk, end_of_stream));
+                    written = true;
+                    scan.as_mut()
+                }
                 Scan::Translated { usage, answer } => {
                     // What the client gets for this chunk now (the translation).
                     let out = answer.feed(&chunk, end_of_stream);
@@ -274,7 +291,7 @@ impl Request {
                         }
                     }
                 }
-                Scan::None | Scan::Unreadable | Scan::Translated { .. } => {}
+                Scan::None | Scan::Unreadable | Scan::Translated { .. } | Scan::Converse(_) => {}
             }
         }
         if end_of_stream {
@@ -320,6 +337,30 @@ impl Request {
         Action::Continue
     }
 
+    /// A Bedrock answer: translated for the client (a ConverseStream becomes an event stream,
+    /// its length the codec's to frame), its usage read from what Bedrock sent.
+    fn converse_scan(
+        &self,
+        host: &dyn Host,
+        content_type: &str,
+        coding: Coding,
+        ask: crate::translate::request::ClientAsk,
+    ) -> Scan {
+        let model = self.model().map(|m| m.name.as_str()).unwrap_or_default();
+        let answer = crate::translate::converse::Answer::new(
+            content_type,
+            coding == Coding::Identity,
+            ask,
+            model,
+            host.now_ms() / 1000,
+        );
+        host.set_header(Headers::Response, "content-length", None);
+        if answer.is_stream() {
+            host.set_header(Headers::Response, "content-type", Some("text/event-stream"));
+        }
+        Scan::Converse(Box::new(answer))
+    }
+
     /// Settles the token reservation to what the response showed (once), and writes the
     /// request's usage event (when the policy asks for them).
     pub(super) fn settle(&mut self, host: &dyn Host) {
@@ -358,6 +399,7 @@ impl Request {
             other => other,
         };
         let (usage, content_events) = match scan {
+            Scan::Converse(a) => (a.usage(), a.content_events()),
             Scan::Json(s) => (s.finish(), 0),
             Scan::Sse(s) => (s.usage(), s.content_events()),
             Scan::Decoding(d) => d.finish(),

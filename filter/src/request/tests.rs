@@ -13,6 +13,7 @@ use crate::worker::Root;
 use maas_types::CredentialsDocument;
 use serde_json::{Value, json};
 
+mod bedrock;
 mod body;
 mod cap;
 mod lease;

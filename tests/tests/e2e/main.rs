@@ -10,6 +10,7 @@ mod helpers;
 
 mod api_families;
 mod backends;
+mod bedrock;
 mod budget_fields;
 mod cloud_providers;
 mod credential_rotation;

@@ -161,6 +161,7 @@ fn an_expired_access_token_is_never_sent() {
         Rc::new(CredentialsDocument {
             credentials: [("k".to_string(), "tok".to_string())].into(),
             expires_at: [("k".to_string(), expires_at)].into(),
+            ..Default::default()
         })
     };
     fx.root.worker.borrow_mut().credentials = doc(u64::MAX);
