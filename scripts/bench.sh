@@ -132,7 +132,16 @@ if command -v valgrind >/dev/null 2>&1; then
     stream="$(per_request request::tests::respond::native_cost_of_a_cached_stream cached_stream_callbacks)" &&
     translated="$(per_request request::tests::translate::native_cost_of_a_translated_stream translated_stream_callbacks)" &&
     messages="$(per_request request::tests::translate::native_cost_of_a_messages_stream messages_stream_callbacks)"; then
-    echo "{\"cached_json\": $json, \"cached_stream\": $stream, \"translated_stream\": $translated, \"messages_stream\": $messages}" >"$BENCH_INSTRUCTIONS"
+    # Bedrock: a signed JSON request and a signed, translated ConverseStream (issue 29).
+    signed=""
+    if signed_json="$(per_request request::tests::bedrock::native_cost_of_a_signed_json_request signed_request_callbacks)" &&
+      signed_stream="$(per_request request::tests::bedrock::native_cost_of_a_converse_stream signed_request_callbacks)" &&
+      [ -n "$signed_json" ] && [ -n "$signed_stream" ]; then
+      signed=", \"bedrock_signed_json\": $signed_json, \"bedrock_signed_stream\": $signed_stream"
+    else
+      log "warning: the Bedrock instruction count failed (the report shows none)"
+    fi
+    echo "{\"cached_json\": $json, \"cached_stream\": $stream, \"translated_stream\": $translated, \"messages_stream\": $messages$signed}" >"$BENCH_INSTRUCTIONS"
   else
     log "warning: the instruction count failed (the report shows none)"
   fi

@@ -470,6 +470,10 @@ pub(crate) struct FilterInstructions {
     pub(crate) translated_stream: Option<u64>,
     /// Per the same Messages stream passed through (the comparison).
     pub(crate) messages_stream: Option<u64>,
+    /// Per signed Bedrock JSON request (translated to Converse, SigV4, answer translated back).
+    pub(crate) signed_json: Option<u64>,
+    /// Per signed 64-token ConverseStream translated to OpenAI SSE.
+    pub(crate) signed_stream: Option<u64>,
 }
 
 /// `{"cached_json": N, "cached_stream": M}` from `path` (`None`: no file, or unreadable).
@@ -481,6 +485,8 @@ pub(crate) fn read_instructions(path: Option<&Path>) -> Option<FilterInstruction
         cached_stream: v["cached_stream"].as_u64(),
         translated_stream: v["translated_stream"].as_u64(),
         messages_stream: v["messages_stream"].as_u64(),
+        signed_json: v["bedrock_signed_json"].as_u64(),
+        signed_stream: v["bedrock_signed_stream"].as_u64(),
     };
     (counts != FilterInstructions::default()).then_some(counts)
 }
@@ -516,6 +522,16 @@ pub(crate) fn render_instructions(counts: Option<FilterInstructions>) -> String 
             "**{t} instructions** per translated stream (an OpenAI chat client to an Anthropic model: the request translated, a 64-token Messages stream of 70 events turned into chunks, the usage chunk and `[DONE]`, one event per chunk) against **{m}** for the same Messages stream passed through untranslated: {:+} per stream, {:+.0} per event (`native_cost_of_a_translated_stream` and `native_cost_of_a_messages_stream` in `filter/src/request/tests/translate.rs`, counted the same way).\n",
             t as i64 - m as i64,
             (t as f64 - m as f64) / 70.0
+        );
+    }
+    if let (Some(j), Some(st)) = (counts.signed_json, counts.signed_stream) {
+        let over_cached = counts
+            .cached_json
+            .map(|c| format!(" ({:+} over a cached JSON request)", j as i64 - c as i64))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "**{j} instructions** per signed Bedrock JSON request{over_cached}: the OpenAI chat body translated to Converse, SigV4-signed (the body's SHA-256, the canonical request, the HMAC with the day's derived key), a 64-token Converse answer translated back and settled; **{st}** per signed 64-token ConverseStream translated frame by frame to OpenAI SSE (`native_cost_of_a_signed_json_request` and `native_cost_of_a_converse_stream` in `filter/src/request/tests/bedrock.rs`, counted the same way).\n"
         );
     }
     if counts == FilterInstructions::default() {

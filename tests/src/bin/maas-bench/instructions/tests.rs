@@ -110,6 +110,20 @@ fn the_instruction_count_is_read_from_its_file_and_rendered() {
         text.contains("+77000 per stream, +1100 per event"),
         "{text}"
     );
+    std::fs::write(
+        &file,
+        r#"{"cached_json": 30000, "bedrock_signed_json": 190000, "bedrock_signed_stream": 530000}"#,
+    )
+    .unwrap();
+    let text = render_instructions(read_instructions(Some(&file)));
+    assert!(
+        text.contains("**190000 instructions** per signed Bedrock JSON request (+160000 over a cached JSON request)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("**530000** per signed 64-token ConverseStream"),
+        "{text}"
+    );
     std::fs::write(&file, "not json").unwrap();
     assert_eq!(read_instructions(Some(&file)), None);
     assert_eq!(read_instructions(Some(&dir.join("missing.json"))), None);
