@@ -353,7 +353,11 @@ fn short_lease(
 ) -> Option<Admission> {
     let now = ask.now;
     let mut items: Vec<LeaseNeed> = Vec::new();
-    let mut first: Option<(Kind, &str, u64)> = None;
+    // The counter the 429 names if the lease stays short: the one nearest its limit across the
+    // replicas (what this request and the others' leases hold, per unit of the limit), not the
+    // first short one — a busy subject's request lease may run short while it is its budget
+    // that is spent, and the refusal must say which.
+    let mut nearest: Option<(Kind, &str, u64, u128)> = None;
     for &(kind, window, limit, tier) in leased {
         let rec = current(records, kind, window, now);
         let count = rec.map_or(0, |r| r.count);
@@ -381,11 +385,12 @@ fn short_lease(
                 limit,
             ),
         });
-        if first.is_none() {
-            first = Some((kind, tier, window.seconds_left(now)));
+        let fill = u128::from(after.saturating_add(others)) * 1_000_000 / u128::from(limit.max(1));
+        if nearest.is_none_or(|(.., f)| fill > f) {
+            nearest = Some((kind, tier, window.seconds_left(now), fill));
         }
     }
-    let (kind, tier, left) = first?;
+    let (kind, tier, left, _) = nearest?;
     let headers = RateHeaders::from_records(tiers, records, now);
     if policy.fallback_share.is_some() {
         return Some(Admission::Limited {

@@ -238,7 +238,8 @@ pub fn network_policies(cx: &Context) -> Verdict {
 /// its own path (an `azure-openai` `deployment`: the filter sends
 /// `/openai/deployments/<deployment>/…` with the header at both URL forms) also needs a rule
 /// for that path prefix with the same header, alike; without it the rewritten request finds no
-/// route.
+/// route. A `bedrock` model needs one for `/model` (its host rewrite, if any, the very host the
+/// filter signed).
 pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
     let header = maas_types::MODEL_ROUTING_HEADER;
     let models = list_at(policy, "models")?;
@@ -312,9 +313,42 @@ pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
                 };
                 like_prefix_rule(&name, model_name, "the provider path", provider_rule, rule)?;
             }
+            // Bedrock: the filter sends /model/<id>/converse[-stream], signed over path and host.
+            if opt_str(model, "provider.type") == Some("bedrock") {
+                let Some(provider_rule) = at_path(BEDROCK_PATH_PREFIX) else {
+                    return Err(format!(
+                        "HTTPRoute {name}: no rule for the provider path of model {model_name} \
+                         (PathPrefix {BEDROCK_PATH_PREFIX} with header {header}: {model_name}, \
+                         Exact): the filter's signed request would find no route"
+                    ));
+                };
+                like_prefix_rule(&name, model_name, "the provider path", provider_rule, rule)?;
+                bedrock_host_kept(&name, model_name, model, provider_rule)?;
+            }
         }
         ensure!(served > 0, "HTTPRoute {name} serves no model path");
     }
+    Ok(())
+}
+
+/// Where the filter sends a Bedrock model's requests (`/model/<id>/converse[-stream]`).
+const BEDROCK_PATH_PREFIX: &str = "/model";
+
+/// A Bedrock model's provider-path rule leaves the host the filter signed: no host rewrite, or
+/// one to exactly `bedrock-runtime.<region>.amazonaws.com` (anything else breaks the SigV4
+/// signature: Bedrock answers 403).
+fn bedrock_host_kept(name: &str, model_name: &str, model: &Value, rule: &Value) -> Verdict {
+    let region = opt_str(model, "provider.region").unwrap_or_default();
+    let signed = format!("bedrock-runtime.{region}.amazonaws.com");
+    let rewritten = list_or_empty(rule, "filters")
+        .iter()
+        .find_map(|f| opt_str(f, "urlRewrite.hostname"));
+    ensure!(
+        rewritten.is_none_or(|h| h == signed),
+        "HTTPRoute {name}: the provider-path rule of Bedrock model {model_name} rewrites the host \
+         to {:?}, but the filter signed {signed}: Bedrock would refuse every request (403)",
+        rewritten.unwrap_or_default()
+    );
     Ok(())
 }
 

@@ -587,3 +587,42 @@ fn the_azure_sample_routes_its_provider_path() {
         .retain(|f| f["type"] != "RequestHeaderModifier");
     });
 }
+
+/// The Bedrock sample routes the filter's signed path (/model/…) by the routing header, and no
+/// rule may move the host away from the one the filter signed.
+#[test]
+fn the_bedrock_sample_routes_its_signed_path_to_the_signed_host() {
+    let policy = sample_policy();
+    let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
+        let mut docs = render("samples").clone();
+        mutate(&mut docs);
+        let verdict = manifest_checks::model_routes(&docs, &policy);
+        assert!(
+            verdict.as_ref().is_err_and(|why| why.contains(text)),
+            "expected a refusal naming {text:?}, got {verdict:?}"
+        );
+    };
+    refused(
+        "no rule for the provider path of model claude-bedrock (PathPrefix /model",
+        &|d| {
+            at(doc(d, "HTTPRoute", "claude-bedrock"), "/spec/rules")
+                .as_array_mut()
+                .expect("rules")
+                .retain(|r| r.pointer("/matches/0/path/value") != Some(&json!("/model")));
+        },
+    );
+    // Every rule alike (so only the signature check can refuse it): another host.
+    refused(
+        "but the filter signed bedrock-runtime.us-east-1.amazonaws.com",
+        &|d| {
+            let rules = at(doc(d, "HTTPRoute", "claude-bedrock"), "/spec/rules");
+            for rule in rules.as_array_mut().expect("rules") {
+                for f in rule["filters"].as_array_mut().expect("filters") {
+                    if let Some(h) = f.pointer_mut("/urlRewrite/hostname") {
+                        *h = json!("bedrock-proxy.example.com");
+                    }
+                }
+            }
+        },
+    );
+}

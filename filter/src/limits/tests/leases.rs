@@ -95,6 +95,31 @@ fn a_short_lease_counts_nothing_and_asks_for_need_and_want() {
     assert_eq!((tok.need, tok.want, tok.limit), (100, 200, 1000));
 }
 
+/// Both counters short: the refusal names the one nearest its limit across the replicas (the
+/// tokens others hold), not the first in order (requests, far from its limit).
+#[test]
+fn a_short_lease_names_the_counter_nearest_its_limit() {
+    let s = MemStore::new();
+    let t = small();
+    // Other replicas hold 950 of the 1000 tokens; nothing of the 10 requests.
+    assert!(grant(&s, Kind::Tokens, 0, 950, NOW));
+    match admit_g(&s, &t, 100, NOW, &held()) {
+        Admission::NeedsLease { items, kind, .. } => {
+            assert_eq!(items.len(), 2, "{items:?}");
+            assert_eq!(kind, Kind::Tokens);
+        }
+        other => panic!("expected a lease to be needed, got {other:?}"),
+    }
+    // Requests nearer (9 of 10 held elsewhere): named instead.
+    let s = MemStore::new();
+    assert!(grant(&s, Kind::Requests, 0, 9, NOW));
+    assert!(grant(&s, Kind::Tokens, 0, 100, NOW));
+    match admit_g(&s, &t, 100, NOW, &held()) {
+        Admission::NeedsLease { kind, .. } => assert_eq!(kind, Kind::Requests),
+        other => panic!("expected a lease to be needed, got {other:?}"),
+    }
+}
+
 #[test]
 fn want_follows_the_rate_in_this_window_within_need_and_limit() {
     // 30 used 10 s in (3/s) over a 2 s horizon: 6 wanted.
