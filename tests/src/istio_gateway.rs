@@ -247,10 +247,11 @@ pub fn apply(bootstrap: &mut Value, shipped: &ShippedGateway, ecds: &Path) -> Re
 
 /// The model HTTPRoutes `wasm-plugin-crs/` ships as samples (each a prefix rule and the one base
 /// URL's `/v1` rule matching `x-maas-model`).
-pub const MODEL_ROUTE_SAMPLES: [&str; 3] = [
+pub const MODEL_ROUTE_SAMPLES: [&str; 4] = [
     "wasm-plugin-crs/samples/kserve-model/httproute.yaml",
     "wasm-plugin-crs/samples/external-model/httproute.yaml",
     "wasm-plugin-crs/samples/azure-openai-model/httproute.yaml",
+    "wasm-plugin-crs/samples/bedrock-model/httproute.yaml",
 ];
 
 /// The HTTPRoute in `path` (relative to the workspace root).
@@ -682,20 +683,6 @@ mod tests {
         );
         assert!(azure["route"].get("regex_rewrite").is_none(), "{azure}");
         assert_eq!(azure["request_headers_to_remove"], json!(["x-maas-model"]));
-        // Longer prefixes first; the /v1 routes last.
-        let order: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
-        assert_eq!(
-            order,
-            [
-                "llm.facebook-opt-125m-simulated.0",
-                "llm.gpt-4o-azure.2",
-                "llm.gpt-4o-azure.0",
-                "llm.gpt-4o.0",
-                "llm.facebook-opt-125m-simulated.1",
-                "llm.gpt-4o.1",
-                "llm.gpt-4o-azure.1"
-            ]
-        );
 
         // Each one base URL route names a model of the sample policy, and leads to the cluster
         // that model's upstreamCluster names (else the filter answers 503 upstream_mismatch).
@@ -719,6 +706,58 @@ mod tests {
                 .unwrap_or_else(|| panic!("{model}: not a model of the sample policy"));
             assert_eq!(entry["upstreamCluster"], r["route"]["cluster"], "{model}");
         }
+    }
+
+    /// The Bedrock sample's signed path as Istio translates it (by the header, to Bedrock,
+    /// nothing rewritten but the host the filter signed), and every sample's routes in the
+    /// order Istio sorts them.
+    #[test]
+    fn the_bedrock_sample_translates_and_the_routes_sort_as_istio_would() {
+        let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
+            .iter()
+            .map(|p| load_httproute(p).unwrap())
+            .collect();
+        let routes = istio_gateway_routes(&samples).unwrap();
+        let named = |n: &str| {
+            routes
+                .iter()
+                .find(|r| r["name"] == n)
+                .unwrap_or_else(|| panic!("no route {n} in {routes:#?}"))
+        };
+        // The Bedrock sample's signed path: by the header, to Bedrock, nothing rewritten but the
+        // host the filter signed.
+        let bedrock = named("llm.claude-bedrock.2");
+        assert_eq!(
+            bedrock["match"],
+            json!({"path_separated_prefix": "/model", "case_sensitive": true,
+                   "headers": [{"name": "x-maas-model", "string_match": {"exact": "claude-bedrock"}}]})
+        );
+        assert_eq!(
+            bedrock["route"]["cluster"],
+            "outbound|443||bedrock-runtime.us-east-1.amazonaws.com"
+        );
+        assert!(bedrock["route"].get("regex_rewrite").is_none(), "{bedrock}");
+        assert_eq!(
+            bedrock["request_headers_to_remove"],
+            json!(["x-maas-model"])
+        );
+        // Longer prefixes first; the /v1 routes last.
+        let order: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            order,
+            [
+                "llm.facebook-opt-125m-simulated.0",
+                "llm.gpt-4o-azure.2",
+                "llm.claude-bedrock.0",
+                "llm.gpt-4o-azure.0",
+                "llm.gpt-4o.0",
+                "llm.claude-bedrock.2",
+                "llm.facebook-opt-125m-simulated.1",
+                "llm.gpt-4o.1",
+                "llm.gpt-4o-azure.1",
+                "llm.claude-bedrock.1"
+            ]
+        );
     }
 
     #[test]

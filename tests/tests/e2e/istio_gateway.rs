@@ -71,6 +71,11 @@ identities:
 const OPENAI_KEY: &str = "sk-sample-openai-key";
 /// The key of the sample Azure OpenAI resource (Secret azure-openai-key).
 const AZURE_KEY: &str = "sk-sample-azure-key";
+/// The AWS credentials of the sample Bedrock model (Secret aws-bedrock).
+const AWS_KEY_ID: &str = "AKIASAMPLEBEDROCK";
+const AWS_SECRET: &str = "sample/bedrock/secret/access/key/0123456789";
+/// The sample Bedrock model's id at Bedrock (its servedName in the shipped policy).
+const BEDROCK_MODEL_ID: &str = "anthropic.claude-3-haiku-20240307-v1:0";
 
 /// The models of the sample policy (wasm-plugin-crs/base/companion/policy-configmap.yaml: the
 /// models the sample HTTPRoutes publish) in this module's free tier, beside the module's own.
@@ -100,7 +105,10 @@ fn stack() -> &'static Stack {
     static S: ModuleStack<Stack> = ModuleStack::new();
     static CREDENTIALS: OnceLock<String> = OnceLock::new();
     let credentials = CREDENTIALS.get_or_init(|| {
-        format!("credentials:\n  openai-key: {OPENAI_KEY}\n  azure-openai-key: {AZURE_KEY}\n")
+        format!(
+            "credentials:\n  openai-key: {OPENAI_KEY}\n  azure-openai-key: {AZURE_KEY}\n  \
+             aws-bedrock: {{aws-access-key-id: {AWS_KEY_ID}, aws-secret-access-key: {AWS_SECRET}}}\n"
+        )
     });
     stack_with(&S, policy(), IDENTITIES, credentials)
 }
@@ -545,6 +553,37 @@ const KSERVE_CLUSTER: &str =
     "outbound|80||facebook-opt-125m-simulated-predictor.llm.svc.cluster.local";
 const OPENAI_CLUSTER: &str = "outbound|443||api.openai.com";
 const AZURE_CLUSTER: &str = "outbound|443||example-resource.openai.azure.com";
+const BEDROCK_CLUSTER: &str = "outbound|443||bedrock-runtime.us-east-1.amazonaws.com";
+
+/// Each sample's Envoy cluster on its simulator (Istio's DestinationRule originates TLS to a
+/// provider; here every provider is plain HTTP).
+fn sample_clusters(
+    kserve: &SimHandle,
+    openai: &SimHandle,
+    azure: SocketAddr,
+    bedrock: SocketAddr,
+) -> [(String, SocketAddr); 4] {
+    [
+        (KSERVE_CLUSTER.to_string(), kserve.addr()),
+        (OPENAI_CLUSTER.to_string(), openai.addr()),
+        (AZURE_CLUSTER.to_string(), azure),
+        (BEDROCK_CLUSTER.to_string(), bedrock),
+    ]
+}
+
+/// The Bedrock simulator behind the sample Bedrock model: it recomputes every SigV4 signature
+/// (path, host, body hash) from the sample's secret and refuses a mismatch with 403.
+async fn bedrock_sim() -> maas_e2e::bedrock_sim::BedrockSimHandle {
+    maas_e2e::bedrock_sim::spawn(maas_e2e::bedrock_sim::BedrockSimConfig {
+        access_key_id: AWS_KEY_ID.into(),
+        secret_access_key: AWS_SECRET.into(),
+        session_token: None,
+        region: "us-east-1".into(),
+        model_id: BEDROCK_MODEL_ID.into(),
+    })
+    .await
+    .expect("the Bedrock simulator starts")
+}
 
 /// The Azure OpenAI simulator behind the sample Azure model: strict about the deployment path,
 /// `api-version` and `api-key`.
@@ -579,17 +618,13 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
     let kserve = model_sim("facebook/opt-125m");
     let openai = model_sim("gpt-4o");
     let azure = azure_sim().await;
+    let bedrock = bedrock_sim().await;
     let samples: Vec<Value> = istio_gateway::MODEL_ROUTE_SAMPLES
         .iter()
         .map(|p| istio_gateway::load_httproute(p).unwrap())
         .collect();
     let routes = istio_gateway::istio_gateway_routes(&samples).unwrap();
-    let clusters = [
-        (KSERVE_CLUSTER.to_string(), kserve.addr()),
-        // Istio's DestinationRule originates TLS to the provider; here the provider is plain HTTP.
-        (OPENAI_CLUSTER.to_string(), openai.addr()),
-        (AZURE_CLUSTER.to_string(), azure.addr),
-    ];
+    let clusters = sample_clusters(&kserve, &openai, azure.addr, bedrock.addr);
     let envoy = istio_envoy_with(stack, "istio-one-url", Shape::Shipped, |v| {
         istio_gateway::replace_model_routes(v, routes.clone(), &clusters)
     });
@@ -676,6 +711,7 @@ async fn the_sample_httproutes_as_istio_generates_them_route_one_url_by_the_body
     assert_eq!(on_kserve[0].path, "/v1/chat/completions");
 
     the_azure_sample_takes_its_provider_path(&envoy, &azure, &[&kserve, &openai]).await;
+    the_bedrock_sample_takes_its_signed_path(&envoy, &bedrock, &[&kserve, &openai]).await;
 
     one_url_refusals_open_no_upstream_request(&envoy, &kserve, &openai).await;
     // The counters count: the three requests that went through.
@@ -730,6 +766,68 @@ async fn the_azure_sample_takes_its_provider_path(
     assert_eq!(got, [want.clone(), want]);
     assert_eq!(
         cluster_stat(&envoy.admin_url(), AZURE_CLUSTER, "upstream_rq_total").await,
+        2
+    );
+}
+
+/// The Bedrock sample: at both URL forms the filter translates the chat body to Converse, sends
+/// `/model/<id>/converse` to the signed host with the routing header, Envoy chooses the `/model`
+/// rule by it, and the simulator — recomputing the SigV4 signature over the path, host and body
+/// as AWS does — accepts it: the routes change nothing the filter signed. No other backend sees
+/// it, nor the routing header.
+async fn the_bedrock_sample_takes_its_signed_path(
+    envoy: &ExtraEnvoy,
+    bedrock: &maas_e2e::bedrock_sim::BedrockSimHandle,
+    others: &[&SimHandle],
+) {
+    let gateway = envoy.gateway_url();
+    for (url, id) in [
+        (format!("{gateway}/v1/chat/completions"), "iu-bedrock"),
+        (
+            format!("{gateway}/llm/claude-bedrock/v1/chat/completions"),
+            "iu-bedrock-prefix",
+        ),
+    ] {
+        let r = send(
+            client()
+                .post(url)
+                .header("authorization", "Bearer oneurl-token")
+                .header("x-test-id", id)
+                .json(&json!({"model": "claude-bedrock", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{id}: {}", r.body);
+        assert_eq!(r.json()["object"], "chat.completion", "{id}: {}", r.body);
+        for other in others {
+            assert!(
+                other
+                    .requests()
+                    .iter()
+                    .all(|q| q.header("x-test-id") != Some(id)),
+                "{id} reached another backend"
+            );
+        }
+    }
+    let got = bedrock.requests();
+    assert_eq!(got.len(), 2, "{got:?}");
+    for q in &got {
+        assert_eq!(
+            (q.path.as_str(), q.status, q.refused.as_deref()),
+            (
+                "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse",
+                200,
+                None
+            )
+        );
+        assert_eq!(
+            q.header("host"),
+            Some("bedrock-runtime.us-east-1.amazonaws.com")
+        );
+        assert_eq!(q.header("x-maas-model"), None, "{:?}", q.headers);
+    }
+    assert_eq!(
+        cluster_stat(&envoy.admin_url(), BEDROCK_CLUSTER, "upstream_rq_total").await,
         2
     );
 }
