@@ -616,17 +616,8 @@ mod tests {
     /// cluster the sample policy names as the model's `upstreamCluster`.
     #[test]
     fn the_sample_httproutes_translate_as_istio_would() {
-        let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
-            .iter()
-            .map(|p| load_httproute(p).unwrap())
-            .collect();
-        let routes = istio_gateway_routes(&samples).unwrap();
-        let named = |n: &str| {
-            routes
-                .iter()
-                .find(|r| r["name"] == n)
-                .unwrap_or_else(|| panic!("no route {n} in {routes:#?}"))
-        };
+        let routes = sample_routes();
+        let named = |n: &str| named_route(&routes, n);
         let kserve = "outbound|80||facebook-opt-125m-simulated-predictor.llm.svc.cluster.local";
         let prefix = named("llm.facebook-opt-125m-simulated.0");
         assert_eq!(
@@ -708,22 +699,29 @@ mod tests {
         }
     }
 
+    /// Every sample HTTPRoute's routes, as Istio translates them.
+    fn sample_routes() -> Vec<Value> {
+        let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
+            .iter()
+            .map(|p| load_httproute(p).unwrap())
+            .collect();
+        istio_gateway_routes(&samples).unwrap()
+    }
+
+    fn named_route<'r>(routes: &'r [Value], name: &str) -> &'r Value {
+        routes
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no route {name} in {routes:#?}"))
+    }
+
     /// The Bedrock sample's signed path as Istio translates it (by the header, to Bedrock,
     /// nothing rewritten but the host the filter signed), and every sample's routes in the
     /// order Istio sorts them.
     #[test]
     fn the_bedrock_sample_translates_and_the_routes_sort_as_istio_would() {
-        let samples: Vec<Value> = MODEL_ROUTE_SAMPLES
-            .iter()
-            .map(|p| load_httproute(p).unwrap())
-            .collect();
-        let routes = istio_gateway_routes(&samples).unwrap();
-        let named = |n: &str| {
-            routes
-                .iter()
-                .find(|r| r["name"] == n)
-                .unwrap_or_else(|| panic!("no route {n} in {routes:#?}"))
-        };
+        let routes = sample_routes();
+        let named = |n: &str| named_route(&routes, n);
         // The Bedrock sample's signed path: by the header, to Bedrock, nothing rewritten but the
         // host the filter signed.
         let bedrock = named("llm.claude-bedrock.2");

@@ -11,25 +11,9 @@
 //!   provider sent: metering reads it from here.
 
 use super::eventstream::{Decoder, Message};
-use super::request::{ClientAsk, Untranslatable};
+use super::request::{ClientAsk, Untranslatable, is_default, refuse};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
-
-fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
-    Err(Untranslatable(what.into()))
-}
-
-/// Top-level fields read as absent when they hold OpenAI's default.
-fn is_default(name: &str, v: &Value) -> bool {
-    match name {
-        "n" => v.as_u64() == Some(1),
-        "logprobs" | "store" => v == &Value::Bool(false),
-        "frequency_penalty" | "presence_penalty" => v.as_f64() == Some(0.0),
-        "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
-        "modalities" => v == &json!(["text"]),
-        _ => false,
-    }
-}
 
 /// Translates the OpenAI chat body into a Converse body. The cap is the body's own
 /// (`max_completion_tokens`, else `max_tokens`: admission set one when the client named none).

@@ -31,12 +31,13 @@ pub struct ClientAsk {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Untranslatable(pub String);
 
-fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
+pub(super) fn refuse<T>(what: impl Into<String>) -> Result<T, Untranslatable> {
     Err(Untranslatable(what.into()))
 }
 
-/// Top-level fields read as absent when they hold their default (OpenAI's own defaults).
-fn is_default(name: &str, v: &Value) -> bool {
+/// Top-level fields read as absent when they hold their default (OpenAI's own defaults); the
+/// Converse translation reads them alike.
+pub(super) fn is_default(name: &str, v: &Value) -> bool {
     match name {
         "n" => v.as_u64() == Some(1),
         "logprobs" | "store" => v == &Value::Bool(false),

@@ -428,6 +428,17 @@ fn sample_policy() -> Value {
         .expect("the policy is YAML")
 }
 
+/// The samples changed by `mutate` are refused by `model_routes` with a reason naming `text`.
+fn model_routes_refuse(policy: &Value, text: &str, mutate: &dyn Fn(&mut Docs)) {
+    let mut docs = render("samples").clone();
+    mutate(&mut docs);
+    let verdict = manifest_checks::model_routes(&docs, policy);
+    assert!(
+        verdict.as_ref().is_err_and(|why| why.contains(text)),
+        "expected a refusal naming {text:?}, got {verdict:?}"
+    );
+}
+
 /// The sample model HTTPRoutes publish each model at the one base URL (a `/v1` rule matching
 /// `x-maas-model`: the policy's model name), and the check refuses a sample without it.
 #[test]
@@ -438,13 +449,7 @@ fn the_sample_model_routes_publish_the_one_base_url() {
         Ok(())
     );
     let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
-        let mut docs = render("samples").clone();
-        mutate(&mut docs);
-        let verdict = manifest_checks::model_routes(&docs, &policy);
-        assert!(
-            verdict.as_ref().is_err_and(|why| why.contains(text)),
-            "expected a refusal naming {text:?}, got {verdict:?}"
-        );
+        model_routes_refuse(&policy, text, mutate);
     };
     let one_url_rule = |d: &mut Docs, name: &str| -> usize {
         at(doc(d, "HTTPRoute", name), "/spec/rules")
@@ -526,13 +531,7 @@ fn the_sample_model_routes_publish_the_one_base_url() {
 fn the_azure_sample_routes_its_provider_path() {
     let policy = sample_policy();
     let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
-        let mut docs = render("samples").clone();
-        mutate(&mut docs);
-        let verdict = manifest_checks::model_routes(&docs, &policy);
-        assert!(
-            verdict.as_ref().is_err_and(|why| why.contains(text)),
-            "expected a refusal naming {text:?}, got {verdict:?}"
-        );
+        model_routes_refuse(&policy, text, mutate);
     };
     let provider_rule = |d: &mut Docs| -> usize {
         at(doc(d, "HTTPRoute", "gpt-4o-azure"), "/spec/rules")
@@ -594,13 +593,7 @@ fn the_azure_sample_routes_its_provider_path() {
 fn the_bedrock_sample_routes_its_signed_path_to_the_signed_host() {
     let policy = sample_policy();
     let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
-        let mut docs = render("samples").clone();
-        mutate(&mut docs);
-        let verdict = manifest_checks::model_routes(&docs, &policy);
-        assert!(
-            verdict.as_ref().is_err_and(|why| why.contains(text)),
-            "expected a refusal naming {text:?}, got {verdict:?}"
-        );
+        model_routes_refuse(&policy, text, mutate);
     };
     refused(
         "no rule for the provider path of model claude-bedrock (PathPrefix /model",
