@@ -27,6 +27,9 @@
 //! body with trailers instead: `x-ratelimit-remaining-requests`, `x-ratelimit-limit-images` (the
 //! provider's) and `x-sim-trailer: kept` (HTTP/2, or HTTP/1.1 to a client sending `TE: trailers`).
 //! Delay: `x-sim-response-delay-ms: N` holds the answer back N ms (at most 60 s).
+//! A hosted provider's header count: `x-sim-provider-headers: openai` adds the 15 headers
+//! (rate limits aside) OpenAI's API answers a chat completion with (the benchmark prices header
+//! edits at a realistic map size with it).
 //! Compression: header `x-sim-compress: gzip` gzips the response when the request's
 //! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
 //! ignores `accept-encoding`); streams are compressed incrementally, flushed per event.
@@ -703,6 +706,35 @@ fn gzip_response(resp: Response) -> Response {
     Response::from_parts(parts, Body::from_stream(gz))
 }
 
+/// What OpenAI's API answers a chat completion with besides `content-type`, `content-length`,
+/// `date` and its own rate limits (as seen from its Python SDK, values of the same length).
+const OPENAI_RESPONSE_HEADERS: [(&str, &str); 15] = [
+    ("access-control-expose-headers", "X-Request-ID"),
+    ("openai-organization", "user-abcdefghijklmnopqrstuvwx"),
+    ("openai-processing-ms", "412"),
+    ("openai-project", "proj_abcdefghijklmnopqrstuvwx"),
+    ("openai-version", "2020-10-01"),
+    ("x-request-id", "req_0123456789abcdef0123456789abcdef"),
+    (
+        "strict-transport-security",
+        "max-age=31536000; includeSubDomains; preload",
+    ),
+    ("cf-cache-status", "DYNAMIC"),
+    (
+        "set-cookie",
+        "__cf_bm=0123456789abcdef0123456789abcdef0123456789abcdef-1733300000-1.0.1.1-abcdefghijklmnopqrstuvwxyz0123456789; path=/; expires=Wed, 04-Dec-24 08:51:34 GMT; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+    ),
+    (
+        "set-cookie",
+        "_cfuvid=abcdefghijklmnopqrstuvwxyz0123456789abcdefg-1733300000000-0.0.1.1-604800000; path=/; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("server", "cloudflare"),
+    ("cf-ray", "8ecb0123456789ab-IAD"),
+    ("alt-svc", "h3=\":443\"; ma=86400"),
+    ("x-envoy-decorator-operation", "chat.completions"),
+];
+
 async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     let compress = header_str(req.headers(), "x-sim-compress").unwrap_or("");
     let gzip = compress == "always-gzip"
@@ -716,7 +748,14 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     let control = req.uri().path().starts_with("/_sim/");
     let provider_limits = req.headers().contains_key("x-sim-ratelimit-headers");
     let provider_trailers = req.headers().contains_key("x-sim-ratelimit-trailers");
+    let provider_headers = header_str(req.headers(), "x-sim-provider-headers") == Some("openai");
     let mut resp = handle_model(&state, req).await;
+    if provider_headers {
+        let h = resp.headers_mut();
+        for (name, value) in OPENAI_RESPONSE_HEADERS {
+            h.append(name, header::HeaderValue::from_static(value));
+        }
+    }
     if provider_trailers {
         let mut trailers = HeaderMap::new();
         for (name, value) in [

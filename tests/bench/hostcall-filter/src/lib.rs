@@ -14,6 +14,11 @@
 //! `alloc` (a 64-byte vector allocated, written and freed), `json_body` (the request body parsed
 //! with serde_json, values skipped).
 //!
+//! `floor-reqset` is the floor with its request header edits made as one `set_map` of the map
+//! it read (edited in the VM), `floor-respset` with its 6 `x-ratelimit-*` adds made as one
+//! `set_map` of the response map it read plus the 6: what replacing single edits by one
+//! header-map replacement saves or costs (Δ vs `floor`, at the request's and response's size).
+//!
 //! `floor` (N ignored) makes exactly the host calls a cached JSON request of a busy subject
 //! makes in the MaaS filter (`cargo test -p maas-filter --lib host_calls_per_request --
 //! --nocapture`), in the same callbacks, and nothing else: the benchmark's `wasm-floor` variant, the cost of those calls
@@ -179,15 +184,34 @@ impl HttpContext for Calls {
         let req = MapType::HttpRequestHeaders;
         // One map read, as the MaaS filter makes: `floor` may make no other read.
         let mut reserved = false;
-        for (name, value) in hostcalls::get_map(req).unwrap_or_default() {
+        let map = hostcalls::get_map(req).unwrap_or_default();
+        for (name, value) in &map {
             match name.as_str() {
-                "x-bench-kind" => self.kind = value,
+                "x-bench-kind" => self.kind.clone_from(value),
                 "x-bench-n" => self.n = value.parse().unwrap_or(0),
                 "x-maas-subject" => reserved = true,
                 _ => {}
             }
         }
-        if self.kind.starts_with("floor") {
+        if self.kind == "floor-reqset" {
+            // The floor's precheck, then its edits as one replacement of the whole map.
+            std::hint::black_box(hostcalls::get_current_time().ok());
+            self.cas = hostcalls::get_shared_data(SHARED_KEY)
+                .ok()
+                .and_then(|(_, cas)| cas);
+            let mut pairs: Vec<(&str, &str)> = map
+                .iter()
+                .filter(|(n, _)| {
+                    !matches!(
+                        n.as_str(),
+                        "authorization" | "content-length" | "x-maas-subject" | "accept-encoding"
+                    )
+                })
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            pairs.push(("accept-encoding", "identity"));
+            let _ = hostcalls::set_map(req, pairs);
+        } else if self.kind.starts_with("floor") {
             // Precheck: the clock and the subject's counter slot; then the header hygiene.
             if self.floor_has("clock") {
                 std::hint::black_box(hostcalls::get_current_time().ok());
@@ -310,6 +334,19 @@ impl HttpContext for Calls {
             let _ = hostcalls::set_map_value(resp, "x-bench-body-calls", Some(&calls.join(",")));
         }
         if self.kind.starts_with("floor") {
+            if self.kind == "floor-respset" {
+                // The map read, the 6 added to it in the VM, the whole map written back once.
+                let mut map = hostcalls::get_map(resp).unwrap_or_default();
+                map.extend(
+                    RATE_LIMIT_HEADERS
+                        .iter()
+                        .map(|(n, v)| ((*n).to_string(), (*v).to_string())),
+                );
+                let pairs: Vec<(&str, &str)> =
+                    map.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                let _ = hostcalls::set_map(resp, pairs);
+                return Action::Continue;
+            }
             if self.floor_has("respmap") {
                 std::hint::black_box(hostcalls::get_map(resp).ok());
             }

@@ -11,14 +11,15 @@
 //! Where things are: [`run`] the phases in order; [`variants`] what is measured and on which
 //! Envoy ([`envoy`]); [`wrk`] one run and what it measured; the measurements after the rounds
 //! ([`profile`], [`streams`], [`memory`], [`junk`], [`hostcalls`], [`instructions`],
-//! [`two_replica`]); [`report`] and [`issue14`] the report; [`http`], [`keys`], [`litellm`] and
-//! [`stats`] their helpers.
+//! [`two_replica`]); [`report`], [`issue14`] and [`issue31`] (the targets) the report; [`http`],
+//! [`keys`], [`litellm`] and [`stats`] their helpers.
 
 mod envoy;
 mod hostcalls;
 mod http;
 mod instructions;
 mod issue14;
+mod issue31;
 mod junk;
 mod keys;
 mod litellm;

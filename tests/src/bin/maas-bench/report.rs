@@ -3,6 +3,7 @@
 use crate::hostcalls::{HostCallCounts, bill, render_host_calls};
 use crate::instructions::{read_instructions, render_envoy_instructions, render_instructions};
 use crate::issue14::{credential_memory, issue14_figures, render_issue14};
+use crate::issue31::{issue31_figures, render_issue31};
 use crate::junk::render_junk;
 use crate::memory::{Mem, mib};
 use crate::profile::render_profiles;
@@ -524,6 +525,10 @@ fn full_report(report: &Report<'_>, measured: &Measured, two_replica: Option<&st
                 .sum()
         });
     text.push('\n');
+    text.push_str(&render_issue31(&issue31_figures(
+        &measured.results,
+        &measured.profiles,
+    )));
     text.push_str(&render_issue14(&figures, cached_bill, jit_share));
     text.push_str(&render_instructions(read_instructions(
         args.instructions.as_deref(),
