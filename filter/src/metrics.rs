@@ -183,6 +183,20 @@ pub struct Metrics {
     series: RefCell<Vec<Series>>,
     pending: RefCell<Vec<(u32, u64)>>,
     pending_records: RefCell<Vec<(u32, u64)>>,
+    /// The token series of the last settled request's (tier, model, operation): most requests
+    /// settle like the one before, and then make no series lookup at all.
+    last_tokens: RefCell<Option<TokenSeries>>,
+}
+
+/// The five token series of one (tier, model, operation): `maas_tokens_total` input, output,
+/// cached, then `gen_ai_client_token_usage` input, output; 0 = not looked up yet (a series is
+/// only defined once it has something to count, as without the memo).
+#[derive(Debug)]
+struct TokenSeries {
+    tier: Box<str>,
+    model: Box<str>,
+    operation: &'static str,
+    ids: [u32; 5],
 }
 
 /// What a settled request reports to the token metrics.
@@ -191,7 +205,7 @@ pub struct TokenReport<'a> {
     /// The tier the request ran on (`subscription:<S>` for a subscription's stand-in tier).
     pub tier: &'a str,
     pub model: &'a str,
-    pub operation: &'a str,
+    pub operation: &'static str,
     pub input: u64,
     pub output: u64,
     pub cached: u64,
@@ -220,6 +234,7 @@ impl Metrics {
             pending: RefCell::new(Vec::new()),
             // Grows to what one tick holds at the busiest, then keeps its capacity.
             pending_records: RefCell::new(Vec::with_capacity(256)),
+            last_tokens: RefCell::new(None),
         }
     }
 
@@ -294,6 +309,11 @@ impl Metrics {
     /// Records `value` in a histogram family's series (handed over at the next flush).
     pub fn record(&self, host: &dyn Host, family: &Family, values: &[&str], value: u64) {
         let id = self.series_id(host, family, values);
+        self.record_id(id, value);
+    }
+
+    /// Records `value` in series `id` (0: nothing).
+    fn record_id(&self, id: u32, value: u64) {
         if id == 0 {
             return;
         }
@@ -322,15 +342,42 @@ impl Metrics {
             Some(s) => ("none", s),
             None => (r.tier, "none"),
         };
-        for (kind, n) in [
+        let Ok(mut memo) = self.last_tokens.try_borrow_mut() else {
+            return;
+        };
+        let same = memo.as_ref().is_some_and(|m| {
+            *m.tier == *r.tier && *m.model == *r.model && m.operation == r.operation
+        });
+        if !same {
+            *memo = Some(TokenSeries {
+                tier: r.tier.into(),
+                model: r.model.into(),
+                operation: r.operation,
+                ids: [0; 5],
+            });
+        }
+        let Some(memo) = memo.as_mut() else {
+            return;
+        };
+        let counted = [
             ("input", r.input),
             ("output", r.output),
             ("cached", r.cached),
-        ] {
-            self.count(host, &TOKENS, &[kind, tier, subscription, r.model], n);
+        ];
+        for ((kind, n), id) in counted.into_iter().zip(memo.ids.iter_mut()) {
+            if n > 0 {
+                if *id == 0 {
+                    *id = self.series_id(host, &TOKENS, &[kind, tier, subscription, r.model]);
+                }
+                self.inc(*id, n);
+            }
         }
-        for (kind, n) in [("input", r.input), ("output", r.output)] {
-            self.record(host, &GEN_AI_TOKEN_USAGE, &[kind, r.operation, r.model], n);
+        let recorded = [("input", r.input), ("output", r.output)];
+        for ((kind, n), id) in recorded.into_iter().zip(memo.ids.iter_mut().skip(3)) {
+            if *id == 0 {
+                *id = self.series_id(host, &GEN_AI_TOKEN_USAGE, &[kind, r.operation, r.model]);
+            }
+            self.record_id(*id, n);
         }
     }
 
@@ -415,6 +462,39 @@ mod tests {
         assert_eq!(host.metric(&allowed), 0, "counted only at the flush");
         m.flush(&host);
         assert_eq!(host.metric(&allowed), 3);
+    }
+
+    /// The memo of the last (tier, model, operation): the same series counted again, another
+    /// model's counted apart, a count that was zero defined once it is not.
+    #[test]
+    fn repeated_settlements_count_on_the_remembered_series() {
+        let host = RecordingHost::new();
+        let m = Metrics::define_all(&host);
+        let report = |model, cached| TokenReport {
+            tier: "free",
+            model,
+            operation: "chat",
+            input: 3,
+            output: 2,
+            cached,
+        };
+        m.tokens(&host, &report("sim", 0));
+        m.tokens(&host, &report("other-model", 0));
+        m.tokens(&host, &report("sim", 0));
+        m.tokens(&host, &report("sim", 1));
+        m.flush(&host);
+        let series = |kind, model| series_name(&TOKENS, &[kind, "free", "none", model]);
+        assert_eq!(host.metric(&series("input", "sim")), 9);
+        assert_eq!(host.metric(&series("output", "sim")), 6);
+        assert_eq!(host.metric(&series("cached", "sim")), 1);
+        assert_eq!(host.metric(&series("input", "other-model")), 3);
+        assert!(
+            !host
+                .metric_names
+                .borrow()
+                .contains(&series("cached", "other-model"))
+        );
+        assert_eq!(host.recorded.borrow().len(), 8);
     }
 
     #[test]

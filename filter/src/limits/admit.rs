@@ -3,7 +3,7 @@
 //! counting; and the read-only precheck that refuses what is already certain before the body.
 
 use super::counters::{
-    LeaseCounters, all_limits, distinct, lease_counters, shadow_limits, windows,
+    LeaseCounters, all_limits, distinct, has_windows, lease_counters, shadow_limits, windows,
 };
 use super::grants::{LeaseNeed, LeasePolicy, prefetch};
 use super::headers::RateHeaders;
@@ -450,10 +450,10 @@ pub(crate) fn precheck_folded(
     now: u64,
     settled: &[Settled],
 ) -> (Option<Admission>, Option<SlotRead>) {
-    let tiers = distinct(tiers);
-    if windows(&tiers).is_empty() {
+    if !has_windows(tiers) {
         return (None, None);
     }
+    let tiers = distinct(tiers);
     let (value, cas) = store.get(key);
     // An unreadable slot is admission's to refuse.
     let Ok(mut view) = read_slot(value.as_deref(), subject) else {

@@ -68,9 +68,10 @@ pub(super) fn windows(tiers: &[&Tier]) -> SmallVec<[(Kind, Window); 8]> {
     out
 }
 
-/// True when `tiers` have any window (an admission then writes the counter slot).
+/// True when `tiers` have any window (an admission then writes the counter slot): any limit,
+/// enforced or shadow, has one (no counters listed for it).
 pub(crate) fn has_windows(tiers: &[&Tier]) -> bool {
-    !windows(&distinct(tiers)).is_empty()
+    every_limit(tiers).next().is_some()
 }
 
 /// (kind, window, tightest limit, that limit's tier) of each distinct counter.
