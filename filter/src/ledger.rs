@@ -1,7 +1,8 @@
 //! Usage reports to the companion's ledger (issue 16; contract: `maas_types::usage`).
 //!
 //! Each worker adds up, in the VM (no host call per request), what it forwarded and refused per
-//! (subject, key id, tier, model, hour) into open records; the root context's tick sends one
+//! (subject, key id, tier, model, backend, hour) into open records (`backend`: the model's
+//! backend that served, for a model with several; so the counts per backend are exact); the root context's tick sends one
 //! `POST /internal/v1/usage` per `usage.reportIntervalMs` with at most
 //! [`MAX_USAGE_RECORDS`] of them (the oldest first; more go at the next tick).
 //!
@@ -55,6 +56,8 @@ pub struct RecordKey {
     pub key_id: Option<String>,
     pub tier: String,
     pub model: String,
+    /// The model's backend that served (`None`: a model without backends, or none named).
+    pub backend: Option<String>,
     pub hour_start: u64,
 }
 
@@ -66,6 +69,7 @@ struct KeyRef<'a> {
     key_id: Option<&'a str>,
     tier: &'a str,
     model: &'a str,
+    backend: Option<&'a str>,
     hour_start: u64,
 }
 
@@ -81,6 +85,7 @@ impl AsKeyRef for RecordKey {
             key_id: self.key_id.as_deref(),
             tier: &self.tier,
             model: &self.model,
+            backend: self.backend.as_deref(),
             hour_start: self.hour_start,
         }
     }
@@ -215,10 +220,24 @@ impl Ledger {
         model: &str,
         event: Event<'_>,
     ) {
+        self.add_served(subject, key_id, tier, model, None, event);
+    }
+
+    /// [`Self::add`] for a request one of the model's backends served (`backend`: its name).
+    pub fn add_served(
+        &mut self,
+        subject: &str,
+        key_id: Option<&str>,
+        tier: &str,
+        model: &str,
+        backend: Option<&str>,
+        event: Event<'_>,
+    ) {
         if !self.enabled
             || ![subject, tier, model]
                 .into_iter()
                 .chain(key_id)
+                .chain(backend)
                 .all(valid_id)
         {
             return;
@@ -228,6 +247,7 @@ impl Ledger {
             key_id,
             tier,
             model,
+            backend,
             hour_start: hour_start_of(self.now_s),
         };
         if let Some(c) = self.open.get_mut(&key as &dyn AsKeyRef) {
@@ -240,6 +260,7 @@ impl Ledger {
             key_id: key_id.map(str::to_string),
             tier: tier.to_string(),
             model: model.to_string(),
+            backend: backend.map(str::to_string),
             hour_start: key.hour_start,
         };
         let seq = self.next_seq;
@@ -347,6 +368,7 @@ impl Ledger {
                 prompt_tokens: c.prompt_tokens,
                 completion_tokens: c.completion_tokens,
                 cached_input_tokens: c.cached_input_tokens,
+                backend: key.backend,
             });
         }
         let seq = self.next_batch;

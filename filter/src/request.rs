@@ -109,6 +109,8 @@ pub(crate) enum Phase {
     /// The response is passing; its usage is read as it goes.
     Responding {
         reservation: Reservation,
+        /// The model's backend that served (its index in `backends`), as the route named it.
+        backend: Option<u16>,
         status: u32,
         scan: Box<Scan>,
         /// An SSE comment (`: x-maas-quota-warning …`) to put before the first event, when the

@@ -29,8 +29,8 @@ pub use money::{Budget, Money, Pricing};
 pub use policy::{
     ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails, ONE_BASE_PATH,
     Observability, OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth,
-    ProviderKind, ProviderPath, RateLimitHeaders, Tier, TokenWeights, UncappedRequests,
-    VERTEX_ANTHROPIC_VERSION, VertexPublisher,
+    ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Tier, TokenWeights,
+    UncappedRequests, VERTEX_ANTHROPIC_VERSION, VertexPublisher,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -1083,6 +1083,12 @@ pub const ONE_BASE_PATH: &str = "/v1";
 /// reserved `x-maas-*` namespace, so a client's own copy is removed and never routes anything.
 pub const MODEL_ROUTING_HEADER: &str = "x-maas-model";
 
+/// The response header a model's route adds for a model with [`Model::backends`]: the name of
+/// the backend that answered (Envoy's `%UPSTREAM_METADATA(maas:backend)%`, the endpoint's
+/// metadata), replacing any copy the upstream sent. The filter reads it for the usage ledger
+/// (only a name among the model's backends) and removes it before the client.
+pub const SERVED_BY_HEADER: &str = "x-maas-served-by";
+
 /// Checks a model path prefix: absolute, normalized, no trailing slash, no encoded or dot segments.
 fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
     if !p.starts_with('/') || p.len() < 2 {

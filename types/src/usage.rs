@@ -80,6 +80,13 @@ pub struct UsageRecord {
     /// none (0), and 0 is left out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cached_input_tokens: u64,
+    /// The name of the model's backend that served these requests (one of its `backends`, as
+    /// the route's [`crate::SERVED_BY_HEADER`] named it); absent for a model without backends,
+    /// for refusals, and when the response named no backend of the model. A filter that sends
+    /// it needs a companion that knows the field (records refuse unknown fields): upgrade the
+    /// companion first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -153,6 +160,9 @@ pub fn validate(report: &UsageReport) -> Result<(), UsageInvalid> {
         }
         check_id(|| at("tier"), &r.tier)?;
         check_id(|| at("model"), &r.model)?;
+        if let Some(backend) = &r.backend {
+            check_id(|| at("backend"), backend)?;
+        }
         if !r.hour_start.is_multiple_of(HOUR_SECONDS) {
             return Err(invalid(
                 at("hourStart"),
@@ -225,6 +235,7 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: 20,
             cached_input_tokens: 4,
+            backend: None,
         }
     }
 
@@ -280,6 +291,22 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_is_optional_camel_case_and_left_out_when_none() {
+        let v = serde_json::to_value(record()).unwrap_or_default();
+        assert!(v.get("backend").is_none(), "{v}");
+        let mut r = record();
+        r.backend = Some("primary".into());
+        let v = serde_json::to_value(&r).unwrap_or_default();
+        assert_eq!(v["backend"], "primary");
+        let back: Result<UsageRecord, _> = serde_json::from_value(v);
+        assert_eq!(back.ok(), Some(r));
+        // An older filter's record (no backend) names none.
+        let old: Result<UsageRecord, _> =
+            serde_json::from_str(r#"{"subject":"a","tier":"free","model":"m","hourStart":3600}"#);
+        assert_eq!(old.map(|r| r.backend).ok(), Some(None));
+    }
+
+    #[test]
     fn a_bad_report_names_the_field() {
         assert_eq!(field_of(vec![record()]), None);
         assert_eq!(
@@ -288,7 +315,8 @@ mod tests {
         );
         assert_eq!(field_of(vec![record(); MAX_USAGE_RECORDS]), None);
         type Spoil = fn(&mut UsageRecord);
-        let cases: [(Spoil, &str); 11] = [
+        let cases: [(Spoil, &str); 12] = [
+            (|r| r.backend = Some(String::new()), "records[1].backend"),
             (
                 |r| r.cached_input_tokens = r.prompt_tokens + 1,
                 "records[1].cachedInputTokens",

@@ -94,6 +94,7 @@ fn requests_of_one_subject_key_tier_model_and_hour_add_up_in_one_record() {
         key_id: Some("k1".into()),
         tier: "free".into(),
         model: "sim".into(),
+        backend: None,
         hour_start: 1_764_561_600,
     };
     let c = l.open_counts(&key).unwrap();
@@ -119,6 +120,50 @@ fn requests_of_one_subject_key_tier_model_and_hour_add_up_in_one_record() {
 }
 
 #[test]
+fn each_backend_of_a_model_has_its_own_record_and_names_it_in_the_report() {
+    let mut l = ledger(10_000);
+    for backend in [Some("a"), Some("b"), Some("a"), None] {
+        l.add_served("alice", None, "free", "duo", backend, settled(1, 2));
+    }
+    // A name the companion would refuse is not recorded (as any other id).
+    l.add_served("alice", None, "free", "duo", Some(""), settled(1, 2));
+    assert_eq!(l.open_len(), 3);
+    let key = |backend: Option<&str>| RecordKey {
+        subject: "alice".into(),
+        key_id: None,
+        tier: "free".into(),
+        model: "duo".into(),
+        backend: backend.map(str::to_string),
+        hour_start: 1_764_561_600,
+    };
+    let requests = |b| l.open_counts(&key(b)).map(|c| c.requests);
+    assert_eq!(
+        (requests(Some("a")), requests(Some("b")), requests(None)),
+        (Some(2), Some(1), Some(1))
+    );
+    let r = report(&l.due(T0_MS + 1000).unwrap().clone());
+    assert!(validate(&r).is_ok());
+    let by_backend: BTreeMap<Option<String>, u64> = r
+        .records
+        .iter()
+        .map(|r| (r.backend.clone(), r.requests))
+        .collect();
+    assert_eq!(
+        by_backend,
+        BTreeMap::from([(None, 1), (Some("a".into()), 2), (Some("b".into()), 1)])
+    );
+    // On the wire: `backend` only where one served.
+    let v: serde_json::Value = serde_json::from_slice(&l.batch.as_ref().unwrap().body).unwrap();
+    let named = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r.get("backend").is_some())
+        .count();
+    assert_eq!(named, 2, "{v}");
+}
+
+#[test]
 fn ids_the_companion_would_refuse_are_not_recorded_and_nothing_is_recorded_when_off() {
     let mut l = ledger(10_000);
     l.add("", Some("k"), "free", "sim", settled(1, 1));
@@ -134,6 +179,7 @@ fn ids_the_companion_would_refuse_are_not_recorded_and_nothing_is_recorded_when_
             key_id: None,
             tier: "free".into(),
             model: "sim".into(),
+            backend: None,
             hour_start: 1_764_561_600,
         })
         .unwrap()
@@ -177,6 +223,7 @@ fn one_batch_per_interval_with_at_most_1024_records_the_oldest_first_and_the_res
             prompt_tokens: 0,
             completion_tokens: 1,
             cached_input_tokens: 0,
+            backend: None,
         }
     );
     assert_eq!(r.records[1023].subject, "u1023");

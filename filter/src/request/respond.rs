@@ -145,15 +145,27 @@ impl Request {
                 rate_headers,
             } => (reservation, rate_headers),
             other => {
+                // Discovery of a model with backends: its route named the backend (nothing
+                // reads it), which the client does not get.
+                if matches!(other, Phase::Forwarding { .. })
+                    && self.model().is_some_and(|m| !m.backends.is_empty())
+                {
+                    host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
+                }
                 self.phase = other;
                 return Action::Continue;
             }
         };
         // One read of the whole map (a read costs what several writes do: its answer is copied
-        // into the VM) for the three values needed.
+        // into the VM) for the four values needed.
         let headers = host.headers(Headers::Response);
-        let [status, content_type, coding] =
-            headers.get_each([":status", "content-type", "content-encoding"]);
+        let [status, content_type, coding, served_by] = headers.get_each([
+            ":status",
+            "content-type",
+            "content-encoding",
+            maas_types::SERVED_BY_HEADER,
+        ]);
+        let backend = self.served_by(host, served_by);
         let status = status.and_then(|s| s.parse().ok()).unwrap_or(0);
         let content_type = content_type.unwrap_or_default();
         let coding = encoding::coding(coding);
@@ -228,11 +240,24 @@ impl Request {
         }
         self.phase = Phase::Responding {
             reservation,
+            backend,
             status,
             scan: Box::new(scan),
             sse_comment,
         };
         Action::Continue
+    }
+
+    /// The model's backend that served, from the route's [`maas_types::SERVED_BY_HEADER`] (as
+    /// the response headers were read): its index among the model's backends, only for a name
+    /// among them (a model without backends has none, whatever an upstream sent). The header
+    /// never reaches the client (one host call, only when it came).
+    fn served_by(&self, host: &dyn Host, value: Option<&str>) -> Option<u16> {
+        let value = value?;
+        host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
+        let backends = &self.model()?.backends;
+        let i = backends.iter().position(|b| b.name == value)?;
+        u16::try_from(i).ok()
     }
 
     pub(super) fn on_response_body(
@@ -371,28 +396,30 @@ impl Request {
     /// Settles the token reservation to what the response showed (once). Without response
     /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
     fn settle_usage(&mut self, host: &dyn Host) {
-        let (res, status, mut scan) = match std::mem::replace(&mut self.phase, Phase::Settled) {
-            Phase::Forwarding {
-                reservation: Some(res),
-                ..
-            } => (res, 0, Box::new(Scan::None)),
-            Phase::Responding {
-                reservation,
-                status,
-                scan,
-                ..
-            } => (reservation, status, scan),
-            Phase::Forwarding {
-                reservation: None, ..
-            } => {
-                self.observe(host, Decision::Allowed.as_str(), None);
-                return;
-            }
-            other => {
-                self.phase = other;
-                return;
-            }
-        };
+        let (res, backend, status, mut scan) =
+            match std::mem::replace(&mut self.phase, Phase::Settled) {
+                Phase::Forwarding {
+                    reservation: Some(res),
+                    ..
+                } => (res, None, 0, Box::new(Scan::None)),
+                Phase::Responding {
+                    reservation,
+                    backend,
+                    status,
+                    scan,
+                    ..
+                } => (reservation, backend, status, scan),
+                Phase::Forwarding {
+                    reservation: None, ..
+                } => {
+                    self.observe(host, Decision::Allowed.as_str(), None);
+                    return;
+                }
+                other => {
+                    self.phase = other;
+                    return;
+                }
+            };
         // A translated answer is metered from what the provider sent.
         let scan = match scan.as_mut() {
             Scan::Translated { usage, .. } => usage.as_mut(),
@@ -450,6 +477,7 @@ impl Request {
         let tier = self.tier_name().unwrap_or_default();
         self.ledger_add(
             tier,
+            backend,
             Event::Settled {
                 prompt,
                 completion,
@@ -517,16 +545,21 @@ impl Request {
 /// The usage ledger's side of a request (in the VM: no host call), and its usage event (one
 /// host call, with the policy's `observability.usageEvents` only).
 impl Request {
-    fn ledger_add(&self, tier: &str, event: Event<'static>) {
+    /// `backend`: the index of the model's backend that served (settlements only).
+    fn ledger_add(&self, tier: &str, backend: Option<u16>, event: Event<'static>) {
         let (Some(auth), Some(model)) = (self.auth.as_ref(), self.model()) else {
             return;
         };
         let subject = &auth.subject;
         let key_id = self.identity.as_ref().and_then(|i| i.key_id());
+        let backend = backend
+            .and_then(|i| model.backends.get(usize::from(i)))
+            .map(|b| b.name.as_str());
         if let Ok(mut w) = self.worker.try_borrow_mut()
             && w.ledger.enabled
         {
-            w.ledger.add(subject, key_id, tier, &model.name, event);
+            w.ledger
+                .add_served(subject, key_id, tier, &model.name, backend, event);
         }
         self.count_for_event(event, None);
     }
@@ -603,7 +636,7 @@ impl Request {
     /// A refusal of a request whose subject and tier are known.
     pub(super) fn ledger_refused(&self, code: &'static str) {
         if let Some(tier) = self.tier_name() {
-            self.ledger_add(tier, Event::Refused(code));
+            self.ledger_add(tier, None, Event::Refused(code));
         }
     }
 

@@ -4,6 +4,7 @@
 use super::*;
 use crate::ledger::RecordKey;
 use maas_types::usage::{USAGE_PATH, UsageReport, hour_start_of};
+use std::collections::BTreeMap;
 
 const JSON: &[u8] =
     br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
@@ -23,6 +24,7 @@ fn alice_sim(fx: &Fx) -> RecordKey {
         key_id: Some(key_id()),
         tier: "free".into(),
         model: "sim".into(),
+        backend: None,
         hour_start: hour_start_of(fx.host.now.get() / 1000),
     }
 }
@@ -232,4 +234,138 @@ fn dropped_records_are_counted_in_a_metric() {
     tick(&mut fx, 200);
     fx.flush();
     assert_eq!(fx.host.metric(crate::metrics::USAGE_RECORDS_DROPPED), 6);
+}
+
+/// A worker with no request limit in the way whose model `sim` has two backends (`a`, `b`),
+/// or none.
+fn fx_of(backends: bool) -> Fx {
+    let mut p = policy();
+    p["tiers"][0]["limits"]["requests"] = json!([{"limit": 1000, "window": "1m"}]);
+    if backends {
+        p["models"][0]["backends"] = json!([
+            {"name": "a", "backend": "simulator", "weight": 3},
+            {"name": "b", "backend": "simulator", "weight": 1}
+        ]);
+    }
+    Fx::with(json!({"bootstrapPolicy": p}))
+}
+
+fn with_backends() -> Fx {
+    fx_of(true)
+}
+
+/// A cached request of alice answered 200 with `served_by` as the response's
+/// `x-maas-served-by`; the host calls it made.
+fn served(fx: &Fx, served_by: Option<&str>) -> Vec<Call> {
+    fx.cache(&key(2), allow_alice());
+    let (id, h) = fx.http();
+    fx.host.clear_calls();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    fx.body(id, &h, BODY, true);
+    fx.host.enter(id);
+    let mut headers = vec![(":status", "200"), ("content-type", "application/json")];
+    headers.extend(served_by.map(|v| (maas_types::SERVED_BY_HEADER, v)));
+    fx.host.set_map(Headers::Response, &headers);
+    h.on_response_headers(&fx.host);
+    fx.host.set_buffer(Body::Response, JSON);
+    h.on_response_body(&fx.host, JSON.len(), true);
+    fx.host.enter(id);
+    h.on_log(&fx.host);
+    h.on_done(&fx.host);
+    fx.host.calls.borrow().clone()
+}
+
+/// Requests per backend in the worker's open records of alice on `sim`.
+fn per_backend(fx: &Fx) -> BTreeMap<Option<String>, u64> {
+    let w = fx.root.worker.borrow();
+    [None, Some("a"), Some("b"), Some("zzz")]
+        .into_iter()
+        .filter_map(|b| {
+            let key = RecordKey {
+                backend: b.map(str::to_string),
+                ..alice_sim(fx)
+            };
+            w.ledger
+                .open_counts(&key)
+                .map(|c| (b.map(str::to_string), c.requests))
+        })
+        .collect()
+}
+
+fn removes_served_by(calls: &[Call]) -> bool {
+    calls.iter().any(|c| {
+        matches!(c, Call::SetHeader(Headers::Response, name, None)
+            if name.eq_ignore_ascii_case(maas_types::SERVED_BY_HEADER))
+    })
+}
+
+#[test]
+fn a_model_with_backends_records_the_backend_its_route_named_and_only_a_known_one() {
+    let fx = with_backends();
+    served(&fx, None);
+    let plain = served(&fx, None);
+    let named = served(&fx, Some("b"));
+    served(&fx, Some("a"));
+    served(&fx, Some("a"));
+    // Not one of the model's backends: no backend.
+    let unknown = served(&fx, Some("zzz"));
+    assert_eq!(
+        per_backend(&fx),
+        BTreeMap::from([(None, 3), (Some("a".into()), 2), (Some("b".into()), 1)])
+    );
+    // The header never reaches the client: one removal, only when it came; the value was in the
+    // map the filter reads anyway.
+    assert!(!removes_served_by(&plain));
+    assert!(removes_served_by(&named) && removes_served_by(&unknown));
+    assert_eq!(named.len(), plain.len() + 1, "{named:#?}");
+    assert_eq!(
+        named
+            .iter()
+            .filter(|c| matches!(c, Call::Headers(Headers::Response)))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_model_without_backends_never_records_what_an_upstream_names() {
+    let fx = fx_of(false);
+    served(&fx, None);
+    let plain = served(&fx, None);
+    let spoofed = served(&fx, Some("a"));
+    assert_eq!(per_backend(&fx), BTreeMap::from([(None, 3)]));
+    // Removed all the same (the x-maas-* names are the gateway's), at one host call.
+    assert!(removes_served_by(&spoofed));
+    assert_eq!(spoofed.len(), plain.len() + 1);
+    // The budget of a cached request (`respond::host_calls_per_request_stay_within_budget`).
+    assert_eq!(plain.len(), 21, "{plain:#?}");
+}
+
+#[test]
+fn discovery_of_a_model_with_backends_removes_the_backends_name() {
+    for (fx, removed) in [(with_backends(), true), (Fx::new(), false)] {
+        fx.cache(&key(2), allow_alice());
+        let (id, h) = fx.http();
+        let k = format!("Bearer {}", key(2));
+        fx.headers(
+            id,
+            &h,
+            &[
+                (":method", "GET"),
+                (":path", "/llm/sim/v1/models"),
+                ("authorization", &k),
+            ],
+            true,
+        );
+        fx.host.clear_calls();
+        fx.host.enter(id);
+        fx.host.set_map(
+            Headers::Response,
+            &[(":status", "200"), (maas_types::SERVED_BY_HEADER, "a")],
+        );
+        h.on_response_headers(&fx.host);
+        let calls = fx.host.calls.borrow().clone();
+        assert_eq!(removes_served_by(&calls), removed, "{calls:#?}");
+        assert_eq!(calls.len(), usize::from(removed), "{calls:#?}");
+    }
 }

@@ -297,6 +297,7 @@ fn a_refusal_under_a_subscription_is_in_the_ledger_under_its_stand_in_tier() {
         key_id,
         tier: "subscription:team-a".into(),
         model: "sim".into(),
+        backend: None,
         hour_start: maas_types::usage::hour_start_of(fx.host.now.get() / 1000),
     };
     let w = fx.root.worker.borrow();

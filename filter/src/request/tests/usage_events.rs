@@ -117,6 +117,7 @@ fn record(fx: &Fx, tier: &str, model: &str) -> Counts {
         key_id: Some(key_id),
         tier: tier.into(),
         model: model.into(),
+        backend: None,
         hour_start: hour_start_of(fx.host.now.get() / 1000),
     };
     let w = fx.root.worker.borrow();

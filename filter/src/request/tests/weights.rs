@@ -65,6 +65,7 @@ fn ledger_counts(fx: &Fx, model: &str) -> crate::ledger::Counts {
             key_id,
             tier: "free".into(),
             model: model.into(),
+            backend: None,
             hour_start: hour_start_of(fx.host.now.get() / 1000),
         })
         .cloned()
