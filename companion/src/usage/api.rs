@@ -213,7 +213,7 @@ pub fn parse_params(
         Some(s) => GroupBy::parse(s).ok_or_else(|| {
             invalid(
                 "groupBy",
-                "must be day, hour, model, key, user, subscription, organization or costCenter",
+                "must be day, hour, model, key, user, subscription, organization, costCenter or backend",
             )
         })?,
     };
@@ -289,7 +289,7 @@ pub struct UsageRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "2026-12-01T10:00:00Z")]
     pub hour: Option<String>,
-    /// `groupBy=model`, `day` and `hour`.
+    /// `groupBy=model`, `day`, `hour` and `backend`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// `groupBy=key`: the API key's id (the key API's: `GET /v1/api-keys/{id}`); `null` for
@@ -313,6 +313,11 @@ pub struct UsageRow {
     /// `groupBy=costCenter`: its `tokenMetadata.costCenter`; `""` for none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_center: Option<String>,
+    /// `groupBy=backend`: the name of the model's backend that served (a model with several
+    /// `backends`); only usage that named one (every request of such a model, as reported by a
+    /// filter that sends it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     /// Requests forwarded to the model.
     pub requests: u64,
     /// Requests the gateway refused, by reason (`rate_limit_exceeded`, `tokens_exceed_limit`, …).
@@ -342,6 +347,7 @@ impl UsageRow {
             subscription: None,
             organization: None,
             cost_center: None,
+            backend: None,
             requests: g.counts.requests,
             refused: g.counts.refused,
             prompt_tokens: g.counts.prompt_tokens,
@@ -362,6 +368,7 @@ impl UsageRow {
             GroupBy::Subscription => row.subscription = Some(g.group),
             GroupBy::Organization => row.organization = Some(g.group),
             GroupBy::CostCenter => row.cost_center = Some(g.group),
+            GroupBy::Backend => row.backend = Some(g.group),
         }
         row
     }
@@ -378,6 +385,7 @@ fn csv_header(by: GroupBy) -> Vec<&'static str> {
         GroupBy::Subscription => vec!["subscription"],
         GroupBy::Organization => vec!["organization"],
         GroupBy::CostCenter => vec!["costCenter"],
+        GroupBy::Backend => vec!["backend", "model"],
     };
     h.extend([
         "requests",
@@ -423,6 +431,7 @@ pub fn to_csv(by: GroupBy, rows: &[UsageRow]) -> Result<Vec<u8>, UsageApiError> 
             GroupBy::Subscription => vec![r.subscription.as_deref()],
             GroupBy::Organization => vec![r.organization.as_deref()],
             GroupBy::CostCenter => vec![r.cost_center.as_deref()],
+            GroupBy::Backend => vec![r.backend.as_deref(), r.model.as_deref()],
         };
         let mut line: Vec<String> = cells.into_iter().map(text_cell).collect();
         let refused: Vec<String> = r.refused.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -476,6 +485,7 @@ fn group_by_name(g: GroupBy) -> &'static str {
         GroupBy::Subscription => "subscription",
         GroupBy::Organization => "organization",
         GroupBy::CostCenter => "costCenter",
+        GroupBy::Backend => "backend",
     }
 }
 
@@ -493,7 +503,7 @@ fn key_id_of(caller: &Caller) -> Option<String> {
     params(
         ("from" = Option<String>, Query, description = "Start (RFC 3339, YYYY-MM-DD or Unix seconds; 0001-01-01 to 10000-01-01); default: 7 days before `to`"),
         ("to" = Option<String>, Query, description = "End, exclusive (a date: the end of that day); default: now"),
-        ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key, user, subscription, organization or costCenter (chargeback: the subscription's tokenMetadata when the usage was reported)"),
+        ("groupBy" = Option<String>, Query, description = "day (default; per day and model), hour (per hour and model), model, key, user, subscription, organization or costCenter (chargeback: the subscription's tokenMetadata when the usage was reported), or backend (per backend and model: the backend of a model with several that served, as the route's x-maas-served-by named it)"),
         ("user" = Option<String>, Query, description = "Admins: whose usage (`*`: everyone)"),
         ("tier" = Option<String>, Query, description = "Admins: only rows of this tier")
     ),

@@ -193,6 +193,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: 1,
             cached_input_tokens: 0,
+            backend: None,
         };
         let report = |records| UsageReport {
             replica: "r".into(),
@@ -241,6 +242,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: 1,
             cached_input_tokens: 0,
+            backend: None,
         };
         let rates = |tier: &str, model: &str| chargeback(&policy, &record(tier, model)).rates;
         let r = |i: &str, c: &str, o: &str| Rates {

@@ -1,6 +1,11 @@
 //! The one place with SQL on the usage ledger (migration 0003): a report batch applied in one
 //! statement, the hourly → daily rollup in one statement, and the `GET /v1/usage` query.
 //!
+//! A record naming the backend that served (a model with several: migration 0008) is added to
+//! the ledger's rows as any other, and to the same row split by backend in
+//! `usage_backend_hourly` (rolled up into `usage_backend_daily` alike), which only
+//! `groupBy=backend` reads.
+//!
 //! The ledger names an API key by the key API's id (`api_keys.id`, the UUID of
 //! `GET /v1/api-keys/{id}`), so a user can find and revoke the key a row belongs to. The gateway
 //! reports the key id of the key's secret (`sk-oai-<key id>_…`, the authenticate answer's
@@ -24,6 +29,8 @@ pub struct RowKey {
     pub subject: String,
     pub tier: String,
     pub model: String,
+    /// The backend that served (`''`: none named).
+    pub backend: String,
     pub hour_start: u64,
     pub chargeback: Chargeback,
 }
@@ -106,6 +113,7 @@ pub fn merge(
             subject: r.subject.clone(),
             tier: r.tier.clone(),
             model: r.model.clone(),
+            backend: r.backend.clone().unwrap_or_default(),
             hour_start: r.hour_start,
             chargeback: chargeback(r),
         };
@@ -140,6 +148,8 @@ pub struct RolledUp {
     pub daily_rows: u64,
     /// Applied batch ids forgotten (older than a day).
     pub batch_ids: u64,
+    /// Hourly rows of the backend split moved into its daily rows.
+    pub backend_hourly_rows: u64,
 }
 
 /// How `GET /v1/usage` groups rows.
@@ -160,6 +170,8 @@ pub enum GroupBy {
     Organization,
     /// Per cost centre (`tokenMetadata.costCenter`; `''`: none).
     CostCenter,
+    /// Per backend and model (a model with several backends; only usage that named one).
+    Backend,
 }
 
 impl GroupBy {
@@ -173,6 +185,7 @@ impl GroupBy {
             "subscription" => GroupBy::Subscription,
             "organization" => GroupBy::Organization,
             "costCenter" => GroupBy::CostCenter,
+            "backend" => GroupBy::Backend,
             _ => return None,
         })
     }
@@ -199,6 +212,16 @@ impl GroupBy {
             ),
             GroupBy::Organization => ("u.organization", None),
             GroupBy::CostCenter => ("u.cost_center", None),
+            GroupBy::Backend => ("u.backend", Some("u.model")),
+        }
+    }
+
+    /// The tables the grouping reads (hourly, daily) and their backend column: the backend
+    /// split for [`GroupBy::Backend`], else the ledger's (every request, backend or not).
+    fn tables(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            GroupBy::Backend => ("usage_backend_hourly", "usage_backend_daily", "backend"),
+            _ => ("usage_hourly", "usage_daily", "''::text"),
         }
     }
 }
@@ -242,27 +265,52 @@ const APPLY_BATCH: &str = "WITH batch AS (
                  INSERT INTO usage_batches (replica, batch_id) VALUES ($1, $2)
                  ON CONFLICT DO NOTHING
                  RETURNING 1
+             ), mapped AS (
+                 -- The gateway reports a key by the key id in its secret; the ledger names it
+                 -- by the key API's id. Mapped records of one row are added up (one statement
+                 -- may not update a row twice).
+                 SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.b, u.hs, u.r, u.f,
+                        u.p, u.c, u.ci, u.o, u.cc,
+                        (u.p - LEAST(u.ci, u.p))::numeric * u.ir::numeric
+                            + LEAST(u.ci, u.p)::numeric * u.cr::numeric
+                            + u.c::numeric * u.orate::numeric AS cost
+                 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                             $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
+                             $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
+                             $18::text[])
+                      AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, ir, cr, orate, b)
+                 LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
+             ), by_backend AS (
+                 -- Rows naming the backend that served, split by it (migration 0008).
+                 INSERT INTO usage_backend_hourly AS h (key_id, subject, tier, model, backend,
+                     hour_start, requests, refused, prompt_tokens, completion_tokens,
+                     cached_input_tokens, organization, cost_center, cost)
+                 SELECT k, s, t, m, b, to_timestamp(hs), SUM(r)::bigint,
+                        maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
+                        SUM(ci)::bigint, max(o), max(cc), SUM(cost)
+                 FROM mapped
+                 WHERE b <> '' AND EXISTS (SELECT 1 FROM batch)
+                 GROUP BY k, s, t, m, b, hs
+                 ON CONFLICT (subject, key_id, tier, model, backend, hour_start) DO UPDATE SET
+                     requests = h.requests + EXCLUDED.requests,
+                     refused = maas_usage_add_counts(h.refused, EXCLUDED.refused),
+                     prompt_tokens = h.prompt_tokens + EXCLUDED.prompt_tokens,
+                     completion_tokens = h.completion_tokens + EXCLUDED.completion_tokens,
+                     cached_input_tokens = h.cached_input_tokens + EXCLUDED.cached_input_tokens,
+                     organization = CASE WHEN h.organization = '' THEN EXCLUDED.organization
+                                         ELSE h.organization END,
+                     cost_center = CASE WHEN h.cost_center = '' THEN EXCLUDED.cost_center
+                                        ELSE h.cost_center END,
+                     cost = h.cost + EXCLUDED.cost
+                 RETURNING 1
              ), added AS (
                  INSERT INTO usage_hourly AS h (key_id, subject, tier, model, hour_start,
                      requests, refused, prompt_tokens, completion_tokens, cached_input_tokens,
                      organization, cost_center, cost)
                  SELECT k, s, t, m, to_timestamp(hs), SUM(r)::bigint,
                         maas_usage_sum_counts(f::jsonb), SUM(p)::bigint, SUM(c)::bigint,
-                        SUM(ci)::bigint, max(o), max(cc),
-                        SUM((p - LEAST(ci, p))::numeric * ir::numeric
-                            + LEAST(ci, p)::numeric * cr::numeric + c::numeric * orate::numeric)
-                 FROM (
-                     -- The gateway reports a key by the key id in its secret; the ledger
-                     -- names it by the key API's id. Mapped records of one row are added up
-                     -- (one statement may not update a row twice).
-                     SELECT COALESCE(a.id::text, u.k) AS k, u.s, u.t, u.m, u.hs, u.r, u.f,
-                            u.p, u.c, u.ci, u.o, u.cc, u.ir, u.cr, u.orate
-                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
-                                 $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[],
-                                 $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])
-                          AS u(k, s, t, m, hs, r, f, p, c, ci, o, cc, ir, cr, orate)
-                     LEFT JOIN api_keys a ON u.k <> '' AND a.key_id = u.k
-                 ) AS mapped
+                        SUM(ci)::bigint, max(o), max(cc), SUM(cost)
+                 FROM mapped
                  WHERE EXISTS (SELECT 1 FROM batch)
                  GROUP BY k, s, t, m, hs
                  ON CONFLICT (subject, key_id, tier, model, hour_start) DO UPDATE SET
@@ -322,7 +370,9 @@ impl UsageStore {
         let mut input_rates = Vec::with_capacity(rows.len());
         let mut cached_rates = Vec::with_capacity(rows.len());
         let mut output_rates = Vec::with_capacity(rows.len());
+        let mut backends = Vec::with_capacity(rows.len());
         for (k, c) in rows {
+            backends.push(k.backend);
             organizations.push(k.chargeback.organization);
             cost_centers.push(k.chargeback.cost_center);
             input_rates.push(k.chargeback.rates.input);
@@ -357,6 +407,7 @@ impl UsageStore {
             .bind(input_rates)
             .bind(cached_rates)
             .bind(output_rates)
+            .bind(backends)
             .fetch_one(pool)
             .await?;
         let new_batch: i64 = row.try_get("new_batch")?;
@@ -403,11 +454,38 @@ impl UsageStore {
                                         ELSE d.cost_center END,
                      cost = d.cost + EXCLUDED.cost
                  RETURNING 1
+             ), moved_by_backend AS (
+                 DELETE FROM usage_backend_hourly WHERE hour_start < $1 RETURNING *
+             ), added_by_backend AS (
+                 INSERT INTO usage_backend_daily AS d (key_id, subject, tier, model, backend,
+                     day, requests, refused, prompt_tokens, completion_tokens,
+                     cached_input_tokens, organization, cost_center, cost)
+                 SELECT key_id, subject, tier, model, backend,
+                        (hour_start AT TIME ZONE 'UTC')::date, SUM(requests)::bigint,
+                        maas_usage_sum_counts(refused), SUM(prompt_tokens)::bigint,
+                        SUM(completion_tokens)::bigint, SUM(cached_input_tokens)::bigint,
+                        max(organization), max(cost_center), SUM(cost)
+                 FROM moved_by_backend
+                 GROUP BY key_id, subject, tier, model, backend,
+                          (hour_start AT TIME ZONE 'UTC')::date
+                 ON CONFLICT (subject, key_id, tier, model, backend, day) DO UPDATE SET
+                     requests = d.requests + EXCLUDED.requests,
+                     refused = maas_usage_add_counts(d.refused, EXCLUDED.refused),
+                     prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
+                     completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
+                     cached_input_tokens = d.cached_input_tokens + EXCLUDED.cached_input_tokens,
+                     organization = CASE WHEN d.organization = '' THEN EXCLUDED.organization
+                                         ELSE d.organization END,
+                     cost_center = CASE WHEN d.cost_center = '' THEN EXCLUDED.cost_center
+                                        ELSE d.cost_center END,
+                     cost = d.cost + EXCLUDED.cost
+                 RETURNING 1
              ), forgotten AS (
                  DELETE FROM usage_batches WHERE applied_at < $2 RETURNING 1
              )
              SELECT (SELECT count(*) FROM moved) AS hourly, (SELECT count(*) FROM added) AS daily,
-                    (SELECT count(*) FROM forgotten) AS batches",
+                    (SELECT count(*) FROM forgotten) AS batches,
+                    (SELECT count(*) FROM moved_by_backend) AS backend_hourly",
         )
         .bind(cutoff)
         .bind(batches_before)
@@ -417,6 +495,7 @@ impl UsageStore {
             hourly_rows: to_u64(row.try_get("hourly")?),
             daily_rows: to_u64(row.try_get("daily")?),
             batch_ids: to_u64(row.try_get("batches")?),
+            backend_hourly_rows: to_u64(row.try_get("backend_hourly")?),
         })
     }
 
@@ -425,6 +504,7 @@ impl UsageStore {
     pub async fn query(&self, q: &UsageQuery) -> Result<Vec<UsageGroup>, StoreError> {
         let pool = self.ready()?;
         let (first, second) = q.group_by.columns();
+        let (hourly, daily, backend) = q.group_by.tables();
         let mut b: QueryBuilder<Postgres> = QueryBuilder::new("SELECT ");
         b.push(first).push(" AS g1, ");
         b.push(second.unwrap_or("NULL::text")).push(" AS g2, ");
@@ -435,18 +515,30 @@ impl UsageStore {
              SUM(u.cached_input_tokens)::bigint AS cached_input_tokens, \
              SUM(u.cost)::text AS cost \
              FROM (SELECT COALESCE(a.id::text, l.key_id) AS key_id, l.subject, l.tier, l.model, \
-                          l.t, l.requests, l.refused, l.prompt_tokens, l.completion_tokens, \
-                          l.cached_input_tokens, l.organization, l.cost_center, l.cost \
-                   FROM (SELECT key_id, subject, tier, model, hour_start AS t, requests, refused, \
+                          l.backend, l.t, l.requests, l.refused, l.prompt_tokens, \
+                          l.completion_tokens, l.cached_input_tokens, l.organization, \
+                          l.cost_center, l.cost \
+                   FROM (SELECT key_id, subject, tier, model, ",
+        );
+        // The table names are constants of the grouping (never input).
+        b.push(backend).push(
+            " AS backend, hour_start AS t, requests, refused, \
                                 prompt_tokens, completion_tokens, cached_input_tokens, \
                                 organization, cost_center, cost \
-                         FROM usage_hourly \
-                         UNION ALL \
-                         SELECT key_id, subject, tier, model, \
-                                (day::timestamp AT TIME ZONE 'UTC') AS t, requests, refused, \
+                         FROM ",
+        );
+        b.push(hourly).push(
+            " UNION ALL \
+                         SELECT key_id, subject, tier, model, ",
+        );
+        b.push(backend).push(
+            " AS backend, (day::timestamp AT TIME ZONE 'UTC') AS t, requests, refused, \
                                 prompt_tokens, completion_tokens, cached_input_tokens, \
                                 organization, cost_center, cost \
-                         FROM usage_daily) AS l \
+                         FROM ",
+        );
+        b.push(daily).push(
+            ") AS l \
                    LEFT JOIN api_keys a ON l.key_id <> '' AND a.key_id = l.key_id) AS u \
              WHERE u.t >= ",
         );
@@ -562,6 +654,7 @@ mod tests {
             prompt_tokens: requests * 10,
             completion_tokens: requests * 20,
             cached_input_tokens: requests * 3,
+            backend: None,
         }
     }
 
@@ -586,6 +679,28 @@ mod tests {
         assert_eq!(counts.prompt_tokens, 30);
         assert_eq!(counts.cached_input_tokens, 9);
         assert_eq!(counts.refused.get("rate_limit_exceeded"), Some(&2));
+    }
+
+    #[test]
+    fn records_of_each_backend_are_rows_of_their_own() {
+        let served = |backend: Option<&str>, requests| UsageRecord {
+            backend: backend.map(Into::into),
+            ..record(None, 3600, requests, None)
+        };
+        let rows = merge(
+            &[
+                served(Some("a"), 1),
+                served(Some("b"), 2),
+                served(None, 4),
+                served(Some("a"), 8),
+            ],
+            |_| Chargeback::default(),
+        );
+        let by: Vec<(&str, u64)> = rows
+            .iter()
+            .map(|(k, c)| (k.backend.as_str(), c.requests))
+            .collect();
+        assert_eq!(by, [("", 4), ("a", 9), ("b", 2)]);
     }
 
     #[test]

@@ -1295,3 +1295,182 @@ async fn the_csv_export_never_holds_a_formula() {
         "{csv}"
     );
 }
+
+/// `record` naming the backend that served (`None`: none).
+fn served(subject: &str, model: &str, backend: Option<&str>, hour: i64) -> Value {
+    let mut r = record(subject, None, "free", model, hour);
+    if let Some(b) = backend {
+        r["backend"] = json!(b);
+    }
+    r
+}
+
+/// `GET /v1/usage?groupBy=backend` rows as `(backend, model, requests, totalTokens)`.
+async fn by_backend(app: &TestApp, token: &str, query: &str) -> Vec<(String, String, u64, u64)> {
+    let r = app
+        .public_get(&format!("/v1/usage?groupBy=backend{query}"), Some(token))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["groupBy"], "backend");
+    r.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["backend"].as_str().unwrap().to_string(),
+                row["model"].as_str().unwrap().to_string(),
+                row["requests"].as_u64().unwrap(),
+                row["totalTokens"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn usage_is_grouped_by_the_backend_that_served_and_the_ledger_keeps_every_request() {
+    let app = spawn_app().await;
+    let h = this_hour();
+    let records = json!([
+        served("alice", "duo", Some("a"), h),
+        served("alice", "duo", Some("b"), h),
+        served("alice", "duo", Some("a"), h),
+        // A model without backends (or a filter that does not send one): no backend row.
+        served("alice", "sim-model", None, h),
+        served("bob", "duo", Some("b"), h),
+    ]);
+    let r = report(&app, "be-1", records.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The ledger's rows hold every request, backend or not (as before).
+    assert_eq!(hourly_sums(&app).await, (10, 50, 100));
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT subject, backend, requests FROM usage_backend_hourly ORDER BY subject, backend",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        rows,
+        [
+            (s("alice"), s("a"), 4),
+            (s("alice"), s("b"), 2),
+            (s("bob"), s("b"), 2)
+        ]
+    );
+    // A resent batch adds nothing to either.
+    let again = report(&app, "be-1", records).await;
+    assert_eq!(again.body["duplicate"], true, "{}", again.body);
+    assert_eq!(hourly_sums(&app).await, (10, 50, 100));
+
+    // Alice sees her own; an admin everyone's.
+    assert_eq!(
+        by_backend(&app, "alice-token", &format!("&{}", period())).await,
+        [(s("a"), s("duo"), 4, 60), (s("b"), s("duo"), 2, 30)]
+    );
+    assert_eq!(
+        by_backend(&app, "carol-token", &format!("&user=*&{}", period())).await,
+        [(s("a"), s("duo"), 4, 60), (s("b"), s("duo"), 4, 60)]
+    );
+    // The other groupings read the ledger as before: the backend split adds nothing to them.
+    let models = app
+        .public_get(
+            &format!("/v1/usage?groupBy=model&{}", period()),
+            Some("alice-token"),
+        )
+        .await;
+    let requests: Vec<(String, u64)> = models.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["model"].as_str().unwrap().to_string(),
+                r["requests"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(requests, [(s("duo"), 6), (s("sim-model"), 2)]);
+    assert!(models.body["data"][0].get("backend").is_none());
+
+    // As CSV: the backend and its model first.
+    let csv = app
+        .http
+        .get(format!("{}/v1/usage?groupBy=backend", app.public))
+        .bearer_auth("alice-token")
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("backend,model,requests,"), "{csv}");
+    assert!(lines[1].starts_with("a,duo,4,"), "{csv}");
+
+    // An unknown grouping still names the known ones.
+    let bad = app
+        .public_get("/v1/usage?groupBy=backends", Some("alice-token"))
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(
+        bad.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("or backend"),
+        "{}",
+        bad.body
+    );
+}
+
+#[tokio::test]
+async fn backend_rows_past_the_retention_are_rolled_up_into_days() {
+    let app = spawn_app_with(|s| {
+        s.usage.hourly_retention_days = 31;
+        s.usage.rollup_interval = Duration::from_millis(200);
+    })
+    .await;
+    let day = now() - now() % DAY - 40 * DAY;
+    let records = json!([
+        served("alice", "duo", Some("a"), day + HOUR),
+        served("alice", "duo", Some("a"), day + 5 * HOUR),
+        served("alice", "duo", Some("b"), day + 2 * HOUR),
+        served("alice", "duo", Some("b"), this_hour()),
+    ]);
+    let r = report(&app, "be-old", records).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let old_backend_hours = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM usage_backend_hourly WHERE hour_start < to_timestamp($1)",
+        )
+        .bind(now() - 31 * DAY)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old_backend_hours().await > 0 {
+        assert!(Instant::now() < deadline, "the rollup did not run");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let daily: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT day::text, backend, requests FROM usage_backend_daily ORDER BY backend",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let s = |v: &str| v.to_string();
+    assert_eq!(daily, [(day_of(day), s("a"), 4), (day_of(day), s("b"), 2)]);
+    // The recent hour stays hourly; the query reads days and hours alike.
+    let recent: i64 = sqlx::query_scalar("SELECT count(*) FROM usage_backend_hourly")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(recent, 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        by_backend(&app, "alice-token", &format!("&from={}", day_of(day - DAY))).await,
+        [(s("a"), s("duo"), 4, 60), (s("b"), s("duo"), 4, 60)]
+    );
+}
