@@ -343,6 +343,15 @@ fn backends_cluster(
     Ok((cluster, route, base.unwrap_or_default()))
 }
 
+/// The response header of a backends route naming the backend that answered
+/// ([`maas_types::SERVED_BY_HEADER`]: the endpoint's metadata `maas.backend`), replacing any
+/// copy the upstream sent: the filter records it in the usage ledger and removes it.
+pub fn served_by_header() -> Value {
+    json!([{"header": {"key": maas_types::SERVED_BY_HEADER,
+                       "value": "%UPSTREAM_METADATA(maas:backend)%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}])
+}
+
 fn openai_404() -> Value {
     json!({
         "status": 404,
@@ -776,8 +785,13 @@ fn model_routes(
             let (c, route, base) = backends_cluster(input, model, &cluster)?;
             clusters.push(c);
             named.insert(cluster, format!("the backends of {}", model.name));
-            routes.extend(prefix_routes(&model.path, &base, &route));
-            one_url_routes.push(one_url_route(&model.name, &base, &route));
+            let mut own = prefix_routes(&model.path, &base, &route).to_vec();
+            own.push(one_url_route(&model.name, &base, &route));
+            for r in &mut own {
+                r["response_headers_to_add"] = served_by_header();
+            }
+            one_url_routes.extend(own.pop());
+            routes.extend(own);
             continue;
         }
         let backend = model.backend.as_deref().unwrap_or("simulator");
@@ -1382,6 +1396,16 @@ mod tests {
             r.iter()
                 .any(|x| x["match"]["prefix"] == "/v1/" && x["route"]["retry_policy"] == *retry)
         );
+        // Each of the model's routes names the backend that answered (the upstream's own copy
+        // replaced).
+        let duo: Vec<&Value> = r.iter().filter(|x| x["route"]["cluster"] == name).collect();
+        assert_eq!(duo.len(), 3, "{duo:#?}");
+        for x in duo {
+            let h = &x["response_headers_to_add"][0];
+            assert_eq!(h["header"]["key"], maas_types::SERVED_BY_HEADER);
+            assert_eq!(h["header"]["value"], "%UPSTREAM_METADATA(maas:backend)%");
+            assert_eq!(h["append_action"], "OVERWRITE_IF_EXISTS_OR_ADD");
+        }
         // The local stack serves one base path per model, over http.
         for other in ["http://127.0.0.1:9002/other", "https://example.com/base"] {
             let mut q = p.clone();

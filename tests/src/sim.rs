@@ -30,6 +30,9 @@
 //! A hosted provider's header count: `x-sim-provider-headers: openai` adds the 15 headers
 //! (rate limits aside) OpenAI's API answers a chat completion with (the benchmark prices header
 //! edits at a realistic map size with it).
+//! A spoofing upstream: `x-sim-served-by: NAME` answers with its own `x-maas-served-by: NAME`
+//! (the header a backends route sets to the backend that served: the route must replace it and
+//! the filter must never let it reach the client).
 //! Compression: header `x-sim-compress: gzip` gzips the response when the request's
 //! `accept-encoding` allows it; `x-sim-compress: always-gzip` gzips it regardless (a backend that
 //! ignores `accept-encoding`); streams are compressed incrementally, flushed per event.
@@ -749,7 +752,11 @@ async fn handle(State(state): State<Arc<SimState>>, req: Request) -> Response {
     let provider_limits = req.headers().contains_key("x-sim-ratelimit-headers");
     let provider_trailers = req.headers().contains_key("x-sim-ratelimit-trailers");
     let provider_headers = header_str(req.headers(), "x-sim-provider-headers") == Some("openai");
+    let served_by = req.headers().get("x-sim-served-by").cloned();
     let mut resp = handle_model(&state, req).await;
+    if let Some(v) = served_by {
+        resp.headers_mut().append(maas_types::SERVED_BY_HEADER, v);
+    }
     if provider_headers {
         let h = resp.headers_mut();
         for (name, value) in OPENAI_RESPONSE_HEADERS {

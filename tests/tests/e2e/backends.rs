@@ -3,7 +3,12 @@
 //! timeout fails over to another and the client sees one clean answer; a backend that fails
 //! after the first response byte is not retried (the client sees the error); a request that
 //! failed over is metered once, like any other; the usage event names the backend that served.
-//! Each model has simulators of its own (so tests run in parallel without sharing a fault).
+//! The usage ledger names it too (the route's `x-maas-served-by`, read by the filter): its
+//! per-backend counts (`GET /v1/usage?groupBy=backend`) equal the access log's `served_by`
+//! counts, a failed-over request counts against the backend that answered, an upstream's own
+//! `x-maas-served-by` is replaced and never reaches the client, and a model without backends
+//! records none. Each model has simulators of its own (so tests run in parallel without sharing
+//! a fault).
 
 use crate::helpers::*;
 use maas_e2e::Stack;
@@ -17,6 +22,7 @@ const IDENTITIES: &str = r#"
 identities:
   - {token: alice-token, username: alice, groups: [g-free]}
   - {token: mia-token, username: mia, groups: [g-free]}
+  - {token: bea-token, username: bea, groups: [g-free]}
 "#;
 
 /// The simulators, by name: `spread-a`/`spread-b` (80/20), `ok-503`/`down-503` (answers 503),
@@ -25,7 +31,8 @@ identities:
 /// stream after its first bytes), `meter` (one backend: the baseline for metering) and
 /// `ok-meter`/`down-meter` (answers 503) for the metered failover, `ok-s503`/`down-s503` for a
 /// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that,
-/// `down-a`/`down-b` (both answer 503).
+/// `down-a`/`down-b` (both answer 503), `ledger-a`/`ledger-b` (75/25) for the ledger's counts,
+/// `real`/`decoy` (weight 1/0) for a spoofing upstream, `single` for a model without backends.
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -50,6 +57,11 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "long-b",
             "down-a",
             "down-b",
+            "ledger-a",
+            "ledger-b",
+            "real",
+            "decoy",
+            "single",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -167,6 +179,22 @@ fn policy() -> &'static str {
                 &[("up", url("ok-meter"), 50), ("down", url("down-meter"), 50)],
                 "30s",
             ),
+            model(
+                "ledger",
+                &[("a", url("ledger-a"), 75), ("b", url("ledger-b"), 25)],
+                "30s",
+            ),
+            // `decoy` is a backend of the model that never gets traffic: the name a spoofing
+            // upstream sends.
+            model(
+                "spoof",
+                &[("real", url("real"), 1), ("decoy", url("decoy"), 0)],
+                "30s",
+            ),
+            format!(
+                "  - name: single\n    path: /llm/single\n    tiers: [free]\n    backend: \"{}\"\n",
+                url("single")
+            ),
         ];
         format!(
             r#"
@@ -187,7 +215,15 @@ models:
 
 fn stack() -> &'static Stack {
     static S: ModuleStack<Stack> = ModuleStack::new();
-    S.get_or_start(|| start_stack(policy(), IDENTITIES, "credentials: {}\n", None))
+    // Usage reports often: the ledger tests wait for them.
+    S.get_or_start(|| {
+        start_stack(
+            policy(),
+            IDENTITIES,
+            "credentials: {}\n",
+            Some(json!({"usage": {"reportIntervalMs": 300}})),
+        )
+    })
 }
 
 /// A chat completion for `model` (usage events are told apart by the model).
@@ -251,6 +287,52 @@ fn served_by(events: &[Value]) -> BTreeMap<String, usize> {
     out
 }
 
+/// Alice's (or `cred`'s) `GET /v1/usage?groupBy=backend` rows of `model` as `backend →
+/// requests`, once they add up to `n` (a report interval or two after the calls; never more).
+async fn ledger_by_backend(
+    stack: &Stack,
+    cred: &str,
+    model: &str,
+    n: usize,
+) -> BTreeMap<String, usize> {
+    let start = Instant::now();
+    loop {
+        let r = send(
+            client()
+                .get(format!(
+                    "{}/maas-api/v1/usage?groupBy=backend",
+                    stack.gateway_url()
+                ))
+                .bearer_auth(cred),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["groupBy"], "backend", "{v}");
+        let mut rows: BTreeMap<String, usize> = BTreeMap::new();
+        for row in v["data"].as_array().cloned().unwrap_or_default() {
+            if row["model"] == model {
+                let backend = row["backend"].as_str().expect("a backend").to_string();
+                let requests = row["requests"].as_u64().unwrap_or(0);
+                *rows.entry(backend).or_default() += usize::try_from(requests).unwrap_or(0);
+            }
+        }
+        let total: usize = rows.values().sum();
+        assert!(
+            total <= n,
+            "{model}: the ledger counts more than {n}: {rows:?}"
+        );
+        if total == n {
+            return rows;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{model}: the ledger shows {rows:?}, not {n} requests"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// What metering saw of a request: forwarded, decision, input and output tokens.
 fn metered(e: &Value) -> (Value, Value, Value, Value) {
     let e = &e["event"];
@@ -302,6 +384,11 @@ async fn fails_over(model: &str, up_sim: &str, down_sim: &str, n: usize) -> Vec<
     }
     let events = events_of(s, model, n).await;
     assert_eq!(served_by(&events), BTreeMap::from([("up".to_string(), n)]));
+    // The ledger counts each against the backend that answered, never the one that failed.
+    assert_eq!(
+        ledger_by_backend(s, "alice-token", model, n).await,
+        BTreeMap::from([("up".to_string(), n)])
+    );
     events
 }
 
@@ -365,6 +452,138 @@ async fn a_failed_over_request_is_metered_once_like_any_other() {
         assert_eq!(e["served_by"], "up", "{e}");
     }
     assert_eq!(baseline[0]["served_by"], "only");
+    assert_eq!(
+        ledger_by_backend(s, "mia-token", "fail-meter", n).await,
+        BTreeMap::from([("up".to_string(), n)])
+    );
+}
+
+#[tokio::test]
+async fn the_ledger_counts_per_backend_what_the_access_log_says_served() {
+    let s = stack();
+    let n = 40;
+    for _ in 0..n {
+        let r = call(s, "ledger", json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.header(maas_types::SERVED_BY_HEADER),
+            None,
+            "not for the client"
+        );
+    }
+    let (a, b) = (chats("ledger-a"), chats("ledger-b"));
+    assert_eq!(a + b, n);
+    assert!(a > 0 && b > 0, "75/25 weights gave {a}/{b}");
+    let events = events_of(s, "ledger", n).await;
+    let logged = served_by(&events);
+    assert_eq!(
+        logged,
+        BTreeMap::from([("a".to_string(), a), ("b".to_string(), b)])
+    );
+    let ledger = ledger_by_backend(s, "alice-token", "ledger", n).await;
+    eprintln!("backends::ledger: access log {logged:?}, ledger {ledger:?}");
+    assert_eq!(ledger, logged, "exact per backend");
+}
+
+#[tokio::test]
+async fn an_upstreams_own_served_by_is_replaced_and_never_reaches_the_client() {
+    let s = stack();
+    let n = 5;
+    for _ in 0..n {
+        // The backend that serves (`real`) claims to be `decoy`, another backend of the model.
+        let r = chat(
+            s,
+            "/llm/spoof/v1/chat/completions",
+            "backends",
+            &[
+                ("authorization", &bearer("alice-token")),
+                ("x-sim-served-by", "decoy"),
+            ],
+            json!({"model": "spoof", "max_tokens": 3,
+                   "messages": [{"role": "user", "content": "one two"}]}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.header(maas_types::SERVED_BY_HEADER),
+            None,
+            "{:?}",
+            r.headers
+        );
+    }
+    assert_eq!((chats("real"), chats("decoy")), (n, 0));
+    let events = events_of(s, "spoof", n).await;
+    assert_eq!(
+        served_by(&events),
+        BTreeMap::from([("real".to_string(), n)])
+    );
+    assert_eq!(
+        ledger_by_backend(s, "alice-token", "spoof", n).await,
+        BTreeMap::from([("real".to_string(), n)])
+    );
+}
+
+#[tokio::test]
+async fn a_model_without_backends_records_no_backend_whatever_its_upstream_says() {
+    let s = stack();
+    let n = 3;
+    for _ in 0..n {
+        let r = chat(
+            s,
+            "/llm/single/v1/chat/completions",
+            "backends",
+            &[
+                ("authorization", &bearer("bea-token")),
+                ("x-sim-served-by", "single"),
+            ],
+            json!({"model": "single", "max_tokens": 3,
+                   "messages": [{"role": "user", "content": "one two"}]}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        // The filter removes the upstream's copy (no route sets one here).
+        assert_eq!(
+            r.header(maas_types::SERVED_BY_HEADER),
+            None,
+            "{:?}",
+            r.headers
+        );
+    }
+    assert_eq!(chats("single"), n);
+    // Bea's ledger has the requests (by model) and no backend row for them.
+    let start = Instant::now();
+    loop {
+        let r = send(
+            client()
+                .get(format!(
+                    "{}/maas-api/v1/usage?groupBy=model",
+                    s.gateway_url()
+                ))
+                .bearer_auth("bea-token"),
+        )
+        .await;
+        let v = r.json();
+        let requests: u64 = v["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|row| row["model"] == "single")
+            .map(|row| row["requests"].as_u64().unwrap_or(0))
+            .sum();
+        if requests == n as u64 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "bea's ledger by model: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        ledger_by_backend(s, "bea-token", "single", 0).await,
+        BTreeMap::new()
+    );
 }
 
 #[tokio::test]
