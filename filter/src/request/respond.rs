@@ -145,14 +145,7 @@ impl Request {
                 rate_headers,
             } => (reservation, rate_headers),
             other => {
-                // Discovery of a model with backends: its route named the backend (nothing
-                // reads it), which the client does not get.
-                if matches!(other, Phase::Forwarding { .. })
-                    && self.model().is_some_and(|m| !m.backends.is_empty())
-                {
-                    host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
-                }
-                self.phase = other;
+                self.pass_unread(host, other);
                 return Action::Continue;
             }
         };
@@ -246,6 +239,18 @@ impl Request {
             sse_comment,
         };
         Action::Continue
+    }
+
+    /// A response the filter does not read (discovery, or no request of its own): passed on.
+    /// Discovery of a model with backends: its route named the backend (nothing reads it),
+    /// which the client does not get (one removal, no read).
+    fn pass_unread(&mut self, host: &dyn Host, phase: Phase) {
+        if matches!(phase, Phase::Forwarding { .. })
+            && self.model().is_some_and(|m| !m.backends.is_empty())
+        {
+            host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
+        }
+        self.phase = phase;
     }
 
     /// The model's backend that served, from the route's [`maas_types::SERVED_BY_HEADER`] (as

@@ -106,23 +106,23 @@ fn url(name: &str) -> String {
     sims()[name].url()
 }
 
+/// A policy model (YAML) with these backends `(name, URL, weight)`, each with `timeout`.
+fn model(name: &str, backends: &[(&str, String, u32)], timeout: &str) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|(n, u, w)| {
+            format!("      - {{name: {n}, backend: \"{u}\", weight: {w}, timeout: {timeout}}}")
+        })
+        .collect();
+    format!(
+        "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    backends:\n{}\n",
+        list.join("\n")
+    )
+}
+
 fn policy() -> &'static str {
     static POLICY: OnceLock<String> = OnceLock::new();
     POLICY.get_or_init(|| {
-        let model = |name: &str, backends: &[(&str, String, u32)], timeout: &str| {
-            let list: Vec<String> = backends
-                .iter()
-                .map(|(n, u, w)| {
-                    format!(
-                        "      - {{name: {n}, backend: \"{u}\", weight: {w}, timeout: {timeout}}}"
-                    )
-                })
-                .collect();
-            format!(
-                "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    backends:\n{}\n",
-                list.join("\n")
-            )
-        };
         let models = [
             model(
                 "spread",
