@@ -41,7 +41,7 @@ use crate::host::Host;
 use crate::metrics::Metrics;
 use maas_types::usage::{
     MAX_REFUSAL_REASONS, MAX_USAGE_COUNT, MAX_USAGE_ID_BYTES, MAX_USAGE_RECORDS, USAGE_PATH,
-    UsageReport, hour_start_of, is_reason,
+    UsageRecord, UsageReport, hour_start_of, is_reason,
 };
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
@@ -154,6 +154,8 @@ pub struct Batch {
     pub records: usize,
     /// The callout carrying it (`None`: waiting for the next interval).
     pub token: Option<u32>,
+    /// A record names its serving backend (a companion older than that field refuses it).
+    pub with_backends: bool,
 }
 
 /// One worker's usage ledger.
@@ -180,7 +182,13 @@ pub struct Ledger {
     /// Records dropped since start.
     pub dropped_total: u64,
     last_drop_log_ms: Option<u64>,
+    /// Until then (unix s) records leave out their backend: the companion refused a batch that
+    /// named one (it predates the field), and is asked again after [`BACKENDS_RETRY_S`].
+    backends_off_until_s: u64,
 }
+
+/// How long records leave out their backend after a companion refused one.
+pub const BACKENDS_RETRY_S: u64 = 3600;
 
 impl Ledger {
     /// Sets the ledger up (at configure): on or off, the replica id and this worker's id.
@@ -357,7 +365,7 @@ impl Ledger {
             let Some(c) = self.open.remove(&key) else {
                 continue;
             };
-            records.push(maas_types::usage::UsageRecord {
+            records.push(UsageRecord {
                 subject: key.subject,
                 key_id: key.key_id,
                 tier: key.tier,
@@ -371,6 +379,9 @@ impl Ledger {
                 backend: key.backend,
             });
         }
+        if self.now_s < self.backends_off_until_s {
+            records = without_backends(records);
+        }
         let seq = self.next_batch;
         self.next_batch += 1;
         let batch_id = batch_id(&self.replica, &self.worker, seq);
@@ -380,12 +391,14 @@ impl Ledger {
             records,
         };
         let n = report.records.len();
+        let with_backends = report.records.iter().any(|r| r.backend.is_some());
         match serde_json::to_vec(&report) {
             Ok(body) => Some(Batch {
                 batch_id,
                 body,
                 records: n,
                 token: None,
+                with_backends,
             }),
             Err(e) => {
                 log::error!("maas: usage batch not serialisable, {n} records dropped: {e}");
@@ -430,6 +443,25 @@ impl Ledger {
                 }
                 Outcome::Applied
             }
+            Some(400) if batch.with_backends => {
+                // Refused whole, nothing applied: resent at once without backends (the same
+                // batch id), and records leave them out for a while.
+                self.now_s = now_ms / 1000;
+                self.backends_off_until_s = self.now_s.saturating_add(BACKENDS_RETRY_S);
+                match batch_without_backends(&batch) {
+                    Some(b) => {
+                        let id = b.batch_id.clone();
+                        self.batch = Some(b);
+                        self.next_report_ms = now_ms;
+                        Outcome::ResentWithoutBackends(id)
+                    }
+                    None => {
+                        self.dropped_unflushed += batch.records as u64;
+                        self.dropped_total += batch.records as u64;
+                        Outcome::Refused(batch.batch_id)
+                    }
+                }
+            }
             Some(400) => {
                 self.dropped_unflushed += batch.records as u64;
                 self.dropped_total += batch.records as u64;
@@ -454,8 +486,55 @@ pub enum Outcome {
     Refused(String),
     /// Kept for a resend.
     Kept,
+    /// 400 to a batch naming backends (a companion older than the field): resent without them.
+    ResentWithoutBackends(String),
     /// Not this ledger's batch.
     Unknown,
+}
+
+/// The same records without their backend, those that then share a key added into one (the
+/// companion takes a key once per batch).
+fn without_backends(records: Vec<UsageRecord>) -> Vec<UsageRecord> {
+    let mut merged: Vec<UsageRecord> = Vec::with_capacity(records.len());
+    for mut r in records {
+        r.backend = None;
+        let same = merged.iter_mut().find(|m| {
+            (&m.subject, &m.key_id, &m.tier, &m.model, m.hour_start)
+                == (&r.subject, &r.key_id, &r.tier, &r.model, r.hour_start)
+        });
+        match same {
+            Some(m) => {
+                m.requests = add_capped(m.requests, r.requests);
+                m.prompt_tokens = add_capped(m.prompt_tokens, r.prompt_tokens);
+                m.completion_tokens = add_capped(m.completion_tokens, r.completion_tokens);
+                m.cached_input_tokens = add_capped(m.cached_input_tokens, r.cached_input_tokens);
+                for (reason, n) in r.refused {
+                    // As when counting: reasons beyond the bound are not recorded.
+                    if let Some(c) = m.refused.get_mut(&reason) {
+                        *c = add_capped(*c, n);
+                    } else if m.refused.len() < MAX_REFUSAL_REASONS {
+                        m.refused.insert(reason, n);
+                    }
+                }
+            }
+            None => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// `batch` re-formed without backends (`None`: its body does not read back, never expected).
+fn batch_without_backends(batch: &Batch) -> Option<Batch> {
+    let mut report: UsageReport = serde_json::from_slice(&batch.body).ok()?;
+    report.records = without_backends(report.records);
+    let body = serde_json::to_vec(&report).ok()?;
+    Some(Batch {
+        batch_id: batch.batch_id.clone(),
+        body,
+        records: report.records.len(),
+        token: None,
+        with_backends: false,
+    })
 }
 
 fn add_capped(a: u64, b: u64) -> u64 {
@@ -546,6 +625,11 @@ pub fn on_answer(host: &dyn Host, ledger: &mut Ledger, metrics: &Metrics, status
         }
         Outcome::Kept => {
             log::debug!("maas: usage report failed (status {status:?}); kept for a resend");
+        }
+        Outcome::ResentWithoutBackends(id) => {
+            log::warn!(
+                "maas: usage report {id} refused by the companion (status 400) while naming serving backends; resent without them (upgrade the companion)"
+            );
         }
         Outcome::Applied | Outcome::Unknown => {}
     }

@@ -163,6 +163,64 @@ fn each_backend_of_a_model_has_its_own_record_and_names_it_in_the_report() {
     assert_eq!(named, 2, "{v}");
 }
 
+/// A companion older than the `backend` field refuses a batch naming one (400, nothing applied):
+/// the same batch goes again at once without backends, their records added into one per key,
+/// and records leave backends out for an hour, then name them again.
+#[test]
+fn a_batch_naming_backends_refused_400_is_resent_without_them_and_nothing_is_lost() {
+    let mut l = ledger(10_000);
+    for backend in [Some("a"), Some("b"), Some("a"), None] {
+        l.add_served("alice", None, "free", "duo", backend, settled(1, 2));
+    }
+    l.add("bob", None, "free", "sim", settled(5, 5));
+    l.due(T0_MS + 1000).unwrap();
+    l.sent(1);
+    assert_eq!(
+        l.answered(Some(400), T0_MS + 1100),
+        Outcome::ResentWithoutBackends("gw-a/w1/0".into())
+    );
+    assert_eq!(l.dropped_total, 0);
+    let again = l.due(T0_MS + 1100).unwrap().clone();
+    assert!(!again.with_backends);
+    let r = report(&again);
+    assert_eq!(r.batch_id, "gw-a/w1/0");
+    assert!(validate(&r).is_ok());
+    assert!(r.records.iter().all(|r| r.backend.is_none()));
+    let totals: BTreeMap<&str, (u64, u64, u64)> = r
+        .records
+        .iter()
+        .map(|r| {
+            (
+                r.subject.as_str(),
+                (r.requests, r.prompt_tokens, r.completion_tokens),
+            )
+        })
+        .collect();
+    assert_eq!(
+        totals,
+        BTreeMap::from([("alice", (4, 4, 8)), ("bob", (1, 5, 5))])
+    );
+    // Refused again without backends: dropped and counted, as any refused batch.
+    l.sent(2);
+    assert_eq!(
+        l.answered(Some(400), T0_MS + 1200),
+        Outcome::Refused("gw-a/w1/0".into())
+    );
+    assert_eq!(l.dropped_total, 2);
+    // Within the hour, new records are sent without backends; after it, with them again.
+    l.add_served("alice", None, "free", "duo", Some("a"), settled(1, 1));
+    let b = l.due(T0_MS + 10_000).unwrap().clone();
+    assert!(!b.with_backends && report(&b).records[0].backend.is_none());
+    l.sent(3);
+    l.answered(Some(200), T0_MS + 10_100);
+    let later = T0_MS + (super::BACKENDS_RETRY_S + 10) * 1000;
+    l.now_s = later / 1000;
+    l.add_served("alice", None, "free", "duo", Some("a"), settled(1, 1));
+    let b = l.due(later).unwrap().clone();
+    assert!(b.with_backends);
+    assert_eq!(report(&b).records[0].backend.as_deref(), Some("a"));
+}
+
 #[test]
 fn ids_the_companion_would_refuse_are_not_recorded_and_nothing_is_recorded_when_off() {
     let mut l = ledger(10_000);
