@@ -22,7 +22,7 @@ use crate::hygiene;
 use crate::limits;
 use crate::operations::{self, OneUrl, Operation};
 use crate::path::{self, PathClass};
-use crate::request_body::RequestInfo;
+use crate::request_body::{BodyError, RequestInfo};
 use crate::response::{Deny, Refusal};
 use maas_types::{CredentialsDocument, Model, PolicyDocument, Tier, TokenWeights};
 use smallvec::SmallVec;
@@ -224,12 +224,10 @@ fn no_model_named() -> Refusal {
 /// use it is [`authorize`]'s.
 pub fn route_body(
     policy: &PolicyDocument,
-    body: &Result<RequestInfo, String>,
+    body: &Result<RequestInfo, BodyError>,
     rest: &str,
 ) -> Result<(usize, Operation), Refusal> {
-    let info = body
-        .as_ref()
-        .map_err(|e| Refusal::new(Deny::InvalidBody, e.as_str()))?;
+    let info = body.as_ref().map_err(Refusal::invalid_body)?;
     let id = info.model.as_deref().ok_or_else(no_model_named)?;
     let (idx, model) = policy.model_by_id(id).ok_or_else(|| unknown_model(id))?;
     // The one base URL serves only POST operations.
@@ -627,7 +625,7 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
 /// The name to give the body's `model` before it is forwarded: the model's `servedName`, when
 /// the body names the model by another id (the backend knows only its own name). `None`: the
 /// body is forwarded as sent (no `servedName`, the served name sent, or no `model` at all).
-pub fn served_name<'m>(model: &'m Model, body: &Result<RequestInfo, String>) -> Option<&'m str> {
+pub fn served_name<'m>(model: &'m Model, body: &Result<RequestInfo, BodyError>) -> Option<&'m str> {
     let served = model.served_name.as_deref()?;
     let sent = body.as_ref().ok()?.model.as_deref()?;
     (sent != served).then_some(served)
@@ -781,13 +779,13 @@ impl OperationTraits {
 pub fn ask(
     model: &Model,
     windows: &[&Tier],
-    body: Option<&Result<RequestInfo, String>>,
+    body: Option<&Result<RequestInfo, BodyError>>,
     op: OperationTraits,
 ) -> Result<Option<Metering>, Refusal> {
     match body {
         Some(Ok(info)) => decide::check_body_model(info, model)?,
         Some(Err(e)) if !op.discovery => {
-            return Err(Refusal::new(Deny::InvalidBody, e.as_str()));
+            return Err(Refusal::invalid_body(e));
         }
         _ => {}
     }

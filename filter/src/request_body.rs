@@ -83,6 +83,16 @@ impl std::fmt::Display for BodyError {
 
 impl std::error::Error for BodyError {}
 
+impl BodyError {
+    /// The field at fault, as OpenAI's error `param` names it (`None`: the body as a whole).
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            BodyError::BadField { field, .. } => Some(field),
+            BodyError::NotJson(_) | BodyError::NotAnObject => None,
+        }
+    }
+}
+
 /// The raw values of the fields read (small: only these are built, the rest is skipped).
 #[derive(Default)]
 struct Fields {

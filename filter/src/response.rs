@@ -265,6 +265,8 @@ pub struct Refusal {
     pub message: String,
     pub decision: Decision,
     pub headers: Vec<(String, String)>,
+    /// The request field at fault (OpenAI's `param`), when one is.
+    pub param: Option<&'static str>,
 }
 
 impl Refusal {
@@ -278,7 +280,15 @@ impl Refusal {
             message: message.into(),
             decision: deny.decision(),
             headers: Vec::new(),
+            param: None,
         }
+    }
+
+    /// A body the filter cannot accept: 400 `invalid_body`, its `param` the field at fault.
+    pub fn invalid_body(e: &crate::request_body::BodyError) -> Self {
+        let mut r = Self::new(Deny::InvalidBody, e.to_string());
+        r.param = e.field();
+        r
     }
 
     pub fn unauthenticated(message: impl Into<String>) -> Self {
@@ -316,7 +326,8 @@ impl Refusal {
     }
 
     pub fn body(&self) -> Vec<u8> {
-        let body = ErrorBody::new(self.message.as_str(), self.kind, Some(self.code));
+        let mut body = ErrorBody::new(self.message.as_str(), self.kind, Some(self.code));
+        body.error.param = self.param.map(str::to_string);
         serde_json::to_vec(&body).unwrap_or_else(|_| b"{\"error\":{}}".to_vec())
     }
 

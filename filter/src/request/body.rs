@@ -5,7 +5,7 @@
 use super::{Known, Phase, Request, Step};
 use crate::admission::{self, BodyIntent};
 use crate::host::{Body, Headers, Host, read_body};
-use crate::request_body::{self, RequestInfo};
+use crate::request_body::{self, BodyError, RequestInfo};
 use crate::response::{Deny, Refusal};
 use proxy_wasm::types::Action;
 
@@ -24,7 +24,7 @@ enum Stage {
     None,
     Buffering,
     /// Read and inspected (the error's message when it is not a body the gateway accepts).
-    Done(Result<RequestInfo, String>),
+    Done(Result<RequestInfo, BodyError>),
 }
 
 /// A request body kept from its end until admission.
@@ -93,7 +93,7 @@ impl RequestBody {
     }
 
     /// The inspected body, once read.
-    pub(super) fn info(&self) -> Option<&Result<RequestInfo, String>> {
+    pub(super) fn info(&self) -> Option<&Result<RequestInfo, BodyError>> {
         match &self.stage {
             Stage::Done(info) => Some(info),
             _ => None,
@@ -286,7 +286,7 @@ impl Request {
                 &Refusal::internal("the gateway could not read the request body; retry"),
             );
         }
-        let info = request_body::inspect(&bytes).map_err(|e| e.to_string());
+        let info = request_body::inspect(&bytes);
         self.body.stage = Stage::Done(info);
         if let Err(r) = self
             .route_by_body()

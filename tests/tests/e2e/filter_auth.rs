@@ -701,7 +701,22 @@ async fn request_bodies_and_upstream_faults() {
             .body("{not json"),
     )
     .await;
-    assert_eq!(r.error(400)["code"], "invalid_body");
+    let e = r.error(400);
+    assert_eq!(
+        (&e["code"], &e["param"]),
+        (&json!("invalid_body"), &json!(null)),
+        "{e}"
+    );
+    // A field of the wrong type: 400 naming it in `param`, as OpenAI's own errors do.
+    let mut bad_cap = body("sim-model");
+    bad_cap["max_tokens"] = json!("many");
+    let r = chat(stack, p, "body-bad-cap", &auth, bad_cap).await;
+    let e = r.error(400);
+    assert_eq!(
+        (&e["code"], &e["param"]),
+        (&json!("invalid_body"), &json!("max_tokens")),
+        "{e}"
+    );
     // A malformed upstream body passes through untouched.
     let r = chat(
         stack,

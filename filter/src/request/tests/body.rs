@@ -110,6 +110,23 @@ fn held_mode_body_refusal_starts_no_upstream_request() {
     assert_eq!(fx.body(id, &h, b"{not json", true), Action::Pause);
     let s = fx.sent_to(id).unwrap();
     assert_eq!((s.status, s.code().as_str()), (400, "invalid_body"));
+    let e: serde_json::Value = serde_json::from_slice(&s.body).unwrap();
+    assert!(e["error"]["param"].is_null(), "{e}");
+}
+
+/// A field of the wrong type is named in the error's `param` (as OpenAI's errors do).
+#[test]
+fn a_body_field_of_the_wrong_type_is_named_in_param() {
+    let fx = held();
+    hit(&fx);
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&chat(&key(2))), false);
+    let body = br#"{"model":"sim-model","messages":[],"max_completion_tokens":-1}"#;
+    assert_eq!(fx.body(id, &h, body, true), Action::Pause);
+    let s = fx.sent_to(id).unwrap();
+    assert_eq!((s.status, s.code().as_str()), (400, "invalid_body"));
+    let e: serde_json::Value = serde_json::from_slice(&s.body).unwrap();
+    assert_eq!(e["error"]["param"], "max_completion_tokens", "{e}");
 }
 
 #[test]

@@ -368,7 +368,7 @@ fn a_subscriptions_prices_replace_the_models_and_no_budget_costs_nothing() {
         crate::operations::Operation::ChatCompletions,
         &doc.models[0],
     );
-    let info = crate::request_body::inspect(BODY).map_err(|e| e.to_string());
+    let info = crate::request_body::inspect(BODY);
     let m = crate::admission::ask(&doc.models[0], &[&tier], Some(&info), op)
         .unwrap()
         .unwrap();
