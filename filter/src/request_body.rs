@@ -749,6 +749,42 @@ mod tests {
     }
 
     #[test]
+    fn prompt_estimate_counts_tools_tool_calls_and_tool_results() {
+        // What a tool conversation sends (Converse and Anthropic translate it) costs at
+        // admission: the tool schemas (top-level `tools`, a field not read, counted as text),
+        // the calls' arguments and the results (in `messages`), every key and string.
+        let estimate = |v: serde_json::Value| {
+            inspect(v.to_string().as_bytes())
+                .unwrap()
+                .prompt_tokens_estimate
+        };
+        let user = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let plain = estimate(serde_json::json!({"messages": user}));
+        let description = "d".repeat(4000);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get",
+            "description": description,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]);
+        let with_tools = estimate(serde_json::json!({"messages": user, "tools": tools}));
+        assert!(with_tools >= plain + 1000, "{plain} → {with_tools}");
+        let arguments = format!("{{\"q\":\"{}\"}}", "a".repeat(4000));
+        let result = "r".repeat(4000);
+        let history = serde_json::json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "get", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": result}
+        ]});
+        assert!(estimate(history) >= plain + 2000);
+        // An image's base64 bytes are media, never text: not estimated (the provider's usage
+        // settles what the image cost).
+        let image = serde_json::json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", "A".repeat(40_000))}}
+        ]}]});
+        assert!(estimate(image) < plain + 50);
+    }
+
+    #[test]
     fn cap_is_the_largest_cap_field_of_any_family() {
         let cap = |body: &str| inspect(body.as_bytes()).map(|i| i.max_tokens);
         // Each family's own field.

@@ -11,10 +11,18 @@
 //!   `x-amz-date` within 5 minutes of now and of the scope's date; `host`, `x-amz-date`,
 //!   `x-amz-content-sha256` (and `x-amz-security-token`, which must be its session token, when it
 //!   has one) signed. Any mismatch: 403 `{"message": …}` with `x-amzn-ErrorType`, as AWS answers;
-//! - a Converse body: `messages` (user first), `system`, `inferenceConfig` with only the fields
-//!   Converse knows (else 400 `ValidationException`);
+//! - a Converse body: `messages` (user first, roles alternating; `text`, `image` — png, jpeg,
+//!   gif or webp, its `bytes` base64 of an image of that format —, `toolUse` in assistant and
+//!   `toolResult` in user messages, each tool use answered by a result in the next message),
+//!   `system`, `inferenceConfig` with only the fields Converse knows, `toolConfig` (`tools` of
+//!   `toolSpec {name, description?, inputSchema {json}}`, `toolChoice` one of `auto`, `any`,
+//!   `tool {name}` of a given tool), required whenever a message holds `toolUse` or
+//!   `toolResult` (else 400 `ValidationException`, AWS's words where known);
 //! - answers `converse` with JSON and `converse-stream` with real event-stream messages (CRCs),
 //!   each message written in several small pieces; usage [`USAGE_INPUT`] / [`USAGE_OUTPUT`].
+//!   Given tools, and unless the last message brings tool results, the answer is
+//!   [`TOOL_PREAMBLE`] then a call ([`TOOL_USE_ID`], input [`tool_input`]) to the tool
+//!   `toolChoice` names, else the first, stopping with `tool_use`.
 //!
 //! Every request is recorded with all its headers and body, to assert what reached AWS.
 
@@ -34,6 +42,23 @@ pub const USAGE_INPUT: u64 = 13;
 pub const USAGE_OUTPUT: u64 = 4;
 /// The answer's text, streamed as these deltas.
 pub const DELTAS: [&str; 4] = ["Hello", " from", " Bed", "rock"];
+/// The text before a tool call.
+pub const TOOL_PREAMBLE: &str = "Let me check.";
+/// The id of the tool call answered.
+pub const TOOL_USE_ID: &str = "tooluse_sim0000000000000001";
+
+/// The input of the tool call answered (streamed in three fragments).
+pub fn tool_input() -> Value {
+    json!({"city": "Paris", "days": 2})
+}
+
+/// What the simulator answers a valid request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    Text,
+    /// A call to this tool.
+    ToolUse(String),
+}
 
 #[derive(Debug, Clone)]
 pub struct BedrockSimConfig {
@@ -156,7 +181,7 @@ async fn handle(
     let outcome = check(&sim.config, &method, &uri, &headers, &body);
     let (status, refused, response) = match outcome {
         Err((status, kind, why)) => (status, Some(why.clone()), aws_error(status, kind, &why)),
-        Ok(stream) => (StatusCode::OK, None, answer(stream)),
+        Ok((stream, reply)) => (StatusCode::OK, None, answer(stream, &reply)),
     };
     sim.recorded.lock().unwrap().push(BedrockRequest {
         path,
@@ -170,14 +195,14 @@ async fn handle(
 
 type Refused = (StatusCode, &'static str, String);
 
-/// The request as AWS checks it: `Ok(stream)` when it may be answered.
+/// The request as AWS checks it: `Ok((stream, reply))` when it may be answered.
 fn check(
     c: &BedrockSimConfig,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<bool, Refused> {
+) -> Result<(bool, Reply), Refused> {
     let base = format!("/model/{}/", aws_uri_encode(&c.model_id));
     let stream = match uri.path().strip_prefix(&base) {
         Some("converse") => false,
@@ -198,8 +223,8 @@ fn check(
         ));
     }
     verify_signature(c, uri, headers, body)?;
-    check_body(body)?;
-    Ok(stream)
+    let reply = check_body(body)?;
+    Ok((stream, reply))
 }
 
 fn denied(why: impl Into<String>) -> Refused {
@@ -366,52 +391,331 @@ fn expected_signature(
     Ok(hex::encode(hmac(&k, string_to_sign.as_bytes())))
 }
 
-/// A Converse body as Bedrock validates it.
-fn check_body(body: &[u8]) -> Result<(), Refused> {
-    let invalid = |why: &str| {
-        (
-            StatusCode::BAD_REQUEST,
-            "ValidationException",
-            why.to_string(),
-        )
-    };
+fn invalid(why: impl Into<String>) -> Refused {
+    (StatusCode::BAD_REQUEST, "ValidationException", why.into())
+}
+
+/// A Converse body as Bedrock validates it, and what to answer it.
+fn check_body(body: &[u8]) -> Result<Reply, Refused> {
     let v: Value = serde_json::from_slice(body).map_err(|_| invalid("malformed JSON"))?;
     let o = v.as_object().ok_or_else(|| invalid("not an object"))?;
     for k in o.keys() {
         if !matches!(
             k.as_str(),
-            "messages" | "system" | "inferenceConfig" | "additionalModelRequestFields"
+            "messages"
+                | "system"
+                | "inferenceConfig"
+                | "additionalModelRequestFields"
+                | "toolConfig"
         ) {
-            return Err(invalid(&format!("extraneous key [{k}] is not permitted")));
+            return Err(invalid(format!("extraneous key [{k}] is not permitted")));
         }
     }
+    let (tools, forced) = match o.get("toolConfig") {
+        Some(c) => check_tool_config(c)?,
+        None => (Vec::new(), None),
+    };
     let messages = v["messages"]
         .as_array()
         .filter(|m| !m.is_empty())
         .ok_or_else(|| invalid("messages is required"))?;
-    if messages[0]["role"] != "user" {
-        return Err(invalid("A conversation must start with a user message."));
-    }
-    for m in messages {
-        let ok = matches!(m["role"].as_str(), Some("user" | "assistant"))
-            && m["content"]
-                .as_array()
-                .is_some_and(|c| c.iter().all(|b| b["text"].is_string()));
-        if !ok {
-            return Err(invalid("each message needs a role and text content blocks"));
-        }
-    }
+    check_messages(messages, !tools.is_empty())?;
     if let Some(cfg) = o.get("inferenceConfig").and_then(Value::as_object) {
         for k in cfg.keys() {
             if !matches!(
                 k.as_str(),
                 "maxTokens" | "temperature" | "topP" | "stopSequences"
             ) {
-                return Err(invalid(&format!("inferenceConfig.{k} is not permitted")));
+                return Err(invalid(format!("inferenceConfig.{k} is not permitted")));
             }
         }
     }
+    let results_last = messages
+        .last()
+        .and_then(|m| m["content"].as_array())
+        .is_some_and(|c| c.iter().any(|b| b.get("toolResult").is_some()));
+    Ok(match (forced, tools.first()) {
+        _ if results_last => Reply::Text,
+        (Some(name), _) => Reply::ToolUse(name),
+        (None, Some(first)) => Reply::ToolUse(first.clone()),
+        (None, None) => Reply::Text,
+    })
+}
+
+/// `toolConfig`: the tools' names, and the one `toolChoice` forces.
+fn check_tool_config(c: &Value) -> Result<(Vec<String>, Option<String>), Refused> {
+    let o = c
+        .as_object()
+        .ok_or_else(|| invalid("toolConfig must be an object"))?;
+    if let Some(k) = o
+        .keys()
+        .find(|k| !matches!(k.as_str(), "tools" | "toolChoice"))
+    {
+        return Err(invalid(format!(
+            "extraneous key [toolConfig.{k}] is not permitted"
+        )));
+    }
+    let tools = o
+        .get("tools")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| invalid("toolConfig.tools must hold at least 1 tool"))?;
+    let mut names = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let spec = t
+            .as_object()
+            .filter(|t| t.len() == 1)
+            .and_then(|t| t.get("toolSpec"))
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid(format!("toolConfig.tools.{i} must be a toolSpec")))?;
+        let name = spec.get("name").and_then(Value::as_str).unwrap_or_default();
+        let name_ok = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok || names.iter().any(|n| n == name) {
+            return Err(invalid(format!(
+                "toolConfig.tools.{i}.toolSpec.name {name:?} must match [a-zA-Z0-9_-]{{1,64}} and be unique"
+            )));
+        }
+        for (k, v) in spec {
+            let ok = match k.as_str() {
+                "name" => true,
+                "description" => v.as_str().is_some_and(|d| !d.is_empty()),
+                "inputSchema" => {
+                    v.as_object().is_some_and(|s| s.len() == 1) && v["json"].is_object()
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(invalid(format!(
+                    "toolConfig.tools.{i}.toolSpec.{k} is invalid"
+                )));
+            }
+        }
+        if spec.get("inputSchema").is_none() {
+            return Err(invalid(format!(
+                "toolConfig.tools.{i}.toolSpec.inputSchema is required"
+            )));
+        }
+        names.push(name.to_string());
+    }
+    let forced = match o.get("toolChoice") {
+        None => None,
+        Some(choice) => check_tool_choice(choice, &names)?,
+    };
+    Ok((names, forced))
+}
+
+/// `toolChoice`: exactly one of `auto {}`, `any {}`, `tool {name}` of a given tool; the tool
+/// it forces.
+fn check_tool_choice(choice: &Value, names: &[String]) -> Result<Option<String>, Refused> {
+    let wrong = || invalid("toolChoice must be {auto:{}}, {any:{}} or {tool:{name}}");
+    let (kind, v) = choice
+        .as_object()
+        .filter(|c| c.len() == 1)
+        .and_then(|c| c.iter().next())
+        .ok_or_else(wrong)?;
+    match (kind.as_str(), v) {
+        ("auto" | "any", Value::Object(e)) if e.is_empty() => Ok(None),
+        ("tool", t) if t.as_object().is_some_and(|t| t.len() == 1) => {
+            let name = t["name"].as_str().unwrap_or_default();
+            if !names.iter().any(|n| n == name) {
+                return Err(invalid(format!(
+                    "toolChoice.tool.name {name:?} is not one of the tools"
+                )));
+            }
+            Ok(Some(name.to_string()))
+        }
+        _ => Err(wrong()),
+    }
+}
+
+/// The conversation: user first, roles alternating, every block valid, every tool use of an
+/// assistant message answered by exactly its results in the next message.
+fn check_messages(messages: &[Value], has_tools: bool) -> Result<(), Refused> {
+    if messages[0]["role"] != "user" {
+        return Err(invalid(
+            "A conversation must start with a user message. Try again with a conversation that starts with a user message.",
+        ));
+    }
+    let mut asked: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m["role"].as_str() {
+            Some(r @ ("user" | "assistant")) => r,
+            _ => {
+                return Err(invalid(format!(
+                    "messages.{i}.role must be user or assistant"
+                )));
+            }
+        };
+        if i > 0 && messages[i - 1]["role"] == m["role"] {
+            return Err(invalid(
+                "A conversation must alternate between user and assistant roles. Make sure the conversation alternates between user and assistant roles and try again.",
+            ));
+        }
+        let content = m["content"]
+            .as_array()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| invalid(format!("messages.{i}.content must hold content blocks")))?;
+        let mut ids = Vec::new();
+        for (j, b) in content.iter().enumerate() {
+            if let Some(id) = check_block(b, role, &format!("messages.{i}.content.{j}"))? {
+                if !has_tools {
+                    return Err(invalid(
+                        "The toolConfig field must be defined when using toolUse and toolResult content blocks.",
+                    ));
+                }
+                ids.push(id);
+            }
+        }
+        if role == "user" {
+            if ids.len() > asked.len() {
+                return Err(invalid(format!(
+                    "The number of toolResult blocks at messages.{i}.content exceeds the number of toolUse blocks of previous turn."
+                )));
+            }
+            let missing: Vec<&String> = asked.iter().filter(|id| !ids.contains(id)).collect();
+            if !missing.is_empty() {
+                return Err(invalid(format!(
+                    "Expected toolResult blocks at messages.{i}.content for the following Ids: {missing:?}"
+                )));
+            }
+            asked.clear();
+        } else {
+            asked = ids;
+        }
+    }
     Ok(())
+}
+
+/// One content block of a `role` message: `Some(id)` of a toolUse / toolResult.
+fn check_block(b: &Value, role: &str, at: &str) -> Result<Option<String>, Refused> {
+    let (k, v) = b
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+        .ok_or_else(|| invalid(format!("{at} must hold exactly one content member")))?;
+    let id = || {
+        v["toolUseId"]
+            .as_str()
+            .filter(|id| !id.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| invalid(format!("{at}.{k}.toolUseId is required")))
+    };
+    match (k.as_str(), role) {
+        ("text", _) if v.is_string() => Ok(None),
+        ("image", _) => check_image(v, &format!("{at}.image")).map(|()| None),
+        ("toolUse", "assistant") => {
+            let fields = v.as_object().map_or(0, serde_json::Map::len);
+            if fields != 3 || !v["name"].is_string() || !v["input"].is_object() {
+                return Err(invalid(format!(
+                    "{at}.toolUse needs toolUseId, name and an input object"
+                )));
+            }
+            id().map(Some)
+        }
+        ("toolResult", "user") => {
+            let content = v["content"]
+                .as_array()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| invalid(format!("{at}.toolResult.content is required")))?;
+            for (n, c) in content.iter().enumerate() {
+                let one = c
+                    .as_object()
+                    .filter(|o| o.len() == 1)
+                    .and_then(|o| o.iter().next())
+                    .map(|(k, v)| (k.as_str(), v));
+                let ok = match one {
+                    Some(("text", t)) => t.is_string(),
+                    Some(("json", _)) => true,
+                    Some(("image", i)) => check_image(i, at).is_ok(),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(invalid(format!("{at}.toolResult.content.{n} is invalid")));
+                }
+            }
+            if let Some(k) = v.as_object().and_then(|o| {
+                o.keys()
+                    .find(|k| !matches!(k.as_str(), "toolUseId" | "content" | "status"))
+            }) {
+                return Err(invalid(format!("extraneous key [{at}.toolResult.{k}]")));
+            }
+            if !matches!(
+                v.get("status").and_then(Value::as_str),
+                None | Some("success" | "error")
+            ) {
+                return Err(invalid(format!("{at}.toolResult.status is invalid")));
+            }
+            id().map(Some)
+        }
+        _ => Err(invalid(format!(
+            "{at}: [{k}] is not a valid content block of a {role} message"
+        ))),
+    }
+}
+
+/// An `image` block: a format Converse takes, and base64 bytes of an image of that format.
+fn check_image(v: &Value, at: &str) -> Result<(), Refused> {
+    let well_formed = v.as_object().is_some_and(|o| o.len() == 2)
+        && v["source"].as_object().is_some_and(|s| s.len() == 1);
+    let format = v["format"].as_str().unwrap_or_default();
+    let magic: &[u8] = match format {
+        "png" => b"\x89PNG",
+        "jpeg" => b"\xff\xd8\xff",
+        "gif" => b"GIF8",
+        "webp" => b"RIFF",
+        _ => {
+            return Err(invalid(format!(
+                "{at}.format must be png, jpeg, gif or webp"
+            )));
+        }
+    };
+    let bytes = v["source"]["bytes"]
+        .as_str()
+        .filter(|_| well_formed)
+        .and_then(base64_decode)
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| invalid(format!("{at}.source.bytes must be base64 image bytes")))?;
+    let webp_ok = format != "webp" || bytes.get(8..12) == Some(&b"WEBP"[..]);
+    if !bytes.starts_with(magic) || !webp_ok {
+        return Err(invalid(format!("{at}: the image is not a {format} image")));
+    }
+    Ok(())
+}
+
+/// Standard base64 with padding, as AWS's JSON protocol carries blobs; `None`: not that.
+pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let s = s.as_bytes();
+    if !s.len().is_multiple_of(4) {
+        return None;
+    }
+    let value = |c: u8| -> Option<u32> {
+        Some(u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        }))
+    };
+    let quads = s.len() / 4;
+    let mut out = Vec::with_capacity(quads * 3);
+    for (n, quad) in s.chunks(4).enumerate() {
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && n + 1 != quads) {
+            return None;
+        }
+        let mut acc = 0u32;
+        for &c in &quad[..4 - pad] {
+            acc = (acc << 6) | value(c)?;
+        }
+        acc <<= 6 * pad as u32;
+        out.extend_from_slice(&acc.to_be_bytes()[1..4 - pad]);
+    }
+    Some(out)
 }
 
 fn usage() -> Value {
@@ -419,12 +723,19 @@ fn usage() -> Value {
            "totalTokens": USAGE_INPUT + USAGE_OUTPUT})
 }
 
-fn answer(stream: bool) -> Response {
+fn answer(stream: bool, reply: &Reply) -> Response {
     if !stream {
-        let text: String = DELTAS.concat();
+        let (content, stop) = match reply {
+            Reply::Text => (json!([{"text": DELTAS.concat()}]), "end_turn"),
+            Reply::ToolUse(name) => (
+                json!([{"text": TOOL_PREAMBLE},
+                       {"toolUse": {"toolUseId": TOOL_USE_ID, "name": name, "input": tool_input()}}]),
+                "tool_use",
+            ),
+        };
         return axum::Json(json!({
-            "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
-            "stopReason": "end_turn",
+            "output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": stop,
             "usage": usage(),
             "metrics": {"latencyMs": 12},
         }))
@@ -435,14 +746,25 @@ fn answer(stream: bool) -> Response {
         "contentBlockStart",
         &json!({"contentBlockIndex": 0, "start": {}}),
     ));
-    for d in DELTAS {
+    let text: &[&str] = match reply {
+        Reply::Text => &DELTAS[..],
+        Reply::ToolUse(_) => &[TOOL_PREAMBLE],
+    };
+    for d in text {
         messages.push(event(
             "contentBlockDelta",
             &json!({"contentBlockIndex": 0, "delta": {"text": d}}),
         ));
     }
     messages.push(event("contentBlockStop", &json!({"contentBlockIndex": 0})));
-    messages.push(event("messageStop", &json!({"stopReason": "end_turn"})));
+    let stop = match reply {
+        Reply::Text => "end_turn",
+        Reply::ToolUse(name) => {
+            messages.extend(tool_use_events(name));
+            "tool_use"
+        }
+    };
+    messages.push(event("messageStop", &json!({"stopReason": stop})));
     messages.push(event(
         "metadata",
         &json!({"usage": usage(), "metrics": {"latencyMs": 12}}),
@@ -470,6 +792,26 @@ fn answer(stream: bool) -> Response {
         axum::body::Body::from_stream(body),
     )
         .into_response()
+}
+
+/// A tool call streamed as Bedrock streams it: in its own block (after the text's), its input
+/// JSON in three fragments.
+fn tool_use_events(name: &str) -> Vec<Vec<u8>> {
+    let mut messages = vec![event(
+        "contentBlockStart",
+        &json!({"contentBlockIndex": 1,
+                "start": {"toolUse": {"toolUseId": TOOL_USE_ID, "name": name}}}),
+    )];
+    let input = tool_input().to_string();
+    let (a, b) = (input.len() / 3, 2 * input.len() / 3);
+    for part in [&input[..a], &input[a..b], &input[b..]] {
+        messages.push(event(
+            "contentBlockDelta",
+            &json!({"contentBlockIndex": 1, "delta": {"toolUse": {"input": part}}}),
+        ));
+    }
+    messages.push(event("contentBlockStop", &json!({"contentBlockIndex": 1})));
+    messages
 }
 
 fn crc(bytes: &[u8]) -> u32 {
@@ -504,4 +846,128 @@ pub fn event(kind: &str, payload: &Value) -> Vec<u8> {
     let message = crc(&out);
     out.extend_from_slice(&message.to_be_bytes());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+    fn body(v: &Value) -> Result<Reply, String> {
+        check_body(v.to_string().as_bytes()).map_err(|(_, _, why)| why)
+    }
+
+    fn tools() -> Value {
+        json!({"tools": [
+            {"toolSpec": {"name": "get_weather", "description": "Weather.",
+                "inputSchema": {"json": {"type": "object"}}}},
+            {"toolSpec": {"name": "now", "inputSchema": {"json": {"type": "object"}}}}]})
+    }
+
+    #[test]
+    fn base64_is_decoded_as_aws_carries_blobs() {
+        assert_eq!(base64_decode("aGk="), Some(b"hi".to_vec()));
+        assert_eq!(base64_decode("aGkh"), Some(b"hi!".to_vec()));
+        assert_eq!(base64_decode("aA=="), Some(b"h".to_vec()));
+        for bad in ["aGk", "a=Gk", "aGk*", "aA==aGkh", "a==="] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
+        }
+        assert!(base64_decode(PNG).unwrap().starts_with(b"\x89PNG"));
+    }
+
+    #[test]
+    fn a_tool_conversation_is_valid_and_answered_with_a_call_until_results_come() {
+        let user = json!({"role": "user", "content": [{"text": "weather?"},
+            {"image": {"format": "png", "source": {"bytes": PNG}}}]});
+        assert_eq!(
+            body(&json!({"messages": [user], "toolConfig": tools()})),
+            Ok(Reply::ToolUse("get_weather".into()))
+        );
+        let mut forced = tools();
+        forced["toolChoice"] = json!({"tool": {"name": "now"}});
+        assert_eq!(
+            body(&json!({"messages": [user], "toolConfig": forced})),
+            Ok(Reply::ToolUse("now".into()))
+        );
+        let turn = json!({"messages": [user,
+            {"role": "assistant", "content": [{"text": "Let me see."},
+                {"toolUse": {"toolUseId": "t1", "name": "get_weather", "input": {}}}]},
+            {"role": "user", "content": [
+                {"toolResult": {"toolUseId": "t1", "content": [{"text": "sunny"}]}},
+                {"text": "thanks"}]}],
+            "toolConfig": tools()});
+        assert_eq!(body(&turn), Ok(Reply::Text));
+        assert_eq!(body(&json!({"messages": [user]})), Ok(Reply::Text));
+    }
+
+    #[test]
+    fn what_aws_refuses_the_simulator_refuses() {
+        let user = |content: Value| json!({"role": "user", "content": content});
+        let call = json!({"role": "assistant", "content": [
+            {"toolUse": {"toolUseId": "t1", "name": "get_weather", "input": {}}}]});
+        let result =
+            |id: &str| user(json!([{"toolResult": {"toolUseId": id, "content": [{"text": "r"}]}}]));
+        for (v, why) in [
+            (
+                json!({"messages": [user(json!([{"text": "a"}])), user(json!([{"text": "b"}]))]}),
+                "alternate",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}])), call, result("t1")]}),
+                "toolConfig field must be defined",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}])), call, user(json!([{"text": "b"}]))],
+                       "toolConfig": tools()}),
+                "Expected toolResult blocks",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}])), call, result("t2")],
+                       "toolConfig": tools()}),
+                "Expected toolResult blocks",
+            ),
+            (
+                json!({"messages": [user(json!([{"image": {"format": "png", "source": {"bytes": "not base64!"}}}]))]}),
+                "base64",
+            ),
+            (
+                json!({"messages": [user(json!([{"image": {"format": "jpeg", "source": {"bytes": PNG}}}]))]}),
+                "not a jpeg image",
+            ),
+            (
+                json!({"messages": [user(json!([{"image": {"format": "bmp", "source": {"bytes": PNG}}}]))]}),
+                "format",
+            ),
+            (
+                json!({"messages": [user(json!([{"toolUse": {"toolUseId": "t", "name": "x", "input": {}}}]))],
+                       "toolConfig": tools()}),
+                "not a valid content block of a user message",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}]))],
+                       "toolConfig": {"tools": [{"toolSpec": {"name": "a b", "inputSchema": {"json": {}}}}]}}),
+                "toolSpec.name",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}]))],
+                       "toolConfig": {"tools": [{"toolSpec": {"name": "a", "description": "",
+                           "inputSchema": {"json": {}}}}]}}),
+                "description",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}]))],
+                       "toolConfig": {"tools": [{"toolSpec": {"name": "a", "inputSchema": {"json": {}}}}],
+                                      "toolChoice": {"none": {}}}}),
+                "toolChoice",
+            ),
+            (
+                json!({"messages": [user(json!([{"text": "a"}]))], "toolConfig": {"tools": []}}),
+                "at least 1 tool",
+            ),
+        ] {
+            let e = body(&v).unwrap_err();
+            assert!(e.contains(why), "{v}: {e}");
+        }
+    }
 }

@@ -2,18 +2,22 @@
 //!
 //! - [`request`]: the OpenAI chat body → a Converse body (`messages[].content[{text}]`, system
 //!   and developer messages → `system[{text}]`, the cap → `inferenceConfig.maxTokens`,
-//!   `temperature`, `top_p` → `topP`, `stop` → `stopSequences`); what has no faithful
-//!   translation is refused (400 `untranslatable_request`, named), never dropped;
+//!   `temperature`, `top_p` → `topP`, `stop` → `stopSequences`; tools, tool calls, tool results
+//!   and images as [`tools`] says); what has no faithful translation is refused (400
+//!   `untranslatable_request`, named), never dropped;
 //! - [`Answer`]: the provider's answer as it passes — a Converse JSON answer kept to its end and
 //!   translated to a `chat.completion`, a ConverseStream (`application/vnd.amazon.eventstream`)
 //!   translated message by message to `chat.completion.chunk` events and `data: [DONE]`, never
-//!   kept whole. Its usage (the answer's `usage`, the stream's `metadata` event) is what the
-//!   provider sent: metering reads it from here.
+//!   kept whole; `toolUse` blocks → `tool_calls` (streamed: the call's id and name when its
+//!   block starts, then each `input` fragment as an `arguments` delta). Its usage (the
+//!   answer's `usage`, the stream's `metadata` event) is what the provider sent: metering reads
+//!   it from here.
 
 use super::eventstream::{Decoder, Message};
 use super::request::{ClientAsk, Untranslatable, is_default, refuse};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 
 /// Translates the OpenAI chat body into a Converse body. The cap is the body's own
 /// (`max_completion_tokens`, else `max_tokens`: admission set one when the client named none).
@@ -25,6 +29,7 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let mut inference = Map::new();
     let mut cap: Option<u64> = None;
     let mut messages: Option<&Vec<Value>> = None;
+    let mut asked = tools::Asked::default();
     for (name, v) in &openai {
         if v.is_null() || is_default(name, v) {
             continue;
@@ -56,6 +61,12 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
                 None => return refuse("stream must be a boolean"),
             },
             "stream_options" => read_stream_options(v, &mut ask)?,
+            "tools" => asked.tools = Some(v),
+            "tool_choice" => asked.choice = Some(v),
+            "parallel_tool_calls" => match v.as_bool() {
+                Some(b) => asked.one_at_a_time = !b,
+                None => return refuse("parallel_tool_calls must be a boolean"),
+            },
             "stop" => {
                 let stops = match v {
                     Value::String(s) => vec![Value::String(s.clone())],
@@ -74,7 +85,8 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let Some(messages) = messages else {
         return refuse("messages is required");
     };
-    let (system, messages) = messages_of(messages)?;
+    let (system, messages, tool_blocks) = messages_of(messages)?;
+    let tool_config = asked.config(tool_blocks)?;
     if let Some(cap) = cap.filter(|c| *c > 0) {
         inference.insert("maxTokens".into(), Value::from(cap));
     }
@@ -85,6 +97,9 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     }
     if !inference.is_empty() {
         out.insert("inferenceConfig".into(), Value::Object(inference));
+    }
+    if let Some(config) = tool_config {
+        out.insert("toolConfig".into(), config);
     }
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
@@ -112,14 +127,12 @@ fn text_of(at: &str, content: Option<&Value>) -> Result<Vec<Value>, Untranslatab
         Some(Value::Array(parts)) => parts
             .iter()
             .enumerate()
-            .map(
-                |(j, p)| match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => Ok(json!({"text": t})),
-                    _ => refuse(format!(
-                        "{at}.content[{j}]: only text parts are translated for this model"
-                    )),
-                },
-            )
+            .map(|(j, p)| match text_part(p) {
+                Some(t) => Ok(json!({"text": t})),
+                None => refuse(format!(
+                    "{at}.content[{j}]: only text parts are translated here for this model"
+                )),
+            })
             .collect(),
         _ => refuse(format!(
             "{at}.content must be a string or an array of text parts"
@@ -127,34 +140,79 @@ fn text_of(at: &str, content: Option<&Value>) -> Result<Vec<Value>, Untranslatab
     }
 }
 
-/// The system blocks and the conversation (consecutive messages of one role joined: Converse
-/// alternates roles).
-fn messages_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untranslatable> {
+/// The text of a `{"type":"text","text":…}` part.
+fn text_part(p: &Value) -> Option<&str> {
+    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+        (Some("text"), Some(Value::String(t))) => Some(t),
+        _ => None,
+    }
+}
+
+/// A user message's content: a string, or `text` and `image_url` parts.
+fn user_blocks(at: &str, content: Option<&Value>) -> Result<Vec<Value>, Untranslatable> {
+    let Some(Value::Array(parts)) = content else {
+        return text_of(at, content);
+    };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            if let Some(t) = text_part(p) {
+                return Ok(json!({"text": t}));
+            }
+            let at = format!("{at}.content[{j}]");
+            match p.get("type").and_then(Value::as_str) {
+                Some("image_url") => tools::image_block(&at, p),
+                Some(other) => refuse(format!("{at}: a {other:?} part cannot be translated")),
+                None => refuse(format!("{at}: a part needs a type")),
+            }
+        })
+        .collect()
+}
+
+/// Fields a message of `role` may carry (a `null` one is read as absent).
+fn known_field(role: &str, k: &str) -> bool {
+    match role {
+        "assistant" => matches!(k, "role" | "content" | "name" | "tool_calls"),
+        "tool" => matches!(k, "role" | "content" | "tool_call_id"),
+        _ => matches!(k, "role" | "content" | "name"),
+    }
+}
+
+/// The system blocks, the conversation (consecutive messages of one role joined: Converse
+/// alternates roles, so a run of `tool` messages is one user message of `toolResult` blocks,
+/// joined with a user message next to it), and whether it holds tool calls or results.
+fn messages_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>, bool), Untranslatable> {
     let mut system = Vec::new();
     let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    let mut tool_blocks = false;
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Some(m) = m.as_object() else {
             return refuse(format!("{at} must be an object"));
         };
-        if let Some(k) = m
-            .keys()
-            .find(|k| !matches!(k.as_str(), "role" | "content" | "name"))
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        if let Some((k, _)) = m
+            .iter()
+            .find(|(k, v)| !v.is_null() && !known_field(role, k))
         {
             return refuse(format!(
                 "{at}.{k} has no equivalent in AWS Bedrock Converse"
             ));
         }
-        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-        let blocks = text_of(&at, m.get("content"))?;
-        let role = match role {
+        let (role, blocks) = match role {
             "system" | "developer" => {
-                system.extend(blocks);
+                system.extend(text_of(&at, m.get("content"))?);
                 continue;
             }
-            "user" | "assistant" => role,
+            "user" => ("user", user_blocks(&at, m.get("content"))?),
+            "assistant" => ("assistant", tools::assistant_blocks(&at, m)?),
+            "tool" => ("user", vec![tools::tool_result(&at, m)?]),
             other => return refuse(format!("{at}.role {other:?} cannot be translated")),
         };
+        tool_blocks |= blocks
+            .iter()
+            .any(|b| b.get("toolUse").is_some() || b.get("toolResult").is_some());
         let same = out
             .last_mut()
             .filter(|last| last.get("role").and_then(Value::as_str) == Some(role))
@@ -168,7 +226,7 @@ fn messages_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransla
     if out.is_empty() {
         return refuse("messages must hold a user message");
     }
-    Ok((system, out))
+    Ok((system, out, tool_blocks))
 }
 
 /// OpenAI's `finish_reason` for a Converse `stopReason`.
@@ -222,13 +280,7 @@ pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Op
         let out = error_body(message, "upstream_error", None);
         return Some((serde_json::to_vec(&out).ok()?, None));
     };
-    let text: String = output
-        .pointer("/message/content")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b.get("text").and_then(Value::as_str))
-        .collect();
+    let message = answer_message(output.pointer("/message/content"));
     let usage = v.get("usage").and_then(usage_of);
     let out = json!({
         "id": format!("chatcmpl-bedrock-{created}"),
@@ -237,13 +289,48 @@ pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Op
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": null},
+            "message": message,
             "logprobs": null,
             "finish_reason": finish_reason(v.get("stopReason").and_then(Value::as_str)),
         }],
         "usage": usage.as_ref().map_or(Value::Null, openai_usage),
     });
     Some((serde_json::to_vec(&out).ok()?, usage))
+}
+
+/// The assistant message of a Converse answer's content: its text, and its `toolUse` blocks as
+/// `tool_calls` (`arguments`: the input as a JSON string). Without text beside tool calls the
+/// content is `null`, as OpenAI answers a tool call. Reasoning and other blocks are never asked
+/// for by a translated request.
+fn answer_message(content: Option<&Value>) -> Value {
+    let mut text: Option<String> = None;
+    let mut calls = Vec::new();
+    for block in content.and_then(Value::as_array).into_iter().flatten() {
+        if let Some(t) = block.get("text").and_then(Value::as_str) {
+            text.get_or_insert_with(String::new).push_str(t);
+        } else if let Some(u) = block.get("toolUse") {
+            calls.push(json!({
+                "id": u.get("toolUseId"),
+                "type": "function",
+                "function": {
+                    "name": u.get("name"),
+                    "arguments": u.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+                },
+            }));
+        }
+    }
+    let content = match text {
+        Some(t) => Value::String(t),
+        None if !calls.is_empty() => Value::Null,
+        None => Value::String(String::new()),
+    };
+    let mut message = json!({"role": "assistant", "content": content, "refusal": null});
+    if !calls.is_empty()
+        && let Some(o) = message.as_object_mut()
+    {
+        o.insert("tool_calls".into(), Value::Array(calls));
+    }
+    message
 }
 
 /// Largest non-streamed answer kept to be translated at its end.
@@ -267,6 +354,8 @@ struct StreamState {
     include_usage: bool,
     started: bool,
     done: bool,
+    /// Content block index → tool call index, for the `toolUse` blocks started.
+    tools: Vec<(u64, usize)>,
 }
 
 /// One Bedrock answer as it passes.
@@ -425,14 +514,25 @@ struct Head<'a> {
 /// A `contentBlockDelta` payload, as far as the translation reads it (no JSON tree built).
 #[derive(serde::Deserialize)]
 struct DeltaEvent<'a> {
+    #[serde(rename = "contentBlockIndex", default)]
+    index: u64,
     #[serde(borrow, default)]
-    delta: Option<TextDelta<'a>>,
+    delta: Option<BlockDelta<'a>>,
 }
 
 #[derive(serde::Deserialize)]
-struct TextDelta<'a> {
+struct BlockDelta<'a> {
     #[serde(borrow, default)]
-    text: Option<std::borrow::Cow<'a, str>>,
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "toolUse")]
+    tool_use: Option<ToolDelta<'a>>,
+}
+
+/// A fragment of a tool call's input (JSON text, whole only once every fragment is joined).
+#[derive(serde::Deserialize)]
+struct ToolDelta<'a> {
+    #[serde(borrow, default)]
+    input: Option<Cow<'a, str>>,
 }
 
 impl Head<'_> {
@@ -510,11 +610,23 @@ fn stream_message(s: &mut StreamState, head: &Head<'_>, m: &Message, out: &mut V
     }
     if m.kind == "contentBlockDelta" {
         if let Ok(DeltaEvent {
-            delta: Some(TextDelta { text: Some(t) }),
+            index,
+            delta: Some(delta),
         }) = serde_json::from_slice(&m.payload)
         {
-            seen.deltas = 1;
-            head.content(out, &t);
+            if let Some(t) = delta.text {
+                seen.deltas = 1;
+                head.content(out, &t);
+            } else if let Some(part) = delta.tool_use.and_then(|u| u.input)
+                && let Some(&(_, tool)) = s.tools.iter().find(|(i, _)| *i == index)
+            {
+                seen.deltas = 1;
+                head.delta(
+                    out,
+                    json!({"tool_calls": [{"index": tool, "function": {"arguments": part}}]}),
+                    Value::Null,
+                );
+            }
         }
         return seen;
     }
@@ -522,6 +634,7 @@ fn stream_message(s: &mut StreamState, head: &Head<'_>, m: &Message, out: &mut V
         return seen;
     };
     match m.kind.as_str() {
+        "contentBlockStart" => tool_start(s, head, &payload, out),
         "messageStop" => head.delta(
             out,
             json!({}),
@@ -537,10 +650,31 @@ fn stream_message(s: &mut StreamState, head: &Head<'_>, m: &Message, out: &mut V
             out.extend_from_slice(b"data: [DONE]\n\n");
             s.done = true;
         }
-        // messageStart (the role chunk went above), contentBlockStart/Stop, anything newer.
+        // messageStart (the role chunk went above), a text block's start, contentBlockStop,
+        // anything newer.
         _ => {}
     }
     seen
+}
+
+/// A `toolUse` block starts: the client's tool call (the next index among this answer's
+/// calls) with its id and name; its input follows in `arguments` fragments.
+fn tool_start(s: &mut StreamState, head: &Head<'_>, payload: &Value, out: &mut Vec<u8>) {
+    let Some(u) = payload.pointer("/start/toolUse") else {
+        return;
+    };
+    let index = payload
+        .get("contentBlockIndex")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let tool = s.tools.len();
+    s.tools.push((index, tool));
+    head.delta(
+        out,
+        json!({"tool_calls": [{"index": tool, "id": u.get("toolUseId"), "type": "function",
+            "function": {"name": u.get("name"), "arguments": ""}}]}),
+        Value::Null,
+    );
 }
 
 fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
@@ -557,6 +691,8 @@ fn untranslatable(message: &str) -> Vec<u8> {
     ))
     .unwrap_or_default()
 }
+
+mod tools;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,11 @@
 //! - the official OpenAI Python SDK calls the Bedrock model, not streamed (Converse) and
 //!   streamed (ConverseStream event-stream frames, translated to OpenAI SSE); the ledger
 //!   meters exactly the simulator's usage;
+//! - the SDK calls a tool (not streamed, its result sent back, and streamed: the call's
+//!   arguments joined from their deltas) and sends an image as a data: URL; Bedrock gets
+//!   `toolConfig`, `toolUse`, `toolResult` and `image` blocks as it validates them, and the
+//!   ledger meters its usage; an image by URL or a tool choice Converse cannot express is
+//!   refused 400 `untranslatable_request` naming it, never sent;
 //! - a model whose AWS credential is missing is refused 503 `signing_unavailable`, never sent;
 //! - Bedrock never sees the client's credential nor the secret key, and the filter's credentials
 //!   document holds only the derived signing key.
@@ -19,6 +24,7 @@ identities:
   - {token: alice-token, username: alice, groups: [system:authenticated]}
   - {token: sdk-token, username: sdk, groups: [system:authenticated]}
   - {token: stream-token, username: streamer, groups: [system:authenticated]}
+  - {token: tools-token, username: toolsmith, groups: [system:authenticated]}
 "#;
 
 const ACCESS_KEY_ID: &str = "AKIAIOSFODNN7EXAMPLE";
@@ -194,28 +200,16 @@ async fn the_openai_sdk_calls_bedrock_signed_and_metered_to_its_usage() {
     let Env { sim, stack } = env().await;
     until_served(stack).await;
     let base = sim.requests().len();
-    let python = std::env::var("MAAS_SDK_PYTHON").expect(
-        "MAAS_SDK_PYTHON: a Python with tests/sdk/requirements.txt (scripts/lib/common.sh \
-         ensure_sdk_clients sets it)",
-    );
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/clients.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .args([
+    let v = sdk(
+        "clients.py",
+        &[
             stack.gateway_url().as_str(),
             "sdk-token",
             "bedrock-sdk",
             "haiku",
-        ])
-        .output()
-        .await
-        .expect("the SDK script runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        ],
+    )
+    .await;
     let m = &v["haiku"];
     let text = bedrock_sim::DELTAS.concat();
     assert_eq!(m["model"], "haiku", "{v}");
@@ -284,6 +278,162 @@ async fn a_stream_gets_chunks_the_providers_usage_and_done() {
     ledger_reaches(stack, "stream-token", (1, USAGE_INPUT, USAGE_OUTPUT)).await;
 }
 
+/// Runs `tests/sdk/<script>` with the official OpenAI SDK: its printed JSON.
+async fn sdk(script: &str, args: &[&str]) -> Value {
+    let python = std::env::var("MAAS_SDK_PYTHON").expect(
+        "MAAS_SDK_PYTHON: a Python with tests/sdk/requirements.txt (scripts/lib/common.sh \
+         ensure_sdk_clients sets it)",
+    );
+    let script = format!("{}/sdk/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .expect("the SDK script runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_calls_a_tool_streamed_and_not_and_sends_an_image() {
+    use maas_e2e::bedrock_sim::{DELTAS, TOOL_PREAMBLE, TOOL_USE_ID};
+    let Env { sim, stack } = env().await;
+    until_served(stack).await;
+    let base = sim.requests().len();
+    let v = sdk(
+        "bedrock_tools.py",
+        &[
+            stack.gateway_url().as_str(),
+            "tools-token",
+            "bedrock-tools",
+            "haiku",
+        ],
+    )
+    .await;
+    let input = bedrock_sim::tool_input();
+    // Not streamed: Bedrock's toolUse as the SDK's tool call.
+    let call = &v["call"];
+    assert_eq!(call["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(call["content"], TOOL_PREAMBLE, "{v}");
+    assert_eq!(call["calls"], 1, "{v}");
+    assert_eq!(call["id"], TOOL_USE_ID, "{v}");
+    assert_eq!(call["type"], "function", "{v}");
+    assert_eq!(call["name"], "get_weather", "{v}");
+    assert_eq!(call["arguments"], input, "{v}");
+    assert_eq!(call["completion_tokens"], USAGE_OUTPUT, "{v}");
+    // The call sent back with its result: Bedrock answers.
+    assert_eq!(
+        v["answer"],
+        json!({"finish_reason": "stop", "text": DELTAS.concat(), "tool_calls": false}),
+        "{v}"
+    );
+    // Streamed: the call's id and name, then its arguments in Bedrock's three fragments.
+    assert_eq!(
+        v["stream"],
+        json!({"text": TOOL_PREAMBLE, "finish_reason": "tool_calls", "calls": [
+            {"index": 0, "id": TOOL_USE_ID, "name": "get_weather", "arguments": input,
+             "deltas": 3}]}),
+        "{v}"
+    );
+    assert_eq!(
+        v["image"],
+        json!({"text": DELTAS.concat(), "finish_reason": "stop"}),
+        "{v}"
+    );
+    // What reached Bedrock (and passed its validation).
+    let seen: Vec<_> = sim.requests()[base..]
+        .iter()
+        .filter(|r| r.header("x-test-id") == Some("bedrock-tools"))
+        .cloned()
+        .collect();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(seen.iter().all(|r| r.status == 200), "{seen:?}");
+    assert!(seen[2].path.ends_with("/converse-stream"), "{seen:?}");
+    let bodies: Vec<Value> = seen
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).expect("JSON"))
+        .collect();
+    assert_eq!(
+        bodies[0]["toolConfig"],
+        json!({"tools": [{"toolSpec": {"name": "get_weather",
+            "description": "The weather of a city.",
+            "inputSchema": {"json": {"type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"]}}}}],
+            "toolChoice": {"auto": {}}}),
+        "{}",
+        bodies[0]
+    );
+    assert_eq!(
+        bodies[1]["messages"],
+        json!([
+            {"role": "user", "content": [{"text": "What is the weather in Paris?"}]},
+            {"role": "assistant", "content": [{"text": TOOL_PREAMBLE},
+                {"toolUse": {"toolUseId": TOOL_USE_ID, "name": "get_weather", "input": input}}]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": TOOL_USE_ID,
+                "content": [{"text": "Sunny, 21 C"}]}}]}
+        ]),
+        "{}",
+        bodies[1]
+    );
+    assert!(bodies[1]["toolConfig"].is_object());
+    assert_eq!(
+        bodies[2]["toolConfig"]["toolChoice"],
+        json!({"tool": {"name": "get_weather"}})
+    );
+    let image = &bodies[3]["messages"][0]["content"][1]["image"];
+    assert_eq!(image["format"], "png", "{}", bodies[3]);
+    let png = bedrock_sim::base64_decode(image["source"]["bytes"].as_str().unwrap_or_default());
+    assert!(png.is_some_and(|b| b.starts_with(b"\x89PNG")), "{image}");
+    // Metered to what Bedrock said it used, each of the four.
+    ledger_reaches(stack, "tools-token", (4, 4 * USAGE_INPUT, 4 * USAGE_OUTPUT)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_converse_cannot_take_is_refused_naming_it_never_sent() {
+    let Env { sim, stack } = env().await;
+    until_served(stack).await;
+    let user = json!([{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let hi = json!([{"role": "user", "content": "never-sent-tool-choice"}]);
+    for (body, named) in [
+        (
+            json!({"model": "haiku", "messages": user}),
+            "messages[0].content[1].image_url.url",
+        ),
+        (
+            json!({"model": "haiku", "messages": hi, "tools": tools, "tool_choice": "none"}),
+            "tool_choice \"none\"",
+        ),
+        (
+            json!({"model": "haiku", "messages": hi, "tools": tools, "parallel_tool_calls": false}),
+            "parallel_tool_calls",
+        ),
+    ] {
+        let (status, text) =
+            post(stack, "alice-token", "/ext/haiku/v1/chat/completions", body).await;
+        assert_eq!(status, 400, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(v["error"]["code"], "untranslatable_request", "{text}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(named), "{named}: {text}");
+    }
+    for r in sim.requests() {
+        let body = String::from_utf8_lossy(&r.body);
+        assert!(
+            !body.contains("cat.png") && !body.contains("never-sent-tool-choice"),
+            "{body}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_signing_key_the_request_is_refused_never_sent_unsigned() {
     let Env { sim, stack } = env().await;
@@ -325,6 +475,7 @@ async fn bedrock_never_sees_the_clients_credential_nor_the_secret_key() {
             "alice-token",
             "sdk-token",
             "stream-token",
+            "tools-token",
             SECRET,
             "client-chosen-token",
         ] {

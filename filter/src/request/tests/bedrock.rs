@@ -275,6 +275,85 @@ fn an_event_stream_is_translated_frame_by_frame_and_settled_to_its_metadata() {
     assert_eq!(fx.tokens_used("alice"), 11);
 }
 
+/// A tool call, through the whole filter: the tools leave as `toolConfig` in the signed body,
+/// and the streamed `toolUse` comes back as `tool_calls` deltas, settled to Bedrock's usage.
+#[test]
+fn a_tool_call_leaves_as_tool_config_and_streams_back_as_tool_call_deltas() {
+    let fx = fx(vec![key("20231114", END_OF_DAY)]);
+    let (id, h) = send(
+        &fx,
+        br#"{"model":"haiku","stream":true,"tool_choice":"auto","tools":[{"type":"function","function":{"name":"get","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
+    let body = fx.host.buffer(Body::Request);
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        sent["toolConfig"],
+        json!({"tools": [{"toolSpec": {"name": "get", "inputSchema": {"json": {"type": "object"}}}}],
+               "toolChoice": {"auto": {}}})
+    );
+    assert_eq!(
+        fx.host.map_value(Headers::Request, "x-amz-content-sha256"),
+        Some(sigv4::sha256_hex(&body))
+    );
+    let ev = |kind: &str, p: &str| {
+        encode(
+            &[(":event-type", kind), (":message-type", "event")],
+            p.as_bytes(),
+        )
+    };
+    let bytes = [
+        ev("messageStart", r#"{"role":"assistant"}"#),
+        ev(
+            "contentBlockStart",
+            r#"{"contentBlockIndex":0,"start":{"toolUse":{"toolUseId":"tooluse_a","name":"get"}}}"#,
+        ),
+        ev(
+            "contentBlockDelta",
+            r#"{"contentBlockIndex":0,"delta":{"toolUse":{"input":"{\"q\":"}}}"#,
+        ),
+        ev(
+            "contentBlockDelta",
+            r#"{"contentBlockIndex":0,"delta":{"toolUse":{"input":"1}"}}}"#,
+        ),
+        ev("contentBlockStop", r#"{"contentBlockIndex":0}"#),
+        ev("messageStop", r#"{"stopReason":"tool_use"}"#),
+        ev(
+            "metadata",
+            r#"{"usage":{"inputTokens":40,"outputTokens":6,"totalTokens":46}}"#,
+        ),
+    ]
+    .concat();
+    let chunks: Vec<&[u8]> = bytes.chunks(17).collect();
+    let out = answer(&fx, id, &h, "application/vnd.amazon.eventstream", &chunks);
+    let text = String::from_utf8(out).unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .collect();
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 3, "{text}");
+    assert_eq!(calls[0][0]["id"], "tooluse_a");
+    assert_eq!(calls[0][0]["function"]["name"], "get");
+    let arguments: String = calls
+        .iter()
+        .filter_map(|c| c[0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(arguments, r#"{"q":1}"#);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls")
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    h.on_log(&fx.host);
+    assert_eq!(fx.tokens_used("alice"), 46);
+}
+
 /// The body read while the caller is being authenticated (a cache miss): translated and signed
 /// once, when the answer decides — whether its end came before the answer or after.
 #[test]
@@ -548,7 +627,7 @@ fn what_converse_cannot_say_is_refused_before_anything_is_counted() {
     let fx = fx(vec![key("20231114", END_OF_DAY)]);
     let (id, h) = send(
         &fx,
-        br#"{"model":"haiku","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"}]}"#,
+        br#"{"model":"haiku","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}"#,
     );
     assert_eq!(fx.phase(&h), "Refused");
     let s = fx.sent_to(id).unwrap();
