@@ -813,8 +813,9 @@ pub fn ask(
         .find_map(|t| t.pricing_of(&model.name))
         .or(model.pricing);
     Ok(Some(Metering {
-        prompt_tokens_estimate: info.map_or(0, |i| i.prompt_tokens_estimate),
-        reserved: decide::reservation(info, tier),
+        prompt_tokens_estimate: info
+            .map_or(0, |i| decide::prompt_estimate(i, model.media_tokens())),
+        reserved: decide::reservation(info, tier, model.media_tokens()),
         weights,
         // Translated requests always get a cap (Bedrock's answer is then bounded by the
         // reservation too).

@@ -110,13 +110,25 @@ impl Tokens {
 /// fields; else the tier default, else a fallback) for every choice asked for (`n` /
 /// `best_of`) — as output. A request without a readable body (uploads, discovery) reserves the
 /// completion budget only. The limits take it weighted ([`Tokens::weighted`], [`weights`]).
-pub fn reservation(info: Option<&RequestInfo>, tier: &Tier) -> Tokens {
+///
+/// Media parts add `media_tokens` each to the prompt ([`prompt_estimate`]).
+pub fn reservation(info: Option<&RequestInfo>, tier: &Tier, media_tokens: u64) -> Tokens {
     let completion = limits::reservation_for(info.and_then(|i| i.max_tokens), tier);
-    let (prompt, choices) = info.map_or((0, 1), |i| (i.prompt_tokens_estimate, i.choices.max(1)));
+    let (prompt, choices) = info.map_or((0, 1), |i| {
+        (prompt_estimate(i, media_tokens), i.choices.max(1))
+    });
     Tokens {
         input: prompt,
         output: completion.saturating_mul(choices),
     }
+}
+
+/// The prompt tokens a request is reserved: the text estimate, and `media_tokens` for each
+/// content part carrying media (its cost is not in its bytes: an image URL is a few bytes, a
+/// base64 image many, and neither says what the model charges).
+pub fn prompt_estimate(info: &RequestInfo, media_tokens: u64) -> u64 {
+    info.prompt_tokens_estimate
+        .saturating_add(info.media_parts.saturating_mul(media_tokens))
 }
 
 /// The cap to set on a request whose body names none, when its tier (or subscription) injects
@@ -581,22 +593,41 @@ mod tests {
             ..Default::default()
         };
         // A huge prompt with max_tokens 1 reserves the prompt too.
-        assert_eq!(reservation(Some(&info), free), toks(60_000, 1));
-        assert_eq!(reservation(Some(&info), free).weighted(ONE), 60_001);
-        assert_eq!(reservation(Some(&info), free).weighted(OUT4), 60_004);
+        assert_eq!(reservation(Some(&info), free, 0), toks(60_000, 1));
+        assert_eq!(reservation(Some(&info), free, 0).weighted(ONE), 60_001);
+        assert_eq!(reservation(Some(&info), free, 0).weighted(OUT4), 60_004);
         let n3 = RequestInfo {
             max_tokens: Some(100),
             prompt_tokens_estimate: 5,
             choices: 3,
             ..Default::default()
         };
-        assert_eq!(reservation(Some(&n3), free), toks(5, 300));
+        assert_eq!(reservation(Some(&n3), free, 0), toks(5, 300));
         // Output × 4: the prompt estimate plus max_tokens × n × 4.
-        assert_eq!(reservation(Some(&n3), free).weighted(OUT4), 1205);
+        assert_eq!(reservation(Some(&n3), free, 0).weighted(OUT4), 1205);
         assert_eq!(
-            reservation(None, free),
+            reservation(None, free, 0),
             toks(0, limits::reservation_for(None, free))
         );
+        // Each media part adds the model's media tokens to the prompt (not to the output).
+        let images = RequestInfo {
+            max_tokens: Some(10),
+            prompt_tokens_estimate: 20,
+            media_parts: 3,
+            choices: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            reservation(Some(&images), free, 4096),
+            toks(20 + 3 * 4096, 20)
+        );
+        assert_eq!(reservation(Some(&images), free, 0), toks(20, 20));
+        assert_eq!(prompt_estimate(&images, 1000), 3020);
+        let absurd = RequestInfo {
+            media_parts: u64::MAX,
+            ..images
+        };
+        assert_eq!(prompt_estimate(&absurd, 4096), u64::MAX);
     }
 
     proptest::proptest! {
@@ -647,7 +678,7 @@ mod tests {
             Some(("max_tokens", 300))
         );
         // The injected cap is the completion budget reserved (per choice).
-        assert_eq!(reservation(Some(&uncapped), &tier).output, 300);
+        assert_eq!(reservation(Some(&uncapped), &tier, 0).output, 300);
         assert_eq!(
             injected_cap(&capped, Some("max_tokens"), &tier, false),
             None

@@ -27,6 +27,9 @@ pub struct RequestInfo {
     pub choices: u64,
     /// Estimated prompt tokens: [`PROMPT_BYTES_PER_TOKEN`] bytes of prompt text per token.
     pub prompt_tokens_estimate: u64,
+    /// Content parts that carry media (an image, audio, video or document: inline, a URL or a
+    /// file id): each is reserved at the model's `mediaTokens` besides the text estimate.
+    pub media_parts: u64,
 }
 
 /// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
@@ -56,8 +59,9 @@ pub const CAP_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_o
 /// carries it; the top-level fields count their values (not `model` nor the fields read). The
 /// sum divided by 4, rounded up. English prose runs at about 4 bytes per token, so the estimate is
 /// close; no byte-level tokenizer produces more than one token per byte, so the real count of the
-/// text is never more than 4× the estimate (plus what media and per-message framing add, which
-/// settlement corrects after the response).
+/// text is never more than 4× the estimate (plus per-message framing, which settlement corrects
+/// after the response). Media parts are counted apart ([`RequestInfo::media_parts`]) and
+/// reserved at the model's `mediaTokens`.
 pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
 
 /// Why a request body was refused.
@@ -106,6 +110,8 @@ struct Fields {
     best_of: Option<Raw>,
     /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
     text_bytes: u64,
+    /// Media parts of every other field ([`RequestInfo::media_parts`]).
+    media_parts: u64,
     duplicate: Option<&'static str>,
 }
 
@@ -168,8 +174,9 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Key::N => (&mut fields.n, "n"),
                 Key::BestOf => (&mut fields.best_of, "best_of"),
                 other @ (Key::Messages | Key::Input | Key::Other) => {
-                    let text = map.next_value_seed(Estimate(other.place()))?;
-                    fields.text_bytes = fields.text_bytes.saturating_add(text);
+                    let tally = map.next_value_seed(Estimate(other.place()))?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
+                    fields.media_parts = fields.media_parts.saturating_add(tally.media);
                     continue;
                 }
             };
@@ -449,6 +456,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
         include_usage,
         choices: n.max(best_of).max(1),
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
+        media_parts: f.media_parts,
     })
 }
 
@@ -688,6 +696,7 @@ mod tests {
             include_usage: usage,
             choices: 1,
             prompt_tokens_estimate: 0,
+            media_parts: 0,
         }
     }
 
@@ -695,6 +704,7 @@ mod tests {
     fn core(r: Result<RequestInfo, BodyError>) -> Result<RequestInfo, BodyError> {
         r.map(|i| RequestInfo {
             prompt_tokens_estimate: 0,
+            media_parts: 0,
             ..i
         })
     }
@@ -1049,6 +1059,7 @@ mod tests {
             best_of: Option<Value>,
             /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
             text_bytes: u64,
+            media_parts: u64,
             duplicate: Option<&'static str>,
         }
 
@@ -1084,8 +1095,9 @@ mod tests {
                         Key::N => (&mut fields.n, "n"),
                         Key::BestOf => (&mut fields.best_of, "best_of"),
                         other @ (Key::Messages | Key::Input | Key::Other) => {
-                            let text = map.next_value_seed(Estimate(other.place()))?;
-                            fields.text_bytes = fields.text_bytes.saturating_add(text);
+                            let tally = map.next_value_seed(Estimate(other.place()))?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
+                            fields.media_parts = fields.media_parts.saturating_add(tally.media);
                             continue;
                         }
                     };
@@ -1169,6 +1181,7 @@ mod tests {
                 include_usage,
                 choices: n.max(best_of).max(1),
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
+                media_parts: f.media_parts,
             })
         }
     }

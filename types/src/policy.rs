@@ -333,7 +333,19 @@ pub struct Model {
     /// Prices per token, what money budgets charge (a subscription's model may override them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<crate::money::Pricing>,
+    /// Ours: prompt tokens reserved at admission for each content part that carries media (an
+    /// image, audio, video or document, inline or by URL or file id), whose cost is not in its
+    /// bytes. Default [`DEFAULT_MEDIA_TOKENS`]; set it to the most one part costs on this model
+    /// (e.g. a Qwen2.5-VL image at vLLM's default `max_pixels`: 16,384). `0`: media parts are
+    /// reserved nothing (settled from the usage only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_tokens: Option<u64>,
 }
+
+/// Prompt tokens reserved per media part when a model sets no `mediaTokens`: above what one
+/// image costs at the hosted providers (Anthropic about 1,600 after its resize, OpenAI's and
+/// Gemini's tiles fewer) and a PDF page at Anthropic (1,500–3,000 with its page image).
+pub const DEFAULT_MEDIA_TOKENS: u64 = 4096;
 
 /// One of a model's several backends ([`Model::backends`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -547,6 +559,11 @@ pub struct OperationSpec {
 }
 
 impl Model {
+    /// Prompt tokens reserved per media part ([`Model::media_tokens`]).
+    pub fn media_tokens(&self) -> u64 {
+        self.media_tokens.unwrap_or(DEFAULT_MEDIA_TOKENS)
+    }
+
     /// Whether clients may name the model `id` (its name or one of its aliases; exact, case
     /// sensitive).
     pub fn answers_to(&self, id: &str) -> bool {

@@ -730,6 +730,7 @@ fn model_of(
         operations: None,
         upstream_cluster: None,
         pricing: None,
+        media_tokens: None,
     };
     // Another id clients may send, when it differs from the MaaSModelRef's name.
     let alias = |model: &mut Model, id: &str| {

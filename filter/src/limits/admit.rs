@@ -121,8 +121,9 @@ impl Admission {
             } => Some(Refusal::new(
                 Deny::TokensExceedLimit,
                 format!(
-                    "this request reserves {requested} tokens (prompt estimate + max_tokens) but \
-                     tier {tier} allows {limit} per {window}; lower max_tokens or shorten the prompt"
+                    "this request reserves {requested} tokens (prompt estimate, media parts at the \
+                     model's mediaTokens each, + max_tokens) but tier {tier} allows {limit} per \
+                     {window}; lower max_tokens, shorten the prompt or send fewer media parts"
                 ),
             )),
             Admission::Unavailable { reason } => Some(Refusal::new(

@@ -227,8 +227,9 @@ fn refusals_are_openai_shaped() {
     );
     assert_eq!(
         r.message,
-        "this request reserves 70000 tokens (prompt estimate + max_tokens) but tier low \
-         allows 100 per 1d; lower max_tokens or shorten the prompt"
+        "this request reserves 70000 tokens (prompt estimate, media parts at the model's \
+         mediaTokens each, + max_tokens) but tier low allows 100 per 1d; lower max_tokens, \
+         shorten the prompt or send fewer media parts"
     );
     let v: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
     assert_eq!(v["error"]["code"], "tokens_exceed_limit");

@@ -23,7 +23,9 @@
 //! any field not modelled are text a template renders. A declaration may come after the payload
 //! (`{"data": …, "media_type": …}`), so each object decides at its end; a declaration given twice
 //! with different values (a parser may read either) counts the payload. What the media itself
-//! costs (image or PDF tokens) is not estimated: settlement corrects it from the usage.
+//! costs (image or PDF tokens) is not in its bytes: each content part that declares a media type
+//! or carries a media member is counted ([`Tally::media`]) and reserved at the model's
+//! `mediaTokens` (`decide::prompt_estimate`).
 //!
 //! Nothing is built: keys and strings are read in place (from the body, or the parser's scratch
 //! buffer when escaped), so the walk allocates nothing.
@@ -50,64 +52,101 @@ pub(super) enum Place {
 /// Prompt text bytes of the value at a [`Place`].
 pub(super) struct Estimate(pub(super) Place);
 
-impl<'de> DeserializeSeed<'de> for Estimate {
-    type Value = u64;
+/// What a value adds to the prompt estimate: text bytes, and media parts (each reserved at the
+/// model's `mediaTokens`: what an image, audio, video or document costs is not in its bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tally {
+    pub(super) text: u64,
+    pub(super) media: u64,
+}
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+impl Tally {
+    fn text(text: u64) -> Tally {
+        Tally { text, media: 0 }
+    }
+
+    pub(super) fn add(self, other: Tally) -> Tally {
+        Tally {
+            text: self.text.saturating_add(other.text),
+            media: self.media.saturating_add(other.media),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Estimate {
+    type Value = Tally;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Tally, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Estimate {
-    type Value = u64;
+    type Value = Tally;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<u64, E> {
-        Ok(v.len() as u64)
+    fn visit_str<E>(self, v: &str) -> Result<Tally, E> {
+        Ok(Tally::text(v.len() as u64))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<u64, E> {
-        Ok(0)
+    fn visit_bool<E>(self, _: bool) -> Result<Tally, E> {
+        Ok(Tally::default())
     }
 
-    fn visit_unit<E>(self) -> Result<u64, E> {
-        Ok(0)
+    fn visit_unit<E>(self) -> Result<Tally, E> {
+        Ok(Tally::default())
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<u64, E> {
-        Ok(PROMPT_BYTES_PER_TOKEN)
+    fn visit_u64<E>(self, _: u64) -> Result<Tally, E> {
+        Ok(Tally::text(PROMPT_BYTES_PER_TOKEN))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<u64, E> {
-        Ok(PROMPT_BYTES_PER_TOKEN)
+    fn visit_i64<E>(self, _: i64) -> Result<Tally, E> {
+        Ok(Tally::text(PROMPT_BYTES_PER_TOKEN))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<u64, E> {
-        Ok(PROMPT_BYTES_PER_TOKEN)
+    fn visit_f64<E>(self, _: f64) -> Result<Tally, E> {
+        Ok(Tally::text(PROMPT_BYTES_PER_TOKEN))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tally, A::Error> {
         let element = match self.0 {
             Place::Messages => Place::Message,
             Place::Parts => Place::Part,
             _ => Place::Text,
         };
-        let mut total: u64 = 0;
+        let mut total = Tally::default();
         while let Some(n) = seq.next_element_seed(Estimate(element))? {
-            total = total.saturating_add(n);
+            total = total.add(n);
         }
         Ok(total)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<u64, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Tally, A::Error> {
         match self.0 {
             Place::Message => message(map),
             Place::Part => part(map),
-            _ => text_object(map),
+            _ => text_object(map).map(Tally::text),
         }
+    }
+}
+
+/// The text bytes of a list outside any message (no media is counted there).
+fn text_seq<'de, A: SeqAccess<'de>>(seq: A) -> Result<u64, A::Error> {
+    Ok(Estimate(Place::Text).visit_seq(seq)?.text)
+}
+
+/// The text bytes of a value outside any message.
+struct TextSeed;
+
+impl<'de> DeserializeSeed<'de> for TextSeed {
+    type Value = u64;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        Ok(Estimate(Place::Text).deserialize(d)?.text)
     }
 }
 
@@ -115,22 +154,22 @@ impl<'de> Visitor<'de> for Estimate {
 fn text_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
     let mut total: u64 = 0;
     while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
-        let value = map.next_value_seed(Estimate(Place::Text))?;
+        let value = map.next_value_seed(TextSeed)?;
         total = total.saturating_add(key.len).saturating_add(value);
     }
     Ok(total)
 }
 
 /// A message or input item: `content` (Responses `output`) holds parts.
-fn message<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
-    let mut total: u64 = 0;
+fn message<'de, A: MapAccess<'de>>(mut map: A) -> Result<Tally, A::Error> {
+    let mut total = Tally::default();
     while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
         let place = match key.name {
             KeyName::Content | KeyName::Output => Place::Parts,
             _ => Place::Text,
         };
         let value = map.next_value_seed(Estimate(place))?;
-        total = total.saturating_add(key.len).saturating_add(value);
+        total = total.add(Tally::text(key.len)).add(value);
     }
     Ok(total)
 }
@@ -200,10 +239,14 @@ impl PartType {
 }
 
 /// One content part. Media payloads are held until the part's end, when its `type` is known:
-/// left out only when they sit in the carrier that type takes media in.
-fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
+/// left out only when they sit in the carrier that type takes media in. A part that declares a
+/// media type or carries a media member (inline, a URL or a file id alike: the backend fetches
+/// what it is pointed at) is one media part, whatever its payload's bytes.
+fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<Tally, A::Error> {
     let mut total: u64 = 0;
+    let mut nested = Tally::default();
     let mut part_type = PartType::None;
+    let mut media_part = false;
     let mut held = [0u64; CARRIERS];
     while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
         total = total.saturating_add(key.len);
@@ -211,13 +254,13 @@ fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
             KeyName::Type => {
                 let (bytes, seen) = map.next_value_seed(TypeSeed)?;
                 total = total.saturating_add(bytes);
+                media_part |= matches!(seen, PartType::Media(_));
                 part_type = part_type.and(seen);
                 continue;
             }
             // Nested parts (Anthropic `tool_result` content).
             KeyName::Content => {
-                let n = map.next_value_seed(Estimate(Place::Parts))?;
-                total = total.saturating_add(n);
+                nested = nested.add(map.next_value_seed(Estimate(Place::Parts))?);
                 continue;
             }
             KeyName::ImageUrl => Member::ImageUrl,
@@ -228,11 +271,12 @@ fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
             KeyName::InputAudio => Member::InputAudio,
             KeyName::Source => Member::Source,
             _ => {
-                let n = map.next_value_seed(Estimate(Place::Text))?;
+                let n = map.next_value_seed(TextSeed)?;
                 total = total.saturating_add(n);
                 continue;
             }
         };
+        media_part = true;
         let measured = map.next_value_seed(member)?;
         total = total.saturating_add(measured.text);
         if let Some((carrier, bytes)) = measured.media {
@@ -248,7 +292,11 @@ fn part<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
             total = total.saturating_add(*bytes);
         }
     }
-    Ok(total)
+    Ok(Tally {
+        text: total,
+        media: u64::from(media_part),
+    }
+    .add(nested))
 }
 
 /// A part's `type` value: its bytes, and which part it declares.
@@ -295,7 +343,7 @@ impl<'de> Visitor<'de> for TypeSeed {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        Ok((Estimate(Place::Text).visit_seq(seq)?, PartType::Text))
+        Ok((text_seq(seq)?, PartType::Text))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -386,7 +434,7 @@ impl<'de> Visitor<'de> for Member {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Measured, A::Error> {
-        Ok(Measured::text(Estimate(Place::Text).visit_seq(seq)?))
+        Ok(Measured::text(text_seq(seq)?))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Measured, A::Error> {
@@ -428,7 +476,7 @@ impl<'de> Visitor<'de> for Member {
                     declared.note(d, binary);
                     n
                 }
-                None => map.next_value_seed(Estimate(Place::Text))?,
+                None => map.next_value_seed(TextSeed)?,
             };
             text = text.saturating_add(n);
         }
@@ -538,7 +586,7 @@ impl<'de> Visitor<'de> for DeclarationSeed {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        Ok((Estimate(Place::Text).visit_seq(seq)?, false))
+        Ok((text_seq(seq)?, false))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -629,7 +677,7 @@ impl<'de> Visitor<'de> for PayloadString {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PayloadValue, A::Error> {
-        Ok(PayloadValue::Other(Estimate(Place::Text).visit_seq(seq)?))
+        Ok(PayloadValue::Other(text_seq(seq)?))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PayloadValue, A::Error> {

@@ -253,6 +253,9 @@ async fn anthropic_text_documents_are_prompt() {
 #[tokio::test]
 async fn declared_binary_media_stays_out_of_the_estimate() {
     // ~100 kB of base64 each; the type is declared after the payload in the Anthropic source.
+    // Its bytes are not text (25,000 tokens each if they were); each part reserves the model's
+    // media tokens (the default, 4096) instead.
+    let media = maas_types::policy::DEFAULT_MEDIA_TOKENS;
     let b64 = "QUJD".repeat(25_000);
     let (r, _) = reserved(
         MESSAGES,
@@ -264,7 +267,10 @@ async fn declared_binary_media_stays_out_of_the_estimate() {
             {"type": "text", "text": "describe"}]}]}),
     )
     .await;
-    assert!(r < 100, "reserved {r} for two declared binary payloads");
+    assert!(
+        (2 * media..2 * media + 100).contains(&r),
+        "reserved {r} for two declared binary payloads"
+    );
     let (r, _) = reserved(
         CHAT,
         "media-openai",
@@ -276,7 +282,10 @@ async fn declared_binary_media_stays_out_of_the_estimate() {
             {"type": "text", "text": "describe"}]}]}),
     )
     .await;
-    assert!(r < 100, "reserved {r} for three declared binary payloads");
+    assert!(
+        (3 * media..3 * media + 100).contains(&r),
+        "reserved {r} for three declared binary payloads"
+    );
 }
 
 /// A JSON schema with `n` property names (each `{}`: the names are the whole schema).

@@ -34,6 +34,12 @@ models:
     path: /llm/sim-model
     tiers: [wide, small, meter]
     backend: simulator
+  # A model that reads images, each reserved at 1000 prompt tokens (the default is 4096).
+  - name: vision-model
+    path: /llm/vision-model
+    tiers: [small]
+    backend: simulator
+    mediaTokens: 1000
 "#;
 
 const IDENTITIES: &str = r#"
@@ -43,6 +49,8 @@ identities:
   - {token: pam-token, username: pam, groups: [g-small]}
   - {token: gus-token, username: gus, groups: [g-meter]}
   - {token: abby-token, username: abby, groups: [g-meter]}
+  - {token: ivy-token, username: ivy, groups: [g-small]}
+  - {token: vic-token, username: vic, groups: [g-small]}
 "#;
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
@@ -174,6 +182,69 @@ async fn parallel_large_prompts_cannot_multiply_the_budget() {
         "{ok} requests of ~1010 tokens admitted on 3000: {statuses:?}"
     );
     assert_eq!(ok, stack.sim_requests_with_test_id("par-prompt").len());
+}
+
+/// An image costs what the model charges for it, not its few bytes of URL: a part carrying
+/// media reserves the model's `mediaTokens` (default 4096), so one image is more than the
+/// small tier's whole day and is refused before the backend.
+#[tokio::test]
+async fn an_image_by_url_is_reserved_at_the_models_media_tokens() {
+    let stack = stack();
+    let body = json!({"model": "sim-model", "max_tokens": 1,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]});
+    let r = chat(
+        stack,
+        CHAT,
+        "image-url",
+        &[("authorization", "Bearer ivy-token")],
+        body,
+    )
+    .await;
+    let e = r.error(400);
+    assert_eq!(e["code"], "tokens_exceed_limit", "{e}");
+    assert!(
+        stack.sim_requests_with_test_id("image-url").is_empty(),
+        "a request whose images can never fit reached the backend"
+    );
+}
+
+/// Concurrent requests carrying images cannot multiply the budget: each reserves its image at
+/// `mediaTokens` (1000 on vision-model) while it runs, so on a 3000-token day at most two of
+/// eight slow ones run at once, though their text is a few tokens (before media cost, all
+/// eight ran).
+#[tokio::test]
+async fn parallel_image_requests_cannot_multiply_the_budget() {
+    let stack = stack();
+    let calls = (0..8).map(|i| {
+        let body = json!({"model": "vision-model", "max_tokens": 10,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "describe"},
+                {"type": "image_url", "image_url": {"url": format!("https://example.com/{i}.png")}}]}]});
+        async move {
+            chat(
+                stack,
+                "/llm/vision-model/v1/chat/completions",
+                "par-image",
+                &[
+                    ("authorization", "Bearer vic-token"),
+                    ("x-sim-response-delay-ms", "1500"),
+                ],
+                body,
+            )
+            .await
+            .status
+        }
+    });
+    let statuses = join_all(calls).await;
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert!(ok >= 1, "{statuses:?}");
+    assert!(
+        ok <= 2,
+        "{ok} requests with a 1000-token image admitted at once on 3000: {statuses:?}"
+    );
+    assert_eq!(ok, stack.sim_requests_with_test_id("par-image").len());
 }
 
 /// Tokens left in gus's (or abby's) day, from a zero-cost discovery… no: discovery carries no

@@ -136,6 +136,68 @@ mod reference {
         o.get(key).and_then(Value::as_object)
     }
 
+    /// Part types that carry media, and the members that carry it.
+    const MEDIA_TYPES: [&str; 9] = [
+        "image_url",
+        "audio_url",
+        "video_url",
+        "input_image",
+        "file",
+        "input_file",
+        "input_audio",
+        "image",
+        "document",
+    ];
+    const MEDIA_MEMBERS: [&str; 7] = [
+        "image_url",
+        "audio_url",
+        "video_url",
+        "file",
+        "file_data",
+        "input_audio",
+        "source",
+    ];
+
+    /// Content parts that declare a media type or carry a media member, nested ones too.
+    pub fn media_parts(body: &Value) -> u64 {
+        let Value::Object(top) = body else {
+            panic!("not an object")
+        };
+        let list = |v: &Value, f: fn(&Value) -> u64| match v {
+            Value::Array(items) => items.iter().map(f).sum(),
+            _ => 0,
+        };
+        fn parts(v: &Value) -> u64 {
+            match v {
+                Value::Array(items) => items.iter().map(part_media).sum(),
+                _ => 0,
+            }
+        }
+        fn part_media(v: &Value) -> u64 {
+            let Value::Object(o) = v else { return 0 };
+            let declared = o
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| MEDIA_TYPES.contains(&t));
+            let carried = MEDIA_MEMBERS.iter().any(|m| o.contains_key(*m));
+            u64::from(declared || carried) + o.get("content").map_or(0, parts)
+        }
+        fn message_media(v: &Value) -> u64 {
+            let Value::Object(o) = v else { return 0 };
+            o.iter()
+                .filter(|(k, _)| *k == "content" || *k == "output")
+                .map(|(_, v)| parts(v))
+                .sum()
+        }
+        top.iter()
+            .filter(|(k, _)| !READ.contains(&k.as_str()))
+            .map(|(k, v)| match k.as_str() {
+                "messages" | "input" => list(v, message_media),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Bytes of the payload a media part of its declared type carries as binary, else 0.
     fn media(o: &Map<String, Value>) -> u64 {
         let kind = o.get("type").and_then(Value::as_str).unwrap_or_default();
@@ -640,6 +702,13 @@ proptest! {
         prop_assert_eq!(estimate(&body), tokens(reference::bytes(&body)), "{}", short(&body));
     }
 
+    /// Media parts are counted as the rule says (and only in messages).
+    #[test]
+    fn media_parts_are_the_written_rule(body in body()) {
+        let info = inspect(body.to_string().as_bytes()).unwrap();
+        prop_assert_eq!(info.media_parts, reference::media_parts(&body), "{}", short(&body));
+    }
+
     /// Nothing the old rule counted is free now.
     #[test]
     fn estimate_never_below_the_old_rule(body in body()) {
@@ -652,6 +721,7 @@ proptest! {
         let body = json!({"tools": [v.clone()], "metadata": v});
         let counted = all_text(&body) - "tools".len() as u64 - "metadata".len() as u64;
         prop_assert_eq!(estimate(&body), tokens(counted));
+        prop_assert_eq!(inspect(body.to_string().as_bytes()).unwrap().media_parts, 0);
     }
 }
 
@@ -680,5 +750,74 @@ fn random_bodies_hit_media_parts() {
     assert!(
         left_out >= 30 && counted >= 30,
         "{left_out} left out, {counted} counted"
+    );
+}
+
+/// Every media part costs, whatever carries it: inline data, a URL the backend fetches, a file
+/// id; nested in a tool result too. Text parts and media shapes outside messages do not.
+#[test]
+fn media_parts_count_inline_url_and_file_id_alike() {
+    let parts = |content: Value| {
+        inspect(
+            json!({"messages": [{"role": "user", "content": content}]})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+        .media_parts
+    };
+    let png = format!("data:image/png;base64,{}", "A".repeat(400));
+    assert_eq!(parts(json!("just text")), 0);
+    assert_eq!(parts(json!([{"type": "text", "text": "hi"}])), 0);
+    assert_eq!(
+        parts(json!([{"type": "image_url", "image_url": {"url": png}}])),
+        1
+    );
+    assert_eq!(
+        parts(json!([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}])),
+        1
+    );
+    assert_eq!(
+        parts(json!([{"type": "file", "file": {"file_id": "file-abc"}}])),
+        1
+    );
+    assert_eq!(
+        parts(json!([{"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}}])),
+        1
+    );
+    assert_eq!(
+        parts(json!([{"type": "document", "source": {"type": "file", "file_id": "f"}}])),
+        1
+    );
+    // A member without a media type (a lenient server reads it), and a media type without a
+    // member (a server may fetch what another field names) each cost.
+    assert_eq!(
+        parts(json!([{"type": "text", "image_url": {"url": "https://e.com"}}])),
+        1
+    );
+    assert_eq!(
+        parts(json!([{"type": "input_image", "url": "https://e.com"}])),
+        1
+    );
+    // Nested in a tool result, and several in one message.
+    assert_eq!(
+        parts(
+            json!([{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+            {"type": "text", "text": "x"}
+        ]}, {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}])
+        ),
+        2
+    );
+    // Responses input items' content; a media shape in a tool schema is text, not a part.
+    let responses = json!({"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "https://e.com/a.png"},
+        {"type": "input_file", "file_id": "file-1"}]}],
+        "tools": [{"type": "image_url", "image_url": {"url": "https://e.com"}}]});
+    assert_eq!(
+        inspect(responses.to_string().as_bytes())
+            .unwrap()
+            .media_parts,
+        2
     );
 }
