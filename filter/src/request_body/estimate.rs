@@ -161,17 +161,33 @@ fn text_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<u64, A::Error> {
 }
 
 /// A message or input item: `content` (Responses `output`) holds parts.
+///
+/// An item that is itself shaped as a media part (a bare `{"type":"input_image",…}` in Responses
+/// `input`, which a lenient server may take) is one media part too; its payload counts as text.
 fn message<'de, A: MapAccess<'de>>(mut map: A) -> Result<Tally, A::Error> {
     let mut total = Tally::default();
+    let mut media_part = false;
     while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
         let place = match key.name {
             KeyName::Content | KeyName::Output => Place::Parts,
-            _ => Place::Text,
+            KeyName::Type => {
+                let (bytes, seen) = map.next_value_seed(TypeSeed)?;
+                media_part |= matches!(seen, PartType::Media(_));
+                total = total.add(Tally::text(key.len.saturating_add(bytes)));
+                continue;
+            }
+            name => {
+                media_part |= name.is_media_member();
+                Place::Text
+            }
         };
         let value = map.next_value_seed(Estimate(place))?;
         total = total.add(Tally::text(key.len)).add(value);
     }
-    Ok(total)
+    Ok(total.add(Tally {
+        text: 0,
+        media: u64::from(media_part),
+    }))
 }
 
 /// A member of a content part that can carry media: which key, and in which shape.
@@ -703,6 +719,22 @@ enum KeyName {
     MediaType,
     Format,
     Other,
+}
+
+impl KeyName {
+    /// A member a content part carries media in.
+    fn is_media_member(self) -> bool {
+        matches!(
+            self,
+            KeyName::ImageUrl
+                | KeyName::AudioUrl
+                | KeyName::VideoUrl
+                | KeyName::File
+                | KeyName::FileData
+                | KeyName::InputAudio
+                | KeyName::Source
+        )
+    }
 }
 
 /// An object key: its length (it counts) and which one it is.

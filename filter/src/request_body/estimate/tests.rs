@@ -184,10 +184,17 @@ mod reference {
         }
         fn message_media(v: &Value) -> u64 {
             let Value::Object(o) = v else { return 0 };
-            o.iter()
-                .filter(|(k, _)| *k == "content" || *k == "output")
-                .map(|(_, v)| parts(v))
-                .sum()
+            // An item shaped as a media part is one (its content's parts are counted apart).
+            let own = o
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| MEDIA_TYPES.contains(&t))
+                || MEDIA_MEMBERS.iter().any(|m| o.contains_key(*m));
+            u64::from(own)
+                + o.iter()
+                    .filter(|(k, _)| *k == "content" || *k == "output")
+                    .map(|(_, v)| parts(v))
+                    .sum::<u64>()
         }
         top.iter()
             .filter(|(k, _)| !READ.contains(&k.as_str()))
@@ -820,4 +827,8 @@ fn media_parts_count_inline_url_and_file_id_alike() {
             .media_parts,
         2
     );
+    // A bare media item in `input` (a lenient server takes it as a part) costs as one.
+    let bare = json!({"input": [{"type": "input_image", "image_url": "https://e.com/a.png"},
+        {"role": "user", "content": "what is it", "type": "message"}]});
+    assert_eq!(inspect(bare.to_string().as_bytes()).unwrap().media_parts, 1);
 }
