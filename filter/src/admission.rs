@@ -806,6 +806,13 @@ pub fn ask(
             ..Metering::default()
         }));
     }
+    // Context the provider holds can only be reserved up to the model's context window.
+    let costs = decide::PromptCosts::of(model);
+    if let Some(field) = info.and_then(|i| i.stored_context)
+        && costs.context_window.is_none()
+    {
+        return Err(Refusal::prompt_not_reservable(field, &model.name));
+    }
     // A subscription's (or the tier's) prices replace the model's: the first tier counted
     // that names some.
     let pricing = windows
@@ -813,9 +820,8 @@ pub fn ask(
         .find_map(|t| t.pricing_of(&model.name))
         .or(model.pricing);
     Ok(Some(Metering {
-        prompt_tokens_estimate: info
-            .map_or(0, |i| decide::prompt_estimate(i, model.media_tokens())),
-        reserved: decide::reservation(info, tier, model.media_tokens()),
+        prompt_tokens_estimate: info.map_or(0, |i| decide::prompt_estimate(i, costs)),
+        reserved: decide::reservation(info, tier, costs),
         weights,
         // Translated requests always get a cap (Bedrock's answer is then bounded by the
         // reservation too).

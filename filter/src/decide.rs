@@ -111,24 +111,47 @@ impl Tokens {
 /// `best_of`) — as output. A request without a readable body (uploads, discovery) reserves the
 /// completion budget only. The limits take it weighted ([`Tokens::weighted`], [`weights`]).
 ///
-/// Media parts add `media_tokens` each to the prompt ([`prompt_estimate`]).
-pub fn reservation(info: Option<&RequestInfo>, tier: &Tier, media_tokens: u64) -> Tokens {
+/// The prompt is [`prompt_estimate`] (media parts and stored context included).
+pub fn reservation(info: Option<&RequestInfo>, tier: &Tier, costs: PromptCosts) -> Tokens {
     let completion = limits::reservation_for(info.and_then(|i| i.max_tokens), tier);
-    let (prompt, choices) = info.map_or((0, 1), |i| {
-        (prompt_estimate(i, media_tokens), i.choices.max(1))
-    });
+    let (prompt, choices) = info.map_or((0, 1), |i| (prompt_estimate(i, costs), i.choices.max(1)));
     Tokens {
         input: prompt,
         output: completion.saturating_mul(choices),
     }
 }
 
+/// What a model's prompt may cost beyond its text ([`prompt_estimate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptCosts {
+    /// Per content part carrying media (`mediaTokens`).
+    pub media_tokens: u64,
+    /// The model's context window (`details.contextWindow`), when declared.
+    pub context_window: Option<u64>,
+}
+
+impl PromptCosts {
+    pub fn of(model: &maas_types::Model) -> Self {
+        PromptCosts {
+            media_tokens: model.media_tokens(),
+            context_window: model.context_window_tokens(),
+        }
+    }
+}
+
 /// The prompt tokens a request is reserved: the text estimate, and `media_tokens` for each
 /// content part carrying media (its cost is not in its bytes: an image URL is a few bytes, a
-/// base64 image many, and neither says what the model charges).
-pub fn prompt_estimate(info: &RequestInfo, media_tokens: u64) -> u64 {
-    info.prompt_tokens_estimate
-        .saturating_add(info.media_parts.saturating_mul(media_tokens))
+/// base64 image many, and neither says what the model charges); a request that makes the
+/// provider read context it holds (`previous_response_id`…) at least the whole context window,
+/// all the provider may read (admission refuses it when the model declares none).
+pub fn prompt_estimate(info: &RequestInfo, costs: PromptCosts) -> u64 {
+    let estimate = info
+        .prompt_tokens_estimate
+        .saturating_add(info.media_parts.saturating_mul(costs.media_tokens));
+    match (info.stored_context, costs.context_window) {
+        (Some(_), Some(window)) => estimate.max(window),
+        _ => estimate,
+    }
 }
 
 /// The cap to set on a request whose body names none, when its tier (or subscription) injects
@@ -593,20 +616,35 @@ mod tests {
             ..Default::default()
         };
         // A huge prompt with max_tokens 1 reserves the prompt too.
-        assert_eq!(reservation(Some(&info), free, 0), toks(60_000, 1));
-        assert_eq!(reservation(Some(&info), free, 0).weighted(ONE), 60_001);
-        assert_eq!(reservation(Some(&info), free, 0).weighted(OUT4), 60_004);
+        assert_eq!(
+            reservation(Some(&info), free, PromptCosts::default()),
+            toks(60_000, 1)
+        );
+        assert_eq!(
+            reservation(Some(&info), free, PromptCosts::default()).weighted(ONE),
+            60_001
+        );
+        assert_eq!(
+            reservation(Some(&info), free, PromptCosts::default()).weighted(OUT4),
+            60_004
+        );
         let n3 = RequestInfo {
             max_tokens: Some(100),
             prompt_tokens_estimate: 5,
             choices: 3,
             ..Default::default()
         };
-        assert_eq!(reservation(Some(&n3), free, 0), toks(5, 300));
-        // Output × 4: the prompt estimate plus max_tokens × n × 4.
-        assert_eq!(reservation(Some(&n3), free, 0).weighted(OUT4), 1205);
         assert_eq!(
-            reservation(None, free, 0),
+            reservation(Some(&n3), free, PromptCosts::default()),
+            toks(5, 300)
+        );
+        // Output × 4: the prompt estimate plus max_tokens × n × 4.
+        assert_eq!(
+            reservation(Some(&n3), free, PromptCosts::default()).weighted(OUT4),
+            1205
+        );
+        assert_eq!(
+            reservation(None, free, PromptCosts::default()),
             toks(0, limits::reservation_for(None, free))
         );
         // Each media part adds the model's media tokens to the prompt (not to the output).
@@ -618,16 +656,45 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            reservation(Some(&images), free, 4096),
+            reservation(Some(&images), free, media(4096)),
             toks(20 + 3 * 4096, 20)
         );
-        assert_eq!(reservation(Some(&images), free, 0), toks(20, 20));
-        assert_eq!(prompt_estimate(&images, 1000), 3020);
+        assert_eq!(
+            reservation(Some(&images), free, PromptCosts::default()),
+            toks(20, 20)
+        );
+        assert_eq!(prompt_estimate(&images, media(1000)), 3020);
         let absurd = RequestInfo {
             media_parts: u64::MAX,
             ..images
         };
-        assert_eq!(prompt_estimate(&absurd, 4096), u64::MAX);
+        assert_eq!(prompt_estimate(&absurd, media(4096)), u64::MAX);
+        // Stored context: at least the context window, when the model declares one.
+        let chained = RequestInfo {
+            max_tokens: Some(10),
+            prompt_tokens_estimate: 20,
+            media_parts: 1,
+            stored_context: Some("previous_response_id"),
+            choices: 1,
+            ..Default::default()
+        };
+        let window = |w| PromptCosts {
+            media_tokens: 100,
+            context_window: Some(w),
+        };
+        assert_eq!(
+            reservation(Some(&chained), free, window(8192)),
+            toks(8192, 10)
+        );
+        assert_eq!(prompt_estimate(&chained, window(50)), 120);
+        assert_eq!(prompt_estimate(&chained, media(100)), 120);
+    }
+
+    fn media(media_tokens: u64) -> PromptCosts {
+        PromptCosts {
+            media_tokens,
+            context_window: None,
+        }
     }
 
     proptest::proptest! {
@@ -678,7 +745,10 @@ mod tests {
             Some(("max_tokens", 300))
         );
         // The injected cap is the completion budget reserved (per choice).
-        assert_eq!(reservation(Some(&uncapped), &tier, 0).output, 300);
+        assert_eq!(
+            reservation(Some(&uncapped), &tier, PromptCosts::default()).output,
+            300
+        );
         assert_eq!(
             injected_cap(&capped, Some("max_tokens"), &tier, false),
             None

@@ -9,7 +9,7 @@
 
 mod estimate;
 
-use estimate::{Estimate, Place};
+use estimate::{Estimate, Place, Shape, Shaped};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -30,6 +30,10 @@ pub struct RequestInfo {
     /// Content parts that carry media (an image, audio, video or document: inline, a URL or a
     /// file id): each is reserved at the model's `mediaTokens` besides the text estimate.
     pub media_parts: u64,
+    /// A field that makes the provider read context it holds, which the body does not show
+    /// (Responses `previous_response_id`, `conversation`, a stored `prompt`): the prompt may
+    /// then be anything up to the model's context window.
+    pub stored_context: Option<&'static str>,
 }
 
 /// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
@@ -112,6 +116,8 @@ struct Fields {
     text_bytes: u64,
     /// Media parts of every other field ([`RequestInfo::media_parts`]).
     media_parts: u64,
+    /// The first field found pointing at context the provider holds.
+    stored_context: Option<&'static str>,
     duplicate: Option<&'static str>,
 }
 
@@ -130,11 +136,27 @@ enum Key {
     Messages,
     /// Responses `input` (items with content parts; or a string, or embeddings' inputs).
     Input,
+    /// Responses: context the provider holds (a stored response, a conversation, a stored
+    /// prompt when `prompt` is an object; completions' `prompt` is text).
+    PreviousResponseId,
+    Conversation,
+    Prompt,
     #[serde(other)]
     Other,
 }
 
 impl Key {
+    /// The name of a field that may point at context the provider holds, and whether a value
+    /// of this shape does (`None`: not such a field).
+    fn stored_context(&self, shape: Shape) -> Option<(&'static str, bool)> {
+        Some(match self {
+            Key::PreviousResponseId => ("previous_response_id", shape != Shape::Null),
+            Key::Conversation => ("conversation", shape != Shape::Null),
+            Key::Prompt => ("prompt", shape == Shape::Object),
+            _ => return None,
+        })
+    }
+
     /// Where the value of a field that is not read sits, for the prompt estimate.
     fn place(&self) -> Place {
         match self {
@@ -177,6 +199,16 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                     let tally = map.next_value_seed(Estimate(other.place()))?;
                     fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
                     fields.media_parts = fields.media_parts.saturating_add(tally.media);
+                    continue;
+                }
+                // Text as any field; any occurrence that points at stored context counts
+                // (a repeated key: a parser may read either).
+                stored @ (Key::PreviousResponseId | Key::Conversation | Key::Prompt) => {
+                    let (text, shape) = map.next_value_seed(Shaped)?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text);
+                    if let Some((name, true)) = stored.stored_context(shape) {
+                        fields.stored_context.get_or_insert(name);
+                    }
                     continue;
                 }
             };
@@ -457,6 +489,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
         choices: n.max(best_of).max(1),
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
         media_parts: f.media_parts,
+        stored_context: f.stored_context,
     })
 }
 
@@ -697,6 +730,7 @@ mod tests {
             choices: 1,
             prompt_tokens_estimate: 0,
             media_parts: 0,
+            stored_context: None,
         }
     }
 
@@ -705,8 +739,53 @@ mod tests {
         r.map(|i| RequestInfo {
             prompt_tokens_estimate: 0,
             media_parts: 0,
+            stored_context: None,
             ..i
         })
+    }
+
+    #[test]
+    fn fields_pointing_at_stored_context_are_named() {
+        let stored = |body: &str| inspect(body.as_bytes()).unwrap().stored_context;
+        assert_eq!(
+            stored(r#"{"input":"hi","previous_response_id":"resp_1"}"#),
+            Some("previous_response_id")
+        );
+        assert_eq!(
+            stored(r#"{"input":"hi","previous_response_id":null}"#),
+            None
+        );
+        assert_eq!(
+            stored(r#"{"input":"hi","conversation":{"id":"conv_1"}}"#),
+            Some("conversation")
+        );
+        assert_eq!(
+            stored(r#"{"input":"hi","conversation":"conv_1"}"#),
+            Some("conversation")
+        );
+        assert_eq!(
+            stored(r#"{"prompt":{"id":"pmpt_1","version":"2"}}"#),
+            Some("prompt")
+        );
+        // Completions' prompt is text, not a reference.
+        assert_eq!(stored(r#"{"prompt":"Once upon a time"}"#), None);
+        assert_eq!(stored(r#"{"prompt":[1,2,3]}"#), None);
+        // Escaped key, and a repeated one: any occurrence that points counts.
+        assert_eq!(
+            stored(r#"{"previous\u005fresponse_id":"resp_1"}"#),
+            Some("previous_response_id")
+        );
+        assert_eq!(
+            stored(r#"{"conversation":"c","conversation":null}"#),
+            Some("conversation")
+        );
+        assert_eq!(
+            stored(r#"{"messages":[{"role":"user","content":"hi"}]}"#),
+            None
+        );
+        // Its text still counts as prompt.
+        let i = inspect(br#"{"input":"","previous_response_id":"abcdefgh"}"#).unwrap();
+        assert_eq!(i.prompt_tokens_estimate, 2);
     }
 
     #[test]
@@ -1040,7 +1119,8 @@ mod tests {
     /// typed field values must agree with.
     mod value_oracle {
         use super::super::{
-            BodyError, Estimate, Key, PROMPT_BYTES_PER_TOKEN, RequestInfo, bad, cap, first_non_ws,
+            BodyError, Estimate, Key, PROMPT_BYTES_PER_TOKEN, Place, RequestInfo, bad, cap,
+            first_non_ws,
         };
         use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
         use serde_json::Value;
@@ -1060,6 +1140,7 @@ mod tests {
             /// Prompt text bytes of every other field (see [`PROMPT_BYTES_PER_TOKEN`]).
             text_bytes: u64,
             media_parts: u64,
+            stored_context: Option<&'static str>,
             duplicate: Option<&'static str>,
         }
 
@@ -1098,6 +1179,26 @@ mod tests {
                             let tally = map.next_value_seed(Estimate(other.place()))?;
                             fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
                             fields.media_parts = fields.media_parts.saturating_add(tally.media);
+                            continue;
+                        }
+                        Key::PreviousResponseId | Key::Conversation | Key::Prompt => {
+                            let value = map.next_value::<Value>()?;
+                            let tally = serde::de::DeserializeSeed::deserialize(
+                                Estimate(Place::Text),
+                                &value,
+                            )
+                            .map_err(serde::de::Error::custom)?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
+                            let (name, stored) = match key {
+                                Key::PreviousResponseId => {
+                                    ("previous_response_id", !value.is_null())
+                                }
+                                Key::Conversation => ("conversation", !value.is_null()),
+                                _ => ("prompt", value.is_object()),
+                            };
+                            if stored {
+                                fields.stored_context.get_or_insert(name);
+                            }
                             continue;
                         }
                     };
@@ -1182,6 +1283,7 @@ mod tests {
                 choices: n.max(best_of).max(1),
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
                 media_parts: f.media_parts,
+                stored_context: f.stored_context,
             })
         }
     }

@@ -97,6 +97,9 @@ pub enum Deny {
     AuthUnavailable,
     /// 503: the callout this request waited for went away.
     AuthInterrupted,
+    /// 400: the request makes the provider read context it holds (`previous_response_id`…)
+    /// and the model declares no context window to reserve for it.
+    PromptNotReservable,
     /// 503: the model's provider credential is not loaded yet.
     ProviderCredentialMissing,
     /// 503: no valid SigV4 signing key for the model's provider (AWS Bedrock): never forwarded
@@ -116,7 +119,7 @@ pub enum Deny {
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 30] = [
+    pub const ALL: [Deny; 31] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
@@ -124,6 +127,7 @@ impl Deny {
         Deny::TokensExceedLimit,
         Deny::CostExceedsLimit,
         Deny::UntranslatableRequest,
+        Deny::PromptNotReservable,
         Deny::InvalidApiKey,
         Deny::NoTier,
         Deny::ModelNotAllowed,
@@ -159,6 +163,7 @@ impl Deny {
             Deny::TokensExceedLimit => "tokens_exceed_limit",
             Deny::CostExceedsLimit => "cost_exceeds_limit",
             Deny::UntranslatableRequest => "untranslatable_request",
+            Deny::PromptNotReservable => "prompt_not_reservable",
             Deny::InvalidApiKey => "invalid_api_key",
             Deny::NoTier => "no_tier",
             Deny::ModelNotAllowed => "model_not_allowed",
@@ -193,7 +198,8 @@ impl Deny {
             | Deny::ModelMismatch
             | Deny::TokensExceedLimit
             | Deny::CostExceedsLimit
-            | Deny::UntranslatableRequest => 400,
+            | Deny::UntranslatableRequest
+            | Deny::PromptNotReservable => 400,
             Deny::InvalidApiKey => 401,
             Deny::NoTier
             | Deny::ModelNotAllowed
@@ -288,6 +294,22 @@ impl Refusal {
     pub fn invalid_body(e: &crate::request_body::BodyError) -> Self {
         let mut r = Self::new(Deny::InvalidBody, e.to_string());
         r.param = e.field();
+        r
+    }
+
+    /// 400 `prompt_not_reservable`: `field` makes the provider read context it holds, and
+    /// `model` declares no context window to reserve for it (`param`: the field).
+    pub fn prompt_not_reservable(field: &'static str, model: &str) -> Self {
+        let mut r = Self::new(
+            Deny::PromptNotReservable,
+            format!(
+                "{field} makes the provider read context it holds, which the gateway cannot \
+                 count; model {model} declares no context window (details.contextWindow) to \
+                 reserve for it: send the whole conversation instead, or ask the platform team \
+                 to declare the model's context window"
+            ),
+        );
+        r.param = Some(field);
         r
     }
 

@@ -559,6 +559,18 @@ pub struct OperationSpec {
 }
 
 impl Model {
+    /// The context window in tokens (`details.contextWindow`, checked a positive integer),
+    /// when declared.
+    pub fn context_window_tokens(&self) -> Option<u64> {
+        self.details
+            .as_ref()?
+            .context_window
+            .as_deref()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// Prompt tokens reserved per media part ([`Model::media_tokens`]).
     pub fn media_tokens(&self) -> u64 {
         self.media_tokens.unwrap_or(DEFAULT_MEDIA_TOKENS)

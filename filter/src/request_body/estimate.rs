@@ -134,6 +134,65 @@ impl<'de> Visitor<'de> for Estimate {
     }
 }
 
+/// A value's JSON type, as far as a field pointing at stored context cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    Null,
+    Object,
+    Other,
+}
+
+/// A top-level value outside any message: its text bytes and its [`Shape`].
+pub(super) struct Shaped;
+
+impl<'de> DeserializeSeed<'de> for Shaped {
+    type Value = (u64, Shape);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(u64, Shape), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Shaped {
+    type Value = (u64, Shape);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(u64, Shape), E> {
+        Ok((v.len() as u64, Shape::Other))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(u64, Shape), E> {
+        Ok((0, Shape::Other))
+    }
+
+    fn visit_unit<E>(self) -> Result<(u64, Shape), E> {
+        Ok((0, Shape::Null))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(u64, Shape), E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(u64, Shape), E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(u64, Shape), E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(u64, Shape), A::Error> {
+        Ok((text_seq(seq)?, Shape::Other))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(u64, Shape), A::Error> {
+        Ok((text_object(map)?, Shape::Object))
+    }
+}
+
 /// The text bytes of a list outside any message (no media is counted there).
 fn text_seq<'de, A: SeqAccess<'de>>(seq: A) -> Result<u64, A::Error> {
     Ok(Estimate(Place::Text).visit_seq(seq)?.text)

@@ -40,6 +40,12 @@ models:
     tiers: [small]
     backend: simulator
     mediaTokens: 1000
+  # A model that declares its context window: a request continuing stored context reserves it.
+  - name: window-model
+    path: /llm/window-model
+    tiers: [small, meter]
+    backend: simulator
+    details: {contextWindow: "8192"}
 "#;
 
 const IDENTITIES: &str = r#"
@@ -51,6 +57,8 @@ identities:
   - {token: abby-token, username: abby, groups: [g-meter]}
   - {token: ivy-token, username: ivy, groups: [g-small]}
   - {token: vic-token, username: vic, groups: [g-small]}
+  - {token: tom-token, username: tom, groups: [g-small]}
+  - {token: cleo-token, username: cleo, groups: [g-meter]}
 "#;
 
 const CHAT: &str = "/llm/sim-model/v1/chat/completions";
@@ -245,6 +253,61 @@ async fn parallel_image_requests_cannot_multiply_the_budget() {
         "{ok} requests with a 1000-token image admitted at once on 3000: {statuses:?}"
     );
     assert_eq!(ok, stack.sim_requests_with_test_id("par-image").len());
+}
+
+/// A Responses request continuing a stored response makes the provider read the whole earlier
+/// conversation, which the body does not show: it reserves the model's context window, or is
+/// refused (naming the field) when the model declares none; never forwarded on a few tokens.
+#[tokio::test]
+async fn continuing_stored_context_reserves_the_context_window_or_is_refused() {
+    let stack = stack();
+    let chained = |model: &str| {
+        json!({"model": model, "input": "and then?", "max_output_tokens": 10,
+               "previous_response_id": "resp_0123456789"})
+    };
+    // No context window declared: nothing to reserve for it.
+    let r = chat(
+        stack,
+        "/llm/sim-model/v1/responses",
+        "stored-unbounded",
+        &[("authorization", "Bearer cleo-token")],
+        chained("sim-model"),
+    )
+    .await;
+    let e = r.error(400);
+    assert_eq!(e["code"], "prompt_not_reservable", "{e}");
+    assert_eq!(e["param"], "previous_response_id", "{e}");
+    // Declared (8192): more than the small tier's day, refused up front …
+    let r = chat(
+        stack,
+        "/llm/window-model/v1/responses",
+        "stored-small",
+        &[("authorization", "Bearer tom-token")],
+        chained("window-model"),
+    )
+    .await;
+    assert_eq!(r.error(400)["code"], "tokens_exceed_limit");
+    for id in ["stored-unbounded", "stored-small"] {
+        assert!(
+            stack.sim_requests_with_test_id(id).is_empty(),
+            "{id}: a request whose prompt could not be reserved reached the backend"
+        );
+    }
+    // … and reserved whole on a large one (the window after the reservation says so).
+    let r = chat(
+        stack,
+        "/llm/window-model/v1/responses",
+        "stored-reserved",
+        &[("authorization", "Bearer cleo-token")],
+        chained("window-model"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let remaining = header_u64(&r, "x-ratelimit-remaining-tokens");
+    assert!(
+        remaining <= 1_000_000 - 8192 - 10,
+        "remaining {remaining}: the context window was not reserved"
+    );
 }
 
 /// Tokens left in gus's (or abby's) day, from a zero-cost discovery… no: discovery carries no
