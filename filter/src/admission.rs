@@ -806,6 +806,13 @@ pub fn ask(
             ..Metering::default()
         }));
     }
+    // A tool the provider runs has no bound before the answer: refused unless the model
+    // settles such requests.
+    if let Some(tool) = info.and_then(|i| i.hosted_tool.as_deref())
+        && model.hosted_tools == maas_types::policy::HostedTools::Refuse
+    {
+        return Err(Refusal::hosted_tool(tool, &model.name));
+    }
     // Context the provider holds can only be reserved up to the model's context window.
     let costs = decide::PromptCosts::of(model);
     if let Some(field) = info.and_then(|i| i.stored_context)

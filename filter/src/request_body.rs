@@ -9,7 +9,7 @@
 
 mod estimate;
 
-use estimate::{Estimate, Place, Shape, Shaped};
+use estimate::{Estimate, Place, Shape, Shaped, Tools};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -34,6 +34,11 @@ pub struct RequestInfo {
     /// (Responses `previous_response_id`, `conversation`, a stored `prompt`): the prompt may
     /// then be anything up to the model's context window.
     pub stored_context: Option<&'static str>,
+    /// A tool the provider runs itself inside the request (a `tools` entry whose `type` is not
+    /// one the client runs, e.g. `web_search`, `file_search`, `code_interpreter`, `mcp`,
+    /// Anthropic `web_search_20250305`; or `web_search_options`, `mcp_servers`): it reads
+    /// content and may take turns the body does not show, so its cost has no bound.
+    pub hosted_tool: Option<String>,
 }
 
 /// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
@@ -118,6 +123,8 @@ struct Fields {
     media_parts: u64,
     /// The first field found pointing at context the provider holds.
     stored_context: Option<&'static str>,
+    /// The first tool found that the provider runs ([`RequestInfo::hosted_tool`]).
+    hosted_tool: Option<String>,
     duplicate: Option<&'static str>,
 }
 
@@ -141,6 +148,11 @@ enum Key {
     PreviousResponseId,
     Conversation,
     Prompt,
+    /// Tools: the provider runs some itself ([`RequestInfo::hosted_tool`]).
+    Tools,
+    /// Chat's web search (search models), Anthropic's MCP connector: run by the provider.
+    WebSearchOptions,
+    McpServers,
     #[serde(other)]
     Other,
 }
@@ -155,6 +167,14 @@ impl Key {
             Key::Prompt => ("prompt", shape == Shape::Object),
             _ => return None,
         })
+    }
+
+    /// The name of a top-level field whose value has the provider run a tool.
+    fn hosted_field(&self) -> &'static str {
+        match self {
+            Key::WebSearchOptions => "web_search_options",
+            _ => "mcp_servers",
+        }
     }
 
     /// Where the value of a field that is not read sits, for the prompt estimate.
@@ -203,6 +223,22 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 }
                 // Text as any field; any occurrence that points at stored context counts
                 // (a repeated key: a parser may read either).
+                Key::Tools => {
+                    let (text, hosted) = map.next_value_seed(Tools)?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text);
+                    if fields.hosted_tool.is_none() {
+                        fields.hosted_tool = hosted;
+                    }
+                    continue;
+                }
+                run @ (Key::WebSearchOptions | Key::McpServers) => {
+                    let (text, shape) = map.next_value_seed(Shaped)?;
+                    fields.text_bytes = fields.text_bytes.saturating_add(text);
+                    if shape != Shape::Null && fields.hosted_tool.is_none() {
+                        fields.hosted_tool = Some(run.hosted_field().to_string());
+                    }
+                    continue;
+                }
                 stored @ (Key::PreviousResponseId | Key::Conversation | Key::Prompt) => {
                     let (text, shape) = map.next_value_seed(Shaped)?;
                     fields.text_bytes = fields.text_bytes.saturating_add(text);
@@ -490,6 +526,7 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
         media_parts: f.media_parts,
         stored_context: f.stored_context,
+        hosted_tool: f.hosted_tool,
     })
 }
 
@@ -731,6 +768,7 @@ mod tests {
             prompt_tokens_estimate: 0,
             media_parts: 0,
             stored_context: None,
+            hosted_tool: None,
         }
     }
 
@@ -740,8 +778,80 @@ mod tests {
             prompt_tokens_estimate: 0,
             media_parts: 0,
             stored_context: None,
+            hosted_tool: None,
             ..i
         })
+    }
+
+    #[test]
+    fn tools_the_provider_runs_are_named() {
+        let hosted =
+            |body: serde_json::Value| inspect(body.to_string().as_bytes()).unwrap().hosted_tool;
+        let f = serde_json::json!({"type": "function", "function": {"name": "f"}});
+        assert_eq!(hosted(serde_json::json!({"tools": [f]})), None);
+        // Anthropic's own tools have no type; its client-run versions are the client's.
+        assert_eq!(
+            hosted(
+                serde_json::json!({"tools": [{"name": "get", "input_schema": {}},
+                {"type": "bash_20250124", "name": "bash"},
+                {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+                {"type": "custom", "name": "x"}, {"type": null, "name": "y"}]})
+            ),
+            None
+        );
+        for (tool, named) in [
+            (serde_json::json!({"type": "web_search"}), "web_search"),
+            (
+                serde_json::json!({"type": "file_search", "vector_store_ids": ["v"]}),
+                "file_search",
+            ),
+            (
+                serde_json::json!({"type": "code_interpreter", "container": {"type": "auto"}}),
+                "code_interpreter",
+            ),
+            (
+                serde_json::json!({"type": "mcp", "server_url": "https://x"}),
+                "mcp",
+            ),
+            (
+                serde_json::json!({"type": "web_search_20250305", "name": "web_search", "max_uses": 5}),
+                "web_search_20250305",
+            ),
+            (serde_json::json!({"type": 5}), "(not a string)"),
+        ] {
+            assert_eq!(
+                hosted(serde_json::json!({"tools": [f, tool]})).as_deref(),
+                Some(named),
+                "{tool}"
+            );
+        }
+        assert_eq!(
+            hosted(serde_json::json!({"messages": [], "web_search_options": {}})).as_deref(),
+            Some("web_search_options")
+        );
+        assert_eq!(
+            hosted(serde_json::json!({"web_search_options": null})),
+            None
+        );
+        assert_eq!(
+            hosted(serde_json::json!({"mcp_servers": [{"type": "url", "url": "https://x"}]}))
+                .as_deref(),
+            Some("mcp_servers")
+        );
+        // A repeated `type`: any occurrence the provider runs counts.
+        let twice = br#"{"tools":[{"type":"web_search","type":"function"}]}"#;
+        assert_eq!(
+            inspect(twice).unwrap().hosted_tool.as_deref(),
+            Some("web_search")
+        );
+        // Tools' text is still prompt.
+        let big = serde_json::json!({"tools": [{"type": "web_search", "d": "a".repeat(400)}]});
+        assert!(
+            inspect(big.to_string().as_bytes())
+                .unwrap()
+                .prompt_tokens_estimate
+                >= 100
+        );
     }
 
     #[test]
@@ -1141,6 +1251,7 @@ mod tests {
             text_bytes: u64,
             media_parts: u64,
             stored_context: Option<&'static str>,
+            hosted_tool: Option<String>,
             duplicate: Option<&'static str>,
         }
 
@@ -1179,6 +1290,34 @@ mod tests {
                             let tally = map.next_value_seed(Estimate(other.place()))?;
                             fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
                             fields.media_parts = fields.media_parts.saturating_add(tally.media);
+                            continue;
+                        }
+                        Key::Tools | Key::WebSearchOptions | Key::McpServers => {
+                            let value = map.next_value::<Value>()?;
+                            let tally = serde::de::DeserializeSeed::deserialize(
+                                Estimate(Place::Text),
+                                &value,
+                            )
+                            .map_err(serde::de::Error::custom)?;
+                            fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
+                            let hosted = match (&key, &value) {
+                                (Key::Tools, Value::Array(tools)) => {
+                                    tools.iter().find_map(|t| match t.get("type") {
+                                        None | Some(Value::Null) => None,
+                                        Some(Value::String(t)) => {
+                                            super::super::estimate::is_hosted_tool(t)
+                                                .then(|| t.clone())
+                                        }
+                                        Some(_) => Some("(not a string)".to_string()),
+                                    })
+                                }
+                                (Key::Tools, _) | (_, Value::Null) => None,
+                                (Key::WebSearchOptions, _) => Some("web_search_options".into()),
+                                _ => Some("mcp_servers".into()),
+                            };
+                            if fields.hosted_tool.is_none() {
+                                fields.hosted_tool = hosted;
+                            }
                             continue;
                         }
                         Key::PreviousResponseId | Key::Conversation | Key::Prompt => {
@@ -1284,6 +1423,7 @@ mod tests {
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
                 media_parts: f.media_parts,
                 stored_context: f.stored_context,
+                hosted_tool: f.hosted_tool,
             })
         }
     }

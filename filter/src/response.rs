@@ -100,6 +100,9 @@ pub enum Deny {
     /// 400: the request makes the provider read context it holds (`previous_response_id`…)
     /// and the model declares no context window to reserve for it.
     PromptNotReservable,
+    /// 400: the request names a tool the provider runs itself and the model refuses those
+    /// (`hostedTools`).
+    HostedToolNotAllowed,
     /// 503: the model's provider credential is not loaded yet.
     ProviderCredentialMissing,
     /// 503: no valid SigV4 signing key for the model's provider (AWS Bedrock): never forwarded
@@ -119,7 +122,7 @@ pub enum Deny {
 
 impl Deny {
     #[cfg(test)]
-    pub const ALL: [Deny; 31] = [
+    pub const ALL: [Deny; 32] = [
         Deny::InvalidPath,
         Deny::InvalidCredential,
         Deny::InvalidBody,
@@ -128,6 +131,7 @@ impl Deny {
         Deny::CostExceedsLimit,
         Deny::UntranslatableRequest,
         Deny::PromptNotReservable,
+        Deny::HostedToolNotAllowed,
         Deny::InvalidApiKey,
         Deny::NoTier,
         Deny::ModelNotAllowed,
@@ -164,6 +168,7 @@ impl Deny {
             Deny::CostExceedsLimit => "cost_exceeds_limit",
             Deny::UntranslatableRequest => "untranslatable_request",
             Deny::PromptNotReservable => "prompt_not_reservable",
+            Deny::HostedToolNotAllowed => "hosted_tool_not_allowed",
             Deny::InvalidApiKey => "invalid_api_key",
             Deny::NoTier => "no_tier",
             Deny::ModelNotAllowed => "model_not_allowed",
@@ -199,7 +204,8 @@ impl Deny {
             | Deny::TokensExceedLimit
             | Deny::CostExceedsLimit
             | Deny::UntranslatableRequest
-            | Deny::PromptNotReservable => 400,
+            | Deny::PromptNotReservable
+            | Deny::HostedToolNotAllowed => 400,
             Deny::InvalidApiKey => 401,
             Deny::NoTier
             | Deny::ModelNotAllowed
@@ -307,6 +313,26 @@ impl Refusal {
                  count; model {model} declares no context window (details.contextWindow) to \
                  reserve for it: send the whole conversation instead, or ask the platform team \
                  to declare the model's context window"
+            ),
+        );
+        r.param = Some(field);
+        r
+    }
+
+    /// 400 `hosted_tool_not_allowed`: the request names `tool`, which the provider runs itself,
+    /// and `model` refuses such tools (`param`: the field naming it).
+    pub fn hosted_tool(tool: &str, model: &str) -> Self {
+        let field = match tool {
+            "web_search_options" => "web_search_options",
+            "mcp_servers" => "mcp_servers",
+            _ => "tools",
+        };
+        let mut r = Self::new(
+            Deny::HostedToolNotAllowed,
+            format!(
+                "{tool} is a tool the provider runs itself, reading content and taking turns \
+                 the gateway cannot count before the answer; model {model} does not allow such \
+                 tools (hostedTools): use function tools, or ask the platform team to allow them"
             ),
         );
         r.param = Some(field);

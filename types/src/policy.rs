@@ -182,6 +182,27 @@ impl UncappedRequests {
     }
 }
 
+/// What the gateway does with a request naming a tool the provider runs itself inside the
+/// request (web search, file search, code execution, remote MCP…): it reads content and may
+/// take turns the body does not show, so nothing bounds its cost before the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HostedTools {
+    /// Refused (400 `hosted_tool_not_allowed`, naming the tool): nothing is spent that was not
+    /// reserved.
+    #[default]
+    Refuse,
+    /// Forwarded: reserved like any request and settled to the usage the provider reports, so
+    /// one request may overshoot a window by all its tool turns read.
+    Settle,
+}
+
+impl HostedTools {
+    pub fn is_default(&self) -> bool {
+        *self == HostedTools::default()
+    }
+}
+
 /// Largest token weight.
 pub const MAX_TOKEN_WEIGHT: u32 = 1000;
 
@@ -340,6 +361,11 @@ pub struct Model {
     /// reserved nothing (settled from the usage only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_tokens: Option<u64>,
+    /// Ours: requests naming a tool the provider runs itself (`web_search`, `file_search`,
+    /// `code_interpreter`, `mcp`, Anthropic server tools, `web_search_options`, `mcp_servers`):
+    /// `refuse` (default) or `settle`.
+    #[serde(default, skip_serializing_if = "HostedTools::is_default")]
+    pub hosted_tools: HostedTools,
 }
 
 /// Prompt tokens reserved per media part when a model sets no `mediaTokens`: above what one

@@ -731,6 +731,7 @@ fn model_of(
         upstream_cluster: None,
         pricing: None,
         media_tokens: None,
+        hosted_tools: maas_types::policy::HostedTools::default(),
     };
     // Another id clients may send, when it differs from the MaaSModelRef's name.
     let alias = |model: &mut Model, id: &str| {

@@ -193,6 +193,206 @@ impl<'de> Visitor<'de> for Shaped {
     }
 }
 
+/// Tool `type`s the client runs (the provider only asks for a call, which comes back visible in
+/// the next request): everything else in `tools` is run by the provider inside the request
+/// (web search, file search, code execution, remote MCP…), reading what the body does not show.
+const CLIENT_RUN_TOOLS: [&str; 4] = ["function", "custom", "local_shell", "computer_use_preview"];
+/// Prefixes of Anthropic's client-run tool versions (`bash_20250124`, `text_editor_…`, …).
+const CLIENT_RUN_TOOL_PREFIXES: [&str; 4] = ["bash_", "text_editor_", "computer_", "memory_"];
+
+/// Whether the provider runs a tool of this `type` itself.
+pub(super) fn is_hosted_tool(tool_type: &str) -> bool {
+    !(CLIENT_RUN_TOOLS.contains(&tool_type)
+        || CLIENT_RUN_TOOL_PREFIXES
+            .iter()
+            .any(|p| tool_type.starts_with(p)))
+}
+
+/// The top-level `tools`: its text bytes, and the `type` of the first tool the provider runs
+/// itself ([`is_hosted_tool`]; a `type` that is not a string counts as one). A tool without a
+/// `type` (Anthropic's own tools) is the client's.
+pub(super) struct Tools;
+
+impl<'de> DeserializeSeed<'de> for Tools {
+    type Value = (u64, Option<String>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Tools {
+    type Value = (u64, Option<String>);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok((v.len() as u64, None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut text: u64 = 0;
+        let mut hosted = None;
+        while let Some((n, h)) = seq.next_element_seed(Tool)? {
+            text = text.saturating_add(n);
+            if hosted.is_none() {
+                hosted = h;
+            }
+        }
+        Ok((text, hosted))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok((text_object(map)?, None))
+    }
+}
+
+/// One element of `tools`: its text bytes, and its `type` when the provider runs it.
+struct Tool;
+
+impl<'de> DeserializeSeed<'de> for Tool {
+    type Value = (u64, Option<String>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Tool {
+    type Value = (u64, Option<String>);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok((v.len() as u64, None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok((text_seq(seq)?, None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut text: u64 = 0;
+        let mut hosted = None;
+        while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
+            text = text.saturating_add(key.len);
+            if key.name == KeyName::Type {
+                let (n, tool_type) = map.next_value_seed(ToolType)?;
+                text = text.saturating_add(n);
+                if hosted.is_none() {
+                    hosted = tool_type;
+                }
+            } else {
+                text = text.saturating_add(map.next_value_seed(TextSeed)?);
+            }
+        }
+        Ok((text, hosted))
+    }
+}
+
+/// A tool's `type`: its text bytes, and the type when the provider runs such a tool (a value
+/// that is not a string: `"(not a string)"`; null: no type).
+struct ToolType;
+
+impl<'de> DeserializeSeed<'de> for ToolType {
+    type Value = (u64, Option<String>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        let (text, shape, tool_type) = d.deserialize_any(ToolTypeVisitor)?;
+        Ok(match (shape, tool_type) {
+            (_, Some(t)) => (text, is_hosted_tool(&t).then_some(t)),
+            (Shape::Null, None) => (text, None),
+            _ => (text, Some("(not a string)".to_string())),
+        })
+    }
+}
+
+struct ToolTypeVisitor;
+
+impl<'de> Visitor<'de> for ToolTypeVisitor {
+    type Value = (u64, Shape, Option<String>);
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok((v.len() as u64, Shape::Other, Some(v.to_string())))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, Shape::Other, None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, Shape::Null, None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok((text_seq(seq)?, Shape::Other, None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok((text_object(map)?, Shape::Object, None))
+    }
+}
+
 /// The text bytes of a list outside any message (no media is counted there).
 fn text_seq<'de, A: SeqAccess<'de>>(seq: A) -> Result<u64, A::Error> {
     Ok(Estimate(Place::Text).visit_seq(seq)?.text)

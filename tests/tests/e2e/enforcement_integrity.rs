@@ -46,6 +46,12 @@ models:
     tiers: [small, meter]
     backend: simulator
     details: {contextWindow: "8192"}
+  # A model whose platform team accepts tools the provider runs (settled from the usage).
+  - name: settle-model
+    path: /llm/settle-model
+    tiers: [meter]
+    backend: simulator
+    hostedTools: settle
 "#;
 
 const IDENTITIES: &str = r#"
@@ -308,6 +314,70 @@ async fn continuing_stored_context_reserves_the_context_window_or_is_refused() {
         remaining <= 1_000_000 - 8192 - 10,
         "remaining {remaining}: the context window was not reserved"
     );
+}
+
+/// A tool the provider runs itself (web search, code execution, remote MCP) reads content and
+/// takes turns the body does not show: refused by default, naming it, and never forwarded;
+/// a model whose policy says `hostedTools: settle` forwards it.
+#[tokio::test]
+async fn tools_the_provider_runs_are_refused_unless_the_model_settles_them() {
+    let stack = stack();
+    let auth = [("authorization", "Bearer cleo-token")];
+    let hi = json!([{"role": "user", "content": "find it"}]);
+    let function = json!({"type": "function", "function": {"name": "f", "parameters": {}}});
+    let cases = [
+        (
+            CHAT,
+            "hosted-chat",
+            json!({"model": "sim-model", "max_tokens": 10, "messages": hi,
+                   "tools": [function, {"type": "web_search"}]}),
+            "tools",
+        ),
+        (
+            "/llm/sim-model/v1/responses",
+            "hosted-responses",
+            json!({"model": "sim-model", "max_output_tokens": 10, "input": "find it",
+                   "tools": [{"type": "mcp", "server_label": "x", "server_url": "https://mcp.example.com"}]}),
+            "tools",
+        ),
+        (
+            CHAT,
+            "hosted-search-options",
+            json!({"model": "sim-model", "max_tokens": 10, "messages": hi, "web_search_options": {}}),
+            "web_search_options",
+        ),
+    ];
+    for (path, id, body, param) in cases {
+        let r = chat(stack, path, id, &auth, body).await;
+        let e = r.error(400);
+        assert_eq!(e["code"], "hosted_tool_not_allowed", "{id}: {e}");
+        assert_eq!(e["param"], param, "{id}: {e}");
+        assert!(
+            stack.sim_requests_with_test_id(id).is_empty(),
+            "{id}: a request with a tool the provider runs reached the backend"
+        );
+    }
+    // Function tools alone are the client's: forwarded.
+    let r = chat(
+        stack,
+        CHAT,
+        "hosted-function",
+        &auth,
+        json!({"model": "sim-model", "max_tokens": 10, "messages": hi, "tools": [function]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The model that settles them forwards the request.
+    let _ = chat(
+        stack,
+        "/llm/settle-model/v1/chat/completions",
+        "hosted-settled",
+        &auth,
+        json!({"model": "settle-model", "max_tokens": 10, "messages": hi,
+               "tools": [{"type": "web_search"}]}),
+    )
+    .await;
+    assert_eq!(stack.sim_requests_with_test_id("hosted-settled").len(), 1);
 }
 
 /// Tokens left in gus's (or abby's) day, from a zero-cost discovery… no: discovery carries no
