@@ -808,14 +808,14 @@ pub fn ask(
     }
     // A tool the provider runs has no bound before the answer: refused unless the model
     // settles such requests.
-    if let Some(tool) = info.and_then(|i| i.hosted_tool.as_deref())
+    if let Some(tool) = info.and_then(RequestInfo::hosted_tool)
         && model.hosted_tools == maas_types::policy::HostedTools::Refuse
     {
         return Err(Refusal::hosted_tool(tool, &model.name));
     }
     // Context the provider holds can only be reserved up to the model's context window.
     let costs = decide::PromptCosts::of(model);
-    if let Some(field) = info.and_then(|i| i.stored_context)
+    if let Some(field) = info.and_then(RequestInfo::stored_context)
         && costs.context_window.is_none()
     {
         return Err(Refusal::prompt_not_reservable(field, &model.name));

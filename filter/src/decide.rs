@@ -147,8 +147,8 @@ impl PromptCosts {
 pub fn prompt_estimate(info: &RequestInfo, costs: PromptCosts) -> u64 {
     let estimate = info
         .prompt_tokens_estimate
-        .saturating_add(info.media_parts.saturating_mul(costs.media_tokens));
-    match (info.stored_context, costs.context_window) {
+        .saturating_add(info.media_parts().saturating_mul(costs.media_tokens));
+    match (info.stored_context(), costs.context_window) {
         (Some(_), Some(window)) => estimate.max(window),
         _ => estimate,
     }
@@ -651,7 +651,7 @@ mod tests {
         let images = RequestInfo {
             max_tokens: Some(10),
             prompt_tokens_estimate: 20,
-            media_parts: 3,
+            beyond_text: beyond(3, None),
             choices: 2,
             ..Default::default()
         };
@@ -665,7 +665,7 @@ mod tests {
         );
         assert_eq!(prompt_estimate(&images, media(1000)), 3020);
         let absurd = RequestInfo {
-            media_parts: u64::MAX,
+            beyond_text: beyond(u64::MAX, None),
             ..images
         };
         assert_eq!(prompt_estimate(&absurd, media(4096)), u64::MAX);
@@ -673,8 +673,7 @@ mod tests {
         let chained = RequestInfo {
             max_tokens: Some(10),
             prompt_tokens_estimate: 20,
-            media_parts: 1,
-            stored_context: Some("previous_response_id"),
+            beyond_text: beyond(1, Some("previous_response_id")),
             choices: 1,
             ..Default::default()
         };
@@ -688,6 +687,17 @@ mod tests {
         );
         assert_eq!(prompt_estimate(&chained, window(50)), 120);
         assert_eq!(prompt_estimate(&chained, media(100)), 120);
+    }
+
+    fn beyond(
+        media_parts: u64,
+        stored_context: Option<&'static str>,
+    ) -> Option<Box<crate::request_body::BeyondText>> {
+        Some(Box::new(crate::request_body::BeyondText {
+            media_parts,
+            stored_context,
+            hosted_tool: None,
+        }))
     }
 
     fn media(media_tokens: u64) -> PromptCosts {

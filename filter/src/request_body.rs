@@ -27,6 +27,14 @@ pub struct RequestInfo {
     pub choices: u64,
     /// Estimated prompt tokens: [`PROMPT_BYTES_PER_TOKEN`] bytes of prompt text per token.
     pub prompt_tokens_estimate: u64,
+    /// What the provider reads or runs beyond the body's text, when anything (boxed: most
+    /// requests have none, and every request carries this).
+    pub beyond_text: Option<Box<BeyondText>>,
+}
+
+/// What a request has the provider read or run that its text does not show.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BeyondText {
     /// Content parts that carry media (an image, audio, video or document: inline, a URL or a
     /// file id): each is reserved at the model's `mediaTokens` besides the text estimate.
     pub media_parts: u64,
@@ -39,6 +47,32 @@ pub struct RequestInfo {
     /// Anthropic `web_search_20250305`; or `web_search_options`, `mcp_servers`): it reads
     /// content and may take turns the body does not show, so its cost has no bound.
     pub hosted_tool: Option<String>,
+}
+
+impl BeyondText {
+    /// `None` when there is nothing beyond the text.
+    fn boxed(self) -> Option<Box<BeyondText>> {
+        (self != BeyondText::default()).then(|| Box::new(self))
+    }
+}
+
+impl RequestInfo {
+    /// [`BeyondText::media_parts`].
+    pub fn media_parts(&self) -> u64 {
+        self.beyond_text.as_ref().map_or(0, |b| b.media_parts)
+    }
+
+    /// [`BeyondText::stored_context`].
+    pub fn stored_context(&self) -> Option<&'static str> {
+        self.beyond_text.as_ref().and_then(|b| b.stored_context)
+    }
+
+    /// [`BeyondText::hosted_tool`].
+    pub fn hosted_tool(&self) -> Option<&str> {
+        self.beyond_text
+            .as_ref()
+            .and_then(|b| b.hosted_tool.as_deref())
+    }
 }
 
 /// Every field an API family caps generation with: OpenAI chat `max_completion_tokens` (and its
@@ -524,9 +558,12 @@ pub fn inspect(body: &[u8]) -> Result<RequestInfo, BodyError> {
         include_usage,
         choices: n.max(best_of).max(1),
         prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
-        media_parts: f.media_parts,
-        stored_context: f.stored_context,
-        hosted_tool: f.hosted_tool,
+        beyond_text: BeyondText {
+            media_parts: f.media_parts,
+            stored_context: f.stored_context,
+            hosted_tool: f.hosted_tool,
+        }
+        .boxed(),
     })
 }
 
@@ -766,9 +803,7 @@ mod tests {
             include_usage: usage,
             choices: 1,
             prompt_tokens_estimate: 0,
-            media_parts: 0,
-            stored_context: None,
-            hosted_tool: None,
+            beyond_text: None,
         }
     }
 
@@ -776,17 +811,19 @@ mod tests {
     fn core(r: Result<RequestInfo, BodyError>) -> Result<RequestInfo, BodyError> {
         r.map(|i| RequestInfo {
             prompt_tokens_estimate: 0,
-            media_parts: 0,
-            stored_context: None,
-            hosted_tool: None,
+            beyond_text: None,
             ..i
         })
     }
 
     #[test]
     fn tools_the_provider_runs_are_named() {
-        let hosted =
-            |body: serde_json::Value| inspect(body.to_string().as_bytes()).unwrap().hosted_tool;
+        let hosted = |body: serde_json::Value| {
+            inspect(body.to_string().as_bytes())
+                .unwrap()
+                .hosted_tool()
+                .map(str::to_string)
+        };
         let f = serde_json::json!({"type": "function", "function": {"name": "f"}});
         assert_eq!(hosted(serde_json::json!({"tools": [f]})), None);
         // Anthropic's own tools have no type; its client-run versions are the client's.
@@ -840,10 +877,7 @@ mod tests {
         );
         // A repeated `type`: any occurrence the provider runs counts.
         let twice = br#"{"tools":[{"type":"web_search","type":"function"}]}"#;
-        assert_eq!(
-            inspect(twice).unwrap().hosted_tool.as_deref(),
-            Some("web_search")
-        );
+        assert_eq!(inspect(twice).unwrap().hosted_tool(), Some("web_search"));
         // Tools' text is still prompt.
         let big = serde_json::json!({"tools": [{"type": "web_search", "d": "a".repeat(400)}]});
         assert!(
@@ -856,7 +890,7 @@ mod tests {
 
     #[test]
     fn fields_pointing_at_stored_context_are_named() {
-        let stored = |body: &str| inspect(body.as_bytes()).unwrap().stored_context;
+        let stored = |body: &str| inspect(body.as_bytes()).unwrap().stored_context();
         assert_eq!(
             stored(r#"{"input":"hi","previous_response_id":"resp_1"}"#),
             Some("previous_response_id")
@@ -1421,9 +1455,12 @@ mod tests {
                 include_usage,
                 choices: n.max(best_of).max(1),
                 prompt_tokens_estimate: f.text_bytes.div_ceil(PROMPT_BYTES_PER_TOKEN),
-                media_parts: f.media_parts,
-                stored_context: f.stored_context,
-                hosted_tool: f.hosted_tool,
+                beyond_text: super::super::BeyondText {
+                    media_parts: f.media_parts,
+                    stored_context: f.stored_context,
+                    hosted_tool: f.hosted_tool,
+                }
+                .boxed(),
             })
         }
     }

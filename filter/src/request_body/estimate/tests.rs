@@ -713,7 +713,7 @@ proptest! {
     #[test]
     fn media_parts_are_the_written_rule(body in body()) {
         let info = inspect(body.to_string().as_bytes()).unwrap();
-        prop_assert_eq!(info.media_parts, reference::media_parts(&body), "{}", short(&body));
+        prop_assert_eq!(info.media_parts(), reference::media_parts(&body), "{}", short(&body));
     }
 
     /// Nothing the old rule counted is free now.
@@ -728,7 +728,7 @@ proptest! {
         let body = json!({"tools": [v.clone()], "metadata": v});
         let counted = all_text(&body) - "tools".len() as u64 - "metadata".len() as u64;
         prop_assert_eq!(estimate(&body), tokens(counted));
-        prop_assert_eq!(inspect(body.to_string().as_bytes()).unwrap().media_parts, 0);
+        prop_assert_eq!(inspect(body.to_string().as_bytes()).unwrap().media_parts(), 0);
     }
 }
 
@@ -771,7 +771,7 @@ fn media_parts_count_inline_url_and_file_id_alike() {
                 .as_bytes(),
         )
         .unwrap()
-        .media_parts
+        .media_parts()
     };
     let png = format!("data:image/png;base64,{}", "A".repeat(400));
     assert_eq!(parts(json!("just text")), 0);
@@ -824,11 +824,14 @@ fn media_parts_count_inline_url_and_file_id_alike() {
     assert_eq!(
         inspect(responses.to_string().as_bytes())
             .unwrap()
-            .media_parts,
+            .media_parts(),
         2
     );
     // A bare media item in `input` (a lenient server takes it as a part) costs as one.
     let bare = json!({"input": [{"type": "input_image", "image_url": "https://e.com/a.png"},
         {"role": "user", "content": "what is it", "type": "message"}]});
-    assert_eq!(inspect(bare.to_string().as_bytes()).unwrap().media_parts, 1);
+    assert_eq!(
+        inspect(bare.to_string().as_bytes()).unwrap().media_parts(),
+        1
+    );
 }
