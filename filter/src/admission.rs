@@ -505,27 +505,48 @@ fn provider_key<'c, 'm>(
         // Signed once the body is final; refused now when no key could sign it.
         return signing_key(credentials, model, now_s).map(|_| Some((p, "")));
     }
-    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
-    // once the clock's second is past it.
-    let expired = || {
-        credentials
-            .expires_at
-            .get(&p.credential_ref)
-            .is_some_and(|&at| at < now_s)
-    };
-    match credentials.credentials.get(&p.credential_ref) {
-        Some(_) if expired() => Err(Refusal::new(
+    match provider_secret(credentials, p, || now_s) {
+        Ok(k) => Ok(Some((p, k))),
+        Err(SecretMissing::Expired) => Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!(
                 "the provider access token for model {} has expired and no new one is loaded yet; retry shortly",
                 model.name
             ),
         )),
-        Some(k) => Ok(Some((p, k.as_str()))),
-        None => Err(Refusal::new(
+        Err(SecretMissing::None) => Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!("no credential for model {} yet; retry shortly", model.name),
         )),
+    }
+}
+
+/// Why a provider has no usable key or token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretMissing {
+    /// The companion served none (not polled yet, the Secret missing or unusable).
+    None,
+    /// An access token past its expiry.
+    Expired,
+}
+
+/// A provider's key or current access token from the credentials document (not a SigV4
+/// key: those sign, see [`signing_key`]). `now_s` is asked only for a credential with an
+/// expiry.
+pub fn provider_secret<'c>(
+    credentials: &'c CredentialsDocument,
+    p: &maas_types::Provider,
+    now_s: impl FnOnce() -> u64,
+) -> Result<&'c str, SecretMissing> {
+    let key = credentials
+        .credentials
+        .get(&p.credential_ref)
+        .ok_or(SecretMissing::None)?;
+    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
+    // once the clock's second is past it.
+    match credentials.expires_at.get(&p.credential_ref) {
+        Some(&at) if at < now_s() => Err(SecretMissing::Expired),
+        _ => Ok(key.as_str()),
     }
 }
 
