@@ -328,10 +328,10 @@ async fn a_backend_without_its_credential_never_receives_a_request() {
     let s = stack();
     // `b` has its key: once it serves, the upstream filters have the credentials document.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut served = 0;
-    let mut refused = 0;
+    let (mut served, mut refused, mut calls) = (0, 0, 0);
     while served < 10 || refused < 3 {
         let r = call(s, "nokey").await;
+        calls += 1;
         match r.status {
             200 => served += 1,
             503 => {
@@ -351,6 +351,16 @@ async fn a_backend_without_its_credential_never_receives_a_request() {
             Instant::now() < deadline,
             "{served} served, {refused} refused"
         );
+    }
+    // Each refused attempt is settled as a request the gateway forwarded and the backend
+    // Envoy chose answered 503: no tokens, named after that backend.
+    let events = events_of(s, "nokey", calls).await;
+    let at_a: Vec<&Value> = events.iter().filter(|e| e["served_by"] == "a").collect();
+    assert_eq!(at_a.len(), refused, "{at_a:?}");
+    for e in at_a {
+        assert_eq!(e["status"], 503, "{e}");
+        assert_eq!(e["event"]["forwarded"], true, "{e}");
+        assert_eq!(e["event"]["output_tokens"], 0, "{e}");
     }
     assert!(
         chats("nokey-a").is_empty(),
