@@ -6,15 +6,17 @@
 //! Envoy hands each attempt the same request headers, a previous attempt's changes included).
 //!
 //! It never authenticates, meters or reads a body. Per attempt: two property reads (the
-//! cluster and the endpoint's `maas.backend`), three header writes (the credential headers
-//! removed, the backend's own set), one read more for an Anthropic backend
+//! cluster and the endpoint's `maas.backend`), four header writes (the credential headers and
+//! `x-maas-endpoints` removed, the backend's own set), one read more for an Anthropic backend
 //! (`anthropic-version`) and the clock only for an access token with an expiry.
 //!
 //! What it cannot decide — no policy yet, a cluster that is no model's backends cluster, an
 //! endpoint that is none of the model's backends, a backend whose credential is missing or
 //! expired — is answered locally with 503 and an OpenAI-style error: never forwarded without
 //! its credential. Envoy 1.40 passes an upstream filter's local reply straight to the client
-//! (the router does not retry it: checked), so such an attempt does not fail over.
+//! (the router does not retry it: checked), so the downstream filter keeps Envoy away from such
+//! backends beforehand: [`crate::admission::backend_order`] lists only the backends that can
+//! serve, which the cluster's `override_host` policy tries in order.
 
 use crate::admission::{SecretMissing, provider_secret};
 use crate::host::{Headers, Host};
@@ -139,6 +141,8 @@ pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
                     host.set_header(Headers::Request, name, None);
                 }
             }
+            // Envoy chose with it already (and keeps the order for the retries).
+            host.set_header(Headers::Request, maas_types::BACKEND_ORDER_HEADER, None);
             for (name, value) in &plan.set {
                 host.set_header(Headers::Request, name, Some(value));
             }
@@ -168,6 +172,7 @@ pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::backend_order;
     use crate::host::recording::{Call, RecordingHost};
     use crate::state::Worker;
     use serde_json::json;
@@ -336,7 +341,68 @@ mod tests {
         );
     }
 
-    /// The host-call budget of an attempt: 2 property reads + 3 header writes; the clock only
+    /// The order of the backends Envoy tries: only those that can serve, the first by weight.
+    #[test]
+    fn the_backend_order_leaves_out_backends_without_their_credential() {
+        let p = policy();
+        let gpt = &p.models[0];
+        let creds = credentials();
+        // a (weight 1), b (1), local (1) usable; entra has weight 0; nokey has no key.
+        let firsts: Vec<String> = (0..3)
+            .map(|d| backend_order(gpt, &creds, 10, d).unwrap().unwrap())
+            .collect();
+        assert_eq!(
+            firsts,
+            [
+                "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9004",
+                "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9004",
+                "127.0.0.1:9004,127.0.0.1:9001,127.0.0.1:9002",
+            ]
+        );
+        assert_eq!(
+            backend_order(gpt, &creds, 10, 3).unwrap().unwrap(),
+            firsts[0]
+        );
+        // Without any credential only the backend that needs none is left.
+        let none = CredentialsDocument::default();
+        assert_eq!(
+            backend_order(gpt, &none, 10, 7).unwrap().as_deref(),
+            Some("127.0.0.1:9004")
+        );
+        // No backend that can serve: refused before anything leaves.
+        let claude = &p.models[1];
+        let r = backend_order(claude, &none, 10, 0).unwrap_err();
+        assert_eq!((r.deny, r.status), (Deny::ProviderCredentialMissing, 503));
+        assert_eq!(
+            backend_order(claude, &creds, 10, 0).unwrap().as_deref(),
+            Some("127.0.0.1:9011")
+        );
+        // Nothing to steer: a model without provider backends, or names the header cannot
+        // carry (Envoy's weighted round robin chooses).
+        assert_eq!(backend_order(&p.models[2], &creds, 10, 0).unwrap(), None);
+        let mut named = claude.clone();
+        named.backends[0].backend = Some("https://api.anthropic.com".into());
+        assert_eq!(backend_order(&named, &creds, 10, 0).unwrap(), None);
+        // Weights: 3:1 draws pick the heavier three times in four.
+        let mut heavy = claude.clone();
+        heavy.backends[0].weight = 3;
+        let mut second = heavy.backends[0].clone();
+        second.name = "b".into();
+        second.weight = 1;
+        second.backend = Some("http://127.0.0.1:9012/base".into());
+        heavy.backends.push(second);
+        let heads: Vec<bool> = (0..4)
+            .map(|d| {
+                backend_order(&heavy, &creds, 10, d)
+                    .unwrap()
+                    .unwrap()
+                    .starts_with("127.0.0.1:9011,")
+            })
+            .collect();
+        assert_eq!(heads, [true, true, true, false]);
+    }
+
+    /// The host-call budget of an attempt: 2 property reads + 4 header writes; the clock only
     /// for a credential with an expiry; `anthropic-version` read (and set when absent) for an
     /// Anthropic backend.
     #[test]
@@ -346,10 +412,10 @@ mod tests {
         let w = worker();
         host.set_map(Headers::Request, &[(":path", "/v1/chat/completions")]);
         for (cluster, backend, calls) in [
-            ("gpt-backends", "a", 5),
-            ("gpt-backends", "local", 5),
-            ("gpt-backends", "entra", 6),
-            ("claude-backends", "a", 7),
+            ("gpt-backends", "a", 6),
+            ("gpt-backends", "local", 6),
+            ("gpt-backends", "entra", 7),
+            ("claude-backends", "a", 8),
         ] {
             assert!(attempt(&host, &w, cluster, backend));
             assert_eq!(
@@ -362,7 +428,7 @@ mod tests {
         // With the client's own `anthropic-version`: read, kept.
         host.set_map(Headers::Request, &[("anthropic-version", "2023-01-01")]);
         assert!(attempt(&host, &w, "claude-backends", "a"));
-        assert_eq!(host.call_count(), 6);
+        assert_eq!(host.call_count(), 7);
         assert_eq!(
             host.map_value(Headers::Request, "anthropic-version")
                 .as_deref(),

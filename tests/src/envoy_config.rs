@@ -785,6 +785,7 @@ fn model_routes(
             let (mut c, route, base) = backends_cluster(input, model, &cluster)?;
             if model.backends.iter().any(|b| b.provider.is_some()) {
                 add_upstream_filter(input, &mut c);
+                c["load_balancing_policy"] = backend_order_policy();
             }
             clusters.push(c);
             named.insert(cluster, format!("the backends of {}", model.name));
@@ -882,6 +883,24 @@ fn upstream_filter(input: &EnvoyConfigInput<'_>) -> Option<Value> {
             }
         }
     }))
+}
+
+/// The load balancing of a backends cluster whose backends have providers: the endpoints the
+/// filter lists in [`maas_types::BACKEND_ORDER_HEADER`] (those whose credential it holds, the
+/// first by weight; a retry takes the next), else — none listed, or all tried — Envoy's
+/// (weighted) round robin over the cluster.
+fn backend_order_policy() -> Value {
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [{"header": maas_types::BACKEND_ORDER_HEADER}],
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.round_robin",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+            }}]}
+        }
+    }}]})
 }
 
 /// Gives `cluster` the MaaS filter in its upstream mode, then the upstream codec (nothing
@@ -1463,8 +1482,9 @@ mod tests {
             assert!(render(&input(&q, true)).is_err(), "{other}");
         }
         assert!(
-            cluster["typed_extension_protocol_options"].is_null(),
-            "backends without providers: no upstream filter"
+            cluster["typed_extension_protocol_options"].is_null()
+                && cluster["load_balancing_policy"].is_null(),
+            "backends without providers: no upstream filter, Envoy's weighted round robin"
         );
     }
 
@@ -1502,6 +1522,13 @@ mod tests {
         let config: Value =
             serde_json::from_str(wasm["configuration"]["value"].as_str().unwrap()).unwrap();
         assert_eq!(config["upstream"], true);
+        // Envoy tries the endpoints the filter lists, in order.
+        let lb = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+        assert_eq!(lb["name"], "envoy.load_balancing_policies.override_host");
+        assert_eq!(
+            lb["typed_config"]["override_host_sources"][0]["header"],
+            maas_types::BACKEND_ORDER_HEADER
+        );
         // The downstream filter is not in the upstream mode; bare Envoy has no upstream filter.
         let down: Value =
             serde_json::from_str(downstream["configuration"]["value"].as_str().unwrap()).unwrap();

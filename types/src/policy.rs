@@ -1152,6 +1152,12 @@ pub const MODEL_ROUTING_HEADER: &str = "x-maas-model";
 /// (only a name among the model's backends) and removes it before the client.
 pub const SERVED_BY_HEADER: &str = "x-maas-served-by";
 
+/// Request header the filter sets for a model whose backends have providers: the endpoints
+/// (`ip:port`) of the backends whose credential it holds, in the order Envoy should try them
+/// (the backends cluster's `envoy.load_balancing_policies.override_host` reads it; a retry takes
+/// the next). The upstream filter removes it before the backend.
+pub const BACKEND_ORDER_HEADER: &str = "x-maas-endpoints";
+
 /// Checks a model path prefix: absolute, normalized, no trailing slash, no encoded or dot segments.
 fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
     if !p.starts_with('/') || p.len() < 2 {
