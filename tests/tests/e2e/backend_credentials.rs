@@ -362,3 +362,32 @@ async fn a_model_none_of_whose_backends_has_its_credential_is_refused_before_any
     }
     assert!(chats("none-a").is_empty() && chats("none-b").is_empty());
 }
+
+/// `ready` in the companion's model list: provider backends are probed without their key, so
+/// a 401 says they are up (as for a model with one provider). Before, a model whose backends
+/// all had providers was never ready.
+#[tokio::test]
+async fn a_model_of_provider_backends_is_listed_ready() {
+    let s = stack();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = send(
+            client()
+                .get(format!("{}/maas-api/v1/models", s.gateway_url()))
+                .bearer_auth("alice-token"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let body = r.json();
+        let spread = body["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|m| m["id"] == "spread"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no spread in {body}"));
+        if spread["ready"] == true {
+            return;
+        }
+        assert!(Instant::now() < deadline, "spread never ready: {spread}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
