@@ -434,7 +434,7 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
-    let backend_order = backend_order(model, s.credentials, caller.now_s, draw())?;
+    let backend_order = backend_order(model, s.credentials, caller.now_s, draw)?;
     let upstream_path = crate::provider::upstream_path(
         model.provider.as_ref(),
         model.served_name.as_deref().unwrap_or(&model.name),
@@ -536,7 +536,7 @@ pub fn backend_order(
     model: &maas_types::Model,
     credentials: &CredentialsDocument,
     now_s: u64,
-    draw: u64,
+    draw: impl FnOnce() -> u64,
 ) -> Result<Option<String>, Refusal> {
     if model.backends.iter().all(|b| b.provider.is_none()) {
         return Ok(None);
@@ -574,7 +574,7 @@ pub fn backend_order(
     if total == 0 {
         return Ok(None);
     }
-    let mut at = draw % total;
+    let mut at = draw() % total;
     let first = usable
         .iter()
         .position(|(_, w)| {

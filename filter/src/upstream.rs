@@ -349,7 +349,7 @@ mod tests {
         let creds = credentials();
         // a (weight 1), b (1), local (1) usable; entra has weight 0; nokey has no key.
         let firsts: Vec<String> = (0..3)
-            .map(|d| backend_order(gpt, &creds, 10, d).unwrap().unwrap())
+            .map(|d| backend_order(gpt, &creds, 10, || d).unwrap().unwrap())
             .collect();
         assert_eq!(
             firsts,
@@ -360,29 +360,29 @@ mod tests {
             ]
         );
         assert_eq!(
-            backend_order(gpt, &creds, 10, 3).unwrap().unwrap(),
+            backend_order(gpt, &creds, 10, || 3).unwrap().unwrap(),
             firsts[0]
         );
         // Without any credential only the backend that needs none is left.
         let none = CredentialsDocument::default();
         assert_eq!(
-            backend_order(gpt, &none, 10, 7).unwrap().as_deref(),
+            backend_order(gpt, &none, 10, || 7).unwrap().as_deref(),
             Some("127.0.0.1:9004")
         );
         // No backend that can serve: refused before anything leaves.
         let claude = &p.models[1];
-        let r = backend_order(claude, &none, 10, 0).unwrap_err();
+        let r = backend_order(claude, &none, 10, || 0).unwrap_err();
         assert_eq!((r.deny, r.status), (Deny::ProviderCredentialMissing, 503));
         assert_eq!(
-            backend_order(claude, &creds, 10, 0).unwrap().as_deref(),
+            backend_order(claude, &creds, 10, || 0).unwrap().as_deref(),
             Some("127.0.0.1:9011")
         );
         // Nothing to steer: a model without provider backends, or names the header cannot
         // carry (Envoy's weighted round robin chooses).
-        assert_eq!(backend_order(&p.models[2], &creds, 10, 0).unwrap(), None);
+        assert_eq!(backend_order(&p.models[2], &creds, 10, || 0).unwrap(), None);
         let mut named = claude.clone();
         named.backends[0].backend = Some("https://api.anthropic.com".into());
-        assert_eq!(backend_order(&named, &creds, 10, 0).unwrap(), None);
+        assert_eq!(backend_order(&named, &creds, 10, || 0).unwrap(), None);
         // Weights: 3:1 draws pick the heavier three times in four.
         let mut heavy = claude.clone();
         heavy.backends[0].weight = 3;
@@ -393,7 +393,7 @@ mod tests {
         heavy.backends.push(second);
         let heads: Vec<bool> = (0..4)
             .map(|d| {
-                backend_order(&heavy, &creds, 10, d)
+                backend_order(&heavy, &creds, 10, || d)
                     .unwrap()
                     .unwrap()
                     .starts_with("127.0.0.1:9011,")
