@@ -150,11 +150,7 @@ impl CredentialsSource {
     }
 
     async fn read(&self, policy: &PolicyDocument) -> Result<Arc<Raw>, String> {
-        let refs: BTreeSet<String> = policy
-            .models
-            .iter()
-            .filter_map(|m| m.provider.as_ref().map(|p| p.credential_ref.clone()))
-            .collect();
+        let refs = credential_refs(policy);
         match &self.origin {
             Origin::File(path) => read_file(path).map(Arc::new),
             Origin::Kubernetes {
@@ -183,13 +179,22 @@ impl CredentialsSource {
     }
 }
 
+/// Every credential the policy names: each model's provider's and its backends' providers'.
+fn credential_refs(policy: &PolicyDocument) -> BTreeSet<String> {
+    policy
+        .models
+        .iter()
+        .flat_map(|m| m.providers().map(|p| p.credential_ref.clone()))
+        .collect()
+}
+
 /// The credentials document from what was read: how each credential is used is its models'
 /// `auth` (`apiKey` for a credential no model names).
 async fn resolve(policy: &PolicyDocument, raw: &Raw, tokens: &CloudTokens) -> CredentialsDocument {
     let auth_of: BTreeMap<&str, ProviderAuth> = policy
         .models
         .iter()
-        .filter_map(|m| m.provider.as_ref())
+        .flat_map(|m| m.providers())
         .map(|p| (p.credential_ref.as_str(), p.auth))
         .collect();
     let mut doc = CredentialsDocument::default();
@@ -271,7 +276,7 @@ fn aws_signing_keys(
     let regions: BTreeSet<&str> = policy
         .models
         .iter()
-        .filter_map(|m| m.provider.as_ref())
+        .flat_map(|m| m.providers())
         .filter(|p| p.credential_ref == reference && p.auth == ProviderAuth::AwsSigV4)
         .filter_map(|p| p.region.as_deref())
         .collect();
@@ -437,6 +442,29 @@ mod tests {
             "models": [model("a", "us-east-1"), model("b", "eu-west-1"), model("c", "us-east-1")]
         }))
         .unwrap()
+    }
+
+    /// The Secrets read (Kubernetes) are every provider's, a model's several backends' too.
+    #[test]
+    fn every_backends_credential_is_read() {
+        let mut doc = policy();
+        let backends = PolicyDocument::from_value(serde_json::json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [{"name": "gpt", "path": "/llm/gpt", "tiers": ["free"],
+                "upstreamCluster": "gpt-backends", "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9001",
+                     "provider": {"type": "openai", "credentialRef": "key-a"}},
+                    {"name": "b", "backend": "http://127.0.0.1:9002",
+                     "provider": {"type": "azure-openai", "credentialRef": "ns-1/key-b"}},
+                    {"name": "local", "backend": "http://127.0.0.1:9003"}
+                ]}]
+        }))
+        .unwrap();
+        doc.models.extend(backends.models);
+        assert_eq!(
+            credential_refs(&doc),
+            BTreeSet::from(["aws".to_string(), "key-a".into(), "ns-1/key-b".into()])
+        );
     }
 
     /// An AWS access key: the filter gets a derived signing key per region its models name,

@@ -44,15 +44,21 @@ impl Readiness {
     /// The URL probed for `model`: `<base>/v1/models`, or `None` (no probe target). A model
     /// with several backends: its first with a weight above 0 (see [`Readiness::probe_urls`]).
     pub fn probe_url(&self, model: &Model) -> Option<String> {
-        self.probe_urls(model).into_iter().next()
+        self.probe_urls(model)
+            .into_iter()
+            .next()
+            .map(|(url, _)| url)
     }
 
     /// Every URL probed for `model`: its server's, or each backend's with a weight above 0 (the
-    /// model is ready when one of them answers: requests fail over to it).
-    pub fn probe_urls(&self, model: &Model) -> Vec<String> {
+    /// model is ready when one of them answers: requests fail over to it), each with whether
+    /// it is an external provider's (probed without its credential: a 401 or 403 is up).
+    pub fn probe_urls(&self, model: &Model) -> Vec<(String, bool)> {
         if model.backends.is_empty() {
+            let external = model.provider.is_some();
             return self
-                .url_of(model.backend.as_deref(), model.provider.is_some())
+                .url_of(model.backend.as_deref(), external)
+                .map(|url| (url, external))
                 .into_iter()
                 .collect();
         }
@@ -60,7 +66,10 @@ impl Readiness {
             .backends
             .iter()
             .filter(|b| b.weight > 0)
-            .filter_map(|b| self.url_of(b.backend.as_deref(), b.provider.is_some()))
+            .filter_map(|b| {
+                let external = b.provider.is_some();
+                Some((self.url_of(b.backend.as_deref(), external)?, external))
+            })
             .collect()
     }
 
@@ -80,16 +89,15 @@ impl Readiness {
     /// several backends is up when one of them is.
     pub async fn ready(&self, models: &[&Model]) -> Vec<bool> {
         let checks = models.iter().map(|m| {
-            let external = m.provider.is_some();
             let targets = self.probe_urls(m);
             async move {
                 if targets.is_empty() {
                     return false;
                 }
                 // Waiting for another listing's probe of the same server counts too.
-                let any_up = futures::future::select_ok(targets.into_iter().map(|u| {
+                let any_up = futures::future::select_ok(targets.into_iter().map(|target| {
                     Box::pin(async move {
-                        if self.check((u, external)).await {
+                        if self.check(target).await {
                             Ok(())
                         } else {
                             Err(())

@@ -434,6 +434,7 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
+    let backend_order = backend_order(model, s.credentials, caller.now_s, draw)?;
     let upstream_path = crate::provider::upstream_path(
         model.provider.as_ref(),
         model.served_name.as_deref().unwrap_or(&model.name),
@@ -454,6 +455,7 @@ pub fn authorize<'h>(
         caller.header_names,
         PlanSets {
             provider_key,
+            backend_order,
             upstream_path,
             subscription: subscription.as_deref().map(|sub| sub.name.as_str()),
             routing,
@@ -505,27 +507,145 @@ fn provider_key<'c, 'm>(
         // Signed once the body is final; refused now when no key could sign it.
         return signing_key(credentials, model, now_s).map(|_| Some((p, "")));
     }
-    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
-    // once the clock's second is past it.
-    let expired = || {
-        credentials
-            .expires_at
-            .get(&p.credential_ref)
-            .is_some_and(|&at| at < now_s)
-    };
-    match credentials.credentials.get(&p.credential_ref) {
-        Some(_) if expired() => Err(Refusal::new(
+    match provider_secret(credentials, p, || now_s) {
+        Ok(k) => Ok(Some((p, k))),
+        Err(SecretMissing::Expired) => Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!(
                 "the provider access token for model {} has expired and no new one is loaded yet; retry shortly",
                 model.name
             ),
         )),
-        Some(k) => Ok(Some((p, k.as_str()))),
-        None => Err(Refusal::new(
+        Err(SecretMissing::None) => Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!("no credential for model {} yet; retry shortly", model.name),
         )),
+    }
+}
+
+/// The downstream side, for a model whose backends have providers: the endpoints Envoy should
+/// try, in order, as [`maas_types::BACKEND_ORDER_HEADER`]'s value — the backends with traffic
+/// whose credential is loaded (or that need none), the first picked by weight with `draw`, the
+/// others after it in the policy's order. So a backend without its credential is not chosen
+/// while another can serve, and a retry goes to the next listed (Envoy's `override_host`
+/// policy; checked with Envoy 1.40: the list holds for the retries although the upstream filter
+/// removes the header). `Ok(None)`: no backend has a provider (nothing to steer), or none has an
+/// `http://ip:port` address the header can name (Envoy's weighted round robin then chooses, as
+/// before). No backend that can serve: 503 `provider_credential_missing`.
+pub fn backend_order(
+    model: &maas_types::Model,
+    credentials: &CredentialsDocument,
+    now_s: u64,
+    draw: impl FnOnce() -> u64,
+) -> Result<Option<String>, Refusal> {
+    if model.backends.iter().all(|b| b.provider.is_none()) {
+        return Ok(None);
+    }
+    let usable: Vec<(&str, u32)> = model
+        .backends
+        .iter()
+        .filter(|b| b.weight > 0)
+        .filter(|b| match &b.provider {
+            None => true,
+            Some(p) => {
+                p.auth != maas_types::ProviderAuth::AwsSigV4
+                    && provider_secret(credentials, p, || now_s).is_ok()
+            }
+        })
+        .filter_map(|b| Some((endpoint_of(b.backend.as_deref()?)?, b.weight)))
+        .collect();
+    let can_serve = model.backends.iter().any(|b| {
+        b.weight > 0
+            && b.provider.as_ref().is_none_or(|p| {
+                p.auth != maas_types::ProviderAuth::AwsSigV4
+                    && provider_secret(credentials, p, || now_s).is_ok()
+            })
+    });
+    if !can_serve {
+        return Err(Refusal::new(
+            Deny::ProviderCredentialMissing,
+            format!(
+                "no backend of model {} has its credential loaded yet; retry shortly",
+                model.name
+            ),
+        ));
+    }
+    let total: u64 = usable.iter().map(|(_, w)| u64::from(*w)).sum();
+    if total == 0 {
+        return Ok(None);
+    }
+    let mut at = draw() % total;
+    let first = usable
+        .iter()
+        .position(|(_, w)| {
+            let w = u64::from(*w);
+            if at < w {
+                true
+            } else {
+                at -= w;
+                false
+            }
+        })
+        .unwrap_or(0);
+    let mut order = String::new();
+    for (i, (endpoint, _)) in usable.iter().enumerate() {
+        if i == first {
+            continue;
+        }
+        order.push(',');
+        order.push_str(endpoint);
+    }
+    let head = usable.get(first).map_or("", |(e, _)| *e);
+    Ok(Some(format!("{head}{order}")))
+}
+
+/// `ip:port` of an `http(s)://ip[:port][/base]` backend URL (the address Envoy's endpoint has);
+/// `None` for a host name or `simulator` (the header could not name it).
+fn endpoint_of(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let authority = rest.split('/').next()?;
+    authority
+        .parse::<std::net::SocketAddr>()
+        .is_ok()
+        .then_some(authority)
+}
+
+/// A draw for [`backend_order`] (no host call: the standard library's per-thread random keys).
+pub fn draw() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+/// Why a provider has no usable key or token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretMissing {
+    /// The companion served none (not polled yet, the Secret missing or unusable).
+    None,
+    /// An access token past its expiry.
+    Expired,
+}
+
+/// A provider's key or current access token from the credentials document (not a SigV4
+/// key: those sign, see [`signing_key`]). `now_s` is asked only for a credential with an
+/// expiry.
+pub fn provider_secret<'c>(
+    credentials: &'c CredentialsDocument,
+    p: &maas_types::Provider,
+    now_s: impl FnOnce() -> u64,
+) -> Result<&'c str, SecretMissing> {
+    let key = credentials
+        .credentials
+        .get(&p.credential_ref)
+        .ok_or(SecretMissing::None)?;
+    // `expires_at` is the expiry rounded down to the second: a token is surely expired only
+    // once the clock's second is past it.
+    match credentials.expires_at.get(&p.credential_ref) {
+        Some(&at) if at < now_s() => Err(SecretMissing::Expired),
+        _ => Ok(key.as_str()),
     }
 }
 
@@ -558,6 +678,8 @@ pub fn signing_key<'c>(
 /// What a [`HeaderPlan`] sets besides hygiene.
 struct PlanSets<'a> {
     provider_key: Option<(&'a maas_types::Provider, &'a str)>,
+    /// The endpoints Envoy tries, for a model whose backends have providers.
+    backend_order: Option<String>,
     /// The provider's own path for the request (`:path`), when it has one.
     upstream_path: Option<String>,
     /// The subscription the gateway selected.
@@ -576,6 +698,7 @@ struct PlanSets<'a> {
 fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) -> HeaderPlan<'h> {
     let PlanSets {
         provider_key,
+        backend_order,
         upstream_path,
         subscription,
         routing,
@@ -604,6 +727,10 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
         if let Some(name) = hygiene::provider_removes(provider) {
             plan.set.push((name, None));
         }
+    }
+    if let Some(order) = backend_order {
+        plan.set
+            .push((maas_types::BACKEND_ORDER_HEADER, Some(Cow::Owned(order))));
     }
     if let Some(path) = upstream_path {
         plan.set.push((":path", Some(Cow::Owned(path))));

@@ -29,6 +29,11 @@ pub struct PluginConfig {
     pub pause_headers_for_body: bool,
     pub bootstrap_policy: Option<PolicyDocument>,
     pub usage: UsageConfig,
+    /// The upstream mode (`upstream: true`): this instance is an upstream HTTP filter of a
+    /// model's backends cluster and only sets the chosen backend's provider credential per
+    /// attempt (`crate::upstream`); it never authenticates, meters or reads bodies, and polls
+    /// only the policy and the credentials.
+    pub upstream: bool,
 }
 
 /// `usage`: each worker's usage reports to the companion's ledger (`POST /internal/v1/usage`).
@@ -177,6 +182,8 @@ struct RawConfig {
     bootstrap_policy: Option<serde_json::Value>,
     #[serde(default)]
     usage: RawUsage,
+    #[serde(default)]
+    upstream: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -486,6 +493,7 @@ impl PluginConfig {
             pause_headers_for_body: raw.pause_headers_for_body,
             bootstrap_policy,
             usage: usage_config(raw.usage)?,
+            upstream: raw.upstream,
         })
     }
 }
@@ -526,6 +534,13 @@ mod tests {
         fails_at(
             json!({"companion": {"cluster": "c"}, "pauseHeadersForBody": "yes"}),
             "pauseHeadersForBody",
+        );
+        assert!(!c.upstream, "the downstream filter by default");
+        let c = parse(json!({"companion": {"cluster": "c"}, "upstream": true})).unwrap();
+        assert!(c.upstream);
+        fails_at(
+            json!({"companion": {"cluster": "c"}, "upstream": "yes"}),
+            "upstream",
         );
     }
 
@@ -928,6 +943,7 @@ mod tests {
                         pause_headers_for_body: pause,
                         bootstrap_policy,
                         usage: UsageConfig::default(),
+                        upstream: false,
                     })
                 },
             )

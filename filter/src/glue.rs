@@ -205,11 +205,29 @@ impl RootContext for RootCtx {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        if self.0.upstream_mode() {
+            return Some(Box::new(UpstreamHttp(self.0.worker.clone())));
+        }
         Some(Box::new(self.0.http(context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// One upstream attempt of the upstream mode (`crate::upstream`): only its request headers.
+struct UpstreamHttp(crate::worker::SharedWorker);
+
+impl Context for UpstreamHttp {}
+
+impl HttpContext for UpstreamHttp {
+    fn on_http_request_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
+        if crate::upstream::on_request_headers(&ProxyHost, &self.0) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
     }
 }
 

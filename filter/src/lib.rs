@@ -44,6 +44,7 @@ pub mod sse;
 pub mod state;
 pub(crate) mod store;
 pub mod translate;
+pub mod upstream;
 pub mod usage;
 pub(crate) mod usage_event;
 pub mod worker;

@@ -32,6 +32,8 @@ pub struct Root {
     pub credentials_call: Option<u32>,
     pub next_poll_ms: u64,
     pub last_poll_warning_ms: u64,
+    /// Configured in the upstream mode (pluginConfig `upstream`).
+    pub upstream: bool,
 }
 
 impl Root {
@@ -44,12 +46,19 @@ impl Root {
             credentials_call: None,
             next_poll_ms: 0,
             last_poll_warning_ms: 0,
+            upstream: false,
         }
     }
 
     /// A new HTTP context of this worker: its request, registered.
     pub fn http(&self, id: u32) -> crate::request::Http {
         crate::request::Http::new(id, self.worker.clone(), &self.requests)
+    }
+
+    /// Configured as an upstream filter (`upstream: true`): its HTTP contexts are upstream
+    /// attempts (`crate::upstream`).
+    pub fn upstream_mode(&self) -> bool {
+        self.upstream
     }
 
     /// pluginConfig arrived: parse it (false: the filter does not start), define the metrics and
@@ -72,6 +81,21 @@ impl Root {
         {
             w.revoked = Rc::new(p.revoked_key_ids.iter().cloned().collect());
             w.policy = Some(Rc::new(p.clone()));
+        }
+        self.upstream = cfg.upstream;
+        if cfg.upstream {
+            // An upstream filter: the policy and the credentials only (no limits, no ledger,
+            // no metrics of its own beside the downstream filter's).
+            // No poll here: Envoy configures a cluster's upstream filters while it builds the
+            // clusters, and a callout then crashes Envoy 1.40 (SIGSEGV, checked); the first
+            // tick polls.
+            w.config = Some(Rc::new(cfg));
+            drop(w);
+            log::info!(
+                "maas: filter configured in upstream mode (root context {})",
+                self.id
+            );
+            return true;
         }
         if cfg.limits.global.enabled && w.leases.replica.is_empty() {
             w.leases.replica = lease::replica_id(host, &cfg.limits.global, self.id);
@@ -119,6 +143,10 @@ impl Root {
             )
         };
         let now = host.now_ms();
+        if cfg.upstream {
+            self.poll(host, &cfg, now, policy_etag, cred_etag, have_policy_answer);
+            return;
+        }
         // Folded refunds are written before the lease batch reads the counters.
         if let Ok(mut w) = self.worker.try_borrow_mut() {
             w.folds.tick(host, now / 1000);
@@ -132,15 +160,28 @@ impl Root {
             w.active = self.id;
             crate::ledger::tick(host, &mut w.ledger, &w.metrics, &cfg, now);
         }
+        self.poll(host, &cfg, now, policy_etag, cred_etag, have_policy_answer);
+    }
+
+    /// Polls the policy and the credentials when due.
+    fn poll(
+        &mut self,
+        host: &dyn Host,
+        cfg: &PluginConfig,
+        now: u64,
+        policy_etag: Option<String>,
+        cred_etag: Option<String>,
+        have_policy_answer: bool,
+    ) {
         if now < self.next_poll_ms {
             return;
         }
         if self.policy_call.is_none() {
-            self.policy_call = get_from_companion(host, &cfg, POLICY_PATH, policy_etag.as_deref());
+            self.policy_call = get_from_companion(host, cfg, POLICY_PATH, policy_etag.as_deref());
         }
         if self.credentials_call.is_none() {
             self.credentials_call =
-                get_from_companion(host, &cfg, CREDENTIALS_PATH, cred_etag.as_deref());
+                get_from_companion(host, cfg, CREDENTIALS_PATH, cred_etag.as_deref());
         }
         // Until the companion answered once, retry quickly.
         let interval = if have_policy_answer {

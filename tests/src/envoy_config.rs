@@ -782,7 +782,11 @@ fn model_routes(
             if named.contains_key(&cluster) {
                 bail!("model {}: cluster {cluster:?} is used twice", model.name);
             }
-            let (c, route, base) = backends_cluster(input, model, &cluster)?;
+            let (mut c, route, base) = backends_cluster(input, model, &cluster)?;
+            if model.backends.iter().any(|b| b.provider.is_some()) {
+                add_upstream_filter(input, &mut c);
+                c["load_balancing_policy"] = backend_order_policy();
+            }
             clusters.push(c);
             named.insert(cluster, format!("the backends of {}", model.name));
             let mut own = prefix_routes(&model.path, &base, &route).to_vec();
@@ -849,6 +853,71 @@ fn model_routes(
     routes.extend(one_url_routes);
     routes.extend(provider_path_routes);
     Ok(())
+}
+
+/// The MaaS filter in its upstream mode (pluginConfig `upstream: true`; docs/design.md
+/// "Several backends per model"), for a backends cluster whose backends have providers: it
+/// sets the chosen backend's credential per upstream attempt. Same module and VM as the
+/// downstream filter. `None` for bare Envoy.
+fn upstream_filter(input: &EnvoyConfigInput<'_>) -> Option<Value> {
+    let filter = input.filter.as_ref()?;
+    let mut config = plugin_config(input, filter.poll_interval_ms);
+    config["upstream"] = json!(true);
+    Some(json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "maas-filter-upstream",
+                "root_id": "maas-filter",
+                "fail_open": false,
+                "vm_config": {
+                    "vm_id": "maas-filter",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": filter.wasm_path.to_string_lossy()}}
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": config.to_string()
+                }
+            }
+        }
+    }))
+}
+
+/// The load balancing of a backends cluster whose backends have providers: the endpoints the
+/// filter lists in [`maas_types::BACKEND_ORDER_HEADER`] (those whose credential it holds, the
+/// first by weight; a retry takes the next), else — none listed, or all tried — Envoy's
+/// (weighted) round robin over the cluster.
+fn backend_order_policy() -> Value {
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [{"header": maas_types::BACKEND_ORDER_HEADER}],
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.round_robin",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+            }}]}
+        }
+    }}]})
+}
+
+/// Gives `cluster` the MaaS filter in its upstream mode, then the upstream codec (nothing
+/// for bare Envoy).
+fn add_upstream_filter(input: &EnvoyConfigInput<'_>, cluster: &mut Value) {
+    if let Some(filter) = upstream_filter(input) {
+        cluster["typed_extension_protocol_options"] = json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http_protocol_options": {}},
+                "http_filters": [filter, {
+                    "name": "envoy.filters.http.upstream_codec",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}
+                }]
+            }
+        });
+    }
 }
 
 /// The HTTP filters: the MaaS filter (when the stack has one), then the router.
@@ -1412,6 +1481,66 @@ mod tests {
             q.models[0].backends[1].backend = Some(other.to_string());
             assert!(render(&input(&q, true)).is_err(), "{other}");
         }
+        assert!(
+            cluster["typed_extension_protocol_options"].is_null()
+                && cluster["load_balancing_policy"].is_null(),
+            "backends without providers: no upstream filter, Envoy's weighted round robin"
+        );
+    }
+
+    /// Backends with providers: the cluster runs the filter in its upstream mode (same module
+    /// and VM id as the downstream filter), then the upstream codec.
+    #[test]
+    fn provider_backends_get_the_upstream_filter() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "gpt", "path": "/llm/gpt", "tiers": ["free"], "upstreamCluster": "gpt-backends",
+                 "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9001",
+                     "provider": {"type": "openai", "credentialRef": "ka"}},
+                    {"name": "b", "backend": "http://127.0.0.1:9002",
+                     "provider": {"type": "openai", "credentialRef": "kb"}}
+                ]}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let cluster = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "gpt-backends")
+            .unwrap();
+        let opts = &cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+        let filters = opts["http_filters"].as_array().unwrap();
+        assert_eq!(filters.len(), 2);
+        assert_eq!(filters[1]["name"], "envoy.filters.http.upstream_codec");
+        let wasm = &filters[0]["typed_config"]["config"];
+        let downstream = &hcm(&v)["http_filters"][0]["typed_config"]["config"];
+        assert_eq!(wasm["vm_config"], downstream["vm_config"], "one VM");
+        let config: Value =
+            serde_json::from_str(wasm["configuration"]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(config["upstream"], true);
+        // Envoy tries the endpoints the filter lists, in order.
+        let lb = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+        assert_eq!(lb["name"], "envoy.load_balancing_policies.override_host");
+        assert_eq!(
+            lb["typed_config"]["override_host_sources"][0]["header"],
+            maas_types::BACKEND_ORDER_HEADER
+        );
+        // The downstream filter is not in the upstream mode; bare Envoy has no upstream filter.
+        let down: Value =
+            serde_json::from_str(downstream["configuration"]["value"].as_str().unwrap()).unwrap();
+        assert!(down.get("upstream").is_none());
+        let bare: Value = serde_json::from_str(&render(&input(&p, false)).unwrap()).unwrap();
+        assert!(
+            bare["static_resources"]["clusters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["typed_extension_protocol_options"].is_null())
+        );
     }
 
     #[test]

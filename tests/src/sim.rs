@@ -108,6 +108,8 @@ struct SimState {
     recorded: Mutex<VecDeque<RecordedRequest>>,
     /// The fault of requests without `x-sim-fault` ([`SimHandle::set_fault`]).
     fault: Mutex<String>,
+    /// The provider key every model request must carry ([`SimHandle::require_key`]).
+    required_key: Mutex<Option<(String, String)>>,
 }
 
 /// Shared view of a running simulator's record.
@@ -144,6 +146,12 @@ impl SimHandle {
     pub fn set_fault(&self, fault: &str) {
         *lock(&self.state.fault) = fault.to_string();
     }
+    /// A provider that requires its key: every model request without header `name` equal to
+    /// `value` (exactly; `authorization` as `Bearer <key>`) is answered 401 as OpenAI answers
+    /// a wrong key, and still recorded.
+    pub fn require_key(&self, name: &str, value: &str) {
+        *lock(&self.state.required_key) = Some((name.to_string(), value.to_string()));
+    }
     /// Stops listening (a model server that went down): returns once the port is closed, so
     /// a connection after this is refused. Open connections are closed after their request.
     pub fn stop(&self) {
@@ -166,6 +174,31 @@ impl SimHandle {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Path and query as received.
+fn path_and_query(uri: &axum::http::Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string())
+}
+
+/// OpenAI's 401 for a request without the key [`SimHandle::require_key`] asked for (exactly
+/// one header of that name, with exactly that value).
+fn wrong_key(state: &SimState, headers: &HeaderMap) -> Option<Response> {
+    let (name, value) = lock(&state.required_key).clone()?;
+    let sent = headers.get_all(name.as_str());
+    let mut values = sent.iter();
+    let ok = values
+        .next()
+        .is_some_and(|v| v.as_bytes() == value.as_bytes())
+        && values.next().is_none();
+    (!ok).then(|| {
+        error_response(
+            StatusCode::UNAUTHORIZED,
+            "Incorrect API key provided",
+            "invalid_request_error",
+        )
+    })
 }
 
 /// A backend that is down before answering: `status-503` (overloaded), `status-429` (rate
@@ -200,6 +233,7 @@ fn router(config: SimConfig) -> (Router, Arc<SimState>) {
         config,
         recorded: Mutex::new(VecDeque::new()),
         fault: Mutex::new(String::new()),
+        required_key: Mutex::new(None),
     });
     (app(state.clone()), state)
 }
@@ -870,11 +904,7 @@ fn list_models(state: &SimState, method: &Method, fault: &str) -> Response {
 
 async fn handle_model(state: &SimState, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| parts.uri.path().to_string());
+    let path = path_and_query(&parts.uri);
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
@@ -890,6 +920,9 @@ async fn handle_model(state: &SimState, req: Request) -> Response {
         return sim_control(state, &parts.method, rest);
     }
     record(state, &parts, path, &bytes);
+    if let Some(refused) = wrong_key(state, &parts.headers) {
+        return refused;
+    }
     // `x-sim-response-delay-ms: N` (≤ 60 s): the answer starts N ms late (a slow backend; a client
     // that gives up first abandons work the backend has started).
     if let Some(ms) =

@@ -27,10 +27,10 @@ pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use money::{Budget, Money, Pricing};
 pub use policy::{
-    ApiFamily, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails, ONE_BASE_PATH,
-    Observability, OperationSpec, PolicyDocument, PolicyError, Provider, ProviderAuth,
-    ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Tier, TokenWeights,
-    UncappedRequests, VERTEX_ANTHROPIC_VERSION, VertexPublisher,
+    ApiFamily, BACKEND_ORDER_HEADER, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails,
+    ONE_BASE_PATH, Observability, OperationSpec, PolicyDocument, PolicyError, Provider,
+    ProviderAuth, ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Tier,
+    TokenWeights, UncappedRequests, VERTEX_ANTHROPIC_VERSION, VertexPublisher,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -382,9 +382,11 @@ pub struct Backend {
     /// Where it runs, as a model's `backend`: `simulator` or an `http://host:port` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
-    /// An external provider with its own credential. Not served yet: the credential of the
-    /// backend Envoy picks (possibly on a retry) would have to be injected per upstream attempt;
-    /// validation refuses it (see docs/design.md).
+    /// An external provider with its own credential: set per upstream attempt, for the backend
+    /// Envoy picked, by the filter's upstream mode (docs/design.md "Several backends per
+    /// model"). Only providers that speak the model's API and take a key or an access token in
+    /// a header, with the path as sent (no Bedrock, no provider path); the model then needs an
+    /// `upstreamCluster`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
     /// Relative share of the model's requests, 0..=100 (the reference's `weight`; 0: no traffic).
@@ -467,11 +469,8 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
                 format!("backend {:?} is named twice", b.name),
             ));
         }
-        if b.provider.is_some() {
-            return Err(err(
-                format!("{at}.provider"),
-                "external providers are not served as one of several backends yet (their credential would have to be chosen per upstream attempt): use one model per provider, or backends that need no credential",
-            ));
+        if let Some(p) = &b.provider {
+            check_backend_provider(&format!("{at}.provider"), m, p)?;
         }
         match b.backend.as_deref() {
             None => return Err(err(format!("{at}.backend"), "required")),
@@ -498,6 +497,63 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
         return Err(err(
             format!("models[{i}].backends"),
             "at least one backend needs a weight above 0",
+        ));
+    }
+    if m.backends.iter().any(|b| b.provider.is_some()) && m.upstream_cluster.is_none() {
+        return Err(err(
+            format!("models[{i}].upstreamCluster"),
+            "required for a model whose backends have providers: the Envoy cluster of its backends, the only one whose upstream filter gives them their credentials",
+        ));
+    }
+    Ok(())
+}
+
+/// A provider as one of several backends (issue 29): the gateway's upstream filter sets the
+/// chosen backend's credential per upstream attempt, after Envoy picked the backend, so only
+/// what needs nothing but a header is served there — the model's API family without
+/// translation, a key or an access token in a header, the path as the client sent it.
+fn check_backend_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyError> {
+    check_credential_ref(format!("{at}.credentialRef"), p)?;
+    check_provider_fields(at, p)?;
+    if p.auth == ProviderAuth::AwsSigV4 || p.kind == ProviderKind::Bedrock {
+        return Err(err(
+            at.to_string(),
+            "AWS Bedrock is not served as one of several backends: its requests are translated and signed (SigV4) over the body for one backend at admission, before Envoy picks the backend",
+        ));
+    }
+    if p.path().is_some() || p.publisher.is_some() {
+        return Err(err(
+            at.to_string(),
+            "a provider with its own path (an azure-openai deployment, a vertex project and location) is not served as one of several backends yet: give the backend's URL the provider's path instead",
+        ));
+    }
+    let family = if p.kind == ProviderKind::Anthropic {
+        ApiFamily::Anthropic
+    } else {
+        ApiFamily::Openai
+    };
+    if family != m.api_family() {
+        return Err(err(
+            at.to_string(),
+            format!(
+                "this provider speaks the {} API and the model's api is {}: every backend of a model speaks the model's API (nothing is translated per backend)",
+                family.as_str(),
+                m.api_family().as_str()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A provider's `credentialRef`: a Secret name, or `namespace/name`.
+fn check_credential_ref(at: String, p: &Provider) -> Result<(), PolicyError> {
+    check_name(at.clone(), &p.credential_ref)?;
+    if let (Some(ns), name) = p.secret()
+        && (!is_dns_label(ns) || name.is_empty() || name.contains('/'))
+    {
+        return Err(err(
+            at,
+            "must be a Secret name, or namespace/name with a DNS-label namespace",
         ));
     }
     Ok(())
@@ -606,6 +662,13 @@ impl Model {
     /// sensitive).
     pub fn answers_to(&self, id: &str) -> bool {
         self.name == id || self.aliases.iter().any(|a| a == id)
+    }
+
+    /// Every provider the model names: its own, or its backends'.
+    pub fn providers(&self) -> impl Iterator<Item = &Provider> {
+        self.provider
+            .iter()
+            .chain(self.backends.iter().filter_map(|b| b.provider.as_ref()))
     }
 
     /// The API family: `api` when given, else from the provider type.
@@ -1144,6 +1207,12 @@ pub const MODEL_ROUTING_HEADER: &str = "x-maas-model";
 /// (only a name among the model's backends) and removes it before the client.
 pub const SERVED_BY_HEADER: &str = "x-maas-served-by";
 
+/// Request header the filter sets for a model whose backends have providers: the endpoints
+/// (`ip:port`) of the backends whose credential it holds, in the order Envoy should try them
+/// (the backends cluster's `envoy.load_balancing_policies.override_host` reads it; a retry takes
+/// the next). The upstream filter removes it before the backend.
+pub const BACKEND_ORDER_HEADER: &str = "x-maas-endpoints";
+
 /// Checks a model path prefix: absolute, normalized, no trailing slash, no encoded or dot segments.
 fn check_model_path(path: String, p: &str) -> Result<(), PolicyError> {
     if !p.starts_with('/') || p.len() < 2 {
@@ -1658,16 +1727,7 @@ impl PolicyDocument {
             }
             check_backends(i, m)?;
             if let Some(p) = &m.provider {
-                let at = format!("models[{i}].provider.credentialRef");
-                check_name(at.clone(), &p.credential_ref)?;
-                if let (Some(ns), name) = p.secret()
-                    && (!is_dns_label(ns) || name.is_empty() || name.contains('/'))
-                {
-                    return Err(err(
-                        at,
-                        "must be a Secret name, or namespace/name with a DNS-label namespace",
-                    ));
-                }
+                check_credential_ref(format!("models[{i}].provider.credentialRef"), p)?;
                 check_provider_fields(&format!("models[{i}].provider"), p)?;
                 if p.publisher.is_some() {
                     // The model's id at the publisher is one segment of the provider's path.
@@ -1901,11 +1961,91 @@ mod tests {
         bad("models[0].backends[2].backend", &|w| {
             w["models"][0]["backends"][2]["backend"] = json!("tcp://x:1");
         });
-        // External providers need a credential per upstream attempt: refused for now.
-        bad("models[0].backends[0].provider", &|w| {
+    }
+
+    /// Providers in backends: a header credential, the model's API, the path as sent, and the
+    /// model's upstreamCluster.
+    #[test]
+    fn provider_backends_take_a_header_credential_in_the_models_api() {
+        let mut v = sample();
+        v["models"][0]["backends"] = json!([
+            {"name": "a", "backend": "http://127.0.0.1:9001", "weight": 80, "timeout": "2s"},
+            {"name": "b", "backend": "simulator", "weight": 20},
+            {"name": "standby", "backend": "http://127.0.0.1:9002", "weight": 0, "timeout": "500ms"}
+        ]);
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut w = v.clone();
+            w["models"][0]["upstreamCluster"] = json!("gpt-backends");
             w["models"][0]["backends"][0]["provider"] =
-                json!({"type": "openai", "credentialRef": "k"});
-        });
+                json!({"type": "openai", "credentialRef": "key-a"});
+            w["models"][0]["backends"][1]["provider"] =
+                json!({"type": "azure-openai", "credentialRef": "ns-1/key-b"});
+            edit(&mut w);
+            w
+        };
+        let doc = PolicyDocument::from_value(with(&|_| {})).unwrap();
+        let refs: Vec<&str> = doc.models[0]
+            .providers()
+            .map(|p| p.credential_ref.as_str())
+            .collect();
+        assert_eq!(refs, ["key-a", "ns-1/key-b"]);
+        for auth in [
+            json!({"type": "azure-openai", "credentialRef": "app", "auth": "azureClientCredentials"}),
+            json!({"type": "vertex", "credentialRef": "sa", "auth": "gcpServiceAccount"}),
+        ] {
+            PolicyDocument::from_value(with(&|w| {
+                w["models"][0]["backends"][2]["provider"] = auth.clone();
+            }))
+            .unwrap();
+        }
+        // Anthropic backends in a model whose api is anthropic.
+        PolicyDocument::from_value(with(&|w| {
+            w["models"][0]["api"] = json!("anthropic");
+            for j in 0..2 {
+                w["models"][0]["backends"][j]["provider"] =
+                    json!({"type": "anthropic", "credentialRef": "k"});
+            }
+        }))
+        .unwrap();
+        for (at, edit) in [
+            (
+                "models[0].upstreamCluster",
+                &(|w: &mut serde_json::Value| {
+                    w["models"][0]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("upstreamCluster");
+                }) as &dyn Fn(&mut serde_json::Value),
+            ),
+            ("models[0].backends[1].provider", &|w| {
+                w["models"][0]["backends"][1]["provider"] = json!({"type": "bedrock",
+                    "credentialRef": "aws", "auth": "awsSigV4", "region": "us-east-1"});
+            }),
+            ("models[0].backends[1].provider", &|w| {
+                w["models"][0]["backends"][1]["provider"]["deployment"] = json!("gpt-4o");
+            }),
+            ("models[0].backends[1].provider", &|w| {
+                w["models"][0]["backends"][1]["provider"] = json!({"type": "vertex",
+                    "credentialRef": "sa", "auth": "gcpServiceAccount",
+                    "project": "p", "location": "us-central1"});
+            }),
+            // Anthropic Messages in an OpenAI model would need translation per backend.
+            ("models[0].backends[1].provider", &|w| {
+                w["models"][0]["backends"][1]["provider"] =
+                    json!({"type": "anthropic", "credentialRef": "k"});
+            }),
+            ("models[0].backends[0].provider", &|w| {
+                w["models"][0]["api"] = json!("anthropic");
+            }),
+            ("models[0].backends[1].provider.credentialRef", &|w| {
+                w["models"][0]["backends"][1]["provider"]["credentialRef"] = json!("a/b/c");
+            }),
+            ("models[0].backends[1].provider.auth", &|w| {
+                w["models"][0]["backends"][1]["provider"]["auth"] = json!("gcpServiceAccount");
+            }),
+        ] {
+            fails_at(with(edit), at);
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 mod helpers;
 
 mod api_families;
+mod backend_credentials;
 mod backends;
 mod bedrock;
 mod budget_fields;

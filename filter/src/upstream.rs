@@ -1,0 +1,438 @@
+//! The upstream mode (issue 29, several backends per model): the same `.wasm` as an upstream
+//! HTTP filter of a model's backends cluster (pluginConfig `upstream: true`). Envoy runs it once
+//! per upstream attempt, after its load balancer chose the endpoint, so it sets the credential
+//! of the backend that attempt goes to — never another backend's, never the client's (the
+//! downstream filter removed that; this removes every provider credential header again, since
+//! Envoy hands each attempt the same request headers, a previous attempt's changes included).
+//!
+//! It never authenticates, meters or reads a body. Per attempt: two property reads (the
+//! cluster and the endpoint's `maas.backend`), four header writes (the credential headers and
+//! `x-maas-endpoints` removed, the backend's own set), one read more for an Anthropic backend
+//! (`anthropic-version`) and the clock only for an access token with an expiry.
+//!
+//! What it cannot decide — no policy yet, a cluster that is no model's backends cluster, an
+//! endpoint that is none of the model's backends, a backend whose credential is missing or
+//! expired — is answered locally with 503 and an OpenAI-style error: never forwarded without
+//! its credential. Envoy 1.40 passes an upstream filter's local reply straight to the client
+//! (the router does not retry it: checked), so the downstream filter keeps Envoy away from such
+//! backends beforehand: [`crate::admission::backend_order`] lists only the backends that can
+//! serve, which the cluster's `override_host` policy tries in order.
+
+use crate::admission::{SecretMissing, provider_secret};
+use crate::host::{Headers, Host};
+use crate::hygiene::{ANTHROPIC_VERSION, provider_headers};
+use crate::operations::CLUSTER_PROPERTY;
+use crate::response::{Deny, Refusal};
+use crate::state::SharedWorker;
+use maas_types::{CredentialsDocument, PolicyDocument, ProviderAuth, ProviderKind};
+
+/// The chosen endpoint's metadata `maas.backend` (the backend's name), as an upstream filter
+/// reads it once the host is chosen (Envoy 1.40: empty in a downstream filter).
+pub const BACKEND_PROPERTY: [&str; 5] = [
+    "xds",
+    "upstream_host_metadata",
+    "filter_metadata",
+    "maas",
+    "backend",
+];
+
+/// Every header a provider credential travels in. The downstream filter removes the client's
+/// `authorization` and `x-api-key`; `api-key` (Azure OpenAI's) is removed here.
+pub const PROVIDER_CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+
+/// What one attempt sends besides the request as it is.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AttemptPlan {
+    /// The backend's credential header (none for a backend without a provider).
+    pub set: Vec<(&'static str, String)>,
+    /// An Anthropic backend: `anthropic-version` is set when the request carries none.
+    pub anthropic_version: bool,
+}
+
+/// Decides an attempt: `cluster` is Envoy's `xds.cluster_name`, `backend` the chosen endpoint's
+/// `maas.backend`. The model is the one whose `upstreamCluster` is this cluster (the
+/// downstream filter's upstream check holds here too: a cluster the policy does not name as a
+/// model's gets no credential), the backend one of its `backends` by name.
+pub fn plan_attempt(
+    policy: Option<&PolicyDocument>,
+    credentials: &CredentialsDocument,
+    cluster: Option<&str>,
+    backend: Option<&str>,
+    now_s: impl FnOnce() -> u64,
+) -> Result<AttemptPlan, Refusal> {
+    let policy = policy.ok_or_else(Refusal::no_policy)?;
+    let model = cluster
+        .and_then(|c| {
+            policy
+                .models
+                .iter()
+                .find(|m| !m.backends.is_empty() && m.upstream_cluster.as_deref() == Some(c))
+        })
+        .ok_or_else(|| {
+            Refusal::new(
+                Deny::UpstreamMismatch,
+                "this request reached a cluster that is no model's backends cluster; it was not forwarded",
+            )
+        })?;
+    let chosen = backend
+        .and_then(|name| model.backends.iter().find(|b| b.name == name))
+        .ok_or_else(|| {
+            Refusal::new(
+                Deny::UpstreamMismatch,
+                format!(
+                    "the endpoint chosen for model {} is none of its backends; the request was not forwarded",
+                    model.name
+                ),
+            )
+        })?;
+    let Some(p) = &chosen.provider else {
+        return Ok(AttemptPlan::default());
+    };
+    if p.auth == ProviderAuth::AwsSigV4 {
+        // Refused by the policy's validation; never forwarded unsigned.
+        return Err(Refusal::new(
+            Deny::SigningUnavailable,
+            format!(
+                "backend {} of model {} needs a signature, which is not made per backend",
+                chosen.name, model.name
+            ),
+        ));
+    }
+    let key = provider_secret(credentials, p, now_s).map_err(|why| {
+        let what = match why {
+            SecretMissing::None => "has no credential loaded",
+            SecretMissing::Expired => "has an expired access token and no new one loaded",
+        };
+        Refusal::new(
+            Deny::ProviderCredentialMissing,
+            format!(
+                "backend {} of model {} {what} yet; the request was not forwarded, retry shortly",
+                chosen.name, model.name
+            ),
+        )
+    })?;
+    // `anthropic-version` is decided by the shell (it reads the request's own).
+    let set = provider_headers(p, key, true);
+    Ok(AttemptPlan {
+        set,
+        anthropic_version: p.kind == ProviderKind::Anthropic && !p.auth.is_token(),
+    })
+}
+
+/// An attempt's request headers (the upstream mode's only callback that does anything):
+/// `true` to let the attempt go on, `false` when it was answered locally (503).
+pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
+    let cluster = host.property(&CLUSTER_PROPERTY);
+    let backend = host.property(&BACKEND_PROPERTY);
+    let plan = match worker.try_borrow() {
+        Ok(w) => plan_attempt(
+            w.policy.as_deref(),
+            &w.credentials,
+            cluster.as_deref(),
+            backend.as_deref(),
+            || host.now_ms() / 1000,
+        ),
+        Err(_) => Err(Refusal::undecidable()),
+    };
+    match plan {
+        Ok(plan) => {
+            for name in PROVIDER_CREDENTIAL_HEADERS {
+                if !plan.set.iter().any(|(n, _)| *n == name) {
+                    host.set_header(Headers::Request, name, None);
+                }
+            }
+            // Envoy chose with it already (and keeps the order for the retries).
+            host.set_header(Headers::Request, maas_types::BACKEND_ORDER_HEADER, None);
+            for (name, value) in &plan.set {
+                host.set_header(Headers::Request, name, Some(value));
+            }
+            if plan.anthropic_version
+                && host.header(Headers::Request, "anthropic-version").is_none()
+            {
+                host.set_header(
+                    Headers::Request,
+                    "anthropic-version",
+                    Some(ANTHROPIC_VERSION),
+                );
+            }
+            true
+        }
+        Err(r) => {
+            log::warn!(
+                "maas: upstream attempt (backend {}) refused: {}",
+                backend.as_deref().unwrap_or("-"),
+                r.message
+            );
+            host.send_response(r.status, &r.response_headers(), &r.body());
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::backend_order;
+    use crate::host::recording::{Call, RecordingHost};
+    use crate::state::Worker;
+    use serde_json::json;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    const CLUSTER: &str = "xds.cluster_name";
+    const BACKEND: &str = "xds.upstream_host_metadata.filter_metadata.maas.backend";
+
+    fn policy() -> PolicyDocument {
+        PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "gpt-4o", "path": "/llm/gpt-4o", "tiers": ["free"],
+                 "upstreamCluster": "gpt-backends",
+                 "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9001",
+                     "provider": {"type": "openai", "credentialRef": "key-a"}},
+                    {"name": "b", "backend": "http://127.0.0.1:9002",
+                     "provider": {"type": "azure-openai", "credentialRef": "key-b"}},
+                    {"name": "entra", "backend": "http://127.0.0.1:9003", "weight": 0,
+                     "provider": {"type": "azure-openai", "credentialRef": "app",
+                                  "auth": "azureClientCredentials"}},
+                    {"name": "local", "backend": "http://127.0.0.1:9004"},
+                    {"name": "nokey", "backend": "http://127.0.0.1:9005",
+                     "provider": {"type": "openai", "credentialRef": "key-missing"}}
+                 ]},
+                {"name": "claude", "path": "/llm/claude", "tiers": ["free"], "api": "anthropic",
+                 "upstreamCluster": "claude-backends",
+                 "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9011",
+                     "provider": {"type": "anthropic", "credentialRef": "ant"}}
+                 ]},
+                {"name": "single", "path": "/llm/single", "tiers": ["free"],
+                 "upstreamCluster": "single", "backend": "http://127.0.0.1:9020"}
+            ]
+        }))
+        .unwrap()
+    }
+
+    fn credentials() -> CredentialsDocument {
+        serde_json::from_value(json!({
+            "credentials": {"key-a": "KA", "key-b": "KB", "app": "TOKEN", "ant": "KANT"},
+            "expires_at": {"app": 1000}
+        }))
+        .unwrap()
+    }
+
+    fn plan(cluster: &str, backend: &str, now: u64) -> Result<AttemptPlan, Refusal> {
+        plan_attempt(
+            Some(&policy()),
+            &credentials(),
+            Some(cluster),
+            Some(backend),
+            || now,
+        )
+    }
+
+    #[test]
+    fn each_backend_gets_its_own_credential() {
+        let set = |b: &str| plan("gpt-backends", b, 10).unwrap().set;
+        assert_eq!(set("a"), [("authorization", "Bearer KA".to_string())]);
+        assert_eq!(set("b"), [("api-key", "KB".to_string())]);
+        assert_eq!(
+            set("entra"),
+            [("authorization", "Bearer TOKEN".to_string())]
+        );
+        assert_eq!(set("local"), [], "a backend without a provider gets none");
+        let claude = plan("claude-backends", "a", 10).unwrap();
+        assert_eq!(claude.set, [("x-api-key", "KANT".to_string())]);
+        assert!(claude.anthropic_version);
+        assert!(!plan("gpt-backends", "a", 10).unwrap().anthropic_version);
+    }
+
+    #[test]
+    fn what_cannot_be_decided_is_refused_with_a_503() {
+        for (cluster, backend, deny) in [
+            // A backend's credential missing, or its token expired.
+            ("gpt-backends", "nokey", Deny::ProviderCredentialMissing),
+            ("gpt-backends", "ghost", Deny::UpstreamMismatch),
+            // A name of another model's backend, none, or a cluster that is no backends
+            // cluster (a single-backend model's, or unknown).
+            ("gpt-backends", "", Deny::UpstreamMismatch),
+            ("single", "a", Deny::UpstreamMismatch),
+            ("elsewhere", "a", Deny::UpstreamMismatch),
+        ] {
+            let r = plan(cluster, backend, 10).unwrap_err();
+            assert_eq!((r.deny, r.status), (deny, 503), "{cluster} {backend}");
+        }
+        let r = plan("gpt-backends", "entra", 1001).unwrap_err();
+        assert_eq!(r.deny, Deny::ProviderCredentialMissing);
+        assert!(r.message.contains("expired"), "{}", r.message);
+        assert!(plan("gpt-backends", "entra", 1000).is_ok(), "to the second");
+        let r = plan_attempt(None, &credentials(), Some("gpt-backends"), Some("a"), || 0);
+        assert_eq!(r.unwrap_err().deny, Deny::NoPolicy);
+        for (cluster, backend) in [(None, Some("a")), (Some("gpt-backends"), None)] {
+            let r = plan_attempt(Some(&policy()), &credentials(), cluster, backend, || 0);
+            assert_eq!(r.unwrap_err().deny, Deny::UpstreamMismatch);
+        }
+    }
+
+    fn worker() -> SharedWorker {
+        let w = Worker {
+            policy: Some(Rc::new(policy())),
+            credentials: Rc::new(credentials()),
+            ..Worker::default()
+        };
+        Rc::new(RefCell::new(w))
+    }
+
+    fn attempt(host: &RecordingHost, w: &SharedWorker, cluster: &str, backend: &str) -> bool {
+        host.properties
+            .borrow_mut()
+            .insert(CLUSTER.into(), cluster.into());
+        host.properties
+            .borrow_mut()
+            .insert(BACKEND.into(), backend.into());
+        host.clear_calls();
+        on_request_headers(host, w)
+    }
+
+    /// Two attempts of one request share its headers (Envoy's): the second backend gets its
+    /// own credential and nothing of the first's, nor the client's `api-key`.
+    #[test]
+    fn an_attempt_removes_every_other_credential_and_sets_its_own() {
+        let host = RecordingHost::new();
+        let w = worker();
+        host.set_map(
+            Headers::Request,
+            &[(":path", "/v1/chat/completions"), ("api-key", "client-own")],
+        );
+        assert!(attempt(&host, &w, "gpt-backends", "a"));
+        assert_eq!(
+            host.map_value(Headers::Request, "authorization").as_deref(),
+            Some("Bearer KA")
+        );
+        assert_eq!(host.map_value(Headers::Request, "api-key"), None);
+        assert!(attempt(&host, &w, "gpt-backends", "b"));
+        assert_eq!(
+            host.map_value(Headers::Request, "api-key").as_deref(),
+            Some("KB")
+        );
+        assert_eq!(host.map_value(Headers::Request, "authorization"), None);
+        assert!(attempt(&host, &w, "gpt-backends", "local"));
+        for name in PROVIDER_CREDENTIAL_HEADERS {
+            assert_eq!(host.map_value(Headers::Request, name), None, "{name}");
+        }
+        assert!(host.sent.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_missing_credential_answers_503_and_forwards_nothing() {
+        let host = RecordingHost::new();
+        let w = worker();
+        host.set_map(Headers::Request, &[("authorization", "Bearer KA")]);
+        assert!(!attempt(&host, &w, "gpt-backends", "nokey"));
+        let sent = host.last_sent().unwrap();
+        assert_eq!(sent.status, 503);
+        assert_eq!(sent.code(), "provider_credential_missing");
+        assert!(
+            host.calls
+                .borrow()
+                .iter()
+                .all(|c| !matches!(c, Call::SetHeader(..))),
+            "the headers are not touched: the attempt goes nowhere"
+        );
+    }
+
+    /// The order of the backends Envoy tries: only those that can serve, the first by weight.
+    #[test]
+    fn the_backend_order_leaves_out_backends_without_their_credential() {
+        let p = policy();
+        let gpt = &p.models[0];
+        let creds = credentials();
+        // a (weight 1), b (1), local (1) usable; entra has weight 0; nokey has no key.
+        let firsts: Vec<String> = (0..3)
+            .map(|d| backend_order(gpt, &creds, 10, || d).unwrap().unwrap())
+            .collect();
+        assert_eq!(
+            firsts,
+            [
+                "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9004",
+                "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9004",
+                "127.0.0.1:9004,127.0.0.1:9001,127.0.0.1:9002",
+            ]
+        );
+        assert_eq!(
+            backend_order(gpt, &creds, 10, || 3).unwrap().unwrap(),
+            firsts[0]
+        );
+        // Without any credential only the backend that needs none is left.
+        let none = CredentialsDocument::default();
+        assert_eq!(
+            backend_order(gpt, &none, 10, || 7).unwrap().as_deref(),
+            Some("127.0.0.1:9004")
+        );
+        // No backend that can serve: refused before anything leaves.
+        let claude = &p.models[1];
+        let r = backend_order(claude, &none, 10, || 0).unwrap_err();
+        assert_eq!((r.deny, r.status), (Deny::ProviderCredentialMissing, 503));
+        assert_eq!(
+            backend_order(claude, &creds, 10, || 0).unwrap().as_deref(),
+            Some("127.0.0.1:9011")
+        );
+        // Nothing to steer: a model without provider backends, or names the header cannot
+        // carry (Envoy's weighted round robin chooses).
+        assert_eq!(backend_order(&p.models[2], &creds, 10, || 0).unwrap(), None);
+        let mut named = claude.clone();
+        named.backends[0].backend = Some("https://api.anthropic.com".into());
+        assert_eq!(backend_order(&named, &creds, 10, || 0).unwrap(), None);
+        // Weights: 3:1 draws pick the heavier three times in four.
+        let mut heavy = claude.clone();
+        heavy.backends[0].weight = 3;
+        let mut second = heavy.backends[0].clone();
+        second.name = "b".into();
+        second.weight = 1;
+        second.backend = Some("http://127.0.0.1:9012/base".into());
+        heavy.backends.push(second);
+        let heads: Vec<bool> = (0..4)
+            .map(|d| {
+                backend_order(&heavy, &creds, 10, || d)
+                    .unwrap()
+                    .unwrap()
+                    .starts_with("127.0.0.1:9011,")
+            })
+            .collect();
+        assert_eq!(heads, [true, true, true, false]);
+    }
+
+    /// The host-call budget of an attempt: 2 property reads + 4 header writes; the clock only
+    /// for a credential with an expiry; `anthropic-version` read (and set when absent) for an
+    /// Anthropic backend.
+    #[test]
+    fn host_calls_per_attempt() {
+        let host = RecordingHost::new();
+        host.now.set(10_000);
+        let w = worker();
+        host.set_map(Headers::Request, &[(":path", "/v1/chat/completions")]);
+        for (cluster, backend, calls) in [
+            ("gpt-backends", "a", 6),
+            ("gpt-backends", "local", 6),
+            ("gpt-backends", "entra", 7),
+            ("claude-backends", "a", 8),
+        ] {
+            assert!(attempt(&host, &w, cluster, backend));
+            assert_eq!(
+                host.call_count(),
+                calls,
+                "{backend}: {:?}",
+                host.calls.borrow()
+            );
+        }
+        // With the client's own `anthropic-version`: read, kept.
+        host.set_map(Headers::Request, &[("anthropic-version", "2023-01-01")]);
+        assert!(attempt(&host, &w, "claude-backends", "a"));
+        assert_eq!(host.call_count(), 7);
+        assert_eq!(
+            host.map_value(Headers::Request, "anthropic-version")
+                .as_deref(),
+            Some("2023-01-01")
+        );
+    }
+}
