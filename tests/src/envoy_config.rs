@@ -863,12 +863,19 @@ fn upstream_filter(input: &EnvoyConfigInput<'_>) -> Option<Value> {
     let filter = input.filter.as_ref()?;
     let mut config = plugin_config(input, filter.poll_interval_ms);
     config["upstream"] = json!(true);
-    Some(json!({
+    Some(wasm_filter("maas-filter-upstream", filter, &config))
+}
+
+/// `envoy.filters.http.wasm` running the MaaS module with `config` as its pluginConfig. Every
+/// instance has the same `vm_id` and code, so the downstream and upstream filters share one VM
+/// per worker.
+fn wasm_filter(name: &str, filter: &WasmFilterOptions, config: &Value) -> Value {
+    json!({
         "name": "envoy.filters.http.wasm",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": "maas-filter-upstream",
+                "name": name,
                 "root_id": "maas-filter",
                 "fail_open": false,
                 "vm_config": {
@@ -882,7 +889,7 @@ fn upstream_filter(input: &EnvoyConfigInput<'_>) -> Option<Value> {
                 }
             }
         }
-    }))
+    })
 }
 
 /// The load balancing of a backends cluster whose backends have providers: the endpoints the
@@ -925,29 +932,11 @@ fn http_filters(input: &EnvoyConfigInput<'_>) -> Vec<Value> {
     let mut http_filters = Vec::new();
     if let Some(filter) = &input.filter {
         let config = plugin_config(input, filter.poll_interval_ms);
-        http_filters.push(json!({
-            "name": "envoy.filters.http.wasm",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                "config": {
-                    "name": "maas-filter",
-                    "root_id": "maas-filter",
-                    "fail_open": false,
-                    // With pluginConfig pauseHeadersForBody: Envoy hands the body of a request
-                    // whose headers the filter holds to the filter (Envoy 1.35+).
-                    "allow_on_headers_stop_iteration": true,
-                    "vm_config": {
-                        "vm_id": "maas-filter",
-                        "runtime": "envoy.wasm.runtime.v8",
-                        "code": {"local": {"filename": filter.wasm_path.to_string_lossy()}}
-                    },
-                    "configuration": {
-                        "@type": "type.googleapis.com/google.protobuf.StringValue",
-                        "value": config.to_string()
-                    }
-                }
-            }
-        }));
+        let mut wasm = wasm_filter("maas-filter", filter, &config);
+        // With pluginConfig pauseHeadersForBody: Envoy hands the body of a request whose
+        // headers the filter holds to the filter (Envoy 1.35+).
+        wasm["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
+        http_filters.push(wasm);
     }
     http_filters.push(json!({
         "name": "envoy.filters.http.router",

@@ -5,6 +5,7 @@
 
 use maas_e2e::{Stack, StackOptions};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub use maas_e2e::module_stack::ModuleStack;
@@ -266,4 +267,80 @@ pub async fn companion_validations(stack: &Stack) -> u64 {
         .filter_map(|l| l.rsplit(' ').next())
         .filter_map(|v| v.trim().parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// The usage events of `model`, once there are `n` (never more).
+pub async fn events_of(stack: &Stack, model: &str, n: usize) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(stack.usage_events_path()).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .filter(|l: &Value| l["event"]["model"] == model)
+            .collect();
+        if lines.len() >= n {
+            // Late duplicates would show after a moment.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let again = std::fs::read_to_string(stack.usage_events_path()).unwrap_or_default();
+            let count = again
+                .lines()
+                .filter(|l| l.contains(&format!("\"model\":\"{model}\"")))
+                .count();
+            assert_eq!(count, n, "one usage event per request of {model}:\n{again}");
+            return lines;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} of {n} usage events of {model}:\n{text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `cred`'s `GET /v1/usage?groupBy=backend` rows of `model` as `backend →
+/// requests`, once they add up to `n` (a report interval or two after the calls; never more).
+pub async fn ledger_by_backend(
+    stack: &Stack,
+    cred: &str,
+    model: &str,
+    n: usize,
+) -> BTreeMap<String, usize> {
+    let start = Instant::now();
+    loop {
+        let r = send(
+            client()
+                .get(format!(
+                    "{}/maas-api/v1/usage?groupBy=backend",
+                    stack.gateway_url()
+                ))
+                .bearer_auth(cred),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["groupBy"], "backend", "{v}");
+        let mut rows: BTreeMap<String, usize> = BTreeMap::new();
+        for row in v["data"].as_array().cloned().unwrap_or_default() {
+            if row["model"] == model {
+                let backend = row["backend"].as_str().expect("a backend").to_string();
+                let requests = row["requests"].as_u64().unwrap_or(0);
+                *rows.entry(backend).or_default() += usize::try_from(requests).unwrap_or(0);
+            }
+        }
+        let total: usize = rows.values().sum();
+        assert!(
+            total <= n,
+            "{model}: the ledger counts more than {n}: {rows:?}"
+        );
+        if total == n {
+            return rows;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{model}: the ledger shows {rows:?}, not {n} requests"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
