@@ -878,6 +878,11 @@ mod tests {
         // A repeated `type`: any occurrence the provider runs counts.
         let twice = br#"{"tools":[{"type":"web_search","type":"function"}]}"#;
         assert_eq!(inspect(twice).unwrap().hosted_tool(), Some("web_search"));
+        // A client's type string is kept to 64 bytes (a refusal names it), its text counted.
+        let long = serde_json::json!({"tools": [{"type": "x".repeat(10_000)}]});
+        let i = inspect(long.to_string().as_bytes()).unwrap();
+        assert_eq!(i.hosted_tool().map(str::len), Some(64));
+        assert!(i.prompt_tokens_estimate >= 2500);
         // Tools' text is still prompt.
         let big = serde_json::json!({"tools": [{"type": "web_search", "d": "a".repeat(400)}]});
         assert!(
@@ -1326,7 +1331,12 @@ mod tests {
                             fields.media_parts = fields.media_parts.saturating_add(tally.media);
                             continue;
                         }
-                        Key::Tools | Key::WebSearchOptions | Key::McpServers => {
+                        beyond @ (Key::Tools
+                        | Key::WebSearchOptions
+                        | Key::McpServers
+                        | Key::PreviousResponseId
+                        | Key::Conversation
+                        | Key::Prompt) => {
                             let value = map.next_value::<Value>()?;
                             let tally = serde::de::DeserializeSeed::deserialize(
                                 Estimate(Place::Text),
@@ -1334,42 +1344,11 @@ mod tests {
                             )
                             .map_err(serde::de::Error::custom)?;
                             fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
-                            let hosted = match (&key, &value) {
-                                (Key::Tools, Value::Array(tools)) => {
-                                    tools.iter().find_map(|t| match t.get("type") {
-                                        None | Some(Value::Null) => None,
-                                        Some(Value::String(t)) => {
-                                            super::super::estimate::is_hosted_tool(t)
-                                                .then(|| t.clone())
-                                        }
-                                        Some(_) => Some("(not a string)".to_string()),
-                                    })
-                                }
-                                (Key::Tools, _) | (_, Value::Null) => None,
-                                (Key::WebSearchOptions, _) => Some("web_search_options".into()),
-                                _ => Some("mcp_servers".into()),
-                            };
+                            let (hosted, stored) = beyond_text_of(&beyond, &value);
                             if fields.hosted_tool.is_none() {
                                 fields.hosted_tool = hosted;
                             }
-                            continue;
-                        }
-                        Key::PreviousResponseId | Key::Conversation | Key::Prompt => {
-                            let value = map.next_value::<Value>()?;
-                            let tally = serde::de::DeserializeSeed::deserialize(
-                                Estimate(Place::Text),
-                                &value,
-                            )
-                            .map_err(serde::de::Error::custom)?;
-                            fields.text_bytes = fields.text_bytes.saturating_add(tally.text);
-                            let (name, stored) = match key {
-                                Key::PreviousResponseId => {
-                                    ("previous_response_id", !value.is_null())
-                                }
-                                Key::Conversation => ("conversation", !value.is_null()),
-                                _ => ("prompt", value.is_object()),
-                            };
-                            if stored {
+                            if let Some(name) = stored {
                                 fields.stored_context.get_or_insert(name);
                             }
                             continue;
@@ -1383,6 +1362,35 @@ mod tests {
                     }
                 }
                 Ok(fields)
+            }
+        }
+
+        /// The hosted tool and the stored-context field a top-level field's value names, as
+        /// the rule reads them (a kept type string is cut at 64 bytes, as the walk keeps it).
+        fn beyond_text_of(key: &Key, value: &Value) -> (Option<String>, Option<&'static str>) {
+            let hosted_type = |t: &Value| match t.get("type") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(t)) => super::super::estimate::is_hosted_tool(t).then(|| {
+                    let mut end = t.len().min(64);
+                    while !t.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    t[..end].to_string()
+                }),
+                Some(_) => Some("(not a string)".to_string()),
+            };
+            match (key, value) {
+                (Key::Tools, Value::Array(tools)) => (tools.iter().find_map(hosted_type), None),
+                (Key::Tools, _) | (Key::WebSearchOptions | Key::McpServers, Value::Null) => {
+                    (None, None)
+                }
+                (Key::WebSearchOptions, _) => (Some("web_search_options".into()), None),
+                (Key::McpServers, _) => (Some("mcp_servers".into()), None),
+                (Key::PreviousResponseId, v) => {
+                    (None, (!v.is_null()).then_some("previous_response_id"))
+                }
+                (Key::Conversation, v) => (None, (!v.is_null()).then_some("conversation")),
+                (_, v) => (None, v.is_object().then_some("prompt")),
             }
         }
 

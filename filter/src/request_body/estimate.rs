@@ -149,47 +149,64 @@ impl<'de> DeserializeSeed<'de> for Shaped {
     type Value = (u64, Shape);
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(u64, Shape), D::Error> {
-        d.deserialize_any(self)
+        let (text, shape, _) = d.deserialize_any(ShapeVisitor { keep_str: false })?;
+        Ok((text, shape))
     }
 }
 
-impl<'de> Visitor<'de> for Shaped {
-    type Value = (u64, Shape);
+/// Longest string kept from a body by [`ShapeVisitor`] (it is named in a refusal's message).
+const KEPT_STR_BYTES: usize = 64;
+
+/// A value's text bytes, its [`Shape`] and, with `keep_str`, the string it is (its first
+/// [`KEPT_STR_BYTES`] bytes).
+struct ShapeVisitor {
+    keep_str: bool,
+}
+
+impl<'de> Visitor<'de> for ShapeVisitor {
+    type Value = (u64, Shape, Option<String>);
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<(u64, Shape), E> {
-        Ok((v.len() as u64, Shape::Other))
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        let kept = self.keep_str.then(|| {
+            let mut end = v.len().min(KEPT_STR_BYTES);
+            while !v.is_char_boundary(end) {
+                end -= 1;
+            }
+            v.get(..end).unwrap_or_default().to_string()
+        });
+        Ok((v.len() as u64, Shape::Other, kept))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<(u64, Shape), E> {
-        Ok((0, Shape::Other))
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((0, Shape::Other, None))
     }
 
-    fn visit_unit<E>(self) -> Result<(u64, Shape), E> {
-        Ok((0, Shape::Null))
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((0, Shape::Null, None))
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<(u64, Shape), E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<(u64, Shape), E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<(u64, Shape), E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other))
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(u64, Shape), A::Error> {
-        Ok((text_seq(seq)?, Shape::Other))
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok((text_seq(seq)?, Shape::Other, None))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(u64, Shape), A::Error> {
-        Ok((text_object(map)?, Shape::Object))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok((text_object(map)?, Shape::Object, None))
     }
 }
 
@@ -217,11 +234,26 @@ impl<'de> DeserializeSeed<'de> for Tools {
     type Value = (u64, Option<String>);
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(ToolsVisitor { element: false })
+    }
+}
+
+/// `tools` (`element: false`: a list of tools) or one of its elements (a tool object): text
+/// bytes, and the `type` of the first tool the provider runs.
+#[derive(Clone, Copy)]
+struct ToolsVisitor {
+    element: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ToolsVisitor {
+    type Value = (u64, Option<String>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Tools {
+impl<'de> Visitor<'de> for ToolsVisitor {
     type Value = (u64, Option<String>);
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -253,9 +285,12 @@ impl<'de> Visitor<'de> for Tools {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        if self.element {
+            return Ok((text_seq(seq)?, None));
+        }
         let mut text: u64 = 0;
         let mut hosted = None;
-        while let Some((n, h)) = seq.next_element_seed(Tool)? {
+        while let Some((n, h)) = seq.next_element_seed(ToolsVisitor { element: true })? {
             text = text.saturating_add(n);
             if hosted.is_none() {
                 hosted = h;
@@ -264,58 +299,10 @@ impl<'de> Visitor<'de> for Tools {
         Ok((text, hosted))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        Ok((text_object(map)?, None))
-    }
-}
-
-/// One element of `tools`: its text bytes, and its `type` when the provider runs it.
-struct Tool;
-
-impl<'de> DeserializeSeed<'de> for Tool {
-    type Value = (u64, Option<String>);
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Tool {
-    type Value = (u64, Option<String>);
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok((v.len() as u64, None))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok((0, None))
-    }
-
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok((0, None))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, None))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, None))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, None))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        Ok((text_seq(seq)?, None))
-    }
-
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        if !self.element {
+            return Ok((text_object(map)?, None));
+        }
         let mut text: u64 = 0;
         let mut hosted = None;
         while let Some(Name(key)) = map.next_key_seed(NameSeed)? {
@@ -342,54 +329,12 @@ impl<'de> DeserializeSeed<'de> for ToolType {
     type Value = (u64, Option<String>);
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        let (text, shape, tool_type) = d.deserialize_any(ToolTypeVisitor)?;
+        let (text, shape, tool_type) = d.deserialize_any(ShapeVisitor { keep_str: true })?;
         Ok(match (shape, tool_type) {
             (_, Some(t)) => (text, is_hosted_tool(&t).then_some(t)),
             (Shape::Null, None) => (text, None),
             _ => (text, Some("(not a string)".to_string())),
         })
-    }
-}
-
-struct ToolTypeVisitor;
-
-impl<'de> Visitor<'de> for ToolTypeVisitor {
-    type Value = (u64, Shape, Option<String>);
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok((v.len() as u64, Shape::Other, Some(v.to_string())))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok((0, Shape::Other, None))
-    }
-
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok((0, Shape::Null, None))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok((PROMPT_BYTES_PER_TOKEN, Shape::Other, None))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        Ok((text_seq(seq)?, Shape::Other, None))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        Ok((text_object(map)?, Shape::Object, None))
     }
 }
 

@@ -173,29 +173,41 @@ async fn parallel_large_prompts_cannot_multiply_the_budget() {
     // settled use is as large) + max_tokens 10 → ~1010 reserved and used; the tier has 3000 a
     // day, so at most 2 run whatever the concurrency.
     let prompt = "abc ".repeat(1000);
-    let calls = (0..8).map(|_| {
-        let body = json!({"model": "sim-model", "max_tokens": 10,
-                          "messages": [{"role": "user", "content": prompt.clone()}]});
-        async move {
-            chat(
-                stack,
-                CHAT,
-                "par-prompt",
-                &[("authorization", "Bearer pam-token")],
-                body,
-            )
-            .await
-            .status
-        }
+    let bodies = (0..8).map(|_| {
+        json!({"model": "sim-model", "max_tokens": 10,
+               "messages": [{"role": "user", "content": prompt.clone()}]})
     });
+    let ok = admitted_at_once(
+        stack,
+        CHAT,
+        "par-prompt",
+        &[("authorization", "Bearer pam-token")],
+        bodies,
+    )
+    .await;
+    assert!(ok <= 2, "{ok} requests of ~1010 tokens admitted on 3000");
+}
+
+/// Sends `bodies` at once; the number answered 200, which must be at least one and what the
+/// simulator received.
+async fn admitted_at_once(
+    stack: &Stack,
+    path: &str,
+    test_id: &str,
+    headers: &[(&str, &str)],
+    bodies: impl Iterator<Item = serde_json::Value>,
+) -> usize {
+    let calls =
+        bodies.map(|body| async move { chat(stack, path, test_id, headers, body).await.status });
     let statuses = join_all(calls).await;
     let ok = statuses.iter().filter(|s| **s == 200).count();
-    assert!(ok >= 1, "{statuses:?}");
-    assert!(
-        ok <= 2,
-        "{ok} requests of ~1010 tokens admitted on 3000: {statuses:?}"
+    assert!(ok >= 1, "{test_id}: {statuses:?}");
+    assert_eq!(
+        ok,
+        stack.sim_requests_with_test_id(test_id).len(),
+        "{test_id}: {statuses:?}"
     );
-    assert_eq!(ok, stack.sim_requests_with_test_id("par-prompt").len());
+    ok
 }
 
 /// An image costs what the model charges for it, not its few bytes of URL: a part carrying
@@ -231,34 +243,22 @@ async fn an_image_by_url_is_reserved_at_the_models_media_tokens() {
 #[tokio::test]
 async fn parallel_image_requests_cannot_multiply_the_budget() {
     let stack = stack();
-    let calls = (0..8).map(|i| {
-        let body = json!({"model": "vision-model", "max_tokens": 10,
+    let bodies = (0..8).map(|i| {
+        json!({"model": "vision-model", "max_tokens": 10,
             "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "describe"},
-                {"type": "image_url", "image_url": {"url": format!("https://example.com/{i}.png")}}]}]});
-        async move {
-            chat(
-                stack,
-                "/llm/vision-model/v1/chat/completions",
-                "par-image",
-                &[
-                    ("authorization", "Bearer vic-token"),
-                    ("x-sim-response-delay-ms", "1500"),
-                ],
-                body,
-            )
-            .await
-            .status
-        }
+                {"type": "image_url", "image_url": {"url": format!("https://example.com/{i}.png")}}]}]})
     });
-    let statuses = join_all(calls).await;
-    let ok = statuses.iter().filter(|s| **s == 200).count();
-    assert!(ok >= 1, "{statuses:?}");
+    let headers = [
+        ("authorization", "Bearer vic-token"),
+        ("x-sim-response-delay-ms", "1500"),
+    ];
+    let path = "/llm/vision-model/v1/chat/completions";
+    let ok = admitted_at_once(stack, path, "par-image", &headers, bodies).await;
     assert!(
         ok <= 2,
-        "{ok} requests with a 1000-token image admitted at once on 3000: {statuses:?}"
+        "{ok} requests with a 1000-token image admitted at once on 3000"
     );
-    assert_eq!(ok, stack.sim_requests_with_test_id("par-image").len());
 }
 
 /// A Responses request continuing a stored response makes the provider read the whole earlier
@@ -357,6 +357,24 @@ async fn tools_the_provider_runs_are_refused_unless_the_model_settles_them() {
             "{id}: a request with a tool the provider runs reached the backend"
         );
     }
+    // A 100 kB tool type is refused naming only its first 64 bytes: the answer does not echo
+    // what the client sent.
+    let r = chat(
+        stack,
+        CHAT,
+        "hosted-long-type",
+        &auth,
+        json!({"model": "sim-model", "max_tokens": 10, "messages": hi,
+               "tools": [{"type": "t".repeat(100_000)}]}),
+    )
+    .await;
+    assert_eq!(r.error(400)["code"], "hosted_tool_not_allowed");
+    assert!(r.body.len() < 2000, "{} bytes", r.body.len());
+    assert!(
+        stack
+            .sim_requests_with_test_id("hosted-long-type")
+            .is_empty()
+    );
     // Function tools alone are the client's: forwarded.
     let r = chat(
         stack,
