@@ -21,6 +21,9 @@ pub enum CallerKind {
     ApiKey {
         tier: Option<String>,
         id: uuid::Uuid,
+        /// The key's public id (the `key_id` of `sk-oai-{key_id}_{secret}`): what a scope
+        /// `per: key` counts by, as the gateway does.
+        key_id: String,
         /// The subscription the key is bound to.
         subscription: Option<String>,
     },
@@ -38,6 +41,14 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// The API key's public id, when the caller is one.
+    pub fn key_id(&self) -> Option<&str> {
+        match &self.kind {
+            CallerKind::ApiKey { key_id, .. } => Some(key_id),
+            CallerKind::Cluster => None,
+        }
+    }
+
     pub fn pinned_tier(&self) -> Option<&str> {
         match &self.kind {
             CallerKind::ApiKey { tier, .. } => tier.as_deref(),
@@ -76,7 +87,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let auth = Authenticator::from_ref(state);
         let caller = match credential(&parts.headers)? {
-            Credential::ApiKey { raw, .. } => {
+            Credential::ApiKey { raw, parts } => {
                 let key = auth.api_key(raw).await?;
                 Caller {
                     username: key.username,
@@ -84,6 +95,7 @@ where
                     kind: CallerKind::ApiKey {
                         tier: key.tier,
                         id: key.id,
+                        key_id: parts.key_id.to_string(),
                         subscription: key.subscription,
                     },
                     is_admin: false,

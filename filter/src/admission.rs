@@ -282,6 +282,23 @@ pub struct SubscriptionRun {
     pub counter_subject: Rc<str>,
 }
 
+/// A scope the request counts in besides its own counters ([`maas_types::Scope`]): its limits
+/// as a tier and whose counters they are.
+#[derive(Debug)]
+pub struct ScopeRun {
+    pub tier: Tier,
+    pub counter_subject: String,
+    pub counter_key: String,
+}
+
+/// The scopes of a request, and what admission reserved in each (settled with the request's
+/// own reservation).
+#[derive(Debug, Default)]
+pub struct Scopes {
+    pub runs: Vec<ScopeRun>,
+    pub reserved: Vec<limits::Reservation>,
+}
+
 /// Who the caller is for the limits, once authorised.
 #[derive(Debug)]
 pub struct Authorized {
@@ -290,10 +307,12 @@ pub struct Authorized {
     pub subscription: Option<Box<SubscriptionRun>>,
     /// The tier the request runs on and the subject's highest (one budget per person), as
     /// indices in the policy decided with; none under a subscription.
-    pub tier_idx: Option<usize>,
-    pub highest_tier_idx: Option<usize>,
+    pub tier_idx: Option<u32>,
+    pub highest_tier_idx: Option<u32>,
     /// The counter slot, hashed once for the whole request.
     pub counter_key: SlotKey,
+    /// The policy's scopes the request counts in too (none for most requests: no allocation).
+    pub scopes: Option<Box<Scopes>>,
 }
 
 impl Authorized {
@@ -310,7 +329,7 @@ impl Authorized {
     pub fn tier<'p>(&'p self, policy: &'p PolicyDocument) -> Option<&'p Tier> {
         match &self.subscription {
             Some(s) => Some(&s.tier),
-            None => policy.tiers.get(self.tier_idx?),
+            None => policy.tiers.get(usize::try_from(self.tier_idx?).ok()?),
         }
     }
 
@@ -322,7 +341,7 @@ impl Authorized {
             Some(s) => out.push(&s.tier),
             None => {
                 for i in [self.tier_idx, self.highest_tier_idx].into_iter().flatten() {
-                    if let Some(t) = policy.tiers.get(i) {
+                    if let Some(t) = usize::try_from(i).ok().and_then(|i| policy.tiers.get(i)) {
                         out.push(t);
                     }
                 }
@@ -348,8 +367,9 @@ pub struct Caller<'a, 'h> {
     pub identity: &'a CachedIdentity,
     /// The subject (shared with the worker's copy of the credential: no copy per request).
     pub subject: Rc<str>,
-    /// The credential is an API key (a key's subscription binds; a client header does not).
-    pub api_key: bool,
+    /// The API key's id when the credential is one (a key's subscription binds; a client
+    /// header does not; a scope `per: key` counts per key).
+    pub key_id: Option<&'a str>,
     /// `X-MaaS-Subscription` as sent (the last non-empty value).
     pub requested_subscription: Option<&'a str>,
     /// The client's header names (what to strip is decided on every spelling).
@@ -392,13 +412,14 @@ pub fn authorize<'h>(
         .get(model_idx)
         .ok_or_else(Refusal::model_not_found)?;
     let identity = caller.identity;
-    let subscription = match decide::subscription(
+    let selected = decide::subscription(
         policy,
         identity,
-        caller.api_key,
+        caller.key_id.is_some(),
         caller.requested_subscription,
         model,
-    )? {
+    )?;
+    let subscription = match selected {
         Some(sub) => Some(Box::new(SubscriptionRun {
             name: sub.name.clone(),
             tier: sub.limits_tier(&model.name).ok_or_else(|| {
@@ -415,10 +436,14 @@ pub fn authorize<'h>(
             // One budget per person: the subject's own highest tier's windows apply to every
             // request, a pinned (lower) tier's too.
             let highest = policy.resolve_tier(&identity.groups, None).unwrap_or(tier);
-            (
-                policy.tiers.iter().position(|t| std::ptr::eq(t, tier)),
-                policy.tiers.iter().position(|t| std::ptr::eq(t, highest)),
-            )
+            let index_of = |tier: &Tier| {
+                policy
+                    .tiers
+                    .iter()
+                    .position(|t| std::ptr::eq(t, tier))
+                    .and_then(|i| u32::try_from(i).ok())
+            };
+            (index_of(tier), index_of(highest))
         }
     };
     // The subject's own slot key may come from the worker's copy of the credential.
@@ -469,9 +494,49 @@ pub fn authorize<'h>(
             tier_idx,
             highest_tier_idx,
             counter_key,
+            scopes: scopes(
+                policy,
+                model,
+                selected,
+                &identity.subject,
+                caller.key_id,
+                s.cfg.limits.counter_slots,
+            ),
         },
         plan,
     ))
+}
+
+/// The policy's scopes a request for `model` under `subscription` counts in, with their
+/// counters; none (no allocation) when it counts in none.
+fn scopes(
+    policy: &PolicyDocument,
+    model: &Model,
+    subscription: Option<&maas_types::Subscription>,
+    subject: &str,
+    key_id: Option<&str>,
+    slots: u64,
+) -> Option<Box<Scopes>> {
+    if policy.scopes.is_empty() {
+        return None;
+    }
+    let runs: Vec<ScopeRun> = policy
+        .scopes_for(&model.name, subscription)
+        .map(|scope| {
+            let counter_subject = scope.counter_subject(subject, key_id);
+            ScopeRun {
+                tier: scope.limits_tier(),
+                counter_key: limits::counter_key(&counter_subject, slots),
+                counter_subject,
+            }
+        })
+        .collect();
+    (!runs.is_empty()).then(|| {
+        Box::new(Scopes {
+            runs,
+            reserved: Vec::new(),
+        })
+    })
 }
 
 /// The one base URL, at the response: the upstream check against the cluster that answered

@@ -48,7 +48,9 @@ mod slot;
 
 #[cfg(test)]
 pub(crate) use admit::FALLBACK_RESERVATION;
-pub(crate) use admit::{Admission, Ask, Shadowed, admit_leased, precheck_folded, reservation_for};
+pub(crate) use admit::{
+    Admission, Ask, Shadowed, admit_leased, precheck_folded, reservation_for, unadmit,
+};
 pub(crate) use counters::has_windows;
 pub(crate) use grants::{
     Claim, Grant, LeaseCounter, LeaseNeed, LeasePolicy, Meter, apply_grants, claim,

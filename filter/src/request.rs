@@ -54,6 +54,7 @@ mod handle;
 mod held;
 mod leasing;
 mod respond;
+mod scoped;
 pub use handle::{Http, Registry};
 pub use held::probe_held_headers;
 pub(crate) use leasing::answer_flight;
@@ -100,6 +101,8 @@ pub(crate) enum Phase {
         needs: Vec<LeaseNeed>,
         rounds: u8,
         limited: Option<Admission>,
+        /// Whose lease: the request's own counters (none) or a scope's (its index).
+        scope: Option<u8>,
     },
     /// Admitted and forwarded (`reservation`: the tokens taken; none for discovery).
     Forwarding {
@@ -242,10 +245,12 @@ type CachedCaller = (Result<Caller, Refusal>, Option<Rc<str>>);
 enum Admitted {
     /// Forward (the reservation; none for discovery).
     Forward(Option<(Reservation, RateHeaders)>),
-    /// Global limits: the lease is short (nothing counted).
+    /// Global limits: the lease is short (nothing counted): the request's own (`scope` none)
+    /// or a scope's (its index in the request's scopes).
     Short {
         items: Vec<LeaseNeed>,
         limited: Admission,
+        scope: Option<u8>,
     },
 }
 
@@ -807,7 +812,7 @@ impl Request {
             admission::Caller {
                 identity: &caller.identity,
                 subject: caller.subject.clone(),
-                api_key: self.identity.as_ref().is_some_and(|i| i.key_id().is_some()),
+                key_id: self.identity.as_ref().and_then(|i| i.key_id()),
                 requested_subscription: requested,
                 header_names: &names,
                 counter_key,
@@ -905,7 +910,9 @@ impl Request {
         match self.decide(host, slot_read, now_s) {
             Ok(Admitted::Forward(reservation)) => self.forward(host, reservation),
             // The first round's 429 names no window (as before the lease was asked for).
-            Ok(Admitted::Short { items, .. }) => self.ask_lease(host, items, None, now_s),
+            Ok(Admitted::Short { items, scope, .. }) => {
+                self.ask_lease(host, items, None, scope, now_s)
+            }
             Err(r) => {
                 self.refuse(host, &r);
                 Step::Refused
@@ -992,6 +999,23 @@ impl Request {
             self.body.sign_converse(host, &target)?;
         }
         self.metering = metering;
+        drop(windows);
+        self.count(host, slot_read, now_s)
+    }
+
+    /// The request counted in its scopes and its own counters (all of them, or none):
+    /// forwarded with its reservation, short of a lease, or refused.
+    fn count(
+        &mut self,
+        host: &dyn Host,
+        slot_read: Option<SlotRead>,
+        now_s: u64,
+    ) -> Result<Admitted, Refusal> {
+        let (Some(route), Some(auth)) = (self.route.as_ref(), self.auth.as_ref()) else {
+            return Err(Refusal::no_policy());
+        };
+        let windows = auth.windows(&route.policy);
+        let metering = self.metering;
         let subject = auth.limits_subject();
         let (lease_policy, folded) = {
             let w = self
@@ -1004,44 +1028,60 @@ impl Request {
                 .and_then(|c| lease::policy(c, &w.leases.state));
             (policy, w.folds.pending(&auth.counter_key, subject))
         };
+        let take = scoped::Take {
+            reserve: metering.reserve(),
+            reserve_cost: metering.reserve_cost(),
+            now: now_s,
+        };
+        let style = route.policy.rate_limit_headers;
+        // The scopes first: counted in all, or in none.
+        let runs = auth
+            .scopes
+            .as_deref()
+            .map_or(&[][..], |s| s.runs.as_slice());
+        let (scope_reserved, scope_headers, scope_shadowed) = match scopes_counted(
+            scoped::admit(host, runs, take, lease_policy.as_ref()),
+            style,
+        ) {
+            Ok(counted) => counted,
+            Err(done) => return *done,
+        };
         let ask = limits::Ask {
             key: &auth.counter_key,
             tiers: &windows,
             subject,
-            reserve: metering.reserve(),
-            reserve_cost: metering.reserve_cost(),
+            reserve: take.reserve,
+            reserve_cost: take.reserve_cost,
             now: now_s,
             settled: &folded,
         };
-        match limits::admit_leased(host, &ask, slot_read, lease_policy.as_ref()) {
+        let admitted = limits::admit_leased(host, &ask, slot_read, lease_policy.as_ref());
+        if !matches!(admitted, Admission::Allowed { .. }) {
+            // Refused or short on its own counters: out of the scopes again.
+            scoped::take_back(host, runs, take);
+        }
+        match admitted {
             Admission::Allowed {
                 reservation,
                 headers,
                 shadowed,
             } => {
-                {
-                    let mut w = self
-                        .worker
-                        .try_borrow_mut()
-                        .map_err(|_| Refusal::undecidable())?;
-                    if limits::has_windows(&windows) {
-                        // Written with what was folded for the subject.
-                        w.folds.admitted(&auth.counter_key, subject);
-                    }
-                    if lease_policy.is_some() {
-                        // The worker's batch reports this subject's debts and releases (in-VM
-                        // only).
-                        w.leases.track(
-                            subject,
-                            &auth.counter_key,
-                            || lease::counters(&windows),
-                            now_s.saturating_mul(1000),
-                        );
-                    }
-                }
-                if let Some(s) = shadowed {
+                let mut w = self
+                    .worker
+                    .try_borrow_mut()
+                    .map_err(|_| Refusal::undecidable())?;
+                noted_admitted(&mut w, auth, &windows, lease_policy.is_some(), now_s);
+                drop(w);
+                if let Some(s) = shadowed.or(scope_shadowed) {
                     self.shadow_refused(&s);
                 }
+                // (`windows` borrows the request's authorisation.)
+                drop(windows);
+                if let Some(scopes) = self.auth.as_mut().and_then(|a| a.scopes.as_mut()) {
+                    scopes.reserved = scope_reserved;
+                }
+                // The headers say the tightest window of all the request counted in.
+                let headers = headers.merged(&scope_headers);
                 Ok(Admitted::Forward(Some((reservation, headers))))
             }
             Admission::NeedsLease {
@@ -1057,8 +1097,9 @@ impl Request {
                     tier,
                     headers,
                 },
+                scope: None,
             }),
-            refused => Err(limited_refusal(refused, route.policy.rate_limit_headers)),
+            refused => Err(limited_refusal(refused, style)),
         }
     }
 
@@ -1104,6 +1145,39 @@ impl Request {
     }
 }
 
+/// The worker's books of an admitted request: its folded settlements written with it; with
+/// global limits, its subject and its scopes' tracked (their debts and releases reported by
+/// the worker's batch, in-VM only).
+fn noted_admitted(
+    w: &mut Worker,
+    auth: &Authorized,
+    windows: &[&maas_types::Tier],
+    leased: bool,
+    now_s: u64,
+) {
+    let subject = auth.limits_subject();
+    if limits::has_windows(windows) {
+        w.folds.admitted(&auth.counter_key, subject);
+    }
+    if leased {
+        let now_ms = now_s.saturating_mul(1000);
+        w.leases.track(
+            subject,
+            &auth.counter_key,
+            || lease::counters(windows),
+            now_ms,
+        );
+        for run in auth.scopes.iter().flat_map(|s| &s.runs) {
+            w.leases.track(
+                &run.counter_subject,
+                &run.counter_key,
+                || lease::counters(&[&run.tier]),
+                now_ms,
+            );
+        }
+    }
+}
+
 /// Applies a [`HeaderPlan`]: removals, then sets.
 fn apply_header_plan(host: &dyn Host, plan: &HeaderPlan<'_>) {
     for name in &plan.remove {
@@ -1136,6 +1210,42 @@ fn lease_unavailable() -> Refusal {
         Deny::LimitsUnavailable,
         "global rate limits cannot be checked now (lease service not answering); retry shortly",
     )
+}
+
+/// The scopes' answer: counted in all (their reservations, headers and shadowed refusal), or
+/// the request's answer already (short of a scope's lease, or refused by a scope; boxed, as
+/// only those rare paths pay for it).
+#[allow(clippy::type_complexity)]
+fn scopes_counted(
+    admitted: scoped::ScopesAdmitted,
+    style: maas_types::RateLimitHeaders,
+) -> Result<
+    (
+        Vec<limits::Reservation>,
+        limits::RateHeaders,
+        Option<limits::Shadowed>,
+    ),
+    Box<Result<Admitted, Refusal>>,
+> {
+    match admitted {
+        scoped::ScopesAdmitted::All {
+            reserved,
+            headers,
+            shadowed,
+        } => Ok((reserved, headers, shadowed)),
+        scoped::ScopesAdmitted::Short {
+            scope,
+            items,
+            limited,
+        } => Err(Box::new(Ok(Admitted::Short {
+            items,
+            limited,
+            scope: Some(scope),
+        }))),
+        scoped::ScopesAdmitted::Refused(refused) => {
+            Err(Box::new(Err(limited_refusal(refused, style))))
+        }
+    }
 }
 
 fn limited_refusal(a: Admission, style: maas_types::RateLimitHeaders) -> Refusal {

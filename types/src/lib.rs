@@ -29,8 +29,9 @@ pub use money::{Budget, Money, Pricing};
 pub use policy::{
     ApiFamily, BACKEND_ORDER_HEADER, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails,
     ONE_BASE_PATH, Observability, OperationSpec, PolicyDocument, PolicyError, Provider,
-    ProviderAuth, ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Tier,
-    TokenWeights, UncappedRequests, VERTEX_ANTHROPIC_VERSION, VertexPublisher,
+    ProviderAuth, ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Scope,
+    ScopeCounter, ScopePer, Tier, TokenWeights, UncappedRequests, VERTEX_ANTHROPIC_VERSION,
+    VertexPublisher,
 };
 pub use subscription::{SelectError, Subscription};
 pub use usage::{UsageAccepted, UsageRecord, UsageReport};

@@ -11,6 +11,9 @@ use crate::window::Window;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+pub mod scope;
+pub use scope::{Scope, ScopeCounter, ScopeMatch, ScopePer};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyDocument {
@@ -37,6 +40,10 @@ pub struct PolicyDocument {
     /// What the gateway reports beside enforcing (default: nothing). Left out when default.
     #[serde(default, skip_serializing_if = "Observability::is_default")]
     pub observability: Observability,
+    /// Limits over groups of requests beside each request's own (issue 30; [`scope`]). Left
+    /// out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<Scope>,
 }
 
 /// What the gateway reports beside enforcing (issue 32); every switch defaults to off.
@@ -1613,6 +1620,7 @@ impl PolicyDocument {
         self.validate_models(&tier_names)?;
         check_model_ids_unique(&self.models)?;
         validate_subscriptions(self)?;
+        scope::validate_scopes(self)?;
         for (i, id) in self.revoked_key_ids.iter().enumerate() {
             if !crate::apikey::is_key_id(id) {
                 return Err(err(format!("revokedKeyIds[{i}]"), "not a key id"));

@@ -167,6 +167,8 @@ export interface QuotaRow {
   model?: string | null;
   /** The subscription's limits are one pool for all its users: `used` is everyone's. */
   pool?: boolean;
+  /** A scope's window (the policy's `scopes[].name`), counted beside the caller's own. */
+  scope?: string | null;
   percentUsed?: number;
   /** The highest warning threshold (percent) passed. */
   warning?: number | null;

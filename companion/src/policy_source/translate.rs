@@ -1035,6 +1035,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         public_url: None,
         rate_limit_headers: Default::default(),
         observability: Default::default(),
+        scopes: Vec::new(),
     });
     let only_tier = Tier {
         name: SUBSCRIPTION_ONLY_TIER.into(),

@@ -12,6 +12,7 @@
 //! [`Crossing`]; which of them were already sent is for the caller to know.
 
 use crate::usage::api::warning;
+use maas_types::ScopeCounter;
 use maas_types::lease::{LeaseItem, LeaseKind};
 use maas_types::subscription::COUNTER_SEPARATOR;
 use maas_types::{Limit, PolicyDocument, Window};
@@ -26,6 +27,11 @@ pub enum Scope {
         name: String,
         model: String,
     },
+    /// A scope's (`scopes[].name`); `key_id`: a scope `per: key`'s counter of that API key.
+    Named {
+        name: String,
+        key_id: Option<String>,
+    },
 }
 
 impl Scope {
@@ -35,6 +41,10 @@ impl Scope {
         match self {
             Scope::Tier(name) => (format!("tier:{name}"), ""),
             Scope::Subscription { name, model } => (format!("subscription:{name}"), model),
+            // A key's counter: its id in the model column (a scope has no model).
+            Scope::Named { name, key_id } => {
+                (format!("scope:{name}"), key_id.as_deref().unwrap_or(""))
+            }
         }
     }
 }
@@ -130,6 +140,9 @@ fn governing<'a>(
     item: &'a LeaseItem,
     window: Window,
 ) -> Option<Governing<'a>> {
+    if let Some((name, whose)) = maas_types::policy::scope::parse_counter_subject(&item.subject) {
+        return scope_governing(policy, item, window, name, whose);
+    }
     let mut parts = item.subject.splitn(3, COUNTER_SEPARATOR);
     let first = parts.next()?;
     match (parts.next(), parts.next()) {
@@ -179,6 +192,37 @@ fn governing<'a>(
             })
         }
     }
+}
+
+/// A scope's counter (`whose` in scope `name`): its limits and thresholds.
+fn scope_governing<'a>(
+    policy: &'a PolicyDocument,
+    item: &LeaseItem,
+    window: Window,
+    name: &str,
+    whose: ScopeCounter<'a>,
+) -> Option<Governing<'a>> {
+    let scope = policy.scope(name)?;
+    let l = &scope.limits;
+    let limits = of_kind(&l.requests, &l.tokens, &l.budgets, item.kind);
+    let (user, key_id) = match whose {
+        ScopeCounter::All => ("", None),
+        ScopeCounter::User(user) => (user, None),
+        ScopeCounter::Key(id) => ("", Some(id.to_string())),
+    };
+    limits
+        .iter()
+        .any(|l| !l.shadow && l.window == window)
+        .then(|| Governing {
+            user,
+            scope: Scope::Named {
+                name: scope.name.clone(),
+                key_id,
+            },
+            enforced: item.limit,
+            shadow: shadow_of(&limits, window),
+            warn_at: &scope.warn_at,
+        })
 }
 
 /// Every `warnAt` threshold `taken` is at or past in `item`'s window, for its enforced limit
@@ -280,6 +324,61 @@ mod tests {
         let c = crossings(&p, &gold, 2000);
         assert_eq!(thresholds(&c), [(50, false, 4000)]);
         assert_eq!(c[0].scope, Scope::Tier("gold".into()));
+    }
+
+    #[test]
+    fn a_scope_counter_warns_with_the_scopes_thresholds_and_names_the_scope() {
+        let mut v: serde_json::Value = serde_json::from_str(POLICY).unwrap();
+        v["scopes"] = serde_json::json!([
+            {"name": "org", "warnAt": [50], "limits": {"requests": [{"limit": 10, "window": "1m"}]}},
+            {"name": "keys", "per": "key", "limits": {"requests": [{"limit": 10, "window": "1m"}]}}
+        ]);
+        let p = PolicyDocument::from_value(v).unwrap();
+        let org = p.scope("org").unwrap().counter_subject("alice", None);
+        let c = crossings(&p, &item(&org, LeaseKind::Requests, 60, 10), 5);
+        assert_eq!(thresholds(&c), [(50, false, 10)]);
+        assert_eq!(
+            (&c[0].scope, c[0].user.as_str()),
+            (
+                &Scope::Named {
+                    name: "org".into(),
+                    key_id: None
+                },
+                ""
+            ),
+            "everyone's counter names no user"
+        );
+        let keys = p
+            .scope("keys")
+            .unwrap()
+            .counter_subject("alice", Some("k1"));
+        let c = crossings(&p, &item(&keys, LeaseKind::Requests, 60, 10), 8);
+        assert_eq!(thresholds(&c), [(80, false, 10)], "the default warnAt");
+        let body: serde_json::Value = serde_json::from_str(&crate::quota_webhook::event_body(
+            &c[0],
+            uuid::Uuid::nil(),
+            chrono::Utc::now(),
+        ))
+        .unwrap();
+        assert_eq!(
+            body["scope"],
+            serde_json::json!({"scope": "keys", "keyId": "k1"})
+        );
+        assert!(body.get("subject").is_none(), "{body}");
+        // Each key's crossing is its own.
+        let other = p
+            .scope("keys")
+            .unwrap()
+            .counter_subject("alice", Some("k2"));
+        let c2 = crossings(&p, &item(&other, LeaseKind::Requests, 60, 10), 8);
+        assert_ne!(c[0].key(), c2[0].key());
+        // A scope the policy no longer has: nothing.
+        let gone = p
+            .scope("org")
+            .unwrap()
+            .counter_subject("alice", None)
+            .replace("org", "gone");
+        assert!(crossings(&p, &item(&gone, LeaseKind::Requests, 60, 10), 10).is_empty());
     }
 
     #[test]

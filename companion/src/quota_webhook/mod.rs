@@ -77,6 +77,7 @@ pub struct QuotaWarningEvent {
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct EventScope {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
@@ -87,6 +88,12 @@ pub struct EventScope {
     /// The subscription's limits are one pool for all its users (`subscriptions[].pool`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pool: bool,
+    /// A scope's limit (`scopes[].name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// A scope `per: key`: the API key's public id whose counter it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -101,6 +108,16 @@ pub fn event_body(c: &Crossing, id: Uuid, now: DateTime<Utc>) -> String {
             subscription: None,
             model: None,
             pool: false,
+            scope: None,
+            key_id: None,
+        },
+        Scope::Named { name, key_id } => EventScope {
+            tier: None,
+            subscription: None,
+            model: None,
+            pool: false,
+            scope: Some(name.clone()),
+            key_id: key_id.clone(),
         },
         Scope::Subscription { name, model } => EventScope {
             tier: None,
@@ -108,6 +125,8 @@ pub fn event_body(c: &Crossing, id: Uuid, now: DateTime<Utc>) -> String {
             model: Some(model.clone()),
             // A pool's counter names no user (`Subscription::counter_subject_of`).
             pool: c.user.is_empty(),
+            scope: None,
+            key_id: None,
         },
     };
     let event = QuotaWarningEvent {

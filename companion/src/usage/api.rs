@@ -614,6 +614,58 @@ pub fn subscription_quota_windows(
     Some(out)
 }
 
+/// The windows of the scopes the caller's requests count in (under `subscription`, else on a
+/// tier: for any model the subscription holds, or any model), with each scope's name and
+/// the counter the gateways count the caller's requests in ([`maas_types::Scope::counter_subject`]).
+/// Shortest window first within a scope; shadow limits left out.
+pub fn scope_windows(
+    policy: &PolicyDocument,
+    subscription: Option<&str>,
+    caller: &Caller,
+) -> Vec<(QuotaWindow, String, String)> {
+    let sub = subscription.and_then(|s| policy.subscription(s));
+    let models: Vec<&str> = match sub {
+        Some(s) => s.models.iter().map(|m| m.name.as_str()).collect(),
+        None => policy.models.iter().map(|m| m.name.as_str()).collect(),
+    };
+    let mut out = Vec::new();
+    for scope in policy
+        .scopes
+        .iter()
+        .filter(|sc| models.iter().any(|m| sc.applies(m, sub)))
+    {
+        let counter = scope.counter_subject(&caller.username, caller.key_id());
+        let budgets: Vec<Limit> = scope
+            .limits
+            .budgets
+            .iter()
+            .map(maas_types::Budget::as_limit)
+            .collect();
+        for (kind, limits) in [
+            (LeaseKind::Requests, &scope.limits.requests),
+            (LeaseKind::Tokens, &scope.limits.tokens),
+            (LeaseKind::Cost, &budgets),
+        ] {
+            let mut limits: Vec<_> = limits.iter().filter(|l| !l.shadow).copied().collect();
+            limits.sort_by_key(|l| l.window);
+            out.extend(limits.into_iter().map(|l| {
+                (
+                    QuotaWindow {
+                        kind,
+                        window: l.window,
+                        limit: l.limit,
+                        model: None,
+                        warn_at: Vec::new(),
+                    },
+                    scope.name.clone(),
+                    counter.clone(),
+                )
+            }));
+        }
+    }
+    out
+}
+
 /// The windows that apply to a caller, as the gateway counts them: those of the tier the
 /// request runs on (a key's pinned tier) and of the subject's own highest tier, one count per
 /// (kind, window length), each checked against its limit (so the smallest binds). `None`: no
@@ -690,6 +742,10 @@ pub struct QuotaRow {
     /// `used` is everyone's.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pool: bool,
+    /// A scope's window (`scopes[].name`): its counter is the scope's (everyone's it matches,
+    /// the user's or the key's, as its `per` says), counted beside the caller's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     /// `used` as a percentage of `limit` (at most 100).
     pub percent_used: u64,
     /// The highest `warnAt` threshold the window is past (the gateway then sends
@@ -804,13 +860,16 @@ pub async fn quota(
         .and_then(|s| policy.subscription(s))
         .is_some_and(|s| s.pool);
     let now = u64::try_from(Utc::now().timestamp()).unwrap_or(0);
-    let mut data = Vec::with_capacity(windows.len());
-    for w in windows {
+    let scoped = scope_windows(&policy, subscription.as_deref(), &caller);
+    let mut data = Vec::with_capacity(windows.len() + scoped.len());
+    let own = windows.into_iter().map(|w| (w, None));
+    for (w, scope) in own.chain(scoped.into_iter().map(|(w, s, c)| (w, Some((s, c))))) {
         let seconds = w.window.seconds();
         let start = w.window.start_of(now);
         // The counter the gateways enforce against (the same function as theirs).
-        let counter = match (&subscription, &w.model) {
-            (Some(sub), Some(model)) => match policy.subscription(sub) {
+        let counter = match (&scope, &subscription, &w.model) {
+            (Some((_, counter)), ..) => counter.clone(),
+            (None, Some(sub), Some(model)) => match policy.subscription(sub) {
                 Some(s) => s.counter_subject_of(&caller.username, model),
                 None => maas_types::subscription::counter_subject(&caller.username, sub, model),
             },
@@ -834,7 +893,8 @@ pub async fn quota(
             remaining: w.limit.saturating_sub(used),
             window_start: at(start),
             resets_at: at(start.saturating_add(seconds)),
-            pool: w.model.is_some() && pooled,
+            pool: w.model.is_some() && pooled && scope.is_none(),
+            scope: scope.map(|(name, _)| name),
             model: w.model,
             percent_used,
             warning,

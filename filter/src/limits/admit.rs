@@ -90,8 +90,9 @@ impl Admission {
                 h.push(("retry-after".to_string(), retry_after.to_string()));
                 Some(Refusal::rate_limited(
                     format!(
-                        "rate limit reached for {} on tier {tier}: retry in {retry_after}s",
-                        kind.as_str()
+                        "rate limit reached for {} on {}: retry in {retry_after}s",
+                        kind.as_str(),
+                        limit_owner(&tier)
                     ),
                     h,
                 ))
@@ -106,9 +107,10 @@ impl Admission {
                 Deny::CostExceedsLimit,
                 format!(
                     "this request may cost up to {} (prompt estimate × input price + max_tokens × \
-                     output price) but tier {tier} allows {} per {window}; lower max_tokens or \
+                     output price) but {} allows {} per {window}; lower max_tokens or \
                      shorten the prompt",
                     maas_types::Money(requested),
+                    limit_owner(&tier),
                     maas_types::Money(limit)
                 ),
             )),
@@ -122,8 +124,9 @@ impl Admission {
                 Deny::TokensExceedLimit,
                 format!(
                     "this request reserves {requested} tokens (prompt estimate, media parts at the \
-                     model's mediaTokens each, + max_tokens) but tier {tier} allows {limit} per \
-                     {window}; lower max_tokens, shorten the prompt or send fewer media parts"
+                     model's mediaTokens each, + max_tokens) but {} allows {limit} per \
+                     {window}; lower max_tokens, shorten the prompt or send fewer media parts",
+                    limit_owner(&tier)
                 ),
             )),
             Admission::Unavailable { reason } => Some(Refusal::new(
@@ -145,6 +148,15 @@ impl Admission {
             }
             .into_refusal(style),
         }
+    }
+}
+
+/// Whose limit a refusal names: `scope <name>` for a scope's ([`maas_types::Scope`]), else
+/// `tier <name>` (a subscription's is the tier `subscription:<name>`).
+fn limit_owner(tier: &str) -> String {
+    match tier.strip_prefix("scope:") {
+        Some(scope) => format!("scope {scope}"),
+        None => format!("tier {tier}"),
     }
 }
 
@@ -264,6 +276,32 @@ pub(crate) fn admit_leased(
         })
     });
     admitted.unwrap_or_else(slot_error)
+}
+
+/// Takes back an admission of `ask` that counted (a scope after it refused the request): the
+/// request and its reservation leave every window they went into, while that window is the
+/// current one — one read and one CAS write of the slot, as admission. Best effort as a
+/// settlement: a slot that cannot be written leaves them counted (never fewer than admitted).
+pub(crate) fn unadmit(store: &dyn SharedStore, ask: &Ask) {
+    let tiers = distinct(ask.tiers);
+    let counters = windows(&tiers);
+    if counters.is_empty() {
+        return;
+    }
+    let _ = slot::update(store, ask.key, ask.subject, ask.now, None, |records| {
+        let mut changed = false;
+        for &(kind, window) in &counters {
+            let start = window.start_of(ask.now);
+            if let Some(r) = records
+                .iter_mut()
+                .find(|r| r.kind == kind.code() && r.window == window.seconds() && r.start == start)
+            {
+                r.count = r.count.saturating_sub(ask.add(kind));
+                changed = true;
+            }
+        }
+        Edit::write_if(changed, ())
+    });
 }
 
 /// A reservation above a token window's limit (or a cost above a budget's amount) can never

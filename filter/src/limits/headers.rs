@@ -78,6 +78,26 @@ impl RateHeaders {
         }
     }
 
+    /// These headers and `other`'s (another set of counters the same request counted in: a
+    /// scope's): the tightest window of each kind, the fullest warning.
+    pub(crate) fn merged(mut self, other: &RateHeaders) -> Self {
+        for (slot, w) in [
+            (&mut self.requests, other.requests),
+            (&mut self.tokens, other.tokens),
+            (&mut self.cost, other.cost),
+        ] {
+            if let Some(w) = w {
+                Self::note(slot, w);
+            }
+        }
+        if let Some(w) = other.warning
+            && self.warning.is_none_or(|cur| w.percent > cur.percent)
+        {
+            self.warning = Some(w);
+        }
+        self
+    }
+
     pub(super) fn from_records(tiers: &[&Tier], records: &[Record], now: u64) -> Self {
         let mut h = RateHeaders::default();
         // Tier by tier: each limit's warning thresholds are its own tier's (no lookup by name).

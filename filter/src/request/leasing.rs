@@ -257,9 +257,16 @@ fn group_pending(
         let Ok(mut req) = rc.try_borrow_mut() else {
             continue;
         };
-        let Phase::Leasing { needs, rounds, .. } = &mut req.phase else {
+        let Phase::Leasing {
+            needs,
+            rounds,
+            scope,
+            ..
+        } = &mut req.phase
+        else {
             continue;
         };
+        let scope = *scope;
         if fallback {
             if host.set_effective_context(req.id)
                 && req.final_admission(host, now_s, None) == Step::Continue
@@ -270,10 +277,9 @@ fn group_pending(
         }
         *rounds = rounds.saturating_add(1);
         let needs = std::mem::take(needs);
-        let Some(auth) = req.auth.as_ref() else {
+        let Some((subject, key)) = req.lease_subject(scope) else {
             continue;
         };
-        let subject = auth.limits_subject();
         match groups.iter_mut().find(|g| g.subject == subject) {
             Some(g) => {
                 g.members.push(m);
@@ -281,7 +287,7 @@ fn group_pending(
             }
             None => groups.push(Group {
                 subject: subject.to_string(),
-                key: auth.counter_key.to_string(),
+                key: key.to_string(),
                 members: vec![m],
                 needs: vec![needs],
             }),
@@ -337,6 +343,19 @@ pub fn dispatch_pending(
 }
 
 impl Request {
+    /// Whose lease a short request waits for — its own counters' subject and slot (`scope`
+    /// none) or its scope's — once authorised.
+    fn lease_subject(&self, scope: Option<u8>) -> Option<(&str, &str)> {
+        let auth = self.auth.as_ref()?;
+        match scope {
+            None => Some((auth.limits_subject(), &auth.counter_key)),
+            Some(i) => {
+                let run = auth.scopes.as_ref()?.runs.get(usize::from(i))?;
+                Some((&run.counter_subject, &run.counter_key))
+            }
+        }
+    }
+
     /// Flights this request waited for.
     fn lease_rounds(&self) -> u8 {
         match self.phase {
@@ -354,14 +373,14 @@ impl Request {
         host: &dyn Host,
         items: Vec<LeaseNeed>,
         limited: Option<Admission>,
+        scope: Option<u8>,
         now_s: u64,
     ) -> Step {
-        let (Some(cfg), Some(auth)) = (self.config(), self.auth.as_ref()) else {
+        let (Some(cfg), Some((subject, key))) = (self.config(), self.lease_subject(scope)) else {
             self.refuse(host, &crate::response::Refusal::not_configured());
             return Step::Refused;
         };
-        let subject = auth.limits_subject().to_string();
-        let key = auth.counter_key.to_string();
+        let (subject, key) = (subject.to_string(), key.to_string());
         let Some(mut w) = self.worker_mut() else {
             self.refuse(host, &crate::response::Refusal::undecidable());
             return Step::Refused;
@@ -388,6 +407,7 @@ impl Request {
             needs: items.clone(),
             rounds: 0,
             limited,
+            scope,
         };
         if joined {
             return Step::Wait;
@@ -417,7 +437,11 @@ impl Request {
     fn readmit(&mut self, host: &dyn Host, now_s: u64) -> Result<Step, Vec<LeaseNeed>> {
         match self.decide(host, None::<SlotRead>, now_s) {
             Ok(Admitted::Forward(reservation)) => Ok(self.forward(host, reservation)),
-            Ok(Admitted::Short { items, limited }) => {
+            Ok(Admitted::Short {
+                items,
+                limited,
+                scope,
+            }) => {
                 if self
                     .worker
                     .try_borrow()
@@ -426,8 +450,14 @@ impl Request {
                     self.refuse(host, &lease_unavailable());
                     return Ok(Step::Refused);
                 }
-                if let Phase::Leasing { limited: kept, .. } = &mut self.phase {
+                if let Phase::Leasing {
+                    limited: kept,
+                    scope: whose,
+                    ..
+                } = &mut self.phase
+                {
                     *kept = Some(limited);
+                    *whose = scope;
                 }
                 Err(items)
             }

@@ -398,6 +398,30 @@ impl Request {
         self.write_usage_event(host);
     }
 
+    /// The reservation `res` and the request's scopes' settled to `used`.
+    fn settle_counters(
+        &mut self,
+        host: &dyn Host,
+        res: &limits::Reservation,
+        used: limits::Used,
+        now_s: u64,
+    ) {
+        // A busy subject's refund is folded into its next counter write (`crate::folds`).
+        let folded = self
+            .worker
+            .try_borrow_mut()
+            .is_ok_and(|mut w| w.folds.fold(res, used, now_s));
+        if !folded {
+            limits::settle(host, res, used, now_s);
+        }
+        // Each scope the request counted in, likewise (written now: scopes are not folded).
+        if let Some(scopes) = self.auth.as_mut().and_then(|a| a.scopes.as_mut()) {
+            for r in std::mem::take(&mut scopes.reserved) {
+                limits::settle(host, &r, used, now_s);
+            }
+        }
+    }
+
     /// Settles the token reservation to what the response showed (once). Without response
     /// headers (the client left, the upstream reset) the status is 0: the reservation stands.
     fn settle_usage(&mut self, host: &dyn Host) {
@@ -463,14 +487,7 @@ impl Request {
         };
         let now_ms = host.now_ms();
         let now_s = now_ms / 1000;
-        // A busy subject's refund is folded into its next counter write (`crate::folds`).
-        let folded = self
-            .worker
-            .try_borrow_mut()
-            .is_ok_and(|mut w| w.folds.fold(&res, used, now_s));
-        if !folded {
-            limits::settle(host, &res, used, now_s);
-        }
+        self.settle_counters(host, &res, used, now_s);
         // The usage ledger (in the VM): the response's usage, else what was settled (the
         // prompt estimate as prompt tokens, the rest as completion), unweighted.
         let (prompt, completion, cached) = match usage {

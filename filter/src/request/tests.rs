@@ -22,6 +22,7 @@ mod observe;
 mod one_url;
 mod provider_paths;
 mod respond;
+mod scopes;
 mod subscriptions;
 mod translate;
 mod usage_events;

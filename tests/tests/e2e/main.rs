@@ -37,6 +37,7 @@ mod quota_webhook;
 mod rate_limit_headers;
 mod reliability_faults;
 mod reliability_policy;
+mod scopes;
 mod security_input;
 mod security_leaks;
 mod security_no_upstream;

@@ -36,11 +36,12 @@ export function QuotaPage({ ctx }: { ctx: Ctx }) {
               </thead>
               <tbody>
                 {rows.map((r) => (
-                  <tr key={`${r.kind}/${r.window}/${r.model ?? ""}`} className={r.amounts ? "money" : undefined}>
+                  <tr key={`${r.kind}/${r.window}/${r.model ?? ""}/${r.scope ?? ""}`} className={r.amounts ? "money" : undefined}>
                     <td>
                       {r.amounts ? `${r.amounts.limit} spend` : `${r.limit.toLocaleString()} ${r.kind}`}
                       {r.model ? ` on ${r.model}` : ""}
                       {r.pool ? " · shared by the subscription's users" : ""}
+                      {r.scope ? ` · scope ${r.scope}` : ""}
                     </td>
                     <td>{r.window}</td>
                     <td>{r.amounts ? r.amounts.used : r.used.toLocaleString()}</td>

@@ -1,0 +1,349 @@
+//! Scopes that nest (issue 30): two Envoys with the release .wasm, each with its own companion,
+//! one Redis, one PostgreSQL. A request counts in its own counters (its subscription's, per
+//! user, as the reference counts them) and in every scope of the policy it matches; the
+//! strictest binds and a refusal names it.
+//!
+//! - Organisation `acme` above its subscriptions: team-a (alice, bob) and team-b (carol) have
+//!   100 requests a day per user each, the organisation 20 for all of them together, held
+//!   across both replicas; team-x (dave, another organisation) is not in it.
+//! - A user's own limit inside a pool: subscription `shared` pools 12 requests a day, scope
+//!   `shared-per-user` gives each user at most 5 of them.
+//! - Limits per API key: scope `per-key` gives each key under `keyed` 3 requests a day.
+//!
+//! Prints a `scope figure:` line (requests admitted against the organisation's limit): the
+//! overshoot the lead reports.
+
+use crate::helpers::{Reply, client, send};
+use maas_e2e::{Stack, StackOptions};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const POLICY: &str = r#"
+tiers:
+  - name: free
+    level: 0
+    groups: [system:authenticated]
+    limits:
+      tokens: [{limit: 1000000, window: 1d}]
+models:
+  - name: sim-model
+    path: /llm/sim-model
+    tiers: [free]
+    backend: simulator
+subscriptions:
+  - name: team-a
+    owner: {groups: [team-a]}
+    tokenMetadata: {organizationId: acme}
+    models:
+      - {name: sim-model, tokenRateLimits: [{limit: 1000000, window: 1d}], requestRateLimits: [{limit: 100, window: 1d}]}
+  - name: team-b
+    owner: {groups: [team-b]}
+    tokenMetadata: {organizationId: acme}
+    models:
+      - {name: sim-model, tokenRateLimits: [{limit: 1000000, window: 1d}], requestRateLimits: [{limit: 100, window: 1d}]}
+  - name: team-x
+    owner: {groups: [team-x]}
+    tokenMetadata: {organizationId: other}
+    models:
+      - {name: sim-model, tokenRateLimits: [{limit: 1000000, window: 1d}], requestRateLimits: [{limit: 100, window: 1d}]}
+  - name: shared
+    pool: true
+    owner: {groups: [team-a, team-b]}
+    models:
+      - {name: sim-model, tokenRateLimits: [{limit: 1000000, window: 1d}], requestRateLimits: [{limit: 12, window: 1d}]}
+  - name: keyed
+    owner: {groups: [team-a]}
+    models:
+      - {name: sim-model, tokenRateLimits: [{limit: 1000000, window: 1d}], requestRateLimits: [{limit: 100, window: 1d}]}
+scopes:
+  - name: acme
+    match: {organization: acme}
+    limits:
+      requests: [{limit: 20, window: 1d}]
+  - name: shared-per-user
+    match: {subscriptions: [shared]}
+    per: user
+    limits:
+      requests: [{limit: 5, window: 1d}]
+  - name: per-key
+    match: {subscriptions: [keyed]}
+    per: key
+    limits:
+      requests: [{limit: 3, window: 1d}]
+"#;
+
+const IDENTITIES: &str = r#"
+identities:
+  - {token: alice-token, username: alice, groups: [system:authenticated, team-a]}
+  - {token: bob-token, username: bob, groups: [system:authenticated, team-a]}
+  - {token: carol-token, username: carol, groups: [system:authenticated, team-b]}
+  - {token: dave-token, username: dave, groups: [system:authenticated, team-x]}
+"#;
+
+const CHAT: &str = "/llm/sim-model/v1/chat/completions";
+const REPLICAS: usize = 2;
+const ORG: u64 = 20;
+
+async fn start_stack() -> Arc<Stack> {
+    let stack = tokio::task::spawn_blocking(move || {
+        Stack::start(
+            StackOptions::default()
+                .with_policy_yaml(POLICY)
+                .with_identities_yaml(IDENTITIES)
+                .with_credentials_yaml("credentials: {}\n")
+                .with_replicas(REPLICAS),
+        )
+    })
+    .await
+    .expect("stack start did not panic")
+    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    assert!(stack.has_redis());
+    Arc::new(stack)
+}
+
+/// A key of `token`'s user bound to `subscription`.
+async fn key_for(stack: &Stack, token: &str, subscription: &str, name: &str) -> String {
+    let v = stack
+        .mint_key(token, json!({"name": name, "subscription": subscription}))
+        .await
+        .expect("minted");
+    assert_eq!(v["subscription"], subscription, "{v}");
+    v["key"].as_str().expect("key").to_string()
+}
+
+async fn chat_at(stack: &Stack, replica: usize, key: &str) -> Reply {
+    send(
+        client()
+            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
+            .bearer_auth(key)
+            .json(&json!({"model": "sim-model", "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await
+}
+
+/// Whether `r` was admitted; a refusal must be a request limit of `owner` (`scope acme`,
+/// `subscription:shared`, …), as its OpenAI-style error says.
+fn admitted(r: &Reply, owner: &str) -> bool {
+    match r.status {
+        200 => true,
+        429 => {
+            let e = r.error(429);
+            let m = e["message"].as_str().unwrap_or_default();
+            assert!(
+                m.contains("for requests") && m.contains(owner),
+                "expected a refusal by {owner}: {}",
+                r.body
+            );
+            assert_eq!(e["code"], "rate_limit_exceeded", "{}", r.body);
+            false
+        }
+        other => panic!("unexpected {other}: {}", r.body),
+    }
+}
+
+/// Admitted of `n` calls with `key` on `replica` (refusals checked to name `owner`).
+async fn admitted_of(stack: &Stack, replica: usize, key: &str, n: usize, owner: &str) -> u64 {
+    let mut ok = 0;
+    for _ in 0..n {
+        if admitted(&chat_at(stack, replica, key).await, owner) {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+async fn quota(stack: &Stack, key: &str) -> Value {
+    client()
+        .get(format!("{}/v1/quota", stack.companion_public_url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("quota")
+        .json()
+        .await
+        .expect("quota json")
+}
+
+/// `/v1/quota` once `settled` holds of it, or after 15 s: it counts a lease a replica holds as
+/// used until the replica gives it back (idle: about 4 s).
+async fn quota_once_idle(stack: &Stack, key: &str, settled: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let q = quota(stack, key).await;
+        if settled(&q) || Instant::now() > deadline {
+            return q;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The caller's own requests row (not a scope's).
+fn own_requests(quota: &Value) -> Value {
+    quota["data"]
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|r| r["kind"] == "requests" && r.get("scope").is_none())
+        })
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn scope_row<'a>(quota: &'a Value, scope: &str) -> &'a Value {
+    quota["data"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["scope"] == scope))
+        .unwrap_or_else(|| panic!("no row of scope {scope}: {quota}"))
+}
+
+/// Three users of two subscriptions of one organisation, six clients on both replicas at
+/// once: together exactly the organisation's 20 requests (none over, all of it usable once the
+/// replicas' idle leases went back), though each user's own limit is 100; a user of another
+/// organisation is not held by it; `/v1/quota` shows the scope's row.
+#[tokio::test]
+async fn an_organisations_limit_holds_across_its_subscriptions_and_replicas() {
+    let stack = start_stack().await;
+    let keys = [
+        key_for(&stack, "alice-token", "team-a", "a").await,
+        key_for(&stack, "bob-token", "team-a", "b").await,
+        key_for(&stack, "carol-token", "team-b", "c").await,
+    ];
+    let mut tasks = Vec::new();
+    for (n, key) in keys.iter().cycle().take(6).enumerate() {
+        let (stack, key) = (Arc::clone(&stack), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut refused_in_a_row, mut i) = (0u64, 0, n);
+            while refused_in_a_row < 3 {
+                if admitted(&chat_at(&stack, i % REPLICAS, &key).await, "scope acme") {
+                    ok += 1;
+                    refused_in_a_row = 0;
+                } else {
+                    refused_in_a_row += 1;
+                }
+                i += 1;
+                assert!(ok <= ORG, "a client alone was admitted {ok} > {ORG}");
+            }
+            (n % 3, ok)
+        }));
+    }
+    let mut per_user = [0u64; 3];
+    for t in tasks {
+        let (user, ok) = t.await.expect("client task");
+        if let Some(slot) = per_user.get_mut(user) {
+            *slot += ok;
+        }
+    }
+    let concurrent: u64 = per_user.iter().sum();
+    assert!(concurrent <= ORG, "admitted {concurrent} > {ORG}");
+    let mut total = concurrent;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while total < ORG && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let key = keys.get(i % keys.len()).expect("a key");
+        if admitted(&chat_at(&stack, i % REPLICAS, key).await, "scope acme") {
+            total += 1;
+        }
+        i += 1;
+    }
+    eprintln!(
+        "scope figure: organisation acme, 3 users of 2 subscriptions on {REPLICAS} replicas \
+         admitted {total} of {ORG} ({concurrent} while all six clients ran; per user \
+         {per_user:?}; over by {})",
+        total.saturating_sub(ORG)
+    );
+    assert_eq!(
+        total, ORG,
+        "the organisation's limit is neither exceeded nor lost"
+    );
+    for (n, key) in keys.iter().enumerate() {
+        assert!(!admitted(
+            &chat_at(&stack, n % REPLICAS, key).await,
+            "scope acme"
+        ));
+    }
+    // Another organisation's user is not counted in acme.
+    let dave = key_for(&stack, "dave-token", "team-x", "d").await;
+    assert_eq!(admitted_of(&stack, 1, &dave, 3, "-").await, 3);
+    let q = quota(&stack, keys.first().expect("alice's key")).await;
+    let row = scope_row(&q, "acme");
+    assert_eq!(
+        (&row["kind"], &row["limit"], &row["used"], &row["remaining"]),
+        (&json!("requests"), &json!(ORG), &json!(ORG), &json!(0)),
+        "{row}"
+    );
+    // alice's own subscription counted only what she was admitted.
+    let own = own_requests(&q);
+    assert!(own["used"].as_u64().unwrap_or(0) < ORG, "{own}");
+    assert!(
+        quota(&stack, &dave).await["data"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().all(|r| r.get("scope").is_none())),
+        "dave's requests count in no scope"
+    );
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}
+
+/// A user's own limit inside a pool (the strictest binds: the user's 5 first, then the pool's
+/// 12), and each API key its own limit under a subscription with a per-key scope; refusals
+/// name what refused, and nothing refused is counted anywhere. One replica: this is about
+/// whose counters (the leases across replicas are the test above's).
+#[tokio::test]
+async fn a_users_limit_inside_a_pool_and_limits_per_key_bind_first() {
+    let stack = start_stack().await;
+    let alice = key_for(&stack, "alice-token", "shared", "alice-shared").await;
+    let bob = key_for(&stack, "bob-token", "shared", "bob-shared").await;
+    let carol = key_for(&stack, "carol-token", "shared", "carol-shared").await;
+    assert_eq!(
+        admitted_of(&stack, 0, &alice, 7, "scope shared-per-user").await,
+        5,
+        "alice's own 5 of the pool"
+    );
+    assert_eq!(
+        admitted_of(&stack, 0, &bob, 7, "scope shared-per-user").await,
+        5
+    );
+    // 10 of the pool's 12 are spent: carol gets 2, then the pool refuses her.
+    assert_eq!(
+        admitted_of(&stack, 0, &carol, 4, "subscription:shared").await,
+        2
+    );
+    let q = quota_once_idle(&stack, &carol, |q| {
+        scope_row(q, "shared-per-user")["used"] == 2
+    })
+    .await;
+    let row = scope_row(&q, "shared-per-user");
+    assert_eq!(
+        row["used"], 2,
+        "carol's own count, refusals not counted: {row}"
+    );
+    let pool = q["data"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["pool"] == true))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pool["used"], 12, "{q}");
+
+    let first = key_for(&stack, "alice-token", "keyed", "first").await;
+    let second = key_for(&stack, "alice-token", "keyed", "second").await;
+    assert_eq!(admitted_of(&stack, 0, &first, 5, "scope per-key").await, 3);
+    assert_eq!(
+        admitted_of(&stack, 0, &second, 5, "scope per-key").await,
+        3,
+        "each key has its own 3"
+    );
+    let q = quota_once_idle(&stack, &second, |q| own_requests(q)["used"] == 6).await;
+    assert_eq!(scope_row(&q, "per-key")["used"], 3, "{q}");
+    let own = own_requests(&q);
+    assert_eq!(
+        own["used"], 6,
+        "alice's own count under keyed: both keys: {q}"
+    );
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}
