@@ -187,6 +187,13 @@ impl Authenticator {
                 }
             };
             let left = u64::try_from((key.expires_at - Utc::now()).num_seconds()).unwrap_or(0);
+            // Limits that cannot be read are not dropped (the key would spend without them).
+            let limits = match key.limits.as_deref() {
+                Some(text) => Some(serde_json::from_str(text).map_err(|e| {
+                    AuthError::Unavailable(format!("the key's limits cannot be read: {e}"))
+                })?),
+                None => None,
+            };
             return Ok(AuthenticateResponse {
                 pseudonym: Some(crate::pseudonym::subject(&key.username)),
                 subject: key.username,
@@ -196,6 +203,7 @@ impl Authenticator {
                 key_id: Some(key.key_id),
                 subscription: key.subscription,
                 expires_at: Some(key.expires_at.timestamp()),
+                limits,
                 cache_ttl_seconds: self.key_cache_ttl.as_secs().min(left),
             });
         }
@@ -229,6 +237,7 @@ impl Authenticator {
             key_id: None,
             subscription: None,
             expires_at: identity.expires_at,
+            limits: None,
             cache_ttl_seconds: ttl,
         })
     }

@@ -26,6 +26,8 @@ pub enum CallerKind {
         key_id: String,
         /// The subscription the key is bound to.
         subscription: Option<String>,
+        /// The key's own limits (set at mint) as JSON text, if any.
+        limits: Option<String>,
     },
 }
 
@@ -53,6 +55,16 @@ impl Caller {
         match &self.kind {
             CallerKind::ApiKey { tier, .. } => tier.as_deref(),
             CallerKind::Cluster => None,
+        }
+    }
+
+    /// The API key caller's own limits (set at mint), as the scope the gateway counts them in.
+    pub fn key_scope(&self) -> Option<maas_types::Scope> {
+        match &self.kind {
+            CallerKind::ApiKey {
+                limits: Some(l), ..
+            } => serde_json::from_str(l).ok().map(maas_types::Scope::of_key),
+            _ => None,
         }
     }
 
@@ -97,6 +109,7 @@ where
                         id: key.id,
                         key_id: parts.key_id.to_string(),
                         subscription: key.subscription,
+                        limits: key.limits,
                     },
                     is_admin: false,
                 }

@@ -498,8 +498,11 @@ pub fn authorize<'h>(
                 policy,
                 model,
                 selected,
-                &identity.subject,
-                caller.key_id,
+                ScopeCaller {
+                    subject: &identity.subject,
+                    key_id: caller.key_id,
+                    key_scope: identity.key_scope.as_deref(),
+                },
                 s.cfg.limits.counter_slots,
             ),
         },
@@ -507,23 +510,32 @@ pub fn authorize<'h>(
     ))
 }
 
-/// The policy's scopes a request for `model` under `subscription` counts in, with their
-/// counters; none (no allocation) when it counts in none.
+/// Who a request's scope counters are for: the subject, its API key and that key's own limits.
+struct ScopeCaller<'a> {
+    subject: &'a str,
+    key_id: Option<&'a str>,
+    key_scope: Option<&'a maas_types::Scope>,
+}
+
+/// The scopes a request for `model` under `subscription` counts in (the policy's, then the
+/// API key's own limits), with their counters; none (no allocation) when it counts in none.
 fn scopes(
     policy: &PolicyDocument,
     model: &Model,
     subscription: Option<&maas_types::Subscription>,
-    subject: &str,
-    key_id: Option<&str>,
+    caller: ScopeCaller<'_>,
     slots: u64,
 ) -> Option<Box<Scopes>> {
-    if policy.scopes.is_empty() {
+    // A key's own limits need its key id (its counter is per key); a token has neither.
+    let key_scope = caller.key_scope.filter(|_| caller.key_id.is_some());
+    if policy.scopes.is_empty() && key_scope.is_none() {
         return None;
     }
     let runs: Vec<ScopeRun> = policy
         .scopes_for(&model.name, subscription)
+        .chain(key_scope)
         .map(|scope| {
-            let counter_subject = scope.counter_subject(subject, key_id);
+            let counter_subject = scope.counter_subject(caller.subject, caller.key_id);
             ScopeRun {
                 tier: scope.limits_tier(),
                 counter_key: limits::counter_key(&counter_subject, slots),

@@ -16,8 +16,8 @@ use maas_types::AuthenticateResponse;
 use sha2::{Digest, Sha256};
 use std::rc::Rc;
 
-/// 4: an allow carries the subject's pseudonym (version 3 entries are misses: re-asked).
-const VERSION: u8 = 4;
+/// 5: an allow carries the key's own limits (version 4 entries are misses: re-asked).
+const VERSION: u8 = 5;
 const KIND_ALLOW: u8 = 1;
 const KIND_DENY: u8 = 2;
 /// Attempts at a CAS update before giving up (contention is between a handful of workers).
@@ -82,6 +82,8 @@ pub struct CachedIdentity {
     /// The subject's keyed pseudonym from the companion (the answer's `pseudonym`): what
     /// telemetry names the caller by, never the clear subject.
     pub pseudonym: Option<String>,
+    /// The API key's own limits (the answer's `limits`), as the scope they count in.
+    pub key_scope: Option<Box<maas_types::Scope>>,
 }
 
 /// An allowed caller as a request holds it: shared with the worker's copy and the other
@@ -110,6 +112,10 @@ impl CachedIdentity {
             pinned_tier: r.tier_pinned.then(|| r.tier.clone()),
             subscription: r.subscription.clone().filter(|s| !s.is_empty()),
             pseudonym: r.pseudonym.clone().filter(|s| !s.is_empty()),
+            key_scope: r
+                .limits
+                .clone()
+                .map(|l| Box::new(maas_types::Scope::of_key(l))),
         }
     }
 }
@@ -194,7 +200,11 @@ pub fn encode(
             for g in id.groups.iter().take(n) {
                 put_str(&mut out, g);
             }
-            for field in [&id.subscription, &id.pseudonym] {
+            let limits = id
+                .key_scope
+                .as_ref()
+                .and_then(|s| serde_json::to_string(&s.limits).ok());
+            for field in [&id.subscription, &id.pseudonym, &limits] {
                 match field {
                     Some(s) => {
                         out.push(1);
@@ -244,12 +254,20 @@ pub fn decode(bytes: &[u8]) -> Option<Entry> {
             }
             let subscription = r.optional_string()?;
             let pseudonym = r.optional_string()?;
+            // Limits that do not parse make the entry a miss (re-asked), never a key without.
+            let key_scope = match r.optional_string()? {
+                Some(json) => Some(Box::new(maas_types::Scope::of_key(
+                    serde_json::from_str(&json).ok()?,
+                ))),
+                None => None,
+            };
             CachedAnswer::Allow(CachedIdentity {
                 subject,
                 groups,
                 pinned_tier,
                 subscription,
                 pseudonym,
+                key_scope,
             })
         }
         KIND_DENY => {
@@ -512,6 +530,7 @@ mod tests {
             pinned_tier: None,
             subscription: None,
             pseudonym: None,
+            key_scope: None,
         });
         let id = |n: u32| CacheIdentity {
             cache_key: format!("maas/c/t/{n}"),
@@ -559,6 +578,7 @@ mod tests {
             pinned_tier: Some("premium".into()),
             subscription: None,
             pseudonym: None,
+            key_scope: None,
         })
     }
 
@@ -571,6 +591,7 @@ mod tests {
             key_id: None,
             subscription: None,
             expires_at,
+            limits: None,
             cache_ttl_seconds: ttl,
             pseudonym: None,
         }
@@ -590,6 +611,7 @@ mod tests {
                 pinned_tier: None,
                 subscription: None,
                 pseudonym: None,
+                key_scope: None,
             }),
             CachedAnswer::Allow(CachedIdentity {
                 subject: "alice".into(),
@@ -597,6 +619,7 @@ mod tests {
                 pinned_tier: None,
                 subscription: Some("team-a".into()),
                 pseudonym: Some("u-0123456789abcdef".into()),
+                key_scope: None,
             }),
         ] {
             let bytes = encode(&a, &[3; 16], &[7; 32], 1234);

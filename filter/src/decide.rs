@@ -260,6 +260,7 @@ mod tests {
             pinned_tier: pinned.map(str::to_string),
             subscription: None,
             pseudonym: None,
+            key_scope: None,
         }
     }
 
@@ -284,6 +285,7 @@ mod tests {
             pinned_tier: None,
             subscription: bound.map(str::to_string),
             pseudonym: None,
+            key_scope: None,
         }
     }
 

@@ -34,6 +34,11 @@ pub struct AuthenticateResponse {
     /// Absent for tier keys and tokens, so a filter that predates subscriptions parses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription: Option<String>,
+    /// For API keys minted with limits of their own: those limits, counted per key as the
+    /// scope [`crate::policy::scope::KEY_SCOPE`] beside the tier's or subscription's (the
+    /// strictest binds). Absent for keys without and for tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::Limits>,
     /// Unix seconds after which the credential is no longer valid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,

@@ -274,7 +274,7 @@ pub fn check_token_weights(path: &str, w: &TokenWeights) -> Result<(), PolicyErr
     Ok(())
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     /// Requests per window; several windows may apply at once (e.g. per minute and per day).

@@ -106,6 +106,15 @@ export interface ApiKey {
   /** The subscription the key is bound to (none: it follows the tiers). */
   subscription?: string | null;
   labels?: Record<string, string>;
+  /** The key's own limits, set at mint (counted per key beside its tier's or subscription's). */
+  limits?: KeyLimits | null;
+}
+
+/** A key's own limits, as minted: requests, tokens and money per window. */
+export interface KeyLimits {
+  requests?: { limit: number; window: string }[];
+  tokens?: { limit: number; window: string }[];
+  budgets?: { amount: string; window: string }[];
 }
 
 /** `GET /v1/subscriptions` (the reference's item shape, snake_case). */

@@ -125,6 +125,11 @@ pub struct ApiKeyView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The key's own limits, set at mint (counted per key beside its tier's or
+    /// subscription's; the strictest binds); absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub limits: Option<maas_types::Limits>,
     pub key_prefix: String,
     pub creation_date: DateTime<Utc>,
     pub expiration_date: DateTime<Utc>,
@@ -157,6 +162,10 @@ impl From<KeyRow> for ApiKeyView {
             tier: r.tier,
             subscription: r.subscription,
             labels: serde_json::from_str(&r.labels).unwrap_or_default(),
+            limits: r
+                .limits
+                .as_deref()
+                .and_then(|l| serde_json::from_str(l).ok()),
             creation_date: r.created_at,
             expiration_date: r.expires_at,
             status,
@@ -203,6 +212,12 @@ pub struct CreateRequest {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub ephemeral: Option<bool>,
+    /// The key's own limits: requests, tokens and money budgets per window, as a tier's
+    /// `limits` (at least one). Counted per key beside the tier's or subscription's; the
+    /// strictest binds, so a key can be held below what its owner may spend.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub limits: Option<maas_types::Limits>,
 }
 
 /// `expiresIn`: a duration string or a number of seconds.
@@ -241,6 +256,10 @@ pub struct CreateResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The key's own limits, as minted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub limits: Option<maas_types::Limits>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub ephemeral: bool,
@@ -285,6 +304,10 @@ pub async fn create(
     )?;
     let labels_map = req.labels.unwrap_or_default();
     let labels = rules::check_labels(&labels_map, "labels")?;
+    let key_limits = match &req.limits {
+        Some(l) => Some(rules::check_key_limits(l)?),
+        None => None,
+    };
     let policy = policy.document();
     let Binding {
         pinned,
@@ -314,6 +337,7 @@ pub async fn create(
             subscription: subscription.as_deref(),
             labels: &labels,
             groups: &caller.groups,
+            limits: key_limits.as_deref(),
             created_at: now,
             expires_at,
             ephemeral,
@@ -332,6 +356,7 @@ pub async fn create(
             tier,
             subscription,
             labels: labels_map,
+            limits: req.limits,
             created_at,
             expires_at,
             ephemeral,

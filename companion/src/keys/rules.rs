@@ -225,6 +225,30 @@ pub fn check_labels(
     Ok(serde_json::to_string(labels).unwrap_or_else(|_| "{}".to_string()))
 }
 
+/// Windows a key's own limits may have per kind (requests, tokens, budgets): each is a counter
+/// every request of the key updates.
+pub const KEY_LIMIT_WINDOWS_MAX: usize = 4;
+
+/// Checks a key's own limits (`limits` at mint) as a scope's are checked, with at most
+/// [`KEY_LIMIT_WINDOWS_MAX`] windows per kind, and answers them as JSON text.
+pub fn check_key_limits(limits: &maas_types::Limits) -> Result<String, InvalidField> {
+    for (kind, n) in [
+        ("requests", limits.requests.len()),
+        ("tokens", limits.tokens.len()),
+        ("budgets", limits.budgets.len()),
+    ] {
+        if n > KEY_LIMIT_WINDOWS_MAX {
+            return Err(invalid(
+                format!("limits.{kind}: at most {KEY_LIMIT_WINDOWS_MAX} windows"),
+                "limits",
+            ));
+        }
+    }
+    maas_types::policy::scope::check_scope_limits("limits", limits)
+        .map_err(|e| invalid(e.to_string(), "limits"))?;
+    serde_json::to_string(limits).map_err(|e| invalid(e.to_string(), "limits"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,11 +37,13 @@ pub struct KeyRow {
     pub subscription: Option<String>,
     /// The labels as JSON text (`{"k":"v"}`).
     pub labels: String,
+    /// The key's own limits as JSON text ([`maas_types::Limits`]), if it was minted with any.
+    pub limits: Option<String>,
 }
 
 const KEY_COLUMNS: &str = "id, key_id, username, name, description, tier, user_groups, status, \
                            created_at, expires_at, last_used_at, revoked_at, ephemeral, \
-                           subscription, labels::text AS labels";
+                           subscription, labels::text AS labels, limits::text AS limits";
 
 /// What a key is checked with when it is used.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -54,6 +56,8 @@ pub struct KeyCheck {
     pub subscription: Option<String>,
     pub status: String,
     pub expires_at: DateTime<Utc>,
+    /// The key's own limits as JSON text, if any.
+    pub limits: Option<String>,
 }
 
 /// A key to insert.
@@ -69,6 +73,8 @@ pub struct NewKey<'a> {
     /// JSON object text.
     pub labels: &'a str,
     pub groups: &'a [String],
+    /// The key's own limits as JSON text, if any.
+    pub limits: Option<&'a str>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub ephemeral: bool,
@@ -143,8 +149,9 @@ impl KeyStore {
     ) -> Result<(DateTime<Utc>, DateTime<Utc>), StoreError> {
         Ok(sqlx::query_as(
             "INSERT INTO api_keys (id, key_id, key_hash, username, name, description, tier, \
-             user_groups, status, created_at, expires_at, ephemeral, subscription, labels) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'active', $9, $10, $11, $12, $13::jsonb) \
+             user_groups, status, created_at, expires_at, ephemeral, subscription, labels, limits) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'active', $9, $10, $11, $12, $13::jsonb, \
+             $14::jsonb) \
              RETURNING created_at, expires_at",
         )
         .bind(key.id)
@@ -160,6 +167,7 @@ impl KeyStore {
         .bind(key.ephemeral)
         .bind(key.subscription)
         .bind(key.labels)
+        .bind(key.limits)
         .fetch_one(self.ready()?)
         .await?)
     }
@@ -292,8 +300,8 @@ impl KeyStore {
     #[tracing::instrument(name = "db.query", skip_all, fields(otel.kind = "client", db.system.name = "postgresql", db.operation.name = "keys.find_by_hash"))]
     pub async fn find_by_hash(&self, hash: &str) -> Result<Option<KeyCheck>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT id, key_id, username, user_groups, tier, subscription, status, expires_at \
-             FROM api_keys WHERE key_hash = $1",
+            "SELECT id, key_id, username, user_groups, tier, subscription, status, expires_at, \
+             limits::text AS limits FROM api_keys WHERE key_hash = $1",
         )
         .bind(hash)
         .fetch_optional(self.ready()?)

@@ -202,6 +202,23 @@ fn scope_governing<'a>(
     name: &str,
     whose: ScopeCounter<'a>,
 ) -> Option<Governing<'a>> {
+    if name == maas_types::policy::scope::KEY_SCOPE {
+        // An API key's own limits (set at mint): not in the policy; the item carries the
+        // limit the gateway enforced, and they warn at the default thresholds.
+        let ScopeCounter::Key(id) = whose else {
+            return None;
+        };
+        return Some(Governing {
+            user: "",
+            scope: Scope::Named {
+                name: name.to_string(),
+                key_id: Some(id.to_string()),
+            },
+            enforced: item.limit,
+            shadow: None,
+            warn_at: &maas_types::policy::DEFAULT_WARN_AT,
+        });
+    }
     let scope = policy.scope(name)?;
     let l = &scope.limits;
     let limits = of_kind(&l.requests, &l.tokens, &l.budgets, item.kind);
@@ -379,6 +396,22 @@ mod tests {
             .counter_subject("alice", None)
             .replace("org", "gone");
         assert!(crossings(&p, &item(&gone, LeaseKind::Requests, 60, 10), 10).is_empty());
+        // An API key's own limits (set at mint, not in the policy): the limit the gateway
+        // enforced, the default thresholds, the key named.
+        let own = maas_types::Scope::of_key(
+            serde_json::from_value(serde_json::json!({"tokens": [{"limit": 100, "window": "1h"}]}))
+                .unwrap(),
+        )
+        .counter_subject("alice", Some("k9"));
+        let c = crossings(&p, &item(&own, LeaseKind::Tokens, 3600, 100), 96);
+        assert_eq!(thresholds(&c), [(80, false, 100), (95, false, 100)]);
+        assert_eq!(
+            c[0].scope,
+            Scope::Named {
+                name: "key".into(),
+                key_id: Some("k9".into())
+            }
+        );
     }
 
     #[test]

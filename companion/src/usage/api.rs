@@ -617,7 +617,8 @@ pub fn subscription_quota_windows(
 /// The windows of the scopes the caller's requests count in (under `subscription`, else on a
 /// tier: for any model the subscription holds, or any model), with each scope's name and
 /// the counter the gateways count the caller's requests in ([`maas_types::Scope::counter_subject`]).
-/// Shortest window first within a scope; shadow limits left out.
+/// Shortest window first within a scope; shadow limits left out. An API key's own limits
+/// (set at mint) come last, as scope `key`.
 pub fn scope_windows(
     policy: &PolicyDocument,
     subscription: Option<&str>,
@@ -629,10 +630,12 @@ pub fn scope_windows(
         None => policy.models.iter().map(|m| m.name.as_str()).collect(),
     };
     let mut out = Vec::new();
+    let key_scope = caller.key_scope();
     for scope in policy
         .scopes
         .iter()
         .filter(|sc| models.iter().any(|m| sc.applies(m, sub)))
+        .chain(key_scope.as_ref())
     {
         let counter = scope.counter_subject(&caller.username, caller.key_id());
         let budgets: Vec<Limit> = scope

@@ -235,3 +235,59 @@ async fn unreachable_postgres_answers_503_fast() {
     assert_eq!(r.status(), 200);
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
+
+/// Per-key limits at mint (issue 30): stored with the key, shown when it is fetched, handed to
+/// the filter in the authenticate answer; bad limits are refused naming the field.
+#[tokio::test]
+async fn a_key_minted_with_limits_carries_them_to_the_filter() {
+    let app = spawn_app().await;
+    let limits = json!({"requests": [{"limit": 100, "window": "1d"}],
+                        "tokens": [{"limit": 5000, "window": "1d"}]});
+    let minted = app
+        .mint("alice-token", json!({"name": "capped", "limits": limits}))
+        .await;
+    assert_eq!(minted["limits"], limits, "{minted}");
+    let r = app.authenticate(minted["key"].as_str().unwrap()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let resp: maas_types::AuthenticateResponse = serde_json::from_value(r.body.clone()).unwrap();
+    let got = resp.limits.expect("the key's limits");
+    assert_eq!(got.requests.first().map(|l| l.limit), Some(100));
+    assert_eq!(got.tokens.first().map(|l| l.limit), Some(5000));
+    let fetched = app
+        .public_get(
+            &format!("/v1/api-keys/{}", minted["id"].as_str().unwrap()),
+            Some("alice-token"),
+        )
+        .await;
+    assert_eq!(fetched.body["limits"], limits, "{}", fetched.body);
+    // A key without limits: none in the answer.
+    let plain = app.mint_named("alice-token", "plain").await;
+    let r = app.authenticate(plain["key"].as_str().unwrap()).await;
+    assert!(r.body.get("limits").is_none(), "{}", r.body);
+
+    for (bad, field) in [
+        (json!({}), "at least one"),
+        (
+            json!({"requests": [{"limit": 0, "window": "1m"}]}),
+            "limits.requests[0].limit",
+        ),
+        (
+            json!({"tokens": [{"limit": 5, "window": "1m"}, {"limit": 6, "window": "1m"}]}),
+            "limits.tokens",
+        ),
+        (
+            json!({"requests": [{"limit": 1, "window": "1m"}], "nope": 1}),
+            "nope",
+        ),
+    ] {
+        let r = app
+            .public_post(
+                "/v1/api-keys",
+                Some("alice-token"),
+                &json!({"name": "bad", "limits": bad}),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.message().contains(field), "{bad}: {}", r.message());
+    }
+}

@@ -155,6 +155,7 @@ impl Admission {
 /// `tier <name>` (a subscription's is the tier `subscription:<name>`).
 fn limit_owner(tier: &str) -> String {
     match tier.strip_prefix("scope:") {
+        Some(maas_types::policy::scope::KEY_SCOPE) => "this API key's own limits".to_string(),
         Some(scope) => format!("scope {scope}"),
         None => format!("tier {tier}"),
     }

@@ -223,6 +223,7 @@ pub(super) fn allow_alice() -> CachedAnswer {
         pinned_tier: None,
         subscription: None,
         pseudonym: None,
+        key_scope: None,
     })
 }
 

@@ -110,6 +110,7 @@ fn a_polled_policy_replaces_the_bootstrap_one_and_evicts_newly_revoked_keys() {
             pinned_tier: None,
             subscription: None,
             pseudonym: None,
+            key_scope: None,
         }),
         60,
         host.now.get() / 1000,
@@ -199,6 +200,7 @@ fn a_newly_revoked_key_leaves_the_workers_copy() {
         pinned_tier: None,
         subscription: None,
         pseudonym: None,
+        key_scope: None,
     });
     let now = host.now.get() / 1000;
     let copy = |key_id: &str, verifier: u8| credential::CacheIdentity {

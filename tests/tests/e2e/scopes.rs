@@ -347,3 +347,76 @@ async fn a_users_limit_inside_a_pool_and_limits_per_key_bind_first() {
         .await
         .expect("shutdown");
 }
+
+/// An API key minted with limits of its own (per-key limits at mint): four clients with that
+/// key on both replicas at once get exactly its 6 requests a day, though its subscription
+/// allows 100; refusals name the key's limits; the owner's other key is not held by them;
+/// `/v1/quota` shows the key's row.
+#[tokio::test]
+async fn a_key_minted_with_its_own_limits_is_held_to_them_across_replicas() {
+    const OWN: u64 = 6;
+    let stack = start_stack().await;
+    let minted = stack
+        .mint_key(
+            "dave-token",
+            json!({"name": "capped", "subscription": "team-x",
+                   "limits": {"requests": [{"limit": OWN, "window": "1d"}]}}),
+        )
+        .await
+        .expect("minted");
+    assert_eq!(minted["limits"]["requests"][0]["limit"], OWN, "{minted}");
+    let capped = minted["key"].as_str().expect("key").to_string();
+    let owner = "this API key's own limits";
+    let mut tasks = Vec::new();
+    for n in 0..4 {
+        let (stack, key) = (Arc::clone(&stack), capped.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u64;
+            for i in 0..4 {
+                if admitted(&chat_at(&stack, (n + i) % REPLICAS, &key).await, owner) {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut concurrent = 0;
+    for t in tasks {
+        concurrent += t.await.expect("client task");
+    }
+    assert!(concurrent <= OWN, "admitted {concurrent} > {OWN}");
+    // What the replicas still hold as idle leases goes back within seconds: all of it usable.
+    let mut total = concurrent;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while total < OWN && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if admitted(&chat_at(&stack, i % REPLICAS, &capped).await, owner) {
+            total += 1;
+        }
+        i += 1;
+    }
+    eprintln!(
+        "scope figure: a key minted with {OWN} requests a day, 4 clients on {REPLICAS} replicas \
+         admitted {total} ({concurrent} while they ran; over by {})",
+        total.saturating_sub(OWN)
+    );
+    assert_eq!(
+        total, OWN,
+        "the key's own limit is neither exceeded nor lost"
+    );
+    assert!(!admitted(&chat_at(&stack, 1, &capped).await, owner));
+    // dave's other key, without limits of its own, is not held by them.
+    let other = key_for(&stack, "dave-token", "team-x", "plain").await;
+    assert_eq!(admitted_of(&stack, 0, &other, 3, "-").await, 3);
+    let q = quota_once_idle(&stack, &capped, |q| scope_row(q, "key")["used"] == OWN).await;
+    let row = scope_row(&q, "key");
+    assert_eq!(
+        (&row["kind"], &row["limit"], &row["used"]),
+        (&json!("requests"), &json!(OWN), &json!(OWN)),
+        "{row}"
+    );
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}

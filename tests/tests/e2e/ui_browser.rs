@@ -548,6 +548,19 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
     for name in ["browser-key", "second-key"] {
         let input = wait_for(&b, "#mint-name").await;
         input.send_keys(name).await.unwrap();
+        if name == "second-key" {
+            // The second with limits of its own (per-key limits at mint).
+            wait_for(&b, "#mint-requests-per-day")
+                .await
+                .send_keys("50")
+                .await
+                .unwrap();
+            wait_for(&b, "#mint-tokens-per-day")
+                .await
+                .send_keys("20,000")
+                .await
+                .unwrap();
+        }
         b.find(By::Id("mint")).await.unwrap().click().await.unwrap();
         wait_for(&b, &row(name)).await;
         let shown = wait_for(&b, "#new-key").await.text().await.unwrap();
@@ -594,6 +607,44 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
             .await
             .unwrap(),
         "—"
+    );
+    // The key's own limits are listed with it (and were stored: the API shows them).
+    assert_eq!(
+        wait_for(&b, &format!("{} td.limits", row("second-key")))
+            .await
+            .text()
+            .await
+            .unwrap(),
+        "50 requests / 1d · 20,000 tokens / 1d"
+    );
+    assert_eq!(
+        wait_for(&b, &format!("{} td.limits", row("browser-key")))
+            .await
+            .text()
+            .await
+            .unwrap(),
+        "—"
+    );
+    let listed: Value = client
+        .post(format!("{gw}/maas-api/v1/api-keys/search"))
+        .bearer_auth("alice-token")
+        .json(&json!({"filters": {"status": ["active"]}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second = listed["data"]
+        .as_array()
+        .and_then(|keys| keys.iter().find(|k| k["name"] == "second-key"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        second["limits"],
+        json!({"requests": [{"limit": 50, "window": "1d"}],
+               "tokens": [{"limit": 20000, "window": "1d"}]}),
+        "{listed}"
     );
     // Never again, not even after a reload.
     b.refresh().await.unwrap();

@@ -11,6 +11,10 @@
 //!   per user).
 //!
 //! A policy without `scopes` behaves exactly as before.
+//!
+//! An API key may also carry its own limits, set when it is minted (`limits` in the mint
+//! request): they count as one more scope, [`KEY_SCOPE`] per key ([`Scope::of_key`]), beside the
+//! policy's — whatever the policy says, a key never outspends what it was minted with.
 
 use super::{
     Limits, PolicyDocument, PolicyError, Subscription, Tier, TokenWeights, UncappedRequests,
@@ -28,9 +32,13 @@ pub const MAX_SCOPES: usize = 32;
 /// more: each one is a counter update per request).
 pub const MAX_SCOPES_PER_REQUEST: usize = 4;
 
+/// The scope an API key's own limits (set at mint) count under, one counter per key; no
+/// policy scope may take the name.
+pub const KEY_SCOPE: &str = "key";
+
 /// A scope: which requests it counts ([`ScopeMatch`]), whose counter each request counts in
 /// ([`ScopePer`]) and the limits of that counter.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Scope {
     /// Unique among scopes; a DNS label (named in refusals as `scope:<name>`).
@@ -106,6 +114,19 @@ pub fn scope_tier_name(scope: &str) -> String {
 }
 
 impl Scope {
+    /// An API key's own limits as a scope: [`KEY_SCOPE`], every request of the key, one
+    /// counter per key, the default warnings.
+    pub fn of_key(limits: Limits) -> Scope {
+        Scope {
+            name: KEY_SCOPE.to_string(),
+            display_name: Some("this API key's own limits".to_string()),
+            matches: ScopeMatch::default(),
+            per: ScopePer::Key,
+            limits,
+            warn_at: default_warn_at(),
+        }
+    }
+
     /// The request for `model` under `subscription` (none: on a tier) counts in this scope.
     pub fn applies(&self, model: &str, subscription: Option<&Subscription>) -> bool {
         let m = &self.matches;
@@ -219,6 +240,12 @@ pub(super) fn validate_scopes(doc: &PolicyDocument) -> Result<(), PolicyError> {
     for (i, s) in doc.scopes.iter().enumerate() {
         let at = format!("scopes[{i}]");
         check_label_name(format!("{at}.name"), &s.name)?;
+        if s.name == KEY_SCOPE {
+            return Err(err(
+                format!("{at}.name"),
+                format!("{KEY_SCOPE:?} is reserved for the limits API keys are minted with"),
+            ));
+        }
         if !names.insert(s.name.as_str()) {
             return Err(err(
                 format!("{at}.name"),
@@ -247,19 +274,23 @@ pub(super) fn validate_scopes(doc: &PolicyDocument) -> Result<(), PolicyError> {
                 ));
             }
         }
-        let l = &s.limits;
-        if l.requests.is_empty() && l.tokens.is_empty() && l.budgets.is_empty() {
-            return Err(err(
-                format!("{at}.limits"),
-                "at least one request, token or budget limit is required",
-            ));
-        }
-        check_limits(&format!("{at}.limits.requests"), &l.requests, None)?;
-        check_limits(&format!("{at}.limits.tokens"), &l.tokens, None)?;
-        check_budgets(&format!("{at}.limits.budgets"), &l.budgets)?;
+        check_scope_limits(&format!("{at}.limits"), &s.limits)?;
         check_warn_at(&format!("{at}.warnAt"), &s.warn_at)?;
     }
     check_scopes_per_request(doc)
+}
+
+/// A scope's (or a key's own) limits: at least one, each valid; `at` names them in the error.
+pub fn check_scope_limits(at: &str, l: &Limits) -> Result<(), PolicyError> {
+    if l.requests.is_empty() && l.tokens.is_empty() && l.budgets.is_empty() {
+        return Err(err(
+            at,
+            "at least one request, token or budget limit is required",
+        ));
+    }
+    check_limits(&format!("{at}.requests"), &l.requests, None)?;
+    check_limits(&format!("{at}.tokens"), &l.tokens, None)?;
+    check_budgets(&format!("{at}.budgets"), &l.budgets)
 }
 
 /// No request matches more than [`MAX_SCOPES_PER_REQUEST`] scopes: every (model, subscription
@@ -413,6 +444,10 @@ mod tests {
             (
                 r#"[{"name": "a", "per": "team", "limits": {"requests": [{"limit": 1, "window": "1m"}]}}]"#,
                 "scopes[0].per",
+            ),
+            (
+                r#"[{"name": "key", "limits": {"requests": [{"limit": 1, "window": "1m"}]}}]"#,
+                "scopes[0].name",
             ),
         ];
         for (scopes, path) in cases {

@@ -1,5 +1,5 @@
 import { useCallback, useEffect, useState } from "react";
-import { ApiError, call, fmtDate, type ApiKey, type MintedKey, type Subscription } from "../api";
+import { ApiError, call, fmtDate, type ApiKey, type KeyLimits, type MintedKey, type Subscription } from "../api";
 import type { Ctx } from "../App";
 import { CopyButton, ErrorBox, asApiError } from "../widgets";
 
@@ -32,6 +32,9 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
   const [expiresIn, setExpiresIn] = useState("30d");
   const [tier, setTier] = useState("");
   const [subscription, setSubscription] = useState("");
+  // This key's own limits per day (empty: none beyond its tier's or subscription's).
+  const [requestsPerDay, setRequestsPerDay] = useState("");
+  const [tokensPerDay, setTokensPerDay] = useState("");
   const [subscriptions, setSubscriptions] = useState<Subscription[]>([]);
   const [error, setError] = useState<ApiError | null>(null);
   const [busy, setBusy] = useState(false);
@@ -55,9 +58,13 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
           if (expiresIn) body.expiresIn = expiresIn;
           if (tier) body.tier = tier;
           if (subscription) body.subscription = subscription;
+          const limits = keyLimits(requestsPerDay, tokensPerDay);
+          if (limits) body.limits = limits;
           onMinted(await call<MintedKey>(ctx.prefix, ctx.token, "POST", "/v1/api-keys", body));
           setName("");
           setDescription("");
+          setRequestsPerDay("");
+          setTokensPerDay("");
         } catch (err) {
           setError(asApiError(err));
         } finally {
@@ -104,10 +111,44 @@ function MintForm({ ctx, onMinted }: { ctx: Ctx; onMinted: (k: MintedKey) => voi
           </select>
         </label>
       )}
+      <label title="This key alone: at most this many requests a day, whatever its tier or subscription allows">
+        Requests per day (this key)
+        <input id="mint-requests-per-day" inputMode="numeric" value={requestsPerDay}
+          onChange={(e) => setRequestsPerDay(e.target.value)} placeholder="no limit of its own" />
+      </label>
+      <label title="This key alone: at most this many tokens a day">
+        Tokens per day (this key)
+        <input id="mint-tokens-per-day" inputMode="numeric" value={tokensPerDay}
+          onChange={(e) => setTokensPerDay(e.target.value)} placeholder="no limit of its own" />
+      </label>
       <button id="mint" type="submit" disabled={busy}>Mint</button>
       <ErrorBox error={error} />
     </form>
   );
+}
+
+/** The mint request's `limits` from the two per-day fields; none when both are empty (a value
+ * that is not a whole number is sent as typed, so the server's 400 names the field). */
+function keyLimits(requests: string, tokens: string): Record<string, unknown> | null {
+  const limit = (v: string) => {
+    const t = v.trim().replace(/[ ,_]/g, "");
+    return /^\d+$/.test(t) ? Number(t) : t;
+  };
+  const out: Record<string, unknown> = {};
+  if (requests.trim()) out.requests = [{ limit: limit(requests), window: "1d" }];
+  if (tokens.trim()) out.tokens = [{ limit: limit(tokens), window: "1d" }];
+  return Object.keys(out).length > 0 ? out : null;
+}
+
+/** A key's own limits as text: `50 requests / 1d · 10,000 tokens / 1d`. */
+function limitsText(l: KeyLimits | null | undefined): string | null {
+  if (!l) return null;
+  const parts = [
+    ...(l.requests ?? []).map((x) => `${x.limit.toLocaleString("en-US")} requests / ${x.window}`),
+    ...(l.tokens ?? []).map((x) => `${x.limit.toLocaleString("en-US")} tokens / ${x.window}`),
+    ...(l.budgets ?? []).map((x) => `${x.amount} / ${x.window}`),
+  ];
+  return parts.length > 0 ? parts.join(" · ") : null;
 }
 
 function ShownOnce({ minted, onDone }: { minted: MintedKey; onDone: () => void }) {
@@ -202,6 +243,7 @@ export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => voi
               <th>Prefix</th>
               <th>Tier</th>
               <th>Subscription</th>
+              <th>Own limits</th>
               <th>Created</th>
               <th>Expires</th>
               <th>Last used</th>
@@ -217,6 +259,7 @@ export function KeyTable(props: { keys: ApiKey[]; ctx: Ctx; onChanged: () => voi
                 <td data-label="Prefix"><code>{k.keyPrefix}</code></td>
                 <td data-label="Tier">{k.tier ?? <span className="muted">highest</span>}</td>
                 <td className="subscription" data-label="Subscription">{k.subscription ?? <span className="muted">—</span>}</td>
+                <td className="limits" data-label="Own limits">{limitsText(k.limits) ?? <span className="muted">—</span>}</td>
                 <td data-label="Created">{fmtDate(k.creationDate)}</td>
                 <td data-label="Expires">{fmtDate(k.expirationDate)}</td>
                 <td data-label="Last used">{fmtDate(k.lastUsedAt)}</td>

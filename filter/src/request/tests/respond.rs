@@ -769,6 +769,7 @@ fn cached_fixture() -> Fx {
         pinned_tier: None,
         subscription: None,
         pseudonym: None,
+        key_scope: None,
     });
     let id = credential::extract(None, Some(&key(2)))
         .unwrap()

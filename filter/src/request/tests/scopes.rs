@@ -32,6 +32,7 @@ fn allow(subject: &str, subscription: &str) -> CachedAnswer {
         pinned_tier: None,
         subscription: Some(subscription.into()),
         pseudonym: None,
+        key_scope: None,
     })
 }
 
@@ -338,4 +339,62 @@ fn a_later_scope_refusing_takes_the_request_back_out_of_the_earlier_ones() {
     // carol (team-c) is in wide only.
     assert!(call(&fx, &key_n(3)).0.is_none());
     assert_eq!(count(&fx, wide, Kind::Requests), 2);
+}
+
+/// An API key's own limits (set at mint, in the authenticate answer): one counter per key,
+/// binding below the subscription's, named in the refusal; the owner's other key is not held.
+#[test]
+fn a_keys_own_limits_bind_per_key_and_are_named() {
+    let fx = fx(json!([]), json!({}));
+    let limited = CachedAnswer::Allow(CachedIdentity {
+        key_scope: Some(Box::new(maas_types::Scope::of_key(
+            serde_json::from_value(json!({"requests": [{"limit": 2, "window": "1m"}]})).unwrap(),
+        ))),
+        ..match allow("alice", "team-a") {
+            CachedAnswer::Allow(id) => id,
+            CachedAnswer::Deny { .. } => unreachable!(),
+        }
+    });
+    fx.cache(&key_n(1), limited);
+    let key1 = maas_types::apikey::parse(&key_n(1))
+        .unwrap()
+        .key_id
+        .to_string();
+    let subject = format!("\u{1f}scope\u{1f}key\u{1f}k:{key1}");
+    assert!(call(&fx, &key_n(1)).0.is_none());
+    assert!(call(&fx, &key_n(1)).0.is_none());
+    assert_eq!(count(&fx, &subject, Kind::Requests), 2);
+    let sent = call(&fx, &key_n(1)).0.expect("refused");
+    assert_eq!(sent.status, 429);
+    let body = String::from_utf8_lossy(&sent.body);
+    assert!(body.contains("this API key's own limits"), "{body}");
+    // Nothing counted for the refusal; alice's subscription has 3 of its 5 left for key 2.
+    assert_eq!(count(&fx, &subject, Kind::Requests), 2);
+    assert_eq!(count(&fx, &own("alice", "team-a"), Kind::Requests), 2);
+    for _ in 0..3 {
+        assert!(call(&fx, &key_n(2)).0.is_none());
+    }
+    assert_eq!(call(&fx, &key_n(2)).0.expect("refused").status, 429);
+}
+
+/// A key's limits survive the shared cache: encoded with the entry, decoded the same.
+#[test]
+fn a_keys_own_limits_round_trip_through_the_shared_cache() {
+    let limits: maas_types::Limits = serde_json::from_value(json!({
+        "tokens": [{"limit": 1000, "window": "1d"}],
+        "budgets": [{"amount": "2.50", "window": "30d"}]}))
+    .unwrap();
+    let id = CachedIdentity {
+        key_scope: Some(Box::new(maas_types::Scope::of_key(limits))),
+        ..match allow("alice", "team-a") {
+            CachedAnswer::Allow(id) => id,
+            CachedAnswer::Deny { .. } => unreachable!(),
+        }
+    };
+    let answer = CachedAnswer::Allow(id);
+    let bytes = crate::cache::encode(&answer, &[1; 16], &[2; 32], 99);
+    let entry = crate::cache::decode(&bytes).expect("decodes");
+    assert_eq!(entry.answer, answer);
+    // A truncated entry (the limits cut) is a miss, never a key without its limits.
+    assert!(crate::cache::decode(bytes.get(..bytes.len() - 3).unwrap()).is_none());
 }

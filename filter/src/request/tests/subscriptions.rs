@@ -31,6 +31,7 @@ fn allow(subject: &str, groups: &[&str], subscription: Option<&str>) -> CachedAn
         pinned_tier: None,
         subscription: subscription.map(str::to_string),
         pseudonym: None,
+        key_scope: None,
     })
 }
 

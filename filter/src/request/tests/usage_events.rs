@@ -29,6 +29,7 @@ fn alice_with_pseudonym() -> CachedAnswer {
         pinned_tier: None,
         subscription: None,
         pseudonym: Some(PSEUDONYM.into()),
+        key_scope: None,
     })
 }
 

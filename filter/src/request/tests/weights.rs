@@ -225,6 +225,7 @@ fn a_subscription_models_weights_apply_to_its_own_windows() {
             pinned_tier: None,
             subscription: Some("team-a".into()),
             pseudonym: None,
+            key_scope: None,
         }),
     );
     let (id, h) = fx.http();
