@@ -398,3 +398,44 @@ fn a_keys_own_limits_round_trip_through_the_shared_cache() {
     // A truncated entry (the limits cut) is a miss, never a key without its limits.
     assert!(crate::cache::decode(bytes.get(..bytes.len() - 3).unwrap()).is_none());
 }
+
+/// A key minted with a money budget: the worst-case cost is reserved in the key's own
+/// counter; a request whose worst case exceeds it is a 400 naming the key's limits.
+#[test]
+fn a_keys_own_money_budget_is_reserved_and_a_too_costly_request_names_it() {
+    let mut p = policy_with(json!([]));
+    p["models"][0]["pricing"] = json!({"input": "0.0000025", "output": "0.00001"});
+    let fx = fx_of(p, json!({}));
+    let with_budget = |amount: &str| {
+        CachedAnswer::Allow(CachedIdentity {
+            key_scope: Some(Box::new(maas_types::Scope::of_key(
+                serde_json::from_value(json!({"budgets": [{"amount": amount, "window": "1d"}]}))
+                    .unwrap(),
+            ))),
+            ..match allow("alice", "team-a") {
+                CachedAnswer::Allow(id) => id,
+                CachedAnswer::Deny { .. } => unreachable!(),
+            }
+        })
+    };
+    fx.cache(&key_n(1), with_budget("1"));
+    fx.cache(&key_n(2), with_budget("0.0001"));
+    assert!(call(&fx, &key_n(1)).0.is_none());
+    let key1 = maas_types::apikey::parse(&key_n(1)).unwrap().key_id.to_string();
+    let subject = format!("\u{1f}scope\u{1f}key\u{1f}k:{key1}");
+    let reserved = limits::lease_state(
+        &fx.host.store,
+        &limits::counter_key(&subject, limits::DEFAULT_COUNTER_SLOTS),
+        &subject,
+        Kind::Cost,
+        86_400,
+        fx.host.now.get() / 1000,
+    )
+    .0;
+    // At least max_tokens 50 at 10,000 nano each.
+    assert!(reserved >= 500_000, "{reserved}");
+    let sent = call(&fx, &key_n(2)).0.expect("refused");
+    assert_eq!(sent.status, 400);
+    let body = String::from_utf8_lossy(&sent.body);
+    assert!(body.contains("this API key's own limits"), "{body}");
+}
