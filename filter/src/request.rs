@@ -1039,12 +1039,17 @@ impl Request {
             .scopes
             .as_deref()
             .map_or(&[][..], |s| s.runs.as_slice());
-        let (scope_reserved, scope_headers, scope_shadowed) = match scopes_counted(
-            scoped::admit(host, runs, take, lease_policy.as_ref()),
-            style,
-        ) {
-            Ok(counted) => counted,
-            Err(done) => return *done,
+        // (A request in no scope skips them: nothing built, nothing merged.)
+        let scopes_counted = if runs.is_empty() {
+            None
+        } else {
+            match scopes_counted(
+                scoped::admit(host, runs, take, lease_policy.as_ref()),
+                style,
+            ) {
+                Ok(counted) => Some(counted),
+                Err(done) => return *done,
+            }
         };
         let ask = limits::Ask {
             key: &auth.counter_key,
@@ -1072,16 +1077,21 @@ impl Request {
                     .map_err(|_| Refusal::undecidable())?;
                 noted_admitted(&mut w, auth, &windows, lease_policy.is_some(), now_s);
                 drop(w);
-                if let Some(s) = shadowed.or(scope_shadowed) {
-                    self.shadow_refused(&s);
-                }
                 // (`windows` borrows the request's authorisation.)
                 drop(windows);
-                if let Some(scopes) = self.auth.as_mut().and_then(|a| a.scopes.as_mut()) {
-                    scopes.reserved = scope_reserved;
+                let (headers, shadowed) = match scopes_counted {
+                    Some((reserved, scope_headers, scope_shadowed)) => {
+                        if let Some(scopes) = self.auth.as_mut().and_then(|a| a.scopes.as_mut()) {
+                            scopes.reserved = reserved;
+                        }
+                        // The headers say the tightest window of all the request counted in.
+                        (headers.merged(&scope_headers), shadowed.or(scope_shadowed))
+                    }
+                    None => (headers, shadowed),
+                };
+                if let Some(s) = shadowed {
+                    self.shadow_refused(&s);
                 }
-                // The headers say the tightest window of all the request counted in.
-                let headers = headers.merged(&scope_headers);
                 Ok(Admitted::Forward(Some((reservation, headers))))
             }
             Admission::NeedsLease {

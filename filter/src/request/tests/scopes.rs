@@ -421,7 +421,10 @@ fn a_keys_own_money_budget_is_reserved_and_a_too_costly_request_names_it() {
     fx.cache(&key_n(1), with_budget("1"));
     fx.cache(&key_n(2), with_budget("0.0001"));
     assert!(call(&fx, &key_n(1)).0.is_none());
-    let key1 = maas_types::apikey::parse(&key_n(1)).unwrap().key_id.to_string();
+    let key1 = maas_types::apikey::parse(&key_n(1))
+        .unwrap()
+        .key_id
+        .to_string();
     let subject = format!("\u{1f}scope\u{1f}key\u{1f}k:{key1}");
     let reserved = limits::lease_state(
         &fx.host.store,
