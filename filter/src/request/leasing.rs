@@ -215,13 +215,22 @@ pub(crate) fn answer_flight(
             match req.readmit(host, now_s) {
                 Ok(Step::Continue) => host.resume_request(),
                 Ok(_) => {}
-                Err(items) if granted && retry.is_none() && req.lease_rounds() < MAX_ROUNDS => {
-                    if let Phase::Leasing { needs, .. } = &mut req.phase {
-                        *needs = items;
+                Err(items) => {
+                    // Short again: of this flight's subject, or now of another one (a scope's
+                    // lease answered, its own counters' short, or the reverse).
+                    let same = req
+                        .short_subject()
+                        .is_some_and(|s| s == flight.subject.as_str());
+                    match after_answer(same, granted, retry, req.lease_rounds()) {
+                        AfterAnswer::Wait => {
+                            if let Phase::Leasing { needs, .. } = &mut req.phase {
+                                *needs = items;
+                            }
+                            wait = true;
+                        }
+                        AfterAnswer::Refuse(retry) => req.refuse_short(host, retry),
                     }
-                    wait = true;
                 }
-                Err(_) => req.refuse_short(host, retry),
             }
         });
         if wait {
@@ -231,6 +240,31 @@ pub(crate) fn answer_flight(
     host.set_effective_context(back_to);
     if let Ok(mut w) = worker.try_borrow_mut() {
         w.lease_pending.extend(pending);
+    }
+}
+
+/// What a member still short after its flight's answer does.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterAnswer {
+    /// Wait for the root's next flight.
+    Wait,
+    /// 429, retry-after as given (else a few seconds).
+    Refuse(Option<u64>),
+}
+
+/// A member still short after the answer to its flight: `same` when it is short of the
+/// flight's subject (else it is now short of another: a request in scopes leases each of its
+/// subjects in turn, and this answer says nothing about the other one), `granted` when the
+/// answer granted anything, `retry` when it found the limit reached globally, `rounds` the
+/// flights it waited for. Waits while rounds remain and the answer does not say "exhausted"
+/// (or was about another subject); never past [`MAX_ROUNDS`].
+fn after_answer(same: bool, granted: bool, retry: Option<u64>, rounds: u8) -> AfterAnswer {
+    if rounds >= MAX_ROUNDS {
+        AfterAnswer::Refuse(if same { retry } else { None })
+    } else if !same || (granted && retry.is_none()) {
+        AfterAnswer::Wait
+    } else {
+        AfterAnswer::Refuse(retry)
     }
 }
 
@@ -353,6 +387,14 @@ impl Request {
                 let run = auth.scopes.as_ref()?.runs.get(usize::from(i))?;
                 Some((&run.counter_subject, &run.counter_key))
             }
+        }
+    }
+
+    /// The subject whose lease a request in [`Phase::Leasing`] is short of.
+    fn short_subject(&self) -> Option<&str> {
+        match self.phase {
+            Phase::Leasing { scope, .. } => self.lease_subject(scope).map(|(s, _)| s),
+            _ => None,
         }
     }
 
@@ -588,5 +630,32 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].need, s[0].want), (2, 3));
         assert_eq!((s[1].need, s[1].want), (10, 10), "at most the limit");
+    }
+
+    #[test]
+    fn a_member_short_of_another_subject_than_its_answer_waits_for_that_ones_lease() {
+        // Short again of the flight's own subject: as ever.
+        assert_eq!(after_answer(true, true, None, 0), AfterAnswer::Wait);
+        assert_eq!(
+            after_answer(true, true, Some(60), 0),
+            AfterAnswer::Refuse(Some(60))
+        );
+        assert_eq!(
+            after_answer(true, false, None, 0),
+            AfterAnswer::Refuse(None)
+        );
+        // Admitted in the scope this answer leased, now short of its own counters: the
+        // scope's exhaustion (or a grant of nothing more) says nothing about those.
+        assert_eq!(after_answer(false, true, Some(60), 0), AfterAnswer::Wait);
+        assert_eq!(after_answer(false, false, None, 1), AfterAnswer::Wait);
+        // Never past the rounds, and never with another subject's retry-after.
+        assert_eq!(
+            after_answer(false, true, Some(60), MAX_ROUNDS),
+            AfterAnswer::Refuse(None)
+        );
+        assert_eq!(
+            after_answer(true, true, None, MAX_ROUNDS),
+            AfterAnswer::Refuse(None)
+        );
     }
 }
