@@ -575,3 +575,79 @@ async fn usage_through_the_gateway_is_charged_back_by_organisation_cost_centre_a
         .await
         .expect("shutdown");
 }
+
+/// The caller's own row of `kind` (not a scope's) and the key scope's, as (used, used).
+fn own_and_key(quota: &Value, kind: &str) -> (Option<u64>, Option<u64>) {
+    let rows = quota["data"].as_array().cloned().unwrap_or_default();
+    let used = |key_scope: bool| {
+        rows.iter()
+            .find(|r| {
+                r["kind"] == kind
+                    && if key_scope {
+                        r["scope"] == "key"
+                    } else {
+                        r.get("scope").is_none()
+                    }
+            })
+            .and_then(|r| r["used"].as_u64())
+    };
+    (used(false), used(true))
+}
+
+/// A key's own counter is settled exactly as its owner's subscription counter is — plain
+/// answers, a stream read to its end, and a stream the client left after its first chunk (the
+/// abandoned work charged to both alike) — over both replicas.
+#[tokio::test]
+async fn a_keys_own_counter_is_settled_as_its_owners_streams_and_disconnects_included() {
+    let stack = start_stack().await;
+    let minted = stack
+        .mint_key(
+            "dave-token",
+            json!({"name": "metered", "subscription": "team-x",
+                   "limits": {"requests": [{"limit": 50, "window": "1d"}],
+                              "tokens": [{"limit": 900000, "window": "1d"}]}}),
+        )
+        .await
+        .expect("minted");
+    let key = minted["key"].as_str().expect("key").to_string();
+    for replica in 0..REPLICAS {
+        assert_eq!(chat_at(&stack, replica, &key).await.status, 200);
+    }
+    let streamed = |replica: usize, delay_ms: u64| {
+        client()
+            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
+            .bearer_auth(&key)
+            .header("x-sim-chunk-delay-ms", delay_ms.to_string())
+            .json(
+                &json!({"model": "sim-model", "max_tokens": 40, "stream": true,
+                          "stream_options": {"include_usage": true},
+                          "messages": [{"role": "user", "content": "tell me more"}]}),
+            )
+            .send()
+    };
+    let whole = streamed(1, 0).await.expect("stream");
+    assert_eq!(whole.status(), 200);
+    let text = whole.text().await.expect("stream body");
+    assert!(text.contains("[DONE]"), "{text}");
+    // Left after the first chunk: the client goes away mid-stream.
+    let mut left = streamed(0, 300).await.expect("stream");
+    assert_eq!(left.status(), 200);
+    assert!(left.chunk().await.expect("a chunk").is_some());
+    drop(left);
+    let q = quota_once_idle(&stack, &key, |q| {
+        let (own, mine) = own_and_key(q, "tokens");
+        own.is_some() && own == mine && own_and_key(q, "requests") == (Some(4), Some(4))
+    })
+    .await;
+    let (own_tokens, key_tokens) = own_and_key(&q, "tokens");
+    assert!(own_tokens.unwrap_or(0) > 0, "{q}");
+    assert_eq!(own_tokens, key_tokens, "{q}");
+    assert_eq!(own_and_key(&q, "requests"), (Some(4), Some(4)), "{q}");
+    eprintln!(
+        "scope figure: a key's own counter and its subscription's after 2 answers, a stream and \
+         a stream left mid-way: tokens {own_tokens:?} and {key_tokens:?}"
+    );
+    tokio::task::spawn_blocking(move || stack.shutdown())
+        .await
+        .expect("shutdown");
+}
