@@ -1080,12 +1080,15 @@ impl Request {
                 // (`windows` borrows the request's authorisation.)
                 drop(windows);
                 let (headers, shadowed) = match scopes_counted {
-                    Some((reserved, scope_headers, scope_shadowed)) => {
+                    Some(counted) => {
                         if let Some(scopes) = self.auth.as_mut().and_then(|a| a.scopes.as_mut()) {
-                            scopes.reserved = reserved;
+                            scopes.reserved = counted.reserved;
                         }
                         // The headers say the tightest window of all the request counted in.
-                        (headers.merged(&scope_headers), shadowed.or(scope_shadowed))
+                        (
+                            headers.merged(&counted.headers),
+                            shadowed.or(counted.shadowed),
+                        )
                     }
                     None => (headers, shadowed),
                 };
@@ -1094,22 +1097,14 @@ impl Request {
                 }
                 Ok(Admitted::Forward(Some((reservation, headers))))
             }
-            Admission::NeedsLease {
-                items,
-                kind,
-                tier,
-                headers,
-            } => Ok(Admitted::Short {
-                items,
-                limited: Admission::NeedsLease {
-                    items: Vec::new(),
-                    kind,
-                    tier,
-                    headers,
-                },
-                scope: None,
-            }),
-            refused => Err(limited_refusal(refused, style)),
+            other => match other.split_lease() {
+                (Some(items), limited) => Ok(Admitted::Short {
+                    items,
+                    limited,
+                    scope: None,
+                }),
+                (None, refused) => Err(limited_refusal(refused, style)),
+            },
         }
     }
 
@@ -1222,27 +1217,14 @@ fn lease_unavailable() -> Refusal {
     )
 }
 
-/// The scopes' answer: counted in all (their reservations, headers and shadowed refusal), or
-/// the request's answer already (short of a scope's lease, or refused by a scope; boxed, as
-/// only those rare paths pay for it).
-#[allow(clippy::type_complexity)]
+/// The scopes' answer: counted in all, or the request's answer already (short of a scope's
+/// lease, or refused by a scope; boxed, as only those rare paths pay for it).
 fn scopes_counted(
     admitted: scoped::ScopesAdmitted,
     style: maas_types::RateLimitHeaders,
-) -> Result<
-    (
-        Vec<limits::Reservation>,
-        limits::RateHeaders,
-        Option<limits::Shadowed>,
-    ),
-    Box<Result<Admitted, Refusal>>,
-> {
+) -> Result<scoped::Counted, Box<Result<Admitted, Refusal>>> {
     match admitted {
-        scoped::ScopesAdmitted::All {
-            reserved,
-            headers,
-            shadowed,
-        } => Ok((reserved, headers, shadowed)),
+        scoped::ScopesAdmitted::All(counted) => Ok(counted),
         scoped::ScopesAdmitted::Short {
             scope,
             items,

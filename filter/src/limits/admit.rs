@@ -72,6 +72,29 @@ pub(crate) enum Admission {
 }
 
 impl Admission {
+    /// A short lease split into what to ask for and the 429 to answer if it does not come
+    /// (the same admission without its items); any other admission as it is, with nothing to
+    /// ask for.
+    pub(crate) fn split_lease(self) -> (Option<Vec<LeaseNeed>>, Admission) {
+        match self {
+            Admission::NeedsLease {
+                items,
+                kind,
+                tier,
+                headers,
+            } => (
+                Some(items),
+                Admission::NeedsLease {
+                    items: Vec::new(),
+                    kind,
+                    tier,
+                    headers,
+                },
+            ),
+            other => (None, other),
+        }
+    }
+
     /// The refusal to answer with; `None` for an allowed request.
     pub(crate) fn into_refusal(self, style: maas_types::RateLimitHeaders) -> Option<Refusal> {
         match self {

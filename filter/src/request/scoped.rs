@@ -11,15 +11,17 @@ use crate::admission::ScopeRun;
 use crate::limits::{self, Admission, LeaseNeed, LeasePolicy, RateHeaders, Reservation, Shadowed};
 use crate::store::SharedStore;
 
+/// Counted in every scope: their reservations, their windows for the rate-limit headers
+/// (merged), and what a shadow limit of one would have refused.
+pub(super) struct Counted {
+    pub(super) reserved: Vec<Reservation>,
+    pub(super) headers: RateHeaders,
+    pub(super) shadowed: Option<Shadowed>,
+}
+
 /// What the scopes said.
 pub(super) enum ScopesAdmitted {
-    /// Counted in every scope: their reservations, their windows for the rate-limit headers
-    /// (merged), and what a shadow limit of one would have refused.
-    All {
-        reserved: Vec<Reservation>,
-        headers: RateHeaders,
-        shadowed: Option<Shadowed>,
-    },
+    All(Counted),
     /// Scope `scope`'s lease is short (global limits): nothing is counted in any scope.
     Short {
         scope: u8,
@@ -74,32 +76,22 @@ pub(super) fn admit(
             }
             refused => {
                 take_back(store, runs.get(..i).unwrap_or_default(), take);
-                return match refused {
-                    Admission::NeedsLease {
-                        items,
-                        kind,
-                        tier,
-                        headers,
-                    } => ScopesAdmitted::Short {
+                return match refused.split_lease() {
+                    (Some(items), limited) => ScopesAdmitted::Short {
                         scope: u8::try_from(i).unwrap_or(u8::MAX),
                         items,
-                        limited: Admission::NeedsLease {
-                            items: Vec::new(),
-                            kind,
-                            tier,
-                            headers,
-                        },
+                        limited,
                     },
-                    other => ScopesAdmitted::Refused(other),
+                    (None, other) => ScopesAdmitted::Refused(other),
                 };
             }
         }
     }
-    ScopesAdmitted::All {
+    ScopesAdmitted::All(Counted {
         reserved,
         headers: merged,
         shadowed,
-    }
+    })
 }
 
 /// Takes the request back out of the scopes of `runs` (each counted it at `take`).

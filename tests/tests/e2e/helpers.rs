@@ -344,3 +344,76 @@ pub async fn ledger_by_backend(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The model the replicated-limit modules call (pools, money budgets, scopes).
+pub const SIM_CHAT: &str = "/llm/sim-model/v1/chat/completions";
+
+/// A stack of `replicas` Envoys, each with its own companion, sharing one Redis and
+/// PostgreSQL (`plugin_config_extra` merged over each Envoy's pluginConfig), started off the
+/// test's runtime.
+pub async fn start_replicated(
+    policy: &'static str,
+    identities: &'static str,
+    replicas: usize,
+    plugin_config_extra: Option<Value>,
+) -> std::sync::Arc<Stack> {
+    let stack = tokio::task::spawn_blocking(move || {
+        let mut options = StackOptions::default()
+            .with_policy_yaml(policy)
+            .with_identities_yaml(identities)
+            .with_credentials_yaml("credentials: {}\n")
+            .with_replicas(replicas);
+        options.plugin_config_extra = plugin_config_extra;
+        Stack::start(options)
+    })
+    .await
+    .expect("stack start did not panic")
+    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
+    assert!(stack.has_redis());
+    std::sync::Arc::new(stack)
+}
+
+/// A key named `name` of `token`'s user, bound to `subscription`.
+pub async fn subscription_key(
+    stack: &Stack,
+    token: &str,
+    subscription: &str,
+    name: &str,
+) -> String {
+    let v = stack
+        .mint_key(
+            token,
+            serde_json::json!({"name": name, "subscription": subscription}),
+        )
+        .await
+        .expect("minted");
+    assert_eq!(v["subscription"], subscription, "{v}");
+    v["key"].as_str().expect("key").to_string()
+}
+
+/// A chat to [`SIM_CHAT`] on replica `replica` with `cred`, capped at `max_tokens`.
+pub async fn sim_chat_at(stack: &Stack, replica: usize, cred: &str, max_tokens: u64) -> Reply {
+    send(
+        client()
+            .post(format!("{}{SIM_CHAT}", stack.gateway_url_of(replica)))
+            .bearer_auth(cred)
+            .json(
+                &serde_json::json!({"model": "sim-model", "max_tokens": max_tokens,
+                          "messages": [{"role": "user", "content": "hi"}]}),
+            ),
+    )
+    .await
+}
+
+/// The companion's `GET /v1/quota` as `cred`.
+pub async fn quota_of(stack: &Stack, cred: &str) -> Value {
+    client()
+        .get(format!("{}/v1/quota", stack.companion_public_url()))
+        .bearer_auth(cred)
+        .send()
+        .await
+        .expect("quota")
+        .json()
+        .await
+        .expect("quota json")
+}

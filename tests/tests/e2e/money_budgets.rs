@@ -9,8 +9,8 @@
 //! Prints `money figure:` lines (admitted cost against the budget, Redis's count after the idle
 //! leases went back, the ledger's cost): the overshoot the lead reports.
 
-use crate::helpers::{Reply, client, send};
-use maas_e2e::{Stack, StackOptions};
+use crate::helpers::{Reply, client, sim_chat_at, start_replicated};
+use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +37,6 @@ identities:
   - {token: big-token, username: big, groups: [g-paid]}
 "#;
 
-const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 const REPLICAS: usize = 2;
 /// The budget in nano-units.
 const BUDGET: u64 = 50_000_000;
@@ -49,31 +48,17 @@ const MAX_TOKENS: u64 = 10;
 const RESERVATION: u64 = 10 * INPUT_PRICE + MAX_TOKENS * OUTPUT_PRICE;
 
 async fn start_stack() -> Arc<Stack> {
-    let stack = tokio::task::spawn_blocking(move || {
-        let mut options = StackOptions::default()
-            .with_policy_yaml(POLICY)
-            .with_identities_yaml(IDENTITIES)
-            .with_credentials_yaml("credentials: {}\n")
-            .with_replicas(REPLICAS);
-        options.plugin_config_extra = Some(json!({"usage": {"reportIntervalMs": 500}}));
-        Stack::start(options)
-    })
+    start_replicated(
+        POLICY,
+        IDENTITIES,
+        REPLICAS,
+        Some(json!({"usage": {"reportIntervalMs": 500}})),
+    )
     .await
-    .expect("stack start did not panic")
-    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
-    assert!(stack.has_redis());
-    Arc::new(stack)
 }
 
 async fn chat_at(stack: &Stack, replica: usize, token: &str, max_tokens: u64) -> Reply {
-    send(
-        client()
-            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
-            .bearer_auth(token)
-            .json(&json!({"model": "sim-model", "max_tokens": max_tokens,
-                          "messages": [{"role": "user", "content": "hi"}]})),
-    )
-    .await
+    sim_chat_at(stack, replica, token, max_tokens).await
 }
 
 /// The cost of an answer by its usage, in nano-units.

@@ -8,9 +8,9 @@
 //! Prints a `pool figure:` line (requests admitted against the pool's limit): the overshoot the
 //! lead reports.
 
-use crate::helpers::{Reply, client, send};
-use maas_e2e::{Stack, StackOptions};
-use serde_json::{Value, json};
+use crate::helpers::{Reply, quota_of, sim_chat_at, start_replicated, subscription_key};
+use maas_e2e::Stack;
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,49 +50,20 @@ identities:
 "#;
 
 const USERS: [&str; 3] = ["alice-token", "bob-token", "carol-token"];
-const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 const REPLICAS: usize = 2;
 const POOL: u64 = 30;
 
 async fn start_stack() -> Arc<Stack> {
-    let stack = tokio::task::spawn_blocking(move || {
-        Stack::start(
-            StackOptions::default()
-                .with_policy_yaml(POLICY)
-                .with_identities_yaml(IDENTITIES)
-                .with_credentials_yaml("credentials: {}\n")
-                .with_replicas(REPLICAS),
-        )
-    })
-    .await
-    .expect("stack start did not panic")
-    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
-    assert!(stack.has_redis());
-    Arc::new(stack)
+    start_replicated(POLICY, IDENTITIES, REPLICAS, None).await
 }
 
 /// A key of `token`'s user bound to `subscription`.
 async fn key_for(stack: &Stack, token: &str, subscription: &str) -> String {
-    let v = stack
-        .mint_key(
-            token,
-            json!({"name": format!("{subscription}-key"), "subscription": subscription}),
-        )
-        .await
-        .expect("minted");
-    assert_eq!(v["subscription"], subscription, "{v}");
-    v["key"].as_str().expect("key").to_string()
+    subscription_key(stack, token, subscription, &format!("{subscription}-key")).await
 }
 
 async fn chat_at(stack: &Stack, replica: usize, key: &str) -> Reply {
-    send(
-        client()
-            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
-            .bearer_auth(key)
-            .json(&json!({"model": "sim-model", "max_tokens": 8,
-                          "messages": [{"role": "user", "content": "hi"}]})),
-    )
-    .await
+    sim_chat_at(stack, replica, key, 8).await
 }
 
 /// Whether `r` was admitted; a refusal must be the subscription's request limit.
@@ -115,15 +86,7 @@ fn admitted(r: &Reply, subscription: &str) -> bool {
 
 /// The `/v1/quota` requests row of a key bound to a subscription.
 async fn quota_requests(stack: &Stack, key: &str) -> Value {
-    let quota: Value = client()
-        .get(format!("{}/v1/quota", stack.companion_public_url()))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("quota")
-        .json()
-        .await
-        .expect("quota json");
+    let quota = quota_of(stack, key).await;
     quota["data"]
         .as_array()
         .and_then(|rows| rows.iter().find(|r| r["kind"] == "requests"))

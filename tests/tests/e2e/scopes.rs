@@ -16,8 +16,10 @@
 //! Prints a `scope figure:` line (requests admitted against the organisation's limit): the
 //! overshoot the lead reports.
 
-use crate::helpers::{Reply, client, send};
-use maas_e2e::{Stack, StackOptions};
+use crate::helpers::{
+    Reply, SIM_CHAT as CHAT, client, quota_of, sim_chat_at, start_replicated, subscription_key,
+};
+use maas_e2e::Stack;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,46 +88,19 @@ identities:
   - {token: root-token, username: root, groups: [system:authenticated, maas-admins]}
 "#;
 
-const CHAT: &str = "/llm/sim-model/v1/chat/completions";
 const REPLICAS: usize = 2;
 const ORG: u64 = 20;
 
 async fn start_stack() -> Arc<Stack> {
-    let stack = tokio::task::spawn_blocking(move || {
-        Stack::start(
-            StackOptions::default()
-                .with_policy_yaml(POLICY)
-                .with_identities_yaml(IDENTITIES)
-                .with_credentials_yaml("credentials: {}\n")
-                .with_replicas(REPLICAS),
-        )
-    })
-    .await
-    .expect("stack start did not panic")
-    .unwrap_or_else(|e| panic!("stack did not start: {e:#}"));
-    assert!(stack.has_redis());
-    Arc::new(stack)
+    start_replicated(POLICY, IDENTITIES, REPLICAS, None).await
 }
 
-/// A key of `token`'s user bound to `subscription`.
 async fn key_for(stack: &Stack, token: &str, subscription: &str, name: &str) -> String {
-    let v = stack
-        .mint_key(token, json!({"name": name, "subscription": subscription}))
-        .await
-        .expect("minted");
-    assert_eq!(v["subscription"], subscription, "{v}");
-    v["key"].as_str().expect("key").to_string()
+    subscription_key(stack, token, subscription, name).await
 }
 
 async fn chat_at(stack: &Stack, replica: usize, key: &str) -> Reply {
-    send(
-        client()
-            .post(format!("{}{CHAT}", stack.gateway_url_of(replica)))
-            .bearer_auth(key)
-            .json(&json!({"model": "sim-model", "max_tokens": 8,
-                          "messages": [{"role": "user", "content": "hi"}]})),
-    )
-    .await
+    sim_chat_at(stack, replica, key, 8).await
 }
 
 /// Whether `r` was admitted; a refusal must be a request limit of `owner` (`scope acme`,
@@ -160,15 +135,7 @@ async fn admitted_of(stack: &Stack, replica: usize, key: &str, n: usize, owner: 
 }
 
 async fn quota(stack: &Stack, key: &str) -> Value {
-    client()
-        .get(format!("{}/v1/quota", stack.companion_public_url()))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("quota")
-        .json()
-        .await
-        .expect("quota json")
+    quota_of(stack, key).await
 }
 
 /// `/v1/quota` once `settled` holds of it, or after 15 s: it counts a lease a replica holds as

@@ -447,6 +447,15 @@ fn row(name: &str) -> String {
     format!("tr[data-key-name='{name}']")
 }
 
+/// The text of key `name`'s cell of class `class` in the keys table.
+async fn key_cell(b: &WebDriver, name: &str, class: &str) -> String {
+    wait_for(b, &format!("{} td.{class}", row(name)))
+        .await
+        .text()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 // One scenario read top to bottom (its steps share the stack state they build): over 100 lines.
 #[allow(clippy::too_many_lines)]
@@ -600,31 +609,13 @@ async fn alice_mints_uses_and_revokes_a_key_in_the_browser_and_carol_finds_her_k
             .is_empty(),
         "no subscription select without subscriptions"
     );
-    assert_eq!(
-        wait_for(&b, &format!("{} td.subscription", row("browser-key")))
-            .await
-            .text()
-            .await
-            .unwrap(),
-        "—"
-    );
+    assert_eq!(key_cell(&b, "browser-key", "subscription").await, "—");
     // The key's own limits are listed with it (and were stored: the API shows them).
     assert_eq!(
-        wait_for(&b, &format!("{} td.limits", row("second-key")))
-            .await
-            .text()
-            .await
-            .unwrap(),
+        key_cell(&b, "second-key", "limits").await,
         "50 requests / 1d · 20,000 tokens / 1d"
     );
-    assert_eq!(
-        wait_for(&b, &format!("{} td.limits", row("browser-key")))
-            .await
-            .text()
-            .await
-            .unwrap(),
-        "—"
-    );
+    assert_eq!(key_cell(&b, "browser-key", "limits").await, "—");
     let listed: Value = client
         .post(format!("{gw}/maas-api/v1/api-keys/search"))
         .bearer_auth("alice-token")

@@ -19,7 +19,7 @@ fn global(global: Value) -> Fx {
     fx
 }
 
-fn lease_calls(fx: &Fx) -> Vec<Dispatched> {
+pub(super) fn lease_calls(fx: &Fx) -> Vec<Dispatched> {
     fx.host
         .dispatched
         .borrow()
@@ -37,7 +37,10 @@ fn last_lease(fx: &Fx) -> LeaseRequest {
 }
 
 /// A 200 answer granting each item what `f(item)` says: (granted, taken).
-fn grants(req: &LeaseRequest, f: impl Fn(&maas_types::lease::LeaseItem) -> (u64, u64)) -> Vec<u8> {
+pub(super) fn grants(
+    req: &LeaseRequest,
+    f: impl Fn(&maas_types::lease::LeaseItem) -> (u64, u64),
+) -> Vec<u8> {
     let grants: Vec<Value> = req
         .items
         .iter()

@@ -2,10 +2,10 @@
 //! every scope it matches; the strictest binds, the refusal names the scope, and a refusal
 //! anywhere leaves nothing counted anywhere; each scope is settled with the request.
 
+use super::lease::{grants, lease_calls};
 use super::*;
-use crate::host::recording::Dispatched;
 use crate::limits::Kind;
-use maas_types::lease::{LEASES_PATH, LeaseRequest};
+use maas_types::lease::LeaseRequest;
 
 const SIM: &str = "/llm/sim/v1/chat/completions";
 const ORG: &str = "\u{1f}scope\u{1f}acme\u{1f}";
@@ -208,16 +208,6 @@ fn a_shadow_scope_refuses_nothing_and_counts_its_would_be_refusals() {
     assert_eq!(fx.host.metric("maas_shadow_refusals_total"), 2);
 }
 
-fn lease_calls(fx: &Fx) -> Vec<Dispatched> {
-    fx.host
-        .dispatched
-        .borrow()
-        .iter()
-        .filter(|d| d.headers.iter().any(|(_, v)| v == LEASES_PATH))
-        .cloned()
-        .collect()
-}
-
 #[test]
 fn with_global_limits_a_scope_leases_its_own_counter_and_nothing_counts_while_it_waits() {
     let mut fx = fx(
@@ -233,13 +223,7 @@ fn with_global_limits_a_scope_leases_its_own_counter_and_nothing_counts_while_it
     assert!(req.items.iter().all(|i| i.subject == ORG), "{req:?}");
     assert_eq!(req.items.first().map(|i| i.limit), Some(3));
     assert_eq!(count(&fx, &own("alice", "team-a"), Kind::Requests), 0);
-    let grants: Vec<Value> = req
-        .items
-        .iter()
-        .map(|i| json!({"granted": i.want, "taken": i.want}))
-        .collect();
-    let answer = json!({"replicas": 1, "store": "memory", "grants": grants}).to_string();
-    fx.answer(id, &h, Some(200), answer.as_bytes());
+    fx.answer(id, &h, Some(200), &grants(&req, |i| (i.want, i.want)));
     // Then its own counters' lease (the root's next flight), with the scope's count taken
     // back meanwhile.
     assert_eq!(fx.phase(&h), "Leasing");
@@ -254,16 +238,11 @@ fn with_global_limits_a_scope_leases_its_own_counter_and_nothing_counts_while_it
             .all(|i| i.subject == own("alice", "team-a")),
         "{req:?}"
     );
-    let grants: Vec<Value> = req
-        .items
-        .iter()
-        .map(|i| json!({"granted": i.want, "taken": i.want}))
-        .collect();
-    let answer = json!({"replicas": 1, "store": "memory", "grants": grants}).to_string();
+    let answer = grants(&req, |i| (i.want, i.want));
     fx.host.enter(fx.root.id);
     fx.host
         .set_map(Headers::CallResponse, &[(":status", "200")]);
-    fx.host.set_buffer(Body::CallResponse, answer.as_bytes());
+    fx.host.set_buffer(Body::CallResponse, &answer);
     fx.root.on_call_response(&fx.host, d.token, answer.len());
     assert!(fx.resumed(id));
     assert!(fx.phase(&h).starts_with("Forwarding"), "{}", fx.phase(&h));
