@@ -204,9 +204,13 @@ fn wait_ready(
                 process.log_tail(4000)
             );
         }
+        // Another program may answer on a port taken between the pick and Envoy's bind: only
+        // this Envoy's own listeners count.
+        let owns = |addr: SocketAddr| process.listens_on(addr.port());
         let ready = up(ports.admin, "/ready")
+            && owns(ports.admin)
             && match options.ready {
-                Ready::Serving(path) => up(ports.listen, path),
+                Ready::Serving(path) => up(ports.listen, path) && owns(ports.listen),
                 Ready::Admin | Ready::AdminOrExit => true,
             };
         if ready {

@@ -6,7 +6,7 @@
 //! [`Postgres::init_and_start_on_free_port`] starts it again on a fresh port when another process
 //! took that port in between.
 
-use crate::process::{ManagedProcess, is_addr_in_use};
+use crate::process::{ManagedProcess, is_addr_in_use, listens_on};
 use anyhow::{Context, Result, bail};
 use std::ffi::CString;
 use std::os::unix::process::CommandExt;
@@ -224,8 +224,13 @@ impl Postgres {
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let mut process = self.process.take();
+        let pid = process.as_ref().and_then(ManagedProcess::pid);
         let waited = match process.as_mut() {
-            Some(p) => p.wait_ready(timeout, Duration::from_millis(50), || self.pg_isready()),
+            // Another server may hold this port (taken between the pick and our bind): it would
+            // answer pg_isready while ours exits; only our own listener counts.
+            Some(p) => p.wait_ready(timeout, Duration::from_millis(50), || {
+                self.pg_isready() && pid.is_some_and(|pid| listens_on(pid, self.port))
+            }),
             None => Ok(()),
         };
         self.process = process;
@@ -295,6 +300,46 @@ mod tests {
             "the first start really hit the taken port"
         );
         pg.stop();
+    }
+
+    /// The port is taken by another PostgreSQL, which answers `pg_isready` there while ours
+    /// exits: ours is still started again elsewhere, and its database is its own (the other
+    /// server's answer once made a stack create `maas` in the other's cluster, failing on a
+    /// duplicate under four concurrent stacks).
+    #[test]
+    fn a_port_taken_by_another_postgres_is_not_taken_for_ours() {
+        let bin = crate::tools::pg_bin_dir().unwrap();
+        let dir_for = || {
+            let dir = tempfile::Builder::new()
+                .prefix("maas-pg-port-")
+                .tempdir()
+                .unwrap();
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+            dir
+        };
+        let (first_dir, second_dir) = (dir_for(), dir_for());
+        let free = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+        let mut first =
+            Postgres::init_and_start_on_free_port(&bin, first_dir.path(), free).unwrap();
+        let mut picks = vec![first.port()];
+        let mut second = Postgres::init_and_start_on_free_port(&bin, second_dir.path(), || {
+            picks.pop().map_or_else(free, Ok)
+        })
+        .unwrap();
+        assert!(picks.is_empty(), "the other server's port was tried first");
+        assert_ne!(second.port(), first.port());
+        assert!(
+            second.pg_isready(),
+            "serves on its own port {}",
+            second.port()
+        );
+        assert!(second.exited().is_none(), "the second server runs");
+        second.stop();
+        first.stop();
     }
 
     /// Retries are bounded: when every picked port is taken the start fails, saying so.

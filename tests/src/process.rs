@@ -203,6 +203,14 @@ impl ManagedProcess {
         }
     }
 
+    /// Does this child itself hold a TCP socket listening on `port`? A readiness probe by
+    /// address alone can be answered by another program that took the port between the pick
+    /// and this child's bind (this child then exits with "Address already in use", possibly
+    /// after the probe said ready): check this beside the probe.
+    pub fn listens_on(&self, port: u16) -> bool {
+        self.pid().is_some_and(|pid| listens_on(pid, port))
+    }
+
     /// Exit status if the process has exited on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child
@@ -252,5 +260,78 @@ pub fn log_tail(path: &Path, max_bytes: usize) -> String {
             String::from_utf8_lossy(&bytes[start..]).into_owned()
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// Does process `pid` hold a TCP socket listening on `port` ([`ManagedProcess::listens_on`])?
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    listening_inodes(port)
+        .iter()
+        .any(|inode| owns_socket(pid, *inode))
+}
+
+/// Inodes of the TCP sockets (v4 and v6) listening on `port` in this network namespace.
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        inodes.extend(text.lines().skip(1).filter_map(|line| {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit_once(':')?.1;
+            let listening = *fields.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| fields.get(9)?.parse::<u64>().ok())
+                .flatten()
+        }));
+    }
+    inodes
+}
+
+/// Does process `pid` hold the socket with this inode among its open files?
+fn owns_socket(pid: u32, inode: u64) -> bool {
+    let wanted = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.filter_map(Result::ok)
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| target.as_os_str() == wanted.as_str())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_port_is_owned_by_the_process_that_listens_on_it_and_no_other() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let inodes = listening_inodes(port);
+        assert!(
+            !inodes.is_empty(),
+            "the listener on {port} is not in /proc/net/tcp"
+        );
+        assert!(inodes.iter().any(|i| owns_socket(std::process::id(), *i)));
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut sleeper = Command::new("sleep");
+        sleeper.arg("30");
+        let child = ManagedProcess::spawn(
+            "sleeper",
+            sleeper,
+            &dir.path().join("sleeper.log"),
+            libc::SIGTERM,
+            libc::SIGKILL,
+        )
+        .unwrap();
+        assert!(
+            !child.listens_on(port),
+            "a child that listens on nothing was taken for the owner of {port}"
+        );
+        drop(listener);
+        assert!(listening_inodes(port).is_empty());
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! Binary: `MAAS_REDIS_SERVER`, else `redis-server` on the PATH.
 
-use crate::process::{ManagedProcess, is_addr_in_use};
+use crate::process::{ManagedProcess, is_addr_in_use, listens_on};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -209,9 +209,10 @@ impl Redis {
             libc::SIGKILL,
         )?);
         let mut process = self.process.take();
+        let pid = process.as_ref().and_then(ManagedProcess::pid);
         let waited = match process.as_mut() {
             Some(p) => p.wait_ready(Duration::from_secs(30), Duration::from_millis(30), || {
-                self.ping()
+                self.ping() && pid.is_some_and(|pid| listens_on(pid, self.port))
             }),
             None => Ok(()),
         };

@@ -18,7 +18,7 @@
 use crate::envoy_config::{self, CompanionTls, EnvoyConfigInput, WasmFilterOptions};
 use crate::internal_pki::InternalPki;
 use crate::postgres::Postgres;
-use crate::process::{ManagedProcess, is_addr_in_use, log_tail};
+use crate::process::{ManagedProcess, is_addr_in_use, listens_on, log_tail};
 use crate::redis::Redis;
 use crate::sim::{self, RecordedRequest, SimConfig, SimHandle};
 use crate::tools;
@@ -527,10 +527,17 @@ impl Core {
         let mut process = ManagedProcess::spawn(&name, cmd, log, libc::SIGTERM, libc::SIGKILL)?;
         let public = ports.companion_public;
         let internal = ports.companion_internal;
+        let metrics = ports.companion_metrics;
+        // Another stack's companion may answer on a port taken between the pick and the bind:
+        // only this process's own listeners count.
+        let pid = process.pid().unwrap_or_default();
         self.wait_for(&format!("{name} /health"), &mut process, || {
             Ok(
                 http_request(public, "GET", "/health", Duration::from_secs(1))?.0 == 200
-                    && TcpStream::connect_timeout(&internal, Duration::from_secs(1)).is_ok(),
+                    && TcpStream::connect_timeout(&internal, Duration::from_secs(1)).is_ok()
+                    && [public, internal, metrics]
+                        .iter()
+                        .all(|a| listens_on(pid, a.port())),
             )
         })?;
         Ok(process)
@@ -605,8 +612,13 @@ impl Core {
         };
         let mut process = ManagedProcess::spawn(&name, cmd, log, libc::SIGTERM, libc::SIGKILL)?;
         let admin = ports.admin;
+        let pid = process.pid().unwrap_or_default();
         self.wait_for(&format!("{name} admin /ready"), &mut process, || {
-            Ok(http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200)
+            Ok(
+                http_request(admin, "GET", "/ready", Duration::from_secs(1))?.0 == 200
+                    && listens_on(pid, admin.port())
+                    && listens_on(pid, ports.gateway.port()),
+            )
         })?;
         let g = ports.gateway;
         let gateway = if g.ip().is_unspecified() {
