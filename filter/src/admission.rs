@@ -460,6 +460,7 @@ pub fn authorize<'h>(
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
     let backend_order = backend_order(model, s.credentials, caller.now_s, draw)?;
+    crate::provider::every_backend_serves(model, op.operation)?;
     let upstream_path = crate::provider::upstream_path(
         model.provider.as_ref(),
         model.served_name.as_deref().unwrap_or(&model.name),

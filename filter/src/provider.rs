@@ -32,22 +32,17 @@ pub fn upstream_path(
             deployment,
             api_version,
         } => {
-            let op = match operation {
-                Operation::ChatCompletions => "chat/completions",
-                Operation::Completions => "completions",
-                Operation::Embeddings => "embeddings",
-                _ => return Err(not_served("chat/completions, completions and embeddings")),
-            };
+            let op = openai_segments(operation)?;
             Ok(Some(format!(
                 "/openai/deployments/{deployment}/{op}?api-version={api_version}"
             )))
         }
-        ProviderPath::VertexOpenapi { project, location } => match operation {
-            Operation::ChatCompletions => Ok(Some(format!(
+        ProviderPath::VertexOpenapi { project, location } => {
+            serves(&scheme, operation)?;
+            Ok(Some(format!(
                 "/v1/projects/{project}/locations/{location}/endpoints/openapi/chat/completions"
-            ))),
-            _ => Err(not_served("chat/completions")),
-        },
+            )))
+        }
         ProviderPath::VertexPublisher {
             project,
             location,
@@ -73,6 +68,73 @@ pub fn upstream_path(
             _ => Err(not_served("chat/completions")),
         },
     }
+}
+
+/// Refuses (404 `operation_not_allowed`) an operation the provider's path scheme has no path
+/// for, as [`upstream_path`] does, without building the path: a model with several backends
+/// serves only what each of its backends with such a scheme serves.
+pub fn serves(scheme: &ProviderPath<'_>, operation: Operation) -> Result<(), Refusal> {
+    match scheme {
+        ProviderPath::AzureDeployment { .. } => openai_segments(operation).map(|_| ()),
+        ProviderPath::VertexOpenapi { .. } | ProviderPath::Bedrock { .. } => match operation {
+            Operation::ChatCompletions => Ok(()),
+            _ => Err(not_served("chat/completions")),
+        },
+        ProviderPath::VertexPublisher { .. } => match operation {
+            Operation::Messages | Operation::ChatCompletions => Ok(()),
+            _ => Err(not_served("messages and chat/completions")),
+        },
+    }
+}
+
+/// A model with several backends serves what each of its backends with traffic and a path
+/// scheme of its own serves (the upstream filter sets each attempt's path, see
+/// [`crate::upstream::plan_attempt`]): so no attempt meets a backend without a path for it.
+pub fn every_backend_serves(
+    model: &maas_types::Model,
+    operation: Operation,
+) -> Result<(), Refusal> {
+    model
+        .backends
+        .iter()
+        .filter(|b| b.weight > 0)
+        .filter_map(|b| b.provider.as_ref()?.path())
+        .try_for_each(|scheme| serves(&scheme, operation))
+}
+
+/// The path of an OpenAI operation after `/v1/` (and after an Azure deployment), for the
+/// operations a provider path scheme can serve.
+fn openai_segments(operation: Operation) -> Result<&'static str, Refusal> {
+    match operation {
+        Operation::ChatCompletions => Ok("chat/completions"),
+        Operation::Completions => Ok("completions"),
+        Operation::Embeddings => Ok("embeddings"),
+        _ => Err(not_served("chat/completions, completions and embeddings")),
+    }
+}
+
+/// The operation an upstream path ends with, the query aside (`…/chat/completions`,
+/// `…/completions`, `…/embeddings`): what an upstream attempt reads from a path an earlier
+/// attempt may have rewritten to its own backend's scheme. `None`: none of them.
+pub fn operation_of_path(path: &str) -> Option<Operation> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    if path.ends_with("/chat/completions") {
+        Some(Operation::ChatCompletions)
+    } else if path.ends_with("/completions") {
+        Some(Operation::Completions)
+    } else if path.ends_with("/embeddings") {
+        Some(Operation::Embeddings)
+    } else {
+        None
+    }
+}
+
+/// The path of an OpenAI operation at a backend without a path scheme of its own: its base
+/// path (the backend URL's path) then `/v1/…`, as the model's route rewrites the client's
+/// path; the client's query is not passed on (as to a provider with its own scheme).
+pub fn openai_path(base: &str, operation: Operation) -> Result<String, Refusal> {
+    let op = openai_segments(operation)?;
+    Ok(format!("{}/v1/{op}", base.trim_end_matches('/')))
 }
 
 /// Whether the model's upstream path depends on the body's `stream` (known only once the body

@@ -8,7 +8,9 @@
 //! It never authenticates, meters or reads a body. Per attempt: two property reads (the
 //! cluster and the endpoint's `maas.backend`), four header writes (the credential headers and
 //! `x-maas-endpoints` removed, the backend's own set), one read more for an Anthropic backend
-//! (`anthropic-version`) and the clock only for an access token with an expiry.
+//! (`anthropic-version`), the clock only for an access token with an expiry, and a `:path` read
+//! and write for a model one of whose backends has a path scheme of its own (each attempt sets
+//! its backend's path from the operation, whatever an earlier attempt sent: [`attempt_path`]).
 //!
 //! What it cannot decide — no policy yet, a cluster that is no model's backends cluster, an
 //! endpoint that is none of the model's backends, a backend whose credential is missing or
@@ -24,7 +26,10 @@ use crate::hygiene::{ANTHROPIC_VERSION, provider_headers};
 use crate::operations::CLUSTER_PROPERTY;
 use crate::response::{Deny, Refusal};
 use crate::state::SharedWorker;
-use maas_types::{CredentialsDocument, PolicyDocument, ProviderAuth, ProviderKind};
+use maas_types::{
+    CredentialsDocument, Model, PolicyDocument, Provider, ProviderAuth, ProviderKind,
+    policy::Backend,
+};
 
 /// The chosen endpoint's metadata `maas.backend` (the backend's name), as an upstream filter
 /// reads it once the host is chosen (Envoy 1.40: empty in a downstream filter).
@@ -47,18 +52,25 @@ pub struct AttemptPlan {
     pub set: Vec<(&'static str, String)>,
     /// An Anthropic backend: `anthropic-version` is set when the request carries none.
     pub anthropic_version: bool,
+    /// The `:path` this attempt sends, for a model one of whose backends has a path scheme of
+    /// its own (an Azure OpenAI deployment, Vertex AI's OpenAI-compatible endpoint): set on
+    /// every attempt, since an earlier attempt's path stays in the shared headers.
+    pub path: Option<String>,
 }
 
 /// Decides an attempt: `cluster` is Envoy's `xds.cluster_name`, `backend` the chosen endpoint's
 /// `maas.backend`. The model is the one whose `upstreamCluster` is this cluster (the
 /// downstream filter's upstream check holds here too: a cluster the policy does not name as a
-/// model's gets no credential), the backend one of its `backends` by name.
+/// model's gets no credential), the backend one of its `backends` by name. `path` (the
+/// request's `:path` as this attempt finds it) is asked only for a model with
+/// [`paths_per_backend`].
 pub fn plan_attempt(
     policy: Option<&PolicyDocument>,
     credentials: &CredentialsDocument,
     cluster: Option<&str>,
     backend: Option<&str>,
     now_s: impl FnOnce() -> u64,
+    path: impl FnOnce() -> Option<String>,
 ) -> Result<AttemptPlan, Refusal> {
     let policy = policy.ok_or_else(Refusal::no_policy)?;
     let model = cluster
@@ -85,8 +97,16 @@ pub fn plan_attempt(
                 ),
             )
         })?;
+    let path = if paths_per_backend(model) {
+        Some(attempt_path(model, chosen, path().as_deref())?)
+    } else {
+        None
+    };
     let Some(p) = &chosen.provider else {
-        return Ok(AttemptPlan::default());
+        return Ok(AttemptPlan {
+            path,
+            ..AttemptPlan::default()
+        });
     };
     if p.auth == ProviderAuth::AwsSigV4 {
         // Refused by the policy's validation; never forwarded unsigned.
@@ -116,7 +136,47 @@ pub fn plan_attempt(
     Ok(AttemptPlan {
         set,
         anthropic_version: p.kind == ProviderKind::Anthropic && !p.auth.is_token(),
+        path,
     })
+}
+
+/// Whether a backend with traffic has a path scheme of its own: then every attempt sets its
+/// backend's `:path` (the others' the model's plain OpenAI path).
+pub fn paths_per_backend(model: &Model) -> bool {
+    model
+        .backends
+        .iter()
+        .any(|b| b.weight > 0 && b.provider.as_ref().and_then(Provider::path).is_some())
+}
+
+/// The path of an attempt to `chosen`, from the operation the request's path ends with (the
+/// downstream filter let through only operations every backend with a scheme serves, see
+/// [`crate::provider::serves`]): the provider's own path, or the backend URL's base path then
+/// `/v1/…`. A path that names none of them cannot be decided: 503, never forwarded.
+fn attempt_path(model: &Model, chosen: &Backend, path: Option<&str>) -> Result<String, Refusal> {
+    let operation = path
+        .and_then(crate::provider::operation_of_path)
+        .ok_or_else(|| {
+            Refusal::new(
+                Deny::UpstreamMismatch,
+                format!(
+                    "the operation of this request to model {} could not be told from its path; it was not forwarded",
+                    model.name
+                ),
+            )
+        })?;
+    let model_id = model.served_name.as_deref().unwrap_or(&model.name);
+    match crate::provider::upstream_path(chosen.provider.as_ref(), model_id, operation, false)? {
+        Some(own) => Ok(own),
+        None => crate::provider::openai_path(base_path(chosen.backend.as_deref()), operation),
+    }
+}
+
+/// The path of an `http(s)://authority[/base]` backend URL (`""` for none or `simulator`).
+fn base_path(url: Option<&str>) -> &str {
+    url.and_then(|u| u.split_once("://"))
+        .and_then(|(_, rest)| rest.find('/').and_then(|i| rest.get(i..)))
+        .unwrap_or("")
 }
 
 /// An attempt's request headers (the upstream mode's only callback that does anything):
@@ -131,6 +191,7 @@ pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
             cluster.as_deref(),
             backend.as_deref(),
             || host.now_ms() / 1000,
+            || host.header(Headers::Request, ":path"),
         ),
         Err(_) => Err(Refusal::undecidable()),
     };
@@ -145,6 +206,9 @@ pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
             host.set_header(Headers::Request, maas_types::BACKEND_ORDER_HEADER, None);
             for (name, value) in &plan.set {
                 host.set_header(Headers::Request, name, Some(value));
+            }
+            if let Some(path) = &plan.path {
+                host.set_header(Headers::Request, ":path", Some(path));
             }
             if plan.anthropic_version
                 && host.header(Headers::Request, "anthropic-version").is_none()
@@ -207,7 +271,18 @@ mod tests {
                      "provider": {"type": "anthropic", "credentialRef": "ant"}}
                  ]},
                 {"name": "single", "path": "/llm/single", "tiers": ["free"],
-                 "upstreamCluster": "single", "backend": "http://127.0.0.1:9020"}
+                 "upstreamCluster": "single", "backend": "http://127.0.0.1:9020"},
+                {"name": "paths", "path": "/llm/paths", "tiers": ["free"],
+                 "servedName": "gpt-4o-2024",
+                 "upstreamCluster": "paths-backends",
+                 "backends": [
+                    {"name": "plain", "backend": "http://127.0.0.1:9031/base/",
+                     "provider": {"type": "openai", "credentialRef": "key-a"}},
+                    {"name": "azure", "backend": "http://127.0.0.1:9032",
+                     "provider": {"type": "azure-openai", "credentialRef": "key-b",
+                                  "deployment": "dep-1", "apiVersion": "2025-01-01-preview"}},
+                    {"name": "local", "backend": "http://127.0.0.1:9034"}
+                 ]}
             ]
         }))
         .unwrap()
@@ -228,6 +303,7 @@ mod tests {
             Some(cluster),
             Some(backend),
             || now,
+            || Some("/v1/chat/completions".into()),
         )
     }
 
@@ -266,10 +342,24 @@ mod tests {
         assert_eq!(r.deny, Deny::ProviderCredentialMissing);
         assert!(r.message.contains("expired"), "{}", r.message);
         assert!(plan("gpt-backends", "entra", 1000).is_ok(), "to the second");
-        let r = plan_attempt(None, &credentials(), Some("gpt-backends"), Some("a"), || 0);
+        let r = plan_attempt(
+            None,
+            &credentials(),
+            Some("gpt-backends"),
+            Some("a"),
+            || 0,
+            || None,
+        );
         assert_eq!(r.unwrap_err().deny, Deny::NoPolicy);
         for (cluster, backend) in [(None, Some("a")), (Some("gpt-backends"), None)] {
-            let r = plan_attempt(Some(&policy()), &credentials(), cluster, backend, || 0);
+            let r = plan_attempt(
+                Some(&policy()),
+                &credentials(),
+                cluster,
+                backend,
+                || 0,
+                || None,
+            );
             assert_eq!(r.unwrap_err().deny, Deny::UpstreamMismatch);
         }
     }
@@ -339,6 +429,116 @@ mod tests {
                 .all(|c| !matches!(c, Call::SetHeader(..))),
             "the headers are not touched: the attempt goes nowhere"
         );
+    }
+
+    /// A model with a backend whose provider has its own path scheme: every attempt gets its
+    /// backend's path from the operation the path ends with — whatever an earlier attempt made
+    /// of it — and the client's query is not passed on. A model without one never reads the
+    /// path.
+    #[test]
+    fn each_attempt_gets_its_backends_path_whatever_the_previous_one_sent() {
+        let azure_chat =
+            "/openai/deployments/dep-1/chat/completions?api-version=2025-01-01-preview";
+        let plan_with = |backend: &str, path: Option<&str>| {
+            plan_attempt(
+                Some(&policy()),
+                &credentials(),
+                Some("paths-backends"),
+                Some(backend),
+                || 10,
+                || path.map(str::to_string),
+            )
+        };
+        for (backend, current, sent) in [
+            (
+                "plain",
+                "/base/v1/chat/completions?x=1",
+                "/base/v1/chat/completions",
+            ),
+            ("azure", "/base/v1/chat/completions?x=1", azure_chat),
+            // Failing over from the Azure attempt, to a plain backend and to one with no base.
+            ("plain", azure_chat, "/base/v1/chat/completions"),
+            ("local", azure_chat, "/v1/chat/completions"),
+            ("azure", azure_chat, azure_chat),
+            (
+                "azure",
+                "/v1/embeddings",
+                "/openai/deployments/dep-1/embeddings?api-version=2025-01-01-preview",
+            ),
+            (
+                "plain",
+                "/openai/deployments/dep-1/completions?api-version=2025-01-01-preview",
+                "/base/v1/completions",
+            ),
+        ] {
+            let plan = plan_with(backend, Some(current)).unwrap();
+            assert_eq!(
+                plan.path.as_deref(),
+                Some(sent),
+                "{backend} after {current}"
+            );
+        }
+        assert_eq!(
+            plan_with("azure", Some("/v1/chat/completions"))
+                .unwrap()
+                .set,
+            [("api-key", "KB".to_string())]
+        );
+        // A path that names no operation a scheme serves cannot be decided.
+        for current in [None, Some("/v1/responses"), Some("/v1/chat/completions/x")] {
+            let r = plan_with("plain", current).unwrap_err();
+            assert_eq!(
+                (r.deny, r.status),
+                (Deny::UpstreamMismatch, 503),
+                "{current:?}"
+            );
+        }
+        let asked = std::cell::Cell::new(false);
+        let plan = plan_attempt(
+            Some(&policy()),
+            &credentials(),
+            Some("gpt-backends"),
+            Some("a"),
+            || 10,
+            || {
+                asked.set(true);
+                None
+            },
+        )
+        .unwrap();
+        assert_eq!((plan.path, asked.get()), (None, false));
+    }
+
+    /// Through the shell: two attempts of one request share its headers; the second sets its
+    /// own path over the first's (one `:path` read and write more per attempt, for such a
+    /// model only).
+    #[test]
+    fn a_failover_sends_the_next_backend_its_own_path() {
+        let host = RecordingHost::new();
+        let w = worker();
+        host.set_map(
+            Headers::Request,
+            &[
+                (":path", "/base/v1/chat/completions"),
+                ("api-key", "client"),
+            ],
+        );
+        assert!(attempt(&host, &w, "paths-backends", "azure"));
+        assert_eq!(host.call_count(), 8, "{:?}", host.calls.borrow());
+        assert_eq!(
+            host.map_value(Headers::Request, ":path").as_deref(),
+            Some("/openai/deployments/dep-1/chat/completions?api-version=2025-01-01-preview")
+        );
+        assert!(attempt(&host, &w, "paths-backends", "plain"));
+        assert_eq!(
+            host.map_value(Headers::Request, ":path").as_deref(),
+            Some("/base/v1/chat/completions")
+        );
+        assert_eq!(
+            host.map_value(Headers::Request, "authorization").as_deref(),
+            Some("Bearer KA")
+        );
+        assert_eq!(host.map_value(Headers::Request, "api-key"), None);
     }
 
     /// The order of the backends Envoy tries: only those that can serve, the first by weight.

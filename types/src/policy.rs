@@ -438,7 +438,7 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
 }
 
 /// Backends: one of `backend`/`provider` or `backends`; names unique; weights 0..=100 with one
-/// above 0; durations readable; no provider (not served yet).
+/// above 0; durations readable; providers as [`check_backend_provider`] allows.
 fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
     if m.backends.is_empty() {
         return Ok(());
@@ -516,9 +516,11 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
 }
 
 /// A provider as one of several backends (issue 29): the gateway's upstream filter sets the
-/// chosen backend's credential per upstream attempt, after Envoy picked the backend, so only
-/// what needs nothing but a header is served there — the model's API family without
-/// translation, a key or an access token in a header, the path as the client sent it.
+/// chosen backend's credential and path per upstream attempt, after Envoy picked the backend,
+/// so only what needs nothing but headers is served there — the model's API family without
+/// translation, a key or an access token in a header, the path as the client sent it or the
+/// provider's own (an azure-openai deployment with its `apiVersion`, Vertex AI's
+/// OpenAI-compatible endpoint of a project and location).
 fn check_backend_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyError> {
     check_credential_ref(format!("{at}.credentialRef"), p)?;
     check_provider_fields(at, p)?;
@@ -528,10 +530,10 @@ fn check_backend_provider(at: &str, m: &Model, p: &Provider) -> Result<(), Polic
             "AWS Bedrock is not served as one of several backends: its requests are translated and signed (SigV4) over the body for one backend at admission, before Envoy picks the backend",
         ));
     }
-    if p.path().is_some() || p.publisher.is_some() {
+    if p.publisher.is_some() {
         return Err(err(
             at.to_string(),
-            "a provider with its own path (an azure-openai deployment, a vertex project and location) is not served as one of several backends yet: give the backend's URL the provider's path instead",
+            "a vertex publisher model (Anthropic Messages at rawPredict) is not served as one of several backends: its requests are translated for one backend at admission, before Envoy picks the backend",
         ));
     }
     let family = if p.kind == ProviderKind::Anthropic {
@@ -2000,6 +2002,11 @@ mod tests {
         for auth in [
             json!({"type": "azure-openai", "credentialRef": "app", "auth": "azureClientCredentials"}),
             json!({"type": "vertex", "credentialRef": "sa", "auth": "gcpServiceAccount"}),
+            // Providers with their own paths: set per attempt by the upstream filter.
+            json!({"type": "azure-openai", "credentialRef": "k", "deployment": "gpt-4o",
+                   "apiVersion": "2025-01-01-preview"}),
+            json!({"type": "vertex", "credentialRef": "sa", "auth": "gcpServiceAccount",
+                   "project": "p", "location": "us-central1"}),
         ] {
             PolicyDocument::from_value(with(&|w| {
                 w["models"][0]["backends"][2]["provider"] = auth.clone();
@@ -2030,12 +2037,9 @@ mod tests {
                     "credentialRef": "aws", "auth": "awsSigV4", "region": "us-east-1"});
             }),
             ("models[0].backends[1].provider", &|w| {
-                w["models"][0]["backends"][1]["provider"]["deployment"] = json!("gpt-4o");
-            }),
-            ("models[0].backends[1].provider", &|w| {
                 w["models"][0]["backends"][1]["provider"] = json!({"type": "vertex",
                     "credentialRef": "sa", "auth": "gcpServiceAccount",
-                    "project": "p", "location": "us-central1"});
+                    "project": "p", "location": "us-central1", "publisher": "anthropic"});
             }),
             // Anthropic Messages in an OpenAI model would need translation per backend.
             ("models[0].backends[1].provider", &|w| {

@@ -10,6 +10,7 @@ mod helpers;
 
 mod api_families;
 mod backend_credentials;
+mod backend_paths;
 mod backends;
 mod bedrock;
 mod budget_fields;

@@ -29,7 +29,15 @@ fn provider_policy() -> Value {
          "servedName": "claude-sonnet-4@20250514",
          "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
                       "project": "proj-1", "location": "us-central1", "publisher": "anthropic"},
-         "upstreamCluster": "ext-claude-vx"}
+         "upstreamCluster": "ext-claude-vx"},
+        {"name": "duo", "path": "/ext/duo", "tiers": ["free"], "upstreamCluster": "duo-backends",
+         "backends": [
+            {"name": "plain", "backend": "http://127.0.0.1:9031",
+             "provider": {"type": "openai", "credentialRef": "k"}},
+            {"name": "vx", "backend": "http://127.0.0.1:9032",
+             "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
+                          "project": "proj-1", "location": "us-central1"}}
+         ]}
     ]);
     p
 }
@@ -130,6 +138,32 @@ fn an_operation_the_provider_has_no_path_for_is_refused_404() {
         (s.status, s.code().as_str()),
         (404, "operation_not_allowed")
     );
+}
+
+/// A model with several backends serves only what each backend with a path scheme of its own
+/// serves (Vertex's OpenAI-compatible endpoint: chat only); the path of what it serves is left
+/// to the upstream filter, per attempt.
+#[test]
+fn several_backends_serve_what_each_backends_path_scheme_serves() {
+    let fx = fx();
+    let (sent, _) = forwarded(&fx, "/ext/duo/v1/chat/completions", "duo", "duo-backends");
+    assert_eq!(sent.as_deref(), Some("/ext/duo/v1/chat/completions"));
+    assert!(
+        fx.host
+            .map_value(Headers::Request, maas_types::BACKEND_ORDER_HEADER)
+            .is_some()
+    );
+    for path in ["/ext/duo/v1/embeddings", "/v1/embeddings"] {
+        let (id, h) = fx.http();
+        fx.headers(id, &h, &refs(&request(path)), false);
+        fx.body(id, &h, br#"{"model":"duo","input":"hi"}"#, true);
+        let s = fx.sent_to(id).expect("refused");
+        assert_eq!(
+            (s.status, s.code().as_str()),
+            (404, "operation_not_allowed"),
+            "{path}"
+        );
+    }
 }
 
 #[test]
