@@ -952,12 +952,16 @@ pub struct OperationTraits {
     /// OpenAI chat to an AWS Bedrock model: translated to Converse and signed with SigV4 once
     /// the body is final ([`crate::translate::converse`], [`crate::sigv4`]).
     pub converse: bool,
+    /// OpenAI chat to Gemini on Vertex AI: translated to `generateContent` once the body is
+    /// final ([`crate::translate::gemini`]).
+    pub gemini: bool,
 }
 
 impl OperationTraits {
     pub fn of(operation: Operation, model: &Model) -> Self {
         let translate = crate::operations::translates(operation, model);
         let converse = crate::operations::converses(operation, model);
+        let gemini = crate::operations::generates_content(operation, model);
         OperationTraits {
             operation,
             discovery: operation.is_discovery(),
@@ -969,10 +973,14 @@ impl OperationTraits {
                 operation.cap_field(model.provider.as_ref().map(|p| p.kind))
             },
             // Anthropic refuses `stream_options`; its streams carry their usage anyway (as
-            // Bedrock's do).
-            accepts_stream_options: operation.accepts_stream_options() && !translate && !converse,
+            // Bedrock's and Gemini's do).
+            accepts_stream_options: operation.accepts_stream_options()
+                && !translate
+                && !converse
+                && !gemini,
             translate,
             converse,
+            gemini,
         }
     }
 }
@@ -1037,8 +1045,14 @@ pub fn ask(
         weights,
         // Translated requests always get a cap (Bedrock's answer is then bounded by the
         // reservation too).
-        cap: info
-            .and_then(|i| decide::injected_cap(i, op.cap_field, tier, op.translate || op.converse)),
+        cap: info.and_then(|i| {
+            decide::injected_cap(
+                i,
+                op.cap_field,
+                tier,
+                op.translate || op.converse || op.gemini,
+            )
+        }),
         pricing,
     }))
 }

@@ -129,6 +129,16 @@ pub fn converses(operation: Operation, model: &Model) -> bool {
             .is_some_and(|p| p.kind == maas_types::ProviderKind::Bedrock)
 }
 
+/// An OpenAI chat request to Gemini on Vertex AI (provider `vertex`, `publisher: google`):
+/// translated to `generateContent` ([`crate::translate::gemini`]).
+pub fn generates_content(operation: Operation, model: &Model) -> bool {
+    operation == Operation::ChatCompletions
+        && model
+            .provider
+            .as_ref()
+            .is_some_and(|p| p.publisher == Some(maas_types::VertexPublisher::Google))
+}
+
 /// The default operations of an API family.
 pub fn defaults(api: ApiFamily) -> &'static [(&'static str, &'static str)] {
     match api {

@@ -10,7 +10,7 @@
 
 use crate::operations::Operation;
 use crate::response::{Deny, Refusal};
-use maas_types::{Provider, ProviderPath};
+use maas_types::{Provider, ProviderPath, VertexPublisher};
 
 /// The path to send instead of the client's, when the model's provider has its own path scheme
 /// (`None`: the path goes as the client sent it). An operation the provider's scheme has no
@@ -47,21 +47,22 @@ pub fn upstream_path(
             project,
             location,
             publisher,
-        } => match operation {
-            // Chat is translated to Messages first (the model's API family is Anthropic).
-            Operation::Messages | Operation::ChatCompletions => {
-                let method = if stream {
-                    "streamRawPredict"
-                } else {
-                    "rawPredict"
-                };
-                Ok(Some(format!(
-                    "/v1/projects/{project}/locations/{location}/publishers/{}/models/{model_id}:{method}",
-                    publisher.as_str()
-                )))
-            }
-            _ => Err(not_served("messages and chat/completions")),
-        },
+        } => {
+            serves(&scheme, operation)?;
+            // Anthropic: chat is translated to Messages first (the model's API family is
+            // Anthropic). Google: chat is translated to generateContent; its stream is SSE
+            // only with `alt=sse` (else one JSON array).
+            let method = match (publisher, stream) {
+                (VertexPublisher::Anthropic, false) => "rawPredict",
+                (VertexPublisher::Anthropic, true) => "streamRawPredict",
+                (VertexPublisher::Google, false) => "generateContent",
+                (VertexPublisher::Google, true) => "streamGenerateContent?alt=sse",
+            };
+            Ok(Some(format!(
+                "/v1/projects/{project}/locations/{location}/publishers/{}/models/{model_id}:{method}",
+                publisher.as_str()
+            )))
+        }
         // The non-streamed path until the body says (`bedrock_path` at forwarding).
         ProviderPath::Bedrock { .. } => match operation {
             Operation::ChatCompletions => Ok(Some(bedrock_path(model_id, false))),
@@ -80,9 +81,19 @@ pub fn serves(scheme: &ProviderPath<'_>, operation: Operation) -> Result<(), Ref
             Operation::ChatCompletions => Ok(()),
             _ => Err(not_served("chat/completions")),
         },
-        ProviderPath::VertexPublisher { .. } => match operation {
+        ProviderPath::VertexPublisher {
+            publisher: VertexPublisher::Anthropic,
+            ..
+        } => match operation {
             Operation::Messages | Operation::ChatCompletions => Ok(()),
             _ => Err(not_served("messages and chat/completions")),
+        },
+        ProviderPath::VertexPublisher {
+            publisher: VertexPublisher::Google,
+            ..
+        } => match operation {
+            Operation::ChatCompletions => Ok(()),
+            _ => Err(not_served("chat/completions")),
         },
     }
 }

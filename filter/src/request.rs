@@ -982,6 +982,9 @@ impl Request {
         if let Some((field, value)) = metering.cap {
             self.body.set_cap(field, value)?;
         }
+        if route.traits.gemini {
+            self.body.translate_gemini()?;
+        }
         if route.traits.converse {
             // The body is final: translated and signed now, before anything is counted.
             let credentials = self

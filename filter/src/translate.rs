@@ -15,12 +15,57 @@
 pub mod answer;
 pub mod converse;
 pub mod eventstream;
+pub mod gemini;
 pub mod request;
 pub mod response;
 pub mod stream;
 
 use crate::usage::UsageCounts;
 use serde_json::{Value, json};
+
+/// An answer in a provider's own API, translated for an OpenAI chat client as it passes; its
+/// usage is the one the provider sent.
+#[derive(Debug)]
+pub enum NativeAnswer {
+    /// AWS Bedrock Converse / ConverseStream.
+    Converse(converse::Answer),
+    /// Gemini `generateContent` / `streamGenerateContent?alt=sse`.
+    Gemini(gemini::Answer),
+}
+
+impl NativeAnswer {
+    /// The client gets an event stream.
+    pub fn is_stream(&self) -> bool {
+        match self {
+            NativeAnswer::Converse(a) => a.is_stream(),
+            NativeAnswer::Gemini(a) => a.is_stream(),
+        }
+    }
+
+    /// The usage the provider sent.
+    pub fn usage(&self) -> Option<crate::usage::Usage> {
+        match self {
+            NativeAnswer::Converse(a) => a.usage(),
+            NativeAnswer::Gemini(a) => a.usage(),
+        }
+    }
+
+    /// Text deltas of a stream (≈ completion tokens when no usage came).
+    pub fn content_events(&self) -> u64 {
+        match self {
+            NativeAnswer::Converse(a) => a.content_events(),
+            NativeAnswer::Gemini(a) => a.content_events(),
+        }
+    }
+
+    /// One chunk of the provider's answer (`end`: its last): what the client gets now.
+    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        match self {
+            NativeAnswer::Converse(a) => a.feed(chunk, end),
+            NativeAnswer::Gemini(a) => a.feed(chunk, end),
+        }
+    }
+}
 
 /// The Anthropic API version the translated requests are written for.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";

@@ -14,6 +14,10 @@
 //!   `:streamRawPredict` (Messages SSE), with the same bearer token; the body must be an
 //!   Anthropic Messages body without `model`, with `anthropic_version: vertex-2023-10-16` and
 //!   `max_tokens`, `stream: true` exactly at the stream method (else 400 `INVALID_ARGUMENT`).
+//! - Gemini on Vertex AI: only `POST /v1/projects/<project>/locations/<location>/publishers/
+//!   google/models/<VERTEX_GEMINI_MODEL>:generateContent` (JSON) and `:streamGenerateContent`
+//!   with `alt=sse` (SSE), with the same bearer token; the body must be a `GenerateContentRequest`
+//!   with only the fields Vertex knows (unknown names, roles or parts: 400 `INVALID_ARGUMENT`).
 //! - Google's token endpoint `POST /gcp/token`: the JWT bearer grant only; the assertion's
 //!   RS256 signature is verified against the service-account key's public key, and its `iss`
 //!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
@@ -43,6 +47,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The Claude model id the Vertex simulator serves (Vertex's `name@version` form).
 pub const VERTEX_CLAUDE_MODEL: &str = "claude-sonnet-4@20250514";
+
+/// The Gemini model id the Vertex simulator serves in Vertex's own API.
+pub const VERTEX_GEMINI_MODEL: &str = "gemini-2.5-flash";
 
 /// The `api-version`s the Azure simulator knows.
 pub const AZURE_API_VERSIONS: &[&str] = &["2024-06-01", "2024-10-21", "2025-01-01-preview"];
@@ -556,6 +563,126 @@ fn claude_on_vertex(method: &str, body: &Value) -> Response {
     ([("content-type", "text/event-stream")], text).into_response()
 }
 
+/// The first field of a `GenerateContentRequest` that Vertex would refuse (an unknown name, a
+/// wrong type or role), as its 400 says it.
+fn gemini_problem(body: &Value) -> Option<String> {
+    let Some(top) = body.as_object() else {
+        return Some("the body is not a JSON object".into());
+    };
+    const TOP: &[&str] = &[
+        "contents",
+        "systemInstruction",
+        "generationConfig",
+        "safetySettings",
+        "tools",
+        "toolConfig",
+        "cachedContent",
+        "labels",
+    ];
+    const CONFIG: &[&str] = &[
+        "maxOutputTokens",
+        "temperature",
+        "topP",
+        "topK",
+        "stopSequences",
+        "seed",
+        "presencePenalty",
+        "frequencyPenalty",
+        "responseMimeType",
+        "candidateCount",
+    ];
+    let unknown = |name: &str| {
+        Some(format!(
+            "Invalid JSON payload received. Unknown name \"{name}\": Cannot find field."
+        ))
+    };
+    if let Some(k) = top.keys().find(|k| !TOP.contains(&k.as_str())) {
+        return unknown(k);
+    }
+    if let Some(config) = top.get("generationConfig") {
+        let Some(config) = config.as_object() else {
+            return Some("generationConfig must be an object".into());
+        };
+        if let Some(k) = config.keys().find(|k| !CONFIG.contains(&k.as_str())) {
+            return unknown(&format!("generation_config.{k}"));
+        }
+    }
+    let part_ok = |p: &Value| {
+        p.as_object().is_some_and(|o| {
+            o.len() == 1
+                && (o.get("text").is_some_and(Value::is_string)
+                    || o.get("inlineData")
+                        .is_some_and(|d| d["mimeType"].is_string() && d["data"].is_string()))
+        })
+    };
+    let Some(contents) = top
+        .get("contents")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+    else {
+        return Some("contents is not specified".into());
+    };
+    for c in contents {
+        if !matches!(c["role"].as_str(), Some("user" | "model")) {
+            return Some("Please use a valid role: user, model.".into());
+        }
+        let parts = c["parts"].as_array();
+        if !parts.is_some_and(|p| !p.is_empty() && p.iter().all(part_ok)) {
+            return Some("contents.parts must not be empty and hold text or inlineData".into());
+        }
+    }
+    if let Some(system) = top.get("systemInstruction")
+        && !system["parts"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(part_ok))
+    {
+        return Some("systemInstruction.parts must hold text".into());
+    }
+    None
+}
+
+/// Gemini on Vertex in its own API: the body checked as Vertex checks it (see
+/// [`gemini_problem`]); `generateContent` answers JSON, `streamGenerateContent` SSE only with
+/// `alt=sse` (else one JSON array); the text `tok0 tok1`, usage 3 prompt and 2 candidates
+/// tokens (the stream's last event), and a thought part the client must never see.
+fn gemini_on_vertex(method: &str, query: Option<&str>, body: &Value) -> Response {
+    if let Some(why) = gemini_problem(body) {
+        return google_error(StatusCode::BAD_REQUEST, &why);
+    }
+    let usage = json!({"promptTokenCount": 3, "candidatesTokenCount": 2, "totalTokenCount": 5});
+    if method == "generateContent" {
+        if query.is_some_and(|q| !q.is_empty()) {
+            return google_error(StatusCode::BAD_REQUEST, "generateContent takes no query");
+        }
+        return axum::Json(json!({
+            "candidates": [{"content": {"role": "model", "parts": [
+                {"text": "a plan", "thought": true}, {"text": "tok0 tok1"}
+            ]}, "finishReason": "MAX_TOKENS"}],
+            "usageMetadata": usage, "modelVersion": VERTEX_GEMINI_MODEL
+        }))
+        .into_response();
+    }
+    if query != Some("alt=sse") {
+        return google_error(
+            StatusCode::BAD_REQUEST,
+            "this simulator streams with alt=sse only (Vertex answers one JSON array without it)",
+        );
+    }
+    let events = [
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "tok0"}]}}],
+               "usageMetadata": {"promptTokenCount": 3, "totalTokenCount": 3},
+               "modelVersion": VERTEX_GEMINI_MODEL}),
+        json!({"candidates": [{"content": {"role": "model", "parts": [{"text": " tok1"}]},
+                               "finishReason": "MAX_TOKENS"}],
+               "usageMetadata": usage, "modelVersion": VERTEX_GEMINI_MODEL}),
+    ];
+    let mut text = String::new();
+    for data in events {
+        text.push_str(&format!("data: {data}\r\n\r\n"));
+    }
+    ([("content-type", "text/event-stream")], text).into_response()
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get("authorization")?
@@ -648,6 +775,29 @@ fn answer(
         }
         return completion(op);
     }
+    if let Some(answered) = vertex_request(sim, method, path, query, headers, body) {
+        return answered;
+    }
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"error": {"code": 404, "status": "NOT_FOUND", "message": "not found"}})),
+    )
+        .into_response()
+}
+
+/// Vertex AI's model paths (the OpenAI-compatible endpoint, Claude's and Gemini's publisher
+/// paths), `None` for any other path.
+fn vertex_request(
+    sim: &Sim,
+    method: &axum::http::Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Option<Response> {
+    let c = &sim.config;
+    let stream = body["stream"] == json!(true);
+    let include_usage = body["stream_options"]["include_usage"] == json!(true);
     let vertex = format!(
         "/v1/projects/{}/locations/{}/endpoints/openapi/chat/completions",
         c.vertex_project, c.vertex_location
@@ -661,30 +811,40 @@ fn answer(
         && method == axum::http::Method::POST
     {
         if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
-            return google_error(
+            return Some(google_error(
                 StatusCode::UNAUTHORIZED,
                 "Request had invalid authentication credentials.",
-            );
+            ));
         }
-        return claude_on_vertex(vertex_method, body);
+        return Some(claude_on_vertex(vertex_method, body));
+    }
+    let gemini = format!(
+        "/v1/projects/{}/locations/{}/publishers/google/models/{VERTEX_GEMINI_MODEL}:",
+        c.vertex_project, c.vertex_location
+    );
+    if let Some(vertex_method) = path.strip_prefix(&gemini)
+        && matches!(vertex_method, "generateContent" | "streamGenerateContent")
+        && method == axum::http::Method::POST
+    {
+        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
+            return Some(google_error(
+                StatusCode::UNAUTHORIZED,
+                "Request had invalid authentication credentials.",
+            ));
+        }
+        return Some(gemini_on_vertex(vertex_method, query, body));
     }
     if path == vertex && method == axum::http::Method::POST {
         if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
-            return (
+            return Some(google_error(
                 StatusCode::UNAUTHORIZED,
-                axum::Json(json!({"error": {"code": 401, "status": "UNAUTHENTICATED",
-                    "message": "Request had invalid authentication credentials."}})),
-            )
-                .into_response();
+                "Request had invalid authentication credentials.",
+            ));
         }
         if stream {
-            return streamed(include_usage);
+            return Some(streamed(include_usage));
         }
-        return completion("chat/completions");
+        return Some(completion("chat/completions"));
     }
-    (
-        StatusCode::NOT_FOUND,
-        axum::Json(json!({"error": {"code": 404, "status": "NOT_FOUND", "message": "not found"}})),
-    )
-        .into_response()
+    None
 }

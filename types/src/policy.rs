@@ -729,10 +729,12 @@ pub struct Provider {
     /// vertex: the region (e.g. `us-central1`, or `global`); required with `project`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
-    /// vertex, with project and location: the model is a partner model of this publisher,
-    /// called at its own endpoint in its own API (`anthropic`: Claude on Vertex AI, Anthropic
-    /// Messages at `…/publishers/anthropic/models/{model}:rawPredict` or `:streamRawPredict`,
-    /// the model's `servedName` else its name in the path). The model's API family follows.
+    /// vertex, with project and location: the model is a model of this publisher, called at
+    /// its own endpoint in its own API (`anthropic`: Claude on Vertex AI, Anthropic Messages at
+    /// `…/publishers/anthropic/models/{model}:rawPredict` or `:streamRawPredict`; `google`:
+    /// Gemini at `…/publishers/google/models/{model}:generateContent` or
+    /// `:streamGenerateContent?alt=sse`, OpenAI chat translated; the model's `servedName` else
+    /// its name in the path). The model's API family follows (anthropic; openai for google).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publisher: Option<VertexPublisher>,
     /// bedrock: the AWS region (e.g. `us-east-1`), required. Requests go to
@@ -748,12 +750,17 @@ pub struct Provider {
 pub enum VertexPublisher {
     /// Anthropic's Claude models: Anthropic Messages, `anthropic_version` in the body.
     Anthropic,
+    /// Google's Gemini models, in Vertex AI's own API: `generateContent`, and
+    /// `streamGenerateContent?alt=sse` for a stream; an OpenAI chat client's requests and
+    /// answers are translated.
+    Google,
 }
 
 impl VertexPublisher {
     pub fn as_str(&self) -> &'static str {
         match self {
             VertexPublisher::Anthropic => "anthropic",
+            VertexPublisher::Google => "google",
         }
     }
 }
@@ -1747,6 +1754,14 @@ impl PolicyDocument {
                     };
                     check_publisher_model(at, id)?;
                 }
+                if p.publisher == Some(VertexPublisher::Google)
+                    && m.api_family() != ApiFamily::Openai
+                {
+                    return Err(err(
+                        format!("models[{i}].api"),
+                        "must be openai for Gemini on Vertex AI (publisher google): OpenAI chat is translated to generateContent",
+                    ));
+                }
                 if m.upstream_cluster.is_none() {
                     return Err(err(
                         format!("models[{i}].upstreamCluster"),
@@ -2416,8 +2431,17 @@ mod tests {
         fails_at(claude.clone(), "models[1].servedName");
         claude["models"][1]["servedName"] = json!("c:rawPredict");
         fails_at(claude.clone(), "models[1].servedName");
-        claude["models"][1]["provider"]["publisher"] = json!("google");
+        claude["models"][1]["provider"]["publisher"] = json!("mistralai");
         fails_at(claude.clone(), "models[1].provider.publisher");
+        // Gemini in Vertex AI's own API: the OpenAI family (a chat client's requests are
+        // translated); only its chat operation.
+        let mut gemini = claude.clone();
+        gemini["models"][1]["provider"]["publisher"] = json!("google");
+        gemini["models"][1]["servedName"] = json!("gemini-2.5-flash");
+        let doc = PolicyDocument::from_value(gemini.clone()).unwrap();
+        assert_eq!(doc.models[1].api_family(), ApiFamily::Openai);
+        gemini["models"][1]["api"] = json!("anthropic");
+        fails_at(gemini, "models[1].api");
         let mut no_path = claude.clone();
         no_path["models"][1]["provider"]["publisher"] = json!("anthropic");
         no_path["models"][1]["servedName"] = json!("c");

@@ -32,6 +32,7 @@
 use kube::api::DynamicObject;
 use maas_types::policy::{
     ApiFamily, Limit, Model, ModelDetails, Provider, ProviderAuth, ProviderKind, Tier,
+    VertexPublisher,
 };
 use maas_types::subscription::{
     BillingRate, Owner, Subscription, SubscriptionModel, TokenMetadata,
@@ -530,7 +531,11 @@ fn binding_secret(
 /// The provider's path fields from the ExternalProvider's `config` (the reference's example:
 /// Vertex `{"project": …, "location": …}`; Azure OpenAI `deployment`, `apiVersion`); checked
 /// with the policy, where a bad value names `provider.…`.
-fn provider_config(ps: &Value, provider: &mut Provider) {
+fn provider_config(
+    source: &DynamicObject,
+    ps: &Value,
+    provider: &mut Provider,
+) -> Result<(), Invalid> {
     let config = ps.get("config");
     let get = |k: &str| config.and_then(|c| str_at(c, k)).map(str::to_string);
     match provider.kind {
@@ -541,10 +546,26 @@ fn provider_config(ps: &Value, provider: &mut Provider) {
         ProviderKind::Vertex => {
             provider.project = get("project");
             provider.location = get("location");
+            // Not in the reference's examples: a model of a publisher in its own API
+            // (`google`: Gemini's generateContent, `anthropic`: Claude's rawPredict).
+            provider.publisher = match get("publisher").as_deref() {
+                None => None,
+                Some("google") => Some(VertexPublisher::Google),
+                Some("anthropic") => Some(VertexPublisher::Anthropic),
+                Some(other) => {
+                    return Err(bad(
+                        KIND_EXTERNAL_PROVIDER,
+                        source,
+                        "spec.config.publisher",
+                        format!("{other:?} is not supported (google or anthropic)"),
+                    ));
+                }
+            };
         }
         ProviderKind::Bedrock => provider.region = get("region"),
         ProviderKind::Openai | ProviderKind::Anthropic => {}
     }
+    Ok(())
 }
 
 /// What an `inference.opendatahub.io` ExternalModel gives its MaaSModelRef's model.
@@ -654,7 +675,7 @@ fn inference_external(
         provider: {
             let mut p = Provider::api_key(kind, format!("{namespace}/{secret}"));
             p.auth = auth;
-            provider_config(&ps, &mut p);
+            provider_config(provider, &ps, &mut p)?;
             p
         },
         upstream_cluster: format!("outbound|443||{endpoint}"),
@@ -1611,6 +1632,30 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
         assert_eq!(
             (p.project.as_deref(), p.location.as_deref()),
             (Some("proj-1"), Some("us-central1"))
+        );
+        assert_eq!(p.publisher, None);
+        // Gemini in Vertex's own API: `config.publisher: google`; an unknown publisher is
+        // refused by name.
+        let gemini = vertex.replace(
+            "location: us-central1}",
+            "location: us-central1, publisher: google}",
+        );
+        let t = translate(None, &resources(&gemini));
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        assert_eq!(
+            m.provider.as_ref().unwrap().publisher,
+            Some(VertexPublisher::Google)
+        );
+        let unknown = vertex.replace(
+            "location: us-central1}",
+            "location: us-central1, publisher: mistralai}",
+        );
+        let t = translate(None, &resources(&unknown));
+        assert!(
+            format!("{:?}", t.invalid).contains("spec.config.publisher"),
+            "{:?}",
+            t.invalid
         );
         let azure = V0_2_1_INFERENCE
             .replace("type: apikey", "type: oauth2")

@@ -57,10 +57,12 @@ pub(super) struct RequestBody {
     pub(super) translated: Option<crate::translate::request::ClientAsk>,
     /// Translated to Bedrock Converse (and signed): what the client asked of the answer.
     pub(super) converse: Option<crate::translate::request::ClientAsk>,
-    /// The signed Converse body, written when forwarded instead of the kept OpenAI body (which
-    /// stays, so a request decided again after a lease round is translated and signed again
-    /// from it).
-    signed_body: Option<Vec<u8>>,
+    /// Translated to Gemini `generateContent`: what the client asked of the answer.
+    pub(super) gemini: Option<crate::translate::request::ClientAsk>,
+    /// The body in the provider's own API (signed Converse, Gemini), written when forwarded
+    /// instead of the kept OpenAI body (which stays, so a request decided again after a lease
+    /// round is translated, and signed, again from it).
+    native_body: Option<Vec<u8>>,
 }
 
 impl RequestBody {
@@ -152,7 +154,7 @@ impl RequestBody {
             unavailable("the gateway's AWS signing key is not usable; retry shortly")
         })?;
         pending.rewritten = true;
-        self.signed_body = Some(converse);
+        self.native_body = Some(converse);
         host.set_header(Headers::Request, ":path", Some(&path));
         host.set_header(Headers::Request, ":authority", Some(&authority));
         host.set_header(Headers::Request, "content-type", Some("application/json"));
@@ -171,9 +173,34 @@ impl RequestBody {
         Ok(())
     }
 
+    /// A Gemini request, its body final (the cap set): the kept OpenAI body becomes the
+    /// `generateContent` body (written when forwarded); what cannot be translated is refused
+    /// (400 `untranslatable_request`), before anything is counted.
+    pub(super) fn translate_gemini(&mut self) -> Result<(), Refusal> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(Refusal::new(
+                Deny::UntranslatableRequest,
+                "this model takes an OpenAI chat body (JSON), translated to Gemini generateContent",
+            ));
+        };
+        let (body, _) = crate::translate::gemini::request(&pending.bytes)
+            .map_err(|e| Refusal::new(Deny::UntranslatableRequest, e.0))?;
+        pending.rewritten = true;
+        self.native_body = Some(body);
+        Ok(())
+    }
+
+    /// Translated to a provider's own API (Converse, Gemini): what the client asked of the
+    /// answer, and whether the API is Gemini's.
+    pub(super) fn native_ask(&self) -> Option<(crate::translate::request::ClientAsk, bool)> {
+        self.gemini
+            .map(|ask| (ask, true))
+            .or(self.converse.map(|ask| (ask, false)))
+    }
+
     /// Writes a body changed since its end (once), and drops the kept copy.
     pub(super) fn write_pending(&mut self, host: &dyn Host) {
-        if let Some(signed) = self.signed_body.take() {
+        if let Some(signed) = self.native_body.take() {
             self.pending = None;
             self.replace(host, &signed);
             return;
@@ -383,9 +410,11 @@ impl Request {
         let model = policy.models.get(route.model_idx);
         let provider = model.and_then(|m| m.provider.as_ref());
         if crate::provider::path_follows_stream(provider) {
-            bytes = crate::translate::vertex_messages_body(&bytes)
-                .map_err(|e| Refusal::new(Deny::InvalidBody, e))?;
-            rewritten = true;
+            if !traits.gemini {
+                bytes = crate::translate::vertex_messages_body(&bytes)
+                    .map_err(|e| Refusal::new(Deny::InvalidBody, e))?;
+                rewritten = true;
+            }
             if info.as_ref().is_ok_and(|i| i.stream) {
                 if !self.headers_held() {
                     return Err(Refusal::new(
@@ -407,11 +436,16 @@ impl Request {
         if strip_usage_event {
             self.body.strip_usage_event = true;
         }
-        if traits.converse {
-            // Translated and signed once the body is final, at admission, before anything is
-            // counted ([`RequestBody::sign_converse`]: what cannot be translated is refused
-            // there); what the client asked of the answer is read already.
-            self.body.converse = Some(converse_ask);
+        if traits.converse || traits.gemini {
+            // Translated (and signed) once the body is final, at admission, before anything is
+            // counted ([`RequestBody::sign_converse`], [`RequestBody::translate_gemini`]: what
+            // cannot be translated is refused there); what the client asked of the answer is
+            // read already.
+            if traits.gemini {
+                self.body.gemini = Some(converse_ask);
+            } else {
+                self.body.converse = Some(converse_ask);
+            }
             self.body.pending = Some(PendingBody {
                 bytes,
                 rewritten: true,

@@ -63,9 +63,9 @@ pub enum Scan {
         usage: Box<Scan>,
         answer: Box<crate::translate::answer::Answer>,
     },
-    /// A Bedrock answer translated for the client (Converse → OpenAI chat); it reads the usage
-    /// the provider sent itself (the answer's `usage`, the stream's `metadata` event).
-    Converse(Box<crate::translate::converse::Answer>),
+    /// An answer in the provider's own API translated for the client (Bedrock Converse,
+    /// Gemini → OpenAI chat); it reads the usage the provider sent itself.
+    Native(Box<crate::translate::NativeAnswer>),
 }
 
 impl Scan {
@@ -74,7 +74,7 @@ impl Scan {
         match self {
             Scan::Sse(_) => true,
             Scan::Translated { usage, .. } => matches!(**usage, Scan::Sse(_)),
-            Scan::Converse(answer) => answer.is_stream(),
+            Scan::Native(answer) => answer.is_stream(),
             _ => false,
         }
     }
@@ -89,7 +89,7 @@ impl std::fmt::Debug for Scan {
             Scan::Decoding(_) => "Decoding",
             Scan::Unreadable => "Unreadable",
             Scan::Translated { .. } => "Translated",
-            Scan::Converse(_) => "Converse",
+            Scan::Native(_) => "Native",
         })
     }
 }
@@ -204,8 +204,8 @@ impl Request {
                 answer: Box::new(answer),
             };
         }
-        if let Some(ask) = self.body.converse {
-            scan = self.converse_scan(host, content_type, coding, ask);
+        if let Some((ask, gemini)) = self.body.native_ask() {
+            scan = self.native_scan(host, content_type, coding, ask, gemini);
         }
         if matches!(scan, Scan::Sse(_)) && strip {
             host.set_header(Headers::Response, "content-length", None);
@@ -227,7 +227,7 @@ impl Request {
         if sse_comment.is_some()
             && !strip
             && self.body.translated.is_none()
-            && self.body.converse.is_none()
+            && self.body.native_ask().is_none()
         {
             host.set_header(Headers::Response, "content-length", None);
         }
@@ -287,7 +287,7 @@ impl Request {
             };
             let mut written = false;
             let scan = match scan.as_mut() {
-                Scan::Converse(answer) => {
+                Scan::Native(answer) => {
                     write(&answer.feed(&chunk, end_of_stream));
                     written = true;
                     scan.as_mut()
@@ -321,7 +321,7 @@ impl Request {
                         }
                     }
                 }
-                Scan::None | Scan::Unreadable | Scan::Translated { .. } | Scan::Converse(_) => {}
+                Scan::None | Scan::Unreadable | Scan::Translated { .. } | Scan::Native(_) => {}
             }
         }
         if end_of_stream {
@@ -367,28 +367,41 @@ impl Request {
         Action::Continue
     }
 
-    /// A Bedrock answer: translated for the client (a ConverseStream becomes an event stream,
-    /// its length the codec's to frame), its usage read from what Bedrock sent.
-    fn converse_scan(
+    /// A Bedrock or Gemini answer: translated for the client (a stream stays an event stream,
+    /// its length the codec's to frame), its usage read from what the provider sent.
+    fn native_scan(
         &self,
         host: &dyn Host,
         content_type: &str,
         coding: Coding,
         ask: crate::translate::request::ClientAsk,
+        gemini: bool,
     ) -> Scan {
+        use crate::translate::{NativeAnswer, converse, gemini as gem};
         let model = self.model().map(|m| m.name.as_str()).unwrap_or_default();
-        let answer = crate::translate::converse::Answer::new(
-            content_type,
-            coding == Coding::Identity,
-            ask,
-            model,
-            host.now_ms() / 1000,
-        );
+        let (identity, created) = (coding == Coding::Identity, host.now_ms() / 1000);
+        let answer = if gemini {
+            NativeAnswer::Gemini(gem::Answer::new(
+                content_type,
+                identity,
+                ask,
+                model,
+                created,
+            ))
+        } else {
+            NativeAnswer::Converse(converse::Answer::new(
+                content_type,
+                identity,
+                ask,
+                model,
+                created,
+            ))
+        };
         host.set_header(Headers::Response, "content-length", None);
         if answer.is_stream() {
             host.set_header(Headers::Response, "content-type", Some("text/event-stream"));
         }
-        Scan::Converse(Box::new(answer))
+        Scan::Native(Box::new(answer))
     }
 
     /// Settles the token reservation to what the response showed (once), and writes the
@@ -455,7 +468,7 @@ impl Request {
             other => other,
         };
         let (usage, content_events) = match scan {
-            Scan::Converse(a) => (a.usage(), a.content_events()),
+            Scan::Native(a) => (a.usage(), a.content_events()),
             Scan::Json(s) => (s.finish(), 0),
             Scan::Sse(s) => (s.usage(), s.content_events()),
             Scan::Decoding(d) => d.finish(),

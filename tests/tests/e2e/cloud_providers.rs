@@ -53,6 +53,13 @@ fn policy(sim: &CloudSimHandle) -> String {
                "project": "proj-1", "location": "us-central1", "publisher": "anthropic"}),
     );
     claude["servedName"] = json!(cloud_sim::VERTEX_CLAUDE_MODEL);
+    // Gemini on Vertex AI in its own API: OpenAI chat translated to generateContent.
+    let mut gemini = model(
+        "gem-vx",
+        json!({"type": "vertex", "credentialRef": "gcp-sa", "auth": "gcpServiceAccount",
+               "project": "proj-1", "location": "us-central1", "publisher": "google"}),
+    );
+    gemini["servedName"] = json!(cloud_sim::VERTEX_GEMINI_MODEL);
     json!({
         "tiers": [{"name": "free", "level": 0, "groups": ["system:authenticated"],
                    "limits": {"requests": [{"limit": 100000, "window": "1m"}]}}],
@@ -68,6 +75,7 @@ fn policy(sim: &CloudSimHandle) -> String {
             model("vx", json!({"type": "vertex", "credentialRef": "gcp-sa", "auth": "gcpServiceAccount",
                                "project": "proj-1", "location": "us-central1"})),
             claude,
+            gemini,
         ]
     })
     .to_string()
@@ -256,7 +264,9 @@ async fn credentials_document(stack: &Stack) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vertex_tokens_rotate_under_traffic_with_no_failed_request() {
-    const LIFETIME: u64 = 3;
+    // Short enough to rotate several times under traffic; long enough that a refresh (at half
+    // its life) reaches every worker's poll on a loaded 2-core machine (3 s flaked once).
+    const LIFETIME: u64 = 5;
     let (sim, stack) = start(LIFETIME).await;
     until_served(&stack, "/ext/vx/v1/chat/completions", "vx").await;
     let doc: Value = serde_json::from_str(&credentials_document(&stack).await).expect("JSON");
@@ -322,7 +332,7 @@ async fn vertex_tokens_rotate_under_traffic_with_no_failed_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
     let (sim, stack) = start(3600).await;
-    for model in ["az", "az-entra", "vx", "claude-vx"] {
+    for model in ["az", "az-entra", "vx", "claude-vx", "gem-vx"] {
         until_served(&stack, &format!("/ext/{model}/v1/chat/completions"), model).await;
     }
     let python = std::env::var("MAAS_SDK_PYTHON").expect(
@@ -342,6 +352,7 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
             "az-entra",
             "vx",
             "claude-vx",
+            "gem-vx",
         ])
         .output()
         .await
@@ -352,7 +363,7 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    for model in ["az", "az-entra", "vx", "claude-vx"] {
+    for model in ["az", "az-entra", "vx", "claude-vx", "gem-vx"] {
         let m = &v[model];
         assert_eq!(m["text"], "tok0 tok1", "{v}");
         assert_eq!(m["completion_tokens"], 2, "{v}");
@@ -385,10 +396,104 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
             "/v1/projects/proj-1/locations/us-central1/endpoints/openapi/chat/completions",
             "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict",
             "/v1/projects/proj-1/locations/us-central1/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict",
+            "/v1/projects/proj-1/locations/us-central1/publishers/google/models/gemini-2.5-flash:generateContent",
+            "/v1/projects/proj-1/locations/us-central1/publishers/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
         ])
     );
     // 2 calls for each OpenAI-shaped model, 2 Anthropic ones.
-    assert_eq!(seen.len() - base, 10);
+    assert_eq!(seen.len() - base, 12);
+    assert!(seen[base..].iter().all(|r| r.status == 200));
+}
+
+/// Gemini on Vertex AI in its own API: an OpenAI chat request leaves as a
+/// `generateContent` body (the strict simulator refuses anything else), a stream at
+/// `streamGenerateContent?alt=sse`; the answers come back as OpenAI chat (the thought part
+/// never shown, the stream event by event, usage as Gemini reported it); what has no
+/// translation (tools) is refused before anything reaches Vertex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
+    let (sim, stack) = start(3600).await;
+    until_served(&stack, "/ext/gem-vx/v1/chat/completions", "gem-vx").await;
+    let base = sim.requests().len();
+    let body = json!({"model": "gem-vx", "max_tokens": 5, "temperature": 0.5, "stop": ["END"],
+                      "messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "hello"},
+                                   {"role": "user", "content": [{"type": "text", "text": "more"}]}]});
+    let (status, answer) = post(&stack, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["model"], "gem-vx");
+    assert_eq!(answer["choices"][0]["message"]["content"], "tok0 tok1");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        answer["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    // Streamed, with the usage asked for: chunks, the usage chunk, [DONE].
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = client()
+        .post(format!(
+            "{}/ext/gem-vx/v1/chat/completions",
+            stack.gateway_url()
+        ))
+        .header("authorization", "Bearer alice-token")
+        .json(&streamed)
+        .send()
+        .await
+        .expect("gateway answers");
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = r.text().await.unwrap();
+    let events: Vec<&str> = text
+        .split(
+            "
+
+",
+        )
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or(e))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "tok0 tok1");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 5, "{text}");
+    // Tools have no translation here: refused, never sent.
+    let mut tools = body.clone();
+    tools["tools"] = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let (status, err) = post(&stack, "/v1/chat/completions", tools).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["code"], "untranslatable_request");
+    let seen = sim.requests();
+    let paths: Vec<&str> = seen[base..].iter().map(|r| r.path.as_str()).collect();
+    let at = "/v1/projects/proj-1/locations/us-central1/publishers/google/models/gemini-2.5-flash";
+    assert_eq!(
+        paths,
+        [
+            format!("{at}:generateContent"),
+            format!("{at}:streamGenerateContent?alt=sse")
+        ]
+    );
     assert!(seen[base..].iter().all(|r| r.status == 200));
 }
 
@@ -444,12 +549,14 @@ async fn start_federated(lifetime: u64, token_file: &std::path::Path) -> (CloudS
 /// Workload identity federation (a Secret's `credential-config.json`, no key anywhere): the
 /// companion exchanges its projected Kubernetes token at Google's STS, impersonates the
 /// service account at the IAM Credentials API, and hands the filter only the access token.
-/// Tokens living 3 s rotate under traffic; kubelet rotating the pod's token midway (the STS
+/// Tokens living 5 s rotate under traffic; kubelet rotating the pod's token midway (the STS
 /// refusing the old one from then on) fails no request. A configuration naming a token file
 /// outside `--gcp-subject-token-dir` sends nothing anywhere: its model is 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vertex_tokens_from_workload_identity_federation_follow_the_pod_token() {
-    const LIFETIME: u64 = 3;
+    // Short enough to rotate several times under traffic; long enough that a refresh (at half
+    // its life) reaches every worker's poll on a loaded 2-core machine (3 s flaked once).
+    const LIFETIME: u64 = 5;
     let tokens_dir = tempfile::tempdir().expect("token dir");
     let token_file = tokens_dir.path().join("token");
     std::fs::write(&token_file, "k8s-sa-token-1\n").expect("token file");

@@ -1,0 +1,677 @@
+//! OpenAI chat ↔ Gemini on Vertex AI, in Vertex's own API (a model of provider type `vertex`
+//! with `publisher: google`, called at `…/publishers/google/models/{model}:generateContent`, a
+//! stream at `:streamGenerateContent?alt=sse`).
+//!
+//! - [`request`]: the OpenAI chat body → a `GenerateContentRequest`: `messages` → `contents`
+//!   (`assistant` → role `model`, consecutive messages of one role joined), system and developer
+//!   messages → `systemInstruction`, text parts → `{text}`, `data:` image URLs →
+//!   `{inlineData}`, the cap → `generationConfig.maxOutputTokens`, `temperature`, `top_p` →
+//!   `topP`, `stop` → `stopSequences`, `seed`, the penalties, `response_format: json_object` →
+//!   `responseMimeType`. What has no faithful translation (tools, several choices, a JSON
+//!   schema, logprobs, an image by URL…) is refused (400 `untranslatable_request`, named),
+//!   never dropped;
+//! - [`Answer`]: the provider's answer as it passes — a JSON answer kept to its end and
+//!   translated to a `chat.completion`; an SSE stream translated event by event to
+//!   `chat.completion.chunk` events, then (when it ends) the usage chunk if asked and
+//!   `data: [DONE]`, carrying only an incomplete event between chunks. Its usage
+//!   (`usageMetadata`, the last one a stream sent) is what the provider sent: metering reads it
+//!   from here. Thought parts (a thinking model's reasoning) never reach the client; their
+//!   tokens count as completion tokens, as Google bills them.
+
+use super::request::{ClientAsk, Untranslatable, is_default, refuse};
+use crate::usage::Usage;
+use serde_json::{Map, Value, json};
+
+/// Translates the OpenAI chat body into a `GenerateContentRequest`. The cap is the body's own
+/// (`max_completion_tokens`, else `max_tokens`: admission set one when the client named none).
+pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
+    let Ok(Value::Object(openai)) = serde_json::from_slice::<Value>(body) else {
+        return refuse("the body is not a JSON object");
+    };
+    let mut ask = ClientAsk::default();
+    let mut config = Map::new();
+    let mut cap: Option<u64> = None;
+    let mut messages: Option<&Vec<Value>> = None;
+    for (name, v) in &openai {
+        if v.is_null() || is_default(name, v) {
+            continue;
+        }
+        match name.as_str() {
+            // In the path.
+            "model" => {}
+            "messages" => match v.as_array() {
+                Some(m) => messages = Some(m),
+                None => return refuse("messages must be an array"),
+            },
+            "max_tokens" | "max_completion_tokens" => match v.as_u64() {
+                Some(n) => cap = Some(cap.map_or(n, |c| c.max(n))),
+                None => return refuse(format!("{name} must be a non-negative integer")),
+            },
+            "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" => {
+                if !v.is_number() {
+                    return refuse(format!("{name} must be a number"));
+                }
+                let key = match name.as_str() {
+                    "top_p" => "topP",
+                    "presence_penalty" => "presencePenalty",
+                    "frequency_penalty" => "frequencyPenalty",
+                    _ => "temperature",
+                };
+                config.insert(key.into(), v.clone());
+            }
+            "seed" => match v.as_i64() {
+                Some(s) => {
+                    config.insert("seed".into(), Value::from(s));
+                }
+                None => return refuse("seed must be an integer"),
+            },
+            "stream" => match v.as_bool() {
+                Some(s) => ask.stream = s,
+                None => return refuse("stream must be a boolean"),
+            },
+            "stream_options" => read_stream_options(v, &mut ask)?,
+            "stop" => {
+                let stops = match v {
+                    Value::String(s) => vec![Value::String(s.clone())],
+                    Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
+                    _ => return refuse("stop must be a string or an array of strings"),
+                };
+                config.insert("stopSequences".into(), Value::Array(stops));
+            }
+            "response_format" => match v.get("type").and_then(Value::as_str) {
+                Some("json_object") => {
+                    config.insert("responseMimeType".into(), json!("application/json"));
+                }
+                _ => {
+                    return refuse(
+                        "response_format: only json_object is translated for Gemini (a json_schema's dialect differs)",
+                    );
+                }
+            },
+            "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call" => {
+                return refuse(format!(
+                    "{name}: tools are not translated for Gemini models by this gateway"
+                ));
+            }
+            other => {
+                return refuse(format!(
+                    "{other} has no equivalent in this model's API (Gemini generateContent)"
+                ));
+            }
+        }
+    }
+    let Some(messages) = messages else {
+        return refuse("messages is required");
+    };
+    let (system, contents) = contents_of(messages)?;
+    if let Some(cap) = cap.filter(|c| *c > 0) {
+        config.insert("maxOutputTokens".into(), Value::from(cap));
+    }
+    let mut out = Map::new();
+    out.insert("contents".into(), Value::Array(contents));
+    if !system.is_empty() {
+        out.insert("systemInstruction".into(), json!({"parts": system}));
+    }
+    if !config.is_empty() {
+        out.insert("generationConfig".into(), Value::Object(config));
+    }
+    let bytes = serde_json::to_vec(&Value::Object(out))
+        .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
+    Ok((bytes, ask))
+}
+
+fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslatable> {
+    let Some(o) = v.as_object() else {
+        return refuse("stream_options must be an object");
+    };
+    for (k, x) in o {
+        match (k.as_str(), x) {
+            ("include_usage", Value::Bool(b)) => ask.include_usage = *b,
+            (_, Value::Null) => {}
+            _ => return refuse(format!("stream_options.{k} cannot be translated")),
+        }
+    }
+    Ok(())
+}
+
+/// The system parts and the conversation (consecutive messages of one role joined).
+fn contents_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untranslatable> {
+    let mut system = Vec::new();
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Some(m) = m.as_object() else {
+            return refuse(format!("{at} must be an object"));
+        };
+        if let Some((k, _)) = m
+            .iter()
+            .find(|(k, v)| !v.is_null() && !matches!(k.as_str(), "role" | "content" | "name"))
+        {
+            return refuse(format!(
+                "{at}.{k} has no equivalent in Gemini generateContent"
+            ));
+        }
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        let content = m.get("content");
+        let (role, parts) = match role {
+            "system" | "developer" => {
+                system.extend(parts_of(&at, content, false)?);
+                continue;
+            }
+            "user" => ("user", parts_of(&at, content, true)?),
+            "assistant" => ("model", parts_of(&at, content, false)?),
+            other => return refuse(format!("{at}.role {other:?} cannot be translated")),
+        };
+        let same = out
+            .last_mut()
+            .filter(|last| last.get("role").and_then(Value::as_str) == Some(role))
+            .and_then(|last| last.get_mut("parts"))
+            .and_then(Value::as_array_mut);
+        match same {
+            Some(existing) => existing.extend(parts),
+            None => out.push(json!({"role": role, "parts": parts})),
+        }
+    }
+    if out.is_empty() {
+        return refuse("messages must hold a user message");
+    }
+    Ok((system, out))
+}
+
+/// A message's parts: a string, or `text` parts (and `image_url` parts with `images`).
+fn parts_of(at: &str, content: Option<&Value>, images: bool) -> Result<Vec<Value>, Untranslatable> {
+    match content {
+        Some(Value::String(s)) => Ok(vec![json!({"text": s})]),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| {
+                let at = format!("{at}.content[{j}]");
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => Ok(json!({"text": t})),
+                    (Some("image_url"), _) if images => image_part(&at, p),
+                    (Some(other), _) => {
+                        refuse(format!("{at}: a {other:?} part cannot be translated"))
+                    }
+                    (None, _) => refuse(format!("{at}: a part needs a type")),
+                }
+            })
+            .collect(),
+        _ => refuse(format!(
+            "{at}.content must be a string or an array of text parts"
+        )),
+    }
+}
+
+/// An `image_url` part given as a `data:` URL → `inlineData` (the gateway fetches no URL).
+fn image_part(at: &str, p: &Value) -> Result<Value, Untranslatable> {
+    let Some(image) = p.get("image_url").and_then(Value::as_object) else {
+        return refuse(format!("{at}.image_url must be an object"));
+    };
+    for (k, v) in image {
+        match (k.as_str(), v) {
+            ("url", _) | ("detail", Value::Null) => {}
+            ("detail", Value::String(d)) if d == "auto" => {}
+            _ => return refuse(format!("{at}.image_url.{k} cannot be translated")),
+        }
+    }
+    let url = image.get("url").and_then(Value::as_str).unwrap_or_default();
+    let Some((media_type, data)) = url
+        .strip_prefix("data:")
+        .and_then(|d| d.split_once(";base64,"))
+    else {
+        return refuse(format!(
+            "{at}.image_url.url: send the image as a data:image/…;base64, URL (the gateway fetches no URL)"
+        ));
+    };
+    if !matches!(
+        media_type,
+        "image/png" | "image/jpeg" | "image/webp" | "image/heic" | "image/heif"
+    ) {
+        return refuse(format!(
+            "{at}.image_url.url: image type {media_type:?} cannot be sent (png, jpeg, webp, heic or heif)"
+        ));
+    }
+    Ok(json!({"inlineData": {"mimeType": media_type, "data": data}}))
+}
+
+/// OpenAI's `finish_reason` for a Gemini `finishReason`.
+pub fn finish_reason(reason: Option<&str>) -> Value {
+    match reason {
+        None => Value::Null,
+        Some("MAX_TOKENS") => json!("length"),
+        Some(
+            "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" | "IMAGE_SAFETY",
+        ) => json!("content_filter"),
+        // STOP, OTHER, FINISH_REASON_UNSPECIFIED and anything newer: the turn ended.
+        Some(_) => json!("stop"),
+    }
+}
+
+/// `usageMetadata` as metering counts it: prompt = prompt + tool-use prompt tokens (cached
+/// ones included), completion = candidates + thoughts (Google bills thinking as output).
+pub fn usage_of(v: &Value) -> Option<Usage> {
+    let n = |k: &str| v.get(k).and_then(Value::as_u64);
+    let (prompt, candidates) = (n("promptTokenCount"), n("candidatesTokenCount"));
+    if prompt.is_none() && candidates.is_none() {
+        return None;
+    }
+    let prompt_tokens = prompt
+        .unwrap_or(0)
+        .saturating_add(n("toolUsePromptTokenCount").unwrap_or(0));
+    let completion_tokens = candidates
+        .unwrap_or(0)
+        .saturating_add(n("thoughtsTokenCount").unwrap_or(0));
+    Some(Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: n("totalTokenCount")
+            .unwrap_or(0)
+            .max(prompt_tokens.saturating_add(completion_tokens)),
+        cached_input_tokens: n("cachedContentTokenCount").unwrap_or(0).min(prompt_tokens),
+    })
+}
+
+fn openai_usage(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_input_tokens},
+    })
+}
+
+fn error_body(message: &str, code: Option<&str>) -> Value {
+    json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": code}})
+}
+
+/// A Google error (`{"error": {"code", "message", "status"}}`, or a list of them as a stream
+/// method answers) → an OpenAI error with the same message, `code` its status.
+fn google_error(v: &Value) -> Option<Value> {
+    let error = match v {
+        Value::Array(items) => items.first()?.get("error")?,
+        other => other.get("error")?,
+    };
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("the provider answered with an error");
+    Some(error_body(
+        message,
+        error.get("status").and_then(Value::as_str),
+    ))
+}
+
+/// The text of a candidate's parts (thought parts left out) and whether it had any text part.
+fn candidate_text(candidate: &Value) -> Option<String> {
+    let mut text: Option<String> = None;
+    for part in candidate
+        .pointer("/content/parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if part.get("thought").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
+        if let Some(t) = part.get("text").and_then(Value::as_str) {
+            text.get_or_insert_with(String::new).push_str(t);
+        }
+    }
+    text
+}
+
+/// A non-streamed answer → `chat.completion` (and its usage); a Google error → an OpenAI
+/// error. `None`: neither.
+pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Option<Usage>)> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if let Some(error) = google_error(&v) {
+        return Some((serde_json::to_vec(&error).ok()?, None));
+    }
+    let usage = v.get("usageMetadata").and_then(usage_of);
+    if v.get("candidates").is_none() && usage.is_none() {
+        return None;
+    }
+    let candidate = v.pointer("/candidates/0").cloned().unwrap_or(Value::Null);
+    // A prompt blocked before any candidate: an empty answer, filtered.
+    let finish = match candidate.get("finishReason").and_then(Value::as_str) {
+        None if v.pointer("/promptFeedback/blockReason").is_some() => json!("content_filter"),
+        reason => finish_reason(reason),
+    };
+    let out = json!({
+        "id": format!("chatcmpl-gemini-{created}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": candidate_text(&candidate).unwrap_or_default(),
+                "refusal": null,
+            },
+            "logprobs": null,
+            "finish_reason": finish,
+        }],
+        "usage": usage.as_ref().map_or(Value::Null, openai_usage),
+    });
+    Some((serde_json::to_vec(&out).ok()?, usage))
+}
+
+/// Largest non-streamed answer kept to be translated at its end.
+pub const JSON_CAP: usize = super::answer::JSON_CAP;
+
+/// Largest event (its data plus the current line) carried between chunks; a longer one ends the
+/// translation with an error event.
+pub const EVENT_CAP: usize = super::stream::EVENT_CAP;
+
+#[derive(Debug)]
+enum Mode {
+    Json {
+        kept: Vec<u8>,
+        too_large: bool,
+    },
+    Stream(Box<StreamState>),
+    /// Neither (an Envoy error page, a compressed answer): passed as it came.
+    Passthrough,
+}
+
+/// One stream's translation state: the SSE lines of an event not complete yet.
+#[allow(clippy::struct_excessive_bools)] // parser flags on the stream path
+#[derive(Debug, Default)]
+struct StreamState {
+    include_usage: bool,
+    /// The current line, not terminated yet.
+    line: Vec<u8>,
+    /// A CR ended the last chunk's last line: an LF starting the next chunk belongs to it.
+    after_cr: bool,
+    /// `data` of the current event, lines joined by `\n`.
+    data: Vec<u8>,
+    has_data: bool,
+    started: bool,
+    finished: bool,
+    done: bool,
+}
+
+/// One Gemini answer as it passes.
+#[derive(Debug)]
+pub struct Answer {
+    mode: Mode,
+    model: String,
+    created: u64,
+    usage: Option<Usage>,
+    content_events: u64,
+}
+
+impl Answer {
+    /// `content_type`, `identity` (not compressed) of the provider's answer; `model`: the name
+    /// the client gets; `created`: now (seconds).
+    pub fn new(
+        content_type: &str,
+        identity: bool,
+        ask: ClientAsk,
+        model: &str,
+        created: u64,
+    ) -> Self {
+        let is = |t: &str| {
+            content_type
+                .get(..t.len())
+                .is_some_and(|c| c.eq_ignore_ascii_case(t))
+        };
+        let mode = if !identity {
+            Mode::Passthrough
+        } else if is("text/event-stream") {
+            Mode::Stream(Box::new(StreamState {
+                include_usage: ask.include_usage,
+                ..StreamState::default()
+            }))
+        } else if content_type
+            .as_bytes()
+            .windows(4)
+            .any(|w| w.eq_ignore_ascii_case(b"json"))
+        {
+            Mode::Json {
+                kept: Vec::new(),
+                too_large: false,
+            }
+        } else {
+            Mode::Passthrough
+        };
+        Answer {
+            mode,
+            model: model.to_string(),
+            created,
+            usage: None,
+            content_events: 0,
+        }
+    }
+
+    /// The client gets an event stream.
+    pub fn is_stream(&self) -> bool {
+        matches!(self.mode, Mode::Stream(_))
+    }
+
+    /// The usage the provider sent (the answer's, the stream's last `usageMetadata`).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Text deltas of a stream (≈ completion tokens when no usage came).
+    pub fn content_events(&self) -> u64 {
+        self.content_events
+    }
+
+    /// One chunk of the provider's answer (`end`: its last): what the client gets now.
+    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        match &mut self.mode {
+            Mode::Passthrough => chunk.to_vec(),
+            Mode::Json { kept, too_large } => {
+                if !*too_large {
+                    if kept.len().saturating_add(chunk.len()) > JSON_CAP {
+                        *too_large = true;
+                        *kept = Vec::new();
+                    } else {
+                        kept.extend_from_slice(chunk);
+                    }
+                }
+                if !end {
+                    return Vec::new();
+                }
+                if *too_large {
+                    return serde_json::to_vec(&error_body(
+                        "the provider's answer is too large to translate",
+                        Some("untranslatable_response"),
+                    ))
+                    .unwrap_or_default();
+                }
+                let kept = std::mem::take(kept);
+                match completion(&kept, &self.model, self.created) {
+                    Some((out, usage)) => {
+                        self.usage = usage;
+                        out
+                    }
+                    None => kept,
+                }
+            }
+            Mode::Stream(_) => self.feed_stream(chunk, end),
+        }
+    }
+
+    fn feed_stream(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        let Mode::Stream(s) = &mut self.mode else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(chunk.len().saturating_mul(2));
+        if s.done {
+            return out;
+        }
+        let head = Head {
+            model: &self.model,
+            created: self.created,
+        };
+        let mut rest = chunk;
+        if s.after_cr {
+            s.after_cr = false;
+            rest = rest.strip_prefix(b"\n").unwrap_or(rest);
+        }
+        while !s.done {
+            let Some(at) = memchr::memchr2(b'\n', b'\r', rest) else {
+                s.line.extend_from_slice(rest);
+                break;
+            };
+            let (line, tail) = rest.split_at(at);
+            s.line.extend_from_slice(line);
+            let crlf = tail.starts_with(b"\r\n");
+            s.after_cr = tail == b"\r";
+            rest = tail.get(if crlf { 2 } else { 1 }..).unwrap_or_default();
+            if let Some(seen) = end_line(s, &head, &mut out) {
+                if seen.usage.is_some() {
+                    self.usage = seen.usage;
+                }
+                self.content_events = self.content_events.saturating_add(seen.deltas);
+            }
+        }
+        if !s.done && s.line.len().saturating_add(s.data.len()) > EVENT_CAP {
+            s.done = true;
+            sse_error(
+                &mut out,
+                "the provider sent an event too large to translate",
+                Some("untranslatable_response"),
+            );
+        } else if end && !s.done {
+            // Gemini's stream simply ends: the client's end (its usage first, if asked).
+            s.done = true;
+            if s.include_usage
+                && let Some(u) = &self.usage
+            {
+                head.chunk(&mut out, json!([]), Some(openai_usage(u)));
+            }
+            out.extend_from_slice(b"data: [DONE]\n\n");
+        }
+        out
+    }
+}
+
+/// One line ended (in `s.line`): an event ends at an empty line. What the event showed.
+fn end_line(s: &mut StreamState, head: &Head<'_>, out: &mut Vec<u8>) -> Option<Seen> {
+    let mut line = std::mem::take(&mut s.line);
+    let mut seen = None;
+    if line.is_empty() {
+        if s.has_data {
+            let data = std::mem::take(&mut s.data);
+            s.has_data = false;
+            seen = Some(stream_event(s, head, &data, out));
+            if data.capacity() <= 64 * 1024 {
+                s.data = data;
+                s.data.clear();
+            }
+        }
+    } else if let Some(value) = line.strip_prefix(b"data:") {
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        if s.has_data {
+            s.data.push(b'\n');
+        }
+        s.data.extend_from_slice(value);
+        s.has_data = true;
+    }
+    line.clear();
+    s.line = line;
+    seen
+}
+
+/// What every chunk names.
+struct Head<'a> {
+    model: &'a str,
+    created: u64,
+}
+
+impl Head<'_> {
+    fn chunk(&self, out: &mut Vec<u8>, choices: Value, usage: Option<Value>) {
+        let mut c = json!({
+            "id": format!("chatcmpl-gemini-{}", self.created),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let (Some(u), Some(o)) = (usage, c.as_object_mut()) {
+            o.insert("usage".into(), u);
+        }
+        out.extend_from_slice(b"data: ");
+        let _ = serde_json::to_writer(&mut *out, &c);
+        out.extend_from_slice(b"\n\n");
+    }
+
+    fn delta(&self, out: &mut Vec<u8>, delta: Value, finish: Value) {
+        self.chunk(
+            out,
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
+            None,
+        );
+    }
+}
+
+/// What one stream event showed.
+#[derive(Default)]
+struct Seen {
+    usage: Option<Usage>,
+    deltas: u64,
+}
+
+/// Translates one event's data (a `GenerateContentResponse`, or an error).
+fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec<u8>) -> Seen {
+    let mut seen = Seen::default();
+    let Ok(v) = serde_json::from_slice::<Value>(data) else {
+        s.done = true;
+        sse_error(
+            out,
+            "the provider sent an event that is not JSON",
+            Some("untranslatable_response"),
+        );
+        return seen;
+    };
+    if let Some(error) = google_error(&v) {
+        s.done = true;
+        out.extend_from_slice(b"data: ");
+        let _ = serde_json::to_writer(&mut *out, &error);
+        out.extend_from_slice(b"\n\n");
+        return seen;
+    }
+    seen.usage = v.get("usageMetadata").and_then(usage_of);
+    if !s.started {
+        s.started = true;
+        head.delta(
+            out,
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        );
+    }
+    let candidate = v.pointer("/candidates/0");
+    if let Some(text) = candidate.and_then(candidate_text).filter(|t| !t.is_empty()) {
+        seen.deltas = 1;
+        head.delta(out, json!({"content": text}), Value::Null);
+    }
+    let reason = candidate
+        .and_then(|c| c.get("finishReason"))
+        .and_then(Value::as_str);
+    let blocked = v.pointer("/promptFeedback/blockReason").is_some();
+    if !s.finished && (reason.is_some() || blocked) {
+        s.finished = true;
+        let finish = if reason.is_none() {
+            json!("content_filter")
+        } else {
+            finish_reason(reason)
+        };
+        head.delta(out, json!({}), finish);
+    }
+    seen
+}
+
+fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
+    out.extend_from_slice(b"data: ");
+    let _ = serde_json::to_writer(&mut *out, &error_body(message, code));
+    out.extend_from_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests;
