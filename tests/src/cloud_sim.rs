@@ -17,7 +17,9 @@
 //! - Gemini on Vertex AI: only `POST /v1/projects/<project>/locations/<location>/publishers/
 //!   google/models/<VERTEX_GEMINI_MODEL>:generateContent` (JSON) and `:streamGenerateContent`
 //!   with `alt=sse` (SSE), with the same bearer token; the body must be a `GenerateContentRequest`
-//!   with only the fields Vertex knows (unknown names, roles or parts: 400 `INVALID_ARGUMENT`).
+//!   with only the fields Vertex knows (unknown names, roles or parts: 400 `INVALID_ARGUMENT`);
+//!   with `toolConfig` mode `ANY` it answers a `functionCall` of the allowed (else first
+//!   declared) function.
 //! - Google's token endpoint `POST /gcp/token`: the JWT bearer grant only; the assertion's
 //!   RS256 signature is verified against the service-account key's public key, and its `iss`
 //!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
@@ -612,9 +614,28 @@ fn gemini_problem(body: &Value) -> Option<String> {
             o.len() == 1
                 && (o.get("text").is_some_and(Value::is_string)
                     || o.get("inlineData")
-                        .is_some_and(|d| d["mimeType"].is_string() && d["data"].is_string()))
+                        .is_some_and(|d| d["mimeType"].is_string() && d["data"].is_string())
+                    || o.get("functionCall")
+                        .is_some_and(|c| c["name"].is_string() && c["args"].is_object())
+                    || o.get("functionResponse")
+                        .is_some_and(|r| r["name"].is_string() && r["response"].is_object()))
         })
     };
+    if let Some(tools) = top.get("tools")
+        && !tools
+            .as_array()
+            .is_some_and(|t| t.iter().all(declares_functions))
+    {
+        return Some("tools: each must be {functionDeclarations: [{name, …}]}".into());
+    }
+    if let Some(config) = top.get("toolConfig")
+        && !matches!(
+            config["functionCallingConfig"]["mode"].as_str(),
+            Some("AUTO" | "ANY" | "NONE")
+        )
+    {
+        return Some("toolConfig.functionCallingConfig.mode must be AUTO, ANY or NONE".into());
+    }
     let Some(contents) = top
         .get("contents")
         .and_then(Value::as_array)
@@ -641,6 +662,21 @@ fn gemini_problem(body: &Value) -> Option<String> {
     None
 }
 
+/// A `Tool` of function declarations only, each with a name and only the fields Vertex knows.
+fn declares_functions(tool: &Value) -> bool {
+    let known = |f: &Value| {
+        f["name"].is_string()
+            && f.as_object().is_some_and(|o| {
+                o.keys()
+                    .all(|k| matches!(k.as_str(), "name" | "description" | "parametersJsonSchema"))
+            })
+    };
+    tool.as_object().is_some_and(|o| o.len() == 1)
+        && tool["functionDeclarations"]
+            .as_array()
+            .is_some_and(|d| d.iter().all(known))
+}
+
 /// Gemini on Vertex in its own API: the body checked as Vertex checks it (see
 /// [`gemini_problem`]); `generateContent` answers JSON, `streamGenerateContent` SSE only with
 /// `alt=sse` (else one JSON array); the text `tok0 tok1`, usage 3 prompt and 2 candidates
@@ -653,6 +689,21 @@ fn gemini_on_vertex(method: &str, query: Option<&str>, body: &Value) -> Response
     if method == "generateContent" {
         if query.is_some_and(|q| !q.is_empty()) {
             return google_error(StatusCode::BAD_REQUEST, "generateContent takes no query");
+        }
+        // A function the caller must call: called, with {"city": "Paris"}.
+        let config = &body["toolConfig"]["functionCallingConfig"];
+        if config["mode"] == "ANY" {
+            let name = config["allowedFunctionNames"][0]
+                .as_str()
+                .or_else(|| body["tools"][0]["functionDeclarations"][0]["name"].as_str())
+                .unwrap_or_default();
+            return axum::Json(json!({
+                "candidates": [{"content": {"role": "model", "parts": [
+                    {"functionCall": {"name": name, "args": {"city": "Paris"}}}
+                ]}, "finishReason": "STOP"}],
+                "usageMetadata": usage, "modelVersion": VERTEX_GEMINI_MODEL
+            }))
+            .into_response();
         }
         return axum::Json(json!({
             "candidates": [{"content": {"role": "model", "parts": [

@@ -7,16 +7,18 @@
 //!   messages → `systemInstruction`, text parts → `{text}`, `data:` image URLs →
 //!   `{inlineData}`, the cap → `generationConfig.maxOutputTokens`, `temperature`, `top_p` →
 //!   `topP`, `stop` → `stopSequences`, `seed`, the penalties, `response_format: json_object` →
-//!   `responseMimeType`. What has no faithful translation (tools, several choices, a JSON
-//!   schema, logprobs, an image by URL…) is refused (400 `untranslatable_request`, named),
-//!   never dropped;
+//!   `responseMimeType`, function tools, tool calls and results as [`tools`] says. What has no
+//!   faithful translation (several choices, a JSON schema response format, logprobs, an image
+//!   by URL…) is refused (400 `untranslatable_request`, named), never dropped;
 //! - [`Answer`]: the provider's answer as it passes — a JSON answer kept to its end and
 //!   translated to a `chat.completion`; an SSE stream translated event by event to
 //!   `chat.completion.chunk` events, then (when it ends) the usage chunk if asked and
 //!   `data: [DONE]`, carrying only an incomplete event between chunks. Its usage
 //!   (`usageMetadata`, the last one a stream sent) is what the provider sent: metering reads it
 //!   from here. Thought parts (a thinking model's reasoning) never reach the client; their
-//!   tokens count as completion tokens, as Google bills them.
+//!   tokens count as completion tokens, as Google bills them. `functionCall` parts come back as
+//!   `tool_calls` (streamed: one delta per call, whole, as Gemini sends it), the finish reason
+//!   `tool_calls` when the turn ended on them.
 
 use super::request::{ClientAsk, Untranslatable, is_default, refuse};
 use crate::usage::Usage;
@@ -32,6 +34,7 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let mut config = Map::new();
     let mut cap: Option<u64> = None;
     let mut messages: Option<&Vec<Value>> = None;
+    let mut asked = tools::Asked::default();
     for (name, v) in &openai {
         if v.is_null() || is_default(name, v) {
             continue;
@@ -47,52 +50,19 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
                 Some(n) => cap = Some(cap.map_or(n, |c| c.max(n))),
                 None => return refuse(format!("{name} must be a non-negative integer")),
             },
-            "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" => {
-                if !v.is_number() {
-                    return refuse(format!("{name} must be a number"));
-                }
-                let key = match name.as_str() {
-                    "top_p" => "topP",
-                    "presence_penalty" => "presencePenalty",
-                    "frequency_penalty" => "frequencyPenalty",
-                    _ => "temperature",
-                };
-                config.insert(key.into(), v.clone());
-            }
-            "seed" => match v.as_i64() {
-                Some(s) => {
-                    config.insert("seed".into(), Value::from(s));
-                }
-                None => return refuse("seed must be an integer"),
-            },
             "stream" => match v.as_bool() {
                 Some(s) => ask.stream = s,
                 None => return refuse("stream must be a boolean"),
             },
             "stream_options" => read_stream_options(v, &mut ask)?,
-            "stop" => {
-                let stops = match v {
-                    Value::String(s) => vec![Value::String(s.clone())],
-                    Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
-                    _ => return refuse("stop must be a string or an array of strings"),
-                };
-                config.insert("stopSequences".into(), Value::Array(stops));
-            }
-            "response_format" => match v.get("type").and_then(Value::as_str) {
-                Some("json_object") => {
-                    config.insert("responseMimeType".into(), json!("application/json"));
-                }
-                _ => {
-                    return refuse(
-                        "response_format: only json_object is translated for Gemini (a json_schema's dialect differs)",
-                    );
-                }
+            "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" | "seed"
+            | "stop" | "response_format" => generation_field(name, v, &mut config)?,
+            "tools" => asked.tools = Some(v),
+            "tool_choice" => asked.choice = Some(v),
+            "parallel_tool_calls" => match v.as_bool() {
+                Some(b) => asked.one_at_a_time = !b,
+                None => return refuse("parallel_tool_calls must be a boolean"),
             },
-            "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call" => {
-                return refuse(format!(
-                    "{name}: tools are not translated for Gemini models by this gateway"
-                ));
-            }
             other => {
                 return refuse(format!(
                     "{other} has no equivalent in this model's API (Gemini generateContent)"
@@ -104,6 +74,7 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
         return refuse("messages is required");
     };
     let (system, contents) = contents_of(messages)?;
+    let (declarations, tool_config) = asked.config()?;
     if let Some(cap) = cap.filter(|c| *c > 0) {
         config.insert("maxOutputTokens".into(), Value::from(cap));
     }
@@ -115,9 +86,63 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     if !config.is_empty() {
         out.insert("generationConfig".into(), Value::Object(config));
     }
+    if let Some(d) = declarations {
+        out.insert("tools".into(), d);
+    }
+    if let Some(c) = tool_config {
+        out.insert("toolConfig".into(), c);
+    }
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
     Ok((bytes, ask))
+}
+
+/// A sampling or output field of the OpenAI body → its `generationConfig` member.
+fn generation_field(
+    name: &str,
+    v: &Value,
+    config: &mut Map<String, Value>,
+) -> Result<(), Untranslatable> {
+    match name {
+        "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" => {
+            if !v.is_number() {
+                return refuse(format!("{name} must be a number"));
+            }
+            let key = match name {
+                "top_p" => "topP",
+                "presence_penalty" => "presencePenalty",
+                "frequency_penalty" => "frequencyPenalty",
+                _ => "temperature",
+            };
+            config.insert(key.into(), v.clone());
+        }
+        "seed" => match v.as_i64() {
+            Some(s) => {
+                config.insert("seed".into(), Value::from(s));
+            }
+            None => return refuse("seed must be an integer"),
+        },
+        "stop" => {
+            let stops = match v {
+                Value::String(s) => vec![Value::String(s.clone())],
+                Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
+                _ => return refuse("stop must be a string or an array of strings"),
+            };
+            config.insert("stopSequences".into(), Value::Array(stops));
+        }
+        "response_format" => match v.get("type").and_then(Value::as_str) {
+            Some("json_object") => {
+                config.insert("responseMimeType".into(), json!("application/json"));
+            }
+            _ => {
+                return refuse(
+                    "response_format: only json_object is translated for Gemini (a json_schema's dialect differs)",
+                );
+            }
+        },
+        _ => return refuse(format!("{name} cannot be translated")),
+    }
+    Ok(())
 }
 
 fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslatable> {
@@ -137,21 +162,23 @@ fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslata
 /// The system parts and the conversation (consecutive messages of one role joined).
 fn contents_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untranslatable> {
     let mut system = Vec::new();
+    // The tool calls made so far (id → function name): a tool result names its function.
+    let mut calls: Vec<(String, String)> = Vec::new();
     let mut out: Vec<Value> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Some(m) = m.as_object() else {
             return refuse(format!("{at} must be an object"));
         };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         if let Some((k, _)) = m
             .iter()
-            .find(|(k, v)| !v.is_null() && !matches!(k.as_str(), "role" | "content" | "name"))
+            .find(|(k, v)| !v.is_null() && !known_field(role, k))
         {
             return refuse(format!(
                 "{at}.{k} has no equivalent in Gemini generateContent"
             ));
         }
-        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         let content = m.get("content");
         let (role, parts) = match role {
             "system" | "developer" => {
@@ -159,7 +186,8 @@ fn contents_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransla
                 continue;
             }
             "user" => ("user", parts_of(&at, content, true)?),
-            "assistant" => ("model", parts_of(&at, content, false)?),
+            "assistant" => ("model", tools::assistant_parts(&at, m, &mut calls)?),
+            "tool" => ("user", vec![tools::function_response(&at, m, &calls)?]),
             other => return refuse(format!("{at}.role {other:?} cannot be translated")),
         };
         let same = out
@@ -178,8 +206,21 @@ fn contents_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransla
     Ok((system, out))
 }
 
+/// Fields a message of `role` may carry (a `null` one is read as absent).
+fn known_field(role: &str, k: &str) -> bool {
+    match role {
+        "assistant" => matches!(k, "role" | "content" | "name" | "tool_calls"),
+        "tool" => matches!(k, "role" | "content" | "tool_call_id"),
+        _ => matches!(k, "role" | "content" | "name"),
+    }
+}
+
 /// A message's parts: a string, or `text` parts (and `image_url` parts with `images`).
-fn parts_of(at: &str, content: Option<&Value>, images: bool) -> Result<Vec<Value>, Untranslatable> {
+pub(super) fn parts_of(
+    at: &str,
+    content: Option<&Value>,
+    images: bool,
+) -> Result<Vec<Value>, Untranslatable> {
     match content {
         Some(Value::String(s)) => Ok(vec![json!({"text": s})]),
         Some(Value::Array(parts)) => parts
@@ -321,6 +362,43 @@ fn candidate_text(candidate: &Value) -> Option<String> {
     text
 }
 
+/// A candidate's `functionCall` parts as OpenAI tool calls (`id`: Gemini's own when it gives
+/// one, else `call_<created>_<n>`, `n` counting from `first`; `arguments`: the args as a JSON
+/// string).
+fn candidate_calls(candidate: &Value, created: u64, first: usize) -> Vec<Value> {
+    candidate
+        .pointer("/content/parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|part| part.get("functionCall"))
+        .enumerate()
+        .map(|(n, call)| {
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("call_{created}_{}", first + n), str::to_string);
+            json!({
+                "id": id,
+                "type": "function",
+                "function": {
+                    "name": call.get("name"),
+                    "arguments": call.get("args").map_or_else(|| "{}".to_string(), Value::to_string),
+                },
+            })
+        })
+        .collect()
+}
+
+/// OpenAI's `finish_reason` of a candidate: `tool_calls` when it called a function and ended
+/// its turn.
+fn finish_of(reason: Option<&str>, called: bool) -> Value {
+    match reason {
+        Some("STOP") if called => json!("tool_calls"),
+        other => finish_reason(other),
+    }
+}
+
 /// A non-streamed answer → `chat.completion` (and its usage); a Google error → an OpenAI
 /// error. `None`: neither.
 pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Option<Usage>)> {
@@ -333,11 +411,27 @@ pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Op
         return None;
     }
     let candidate = v.pointer("/candidates/0").cloned().unwrap_or(Value::Null);
+    let calls = candidate_calls(&candidate, created, 0);
     // A prompt blocked before any candidate: an empty answer, filtered.
     let finish = match candidate.get("finishReason").and_then(Value::as_str) {
         None if v.pointer("/promptFeedback/blockReason").is_some() => json!("content_filter"),
-        reason => finish_reason(reason),
+        reason => finish_of(reason, !calls.is_empty()),
     };
+    let text = candidate_text(&candidate);
+    let mut message = json!({
+        "role": "assistant",
+        // Calls without text: `null`, as OpenAI answers a tool call.
+        "content": match text {
+            None if !calls.is_empty() => Value::Null,
+            t => Value::String(t.unwrap_or_default()),
+        },
+        "refusal": null,
+    });
+    if !calls.is_empty()
+        && let Some(o) = message.as_object_mut()
+    {
+        o.insert("tool_calls".into(), Value::Array(calls));
+    }
     let out = json!({
         "id": format!("chatcmpl-gemini-{created}"),
         "object": "chat.completion",
@@ -345,11 +439,7 @@ pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Op
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": candidate_text(&candidate).unwrap_or_default(),
-                "refusal": null,
-            },
+            "message": message,
             "logprobs": null,
             "finish_reason": finish,
         }],
@@ -391,6 +481,8 @@ struct StreamState {
     started: bool,
     finished: bool,
     done: bool,
+    /// Tool calls sent so far (the next one's index).
+    calls: usize,
 }
 
 /// One Gemini answer as it passes.
@@ -651,6 +743,16 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
         seen.deltas = 1;
         head.delta(out, json!({"content": text}), Value::Null);
     }
+    // Gemini sends a call whole, in one part: one delta with its id, name and arguments.
+    let calls = candidate.map_or_else(Vec::new, |c| candidate_calls(c, head.created, s.calls));
+    for mut call in calls {
+        if let Some(o) = call.as_object_mut() {
+            o.insert("index".into(), json!(s.calls));
+        }
+        s.calls += 1;
+        seen.deltas = 1;
+        head.delta(out, json!({"tool_calls": [call]}), Value::Null);
+    }
     let reason = candidate
         .and_then(|c| c.get("finishReason"))
         .and_then(Value::as_str);
@@ -660,7 +762,7 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
         let finish = if reason.is_none() {
             json!("content_filter")
         } else {
-            finish_reason(reason)
+            finish_of(reason, s.calls > 0)
         };
         head.delta(out, json!({}), finish);
     }
@@ -672,6 +774,8 @@ fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
     let _ = serde_json::to_writer(&mut *out, &error_body(message, code));
     out.extend_from_slice(b"\n\n");
 }
+
+mod tools;
 
 #[cfg(test)]
 mod tests;

@@ -405,11 +405,41 @@ async fn the_official_openai_sdk_calls_azure_and_vertex_through_the_gateway() {
     assert!(seen[base..].iter().all(|r| r.status == 200));
 }
 
+/// A function call to Gemini: the tools leave as function declarations, the call comes back
+/// as `tool_calls`, and its result goes back as a `functionResponse` (2 generateContent calls).
+async fn gemini_function_call_round_trip(stack: &Stack) {
+    // A function call: the tools leave as function declarations, the call comes back as
+    // tool_calls, and its result goes back as a functionResponse.
+    let weather = json!([{"type": "function", "function": {"name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let ask = json!({"model": "gem-vx", "max_tokens": 20, "tools": weather,
+                     "tool_choice": "required",
+                     "messages": [{"role": "user", "content": "weather in Paris?"}]});
+    let (status, called) = post(stack, "/v1/chat/completions", ask.clone()).await;
+    assert_eq!(status, 200, "{called}");
+    let choice = &called["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{called}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "weather", "{called}");
+    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    let mut answered = ask.clone();
+    answered["tool_choice"] = json!("auto");
+    answered["messages"] = json!([
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"sky\": \"clear\"}"}
+    ]);
+    let (status, text) = post(stack, "/v1/chat/completions", answered).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(text["choices"][0]["message"]["content"], "tok0 tok1");
+}
+
 /// Gemini on Vertex AI in its own API: an OpenAI chat request leaves as a
 /// `generateContent` body (the strict simulator refuses anything else), a stream at
 /// `streamGenerateContent?alt=sse`; the answers come back as OpenAI chat (the thought part
-/// never shown, the stream event by event, usage as Gemini reported it); what has no
-/// translation (tools) is refused before anything reaches Vertex.
+/// never shown, the stream event by event, usage as Gemini reported it); a function call and
+/// its result go both ways; what has no translation (`n` > 1) is refused before anything
+/// reaches Vertex.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
     let (sim, stack) = start(3600).await;
@@ -478,10 +508,11 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
             .all(|c| c["object"] == "chat.completion.chunk")
     );
     assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 5, "{text}");
-    // Tools have no translation here: refused, never sent.
-    let mut tools = body.clone();
-    tools["tools"] = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
-    let (status, err) = post(&stack, "/v1/chat/completions", tools).await;
+    gemini_function_call_round_trip(&stack).await;
+    // What has no translation (several choices): refused, never sent.
+    let mut several = body.clone();
+    several["n"] = json!(2);
+    let (status, err) = post(&stack, "/v1/chat/completions", several).await;
     assert_eq!(status, 400, "{err}");
     assert_eq!(err["error"]["code"], "untranslatable_request");
     let seen = sim.requests();
@@ -491,7 +522,9 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
         paths,
         [
             format!("{at}:generateContent"),
-            format!("{at}:streamGenerateContent?alt=sse")
+            format!("{at}:streamGenerateContent?alt=sse"),
+            format!("{at}:generateContent"),
+            format!("{at}:generateContent"),
         ]
     );
     assert!(seen[base..].iter().all(|r| r.status == 200));

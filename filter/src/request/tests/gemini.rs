@@ -141,8 +141,7 @@ fn what_gemini_cannot_say_is_refused_before_anything_is_counted() {
     let (id, _) = send(
         &fx,
         "/v1/chat/completions",
-        &json!({"model": "gem", "max_tokens": 5, "tools": [{"type": "function",
-                "function": {"name": "f", "parameters": {}}}],
+        &json!({"model": "gem", "max_tokens": 5, "logprobs": true,
                 "messages": [{"role": "user", "content": "hi"}]}),
     );
     let s = fx.sent_to(id).expect("refused");
@@ -150,7 +149,10 @@ fn what_gemini_cannot_say_is_refused_before_anything_is_counted() {
         (s.status, s.code().as_str()),
         (400, "untranslatable_request")
     );
-    assert!(String::from_utf8_lossy(&s.body).contains("tools"), "{s:?}");
+    assert!(
+        String::from_utf8_lossy(&s.body).contains("logprobs"),
+        "{s:?}"
+    );
     assert_eq!(fx.tokens_used("alice"), 0);
 }
 

@@ -72,10 +72,25 @@ fn what_has_no_faithful_translation_is_refused_by_name() {
     for (field, value, names) in [
         (
             "tools",
-            json!([{"type": "function", "function": {"name": "f"}}]),
-            "tools",
+            json!({"type": "function"}),
+            "tools must be an array",
         ),
-        ("tool_choice", json!("auto"), "tool_choice"),
+        (
+            "tools",
+            json!([{"type": "custom", "custom": {"name": "f"}}]),
+            "tools[0]",
+        ),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f", "strict": true}}]),
+            "tools[0].function.strict",
+        ),
+        (
+            "tool_choice",
+            json!("required"),
+            "tool_choice requires tools",
+        ),
+        ("parallel_tool_calls", json!("no"), "parallel_tool_calls"),
         ("n", json!(2), "n"),
         ("logprobs", json!(true), "logprobs"),
         (
@@ -100,13 +115,47 @@ fn what_has_no_faithful_translation_is_refused_by_name() {
         let why = refused(body);
         assert!(why.contains(names), "{field}: {why}");
     }
+    assert!(refused(json!({"model": "g"})).contains("messages is required"));
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    for (field, value, names) in [
+        ("parallel_tool_calls", json!(false), "parallel_tool_calls"),
+        (
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "g"}}),
+            "\"g\"",
+        ),
+        ("tool_choice", json!("sometimes"), "tool_choice"),
+    ] {
+        let mut body = json!({"model": "g", "messages": user.clone(), "tools": tools.clone()});
+        body[field] = value;
+        let why = refused(body);
+        assert!(why.contains(names), "{field}: {why}");
+    }
+    assert!(request(b"[]").is_err() && request(b"{").is_err());
+}
+
+#[test]
+fn messages_without_a_faithful_translation_are_refused_by_name() {
     for (messages, names) in [
         (
             json!([{"role": "tool", "content": "r", "tool_call_id": "c"}]),
-            "messages[0].tool_call_id",
+            "answers no tool call",
         ),
         (
-            json!([{"role": "assistant", "content": null, "tool_calls": []}]),
+            json!([{"role": "tool", "content": "r"}]),
+            "messages[0].tool_call_id is required",
+        ),
+        (
+            json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "c",
+            "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}]),
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            json!([{"role": "user", "content": "x", "tool_calls": []}]),
             "messages[0].tool_calls",
         ),
         (
@@ -150,8 +199,129 @@ fn what_has_no_faithful_translation_is_refused_by_name() {
         let why = refused(json!({"model": "g", "messages": messages}));
         assert!(why.contains(names), "{names}: {why}");
     }
-    assert!(refused(json!({"model": "g"})).contains("messages is required"));
-    assert!(request(b"[]").is_err() && request(b"{").is_err());
+}
+
+/// Tools, a forced function, an assistant's calls and their results (JSON and text).
+#[test]
+fn tools_calls_and_results_become_declarations_and_function_parts() {
+    let v = translated(json!({
+        "model": "g", "parallel_tool_calls": true,
+        "tools": [
+            {"type": "function", "function": {"name": "weather", "description": "today's",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"], "additionalProperties": false},
+             "strict": false}},
+            {"type": "function", "function": {"name": "time"}}
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "weather"}},
+        "messages": [
+            {"role": "user", "content": "weather and time in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "time", "arguments": "{}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"sky\":\"clear\"}"},
+            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "noon"}]},
+            {"role": "assistant", "content": "Clear, noon."}
+        ]
+    }));
+    assert_eq!(
+        v,
+        json!({
+            "contents": [
+                {"role": "user", "parts": [{"text": "weather and time in Paris?"}]},
+                {"role": "model", "parts": [
+                    {"functionCall": {"name": "weather", "args": {"city": "Paris"}}},
+                    {"functionCall": {"name": "time", "args": {}}}
+                ]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "weather", "response": {"sky": "clear"}}},
+                    {"functionResponse": {"name": "time", "response": {"content": "noon"}}}
+                ]},
+                {"role": "model", "parts": [{"text": "Clear, noon."}]}
+            ],
+            "tools": [{"functionDeclarations": [
+                {"name": "weather", "description": "today's", "parametersJsonSchema":
+                    {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"], "additionalProperties": false}},
+                {"name": "time"}
+            ]}],
+            "toolConfig": {"functionCallingConfig": {"mode": "ANY",
+                                                      "allowedFunctionNames": ["weather"]}}
+        })
+    );
+    for (choice, mode) in [("auto", "AUTO"), ("none", "NONE"), ("required", "ANY")] {
+        let v = translated(json!({"model": "g", "tool_choice": choice,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "messages": [{"role": "user", "content": "x"}]}));
+        assert_eq!(v["toolConfig"]["functionCallingConfig"]["mode"], mode);
+    }
+    // Without tools, auto and none ask nothing.
+    let v = translated(json!({"model": "g", "tool_choice": "none",
+        "messages": [{"role": "user", "content": "x"}]}));
+    assert!(
+        v.get("toolConfig").is_none() && v.get("tools").is_none(),
+        "{v}"
+    );
+}
+
+#[test]
+fn function_calls_come_back_as_tool_calls() {
+    let body = json!({
+        "candidates": [{"content": {"role": "model", "parts": [
+            {"functionCall": {"name": "weather", "args": {"city": "Paris"}}},
+            {"functionCall": {"id": "g-2", "name": "time", "args": {}}}
+        ]}, "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 4, "totalTokenCount": 9}
+    });
+    let (out, _) = completion(&serde_json::to_vec(&body).unwrap(), "gem", 7).unwrap();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    assert_eq!(
+        choice["message"]["tool_calls"],
+        json!([
+            {"id": "call_7_0", "type": "function",
+             "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "g-2", "type": "function", "function": {"name": "time", "arguments": "{}"}}
+        ])
+    );
+    // Streamed: one delta per call, whole, indexed across events; the turn ends on them.
+    let mut a = stream_answer(false);
+    let mut input = Vec::new();
+    for e in [
+        json!({"candidates": [{"content": {"parts": [
+            {"functionCall": {"name": "weather", "args": {"city": "Paris"}}}]}}]}),
+        json!({"candidates": [{"content": {"parts": [
+            {"functionCall": {"name": "time", "args": {}}}]}, "finishReason": "STOP"}],
+               "usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 4}}),
+    ] {
+        input.extend_from_slice(format!("data: {e}\r\n\r\n").as_bytes());
+    }
+    let got = events(&a.feed(&input, true));
+    let calls: Vec<&Value> = got
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls.len(), 2, "{got:?}");
+    assert_eq!(
+        (calls[0]["index"].clone(), calls[0]["id"].clone()),
+        (json!(0), json!("call_9_0"))
+    );
+    assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert_eq!(
+        (calls[1]["index"].clone(), calls[1]["id"].clone()),
+        (json!(1), json!("call_9_1"))
+    );
+    let finish: Vec<&Value> = got
+        .iter()
+        .map(|e| &e["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, [&json!("tool_calls")]);
+    assert_eq!(a.content_events(), 2);
 }
 
 #[test]
