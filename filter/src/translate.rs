@@ -13,6 +13,7 @@
 //! so budgets, metering and ledger are those of a direct Anthropic call of the same usage.
 
 pub mod answer;
+pub mod chunks;
 pub mod converse;
 pub mod eventstream;
 pub mod gemini;

@@ -169,6 +169,27 @@ impl Fx {
         format!("{:?}", h.0.borrow().phase())
     }
 
+    /// A 200 answer of `content_type` passes in `chunks`: what the client got.
+    pub fn pass_answer(&self, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
+        self.host.enter(id);
+        self.host.set_map(
+            Headers::Response,
+            &[
+                (":status", "200"),
+                ("content-type", content_type),
+                ("content-length", "999"),
+            ],
+        );
+        h.on_response_headers(&self.host);
+        let mut out = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            self.host.set_buffer(Body::Response, c);
+            h.on_response_body(&self.host, c.len(), i + 1 == chunks.len());
+            out.extend(self.host.buffer(Body::Response));
+        }
+        out
+    }
+
     /// Tokens counted for `subject` in the free tier's window.
     pub fn tokens_used(&self, subject: &str) -> u64 {
         let policy = self.root.worker.borrow().policy.clone().unwrap();

@@ -1,18 +1,14 @@
 //! A translated request's answer as it passes, chunk by chunk: what the client gets for each
 //! chunk of the provider's answer.
 
+use super::chunks::{KeptJson, is_json, is_type, untranslatable};
 use super::request::ClientAsk;
 use super::stream::StreamTranslator;
-use serde_json::json;
-
-/// Largest non-streamed answer kept to be translated at its end (real ones are kilobytes); a
-/// larger one is answered with an error (the provider's bytes are not passed untranslated).
-pub const JSON_CAP: usize = 16 * 1024 * 1024;
 
 #[derive(Debug)]
 enum Mode {
     /// A JSON answer (a message or an error): kept whole, translated at its end.
-    Json { kept: Vec<u8>, too_large: bool },
+    Json(KeptJson),
     /// An event stream: translated event by event.
     Sse(Box<StreamTranslator>),
     /// A body the gateway cannot read (compressed although identity was asked for): replaced by
@@ -29,34 +25,18 @@ pub struct Answer {
     created: u64,
 }
 
-/// The error answered in place of a provider answer that cannot be translated.
-fn untranslatable(message: &str) -> Vec<u8> {
-    let body = json!({"error": {"message": message, "type": "upstream_error", "param": null,
-                                "code": "untranslatable_response"}});
-    serde_json::to_vec(&body).unwrap_or_default()
-}
-
 impl Answer {
     /// `content_type` of the provider's answer; `identity`: not compressed; `created`: now, in
     /// seconds (the OpenAI `created`).
     pub fn new(content_type: &str, identity: bool, ask: ClientAsk, created: u64) -> Self {
-        const SSE: &str = "text/event-stream";
-        let sse = content_type
-            .get(..SSE.len())
-            .is_some_and(|t| t.eq_ignore_ascii_case(SSE));
-        let json = content_type
-            .as_bytes()
-            .windows(4)
-            .any(|w| w.eq_ignore_ascii_case(b"json"));
+        let sse = is_type(content_type, "text/event-stream");
+        let json = is_json(content_type);
         let mode = if !identity && (sse || json) {
             Mode::Unreadable { sse }
         } else if sse {
             Mode::Sse(Box::new(StreamTranslator::new(ask.include_usage, created)))
         } else if json {
-            Mode::Json {
-                kept: Vec::new(),
-                too_large: false,
-            }
+            Mode::Json(KeptJson::default())
         } else {
             Mode::Passthrough
         };
@@ -71,7 +51,7 @@ impl Answer {
     /// Bytes kept for later chunks.
     pub fn pending(&self) -> usize {
         match &self.mode {
-            Mode::Json { kept, .. } => kept.len(),
+            Mode::Json(kept) => kept.kept(),
             Mode::Sse(t) => t.carried(),
             Mode::Unreadable { .. } | Mode::Passthrough => 0,
         }
@@ -97,22 +77,12 @@ impl Answer {
                     error
                 }
             }
-            Mode::Json { kept, too_large } => {
-                if !*too_large {
-                    if kept.len().saturating_add(chunk.len()) > JSON_CAP {
-                        *too_large = true;
-                        *kept = Vec::new();
-                    } else {
-                        kept.extend_from_slice(chunk);
-                    }
-                }
-                if !end {
-                    return Vec::new();
-                }
-                if *too_large {
-                    return untranslatable("the provider's answer is too large to translate");
-                }
-                let kept = std::mem::take(kept);
+            Mode::Json(kept) => {
+                let kept = match kept.feed(chunk, end) {
+                    None => return Vec::new(),
+                    Some(Err(error)) => return error,
+                    Some(Ok(kept)) => kept,
+                };
                 // Neither a message nor an Anthropic error: passed as it came.
                 super::response::translate(&kept, self.created).unwrap_or(kept)
             }

@@ -13,8 +13,9 @@
 //!   answer's `usage`, the stream's `metadata` event) is what the provider sent: metering reads
 //!   it from here.
 
+use super::chunks::{Api, Head, Seen, Translated, error_body, openai_usage, sse_error};
 use super::eventstream::{Decoder, Message};
-use super::request::{ClientAsk, Untranslatable, is_default, refuse};
+use super::request::{ChatFields, ClientAsk, Untranslatable, is_default, refuse, stop_sequences};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
@@ -25,26 +26,13 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let Ok(Value::Object(openai)) = serde_json::from_slice::<Value>(body) else {
         return refuse("the body is not a JSON object");
     };
-    let mut ask = ClientAsk::default();
+    let mut fields = ChatFields::default();
     let mut inference = Map::new();
-    let mut cap: Option<u64> = None;
-    let mut messages: Option<&Vec<Value>> = None;
-    let mut asked = tools::Asked::default();
     for (name, v) in &openai {
-        if v.is_null() || is_default(name, v) {
+        if v.is_null() || is_default(name, v) || fields.read(name, v)? {
             continue;
         }
         match name.as_str() {
-            // In the path.
-            "model" => {}
-            "messages" => match v.as_array() {
-                Some(m) => messages = Some(m),
-                None => return refuse("messages must be an array"),
-            },
-            "max_tokens" | "max_completion_tokens" => match v.as_u64() {
-                Some(n) => cap = Some(cap.map_or(n, |c| c.max(n))),
-                None => return refuse(format!("{name} must be a non-negative integer")),
-            },
             "temperature" | "top_p" => {
                 if !v.is_number() {
                     return refuse(format!("{name} must be a number"));
@@ -56,24 +44,8 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
                 };
                 inference.insert(key.into(), v.clone());
             }
-            "stream" => match v.as_bool() {
-                Some(s) => ask.stream = s,
-                None => return refuse("stream must be a boolean"),
-            },
-            "stream_options" => read_stream_options(v, &mut ask)?,
-            "tools" => asked.tools = Some(v),
-            "tool_choice" => asked.choice = Some(v),
-            "parallel_tool_calls" => match v.as_bool() {
-                Some(b) => asked.one_at_a_time = !b,
-                None => return refuse("parallel_tool_calls must be a boolean"),
-            },
             "stop" => {
-                let stops = match v {
-                    Value::String(s) => vec![Value::String(s.clone())],
-                    Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
-                    _ => return refuse("stop must be a string or an array of strings"),
-                };
-                inference.insert("stopSequences".into(), Value::Array(stops));
+                inference.insert("stopSequences".into(), stop_sequences(v)?);
             }
             other => {
                 return refuse(format!(
@@ -82,12 +54,9 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
             }
         }
     }
-    let Some(messages) = messages else {
-        return refuse("messages is required");
-    };
-    let (system, messages, tool_blocks) = messages_of(messages)?;
-    let tool_config = asked.config(tool_blocks)?;
-    if let Some(cap) = cap.filter(|c| *c > 0) {
+    let (system, messages, tool_blocks) = messages_of(fields.messages()?)?;
+    let tool_config = tools::config(&fields.tools, tool_blocks)?;
+    if let Some(cap) = fields.cap.filter(|c| *c > 0) {
         inference.insert("maxTokens".into(), Value::from(cap));
     }
     let mut out = Map::new();
@@ -103,21 +72,7 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     }
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
-    Ok((bytes, ask))
-}
-
-fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslatable> {
-    let Some(o) = v.as_object() else {
-        return refuse("stream_options must be an object");
-    };
-    for (k, x) in o {
-        match (k.as_str(), x) {
-            ("include_usage", Value::Bool(b)) => ask.include_usage = *b,
-            (_, Value::Null) => {}
-            _ => return refuse(format!("stream_options.{k} cannot be translated")),
-        }
-    }
-    Ok(())
+    Ok((bytes, fields.ask))
 }
 
 /// The text of a message's `content`: a string, or `text` parts.
@@ -258,26 +213,13 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
     })
 }
 
-fn openai_usage(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_input_tokens},
-    })
-}
-
-fn error_body(message: &str, kind: &str, code: Option<&str>) -> Value {
-    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
-}
-
 /// A non-streamed Converse answer → `chat.completion` (and its usage); a Bedrock error
 /// (`{"message": …}`) → an OpenAI error. `None`: neither.
 pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Option<Usage>)> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let Some(output) = v.get("output") else {
         let message = v.get("message").or_else(|| v.get("Message"))?.as_str()?;
-        let out = error_body(message, "upstream_error", None);
+        let out = error_body(message, None);
         return Some((serde_json::to_vec(&out).ok()?, None));
     };
     let message = answer_message(output.pointer("/message/content"));
@@ -333,23 +275,9 @@ fn answer_message(content: Option<&Value>) -> Value {
     message
 }
 
-/// Largest non-streamed answer kept to be translated at its end.
-pub const JSON_CAP: usize = super::answer::JSON_CAP;
-
-#[derive(Debug)]
-enum Mode {
-    Json {
-        kept: Vec<u8>,
-        too_large: bool,
-    },
-    Stream(Box<StreamState>),
-    /// Neither (an Envoy error page, a compressed answer): passed as it came.
-    Passthrough,
-}
-
 /// One ConverseStream's translation state.
 #[derive(Debug, Default)]
-struct StreamState {
+pub struct StreamState {
     decoder: Decoder,
     include_usage: bool,
     started: bool,
@@ -358,137 +286,54 @@ struct StreamState {
     tools: Vec<(u64, usize)>,
 }
 
-/// One Bedrock answer as it passes.
+/// AWS Bedrock Converse, as [`Translated`] reads it.
 #[derive(Debug)]
-pub struct Answer {
-    mode: Mode,
-    model: String,
-    created: u64,
-    usage: Option<Usage>,
-    content_events: u64,
-}
+pub struct Converse;
+
+/// One Bedrock answer as it passes.
+pub type Answer = Translated<Converse>;
 
 /// The content type of a ConverseStream answer.
 pub const EVENTSTREAM: &str = "application/vnd.amazon.eventstream";
 
-impl Answer {
-    /// `content_type`, `identity` (not compressed) of the provider's answer; `model`: the name
-    /// the client gets; `created`: now (seconds).
-    pub fn new(
-        content_type: &str,
-        identity: bool,
-        ask: ClientAsk,
-        model: &str,
-        created: u64,
-    ) -> Self {
-        let is = |t: &str| {
-            content_type
-                .get(..t.len())
-                .is_some_and(|c| c.eq_ignore_ascii_case(t))
-        };
-        let mode = if !identity {
-            Mode::Passthrough
-        } else if is(EVENTSTREAM) {
-            Mode::Stream(Box::new(StreamState {
-                include_usage: ask.include_usage,
-                ..StreamState::default()
-            }))
-        } else if content_type
-            .as_bytes()
-            .windows(4)
-            .any(|w| w.eq_ignore_ascii_case(b"json"))
-        {
-            Mode::Json {
-                kept: Vec::new(),
-                too_large: false,
-            }
-        } else {
-            Mode::Passthrough
-        };
-        Answer {
-            mode,
-            model: model.to_string(),
-            created,
-            usage: None,
-            content_events: 0,
+impl Api for Converse {
+    type Stream = StreamState;
+    const STREAM_TYPE: &'static str = EVENTSTREAM;
+    const ID_PREFIX: &'static str = "chatcmpl-bedrock-";
+
+    fn stream(ask: ClientAsk) -> StreamState {
+        StreamState {
+            include_usage: ask.include_usage,
+            ..StreamState::default()
         }
     }
 
-    /// The client gets an event stream (the content type to announce).
-    pub fn is_stream(&self) -> bool {
-        matches!(self.mode, Mode::Stream(_))
+    fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Option<Usage>)> {
+        completion(body, model, created)
     }
 
-    /// The usage the provider sent (the answer's `usage`, the stream's `metadata`).
-    pub fn usage(&self) -> Option<Usage> {
-        self.usage
+    fn carried(s: &StreamState) -> usize {
+        s.decoder.carried()
     }
 
-    /// Text deltas of a stream (≈ completion tokens when no usage came).
-    pub fn content_events(&self) -> u64 {
-        self.content_events
-    }
-
-    /// Bytes kept for later chunks.
-    pub fn pending(&self) -> usize {
-        match &self.mode {
-            Mode::Json { kept, .. } => kept.len(),
-            Mode::Stream(s) => s.decoder.carried(),
-            Mode::Passthrough => 0,
-        }
-    }
-
-    /// One chunk of the provider's answer (`end`: its last): what the client gets now.
-    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        match &mut self.mode {
-            Mode::Passthrough => chunk.to_vec(),
-            Mode::Json { kept, too_large } => {
-                if !*too_large {
-                    if kept.len().saturating_add(chunk.len()) > JSON_CAP {
-                        *too_large = true;
-                        *kept = Vec::new();
-                    } else {
-                        kept.extend_from_slice(chunk);
-                    }
-                }
-                if !end {
-                    return Vec::new();
-                }
-                if *too_large {
-                    return untranslatable("the provider's answer is too large to translate");
-                }
-                let kept = std::mem::take(kept);
-                match completion(&kept, &self.model, self.created) {
-                    Some((out, usage)) => {
-                        self.usage = usage;
-                        out
-                    }
-                    None => kept,
-                }
-            }
-            Mode::Stream(_) => self.feed_stream(chunk, end),
-        }
-    }
-
-    fn feed_stream(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        let Mode::Stream(s) = &mut self.mode else {
-            return Vec::new();
-        };
+    fn feed_stream(
+        s: &mut StreamState,
+        head: &Head<'_>,
+        chunk: &[u8],
+        end: bool,
+        seen: &mut Seen,
+    ) -> Vec<u8> {
         let mut out = Vec::with_capacity(chunk.len().saturating_mul(2));
         if s.done {
             return out;
         }
         let (messages, error) = s.decoder.feed(chunk);
-        let head = Head {
-            model: &self.model,
-            created: self.created,
-        };
         for m in &messages {
-            let seen = stream_message(s, &head, m, &mut out);
-            if let Some(u) = seen.usage {
-                self.usage = Some(u);
+            let shown = stream_message(s, head, m, &mut out);
+            if shown.usage.is_some() {
+                seen.usage = shown.usage;
             }
-            self.content_events = self.content_events.saturating_add(seen.deltas);
+            seen.deltas = seen.deltas.saturating_add(shown.deltas);
             if s.done {
                 return out;
             }
@@ -503,12 +348,6 @@ impl Answer {
         }
         out
     }
-}
-
-/// What every chunk names.
-struct Head<'a> {
-    model: &'a str,
-    created: u64,
 }
 
 /// A `contentBlockDelta` payload, as far as the translation reads it (no JSON tree built).
@@ -533,53 +372,6 @@ struct BlockDelta<'a> {
 struct ToolDelta<'a> {
     #[serde(borrow, default)]
     input: Option<Cow<'a, str>>,
-}
-
-impl Head<'_> {
-    /// A content chunk, written straight (the stream's hot path: one per token).
-    fn content(&self, out: &mut Vec<u8>, text: &str) {
-        let created = self.created.to_string();
-        out.extend_from_slice(b"data: {\"id\":\"chatcmpl-bedrock-");
-        out.extend_from_slice(created.as_bytes());
-        out.extend_from_slice(b"\",\"object\":\"chat.completion.chunk\",\"created\":");
-        out.extend_from_slice(created.as_bytes());
-        out.extend_from_slice(b",\"model\":");
-        let _ = serde_json::to_writer(&mut *out, self.model);
-        out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-        let _ = serde_json::to_writer(&mut *out, text);
-        out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-    }
-
-    fn chunk(&self, out: &mut Vec<u8>, choices: Value, usage: Option<Value>) {
-        let mut c = json!({
-            "id": format!("chatcmpl-bedrock-{}", self.created),
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let (Some(u), Some(o)) = (usage, c.as_object_mut()) {
-            o.insert("usage".into(), u);
-        }
-        out.extend_from_slice(b"data: ");
-        let _ = serde_json::to_writer(&mut *out, &c);
-        out.extend_from_slice(b"\n\n");
-    }
-
-    fn delta(&self, out: &mut Vec<u8>, delta: Value, finish: Value) {
-        self.chunk(
-            out,
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
-            None,
-        );
-    }
-}
-
-/// What one stream message showed.
-#[derive(Default)]
-struct Seen {
-    usage: Option<Usage>,
-    deltas: u64,
 }
 
 /// Translates one ConverseStream message.
@@ -675,21 +467,6 @@ fn tool_start(s: &mut StreamState, head: &Head<'_>, payload: &Value, out: &mut V
             "function": {"name": u.get("name"), "arguments": ""}}]}),
         Value::Null,
     );
-}
-
-fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
-    out.extend_from_slice(b"data: ");
-    let _ = serde_json::to_writer(&mut *out, &error_body(message, "upstream_error", code));
-    out.extend_from_slice(b"\n\n");
-}
-
-fn untranslatable(message: &str) -> Vec<u8> {
-    serde_json::to_vec(&error_body(
-        message,
-        "upstream_error",
-        Some("untranslatable_response"),
-    ))
-    .unwrap_or_default()
 }
 
 mod tools;

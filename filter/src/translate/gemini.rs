@@ -20,7 +20,8 @@
 //!   `tool_calls` (streamed: one delta per call, whole, as Gemini sends it), the finish reason
 //!   `tool_calls` when the turn ended on them.
 
-use super::request::{ClientAsk, Untranslatable, is_default, refuse};
+use super::chunks::{Api, Head, Seen, Translated, error_body, openai_usage, sse_error};
+use super::request::{ChatFields, ClientAsk, Untranslatable, is_default, refuse, stop_sequences};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
 
@@ -30,39 +31,15 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     let Ok(Value::Object(openai)) = serde_json::from_slice::<Value>(body) else {
         return refuse("the body is not a JSON object");
     };
-    let mut ask = ClientAsk::default();
+    let mut fields = ChatFields::default();
     let mut config = Map::new();
-    let mut cap: Option<u64> = None;
-    let mut messages: Option<&Vec<Value>> = None;
-    let mut asked = tools::Asked::default();
     for (name, v) in &openai {
-        if v.is_null() || is_default(name, v) {
+        if v.is_null() || is_default(name, v) || fields.read(name, v)? {
             continue;
         }
         match name.as_str() {
-            // In the path.
-            "model" => {}
-            "messages" => match v.as_array() {
-                Some(m) => messages = Some(m),
-                None => return refuse("messages must be an array"),
-            },
-            "max_tokens" | "max_completion_tokens" => match v.as_u64() {
-                Some(n) => cap = Some(cap.map_or(n, |c| c.max(n))),
-                None => return refuse(format!("{name} must be a non-negative integer")),
-            },
-            "stream" => match v.as_bool() {
-                Some(s) => ask.stream = s,
-                None => return refuse("stream must be a boolean"),
-            },
-            "stream_options" => read_stream_options(v, &mut ask)?,
             "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" | "seed"
             | "stop" | "response_format" => generation_field(name, v, &mut config)?,
-            "tools" => asked.tools = Some(v),
-            "tool_choice" => asked.choice = Some(v),
-            "parallel_tool_calls" => match v.as_bool() {
-                Some(b) => asked.one_at_a_time = !b,
-                None => return refuse("parallel_tool_calls must be a boolean"),
-            },
             other => {
                 return refuse(format!(
                     "{other} has no equivalent in this model's API (Gemini generateContent)"
@@ -70,12 +47,9 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
             }
         }
     }
-    let Some(messages) = messages else {
-        return refuse("messages is required");
-    };
-    let (system, contents) = contents_of(messages)?;
-    let (declarations, tool_config) = asked.config()?;
-    if let Some(cap) = cap.filter(|c| *c > 0) {
+    let (system, contents) = contents_of(fields.messages()?)?;
+    let (declarations, tool_config) = tools::config(&fields.tools)?;
+    if let Some(cap) = fields.cap.filter(|c| *c > 0) {
         config.insert("maxOutputTokens".into(), Value::from(cap));
     }
     let mut out = Map::new();
@@ -94,7 +68,7 @@ pub fn request(body: &[u8]) -> Result<(Vec<u8>, ClientAsk), Untranslatable> {
     }
     let bytes = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| Untranslatable(format!("the translated body could not be written: {e}")))?;
-    Ok((bytes, ask))
+    Ok((bytes, fields.ask))
 }
 
 /// A sampling or output field of the OpenAI body → its `generationConfig` member.
@@ -123,12 +97,7 @@ fn generation_field(
             None => return refuse("seed must be an integer"),
         },
         "stop" => {
-            let stops = match v {
-                Value::String(s) => vec![Value::String(s.clone())],
-                Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
-                _ => return refuse("stop must be a string or an array of strings"),
-            };
-            config.insert("stopSequences".into(), Value::Array(stops));
+            config.insert("stopSequences".into(), stop_sequences(v)?);
         }
         "response_format" => match v.get("type").and_then(Value::as_str) {
             Some("json_object") => {
@@ -141,20 +110,6 @@ fn generation_field(
             }
         },
         _ => return refuse(format!("{name} cannot be translated")),
-    }
-    Ok(())
-}
-
-fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslatable> {
-    let Some(o) = v.as_object() else {
-        return refuse("stream_options must be an object");
-    };
-    for (k, x) in o {
-        match (k.as_str(), x) {
-            ("include_usage", Value::Bool(b)) => ask.include_usage = *b,
-            (_, Value::Null) => {}
-            _ => return refuse(format!("stream_options.{k} cannot be translated")),
-        }
     }
     Ok(())
 }
@@ -313,19 +268,6 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
     })
 }
 
-fn openai_usage(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_input_tokens},
-    })
-}
-
-fn error_body(message: &str, code: Option<&str>) -> Value {
-    json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": code}})
-}
-
 /// A Google error (`{"error": {"code", "message", "status"}}`, or a list of them as a stream
 /// method answers) → an OpenAI error with the same message, `code` its status.
 fn google_error(v: &Value) -> Option<Value> {
@@ -448,28 +390,14 @@ pub fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Op
     Some((serde_json::to_vec(&out).ok()?, usage))
 }
 
-/// Largest non-streamed answer kept to be translated at its end.
-pub const JSON_CAP: usize = super::answer::JSON_CAP;
-
 /// Largest event (its data plus the current line) carried between chunks; a longer one ends the
 /// translation with an error event.
 pub const EVENT_CAP: usize = super::stream::EVENT_CAP;
 
-#[derive(Debug)]
-enum Mode {
-    Json {
-        kept: Vec<u8>,
-        too_large: bool,
-    },
-    Stream(Box<StreamState>),
-    /// Neither (an Envoy error page, a compressed answer): passed as it came.
-    Passthrough,
-}
-
 /// One stream's translation state: the SSE lines of an event not complete yet.
 #[allow(clippy::struct_excessive_bools)] // parser flags on the stream path
 #[derive(Debug, Default)]
-struct StreamState {
+pub struct StreamState {
     include_usage: bool,
     /// The current line, not terminated yet.
     line: Vec<u8>,
@@ -485,122 +413,44 @@ struct StreamState {
     calls: usize,
 }
 
-/// One Gemini answer as it passes.
+/// Gemini's `generateContent`, as [`Translated`] reads it.
 #[derive(Debug)]
-pub struct Answer {
-    mode: Mode,
-    model: String,
-    created: u64,
-    usage: Option<Usage>,
-    content_events: u64,
-}
+pub struct Gemini;
 
-impl Answer {
-    /// `content_type`, `identity` (not compressed) of the provider's answer; `model`: the name
-    /// the client gets; `created`: now (seconds).
-    pub fn new(
-        content_type: &str,
-        identity: bool,
-        ask: ClientAsk,
-        model: &str,
-        created: u64,
-    ) -> Self {
-        let is = |t: &str| {
-            content_type
-                .get(..t.len())
-                .is_some_and(|c| c.eq_ignore_ascii_case(t))
-        };
-        let mode = if !identity {
-            Mode::Passthrough
-        } else if is("text/event-stream") {
-            Mode::Stream(Box::new(StreamState {
-                include_usage: ask.include_usage,
-                ..StreamState::default()
-            }))
-        } else if content_type
-            .as_bytes()
-            .windows(4)
-            .any(|w| w.eq_ignore_ascii_case(b"json"))
-        {
-            Mode::Json {
-                kept: Vec::new(),
-                too_large: false,
-            }
-        } else {
-            Mode::Passthrough
-        };
-        Answer {
-            mode,
-            model: model.to_string(),
-            created,
-            usage: None,
-            content_events: 0,
+/// One Gemini answer as it passes.
+pub type Answer = Translated<Gemini>;
+
+impl Api for Gemini {
+    type Stream = StreamState;
+    const STREAM_TYPE: &'static str = "text/event-stream";
+    const ID_PREFIX: &'static str = "chatcmpl-gemini-";
+
+    fn stream(ask: ClientAsk) -> StreamState {
+        StreamState {
+            include_usage: ask.include_usage,
+            ..StreamState::default()
         }
     }
 
-    /// The client gets an event stream.
-    pub fn is_stream(&self) -> bool {
-        matches!(self.mode, Mode::Stream(_))
+    fn completion(body: &[u8], model: &str, created: u64) -> Option<(Vec<u8>, Option<Usage>)> {
+        completion(body, model, created)
     }
 
-    /// The usage the provider sent (the answer's, the stream's last `usageMetadata`).
-    pub fn usage(&self) -> Option<Usage> {
-        self.usage
+    fn carried(s: &StreamState) -> usize {
+        s.line.len().saturating_add(s.data.len())
     }
 
-    /// Text deltas of a stream (≈ completion tokens when no usage came).
-    pub fn content_events(&self) -> u64 {
-        self.content_events
-    }
-
-    /// One chunk of the provider's answer (`end`: its last): what the client gets now.
-    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        match &mut self.mode {
-            Mode::Passthrough => chunk.to_vec(),
-            Mode::Json { kept, too_large } => {
-                if !*too_large {
-                    if kept.len().saturating_add(chunk.len()) > JSON_CAP {
-                        *too_large = true;
-                        *kept = Vec::new();
-                    } else {
-                        kept.extend_from_slice(chunk);
-                    }
-                }
-                if !end {
-                    return Vec::new();
-                }
-                if *too_large {
-                    return serde_json::to_vec(&error_body(
-                        "the provider's answer is too large to translate",
-                        Some("untranslatable_response"),
-                    ))
-                    .unwrap_or_default();
-                }
-                let kept = std::mem::take(kept);
-                match completion(&kept, &self.model, self.created) {
-                    Some((out, usage)) => {
-                        self.usage = usage;
-                        out
-                    }
-                    None => kept,
-                }
-            }
-            Mode::Stream(_) => self.feed_stream(chunk, end),
-        }
-    }
-
-    fn feed_stream(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        let Mode::Stream(s) = &mut self.mode else {
-            return Vec::new();
-        };
+    fn feed_stream(
+        s: &mut StreamState,
+        head: &Head<'_>,
+        chunk: &[u8],
+        end: bool,
+        seen: &mut Seen,
+    ) -> Vec<u8> {
         let mut out = Vec::with_capacity(chunk.len().saturating_mul(2));
         if s.done {
             return out;
         }
-        let head = Head {
-            model: &self.model,
-            created: self.created,
-        };
         let mut rest = chunk;
         if s.after_cr {
             s.after_cr = false;
@@ -616,11 +466,11 @@ impl Answer {
             let crlf = tail.starts_with(b"\r\n");
             s.after_cr = tail == b"\r";
             rest = tail.get(if crlf { 2 } else { 1 }..).unwrap_or_default();
-            if let Some(seen) = end_line(s, &head, &mut out) {
-                if seen.usage.is_some() {
-                    self.usage = seen.usage;
+            if let Some(shown) = end_line(s, head, &mut out) {
+                if shown.usage.is_some() {
+                    seen.usage = shown.usage;
                 }
-                self.content_events = self.content_events.saturating_add(seen.deltas);
+                seen.deltas = seen.deltas.saturating_add(shown.deltas);
             }
         }
         if !s.done && s.line.len().saturating_add(s.data.len()) > EVENT_CAP {
@@ -634,7 +484,7 @@ impl Answer {
             // Gemini's stream simply ends: the client's end (its usage first, if asked).
             s.done = true;
             if s.include_usage
-                && let Some(u) = &self.usage
+                && let Some(u) = &seen.usage
             {
                 head.chunk(&mut out, json!([]), Some(openai_usage(u)));
             }
@@ -671,45 +521,6 @@ fn end_line(s: &mut StreamState, head: &Head<'_>, out: &mut Vec<u8>) -> Option<S
     seen
 }
 
-/// What every chunk names.
-struct Head<'a> {
-    model: &'a str,
-    created: u64,
-}
-
-impl Head<'_> {
-    fn chunk(&self, out: &mut Vec<u8>, choices: Value, usage: Option<Value>) {
-        let mut c = json!({
-            "id": format!("chatcmpl-gemini-{}", self.created),
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let (Some(u), Some(o)) = (usage, c.as_object_mut()) {
-            o.insert("usage".into(), u);
-        }
-        out.extend_from_slice(b"data: ");
-        let _ = serde_json::to_writer(&mut *out, &c);
-        out.extend_from_slice(b"\n\n");
-    }
-
-    fn delta(&self, out: &mut Vec<u8>, delta: Value, finish: Value) {
-        self.chunk(
-            out,
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
-            None,
-        );
-    }
-}
-
-/// What one stream event showed.
-#[derive(Default)]
-struct Seen {
-    usage: Option<Usage>,
-    deltas: u64,
-}
-
 /// Translates one event's data (a `GenerateContentResponse`, or an error).
 fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec<u8>) -> Seen {
     let mut seen = Seen::default();
@@ -741,7 +552,7 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
     let candidate = v.pointer("/candidates/0");
     if let Some(text) = candidate.and_then(candidate_text).filter(|t| !t.is_empty()) {
         seen.deltas = 1;
-        head.delta(out, json!({"content": text}), Value::Null);
+        head.content(out, &text);
     }
     // Gemini sends a call whole, in one part: one delta with its id, name and arguments.
     let calls = candidate.map_or_else(Vec::new, |c| candidate_calls(c, head.created, s.calls));
@@ -767,12 +578,6 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
         head.delta(out, json!({}), finish);
     }
     seen
-}
-
-fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
-    out.extend_from_slice(b"data: ");
-    let _ = serde_json::to_writer(&mut *out, &error_body(message, code));
-    out.extend_from_slice(b"\n\n");
 }
 
 mod tools;

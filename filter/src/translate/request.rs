@@ -48,6 +48,157 @@ pub(super) fn is_default(name: &str, v: &Value) -> bool {
     }
 }
 
+/// `stream_options` as every translation reads it: only `include_usage`.
+pub(super) fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), Untranslatable> {
+    let Some(o) = v.as_object() else {
+        return refuse("stream_options must be an object");
+    };
+    for (k, x) in o {
+        match (k.as_str(), x) {
+            ("include_usage", Value::Bool(b)) => ask.include_usage = *b,
+            (_, Value::Null) => {}
+            _ => return refuse(format!("stream_options.{k} cannot be translated")),
+        }
+    }
+    Ok(())
+}
+
+/// `stop` (a string or strings) as a list of stop sequences.
+pub(super) fn stop_sequences(v: &Value) -> Result<Value, Untranslatable> {
+    match v {
+        Value::String(s) => Ok(Value::Array(vec![Value::String(s.clone())])),
+        Value::Array(a) if a.iter().all(Value::is_string) => Ok(v.clone()),
+        _ => refuse("stop must be a string or an array of strings"),
+    }
+}
+
+/// The tool fields of the OpenAI body.
+#[derive(Debug, Default)]
+pub(super) struct Asked<'a> {
+    pub tools: Option<&'a Value>,
+    pub choice: Option<&'a Value>,
+    /// `parallel_tool_calls: false`.
+    pub one_at_a_time: bool,
+}
+
+/// The fields of an OpenAI chat body that the translations to a provider's own API (Converse,
+/// Gemini) read alike.
+#[derive(Debug, Default)]
+pub(super) struct ChatFields<'a> {
+    pub ask: ClientAsk,
+    /// The cap: the larger of `max_tokens` and `max_completion_tokens` (admission set one
+    /// when the client named none).
+    pub cap: Option<u64>,
+    messages: Option<&'a Vec<Value>>,
+    pub tools: Asked<'a>,
+}
+
+impl<'a> ChatFields<'a> {
+    /// Reads `name: v` when it is one of these fields (`model` too: the provider's path names
+    /// the model): `Ok(true)`; `Ok(false)` for any other field.
+    pub fn read(&mut self, name: &str, v: &'a Value) -> Result<bool, Untranslatable> {
+        match name {
+            "model" => {}
+            "messages" => match v.as_array() {
+                Some(m) => self.messages = Some(m),
+                None => return refuse("messages must be an array"),
+            },
+            "max_tokens" | "max_completion_tokens" => match v.as_u64() {
+                Some(n) => self.cap = Some(self.cap.map_or(n, |c| c.max(n))),
+                None => return refuse(format!("{name} must be a non-negative integer")),
+            },
+            "stream" => match v.as_bool() {
+                Some(s) => self.ask.stream = s,
+                None => return refuse("stream must be a boolean"),
+            },
+            "stream_options" => read_stream_options(v, &mut self.ask)?,
+            "tools" => self.tools.tools = Some(v),
+            "tool_choice" => self.tools.choice = Some(v),
+            "parallel_tool_calls" => match v.as_bool() {
+                Some(b) => self.tools.one_at_a_time = !b,
+                None => return refuse("parallel_tool_calls must be a boolean"),
+            },
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The messages, which are required.
+    pub fn messages(&self) -> Result<&'a [Value], Untranslatable> {
+        match self.messages {
+            Some(m) => Ok(m),
+            None => refuse("messages is required"),
+        }
+    }
+}
+
+/// An OpenAI function tool as every translation reads it.
+pub(super) struct FunctionTool<'a> {
+    pub name: &'a str,
+    /// A string, when given.
+    pub description: Option<&'a Value>,
+    /// The JSON Schema of the arguments (an object), when given.
+    pub parameters: Option<&'a Value>,
+}
+
+/// The body's `tools`: function tools only, each with a name; a string `description`, an
+/// object `parameters` and `strict: false` are read, anything else is refused by name (strict
+/// schema adherence is OpenAI's; no other API has the switch).
+pub(super) fn function_tools(tools: &Value) -> Result<Vec<FunctionTool<'_>>, Untranslatable> {
+    let Some(tools) = tools.as_array() else {
+        return refuse("tools must be an array");
+    };
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let f = t.get("function").and_then(Value::as_object);
+            let (Some("function"), Some(f)) = (t.get("type").and_then(Value::as_str), f) else {
+                return refuse(format!("tools[{i}]: only function tools can be translated"));
+            };
+            let Some(name) = f.get("name").and_then(Value::as_str) else {
+                return refuse(format!("tools[{i}].function.name is required"));
+            };
+            let mut tool = FunctionTool {
+                name,
+                description: None,
+                parameters: None,
+            };
+            for (k, v) in f {
+                match (k.as_str(), v) {
+                    ("name", _) | (_, Value::Null) | ("strict", Value::Bool(false)) => {}
+                    ("description", Value::String(_)) => tool.description = Some(v),
+                    ("parameters", Value::Object(_)) => tool.parameters = Some(v),
+                    _ => return refuse(format!("tools[{i}].function.{k} cannot be translated")),
+                }
+            }
+            Ok(tool)
+        })
+        .collect()
+}
+
+/// One of an assistant message's `tool_calls` (at `at`): its id, function name and
+/// arguments (a JSON object, as every other API takes a call's input).
+pub(super) fn tool_call<'a>(
+    at: &str,
+    call: &'a Value,
+) -> Result<(&'a str, &'a str, Value), Untranslatable> {
+    let (Some(id), Some("function"), Some(name), Some(arguments)) = (
+        call.get("id").and_then(Value::as_str),
+        call.get("type").and_then(Value::as_str),
+        call.pointer("/function/name").and_then(Value::as_str),
+        call.pointer("/function/arguments").and_then(Value::as_str),
+    ) else {
+        return refuse(format!(
+            "{at} must be a function call with id, function.name and function.arguments"
+        ));
+    };
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => Ok((id, name, v)),
+        _ => refuse(format!("{at}.function.arguments must be a JSON object")),
+    }
+}
+
 /// Translates the OpenAI chat body `body` into an Anthropic Messages body with `max_tokens`
 /// (the cap the client named, read at admission; `None`: left for admission to set to the one
 /// it reserves).
@@ -91,25 +242,9 @@ pub fn translate(
                 }
                 None => return refuse("stream must be a boolean"),
             },
-            "stream_options" => {
-                let Some(o) = v.as_object() else {
-                    return refuse("stream_options must be an object");
-                };
-                for (k, x) in o {
-                    match (k.as_str(), x) {
-                        ("include_usage", Value::Bool(b)) => ask.include_usage = *b,
-                        (_, Value::Null) => {}
-                        _ => return refuse(format!("stream_options.{k} cannot be translated")),
-                    }
-                }
-            }
+            "stream_options" => read_stream_options(v, &mut ask)?,
             "stop" => {
-                let stops = match v {
-                    Value::String(s) => vec![Value::String(s.clone())],
-                    Value::Array(a) if a.iter().all(Value::is_string) => a.clone(),
-                    _ => return refuse("stop must be a string or an array of strings"),
-                };
-                out.insert("stop_sequences".into(), Value::Array(stops));
+                out.insert("stop_sequences".into(), stop_sequences(v)?);
             }
             "user" => match v.as_str() {
                 Some(u) => {
@@ -349,67 +484,32 @@ fn assistant_message(
         _ => text_blocks(content, at)?,
     };
     for (j, call) in calls.iter().enumerate() {
-        let at = format!("{at}.tool_calls[{j}]");
-        let function = call.get("function");
-        let (Some(id), Some("function"), Some(name), Some(arguments)) = (
-            call.get("id").and_then(Value::as_str),
-            call.get("type").and_then(Value::as_str),
-            function.and_then(|f| f.get("name")).and_then(Value::as_str),
-            function
-                .and_then(|f| f.get("arguments"))
-                .and_then(Value::as_str),
-        ) else {
-            return refuse(format!(
-                "{at} must be a function call with id, function.name and function.arguments"
-            ));
-        };
-        let input = match serde_json::from_str::<Value>(arguments) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => return refuse(format!("{at}.function.arguments must be a JSON object")),
-        };
+        let (id, name, input) = tool_call(&format!("{at}.tool_calls[{j}]"), call)?;
         blocks.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
     }
     Ok(json!({"role": "assistant", "content": blocks}))
 }
 
-/// OpenAI function tools as Anthropic tools.
+/// OpenAI function tools as Anthropic tools (a function without parameters takes an empty
+/// object schema, as OpenAI reads it).
 fn translate_tools(tools: &Value) -> Result<Vec<Value>, Untranslatable> {
-    let Some(tools) = tools.as_array() else {
-        return refuse("tools must be an array");
-    };
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let f = t.get("function").and_then(Value::as_object);
-            let (Some("function"), Some(f)) = (t.get("type").and_then(Value::as_str), f) else {
-                return refuse(format!("tools[{i}]: only function tools can be translated"));
-            };
-            let Some(name) = f.get("name").and_then(Value::as_str) else {
-                return refuse(format!("tools[{i}].function.name is required"));
-            };
+    Ok(function_tools(tools)?
+        .into_iter()
+        .map(|t| {
             let mut tool = Map::new();
-            tool.insert("name".into(), json!(name));
-            for (k, v) in f {
-                match k.as_str() {
-                    "name" => {}
-                    "description" if !v.is_null() => {
-                        tool.insert("description".into(), v.clone());
-                    }
-                    "parameters" if !v.is_null() => {
-                        tool.insert("input_schema".into(), v.clone());
-                    }
-                    // Strict schema adherence is OpenAI's; Anthropic has no such switch.
-                    "strict" if v.is_null() || v == &Value::Bool(false) => {}
-                    _ if v.is_null() => {}
-                    _ => return refuse(format!("tools[{i}].function.{k} cannot be translated")),
-                }
+            tool.insert("name".into(), json!(t.name));
+            if let Some(d) = t.description {
+                tool.insert("description".into(), d.clone());
             }
-            tool.entry("input_schema")
-                .or_insert_with(|| json!({"type": "object", "properties": {}}));
-            Ok(Value::Object(tool))
+            tool.insert(
+                "input_schema".into(),
+                t.parameters
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            );
+            Value::Object(tool)
         })
-        .collect()
+        .collect())
 }
 
 /// `tool_choice` (and `parallel_tool_calls: false`) as Anthropic's `tool_choice`.

@@ -191,32 +191,12 @@ fn without_a_valid_key_of_the_day_it_is_refused_never_sent_unsigned() {
     }
 }
 
-fn answer(fx: &Fx, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
-    fx.host.enter(id);
-    fx.host.set_map(
-        Headers::Response,
-        &[
-            (":status", "200"),
-            ("content-type", content_type),
-            ("content-length", "999"),
-        ],
-    );
-    h.on_response_headers(&fx.host);
-    let mut out = Vec::new();
-    for (i, c) in chunks.iter().enumerate() {
-        fx.host.set_buffer(Body::Response, c);
-        h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
-        out.extend(fx.host.buffer(Body::Response));
-    }
-    out
-}
-
 #[test]
 fn a_json_answer_is_translated_and_settled_to_bedrocks_usage() {
     let fx = fx(vec![key("20231114", END_OF_DAY)]);
     let (id, h) = send(&fx, CHAT_BODY);
     let body = br#"{"output":{"message":{"role":"assistant","content":[{"text":"hello"}]}},"stopReason":"end_turn","usage":{"inputTokens":11,"outputTokens":7,"totalTokens":18}}"#;
-    let out = answer(&fx, id, &h, "application/json", &[&body[..30], &body[30..]]);
+    let out = fx.pass_answer(id, &h, "application/json", &[&body[..30], &body[30..]]);
     let out: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(out["choices"][0]["message"]["content"], "hello");
     assert_eq!(out["model"], "haiku");
@@ -257,7 +237,7 @@ fn an_event_stream_is_translated_frame_by_frame_and_settled_to_its_metadata() {
     ]
     .concat();
     let chunks: Vec<&[u8]> = bytes.chunks(23).collect();
-    let out = answer(&fx, id, &h, "application/vnd.amazon.eventstream", &chunks);
+    let out = fx.pass_answer(id, &h, "application/vnd.amazon.eventstream", &chunks);
     assert_eq!(
         fx.host
             .map_value(Headers::Response, "content-type")
@@ -325,7 +305,7 @@ fn a_tool_call_leaves_as_tool_config_and_streams_back_as_tool_call_deltas() {
     ]
     .concat();
     let chunks: Vec<&[u8]> = bytes.chunks(17).collect();
-    let out = answer(&fx, id, &h, "application/vnd.amazon.eventstream", &chunks);
+    let out = fx.pass_answer(id, &h, "application/vnd.amazon.eventstream", &chunks);
     let text = String::from_utf8(out).unwrap();
     let chunks: Vec<Value> = text
         .split("\n\n")
@@ -615,7 +595,7 @@ fn the_native_cost_requests_are_signed_and_translated() {
                 .starts_with("AWS4-HMAC-SHA256")
         );
         let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
-        let out = String::from_utf8(answer(&fx, id, &h, ct, &refs)).unwrap();
+        let out = String::from_utf8(fx.pass_answer(id, &h, ct, &refs)).unwrap();
         assert!(out.contains(tail), "{out}");
         assert!(out.contains("\"prompt_tokens\":11"), "{out}");
         h.on_log(&fx.host);

@@ -47,26 +47,6 @@ fn send(fx: &Fx, path: &str, body: &Value) -> (u32, Http) {
     (id, h)
 }
 
-fn answer(fx: &Fx, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
-    fx.host.enter(id);
-    fx.host.set_map(
-        Headers::Response,
-        &[
-            (":status", "200"),
-            ("content-type", content_type),
-            ("content-length", "999"),
-        ],
-    );
-    h.on_response_headers(&fx.host);
-    let mut out = Vec::new();
-    for (i, c) in chunks.iter().enumerate() {
-        fx.host.set_buffer(Body::Response, c);
-        h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
-        out.extend(fx.host.buffer(Body::Response));
-    }
-    out
-}
-
 #[test]
 fn the_request_leaves_as_generate_content_at_the_method_of_its_stream() {
     let fx = fx_with(json!({}));
@@ -166,8 +146,7 @@ fn a_json_answer_is_translated_and_settled_to_its_usage_metadata() {
                 "messages": [{"role": "user", "content": "hi"}]}),
     );
     let body = br#"{"candidates":[{"content":{"role":"model","parts":[{"text":"hello"}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":11,"candidatesTokenCount":4,"thoughtsTokenCount":3,"totalTokenCount":18}}"#;
-    let out = answer(
-        &fx,
+    let out = fx.pass_answer(
         id,
         &h,
         "application/json; charset=UTF-8",
@@ -201,7 +180,7 @@ fn an_sse_stream_is_translated_event_by_event_and_settled_to_its_last_usage() {
     )
     .as_bytes();
     let chunks: Vec<&[u8]> = bytes.chunks(17).collect();
-    let out = answer(&fx, id, &h, "text/event-stream", &chunks);
+    let out = fx.pass_answer(id, &h, "text/event-stream", &chunks);
     assert_eq!(fx.host.map_value(Headers::Response, "content-length"), None);
     let text = String::from_utf8(out).unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();

@@ -36,27 +36,6 @@ fn send(fx: &Fx, path: &str, body: &[u8]) -> (u32, Http) {
     (id, h)
 }
 
-/// The answer passes in `chunks`: what the client got.
-fn answer(fx: &Fx, id: u32, h: &Http, content_type: &str, chunks: &[&[u8]]) -> Vec<u8> {
-    fx.host.enter(id);
-    fx.host.set_map(
-        Headers::Response,
-        &[
-            (":status", "200"),
-            ("content-type", content_type),
-            ("content-length", "999"),
-        ],
-    );
-    h.on_response_headers(&fx.host);
-    let mut out = Vec::new();
-    for (i, c) in chunks.iter().enumerate() {
-        fx.host.set_buffer(Body::Response, c);
-        h.on_response_body(&fx.host, c.len(), i + 1 == chunks.len());
-        out.extend(fx.host.buffer(Body::Response));
-    }
-    out
-}
-
 const UNCAPPED: &[u8] = br#"{"model":"claude","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
 
 const MESSAGE: &[u8] = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"hello there"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":11,"cache_creation_input_tokens":2,"cache_read_input_tokens":3,"output_tokens":7}}"#;
@@ -136,7 +115,7 @@ fn a_json_answer_is_translated_and_settled_as_a_direct_call() {
     let fx = fx("inject");
     let (id, h) = send(&fx, CLAUDE_CHAT, UNCAPPED);
     let (head, tail) = MESSAGE.split_at(40);
-    let out = answer(&fx, id, &h, "application/json", &[head, tail]);
+    let out = fx.pass_answer(id, &h, "application/json", &[head, tail]);
     assert_eq!(fx.host.map_value(Headers::Response, "content-length"), None);
     let out: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(out["object"], "chat.completion");
@@ -154,7 +133,7 @@ fn a_json_answer_is_translated_and_settled_as_a_direct_call() {
         CLAUDE_MESSAGES,
         br#"{"model":"claude","max_tokens":100,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#,
     );
-    let passed = answer(&direct, id, &h, "application/json", &[MESSAGE]);
+    let passed = direct.pass_answer(id, &h, "application/json", &[MESSAGE]);
     assert_eq!(passed, MESSAGE, "a direct call passes untouched");
     h.on_log(&direct.host);
     assert_eq!(translated, 16 + 7);
@@ -176,7 +155,7 @@ fn a_stream_is_translated_chunk_by_chunk_and_settled_as_a_direct_call() {
     let bytes = STREAM.as_bytes();
     let cuts = [0, 17, 300, 301, 520, 700, bytes.len()];
     let chunks: Vec<&[u8]> = cuts.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
-    let out = answer(&fx, id, &h, "text/event-stream", &chunks);
+    let out = fx.pass_answer(id, &h, "text/event-stream", &chunks);
     let text = String::from_utf8(out).unwrap();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.last(), Some(&"data: [DONE]"));
@@ -344,7 +323,7 @@ fn the_native_cost_streams_are_translated_and_passed() {
         let fx = cost_fixture();
         let (id, h) = send(&fx, path, body);
         let parts: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
-        let out = String::from_utf8(answer(&fx, id, &h, "text/event-stream", &parts)).unwrap();
+        let out = String::from_utf8(fx.pass_answer(id, &h, "text/event-stream", &parts)).unwrap();
         assert_eq!(out.ends_with("data: [DONE]\n\n"), translated, "{out}");
         assert_eq!(out.contains("event: content_block_delta"), !translated);
         h.on_log(&fx.host);
@@ -356,11 +335,11 @@ fn calls_of(path: &str, body: &[u8], content_type: &str, chunks: &[&[u8]]) -> Ve
     let fx = fx("inject");
     // Warm: the worker's copy of the credential, as on a steady path.
     let (id, h) = send(&fx, path, body);
-    answer(&fx, id, &h, content_type, chunks);
+    fx.pass_answer(id, &h, content_type, chunks);
     h.on_log(&fx.host);
     fx.host.clear_calls();
     let (id, h) = send(&fx, path, body);
-    answer(&fx, id, &h, content_type, chunks);
+    fx.pass_answer(id, &h, content_type, chunks);
     h.on_log(&fx.host);
     // The rate-limit values depend on the prompt estimate: calls are compared by kind.
     fx.host

@@ -19,53 +19,45 @@
 //!   (Converse takes bytes or S3 locations, and the gateway fetches nothing).
 
 use super::text_of;
-use crate::translate::request::{Untranslatable, refuse};
+use crate::translate::request::{Asked, Untranslatable, function_tools, refuse, tool_call};
 use serde_json::{Map, Value, json};
 
-/// The tool fields of the OpenAI body.
-#[derive(Debug, Default)]
-pub(super) struct Asked<'a> {
-    pub tools: Option<&'a Value>,
-    pub choice: Option<&'a Value>,
-    /// `parallel_tool_calls: false`.
-    pub one_at_a_time: bool,
-}
-
-impl Asked<'_> {
-    /// The `toolConfig` (`None`: no tools); `tool_blocks`: the conversation holds tool calls or
-    /// results.
-    pub fn config(&self, tool_blocks: bool) -> Result<Option<Value>, Untranslatable> {
-        let tools = match self.tools {
-            Some(tools) => tool_specs(tools)?,
-            None => Vec::new(),
-        };
-        if tools.is_empty() {
-            if let Some(c) = self.choice
-                && !matches!(c.as_str(), Some("auto" | "none"))
-            {
-                return refuse("tool_choice requires tools");
-            }
-            if tool_blocks {
-                return refuse(
-                    "tools are required: the conversation holds tool calls or tool results, \
-                     which AWS Bedrock Converse takes only with the tools they use",
-                );
-            }
-            return Ok(None);
+/// The `toolConfig` of the body's tool fields (`None`: no tools); `tool_blocks`: the
+/// conversation holds tool calls or results.
+pub(super) fn config(
+    asked: &Asked<'_>,
+    tool_blocks: bool,
+) -> Result<Option<Value>, Untranslatable> {
+    let tools = match asked.tools {
+        Some(tools) => tool_specs(tools)?,
+        None => Vec::new(),
+    };
+    if tools.is_empty() {
+        if let Some(c) = asked.choice
+            && !matches!(c.as_str(), Some("auto" | "none"))
+        {
+            return refuse("tool_choice requires tools");
         }
-        if self.one_at_a_time {
+        if tool_blocks {
             return refuse(
-                "parallel_tool_calls: false has no equivalent in AWS Bedrock Converse \
-                 (a model may call several tools in one answer)",
+                "tools are required: the conversation holds tool calls or tool results, \
+                 which AWS Bedrock Converse takes only with the tools they use",
             );
         }
-        let mut config = Map::new();
-        config.insert("tools".into(), Value::Array(tools));
-        if let Some(choice) = self.choice.map(tool_choice).transpose()? {
-            config.insert("toolChoice".into(), choice);
-        }
-        Ok(Some(Value::Object(config)))
+        return Ok(None);
     }
+    if asked.one_at_a_time {
+        return refuse(
+            "parallel_tool_calls: false has no equivalent in AWS Bedrock Converse \
+             (a model may call several tools in one answer)",
+        );
+    }
+    let mut config = Map::new();
+    config.insert("tools".into(), Value::Array(tools));
+    if let Some(choice) = asked.choice.map(tool_choice).transpose()? {
+        config.insert("toolChoice".into(), choice);
+    }
+    Ok(Some(Value::Object(config)))
 }
 
 /// `tool_choice` (tools given) as Converse's `toolChoice`.
@@ -92,42 +84,23 @@ fn tool_choice(choice: &Value) -> Result<Value, Untranslatable> {
 
 /// OpenAI function tools as Converse `toolSpec`s.
 fn tool_specs(tools: &Value) -> Result<Vec<Value>, Untranslatable> {
-    let Some(tools) = tools.as_array() else {
-        return refuse("tools must be an array");
-    };
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let f = t.get("function").and_then(Value::as_object);
-            let (Some("function"), Some(f)) = (t.get("type").and_then(Value::as_str), f) else {
-                return refuse(format!("tools[{i}]: only function tools can be translated"));
-            };
-            let Some(name) = f.get("name").and_then(Value::as_str) else {
-                return refuse(format!("tools[{i}].function.name is required"));
-            };
+    Ok(function_tools(tools)?
+        .into_iter()
+        .map(|t| {
             let mut spec = Map::new();
-            spec.insert("name".into(), json!(name));
-            let mut schema = json!({"type": "object", "properties": {}});
-            for (k, v) in f {
-                match (k.as_str(), v) {
-                    ("name", _) | (_, Value::Null) => {}
-                    // Converse takes no empty description: an empty one says nothing.
-                    ("description", Value::String(d)) => {
-                        if !d.is_empty() {
-                            spec.insert("description".into(), v.clone());
-                        }
-                    }
-                    ("parameters", Value::Object(_)) => schema = v.clone(),
-                    // Strict schema adherence is OpenAI's; Converse has no such switch.
-                    ("strict", Value::Bool(false)) => {}
-                    _ => return refuse(format!("tools[{i}].function.{k} cannot be translated")),
-                }
+            spec.insert("name".into(), json!(t.name));
+            // Converse takes no empty description: an empty one says nothing.
+            if let Some(d) = t.description.filter(|d| d.as_str() != Some("")) {
+                spec.insert("description".into(), d.clone());
             }
+            let schema = t
+                .parameters
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
             spec.insert("inputSchema".into(), json!({"json": schema}));
-            Ok(json!({"toolSpec": spec}))
+            json!({"toolSpec": spec})
         })
-        .collect()
+        .collect())
 }
 
 /// An assistant message's blocks: its text, then its tool calls as `toolUse` blocks.
@@ -148,21 +121,7 @@ pub(super) fn assistant_blocks(
         _ => text_of(at, content)?,
     };
     for (j, call) in calls.iter().enumerate() {
-        let at = format!("{at}.tool_calls[{j}]");
-        let (Some(id), Some("function"), Some(name), Some(arguments)) = (
-            call.get("id").and_then(Value::as_str),
-            call.get("type").and_then(Value::as_str),
-            call.pointer("/function/name").and_then(Value::as_str),
-            call.pointer("/function/arguments").and_then(Value::as_str),
-        ) else {
-            return refuse(format!(
-                "{at} must be a function call with id, function.name and function.arguments"
-            ));
-        };
-        let input = match serde_json::from_str::<Value>(arguments) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => return refuse(format!("{at}.function.arguments must be a JSON object")),
-        };
+        let (id, name, input) = tool_call(&format!("{at}.tool_calls[{j}]"), call)?;
         blocks.push(json!({"toolUse": {"toolUseId": id, "name": name, "input": input}}));
     }
     Ok(blocks)

@@ -15,48 +15,37 @@
 //!   `{"content": <text>}`.
 
 use super::parts_of;
-use crate::translate::request::{Untranslatable, refuse};
+use crate::translate::request::{Asked, Untranslatable, function_tools, refuse, tool_call};
 use serde_json::{Map, Value, json};
 
-/// The tool fields of the OpenAI body.
-#[derive(Debug, Default)]
-pub(super) struct Asked<'a> {
-    pub tools: Option<&'a Value>,
-    pub choice: Option<&'a Value>,
-    /// `parallel_tool_calls: false`.
-    pub one_at_a_time: bool,
-}
-
-impl Asked<'_> {
-    /// `tools` and `toolConfig` (`None`: no tools).
-    pub fn config(&self) -> Result<(Option<Value>, Option<Value>), Untranslatable> {
-        let declarations = match self.tools {
-            Some(tools) => declarations(tools)?,
-            None => Vec::new(),
-        };
-        if declarations.is_empty() {
-            if let Some(c) = self.choice
-                && !matches!(c.as_str(), Some("auto" | "none"))
-            {
-                return refuse("tool_choice requires tools");
-            }
-            return Ok((None, None));
+/// `tools` and `toolConfig` of the body's tool fields (`None`: no tools).
+pub(super) fn config(asked: &Asked<'_>) -> Result<(Option<Value>, Option<Value>), Untranslatable> {
+    let declarations = match asked.tools {
+        Some(tools) => declarations(tools)?,
+        None => Vec::new(),
+    };
+    if declarations.is_empty() {
+        if let Some(c) = asked.choice
+            && !matches!(c.as_str(), Some("auto" | "none"))
+        {
+            return refuse("tool_choice requires tools");
         }
-        if self.one_at_a_time {
-            return refuse(
-                "parallel_tool_calls: false has no equivalent in Gemini (a model may call \
-                 several functions in one answer)",
-            );
-        }
-        let config = self
-            .choice
-            .map(|c| tool_choice(c, &declarations))
-            .transpose()?;
-        Ok((
-            Some(json!([{"functionDeclarations": declarations}])),
-            config,
-        ))
+        return Ok((None, None));
     }
+    if asked.one_at_a_time {
+        return refuse(
+            "parallel_tool_calls: false has no equivalent in Gemini (a model may call \
+             several functions in one answer)",
+        );
+    }
+    let config = asked
+        .choice
+        .map(|c| tool_choice(c, &declarations))
+        .transpose()?;
+    Ok((
+        Some(json!([{"functionDeclarations": declarations}])),
+        config,
+    ))
 }
 
 /// `tool_choice` (tools given) as Gemini's `toolConfig`.
@@ -88,39 +77,20 @@ fn tool_choice(choice: &Value, declared: &[Value]) -> Result<Value, Untranslatab
 
 /// OpenAI function tools as Gemini function declarations.
 fn declarations(tools: &Value) -> Result<Vec<Value>, Untranslatable> {
-    let Some(tools) = tools.as_array() else {
-        return refuse("tools must be an array");
-    };
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let f = t.get("function").and_then(Value::as_object);
-            let (Some("function"), Some(f)) = (t.get("type").and_then(Value::as_str), f) else {
-                return refuse(format!("tools[{i}]: only function tools can be translated"));
-            };
-            let Some(name) = f.get("name").and_then(Value::as_str) else {
-                return refuse(format!("tools[{i}].function.name is required"));
-            };
+    Ok(function_tools(tools)?
+        .into_iter()
+        .map(|t| {
             let mut d = Map::new();
-            d.insert("name".into(), json!(name));
-            for (k, v) in f {
-                match (k.as_str(), v) {
-                    ("name", _) | (_, Value::Null) => {}
-                    ("description", Value::String(_)) => {
-                        d.insert("description".into(), v.clone());
-                    }
-                    ("parameters", Value::Object(_)) => {
-                        d.insert("parametersJsonSchema".into(), v.clone());
-                    }
-                    // Strict schema adherence is OpenAI's; Gemini has no such switch.
-                    ("strict", Value::Bool(false)) => {}
-                    _ => return refuse(format!("tools[{i}].function.{k} cannot be translated")),
-                }
+            d.insert("name".into(), json!(t.name));
+            if let Some(description) = t.description {
+                d.insert("description".into(), description.clone());
             }
-            Ok(Value::Object(d))
+            if let Some(schema) = t.parameters {
+                d.insert("parametersJsonSchema".into(), schema.clone());
+            }
+            Value::Object(d)
         })
-        .collect()
+        .collect())
 }
 
 /// An assistant message's parts: its text, then its tool calls as `functionCall` parts (each
@@ -143,21 +113,7 @@ pub(super) fn assistant_parts(
         _ => parts_of(at, content, false)?,
     };
     for (j, call) in made.iter().enumerate() {
-        let at = format!("{at}.tool_calls[{j}]");
-        let (Some(id), Some("function"), Some(name), Some(arguments)) = (
-            call.get("id").and_then(Value::as_str),
-            call.get("type").and_then(Value::as_str),
-            call.pointer("/function/name").and_then(Value::as_str),
-            call.pointer("/function/arguments").and_then(Value::as_str),
-        ) else {
-            return refuse(format!(
-                "{at} must be a function call with id, function.name and function.arguments"
-            ));
-        };
-        let args = match serde_json::from_str::<Value>(arguments) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => return refuse(format!("{at}.function.arguments must be a JSON object")),
-        };
+        let (id, name, args) = tool_call(&format!("{at}.tool_calls[{j}]"), call)?;
         calls.push((id.to_string(), name.to_string()));
         parts.push(json!({"functionCall": {"name": name, "args": args}}));
     }
