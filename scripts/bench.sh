@@ -141,6 +141,13 @@ if command -v valgrind >/dev/null 2>&1; then
     else
       log "warning: the Bedrock instruction count failed (the report shows none)"
     fi
+    # Gemini on Vertex AI: a translated stream (issue 29).
+    if gemini_stream="$(per_request request::tests::gemini::native_cost_of_a_gemini_stream gemini_stream_callbacks)" &&
+      [ -n "$gemini_stream" ]; then
+      signed="$signed, \"gemini_stream\": $gemini_stream"
+    else
+      log "warning: the Gemini instruction count failed (the report shows none)"
+    fi
     echo "{\"cached_json\": $json, \"cached_stream\": $stream, \"translated_stream\": $translated, \"messages_stream\": $messages$signed}" >"$BENCH_INSTRUCTIONS"
   else
     log "warning: the instruction count failed (the report shows none)"

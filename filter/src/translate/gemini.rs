@@ -23,7 +23,9 @@
 use super::chunks::{Api, Head, Seen, Translated, error_body, openai_usage, sse_error};
 use super::request::{ChatFields, ClientAsk, Untranslatable, is_default, refuse, stop_sequences};
 use crate::usage::Usage;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 
 /// Translates the OpenAI chat body into a `GenerateContentRequest`. The cap is the body's own
 /// (`max_completion_tokens`, else `max_tokens`: admission set one when the client named none).
@@ -244,28 +246,52 @@ pub fn finish_reason(reason: Option<&str>) -> Value {
     }
 }
 
-/// `usageMetadata` as metering counts it: prompt = prompt + tool-use prompt tokens (cached
-/// ones included), completion = candidates + thoughts (Google bills thinking as output).
-pub fn usage_of(v: &Value) -> Option<Usage> {
-    let n = |k: &str| v.get(k).and_then(Value::as_u64);
-    let (prompt, candidates) = (n("promptTokenCount"), n("candidatesTokenCount"));
-    if prompt.is_none() && candidates.is_none() {
-        return None;
-    }
-    let prompt_tokens = prompt
-        .unwrap_or(0)
-        .saturating_add(n("toolUsePromptTokenCount").unwrap_or(0));
-    let completion_tokens = candidates
-        .unwrap_or(0)
-        .saturating_add(n("thoughtsTokenCount").unwrap_or(0));
-    Some(Usage {
-        prompt_tokens,
-        completion_tokens,
-        total_tokens: n("totalTokenCount")
+/// `usageMetadata`, as far as metering reads it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMetadata {
+    prompt_token_count: Option<u64>,
+    tool_use_prompt_token_count: Option<u64>,
+    candidates_token_count: Option<u64>,
+    thoughts_token_count: Option<u64>,
+    cached_content_token_count: Option<u64>,
+    total_token_count: Option<u64>,
+}
+
+impl UsageMetadata {
+    /// As metering counts it: prompt = prompt + tool-use prompt tokens (cached ones included),
+    /// completion = candidates + thoughts (Google bills thinking as output). `None`: neither
+    /// a prompt nor a candidates count.
+    fn usage(&self) -> Option<Usage> {
+        if self.prompt_token_count.is_none() && self.candidates_token_count.is_none() {
+            return None;
+        }
+        let prompt_tokens = self
+            .prompt_token_count
             .unwrap_or(0)
-            .max(prompt_tokens.saturating_add(completion_tokens)),
-        cached_input_tokens: n("cachedContentTokenCount").unwrap_or(0).min(prompt_tokens),
-    })
+            .saturating_add(self.tool_use_prompt_token_count.unwrap_or(0));
+        let completion_tokens = self
+            .candidates_token_count
+            .unwrap_or(0)
+            .saturating_add(self.thoughts_token_count.unwrap_or(0));
+        Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: self
+                .total_token_count
+                .unwrap_or(0)
+                .max(prompt_tokens.saturating_add(completion_tokens)),
+            cached_input_tokens: self
+                .cached_content_token_count
+                .unwrap_or(0)
+                .min(prompt_tokens),
+        })
+    }
+}
+
+/// `usageMetadata` as metering counts it ([`UsageMetadata::usage`]).
+pub fn usage_of(v: &Value) -> Option<Usage> {
+    UsageMetadata::deserialize(v).ok()?.usage()
 }
 
 /// A Google error (`{"error": {"code", "message", "status"}}`, or a list of them as a stream
@@ -308,12 +334,22 @@ fn candidate_text(candidate: &Value) -> Option<String> {
 /// one, else `call_<created>_<n>`, `n` counting from `first`; `arguments`: the args as a JSON
 /// string).
 fn candidate_calls(candidate: &Value, created: u64, first: usize) -> Vec<Value> {
-    candidate
+    let calls = candidate
         .pointer("/content/parts")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|part| part.get("functionCall"))
+        .filter_map(|part| part.get("functionCall"));
+    openai_calls(calls, created, first)
+}
+
+/// Gemini `functionCall`s as OpenAI tool calls (see [`candidate_calls`]).
+fn openai_calls<'v>(
+    calls: impl Iterator<Item = &'v Value>,
+    created: u64,
+    first: usize,
+) -> Vec<Value> {
+    calls
         .enumerate()
         .map(|(n, call)| {
             let id = call
@@ -521,26 +557,79 @@ fn end_line(s: &mut StreamState, head: &Head<'_>, out: &mut Vec<u8>) -> Option<S
     seen
 }
 
+/// A stream event as far as the translation reads it, borrowed from its bytes (no JSON tree
+/// for the text events that make up a stream).
+#[derive(serde::Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, default)]
+    candidates: Vec<Candidate<'a>>,
+    #[serde(rename = "usageMetadata", default)]
+    usage: Option<UsageMetadata>,
+    #[serde(rename = "promptFeedback", borrow, default)]
+    feedback: Option<Feedback<'a>>,
+    /// An error event is read again as a tree ([`google_error`]).
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct Candidate<'a> {
+    #[serde(borrow, default)]
+    content: Option<Content<'a>>,
+    #[serde(rename = "finishReason", borrow, default)]
+    finish: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Content<'a> {
+    #[serde(borrow, default)]
+    parts: Vec<Part<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default)]
+    thought: Option<bool>,
+    #[serde(rename = "functionCall", default)]
+    function_call: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct Feedback<'a> {
+    #[serde(rename = "blockReason", borrow, default)]
+    block: Option<Cow<'a, str>>,
+}
+
 /// Translates one event's data (a `GenerateContentResponse`, or an error).
 fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec<u8>) -> Seen {
     let mut seen = Seen::default();
-    let Ok(v) = serde_json::from_slice::<Value>(data) else {
-        s.done = true;
-        sse_error(
-            out,
-            "the provider sent an event that is not JSON",
-            Some("untranslatable_response"),
-        );
-        return seen;
+    let event = match serde_json::from_slice::<Event<'_>>(data) {
+        Ok(e) if e.error.is_none() => e,
+        // An error (alone, or in a list), or not an event: the stream ends there.
+        _ => {
+            s.done = true;
+            match serde_json::from_slice::<Value>(data)
+                .ok()
+                .as_ref()
+                .and_then(google_error)
+            {
+                Some(error) => {
+                    out.extend_from_slice(b"data: ");
+                    let _ = serde_json::to_writer(&mut *out, &error);
+                    out.extend_from_slice(b"\n\n");
+                }
+                None => sse_error(
+                    out,
+                    "the provider sent an event that is not a Gemini answer",
+                    Some("untranslatable_response"),
+                ),
+            }
+            return seen;
+        }
     };
-    if let Some(error) = google_error(&v) {
-        s.done = true;
-        out.extend_from_slice(b"data: ");
-        let _ = serde_json::to_writer(&mut *out, &error);
-        out.extend_from_slice(b"\n\n");
-        return seen;
-    }
-    seen.usage = v.get("usageMetadata").and_then(usage_of);
+    seen.usage = event.usage.as_ref().and_then(UsageMetadata::usage);
     if !s.started {
         s.started = true;
         head.delta(
@@ -549,14 +638,30 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
             Value::Null,
         );
     }
-    let candidate = v.pointer("/candidates/0");
-    if let Some(text) = candidate.and_then(candidate_text).filter(|t| !t.is_empty()) {
+    let candidate = event.candidates.first();
+    let parts = candidate
+        .and_then(|c| c.content.as_ref())
+        .map_or(&[][..], |c| c.parts.as_slice());
+    // The text of the event's parts (thought parts left out), borrowed when it is one part.
+    let mut texts = parts
+        .iter()
+        .filter(|p| p.thought != Some(true))
+        .filter_map(|p| p.text.as_deref())
+        .filter(|t| !t.is_empty());
+    if let Some(first) = texts.next() {
         seen.deltas = 1;
-        head.content(out, &text);
+        match texts.next() {
+            None => head.content(out, first),
+            Some(second) => {
+                let mut joined = format!("{first}{second}");
+                texts.for_each(|t| joined.push_str(t));
+                head.content(out, &joined);
+            }
+        }
     }
     // Gemini sends a call whole, in one part: one delta with its id, name and arguments.
-    let calls = candidate.map_or_else(Vec::new, |c| candidate_calls(c, head.created, s.calls));
-    for mut call in calls {
+    let calls = parts.iter().filter_map(|p| p.function_call.as_ref());
+    for mut call in openai_calls(calls, head.created, s.calls) {
         if let Some(o) = call.as_object_mut() {
             o.insert("index".into(), json!(s.calls));
         }
@@ -564,10 +669,8 @@ fn stream_event(s: &mut StreamState, head: &Head<'_>, data: &[u8], out: &mut Vec
         seen.deltas = 1;
         head.delta(out, json!({"tool_calls": [call]}), Value::Null);
     }
-    let reason = candidate
-        .and_then(|c| c.get("finishReason"))
-        .and_then(Value::as_str);
-    let blocked = v.pointer("/promptFeedback/blockReason").is_some();
+    let reason = candidate.and_then(|c| c.finish.as_deref());
+    let blocked = event.feedback.is_some_and(|f| f.block.is_some());
     if !s.finished && (reason.is_some() || blocked) {
         s.finished = true;
         let finish = if reason.is_none() {

@@ -524,6 +524,8 @@ pub(crate) struct FilterInstructions {
     pub(crate) signed_json: Option<u64>,
     /// Per signed 64-token ConverseStream translated to OpenAI SSE.
     pub(crate) signed_stream: Option<u64>,
+    /// Per 64-token Gemini stream (Vertex AI's own API) translated to OpenAI SSE.
+    pub(crate) gemini_stream: Option<u64>,
 }
 
 /// `{"cached_json": N, "cached_stream": M}` from `path` (`None`: no file, or unreadable).
@@ -537,6 +539,7 @@ pub(crate) fn read_instructions(path: Option<&Path>) -> Option<FilterInstruction
         messages_stream: v["messages_stream"].as_u64(),
         signed_json: v["bedrock_signed_json"].as_u64(),
         signed_stream: v["bedrock_signed_stream"].as_u64(),
+        gemini_stream: v["gemini_stream"].as_u64(),
     };
     (counts != FilterInstructions::default()).then_some(counts)
 }
@@ -582,6 +585,12 @@ pub(crate) fn render_instructions(counts: Option<FilterInstructions>) -> String 
         let _ = writeln!(
             o,
             "**{j} instructions** per signed Bedrock JSON request{over_cached}: the OpenAI chat body translated to Converse, SigV4-signed (the body's SHA-256, the canonical request, the HMAC with the day's derived key), a 64-token Converse answer translated back and settled; **{st}** per signed 64-token ConverseStream translated frame by frame to OpenAI SSE (`native_cost_of_a_signed_json_request` and `native_cost_of_a_converse_stream` in `filter/src/request/tests/bedrock.rs`, counted the same way).\n"
+        );
+    }
+    if let Some(g) = counts.gemini_stream {
+        let _ = writeln!(
+            o,
+            "**{g} instructions** per translated 64-token Gemini stream (an OpenAI chat client to Gemini on Vertex AI: the request translated to `generateContent`, 64 SSE events turned into chunks, the usage chunk and `[DONE]`; `native_cost_of_a_gemini_stream` in `filter/src/request/tests/gemini.rs`, counted the same way).\n"
         );
     }
     if counts == FilterInstructions::default() {

@@ -110,6 +110,12 @@ fn the_instruction_count_is_read_from_its_file_and_rendered() {
         text.contains("+77000 per stream, +1100 per event"),
         "{text}"
     );
+    std::fs::write(&file, r#"{"gemini_stream": 480000}"#).unwrap();
+    let text = render_instructions(read_instructions(Some(&file)));
+    assert!(
+        text.contains("**480000 instructions** per translated 64-token Gemini stream"),
+        "{text}"
+    );
     std::fs::write(
         &file,
         r#"{"cached_json": 30000, "bedrock_signed_json": 190000, "bedrock_signed_stream": 530000}"#,
