@@ -591,6 +591,7 @@ fn gemini_problem(body: &Value) -> Option<String> {
         "presencePenalty",
         "frequencyPenalty",
         "responseMimeType",
+        "responseJsonSchema",
         "candidateCount",
     ];
     let unknown = |name: &str| {

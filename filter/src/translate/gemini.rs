@@ -6,10 +6,11 @@
 //!   (`assistant` → role `model`, consecutive messages of one role joined), system and developer
 //!   messages → `systemInstruction`, text parts → `{text}`, `data:` image URLs →
 //!   `{inlineData}`, the cap → `generationConfig.maxOutputTokens`, `temperature`, `top_p` →
-//!   `topP`, `stop` → `stopSequences`, `seed`, the penalties, `response_format: json_object` →
-//!   `responseMimeType`, function tools, tool calls and results as [`tools`] says. What has no
-//!   faithful translation (several choices, a JSON schema response format, logprobs, an image
-//!   by URL…) is refused (400 `untranslatable_request`, named), never dropped;
+//!   `topP`, `stop` → `stopSequences`, `seed`, the penalties, `response_format` →
+//!   `responseMimeType` (and a `json_schema`'s schema → `responseJsonSchema`), function tools,
+//!   tool calls and results as [`tools`] says. What has no faithful translation (several
+//!   choices, `strict` schemas, logprobs, an image by URL…) is refused (400
+//!   `untranslatable_request`, named), never dropped;
 //! - [`Answer`]: the provider's answer as it passes — a JSON answer kept to its end and
 //!   translated to a `chat.completion`; an SSE stream translated event by event to
 //!   `chat.completion.chunk` events, then (when it ends) the usage chunk if asked and
@@ -101,16 +102,12 @@ fn generation_field(
         "stop" => {
             config.insert("stopSequences".into(), stop_sequences(v)?);
         }
-        "response_format" => match v.get("type").and_then(Value::as_str) {
-            Some("json_object") => {
-                config.insert("responseMimeType".into(), json!("application/json"));
+        "response_format" => {
+            config.insert("responseMimeType".into(), json!("application/json"));
+            if let Some(schema) = response_schema(v)? {
+                config.insert("responseJsonSchema".into(), schema.clone());
             }
-            _ => {
-                return refuse(
-                    "response_format: only json_object is translated for Gemini (a json_schema's dialect differs)",
-                );
-            }
-        },
+        }
         _ => return refuse(format!("{name} cannot be translated")),
     }
     Ok(())
@@ -169,6 +166,37 @@ fn known_field(role: &str, k: &str) -> bool {
         "assistant" => matches!(k, "role" | "content" | "name" | "tool_calls"),
         "tool" => matches!(k, "role" | "content" | "tool_call_id"),
         _ => matches!(k, "role" | "content" | "name"),
+    }
+}
+
+/// The JSON Schema a `response_format` asks the answer to follow (`None`: `json_object`, any
+/// JSON). `json_schema` → Gemini's `responseJsonSchema` (JSON Schema as written); its `name`
+/// and `description` name nothing Gemini reads, and `strict: true` (OpenAI's exact adherence)
+/// is refused rather than promised.
+fn response_schema(v: &Value) -> Result<Option<&Value>, Untranslatable> {
+    match v.get("type").and_then(Value::as_str) {
+        Some("json_object") => Ok(None),
+        Some("json_schema") => {
+            let Some(spec) = v.get("json_schema").and_then(Value::as_object) else {
+                return refuse("response_format.json_schema must be an object");
+            };
+            for (k, x) in spec {
+                match (k.as_str(), x) {
+                    ("name" | "description", _) | (_, Value::Null) => {}
+                    ("schema", Value::Object(_)) | ("strict", Value::Bool(false)) => {}
+                    _ => {
+                        return refuse(format!(
+                            "response_format.json_schema.{k} cannot be translated for Gemini"
+                        ));
+                    }
+                }
+            }
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(schema)),
+                _ => refuse("response_format.json_schema.schema is required"),
+            }
+        }
+        _ => refuse("response_format must be json_object or json_schema"),
     }
 }
 

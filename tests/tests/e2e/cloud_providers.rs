@@ -509,6 +509,12 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
     );
     assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 5, "{text}");
     gemini_function_call_round_trip(&stack).await;
+    // Structured output: a JSON schema the answer must follow.
+    let mut structured = body.clone();
+    structured["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "n",
+        "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}});
+    let (status, answer) = post(&stack, "/v1/chat/completions", structured).await;
+    assert_eq!(status, 200, "{answer}");
     // What has no translation (several choices): refused, never sent.
     let mut several = body.clone();
     several["n"] = json!(2);
@@ -523,6 +529,7 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
         [
             format!("{at}:generateContent"),
             format!("{at}:streamGenerateContent?alt=sse"),
+            format!("{at}:generateContent"),
             format!("{at}:generateContent"),
             format!("{at}:generateContent"),
         ]

@@ -59,6 +59,18 @@ fn a_chat_body_becomes_generate_content() {
             }
         })
     );
+    // A JSON schema the answer must follow: Gemini's responseJsonSchema.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"]});
+    let v = translated(
+        json!({"model": "g", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "count", "strict": false, "schema": schema}}}),
+    );
+    assert_eq!(
+        v["generationConfig"],
+        json!({"responseMimeType": "application/json", "responseJsonSchema": schema})
+    );
     // No cap, no options: just the contents.
     assert_eq!(
         translated(json!({"model": "g", "messages": [{"role": "user", "content": "x"}]})),
@@ -95,8 +107,18 @@ fn what_has_no_faithful_translation_is_refused_by_name() {
         ("logprobs", json!(true), "logprobs"),
         (
             "response_format",
-            json!({"type": "json_schema", "json_schema": {}}),
-            "json_schema",
+            json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            "json_schema.schema is required",
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": true}}),
+            "json_schema.strict",
+        ),
+        (
+            "response_format",
+            json!({"type": "grammar"}),
+            "response_format",
         ),
         ("max_tokens", json!(-1), "max_tokens"),
         ("temperature", json!("hot"), "temperature"),
