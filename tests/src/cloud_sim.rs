@@ -837,8 +837,15 @@ fn answer(
         .into_response()
 }
 
+/// A Vertex AI model endpoint the simulator serves (with the method a publisher path named).
+enum VertexEndpoint {
+    Claude(&'static str),
+    Gemini(&'static str),
+    Openapi,
+}
+
 /// Vertex AI's model paths (the OpenAI-compatible endpoint, Claude's and Gemini's publisher
-/// paths), `None` for any other path.
+/// paths), each with the same Google bearer token; `None` for any other path.
 fn vertex_request(
     sim: &Sim,
     method: &axum::http::Method,
@@ -858,45 +865,36 @@ fn vertex_request(
         "/v1/projects/{}/locations/{}/publishers/anthropic/models/{VERTEX_CLAUDE_MODEL}:",
         c.vertex_project, c.vertex_location
     );
-    if let Some(vertex_method) = path.strip_prefix(&claude)
-        && matches!(vertex_method, "rawPredict" | "streamRawPredict")
-        && method == axum::http::Method::POST
-    {
-        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
-            return Some(google_error(
-                StatusCode::UNAUTHORIZED,
-                "Request had invalid authentication credentials.",
-            ));
-        }
-        return Some(claude_on_vertex(vertex_method, body));
-    }
     let gemini = format!(
         "/v1/projects/{}/locations/{}/publishers/google/models/{VERTEX_GEMINI_MODEL}:",
         c.vertex_project, c.vertex_location
     );
-    if let Some(vertex_method) = path.strip_prefix(&gemini)
-        && matches!(vertex_method, "generateContent" | "streamGenerateContent")
-        && method == axum::http::Method::POST
-    {
-        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
-            return Some(google_error(
-                StatusCode::UNAUTHORIZED,
-                "Request had invalid authentication credentials.",
-            ));
-        }
-        return Some(gemini_on_vertex(vertex_method, query, body));
+    if method != axum::http::Method::POST {
+        return None;
     }
-    if path == vertex && method == axum::http::Method::POST {
-        if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
-            return Some(google_error(
-                StatusCode::UNAUTHORIZED,
-                "Request had invalid authentication credentials.",
-            ));
-        }
-        if stream {
-            return Some(streamed(include_usage));
-        }
-        return Some(completion("chat/completions"));
+    let model_method = |prefix: &str, methods: [&'static str; 2]| {
+        path.strip_prefix(prefix)
+            .and_then(|m| methods.into_iter().find(|known| *known == m))
+    };
+    let endpoint = if let Some(m) = model_method(&claude, ["rawPredict", "streamRawPredict"]) {
+        VertexEndpoint::Claude(m)
+    } else if let Some(m) = model_method(&gemini, ["generateContent", "streamGenerateContent"]) {
+        VertexEndpoint::Gemini(m)
+    } else if path == vertex {
+        VertexEndpoint::Openapi
+    } else {
+        return None;
+    };
+    if !bearer(headers).is_some_and(|t| sim.valid_token(t, "gcp")) {
+        return Some(google_error(
+            StatusCode::UNAUTHORIZED,
+            "Request had invalid authentication credentials.",
+        ));
     }
-    None
+    Some(match endpoint {
+        VertexEndpoint::Claude(m) => claude_on_vertex(m, body),
+        VertexEndpoint::Gemini(m) => gemini_on_vertex(m, query, body),
+        VertexEndpoint::Openapi if stream => streamed(include_usage),
+        VertexEndpoint::Openapi => completion("chat/completions"),
+    })
 }

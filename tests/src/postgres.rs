@@ -266,11 +266,8 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    /// Another process takes the picked port before PostgreSQL binds it: the server is started
-    /// again on the next port instead of failing the stack.
-    #[test]
-    fn a_taken_port_is_replaced_by_a_fresh_one() {
-        let bin = crate::tools::pg_bin_dir().unwrap();
+    /// A directory for a throwaway server, readable by the `postgres` user.
+    fn pg_dir() -> tempfile::TempDir {
         let dir = tempfile::Builder::new()
             .prefix("maas-pg-port-")
             .tempdir()
@@ -280,6 +277,15 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
+        dir
+    }
+
+    /// Another process takes the picked port before PostgreSQL binds it: the server is started
+    /// again on the next port instead of failing the stack.
+    #[test]
+    fn a_taken_port_is_replaced_by_a_fresh_one() {
+        let bin = crate::tools::pg_bin_dir().unwrap();
+        let dir = pg_dir();
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let taken_port = taken.local_addr().unwrap().port();
         let mut picks = vec![taken_port];
@@ -309,19 +315,7 @@ mod tests {
     #[test]
     fn a_port_taken_by_another_postgres_is_not_taken_for_ours() {
         let bin = crate::tools::pg_bin_dir().unwrap();
-        let dir_for = || {
-            let dir = tempfile::Builder::new()
-                .prefix("maas-pg-port-")
-                .tempdir()
-                .unwrap();
-            std::fs::set_permissions(
-                dir.path(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
-            dir
-        };
-        let (first_dir, second_dir) = (dir_for(), dir_for());
+        let (first_dir, second_dir) = (pg_dir(), pg_dir());
         let free = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
         let mut first =
             Postgres::init_and_start_on_free_port(&bin, first_dir.path(), free).unwrap();
@@ -346,15 +340,7 @@ mod tests {
     #[test]
     fn retries_are_bounded() {
         let bin = crate::tools::pg_bin_dir().unwrap();
-        let dir = tempfile::Builder::new()
-            .prefix("maas-pg-port-")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let dir = pg_dir();
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let taken_port = taken.local_addr().unwrap().port();
         let mut tries = 0;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 mod bedrock;
 mod body;
 mod cap;
+mod cost;
 mod gemini;
 mod lease;
 mod ledger;

@@ -15,7 +15,9 @@
 
 use super::chunks::{Api, Head, Seen, Translated, error_body, openai_usage, sse_error};
 use super::eventstream::{Decoder, Message};
-use super::request::{ChatFields, ClientAsk, Untranslatable, is_default, refuse, stop_sequences};
+use super::request::{
+    ChatFields, ClientAsk, Untranslatable, is_default, join_turn, refuse, stop_sequences,
+};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
@@ -168,15 +170,7 @@ fn messages_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>, bool), Unt
         tool_blocks |= blocks
             .iter()
             .any(|b| b.get("toolUse").is_some() || b.get("toolResult").is_some());
-        let same = out
-            .last_mut()
-            .filter(|last| last.get("role").and_then(Value::as_str) == Some(role))
-            .and_then(|last| last.get_mut("content"))
-            .and_then(Value::as_array_mut);
-        match same {
-            Some(content) => content.extend(blocks),
-            None => out.push(json!({"role": role, "content": blocks})),
-        }
+        join_turn(&mut out, role, "content", blocks);
     }
     if out.is_empty() {
         return refuse("messages must hold a user message");

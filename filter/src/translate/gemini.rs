@@ -22,7 +22,9 @@
 //!   `tool_calls` when the turn ended on them.
 
 use super::chunks::{Api, Head, Seen, Translated, error_body, openai_usage, sse_error};
-use super::request::{ChatFields, ClientAsk, Untranslatable, is_default, refuse, stop_sequences};
+use super::request::{
+    ChatFields, ClientAsk, Untranslatable, is_default, join_turn, refuse, stop_sequences,
+};
 use crate::usage::Usage;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -144,15 +146,7 @@ fn contents_of(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransla
             "tool" => ("user", vec![tools::function_response(&at, m, &calls)?]),
             other => return refuse(format!("{at}.role {other:?} cannot be translated")),
         };
-        let same = out
-            .last_mut()
-            .filter(|last| last.get("role").and_then(Value::as_str) == Some(role))
-            .and_then(|last| last.get_mut("parts"))
-            .and_then(Value::as_array_mut);
-        match same {
-            Some(existing) => existing.extend(parts),
-            None => out.push(json!({"role": role, "parts": parts})),
-        }
+        join_turn(&mut out, role, "parts", parts);
     }
     if out.is_empty() {
         return refuse("messages must hold a user message");

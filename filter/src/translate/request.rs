@@ -63,6 +63,26 @@ pub(super) fn read_stream_options(v: &Value, ask: &mut ClientAsk) -> Result<(), 
     Ok(())
 }
 
+/// Appends a turn of `role` to `turns` (`{"role", <key>: blocks}`), joined with the last turn
+/// when that has the same role: APIs that alternate roles (Converse, Gemini) take consecutive
+/// messages of one role (a run of tool results, a result next to a user message) as one turn.
+pub(super) fn join_turn(turns: &mut Vec<Value>, role: &str, key: &str, blocks: Vec<Value>) {
+    let same = turns
+        .last_mut()
+        .filter(|last| last.get("role").and_then(Value::as_str) == Some(role))
+        .and_then(|last| last.get_mut(key))
+        .and_then(Value::as_array_mut);
+    match same {
+        Some(existing) => existing.extend(blocks),
+        None => {
+            let mut turn = Map::new();
+            turn.insert("role".into(), Value::from(role));
+            turn.insert(key.into(), Value::Array(blocks));
+            turns.push(Value::Object(turn));
+        }
+    }
+}
+
 /// `stop` (a string or strings) as a list of stop sequences.
 pub(super) fn stop_sequences(v: &Value) -> Result<Value, Untranslatable> {
     match v {

@@ -417,3 +417,41 @@ pub async fn quota_of(stack: &Stack, cred: &str) -> Value {
         .await
         .expect("quota json")
 }
+
+/// What concurrent clients (`tasks`, each answering its user's index and how many it got
+/// admitted) were admitted, per user.
+pub async fn admitted_per_user(tasks: Vec<tokio::task::JoinHandle<(usize, u64)>>) -> [u64; 3] {
+    let mut per_user = [0u64; 3];
+    for t in tasks {
+        let (user, ok) = t.await.expect("client task");
+        if let Some(slot) = per_user.get_mut(user) {
+            *slot += ok;
+        }
+    }
+    per_user
+}
+
+/// What a replica leased and did not use goes back when it idles: the rest of a shared limit
+/// is then usable from any replica. Sends one request every 250 ms (the replicas and `keys` in
+/// turn) until `total` reaches `limit` or 10 s pass; `admitted` judges each answer (and checks
+/// a refusal's reason). Returns the new total.
+pub async fn admit_the_rest(
+    stack: &Stack,
+    replicas: usize,
+    keys: &[String],
+    mut total: u64,
+    limit: u64,
+    admitted: impl Fn(&Reply) -> bool,
+) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    while total < limit && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let key = keys.get(i % keys.len()).expect("a key");
+        if admitted(&sim_chat_at(stack, i % replicas, key, 8).await) {
+            total += 1;
+        }
+        i += 1;
+    }
+    total
+}

@@ -8,11 +8,13 @@
 //! Prints a `pool figure:` line (requests admitted against the pool's limit): the overshoot the
 //! lead reports.
 
-use crate::helpers::{Reply, quota_of, sim_chat_at, start_replicated, subscription_key};
+use crate::helpers::{
+    Reply, admit_the_rest, admitted_per_user, quota_of, sim_chat_at, start_replicated,
+    subscription_key,
+};
 use maas_e2e::Stack;
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
 tiers:
@@ -122,28 +124,15 @@ async fn three_users_share_one_pool_across_replicas_and_never_exceed_it() {
             (n % USERS.len(), ok)
         }));
     }
-    let mut per_user = [0u64; 3];
-    for t in tasks {
-        let (user, ok) = t.await.expect("client task");
-        if let Some(slot) = per_user.get_mut(user) {
-            *slot += ok;
-        }
-    }
+    let per_user = admitted_per_user(tasks).await;
     let concurrent: u64 = per_user.iter().sum();
     assert!(concurrent <= POOL, "admitted {concurrent} > pool {POOL}");
     // What a replica leased and did not use goes back when it idles: the rest of the pool is
     // then usable from either replica.
-    let mut total = concurrent;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut i = 0;
-    while total < POOL && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let key = keys.get(i % keys.len()).expect("a key");
-        if admitted(&chat_at(&stack, i % REPLICAS, key).await, "team") {
-            total += 1;
-        }
-        i += 1;
-    }
+    let total = admit_the_rest(&stack, REPLICAS, &keys, concurrent, POOL, |r| {
+        admitted(r, "team")
+    })
+    .await;
     eprintln!(
         "pool figure: 3 users on {REPLICAS} replicas admitted {total} of a pool of {POOL} \
          ({concurrent} while all six clients ran; per user {per_user:?}; over by {})",

@@ -17,7 +17,8 @@
 //! overshoot the lead reports.
 
 use crate::helpers::{
-    Reply, SIM_CHAT as CHAT, client, quota_of, sim_chat_at, start_replicated, subscription_key,
+    Reply, SIM_CHAT as CHAT, admit_the_rest, admitted_per_user, client, quota_of, sim_chat_at,
+    start_replicated, subscription_key,
 };
 use maas_e2e::Stack;
 use serde_json::{Value, json};
@@ -200,26 +201,13 @@ async fn an_organisations_limit_holds_across_its_subscriptions_and_replicas() {
             (n % 3, ok)
         }));
     }
-    let mut per_user = [0u64; 3];
-    for t in tasks {
-        let (user, ok) = t.await.expect("client task");
-        if let Some(slot) = per_user.get_mut(user) {
-            *slot += ok;
-        }
-    }
+    let per_user = admitted_per_user(tasks).await;
     let concurrent: u64 = per_user.iter().sum();
     assert!(concurrent <= ORG, "admitted {concurrent} > {ORG}");
-    let mut total = concurrent;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut i = 0;
-    while total < ORG && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let key = keys.get(i % keys.len()).expect("a key");
-        if admitted(&chat_at(&stack, i % REPLICAS, key).await, "scope acme") {
-            total += 1;
-        }
-        i += 1;
-    }
+    let total = admit_the_rest(&stack, REPLICAS, &keys, concurrent, ORG, |r| {
+        admitted(r, "scope acme")
+    })
+    .await;
     eprintln!(
         "scope figure: organisation acme, 3 users of 2 subscriptions on {REPLICAS} replicas \
          admitted {total} of {ORG} ({concurrent} while all six clients ran; per user \

@@ -3,6 +3,7 @@
 //! sent; without a key it is refused (503 `signing_unavailable`), never sent unsigned; the
 //! answer (JSON or event stream) comes back as OpenAI chat, settled to Bedrock's usage.
 
+use super::cost;
 use super::*;
 use crate::sigv4;
 use crate::translate::eventstream::encode;
@@ -481,21 +482,9 @@ fn converse_frames() -> Vec<Vec<u8>> {
     frames
 }
 
-fn rounds() -> u32 {
-    std::env::var("MAAS_NATIVE_COST_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
-
-/// `n` requests with `body` answered by `chunks` of `content_type`, each through `callbacks` on
-/// a fresh context with the host's maps set up before (not counted); the µs per request.
-fn cost(
-    body: &[u8],
-    content_type: &str,
-    chunks: &[Vec<u8>],
-    callbacks: fn(&Fx, u32, usize, &[Vec<u8>]),
-) -> f64 {
+/// `n` requests with `body` answered by `chunks` of `content_type`, each through
+/// [`signed_request_callbacks`]; the µs per request.
+fn cost(body: &[u8], content_type: &str, chunks: &[Vec<u8>]) -> f64 {
     let fx = cost_fixture();
     let headers = vec![
         (":method", "POST".to_string()),
@@ -503,42 +492,25 @@ fn cost(
         ("authorization", format!("Bearer {}", key_of(2))),
         ("content-type", "application/json".to_string()),
     ];
-    let headers = refs(&headers);
     let resp = [(":status", "200"), ("content-type", content_type)];
-    let n = rounds();
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let id = fx.context_id();
-        fx.host.clear_calls();
-        fx.host.enter(id);
-        fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, body);
-        fx.host.set_map(Headers::Response, &resp);
-        callbacks(&fx, id, body.len(), chunks);
-    }
-    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    cost::run(
+        &fx,
+        &refs(&headers),
+        body,
+        &resp,
+        None,
+        cost::rounds(2000),
+        |fx, id| {
+            signed_request_callbacks(fx, id, body.len(), chunks);
+        },
+    )
 }
 
 /// One signed request's life in the filter (translated, signed, its answer translated back).
 /// Not inlined: valgrind counts instructions from its entry (`--toggle-collect`).
 #[inline(never)]
 fn signed_request_callbacks(fx: &Fx, id: u32, body_len: usize, chunks: &[Vec<u8>]) {
-    let h = fx.root.http(id);
-    let host = &fx.host;
-    h.on_request_headers(host, false);
-    assert_eq!(h.on_request_body(host, body_len, true), Action::Continue);
-    assert_eq!(h.on_response_headers(host), Action::Continue);
-    for (i, c) in chunks.iter().enumerate() {
-        put_chunk(host, c);
-        h.on_response_body(host, c.len(), i + 1 == chunks.len());
-    }
-    h.on_log(host);
-    h.on_done(host);
-}
-
-#[inline(never)]
-fn put_chunk(host: &crate::host::recording::RecordingHost, chunk: &[u8]) {
-    host.set_buffer(Body::Response, chunk);
+    cost::request_life(fx, id, body_len, chunks);
 }
 
 /// Not a test: the filter's work per signed Bedrock JSON request (translated to Converse, SigV4
@@ -546,12 +518,7 @@ fn put_chunk(host: &crate::host::recording::RecordingHost, chunk: &[u8]) {
 #[test]
 #[ignore]
 fn native_cost_of_a_signed_json_request() {
-    let us = cost(
-        COST_JSON,
-        "application/json",
-        &converse_json(),
-        signed_request_callbacks,
-    );
+    let us = cost(COST_JSON, "application/json", &converse_json());
     eprintln!("{us:.1} µs per signed Bedrock JSON request");
 }
 
@@ -563,7 +530,6 @@ fn native_cost_of_a_converse_stream() {
         COST_STREAM,
         "application/vnd.amazon.eventstream",
         &converse_frames(),
-        signed_request_callbacks,
     );
     eprintln!("{us:.1} µs per signed, translated 64-token Bedrock stream");
 }

@@ -3,6 +3,7 @@
 //! with the bearer token; what cannot be translated is refused before anything is counted; the
 //! answer (JSON or SSE) comes back as OpenAI chat, settled to Gemini's `usageMetadata`.
 
+use super::cost;
 use super::*;
 
 const GEMINI: &str =
@@ -286,22 +287,7 @@ fn cost_fixture() -> Fx {
 /// its SSE answer back to OpenAI chunks). Not inlined: valgrind counts from its entry.
 #[inline(never)]
 fn gemini_stream_callbacks(fx: &Fx, id: u32, body_len: usize, chunks: &[Vec<u8>]) {
-    let h = fx.root.http(id);
-    let host = &fx.host;
-    h.on_request_headers(host, false);
-    assert_eq!(h.on_request_body(host, body_len, true), Action::Continue);
-    assert_eq!(h.on_response_headers(host), Action::Continue);
-    for (i, c) in chunks.iter().enumerate() {
-        put_chunk(host, c);
-        h.on_response_body(host, c.len(), i + 1 == chunks.len());
-    }
-    h.on_log(host);
-    h.on_done(host);
-}
-
-#[inline(never)]
-fn put_chunk(host: &crate::host::recording::RecordingHost, chunk: &[u8]) {
-    host.set_buffer(Body::Response, chunk);
+    cost::request_life(fx, id, body_len, chunks);
 }
 
 /// Not a test: the filter's work per translated 64-token Gemini stream (`MAAS_NATIVE_COST_N`
@@ -317,23 +303,19 @@ fn native_cost_of_a_gemini_stream() {
         ("authorization", format!("Bearer {}", key(2))),
         ("content-type", "application/json".to_string()),
     ];
-    let headers = refs(&headers);
     let resp = [(":status", "200"), ("content-type", "text/event-stream")];
-    let n: u32 = std::env::var("MAAS_NATIVE_COST_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let id = fx.context_id();
-        fx.host.clear_calls();
-        fx.host.enter(id);
-        fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, COST_STREAM);
-        fx.host.set_map(Headers::Response, &resp);
-        gemini_stream_callbacks(&fx, id, COST_STREAM.len(), &chunks);
-    }
-    let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+    let n = cost::rounds(2000);
+    let us = cost::run(
+        &fx,
+        &refs(&headers),
+        COST_STREAM,
+        &resp,
+        None,
+        n,
+        |fx, id| {
+            gemini_stream_callbacks(fx, id, COST_STREAM.len(), &chunks);
+        },
+    );
     eprintln!("{us:.1} µs per translated 64-token Gemini stream");
 }
 

@@ -1,5 +1,6 @@
 //! The response side: usage scanning and settlement, and the host-call budget of a request.
 
+use super::cost;
 use super::*;
 use std::io::Write;
 
@@ -786,15 +787,6 @@ fn cached_fixture() -> Fx {
     fx
 }
 
-/// MAAS_NATIVE_COST_N: how many requests (fewer under an instruction counter, valgrind
-/// --tool=callgrind).
-fn native_cost_rounds() -> u32 {
-    std::env::var("MAAS_NATIVE_COST_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000)
-}
-
 /// Not a test: the filter's own work per cached request, natively (for profiling with
 /// `perf record`; `cargo test -p maas-filter --release --lib -- --ignored native_cost --nocapture`;
 /// `./scripts/bench.sh` counts its instructions with valgrind).
@@ -810,7 +802,7 @@ fn native_cost_of_a_cached_request() {
     );
 }
 
-/// The native cost harnesses' loop: `callbacks` for [`native_cost_rounds`] cached requests of
+/// The native cost harnesses' loop: `callbacks` for [`cost::rounds`] cached requests of
 /// `body`, each on a fresh context, with what Envoy hands over set up before the callbacks (the
 /// recording host keeps each header map and body apart), so the callbacks alone are the
 /// filter's work; prints the time per `unit`.
@@ -823,26 +815,18 @@ fn native_cost(
 ) {
     let fx = cached_fixture();
     let headers = chat(&key(2));
-    let headers = refs(&headers);
     let resp = [(":status", "200"), ("content-type", content_type)];
-    let n = native_cost_rounds();
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let id = fx.context_id();
-        fx.host.clear_calls();
-        fx.host.enter(id);
-        fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, body);
-        fx.host.set_map(Headers::Response, &resp);
-        if let Some(b) = response_body {
-            fx.host.set_buffer(Body::Response, b);
-        }
-        callbacks(&fx, id);
-    }
-    eprintln!(
-        "{:.2} µs per {unit}",
-        t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    let n = cost::rounds(20_000);
+    let us = cost::run(
+        &fx,
+        &refs(&headers),
+        body,
+        &resp,
+        response_body,
+        n,
+        callbacks,
     );
+    eprintln!("{us:.2} µs per {unit}");
 }
 
 /// One cached request's life in the filter, from its context's creation to its end (the
@@ -939,18 +923,12 @@ fn cached_stream_callbacks(fx: &Fx, id: u32, chunks: &[Vec<u8>]) {
     );
     assert_eq!(h.on_response_headers(host), Action::Continue);
     for (i, c) in chunks.iter().enumerate() {
-        put_chunk(host, c);
+        cost::put_chunk(host, c);
         let last = i + 1 == chunks.len();
         assert_eq!(h.on_response_body(host, c.len(), last), Action::Continue);
     }
     h.on_log(host);
     h.on_done(host);
-}
-
-/// Not inlined, so valgrind's `--toggle-collect` on it leaves the host's side out.
-#[inline(never)]
-fn put_chunk(host: &RecordingHost, chunk: &[u8]) {
-    host.set_buffer(Body::Response, chunk);
 }
 
 /// A worker whose policy asks for usage events (`observability.usageEvents`).

@@ -3,6 +3,7 @@
 //! back as OpenAI chat, and the settlement is the one of a direct Messages call of the same
 //! usage.
 
+use super::cost;
 use super::*;
 
 const CLAUDE_CHAT: &str = "/llm/claude/v1/chat/completions";
@@ -209,15 +210,6 @@ fn bench_messages_chunks() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The number of streams a native cost run makes (`MAAS_NATIVE_COST_N`, as the other native
-/// cost harnesses; `./scripts/bench.sh` counts two runs' instructions with valgrind).
-fn rounds() -> u32 {
-    std::env::var("MAAS_NATIVE_COST_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
-
 /// A fixture whose budget no run exhausts, with `claude`.
 fn cost_fixture() -> Fx {
     let mut p = policy();
@@ -233,26 +225,24 @@ fn cost_fixture() -> Fx {
 const COST_MESSAGES: &[u8] = br#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say something short about benchmarks please"}]}"#;
 const COST_CHAT: &[u8] = br#"{"model":"claude","max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Say something short about benchmarks please"}]}"#;
 
-/// `n` streams to `path` with `body`, answered by `chunks`, each through `callbacks` on a fresh
-/// context with the host's maps set up before (not counted); the µs per stream.
+/// `n` streams to `path` with `body`, answered by `chunks`, each through `callbacks`
+/// ([`cost::run`]); the µs per stream.
 fn cost(path: &str, body: &[u8], callbacks: fn(&Fx, u32, &[Vec<u8>])) -> f64 {
     let fx = cost_fixture();
     let chunks = bench_messages_chunks();
     let headers = headers(path);
-    let headers = refs(&headers);
     let resp = [(":status", "200"), ("content-type", "text/event-stream")];
-    let n = rounds();
-    let t = std::time::Instant::now();
-    for _ in 0..n {
-        let id = fx.context_id();
-        fx.host.clear_calls();
-        fx.host.enter(id);
-        fx.host.set_map(Headers::Request, &headers);
-        fx.host.set_buffer(Body::Request, body);
-        fx.host.set_map(Headers::Response, &resp);
-        callbacks(&fx, id, &chunks);
-    }
-    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+    cost::run(
+        &fx,
+        &refs(&headers),
+        body,
+        &resp,
+        None,
+        cost::rounds(2000),
+        |fx, id| {
+            callbacks(fx, id, &chunks);
+        },
+    )
 }
 
 /// One stream's life in the filter (the host's maps set up by the caller). Not inlined:
@@ -275,7 +265,7 @@ fn stream_callbacks(fx: &Fx, id: u32, body_len: usize, chunks: &[Vec<u8>]) {
     assert_eq!(h.on_request_body(host, body_len, true), Action::Continue);
     assert_eq!(h.on_response_headers(host), Action::Continue);
     for (i, c) in chunks.iter().enumerate() {
-        put_chunk(host, c);
+        cost::put_chunk(host, c);
         assert_eq!(
             h.on_response_body(host, c.len(), i + 1 == chunks.len()),
             Action::Continue
@@ -283,12 +273,6 @@ fn stream_callbacks(fx: &Fx, id: u32, body_len: usize, chunks: &[Vec<u8>]) {
     }
     h.on_log(host);
     h.on_done(host);
-}
-
-/// Not inlined, so valgrind's `--toggle-collect` on it leaves the host's side out.
-#[inline(never)]
-fn put_chunk(host: &crate::host::recording::RecordingHost, chunk: &[u8]) {
-    host.set_buffer(Body::Response, chunk);
 }
 
 /// Not a test: the filter's work per translated 64-token stream (an OpenAI chat client, an
