@@ -206,7 +206,10 @@ impl RootContext for RootCtx {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         if self.0.upstream_mode() {
-            return Some(Box::new(UpstreamHttp(self.0.worker.clone())));
+            return Some(Box::new(UpstreamHttp(
+                self.0.worker.clone(),
+                crate::upstream::Attempt::default(),
+            )));
         }
         Some(Box::new(self.0.http(context_id)))
     }
@@ -216,18 +219,24 @@ impl RootContext for RootCtx {
     }
 }
 
-/// One upstream attempt of the upstream mode (`crate::upstream`): only its request headers.
-struct UpstreamHttp(crate::worker::SharedWorker);
+/// One upstream attempt of the upstream mode (`crate::upstream`): its request headers, and
+/// its body only for a backend that takes a model name of its own.
+struct UpstreamHttp(crate::worker::SharedWorker, crate::upstream::Attempt);
 
 impl Context for UpstreamHttp {}
 
 impl HttpContext for UpstreamHttp {
-    fn on_http_request_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
-        if crate::upstream::on_request_headers(&ProxyHost, &self.0) {
-            Action::Continue
-        } else {
-            Action::Pause
-        }
+    fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        self.1
+            .on_request_headers(&ProxyHost, &self.0, end_of_stream)
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.1.on_request_body(&ProxyHost, body_size, end_of_stream)
+    }
+
+    fn on_http_request_trailers(&mut self, _n: usize) -> Action {
+        self.1.on_request_trailers(&ProxyHost)
     }
 }
 

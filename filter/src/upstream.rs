@@ -5,7 +5,9 @@
 //! downstream filter removed that; this removes every provider credential header again, since
 //! Envoy hands each attempt the same request headers, a previous attempt's changes included).
 //!
-//! It never authenticates, meters or reads a body. Per attempt: two property reads (the
+//! It never authenticates or meters, and reads a body only for a backend with a served name of
+//! its own ([`Attempt`]: the body's `model` written, `content-length` kept true on every
+//! attempt of such a model). Per attempt: two property reads (the
 //! cluster and the endpoint's `maas.backend`), four header writes (the credential headers and
 //! `x-maas-endpoints` removed, the backend's own set), one read more for an Anthropic backend
 //! (`anthropic-version`), the clock only for an access token with an expiry, and a `:path` read
@@ -21,7 +23,7 @@
 //! serve, which the cluster's `override_host` policy tries in order.
 
 use crate::admission::{SecretMissing, provider_secret};
-use crate::host::{Headers, Host};
+use crate::host::{Body, Headers, Host};
 use crate::hygiene::{ANTHROPIC_VERSION, provider_headers};
 use crate::operations::CLUSTER_PROPERTY;
 use crate::response::{Deny, Refusal};
@@ -30,6 +32,7 @@ use maas_types::{
     CredentialsDocument, Model, PolicyDocument, Provider, ProviderAuth, ProviderKind,
     policy::Backend,
 };
+use proxy_wasm::types::Action;
 
 /// The chosen endpoint's metadata `maas.backend` (the backend's name), as an upstream filter
 /// reads it once the host is chosen (Envoy 1.40: empty in a downstream filter).
@@ -56,6 +59,15 @@ pub struct AttemptPlan {
     /// its own (an Azure OpenAI deployment, Vertex AI's OpenAI-compatible endpoint): set on
     /// every attempt, since an earlier attempt's path stays in the shared headers.
     pub path: Option<String>,
+    /// The body's `model` for a backend with a served name of its own
+    /// ([`Backend::served_name`]). Each attempt's body is the router's own copy of the body the
+    /// downstream filter let go (a retry never sees an earlier attempt's rewrite), so only such
+    /// a backend's attempts rewrite it.
+    pub model_name: Option<String>,
+    /// Some backend of the model has a served name of its own, so the body's length may
+    /// differ from one attempt to the next, while the attempts share one header map: every
+    /// attempt frames its own body (`content-length`).
+    pub body_varies: bool,
 }
 
 /// Decides an attempt: `cluster` is Envoy's `xds.cluster_name`, `backend` the chosen endpoint's
@@ -102,9 +114,13 @@ pub fn plan_attempt(
     } else {
         None
     };
+    let model_name = chosen.served_name.clone();
+    let body_varies = model.backends.iter().any(|b| b.served_name.is_some());
     let Some(p) = &chosen.provider else {
         return Ok(AttemptPlan {
             path,
+            model_name,
+            body_varies,
             ..AttemptPlan::default()
         });
     };
@@ -137,6 +153,8 @@ pub fn plan_attempt(
         set,
         anthropic_version: p.kind == ProviderKind::Anthropic && !p.auth.is_token(),
         path,
+        model_name,
+        body_varies,
     })
 }
 
@@ -165,7 +183,11 @@ fn attempt_path(model: &Model, chosen: &Backend, path: Option<&str>) -> Result<S
                 ),
             )
         })?;
-    let model_id = model.served_name.as_deref().unwrap_or(&model.name);
+    let model_id = chosen
+        .served_name
+        .as_deref()
+        .or(model.served_name.as_deref())
+        .unwrap_or(&model.name);
     match crate::provider::upstream_path(chosen.provider.as_ref(), model_id, operation, false)? {
         Some(own) => Ok(own),
         None => crate::provider::openai_path(base_path(chosen.backend.as_deref()), operation),
@@ -179,57 +201,173 @@ fn base_path(url: Option<&str>) -> &str {
         .unwrap_or("")
 }
 
-/// An attempt's request headers (the upstream mode's only callback that does anything):
-/// `true` to let the attempt go on, `false` when it was answered locally (503).
-pub fn on_request_headers(host: &dyn Host, worker: &SharedWorker) -> bool {
-    let cluster = host.property(&CLUSTER_PROPERTY);
-    let backend = host.property(&BACKEND_PROPERTY);
-    let plan = match worker.try_borrow() {
-        Ok(w) => plan_attempt(
-            w.policy.as_deref(),
-            &w.credentials,
-            cluster.as_deref(),
-            backend.as_deref(),
-            || host.now_ms() / 1000,
-            || host.header(Headers::Request, ":path"),
-        ),
-        Err(_) => Err(Refusal::undecidable()),
-    };
-    match plan {
-        Ok(plan) => {
-            for name in PROVIDER_CREDENTIAL_HEADERS {
-                if !plan.set.iter().any(|(n, _)| *n == name) {
-                    host.set_header(Headers::Request, name, None);
-                }
-            }
-            // Envoy chose with it already (and keeps the order for the retries).
-            host.set_header(Headers::Request, maas_types::BACKEND_ORDER_HEADER, None);
-            for (name, value) in &plan.set {
-                host.set_header(Headers::Request, name, Some(value));
-            }
-            if let Some(path) = &plan.path {
-                host.set_header(Headers::Request, ":path", Some(path));
-            }
-            if plan.anthropic_version
-                && host.header(Headers::Request, "anthropic-version").is_none()
-            {
-                host.set_header(
-                    Headers::Request,
-                    "anthropic-version",
-                    Some(ANTHROPIC_VERSION),
+/// One upstream attempt (the upstream mode's HTTP context). Its headers get the plan. For a
+/// backend with a served name of its own the body is held to its end and its `model` written;
+/// for every attempt of a model with such a backend, the headers are held too and
+/// `content-length` follows this attempt's body (an earlier attempt's rewrite changed the
+/// shared header). Nothing else reads a body here.
+#[derive(Debug, Default)]
+pub struct Attempt {
+    /// The body is held to its end (its name written, its length set).
+    holding: bool,
+    /// The name to write into the body's `model` (none: the body keeps its bytes).
+    rename: Option<String>,
+    /// The request's declared `content-length`: a body whose declared bytes are all here is
+    /// written without waiting for END_STREAM (as the downstream filter decides it).
+    declared: Option<usize>,
+    /// Body bytes buffered so far.
+    buffered: usize,
+}
+
+impl Attempt {
+    /// The attempt's request headers: the plan applied, or a local 503 when it cannot be
+    /// decided. Held (paused) while a body rename is pending.
+    pub fn on_request_headers(
+        &mut self,
+        host: &dyn Host,
+        worker: &SharedWorker,
+        end_of_stream: bool,
+    ) -> Action {
+        let cluster = host.property(&CLUSTER_PROPERTY);
+        let backend = host.property(&BACKEND_PROPERTY);
+        let (plan, hold_headers) = match worker.try_borrow() {
+            Ok(w) => (
+                plan_attempt(
+                    w.policy.as_deref(),
+                    &w.credentials,
+                    cluster.as_deref(),
+                    backend.as_deref(),
+                    || host.now_ms() / 1000,
+                    || host.header(Headers::Request, ":path"),
+                ),
+                w.config.as_ref().is_some_and(|c| c.pause_headers_for_body),
+            ),
+            Err(_) => (Err(Refusal::undecidable()), false),
+        };
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(r) => {
+                log::warn!(
+                    "maas: upstream attempt (backend {}) refused: {}",
+                    backend.as_deref().unwrap_or("-"),
+                    r.message
                 );
+                host.send_response(r.status, &r.response_headers(), &r.body());
+                return Action::Pause;
             }
-            true
+        };
+        for name in PROVIDER_CREDENTIAL_HEADERS {
+            if !plan.set.iter().any(|(n, _)| *n == name) {
+                host.set_header(Headers::Request, name, None);
+            }
         }
-        Err(r) => {
-            log::warn!(
-                "maas: upstream attempt (backend {}) refused: {}",
-                backend.as_deref().unwrap_or("-"),
-                r.message
+        // Envoy chose with it already (and keeps the order for the retries).
+        host.set_header(Headers::Request, maas_types::BACKEND_ORDER_HEADER, None);
+        for (name, value) in &plan.set {
+            host.set_header(Headers::Request, name, Some(value));
+        }
+        if let Some(path) = &plan.path {
+            host.set_header(Headers::Request, ":path", Some(path));
+        }
+        if plan.anthropic_version && host.header(Headers::Request, "anthropic-version").is_none() {
+            host.set_header(
+                Headers::Request,
+                "anthropic-version",
+                Some(ANTHROPIC_VERSION),
             );
-            host.send_response(r.status, &r.response_headers(), &r.body());
-            false
         }
+        if end_of_stream || !plan.body_varies {
+            return Action::Continue;
+        }
+        self.rename = plan.model_name;
+        if hold_headers {
+            // Envoy hands the body of held headers to the filter only with the Wasm filter's
+            // allow_on_headers_stop_iteration, rendered with pauseHeadersForBody: the
+            // content-length then follows this attempt's body.
+            self.declared = host
+                .header(Headers::Request, "content-length")
+                .and_then(|v| v.trim().parse().ok());
+            self.holding = true;
+            return Action::Pause;
+        }
+        // Without it a pause would hold the body in Envoy too: the headers go first, framed by
+        // chunks (or HTTP/2 frames) on every attempt, and a renamed body follows once written.
+        host.set_header(Headers::Request, "content-length", None);
+        self.holding = self.rename.is_some();
+        Action::Continue
+    }
+
+    /// A body chunk: held until the body is whole.
+    pub fn on_request_body(
+        &mut self,
+        host: &dyn Host,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if !self.holding {
+            return Action::Continue;
+        }
+        self.buffered = body_size;
+        if end_of_stream || self.declared == Some(body_size) {
+            return self.finish_body(host);
+        }
+        Action::Pause
+    }
+
+    /// Request trailers end the body (HTTP/2 without END_STREAM on the last DATA, HTTP/1.1
+    /// chunked with trailers).
+    pub fn on_request_trailers(&mut self, host: &dyn Host) -> Action {
+        if !self.holding {
+            return Action::Continue;
+        }
+        self.finish_body(host)
+    }
+
+    /// The whole body is here: its `model` becomes the backend's name (when it has one) and a
+    /// declared `content-length` its length.
+    fn finish_body(&mut self, host: &dyn Host) -> Action {
+        self.holding = false;
+        let length = match self.rename.take() {
+            Some(name) => match self.write_model(host, &name) {
+                Some(length) => length,
+                None => return Action::Pause,
+            },
+            None => self.buffered,
+        };
+        if self.declared.is_some() {
+            host.set_header(
+                Headers::Request,
+                "content-length",
+                Some(&length.to_string()),
+            );
+        }
+        Action::Continue
+    }
+
+    /// Writes `name` into the body's `model`: the new length, or `None` once refused (a body
+    /// that is not a JSON object cannot carry it: 400, and this attempt goes nowhere).
+    fn write_model(&self, host: &dyn Host, name: &str) -> Option<usize> {
+        let mut body = crate::host::read_body(host, Body::Request, self.buffered);
+        let refusal = if body.len() == self.buffered {
+            match crate::request_body::set_string_member(&mut body, "model", name) {
+                Ok(()) => None,
+                Err(_) => Some(Refusal::new(
+                    Deny::InvalidBody,
+                    "this backend takes its own model name in the body's model, and this request's body is not a JSON object",
+                )),
+            }
+        } else {
+            Some(Refusal::internal(
+                "the gateway could not read the request body; retry",
+            ))
+        };
+        if let Some(r) = refusal {
+            log::warn!("maas: upstream attempt refused: {}", r.message);
+            host.send_response(r.status, &r.response_headers(), &r.body());
+            return None;
+        }
+        host.set_body(Body::Request, self.buffered, &body);
+        Some(body.len())
     }
 }
 
@@ -282,6 +420,15 @@ mod tests {
                      "provider": {"type": "azure-openai", "credentialRef": "key-b",
                                   "deployment": "dep-1", "apiVersion": "2025-01-01-preview"}},
                     {"name": "local", "backend": "http://127.0.0.1:9034"}
+                 ]},
+                {"name": "renamed", "path": "/llm/renamed", "tiers": ["free"],
+                 "servedName": "gpt-4o-2024",
+                 "upstreamCluster": "renamed-backends",
+                 "backends": [
+                    {"name": "renamed", "backend": "http://127.0.0.1:9035",
+                     "servedName": "meta-llama/Llama-3.1-8B",
+                     "provider": {"type": "openai", "credentialRef": "key-a"}},
+                    {"name": "plain", "backend": "http://127.0.0.1:9036"}
                  ]}
             ]
         }))
@@ -381,7 +528,7 @@ mod tests {
             .borrow_mut()
             .insert(BACKEND.into(), backend.into());
         host.clear_calls();
-        on_request_headers(host, w)
+        Attempt::default().on_request_headers(host, w, false) == Action::Continue
     }
 
     /// Two attempts of one request share its headers (Envoy's): the second backend gets its
@@ -539,6 +686,174 @@ mod tests {
             Some("Bearer KA")
         );
         assert_eq!(host.map_value(Headers::Request, "api-key"), None);
+    }
+
+    /// A backend with a served name of its own: the attempt's headers and body are held to the
+    /// body's end, its `model` becomes that name and `content-length` follows. Each attempt
+    /// starts from the router's copy of the body the downstream filter let go, so a backend
+    /// without a name of its own passes the body untouched (never read).
+    #[test]
+    fn a_backend_with_its_own_served_name_gets_it_in_the_body() {
+        let host = RecordingHost::new();
+        let w = worker_holding_headers(true);
+        let sent = br#"{"model":"gpt-4o-2024","messages":[]}"#;
+        let renamed = br#"{"model":"meta-llama/Llama-3.1-8B","messages":[]}"#;
+        let headers = |length: Option<usize>| {
+            let mut h = vec![(":path".to_string(), "/v1/chat/completions".to_string())];
+            if let Some(n) = length {
+                h.push(("content-length".to_string(), n.to_string()));
+            }
+            h
+        };
+        let attempt_of = |backend: &str, length: Option<usize>| {
+            let h = headers(length);
+            let pairs: Vec<(&str, &str)> =
+                h.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            host.set_map(Headers::Request, &pairs);
+            host.set_buffer(Body::Request, sent);
+            host.properties
+                .borrow_mut()
+                .insert(CLUSTER.into(), "renamed-backends".into());
+            host.properties
+                .borrow_mut()
+                .insert(BACKEND.into(), backend.into());
+            let mut a = Attempt::default();
+            let on_headers = a.on_request_headers(&host, &w, false);
+            (a, on_headers)
+        };
+        // Declared length: written when the declared bytes are all here, END_STREAM or not.
+        let (mut a, on_headers) = attempt_of("renamed", Some(sent.len()));
+        assert_eq!(on_headers, Action::Pause, "headers held for the body");
+        assert_eq!(a.on_request_body(&host, 10, false), Action::Pause);
+        assert_eq!(
+            a.on_request_body(&host, sent.len(), false),
+            Action::Continue
+        );
+        assert_eq!(host.buffer(Body::Request), renamed);
+        assert_eq!(
+            host.map_value(Headers::Request, "content-length")
+                .as_deref(),
+            Some(renamed.len().to_string().as_str())
+        );
+        assert_eq!(
+            a.on_request_body(&host, 0, true),
+            Action::Continue,
+            "written once"
+        );
+        assert_eq!(host.buffer(Body::Request), renamed);
+        // No declared length (HTTP/2, chunked): at END_STREAM, or at trailers; none set.
+        let (mut a, _) = attempt_of("renamed", None);
+        assert_eq!(a.on_request_body(&host, sent.len(), true), Action::Continue);
+        assert_eq!(host.buffer(Body::Request), renamed);
+        assert_eq!(host.map_value(Headers::Request, "content-length"), None);
+        let (mut a, _) = attempt_of("renamed", None);
+        assert_eq!(a.on_request_body(&host, sent.len(), false), Action::Pause);
+        assert_eq!(a.on_request_trailers(&host), Action::Continue);
+        assert_eq!(host.buffer(Body::Request), renamed);
+        // The next attempt, to a backend without a name of its own, finds the first one's
+        // content-length in the shared headers: its body is held, never read, and the length
+        // is its own again (one host call).
+        let (mut a, on_headers) = attempt_of("plain", Some(renamed.len()));
+        assert_eq!(on_headers, Action::Pause);
+        host.clear_calls();
+        assert_eq!(a.on_request_body(&host, sent.len(), true), Action::Continue);
+        assert_eq!(a.on_request_trailers(&host), Action::Continue);
+        assert_eq!(host.call_count(), 1);
+        assert_eq!(host.buffer(Body::Request), sent);
+        assert_eq!(
+            host.map_value(Headers::Request, "content-length")
+                .as_deref(),
+            Some(sent.len().to_string().as_str())
+        );
+        // A model none of whose backends renames: nothing held (the paths model).
+        host.set_map(Headers::Request, &[(":path", "/v1/chat/completions")]);
+        host.properties
+            .borrow_mut()
+            .insert(CLUSTER.into(), "paths-backends".into());
+        host.properties
+            .borrow_mut()
+            .insert(BACKEND.into(), "local".into());
+        let mut a = Attempt::default();
+        assert_eq!(a.on_request_headers(&host, &w, false), Action::Continue);
+        host.clear_calls();
+        assert_eq!(a.on_request_body(&host, sent.len(), true), Action::Continue);
+        assert_eq!(host.call_count(), 0);
+        // A body that is not a JSON object cannot carry the name: 400, not forwarded.
+        let (mut a, _) = attempt_of("renamed", None);
+        host.set_buffer(Body::Request, b"not json");
+        assert_eq!(a.on_request_body(&host, 8, true), Action::Pause);
+        let refused = host.last_sent().unwrap();
+        assert_eq!(
+            (refused.status, refused.code().as_str()),
+            (400, "invalid_body")
+        );
+        assert_eq!(host.buffer(Body::Request), b"not json");
+        // A request without a body (headers end the stream): nothing to hold.
+        let h = headers(None);
+        let pairs: Vec<(&str, &str)> = h.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        host.set_map(Headers::Request, &pairs);
+        assert_eq!(
+            Attempt::default().on_request_headers(&host, &w, true),
+            Action::Continue
+        );
+    }
+
+    /// Without `pauseHeadersForBody` (and Envoy's allow_on_headers_stop_iteration) a held
+    /// attempt's body would stay in Envoy: the headers go first without a `content-length`
+    /// (the new body's length is not known yet), and only the body is held to its end.
+    #[test]
+    fn without_held_headers_the_renamed_body_follows_headers_sent_first() {
+        let host = RecordingHost::new();
+        let w = worker_holding_headers(false);
+        let sent = br#"{"model":"x","messages":[]}"#;
+        host.set_map(
+            Headers::Request,
+            &[
+                (":path", "/v1/chat/completions"),
+                ("content-length", &sent.len().to_string()),
+            ],
+        );
+        host.set_buffer(Body::Request, sent);
+        host.properties
+            .borrow_mut()
+            .insert(CLUSTER.into(), "renamed-backends".into());
+        host.properties
+            .borrow_mut()
+            .insert(BACKEND.into(), "renamed".into());
+        let mut a = Attempt::default();
+        assert_eq!(a.on_request_headers(&host, &w, false), Action::Continue);
+        assert_eq!(host.map_value(Headers::Request, "content-length"), None);
+        // Every declared byte here, END_STREAM not yet: nothing declared any more, so held on.
+        assert_eq!(a.on_request_body(&host, sent.len(), false), Action::Pause);
+        assert_eq!(a.on_request_body(&host, sent.len(), true), Action::Continue);
+        assert_eq!(
+            host.buffer(Body::Request),
+            br#"{"model":"meta-llama/Llama-3.1-8B","messages":[]}"#
+        );
+        assert_eq!(host.map_value(Headers::Request, "content-length"), None);
+    }
+
+    fn worker_holding_headers(hold: bool) -> SharedWorker {
+        let w = worker();
+        let cfg = crate::config::PluginConfig::parse(
+            json!({"companion": {"cluster": "c"}, "upstream": true, "pauseHeadersForBody": hold})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+        w.borrow_mut().config = Some(Rc::new(cfg));
+        w
+    }
+
+    #[test]
+    fn a_backends_served_name_is_checked_with_the_policy() {
+        let mut doc = serde_json::to_value(policy()).unwrap();
+        doc["models"][4]["backends"][0]["servedName"] = json!("bad\nname");
+        let e = PolicyDocument::from_value(doc).unwrap_err();
+        assert!(
+            e.to_string().contains("models[4].backends[0].servedName"),
+            "{e}"
+        );
     }
 
     /// The order of the backends Envoy tries: only those that can serve, the first by weight.

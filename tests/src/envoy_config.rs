@@ -783,7 +783,7 @@ fn model_routes(
                 bail!("model {}: cluster {cluster:?} is used twice", model.name);
             }
             let (mut c, route, base) = backends_cluster(input, model, &cluster)?;
-            if model.backends.iter().any(|b| b.provider.is_some()) {
+            if model.backends_need_upstream_filter() {
                 add_upstream_filter(input, &mut c);
                 c["load_balancing_policy"] = backend_order_policy();
             }
@@ -863,7 +863,12 @@ fn upstream_filter(input: &EnvoyConfigInput<'_>) -> Option<Value> {
     let filter = input.filter.as_ref()?;
     let mut config = plugin_config(input, filter.poll_interval_ms);
     config["upstream"] = json!(true);
-    Some(wasm_filter("maas-filter-upstream", filter, &config))
+    let mut wasm = wasm_filter("maas-filter-upstream", filter, &config);
+    // As downstream: an attempt that rewrites the body holds its headers for it.
+    if config["pauseHeadersForBody"] == json!(true) {
+        wasm["typed_config"]["config"]["allow_on_headers_stop_iteration"] = json!(true);
+    }
+    Some(wasm)
 }
 
 /// `envoy.filters.http.wasm` running the MaaS module with `config` as its pluginConfig. Every

@@ -396,6 +396,12 @@ pub struct Backend {
     /// `upstreamCluster`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
+    /// The model name this backend expects in the body's `model` (the reference's per-binding
+    /// `targetModel`), when it is not the model's [`Model::served_name`]: each upstream attempt
+    /// to this backend gets it, written by the upstream filter (docs/design.md "Several backends
+    /// per model"). Default: the model's served name, else what the client sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
     /// Relative share of the model's requests, 0..=100 (the reference's `weight`; 0: no traffic).
     #[serde(default = "default_backend_weight")]
     pub weight: u32,
@@ -413,6 +419,17 @@ fn default_backend_weight() -> u32 {
 /// A backend's default [`Backend::timeout`], in milliseconds.
 /// (the local stack's route timeout: a backend may take as long to answer as a single one).
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
+
+impl Model {
+    /// Whether the model's backends cluster runs the filter's upstream mode: some backend has
+    /// a provider (its credential and path are set per attempt) or a served name of its own
+    /// (written into each of its attempts' bodies).
+    pub fn backends_need_upstream_filter(&self) -> bool {
+        self.backends
+            .iter()
+            .any(|b| b.provider.is_some() || b.served_name.is_some())
+    }
+}
 
 impl Backend {
     /// [`Backend::timeout`] in milliseconds (`None`: not a duration).
@@ -479,6 +496,9 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
         if let Some(p) = &b.provider {
             check_backend_provider(&format!("{at}.provider"), m, p)?;
         }
+        if let Some(served) = &b.served_name {
+            check_model_id(format!("{at}.servedName"), served)?;
+        }
         match b.backend.as_deref() {
             None => return Err(err(format!("{at}.backend"), "required")),
             Some(u)
@@ -506,10 +526,10 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
             "at least one backend needs a weight above 0",
         ));
     }
-    if m.backends.iter().any(|b| b.provider.is_some()) && m.upstream_cluster.is_none() {
+    if m.backends_need_upstream_filter() && m.upstream_cluster.is_none() {
         return Err(err(
             format!("models[{i}].upstreamCluster"),
-            "required for a model whose backends have providers: the Envoy cluster of its backends, the only one whose upstream filter gives them their credentials",
+            "required for a model whose backends have providers or a servedName of their own: the Envoy cluster of its backends, the only one whose upstream filter gives them their credentials and names",
         ));
     }
     Ok(())

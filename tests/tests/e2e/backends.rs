@@ -32,7 +32,10 @@ identities:
 /// `ok-meter`/`down-meter` (answers 503) for the metered failover, `ok-s503`/`down-s503` for a
 /// stream's failover, `long-a`/`long-b` (healthy, 1 s timeout) for a stream longer than that,
 /// `down-a`/`down-b` (both answer 503), `ledger-a`/`ledger-b` (75/25) for the ledger's counts,
-/// `real`/`decoy` (weight 1/0) for a spoofing upstream, `single` for a model without backends.
+/// `real`/`decoy` (weight 1/0) for a spoofing upstream, `single` for a model without backends,
+/// `own-down`/`plain-up` and `own-up`/`plain-down` for backends with a served name of their own
+/// (`own`) and without (`plain`), one of each pair answering 503 (`…-unheld`: the same, for the
+/// stack whose filters do not hold headers).
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -62,6 +65,12 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "real",
             "decoy",
             "single",
+            "own-down",
+            "plain-up",
+            "own-up",
+            "plain-down",
+            "own-down-unheld",
+            "plain-up-unheld",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -80,6 +89,9 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
         out["down-b"].set_fault("status-503");
         out["drop-a"].set_fault("drop-mid-stream");
         out["drop-b"].set_fault("drop-mid-stream");
+        out["own-down"].set_fault("status-503");
+        out["plain-down"].set_fault("status-503");
+        out["own-down-unheld"].set_fault("status-503");
         out
     })
 }
@@ -117,6 +129,18 @@ fn model(name: &str, backends: &[(&str, String, u32)], timeout: &str) -> String 
     format!(
         "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    backends:\n{}\n",
         list.join("\n")
+    )
+}
+
+/// A model served as `model-served` whose backend `own` takes `own-name` in the body (its
+/// simulator `own_sim`) and `plain` the model's served name (`plain_sim`).
+fn renamed_model(name: &str, own_sim: &str, plain_sim: &str) -> String {
+    format!(
+        "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    servedName: model-served\n    upstreamCluster: {name}-backends\n    backends:\n      \
+         - {{name: own, backend: \"{}\", weight: 50, timeout: 30s, servedName: own-name}}\n      \
+         - {{name: plain, backend: \"{}\", weight: 50, timeout: 30s}}\n",
+        url(own_sim),
+        url(plain_sim)
     )
 }
 
@@ -191,13 +215,21 @@ fn policy() -> &'static str {
                 &[("real", url("real"), 1), ("decoy", url("decoy"), 0)],
                 "30s",
             ),
+            renamed_model("renamed-own-down", "own-down", "plain-up"),
+            renamed_model("renamed-plain-down", "own-up", "plain-down"),
             format!(
                 "  - name: single\n    path: /llm/single\n    tiers: [free]\n    backend: \"{}\"\n",
                 url("single")
             ),
         ];
-        format!(
-            r#"
+        policy_of(&models.concat())
+    })
+}
+
+/// The policy (YAML) with these models: one tier of generous limits, usage events on.
+fn policy_of(models: &str) -> String {
+    format!(
+        r#"
 observability: {{usageEvents: true}}
 tiers:
   - name: free
@@ -207,10 +239,8 @@ tiers:
       requests: [{{limit: 100000, window: 1d}}]
       tokens: [{{limit: 10000000, window: 1d}}]
 models:
-{}"#,
-            models.concat()
-        )
-    })
+{models}"#
+    )
 }
 
 fn stack() -> &'static Stack {
@@ -665,4 +695,138 @@ async fn a_model_is_ready_while_one_of_its_backends_is() {
         Some(&false),
         "every backend 503: {ready:?}"
     );
+}
+
+/// The `model` of each chat body simulator `name` received, with whether its `content-length`
+/// (when sent) is the body's own length.
+fn models_received(name: &str) -> Vec<(String, bool)> {
+    sims()[name]
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .map(|r| {
+            let body: Value = serde_json::from_str(&r.body).expect("a JSON body");
+            let framed = r
+                .header("content-length")
+                .is_none_or(|n| n.parse::<usize>().ok() == Some(r.body.len()));
+            (body["model"].as_str().unwrap_or("-").to_string(), framed)
+        })
+        .collect()
+}
+
+/// Sends `n` chat completions to `model`: even ones over HTTP/1.1 with a `content-length`, odd
+/// ones over HTTP/2 with the body in two DATA frames ended by trailers (no `content-length`).
+/// Each must be answered 200 with a chat completion.
+async fn renamed_calls(s: &Stack, model: &str, n: usize) {
+    for i in 0..n {
+        let r = if i % 2 == 0 {
+            call(s, model, json!({})).await
+        } else {
+            let body = json!({"model": model, "max_tokens": 3,
+                              "messages": [{"role": "user", "content": "one two three"}]});
+            let req = maas_e2e::h2client::FramedRequest::post_json(
+                &format!("/llm/{model}/v1/chat/completions"),
+                &body,
+            )
+            .header("authorization", &bearer("alice-token"))
+            .split_into(2)
+            .trailers(&[("x-trailer", "1")]);
+            let r = maas_e2e::h2client::send_h2c(s.gateway_addr(), &req)
+                .await
+                .expect("an HTTP/2 answer");
+            Reply {
+                status: r.status,
+                body: r.text(),
+                headers: r.headers,
+            }
+        };
+        assert_eq!(r.status, 200, "{model} #{i}: {}", r.body);
+        assert_eq!(r.json()["object"], "chat.completion", "{}", r.body);
+    }
+}
+
+fn own_name((m, framed): &(String, bool)) -> bool {
+    m == "own-name" && *framed
+}
+
+fn served_name((m, framed): &(String, bool)) -> bool {
+    m == "model-served" && *framed
+}
+
+/// A backend with a served name of its own (the reference's per-binding `targetModel`) gets it
+/// in the body's `model` on each of its attempts, whatever the client sent and over HTTP/1.1
+/// or HTTP/2 with trailers; a failover from it to a backend without one sends that backend the
+/// model's served name — never the first attempt's rewrite, nor its `content-length` — and the
+/// other way round. Every request is answered once, and counted once against the backend that
+/// served.
+#[tokio::test]
+async fn each_backend_gets_its_own_served_name_across_a_failover() {
+    let s = stack();
+    let n = 8;
+    renamed_calls(s, "renamed-own-down", n).await;
+    renamed_calls(s, "renamed-plain-down", n).await;
+    // own fails over to plain: every request reached plain with the model's served name.
+    let (tried, served) = (models_received("own-down"), models_received("plain-up"));
+    eprintln!(
+        "backends::served_names: own-down tried {}, plain-up served {}",
+        tried.len(),
+        served.len()
+    );
+    assert!(!tried.is_empty(), "no request failed over");
+    assert!(tried.iter().all(own_name), "{tried:?}");
+    assert_eq!(served.len(), n);
+    assert!(served.iter().all(served_name), "{served:?}");
+    // plain fails over to own: every request reached own with its own name.
+    let (tried, served) = (models_received("plain-down"), models_received("own-up"));
+    assert!(!tried.is_empty(), "no request failed over");
+    assert!(tried.iter().all(served_name), "{tried:?}");
+    assert_eq!(served.len(), n);
+    assert!(served.iter().all(own_name), "{served:?}");
+    let events = events_of(s, "renamed-own-down", n).await;
+    assert_eq!(
+        served_by(&events),
+        BTreeMap::from([("plain".to_string(), n)])
+    );
+    let events = events_of(s, "renamed-plain-down", n).await;
+    assert_eq!(served_by(&events), BTreeMap::from([("own".to_string(), n)]));
+}
+
+/// Without `pauseHeadersForBody` (and so without Envoy's allow_on_headers_stop_iteration on the
+/// upstream filter) a held attempt's body would never reach the filter: the headers go first,
+/// without a `content-length` on every attempt of such a model, and the renamed body follows.
+/// The same failover, through a stack configured so.
+#[tokio::test]
+async fn without_held_headers_a_renamed_body_follows_its_headers() {
+    static S: ModuleStack<Stack> = ModuleStack::new();
+    let s = S.get_or_start(|| {
+        static POLICY: OnceLock<String> = OnceLock::new();
+        let policy = POLICY.get_or_init(|| {
+            policy_of(&renamed_model(
+                "renamed-unheld",
+                "own-down-unheld",
+                "plain-up-unheld",
+            ))
+        });
+        start_stack(
+            policy,
+            IDENTITIES,
+            "credentials: {}\n",
+            Some(json!({"pauseHeadersForBody": false})),
+        )
+    });
+    let n = 4;
+    renamed_calls(s, "renamed-unheld", n).await;
+    let tried = sims()["own-down-unheld"].requests();
+    assert!(!tried.is_empty(), "no request failed over");
+    assert!(
+        tried.iter().all(|r| r.header("content-length").is_none()),
+        "chunked: the new length is not known when the headers go"
+    );
+    let (tried, served) = (
+        models_received("own-down-unheld"),
+        models_received("plain-up-unheld"),
+    );
+    assert!(tried.iter().all(own_name), "{tried:?}");
+    assert_eq!(served.len(), n);
+    assert!(served.iter().all(served_name), "{served:?}");
 }
