@@ -1,8 +1,10 @@
 //! Usage from compressed responses. The filter asks backends for `accept-encoding: identity`
 //! (Envoy may compress towards the client); a backend that compresses anyway (gzip or deflate)
-//! is decoded here for the usage scanners only — the bytes forwarded are never changed — with a
-//! fixed-size inflate buffer and a cap on the decoded total, so a compression bomb costs bounded
-//! memory and time. Other codings cannot be read: the request settles to its reservation.
+//! is decoded here for the usage scanners — the bytes forwarded are not changed — and, for an
+//! answer the filter translates, into the bytes the translator reads ([`Decoder`]: the client
+//! then gets the translation uncompressed). A fixed-size inflate buffer and a cap on the decoded
+//! total bound what a compression bomb costs. Other codings cannot be read: the request settles
+//! to its reservation.
 
 use crate::sse::SseScanner;
 use crate::usage::{JsonUsageScanner, Usage};
@@ -88,14 +90,134 @@ impl Write for Sink {
     }
 }
 
-enum Inflater {
-    Gzip(GzDecoder<Sink>),
-    Deflate(ZlibDecoder<Sink>),
+enum Inflater<W: Write> {
+    Gzip(GzDecoder<W>),
+    Deflate(ZlibDecoder<W>),
+}
+
+impl<W: Write> Inflater<W> {
+    /// `None` for codings that need no decoding or cannot be decoded.
+    fn new(coding: Coding, sink: W) -> Option<Self> {
+        match coding {
+            Coding::Gzip => Some(Inflater::Gzip(GzDecoder::new(sink))),
+            Coding::Deflate => Some(Inflater::Deflate(ZlibDecoder::new(sink))),
+            Coding::Identity | Coding::Unreadable => None,
+        }
+    }
+
+    fn write_all(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        match self {
+            Inflater::Gzip(d) => d.write_all(chunk),
+            Inflater::Deflate(d) => d.write_all(chunk),
+        }
+    }
+
+    /// Everything decoded so far to the sink (a stream's event is not held for the next chunk).
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Inflater::Gzip(d) => d.flush(),
+            Inflater::Deflate(d) => d.flush(),
+        }
+    }
+
+    fn try_finish(&mut self) -> std::io::Result<()> {
+        match self {
+            Inflater::Gzip(d) => d.try_finish(),
+            Inflater::Deflate(d) => d.try_finish(),
+        }
+    }
+
+    fn sink(&mut self) -> &mut W {
+        match self {
+            Inflater::Gzip(d) => d.get_mut(),
+            Inflater::Deflate(d) => d.get_mut(),
+        }
+    }
+}
+
+/// What one compressed chunk may decode to for a translator, which holds it whole: real answers
+/// decode to far less per chunk (Envoy hands over tens of KiB), a compression bomb is refused
+/// before it fills the VM's memory.
+pub const MAX_DECODED_CHUNK_BYTES: usize = 8 * 1024 * 1024;
+
+/// Where a [`Decoder`] writes: the decoded bytes not yet taken (at most
+/// [`MAX_DECODED_CHUNK_BYTES`]), up to [`MAX_DECODED_BYTES`] in all.
+#[derive(Default)]
+struct Collected {
+    bytes: Vec<u8>,
+    decoded: u64,
+}
+
+impl Write for Collected {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.decoded = self.decoded.saturating_add(buf.len() as u64);
+        if self.decoded > MAX_DECODED_BYTES
+            || self.bytes.len().saturating_add(buf.len()) > MAX_DECODED_CHUNK_BYTES
+        {
+            return Err(std::io::Error::other("decoded response too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A compressed body decoded chunk by chunk, for a translator that must read it.
+pub struct Decoder {
+    inflater: Inflater<Collected>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body could not be decoded (corrupt, cut short, or past [`MAX_DECODED_BYTES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Undecodable;
+
+impl Decoder {
+    /// `None` for codings that need no decoding or cannot be decoded.
+    pub fn new(coding: Coding) -> Option<Self> {
+        Some(Decoder {
+            inflater: Inflater::new(coding, Collected::default())?,
+            failed: false,
+        })
+    }
+
+    /// The bytes a compressed chunk decodes to (`end`: the body's last chunk, which must end
+    /// the compressed stream). Once it fails, it fails for every later chunk.
+    pub fn feed(&mut self, chunk: &[u8], end: bool) -> Result<Vec<u8>, Undecodable> {
+        if self.failed {
+            return Err(Undecodable);
+        }
+        let mut r = self.inflater.write_all(chunk);
+        if r.is_ok() {
+            r = if end {
+                self.inflater.try_finish()
+            } else {
+                self.inflater.flush()
+            };
+        }
+        if r.is_err() {
+            self.failed = true;
+            self.inflater.sink().bytes = Vec::new();
+            return Err(Undecodable);
+        }
+        Ok(std::mem::take(&mut self.inflater.sink().bytes))
+    }
 }
 
 /// Reads usage from a compressed response body, chunk by chunk.
 pub struct DecodingScanner {
-    inflater: Inflater,
+    inflater: Inflater<Sink>,
     failed: bool,
 }
 
@@ -106,13 +228,8 @@ impl DecodingScanner {
             scanner,
             decoded: 0,
         };
-        let inflater = match coding {
-            Coding::Gzip => Inflater::Gzip(GzDecoder::new(sink)),
-            Coding::Deflate => Inflater::Deflate(ZlibDecoder::new(sink)),
-            Coding::Identity | Coding::Unreadable => return None,
-        };
         Some(DecodingScanner {
-            inflater,
+            inflater: Inflater::new(coding, sink)?,
             failed: false,
         })
     }
@@ -122,11 +239,7 @@ impl DecodingScanner {
         if self.failed {
             return;
         }
-        let r = match &mut self.inflater {
-            Inflater::Gzip(d) => d.write_all(chunk),
-            Inflater::Deflate(d) => d.write_all(chunk),
-        };
-        if r.is_err() {
+        if self.inflater.write_all(chunk).is_err() {
             self.failed = true;
         }
     }
@@ -134,20 +247,10 @@ impl DecodingScanner {
     /// The usage seen and the content events of a stream (usage `None` when the body could not
     /// be decoded whole).
     pub fn finish(&mut self) -> (Option<Usage>, u64) {
-        if !self.failed {
-            let r = match &mut self.inflater {
-                Inflater::Gzip(d) => d.try_finish(),
-                Inflater::Deflate(d) => d.try_finish(),
-            };
-            if r.is_err() {
-                self.failed = true;
-            }
+        if !self.failed && self.inflater.try_finish().is_err() {
+            self.failed = true;
         }
-        let sink = match &mut self.inflater {
-            Inflater::Gzip(d) => d.get_mut(),
-            Inflater::Deflate(d) => d.get_mut(),
-        };
-        let (usage, events) = sink.scanner.finish();
+        let (usage, events) = self.inflater.sink().scanner.finish();
         if self.failed {
             (None, events)
         } else {
@@ -157,11 +260,7 @@ impl DecodingScanner {
 
     /// Content events of a stream so far (for an aborted stream's estimate).
     pub fn content_events(&mut self) -> u64 {
-        let sink = match &mut self.inflater {
-            Inflater::Gzip(d) => d.get_mut(),
-            Inflater::Deflate(d) => d.get_mut(),
-        };
-        match &sink.scanner {
+        match &self.inflater.sink().scanner {
             Scanner::Json(_) => 0,
             Scanner::Sse(s) => s.content_events(),
         }
@@ -171,6 +270,40 @@ impl DecodingScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A translator's decoder: any chunking decodes to the body; a cut or corrupt body and a
+    /// chunk that decodes past its cap (a bomb) fail, and keep failing.
+    #[test]
+    fn a_decoder_gives_the_bytes_of_each_chunk_and_refuses_bombs() {
+        let z = gzip(JSON);
+        for size in [1, 5, z.len()] {
+            let mut d = Decoder::new(Coding::Gzip).unwrap();
+            let chunks: Vec<&[u8]> = z.chunks(size).collect();
+            let mut out = Vec::new();
+            for (i, c) in chunks.iter().enumerate() {
+                out.extend(d.feed(c, i + 1 == chunks.len()).unwrap());
+            }
+            assert_eq!(out, JSON, "{size}");
+        }
+        let mut d = Decoder::new(Coding::Gzip).unwrap();
+        assert_eq!(d.feed(&z[..z.len() - 3], true), Err(Undecodable));
+        assert_eq!(d.feed(b"", true), Err(Undecodable));
+        let bomb = gzip(&vec![b'a'; 2 * MAX_DECODED_CHUNK_BYTES]);
+        let mut d = Decoder::new(Coding::Gzip).unwrap();
+        assert_eq!(d.feed(&bomb, false), Err(Undecodable));
+        assert!(Decoder::new(Coding::Identity).is_none());
+        assert!(Decoder::new(Coding::Unreadable).is_none());
+        // A stream's event flushed by the provider comes out with its chunk, not a chunk later.
+        let mut e = GzEncoder::new(Vec::new(), Compression::default());
+        e.write_all(b"data: one\n\n").unwrap();
+        e.flush().unwrap();
+        let first = std::mem::take(e.get_mut());
+        e.write_all(b"data: two\n\n").unwrap();
+        let rest = e.finish().unwrap();
+        let mut d = Decoder::new(Coding::Gzip).unwrap();
+        assert_eq!(d.feed(&first, false).unwrap(), b"data: one\n\n");
+        assert_eq!(d.feed(&rest, true).unwrap(), b"data: two\n\n");
+    }
     use flate2::Compression;
     use flate2::write::{GzEncoder, ZlibEncoder};
 

@@ -43,6 +43,14 @@ impl NativeAnswer {
         }
     }
 
+    /// Whether the answer's `content-encoding` must go (the client gets plain bytes).
+    pub fn drops_encoding(&self) -> bool {
+        match self {
+            NativeAnswer::Converse(a) => a.drops_encoding(),
+            NativeAnswer::Gemini(a) => a.drops_encoding(),
+        }
+    }
+
     /// The usage the provider sent.
     pub fn usage(&self) -> Option<crate::usage::Usage> {
         match self {

@@ -22,7 +22,9 @@
 //!   each message written in several small pieces; usage [`USAGE_INPUT`] / [`USAGE_OUTPUT`].
 //!   Given tools, and unless the last message brings tool results, the answer is
 //!   [`TOOL_PREAMBLE`] then a call ([`TOOL_USE_ID`], input [`tool_input`]) to the tool
-//!   `toolChoice` names, else the first, stopping with `tool_use`.
+//!   `toolChoice` names, else the first, stopping with `tool_use`. A request header
+//!   `x-sim-compress: always-gzip` (not AWS's: a misbehaving upstream) gzips the answer
+//!   whatever `accept-encoding` said, frame by frame.
 //!
 //! Every request is recorded with all its headers and body, to assert what reached AWS.
 
@@ -181,7 +183,18 @@ async fn handle(
     let outcome = check(&sim.config, &method, &uri, &headers, &body);
     let (status, refused, response) = match outcome {
         Err((status, kind, why)) => (status, Some(why.clone()), aws_error(status, kind, &why)),
-        Ok((stream, reply)) => (StatusCode::OK, None, answer(stream, &reply)),
+        Ok((stream, reply)) => {
+            let answer = answer(stream, &reply);
+            let gzip = headers
+                .get("x-sim-compress")
+                .is_some_and(|v| v.as_bytes() == b"always-gzip");
+            let answer = if gzip {
+                crate::sim::gzip_response(answer)
+            } else {
+                answer
+            };
+            (StatusCode::OK, None, answer)
+        }
     };
     sim.recorded.lock().unwrap().push(BedrockRequest {
         path,

@@ -711,7 +711,8 @@ impl http_body::Body for WithTrailers {
     }
 }
 
-fn gzip_response(resp: Response) -> Response {
+/// `resp` gzipped frame by frame (each frame flushed: a stream stays a stream).
+pub fn gzip_response(resp: Response) -> Response {
     use flate2::{Compression, write::GzEncoder};
     use futures_util::StreamExt;
     use std::io::Write;

@@ -192,7 +192,7 @@ impl Request {
             host.set_header(Headers::Response, "content-length", None);
             let answer = crate::translate::answer::Answer::new(
                 content_type,
-                coding == Coding::Identity,
+                coding,
                 ask,
                 host.now_ms() / 1000,
             );
@@ -379,25 +379,22 @@ impl Request {
     ) -> Scan {
         use crate::translate::{NativeAnswer, converse, gemini as gem};
         let model = self.model().map(|m| m.name.as_str()).unwrap_or_default();
-        let (identity, created) = (coding == Coding::Identity, host.now_ms() / 1000);
+        let created = host.now_ms() / 1000;
         let answer = if gemini {
-            NativeAnswer::Gemini(gem::Answer::new(
-                content_type,
-                identity,
-                ask,
-                model,
-                created,
-            ))
+            NativeAnswer::Gemini(gem::Answer::new(content_type, coding, ask, model, created))
         } else {
             NativeAnswer::Converse(converse::Answer::new(
                 content_type,
-                identity,
+                coding,
                 ask,
                 model,
                 created,
             ))
         };
         host.set_header(Headers::Response, "content-length", None);
+        if answer.drops_encoding() {
+            host.set_header(Headers::Response, "content-encoding", None);
+        }
         if answer.is_stream() {
             host.set_header(Headers::Response, "content-type", Some("text/event-stream"));
         }

@@ -71,6 +71,75 @@ pub fn untranslatable(message: &str) -> Vec<u8> {
     serde_json::to_vec(&error_body(message, Some("untranslatable_response"))).unwrap_or_default()
 }
 
+/// What a client gets of a provider answer the gateway cannot read: nothing until its end, then
+/// an `untranslatable_response` error (an event of its stream when `sse`).
+pub fn unreadable_answer(sse: bool, end: bool) -> Vec<u8> {
+    if !end {
+        return Vec::new();
+    }
+    let message = "the provider compressed its answer although the gateway asked for none, in a coding the gateway cannot decode (or corrupt); it cannot be translated";
+    if sse {
+        let mut out = Vec::new();
+        sse_error(&mut out, message, Some("untranslatable_response"));
+        out
+    } else {
+        untranslatable(message)
+    }
+}
+
+/// A translated answer's content coding: read as it came (identity), decoded chunk by chunk
+/// (gzip, deflate: the client gets the translation uncompressed), or not readable at all.
+#[derive(Debug)]
+pub enum Decoding {
+    Identity,
+    Decoded(Box<crate::encoding::Decoder>),
+    Unreadable,
+}
+
+impl Decoding {
+    /// `translated`: the answer is one the translator reads (JSON or a stream); any other
+    /// passes as it came, compressed or not.
+    pub fn new(coding: crate::encoding::Coding, translated: bool) -> Self {
+        use crate::encoding::{Coding, Decoder};
+        match coding {
+            Coding::Identity => Decoding::Identity,
+            _ if !translated => Decoding::Identity,
+            Coding::Unreadable => Decoding::Unreadable,
+            Coding::Gzip | Coding::Deflate => Decoder::new(coding)
+                .map_or(Decoding::Unreadable, |d| Decoding::Decoded(Box::new(d))),
+        }
+    }
+
+    pub fn unreadable(&self) -> bool {
+        matches!(self, Decoding::Unreadable)
+    }
+
+    /// The client gets plain bytes in place of the coded ones.
+    pub fn drops_encoding(&self) -> bool {
+        !matches!(self, Decoding::Identity)
+    }
+
+    /// A chunk decoded: `Ok(None)` when it is read as it came, `Err` once the answer cannot be
+    /// decoded (it is then [`Decoding::Unreadable`]).
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        end: bool,
+    ) -> Result<Option<Vec<u8>>, crate::encoding::Undecodable> {
+        match self {
+            Decoding::Identity => Ok(None),
+            Decoding::Unreadable => Err(crate::encoding::Undecodable),
+            Decoding::Decoded(d) => match d.feed(chunk, end) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) => {
+                    *self = Decoding::Unreadable;
+                    Err(e)
+                }
+            },
+        }
+    }
+}
+
 /// OpenAI's in-stream error event.
 pub fn sse_error(out: &mut Vec<u8>, message: &str, code: Option<&str>) {
     out.extend_from_slice(b"data: ");
@@ -176,7 +245,12 @@ pub trait Api {
 enum Mode<S> {
     Json(KeptJson),
     Stream(Box<S>),
-    /// Neither (an Envoy error page, a compressed answer): passed as it came.
+    /// An answer the gateway cannot read (its coding, or corrupt): an error at its end (an
+    /// event of an OpenAI stream when `stream`).
+    Unreadable {
+        stream: bool,
+    },
+    /// Neither (an Envoy error page…): passed as it came.
     Passthrough,
 }
 
@@ -187,21 +261,24 @@ pub struct Translated<A: Api> {
     model: String,
     created: u64,
     seen: Seen,
+    decoding: Decoding,
 }
 
 impl<A: Api> Translated<A> {
-    /// `content_type`, `identity` (not compressed) of the provider's answer; `model`: the name
-    /// the client gets; `created`: now (seconds).
+    /// `content_type` and `coding` of the provider's answer; `model`: the name the client gets;
+    /// `created`: now (seconds).
     pub fn new(
         content_type: &str,
-        identity: bool,
+        coding: crate::encoding::Coding,
         ask: ClientAsk,
         model: &str,
         created: u64,
     ) -> Self {
-        let mode = if !identity {
-            Mode::Passthrough
-        } else if is_type(content_type, A::STREAM_TYPE) {
+        let stream = is_type(content_type, A::STREAM_TYPE);
+        let decoding = Decoding::new(coding, stream || is_json(content_type));
+        let mode = if decoding.unreadable() {
+            Mode::Unreadable { stream }
+        } else if stream {
             Mode::Stream(Box::new(A::stream(ask)))
         } else if is_json(content_type) {
             Mode::Json(KeptJson::default())
@@ -213,12 +290,21 @@ impl<A: Api> Translated<A> {
             model: model.to_string(),
             created,
             seen: Seen::default(),
+            decoding,
         }
     }
 
     /// The client gets an event stream (the content type to announce).
     pub fn is_stream(&self) -> bool {
-        matches!(self.mode, Mode::Stream(_))
+        matches!(
+            self.mode,
+            Mode::Stream(_) | Mode::Unreadable { stream: true }
+        )
+    }
+
+    /// Whether the answer's `content-encoding` must go (the client gets plain bytes).
+    pub fn drops_encoding(&self) -> bool {
+        self.decoding.drops_encoding()
     }
 
     /// The usage the provider sent.
@@ -236,14 +322,31 @@ impl<A: Api> Translated<A> {
         match &self.mode {
             Mode::Json(kept) => kept.kept(),
             Mode::Stream(s) => A::carried(s),
-            Mode::Passthrough => 0,
+            Mode::Unreadable { .. } | Mode::Passthrough => 0,
         }
     }
 
     /// One chunk of the provider's answer (`end`: its last): what the client gets now.
     pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        let decoded;
+        let chunk = match self.decoding.feed(chunk, end) {
+            Ok(Some(bytes)) => {
+                decoded = bytes;
+                decoded.as_slice()
+            }
+            Ok(None) => chunk,
+            Err(_) => {
+                let stream = matches!(
+                    self.mode,
+                    Mode::Stream(_) | Mode::Unreadable { stream: true }
+                );
+                self.mode = Mode::Unreadable { stream };
+                &[]
+            }
+        };
         match &mut self.mode {
             Mode::Passthrough => chunk.to_vec(),
+            Mode::Unreadable { stream } => unreadable_answer(*stream, end),
             Mode::Json(kept) => {
                 let kept = match kept.feed(chunk, end) {
                     None => return Vec::new(),

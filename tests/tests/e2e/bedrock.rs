@@ -25,6 +25,7 @@ identities:
   - {token: sdk-token, username: sdk, groups: [system:authenticated]}
   - {token: stream-token, username: streamer, groups: [system:authenticated]}
   - {token: tools-token, username: toolsmith, groups: [system:authenticated]}
+  - {token: gz-token, username: gz, groups: [system:authenticated]}
 "#;
 
 const ACCESS_KEY_ID: &str = "AKIAIOSFODNN7EXAMPLE";
@@ -276,6 +277,69 @@ async fn a_stream_gets_chunks_the_providers_usage_and_done() {
             .any(|c| c["choices"][0]["finish_reason"] == "stop")
     );
     ledger_reaches(stack, "stream-token", (1, USAGE_INPUT, USAGE_OUTPUT)).await;
+}
+
+/// Bedrock gzipping its answer although the gateway asked for `identity`: decoded, then
+/// translated (the client gets plain OpenAI chat, no `content-encoding`), streamed and not, and
+/// metered to Bedrock's usage as an uncompressed answer is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzipped_answer_is_decoded_then_translated_and_metered() {
+    let Env { stack, sim } = env().await;
+    until_served(stack).await;
+    for stream in [false, true] {
+        let mut body = chat("haiku");
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = client()
+            .post(format!(
+                "{}/ext/haiku/v1/chat/completions",
+                stack.gateway_url()
+            ))
+            .header("authorization", "Bearer gz-token")
+            .header("x-sim-compress", "always-gzip")
+            .json(&body)
+            .send()
+            .await
+            .expect("gateway answers");
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers().get("content-encoding"), None, "stream {stream}");
+        let text = r.text().await.unwrap_or_default();
+        let (content, usage) = if stream {
+            let chunks: Vec<Value> = text
+                .split("\n\n")
+                .filter_map(|e| e.strip_prefix("data: "))
+                .filter(|e| *e != "[DONE]")
+                .map(|e| serde_json::from_str(e).expect("JSON chunk"))
+                .collect();
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+            let content: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            (content, chunks.last().map(|c| c["usage"].clone()))
+        } else {
+            let v: Value = serde_json::from_str(&text).expect("a JSON answer");
+            assert_eq!(v["object"], "chat.completion", "{text}");
+            let content = v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (content, Some(v["usage"].clone()))
+        };
+        assert_eq!(content, bedrock_sim::DELTAS.concat(), "{text}");
+        let usage = usage.expect("usage");
+        assert_eq!(usage["prompt_tokens"], USAGE_INPUT, "{text}");
+        assert_eq!(usage["completion_tokens"], USAGE_OUTPUT, "{text}");
+    }
+    let gzipped = sim
+        .requests()
+        .iter()
+        .filter(|r| r.header("x-sim-compress") == Some("always-gzip") && r.status == 200)
+        .count();
+    assert_eq!(gzipped, 2, "Bedrock was asked to gzip both answers");
+    ledger_reaches(stack, "gz-token", (2, 2 * USAGE_INPUT, 2 * USAGE_OUTPUT)).await;
 }
 
 /// Runs `tests/sdk/<script>` with the official OpenAI SDK: its printed JSON.

@@ -39,6 +39,8 @@ identities:
   - {token: translated-token, username: translated, groups: [g-tr]}
   - {token: direct-token, username: direct, groups: [g-tr]}
   - {token: sdk-token, username: sdk, groups: [g-tr]}
+  - {token: gz-token, username: gz, groups: [g-tr]}
+  - {token: gz-twin-token, username: gztwin, groups: [g-tr]}
 "#;
 
 const REPORT_INTERVAL_MS: u64 = 500;
@@ -351,6 +353,56 @@ async fn budgets_and_ledger_are_those_of_a_direct_anthropic_call() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A provider that compresses its answer although the gateway asked for `identity` (the
+/// simulator's `x-sim-compress: always-gzip`): the gateway decodes it (bounded) and translates
+/// it; the client gets plain OpenAI chat without `content-encoding`, streamed and not, and the
+/// budget is charged what the same uncompressed calls are charged.
+#[tokio::test]
+async fn a_provider_compressing_anyway_is_decoded_then_translated() {
+    let bodies = [
+        chat_body(json!({})),
+        chat_body(json!({"stream": true, "stream_options": {"include_usage": true}})),
+    ];
+    for (i, body) in bodies.into_iter().enumerate() {
+        let id = format!("tr-gz-{i}");
+        let r = chat(
+            stack(),
+            CHAT,
+            &id,
+            &[
+                ("authorization", &bearer("gz-token")),
+                ("x-sim-compress", "always-gzip"),
+            ],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("content-encoding"), None, "{id}");
+        let usage = if i == 0 {
+            let v = r.json();
+            assert_eq!(v["object"], "chat.completion", "{}", r.body);
+            assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 tok2 tok3");
+            Some(v["usage"].clone())
+        } else {
+            let (text, finish, usage) = read_stream(&r.body);
+            assert_eq!(text, "tok0 tok1 tok2 tok3");
+            assert_eq!(finish.as_deref(), Some("stop"));
+            usage
+        };
+        assert_eq!(
+            usage.map(|u| u["total_tokens"].clone()),
+            Some(json!(9)),
+            "{id}"
+        );
+        let r = post(CHAT, "gz-twin-token", &format!("tr-gz-twin-{i}"), body).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let gz = remaining("gz-token", "tr-gz-probe").await;
+    let twin = remaining("gz-twin-token", "tr-gz-twin-probe").await;
+    assert_eq!(gz, twin, "the token window charged the same");
+    assert!(100_000 - gz >= 2 * 9, "both calls charged: {gz}");
 }
 
 /// The official OpenAI SDK (tests/sdk/clients.py, `MAAS_SDK_PYTHON`) with

@@ -1,5 +1,7 @@
 use super::super::eventstream::encode;
 use super::*;
+use crate::encoding::Coding;
+use std::io::Write;
 
 fn req(v: Value) -> (Value, ClientAsk) {
     let (b, ask) = request(&serde_json::to_vec(&v).unwrap()).unwrap();
@@ -84,7 +86,13 @@ fn a_converse_answer_becomes_a_chat_completion_with_its_usage() {
         "metrics": {"latencyMs": 10}
     })
     .to_string();
-    let mut a = Answer::new("application/json", true, ClientAsk::default(), "claude", 9);
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Identity,
+        ClientAsk::default(),
+        "claude",
+        9,
+    );
     assert!(!a.is_stream());
     let (head, tail) = body.as_bytes().split_at(10);
     assert!(a.feed(head, false).is_empty());
@@ -105,7 +113,13 @@ fn a_converse_answer_becomes_a_chat_completion_with_its_usage() {
         })
     );
     // A Bedrock error: an OpenAI error, no usage.
-    let mut a = Answer::new("application/json", true, ClientAsk::default(), "c", 9);
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Identity,
+        ClientAsk::default(),
+        "c",
+        9,
+    );
     let out: Value =
         serde_json::from_slice(&a.feed(br#"{"message":"The security token is invalid"}"#, true))
             .unwrap();
@@ -157,7 +171,7 @@ fn a_converse_stream_becomes_chunks_usage_and_done_whatever_its_split() {
         include_usage: true,
     };
     for step in [1, 7, 50, bytes.len()] {
-        let mut a = Answer::new(EVENTSTREAM, true, ask, "claude", 3);
+        let mut a = Answer::new(EVENTSTREAM, Coding::Identity, ask, "claude", 3);
         assert!(a.is_stream());
         let mut out = Vec::new();
         let chunks: Vec<&[u8]> = bytes.chunks(step).collect();
@@ -183,7 +197,7 @@ fn a_converse_stream_becomes_chunks_usage_and_done_whatever_its_split() {
         assert_eq!(a.content_events(), 2);
     }
     // Without include_usage: no usage chunk, metering still has it.
-    let mut a = Answer::new(EVENTSTREAM, true, ClientAsk::default(), "c", 3);
+    let mut a = Answer::new(EVENTSTREAM, Coding::Identity, ClientAsk::default(), "c", 3);
     let ev = events(&a.feed(&bytes, true));
     assert_eq!(ev.len(), 5);
     assert_eq!(a.usage().unwrap().prompt_tokens, 7);
@@ -194,7 +208,7 @@ fn a_corrupt_stream_or_an_exception_ends_in_an_error_event() {
     let mut bytes = stream();
     let n = bytes.len();
     bytes[n - 10] ^= 0xff;
-    let mut a = Answer::new(EVENTSTREAM, true, ClientAsk::default(), "c", 3);
+    let mut a = Answer::new(EVENTSTREAM, Coding::Identity, ClientAsk::default(), "c", 3);
     let ev = events(&a.feed(&bytes, false));
     let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "untranslatable_response");
@@ -209,7 +223,7 @@ fn a_corrupt_stream_or_an_exception_ends_in_an_error_event() {
         ],
         br#"{"message":"slow down"}"#,
     );
-    let mut a = Answer::new(EVENTSTREAM, true, ClientAsk::default(), "c", 3);
+    let mut a = Answer::new(EVENTSTREAM, Coding::Identity, ClientAsk::default(), "c", 3);
     let ev = events(&a.feed(&exception, false));
     let v: Value = serde_json::from_str(&ev[0]).unwrap();
     assert_eq!(v["error"]["message"], "slow down");
@@ -442,7 +456,13 @@ fn a_converse_tool_use_answer_becomes_tool_calls() {
         "stopReason": "tool_use",
         "usage": {"inputTokens": 30, "outputTokens": 9, "totalTokens": 39}
     });
-    let mut a = Answer::new("application/json", true, ClientAsk::default(), "claude", 9);
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Identity,
+        ClientAsk::default(),
+        "claude",
+        9,
+    );
     let out: Value = serde_json::from_slice(&a.feed(body.to_string().as_bytes(), true)).unwrap();
     let choice = &out["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
@@ -462,7 +482,13 @@ fn a_converse_tool_use_answer_becomes_tool_calls() {
         "stopReason": "tool_use",
         "usage": {"inputTokens": 3, "outputTokens": 2}
     });
-    let mut a = Answer::new("application/json", true, ClientAsk::default(), "claude", 9);
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Identity,
+        ClientAsk::default(),
+        "claude",
+        9,
+    );
     let out: Value = serde_json::from_slice(&a.feed(body.to_string().as_bytes(), true)).unwrap();
     assert_eq!(out["choices"][0]["message"]["content"], Value::Null);
     assert_eq!(
@@ -508,7 +534,13 @@ fn tool_stream() -> Vec<u8> {
 fn a_converse_tool_use_stream_becomes_tool_call_deltas_whatever_its_split() {
     let bytes = tool_stream();
     for step in [1, 5, 33, 100, bytes.len()] {
-        let mut a = Answer::new(EVENTSTREAM, true, ClientAsk::default(), "claude", 3);
+        let mut a = Answer::new(
+            EVENTSTREAM,
+            Coding::Identity,
+            ClientAsk::default(),
+            "claude",
+            3,
+        );
         let mut out = Vec::new();
         let chunks: Vec<&[u8]> = bytes.chunks(step).collect();
         for (i, c) in chunks.iter().enumerate() {
@@ -564,7 +596,13 @@ fn a_converse_tool_use_stream_becomes_tool_call_deltas_whatever_its_split() {
 #[test]
 fn each_frame_is_translated_as_it_arrives() {
     // The tool call's start goes out with the frame that carries it, before the rest arrives.
-    let mut a = Answer::new(EVENTSTREAM, true, ClientAsk::default(), "claude", 3);
+    let mut a = Answer::new(
+        EVENTSTREAM,
+        Coding::Identity,
+        ClientAsk::default(),
+        "claude",
+        3,
+    );
     let start = event(
         "contentBlockStart",
         json!({"contentBlockIndex": 0, "start": {"toolUse": {"toolUseId": "t", "name": "get"}}}),
@@ -582,4 +620,65 @@ fn each_frame_is_translated_as_it_arrives() {
         json!({"contentBlockIndex": 5, "delta": {"toolUse": {"input": "{}"}}}),
     );
     assert!(a.feed(&stray, false).is_empty());
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(b).unwrap();
+    e.finish().unwrap()
+}
+
+/// A provider that gzips its answer although the gateway asked for identity: the event stream
+/// is decoded chunk by chunk, whatever the split, translated, and its usage read; the client
+/// gets it uncompressed. A corrupt or cut compressed stream, or a coding the gateway cannot
+/// decode, ends in an error event (usage unknown: the request settles to its reservation).
+#[test]
+fn a_gzipped_converse_stream_is_decoded_then_translated() {
+    let gz = gzip(&stream());
+    let ask = ClientAsk {
+        stream: true,
+        include_usage: true,
+    };
+    for step in [1, 9, gz.len()] {
+        let mut a = Answer::new(EVENTSTREAM, Coding::Gzip, ask, "claude", 3);
+        assert!(a.is_stream() && a.drops_encoding());
+        let mut out = Vec::new();
+        let chunks: Vec<&[u8]> = gz.chunks(step).collect();
+        for (i, c) in chunks.iter().enumerate() {
+            out.extend(a.feed(c, i + 1 == chunks.len()));
+        }
+        let ev = events(&out);
+        assert_eq!(ev.len(), 6, "{step}: {ev:?}");
+        assert_eq!(ev[5], "[DONE]");
+        assert_eq!(a.usage().unwrap().completion_tokens, 2);
+    }
+    let cut = &gz[..gz.len() - 4];
+    let mut a = Answer::new(EVENTSTREAM, Coding::Gzip, ask, "claude", 3);
+    let ev = events(&a.feed(cut, true));
+    let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "untranslatable_response");
+    assert_eq!(a.usage(), None);
+    let mut a = Answer::new(EVENTSTREAM, Coding::Unreadable, ask, "claude", 3);
+    assert!(a.is_stream() && a.drops_encoding());
+    assert!(a.feed(b"\x28\xb5\x2f\xfd", false).is_empty());
+    let ev = events(&a.feed(b"", true));
+    let only: Value = serde_json::from_str(&ev[0]).unwrap();
+    assert_eq!(only["error"]["code"], "untranslatable_response");
+    // A gzipped JSON answer likewise.
+    let body = serde_json::to_vec(&json!({
+        "output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}},
+        "stopReason": "end_turn",
+        "usage": {"inputTokens": 3, "outputTokens": 1, "totalTokens": 4}
+    }))
+    .unwrap();
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Gzip,
+        ClientAsk::default(),
+        "c",
+        9,
+    );
+    let v: Value = serde_json::from_slice(&a.feed(&gzip(&body), true)).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "hi");
+    assert_eq!(a.usage().map(|u| u.total_tokens), Some(4));
 }

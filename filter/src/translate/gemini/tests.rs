@@ -1,4 +1,6 @@
 use super::*;
+use crate::encoding::Coding;
+use std::io::Write;
 
 fn translated(body: Value) -> Value {
     let (out, _) = request(&serde_json::to_vec(&body).unwrap()).unwrap();
@@ -449,7 +451,7 @@ fn stream_bytes() -> Vec<u8> {
 fn stream_answer(include_usage: bool) -> Answer {
     Answer::new(
         "text/event-stream",
-        true,
+        Coding::Identity,
         ClientAsk {
             stream: true,
             include_usage,
@@ -545,7 +547,7 @@ fn a_stream_error_or_garbage_ends_the_stream_with_an_openai_error() {
 fn a_json_answer_is_kept_to_its_end_and_other_answers_pass() {
     let mut a = Answer::new(
         "application/json; charset=UTF-8",
-        true,
+        Coding::Identity,
         ClientAsk::default(),
         "gem",
         3,
@@ -561,8 +563,42 @@ fn a_json_answer_is_kept_to_its_end_and_other_answers_pass() {
     let v: Value = serde_json::from_slice(&a.feed(tail, true)).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "ok");
     assert_eq!(a.usage().map(|u| u.total_tokens), Some(2));
-    let mut page = Answer::new("text/html", true, ClientAsk::default(), "gem", 3);
+    let mut page = Answer::new(
+        "text/html",
+        Coding::Identity,
+        ClientAsk::default(),
+        "gem",
+        3,
+    );
     assert_eq!(page.feed(b"<html>", true), b"<html>");
-    let mut gz = Answer::new("application/json", false, ClientAsk::default(), "gem", 3);
-    assert_eq!(gz.feed(b"\x1f\x8b", true), b"\x1f\x8b");
+    // Gzipped although identity was asked for: decoded, translated, usage read; the client
+    // gets it uncompressed. A compressed page that is not the API's passes as it came.
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(&body).unwrap();
+    let gz = e.finish().unwrap();
+    let mut a = Answer::new(
+        "application/json",
+        Coding::Gzip,
+        ClientAsk::default(),
+        "gem",
+        3,
+    );
+    assert!(a.drops_encoding());
+    let (head, tail) = gz.split_at(7);
+    assert!(a.feed(head, false).is_empty());
+    let v: Value = serde_json::from_slice(&a.feed(tail, true)).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "ok");
+    assert_eq!(a.usage().map(|u| u.total_tokens), Some(2));
+    let mut bad = Answer::new(
+        "application/json",
+        Coding::Gzip,
+        ClientAsk::default(),
+        "gem",
+        3,
+    );
+    let v: Value = serde_json::from_slice(&bad.feed(b"\x1f\x8b", true)).unwrap();
+    assert_eq!(v["error"]["code"], "untranslatable_response");
+    let mut page = Answer::new("text/html", Coding::Gzip, ClientAsk::default(), "gem", 3);
+    assert!(!page.drops_encoding());
+    assert_eq!(page.feed(b"\x1f\x8b", true), b"\x1f\x8b");
 }
