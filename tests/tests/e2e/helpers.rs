@@ -433,7 +433,8 @@ pub async fn admitted_per_user(tasks: Vec<tokio::task::JoinHandle<(usize, u64)>>
 
 /// What a replica leased and did not use goes back when it idles: the rest of a shared limit
 /// is then usable from any replica. Sends one request every 250 ms (the replicas and `keys` in
-/// turn) until `total` reaches `limit` or 10 s pass; `admitted` judges each answer (and checks
+/// turn) until `total` reaches `limit` or 20 s pass (an idle lease goes back in about 4 s; the
+/// whole suite on 2 cores once took longer than 10 s); `admitted` judges each answer (and checks
 /// a refusal's reason). Returns the new total.
 pub async fn admit_the_rest(
     stack: &Stack,
@@ -443,7 +444,7 @@ pub async fn admit_the_rest(
     limit: u64,
     admitted: impl Fn(&Reply) -> bool,
 ) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut i = 0;
     while total < limit && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
