@@ -201,6 +201,16 @@ fn base_path(url: Option<&str>) -> &str {
         .unwrap_or("")
 }
 
+/// Answers an attempt locally (it goes nowhere): straight to the client, never retried.
+fn refuse(host: &dyn Host, backend: Option<&str>, r: &Refusal) {
+    log::warn!(
+        "maas: upstream attempt (backend {}) refused: {}",
+        backend.unwrap_or("-"),
+        r.message
+    );
+    host.send_response(r.status, &r.response_headers(), &r.body());
+}
+
 /// One upstream attempt (the upstream mode's HTTP context). Its headers get the plan. For a
 /// backend with a served name of its own the body is held to its end and its `model` written;
 /// for every attempt of a model with such a backend, the headers are held too and
@@ -247,12 +257,7 @@ impl Attempt {
         let plan = match plan {
             Ok(plan) => plan,
             Err(r) => {
-                log::warn!(
-                    "maas: upstream attempt (backend {}) refused: {}",
-                    backend.as_deref().unwrap_or("-"),
-                    r.message
-                );
-                host.send_response(r.status, &r.response_headers(), &r.body());
+                refuse(host, backend.as_deref(), &r);
                 return Action::Pause;
             }
         };
@@ -362,8 +367,7 @@ impl Attempt {
             ))
         };
         if let Some(r) = refusal {
-            log::warn!("maas: upstream attempt refused: {}", r.message);
-            host.send_response(r.status, &r.response_headers(), &r.body());
+            refuse(host, None, &r);
             return None;
         }
         host.set_body(Body::Request, self.buffered, &body);
@@ -520,13 +524,15 @@ mod tests {
         Rc::new(RefCell::new(w))
     }
 
+    /// The attempt's cluster and the endpoint Envoy chose, as the properties give them.
+    fn route_to(host: &RecordingHost, cluster: &str, backend: &str) {
+        let mut properties = host.properties.borrow_mut();
+        properties.insert(CLUSTER.into(), cluster.into());
+        properties.insert(BACKEND.into(), backend.into());
+    }
+
     fn attempt(host: &RecordingHost, w: &SharedWorker, cluster: &str, backend: &str) -> bool {
-        host.properties
-            .borrow_mut()
-            .insert(CLUSTER.into(), cluster.into());
-        host.properties
-            .borrow_mut()
-            .insert(BACKEND.into(), backend.into());
+        route_to(host, cluster, backend);
         host.clear_calls();
         Attempt::default().on_request_headers(host, w, false) == Action::Continue
     }
@@ -711,12 +717,7 @@ mod tests {
                 h.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             host.set_map(Headers::Request, &pairs);
             host.set_buffer(Body::Request, sent);
-            host.properties
-                .borrow_mut()
-                .insert(CLUSTER.into(), "renamed-backends".into());
-            host.properties
-                .borrow_mut()
-                .insert(BACKEND.into(), backend.into());
+            route_to(&host, "renamed-backends", backend);
             let mut a = Attempt::default();
             let on_headers = a.on_request_headers(&host, &w, false);
             (a, on_headers)
@@ -767,12 +768,7 @@ mod tests {
         );
         // A model none of whose backends renames: nothing held (the paths model).
         host.set_map(Headers::Request, &[(":path", "/v1/chat/completions")]);
-        host.properties
-            .borrow_mut()
-            .insert(CLUSTER.into(), "paths-backends".into());
-        host.properties
-            .borrow_mut()
-            .insert(BACKEND.into(), "local".into());
+        route_to(&host, "paths-backends", "local");
         let mut a = Attempt::default();
         assert_eq!(a.on_request_headers(&host, &w, false), Action::Continue);
         host.clear_calls();
@@ -814,12 +810,7 @@ mod tests {
             ],
         );
         host.set_buffer(Body::Request, sent);
-        host.properties
-            .borrow_mut()
-            .insert(CLUSTER.into(), "renamed-backends".into());
-        host.properties
-            .borrow_mut()
-            .insert(BACKEND.into(), "renamed".into());
+        route_to(&host, "renamed-backends", "renamed");
         let mut a = Attempt::default();
         assert_eq!(a.on_request_headers(&host, &w, false), Action::Continue);
         assert_eq!(host.map_value(Headers::Request, "content-length"), None);

@@ -67,19 +67,12 @@ impl Answer {
 
     /// One chunk of the provider's answer (`end`: its last): what the client gets now.
     pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        let decoded;
-        let chunk = match self.decoding.feed(chunk, end) {
-            Ok(Some(bytes)) => {
-                decoded = bytes;
-                decoded.as_slice()
-            }
-            Ok(None) => chunk,
-            Err(_) => {
-                let sse = matches!(self.mode, Mode::Sse(_) | Mode::Unreadable { sse: true });
-                self.mode = Mode::Unreadable { sse };
-                &[]
-            }
+        let Some(chunk) = self.decoding.decode(chunk, end) else {
+            let sse = matches!(self.mode, Mode::Sse(_) | Mode::Unreadable { sse: true });
+            self.mode = Mode::Unreadable { sse };
+            return unreadable_answer(sse, end);
         };
+        let chunk = chunk.as_ref();
         match &mut self.mode {
             Mode::Passthrough => chunk.to_vec(),
             Mode::Sse(t) => t.feed(chunk),

@@ -119,24 +119,18 @@ impl Decoding {
         !matches!(self, Decoding::Identity)
     }
 
-    /// A chunk decoded: `Ok(None)` when it is read as it came, `Err` once the answer cannot be
-    /// decoded (it is then [`Decoding::Unreadable`]).
-    pub fn feed(
-        &mut self,
-        chunk: &[u8],
-        end: bool,
-    ) -> Result<Option<Vec<u8>>, crate::encoding::Undecodable> {
-        match self {
-            Decoding::Identity => Ok(None),
-            Decoding::Unreadable => Err(crate::encoding::Undecodable),
-            Decoding::Decoded(d) => match d.feed(chunk, end) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) => {
-                    *self = Decoding::Unreadable;
-                    Err(e)
-                }
-            },
+    /// A chunk as the translator reads it: as it came, or decoded; `None` once the answer
+    /// cannot be decoded (it is then [`Decoding::Unreadable`]).
+    pub fn decode<'a>(&mut self, chunk: &'a [u8], end: bool) -> Option<std::borrow::Cow<'a, [u8]>> {
+        let decoded = match self {
+            Decoding::Identity => return Some(std::borrow::Cow::Borrowed(chunk)),
+            Decoding::Unreadable => return None,
+            Decoding::Decoded(d) => d.feed(chunk, end),
+        };
+        if decoded.is_err() {
+            *self = Decoding::Unreadable;
         }
+        decoded.ok().map(std::borrow::Cow::Owned)
     }
 }
 
@@ -328,22 +322,12 @@ impl<A: Api> Translated<A> {
 
     /// One chunk of the provider's answer (`end`: its last): what the client gets now.
     pub fn feed(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
-        let decoded;
-        let chunk = match self.decoding.feed(chunk, end) {
-            Ok(Some(bytes)) => {
-                decoded = bytes;
-                decoded.as_slice()
-            }
-            Ok(None) => chunk,
-            Err(_) => {
-                let stream = matches!(
-                    self.mode,
-                    Mode::Stream(_) | Mode::Unreadable { stream: true }
-                );
-                self.mode = Mode::Unreadable { stream };
-                &[]
-            }
+        let Some(chunk) = self.decoding.decode(chunk, end) else {
+            let stream = self.is_stream();
+            self.mode = Mode::Unreadable { stream };
+            return unreadable_answer(stream, end);
         };
+        let chunk = chunk.as_ref();
         match &mut self.mode {
             Mode::Passthrough => chunk.to_vec(),
             Mode::Unreadable { stream } => unreadable_answer(*stream, end),

@@ -253,20 +253,7 @@ async fn a_stream_gets_chunks_the_providers_usage_and_done() {
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let events: Vec<&str> = text
-        .split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|e| e.strip_prefix("data: ").expect("data events"))
-        .collect();
-    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).expect("JSON chunk"))
-        .collect();
-    let content: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect();
+    let (chunks, content) = stream_chunks(&text);
     assert_eq!(content, bedrock_sim::DELTAS.concat());
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["prompt_tokens"], USAGE_INPUT, "{text}");
@@ -307,17 +294,7 @@ async fn a_gzipped_answer_is_decoded_then_translated_and_metered() {
         assert_eq!(r.headers().get("content-encoding"), None, "stream {stream}");
         let text = r.text().await.unwrap_or_default();
         let (content, usage) = if stream {
-            let chunks: Vec<Value> = text
-                .split("\n\n")
-                .filter_map(|e| e.strip_prefix("data: "))
-                .filter(|e| *e != "[DONE]")
-                .map(|e| serde_json::from_str(e).expect("JSON chunk"))
-                .collect();
-            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-            let content: String = chunks
-                .iter()
-                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-                .collect();
+            let (chunks, content) = stream_chunks(&text);
             (content, chunks.last().map(|c| c["usage"].clone()))
         } else {
             let v: Value = serde_json::from_str(&text).expect("a JSON answer");
@@ -340,6 +317,26 @@ async fn a_gzipped_answer_is_decoded_then_translated_and_metered() {
         .count();
     assert_eq!(gzipped, 2, "Bedrock was asked to gzip both answers");
     ledger_reaches(stack, "gz-token", (2, 2 * USAGE_INPUT, 2 * USAGE_OUTPUT)).await;
+}
+
+/// An OpenAI stream's chunks (every event a `data:` one, ending in `[DONE]`) and the text of
+/// their content deltas.
+fn stream_chunks(text: &str) -> (Vec<Value>, String) {
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").expect("data events"))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("JSON chunk"))
+        .collect();
+    let content = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    (chunks, content)
 }
 
 /// Runs `tests/sdk/<script>` with the official OpenAI SDK: its printed JSON.
