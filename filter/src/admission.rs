@@ -16,6 +16,7 @@
 
 use crate::cache::CachedIdentity;
 use crate::config::PluginConfig;
+use crate::cooldown::Cooled;
 use crate::credential::{self, Credential};
 use crate::decide;
 use crate::hygiene;
@@ -46,6 +47,8 @@ pub struct Snapshot<'a> {
     pub policy: Option<&'a PolicyDocument>,
     pub credentials: &'a CredentialsDocument,
     pub revoked: &'a HashSet<String>,
+    /// Backends cooling down on this worker (`crate::cooldown`).
+    pub cooled: &'a Cooled,
     /// The request headers may wait for the body: `pauseHeadersForBody`, unless this worker
     /// found that Envoy never hands a held body over.
     pub hold_headers: bool,
@@ -311,6 +314,8 @@ pub struct Authorized {
     pub highest_tier_idx: Option<u32>,
     /// The counter slot, hashed once for the whole request.
     pub counter_key: SlotKey,
+    /// The endpoints Envoy was told to try (`x-maas-endpoints`), for a model with a cooldown.
+    pub tried_order: Option<Box<str>>,
     /// The policy's scopes the request counts in too (none for most requests: no allocation).
     pub scopes: Option<Box<Scopes>>,
 }
@@ -459,7 +464,8 @@ pub fn authorize<'h>(
         )),
     };
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
-    let backend_order = backend_order(model, s.credentials, caller.now_s, draw)?;
+    let backend_order = backend_order(model, s.credentials, s.cooled, caller.now_s, draw)?;
+    let tried_order = tried_order(model, backend_order.as_deref());
     crate::provider::every_backend_serves(model, op.operation)?;
     let upstream_path = crate::provider::upstream_path(
         model.provider.as_ref(),
@@ -495,6 +501,7 @@ pub fn authorize<'h>(
             tier_idx,
             highest_tier_idx,
             counter_key,
+            tried_order,
             scopes: scopes(
                 policy,
                 model,
@@ -607,39 +614,29 @@ fn provider_key<'c, 'm>(
 /// others after it in the policy's order. So a backend without its credential is not chosen
 /// while another can serve, and a retry goes to the next listed (Envoy's `override_host`
 /// policy; checked with Envoy 1.40: the list holds for the retries although the upstream filter
-/// removes the header). `Ok(None)`: no backend has a provider (nothing to steer), or none has an
-/// `http://ip:port` address the header can name (Envoy's weighted round robin then chooses, as
-/// before). No backend that can serve: 503 `provider_credential_missing`.
+/// removes the header). A backend cooling down (`crate::cooldown`) comes after every other one
+/// and is drawn first only when all are cooling. `Ok(None)`: no backend has a provider (nothing
+/// to steer), or none has an `http://ip:port` address the header can name (Envoy's weighted
+/// round robin then chooses, as before). No backend that can serve: 503
+/// `provider_credential_missing`.
 pub fn backend_order(
     model: &maas_types::Model,
     credentials: &CredentialsDocument,
+    cooled: &Cooled,
     now_s: u64,
     draw: impl FnOnce() -> u64,
 ) -> Result<Option<String>, Refusal> {
     if model.backends.iter().all(|b| b.provider.is_none()) {
         return Ok(None);
     }
-    let usable: Vec<(&str, u32)> = model
-        .backends
-        .iter()
-        .filter(|b| b.weight > 0)
-        .filter(|b| match &b.provider {
-            None => true,
-            Some(p) => {
-                p.auth != maas_types::ProviderAuth::AwsSigV4
-                    && provider_secret(credentials, p, || now_s).is_ok()
-            }
-        })
-        .filter_map(|b| Some((endpoint_of(b.backend.as_deref()?)?, b.weight)))
-        .collect();
-    let can_serve = model.backends.iter().any(|b| {
+    let servable = |b: &&maas_types::policy::Backend| {
         b.weight > 0
             && b.provider.as_ref().is_none_or(|p| {
                 p.auth != maas_types::ProviderAuth::AwsSigV4
                     && provider_secret(credentials, p, || now_s).is_ok()
             })
-    });
-    if !can_serve {
+    };
+    if !model.backends.iter().any(|b| servable(&b)) {
         return Err(Refusal::new(
             Deny::ProviderCredentialMissing,
             format!(
@@ -648,14 +645,34 @@ pub fn backend_order(
             ),
         ));
     }
-    let total: u64 = usable.iter().map(|(_, w)| u64::from(*w)).sum();
+    // (endpoint, weight, cooling)
+    let usable: smallvec::SmallVec<[(&str, u32, bool); 8]> = model
+        .backends
+        .iter()
+        .filter(servable)
+        .filter_map(|b| {
+            let endpoint = endpoint_of(b.backend.as_deref()?)?;
+            Some((endpoint, b.weight, cooled.is_cooling(endpoint, now_s)))
+        })
+        .collect();
+    // The first is drawn among those not cooling (all of them when every one is).
+    let all_cooling = usable.iter().all(|(_, _, c)| *c);
+    let drawn_from = |c: bool| all_cooling || !c;
+    let total: u64 = usable
+        .iter()
+        .filter(|(_, _, c)| drawn_from(*c))
+        .map(|(_, w, _)| u64::from(*w))
+        .sum();
     if total == 0 {
         return Ok(None);
     }
     let mut at = draw() % total;
     let first = usable
         .iter()
-        .position(|(_, w)| {
+        .position(|(_, w, c)| {
+            if !drawn_from(*c) {
+                return false;
+            }
             let w = u64::from(*w);
             if at < w {
                 true
@@ -665,21 +682,30 @@ pub fn backend_order(
             }
         })
         .unwrap_or(0);
-    let mut order = String::new();
-    for (i, (endpoint, _)) in usable.iter().enumerate() {
-        if i == first {
-            continue;
+    let mut order = usable.get(first).map_or("", |(e, _, _)| *e).to_string();
+    // Then the others not cooling, then those cooling: tried only after every other one.
+    for cooling in [false, true] {
+        for (i, (endpoint, _, c)) in usable.iter().enumerate() {
+            if i != first && *c == cooling {
+                order.push(',');
+                order.push_str(endpoint);
+            }
         }
-        order.push(',');
-        order.push_str(endpoint);
     }
-    let head = usable.get(first).map_or("", |(e, _)| *e);
-    Ok(Some(format!("{head}{order}")))
+    Ok(Some(order))
+}
+
+/// The order kept to learn from the answer which backends failed (`crate::cooldown`), for a
+/// model with a cooldown.
+fn tried_order(model: &Model, order: Option<&str>) -> Option<Box<str>> {
+    order
+        .filter(|_| model.cooldown_rule().is_some())
+        .map(Box::<str>::from)
 }
 
 /// `ip:port` of an `http(s)://ip[:port][/base]` backend URL (the address Envoy's endpoint has);
 /// `None` for a host name or `simulator` (the header could not name it).
-fn endpoint_of(url: &str) -> Option<&str> {
+pub(crate) fn endpoint_of(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))?;

@@ -22,6 +22,7 @@ pub(crate) mod admission;
 pub(crate) mod authenticate;
 pub(crate) mod cache;
 pub mod config;
+pub(crate) mod cooldown;
 pub(crate) mod credential;
 pub(crate) mod decide;
 pub(crate) mod encoding;

@@ -260,6 +260,7 @@ struct View {
     policy: Option<Rc<PolicyDocument>>,
     credentials: Rc<CredentialsDocument>,
     revoked: Rc<HashSet<String>>,
+    cooled: Rc<crate::cooldown::Cooled>,
     hold_headers: bool,
 }
 
@@ -272,6 +273,7 @@ impl View {
             policy: w.policy.clone(),
             credentials: w.credentials.clone(),
             revoked: w.revoked.clone(),
+            cooled: w.cooldowns.cooled(),
         })
     }
 
@@ -281,6 +283,7 @@ impl View {
             policy: self.policy.as_deref(),
             credentials: &self.credentials,
             revoked: &self.revoked,
+            cooled: &self.cooled,
             hold_headers: self.hold_headers,
         }
     }

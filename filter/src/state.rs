@@ -46,6 +46,8 @@ pub struct Worker {
     /// Whether Envoy hands over the body of a request whose headers are held
     /// (`pauseHeadersForBody`), as far as this worker has seen.
     pub held: HeldHeaders,
+    /// Backends that keep failing, tried last for a while (`crate::cooldown`).
+    pub cooldowns: crate::cooldown::Cooldowns,
 }
 
 /// Whether Envoy hands the body of a request whose headers the filter holds to the filter.

@@ -379,6 +379,7 @@ impl Attempt {
 mod tests {
     use super::*;
     use crate::admission::backend_order;
+    use crate::cooldown::Cooled;
     use crate::host::recording::{Call, RecordingHost};
     use crate::state::Worker;
     use serde_json::json;
@@ -855,7 +856,11 @@ mod tests {
         let creds = credentials();
         // a (weight 1), b (1), local (1) usable; entra has weight 0; nokey has no key.
         let firsts: Vec<String> = (0..3)
-            .map(|d| backend_order(gpt, &creds, 10, || d).unwrap().unwrap())
+            .map(|d| {
+                backend_order(gpt, &creds, &Cooled::default(), 10, || d)
+                    .unwrap()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(
             firsts,
@@ -866,29 +871,41 @@ mod tests {
             ]
         );
         assert_eq!(
-            backend_order(gpt, &creds, 10, || 3).unwrap().unwrap(),
+            backend_order(gpt, &creds, &Cooled::default(), 10, || 3)
+                .unwrap()
+                .unwrap(),
             firsts[0]
         );
         // Without any credential only the backend that needs none is left.
         let none = CredentialsDocument::default();
         assert_eq!(
-            backend_order(gpt, &none, 10, || 7).unwrap().as_deref(),
+            backend_order(gpt, &none, &Cooled::default(), 10, || 7)
+                .unwrap()
+                .as_deref(),
             Some("127.0.0.1:9004")
         );
         // No backend that can serve: refused before anything leaves.
         let claude = &p.models[1];
-        let r = backend_order(claude, &none, 10, || 0).unwrap_err();
+        let r = backend_order(claude, &none, &Cooled::default(), 10, || 0).unwrap_err();
         assert_eq!((r.deny, r.status), (Deny::ProviderCredentialMissing, 503));
         assert_eq!(
-            backend_order(claude, &creds, 10, || 0).unwrap().as_deref(),
+            backend_order(claude, &creds, &Cooled::default(), 10, || 0)
+                .unwrap()
+                .as_deref(),
             Some("127.0.0.1:9011")
         );
         // Nothing to steer: a model without provider backends, or names the header cannot
         // carry (Envoy's weighted round robin chooses).
-        assert_eq!(backend_order(&p.models[2], &creds, 10, || 0).unwrap(), None);
+        assert_eq!(
+            backend_order(&p.models[2], &creds, &Cooled::default(), 10, || 0).unwrap(),
+            None
+        );
         let mut named = claude.clone();
         named.backends[0].backend = Some("https://api.anthropic.com".into());
-        assert_eq!(backend_order(&named, &creds, 10, || 0).unwrap(), None);
+        assert_eq!(
+            backend_order(&named, &creds, &Cooled::default(), 10, || 0).unwrap(),
+            None
+        );
         // Weights: 3:1 draws pick the heavier three times in four.
         let mut heavy = claude.clone();
         heavy.backends[0].weight = 3;
@@ -899,13 +916,63 @@ mod tests {
         heavy.backends.push(second);
         let heads: Vec<bool> = (0..4)
             .map(|d| {
-                backend_order(&heavy, &creds, 10, || d)
+                backend_order(&heavy, &creds, &Cooled::default(), 10, || d)
                     .unwrap()
                     .unwrap()
                     .starts_with("127.0.0.1:9011,")
             })
             .collect();
         assert_eq!(heads, [true, true, true, false]);
+    }
+
+    /// A backend cooling down is listed after every other one that can serve, drawn first only
+    /// when all of them are cooling; once its cooldown is over it is drawn by weight again.
+    #[test]
+    fn a_cooling_backend_is_tried_after_every_other_one() {
+        let p = policy();
+        let gpt = &p.models[0];
+        let creds = credentials();
+        let rule = gpt.cooldown_rule().unwrap();
+        assert_eq!((rule.failures, rule.seconds), (3, 30), "the default");
+        let mut c = crate::cooldown::Cooldowns::default();
+        for _ in 0..3 {
+            c.record("127.0.0.1:9001", true, rule, &mut || 10);
+        }
+        let order = |c: &crate::cooldown::Cooldowns, now: u64, d: u64| {
+            backend_order(gpt, &creds, &c.cooled(), now, || d)
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(
+            order(&c, 10, 0),
+            "127.0.0.1:9002,127.0.0.1:9004,127.0.0.1:9001"
+        );
+        assert_eq!(
+            order(&c, 39, 1),
+            "127.0.0.1:9004,127.0.0.1:9002,127.0.0.1:9001"
+        );
+        assert_eq!(
+            order(&c, 40, 0),
+            "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9004"
+        );
+        for e in ["127.0.0.1:9002", "127.0.0.1:9004"] {
+            for _ in 0..3 {
+                c.record(e, true, rule, &mut || 10);
+            }
+        }
+        assert_eq!(
+            order(&c, 10, 1),
+            "127.0.0.1:9002,127.0.0.1:9001,127.0.0.1:9004",
+            "all cooling: drawn by weight among all"
+        );
+        // `failures: 0` turns it off; a model without backends has none.
+        let mut off = gpt.clone();
+        off.cooldown = Some(maas_types::policy::Cooldown {
+            failures: 0,
+            duration: "30s".into(),
+        });
+        assert_eq!(off.cooldown_rule(), None);
+        assert_eq!(p.models[2].cooldown_rule(), None);
     }
 
     /// The host-call budget of an attempt: 2 property reads + 4 header writes; the clock only

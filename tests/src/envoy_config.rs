@@ -254,7 +254,25 @@ fn backend_cluster(name: &str, url: &BackendUrl) -> Value {
 
 /// Statuses after which an attempt fails over to another backend (before the first response
 /// byte reached the client; Envoy never retries once it has sent the response on).
-pub const FAILOVER_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+pub use maas_types::policy::FAILOVER_STATUSES;
+
+/// The model's cooldown as Envoy's outlier detection (docs/design.md "Cooldown"): what cools a
+/// backend when Envoy chooses the order (backends without providers, host names, or every
+/// listed one tried). `failures` 5xx answers, connect failures, resets or timeouts in a row
+/// eject it for `duration` (never longer: `max_ejection_time`), checked every second; every
+/// backend may be ejected (Envoy then routes to all of them: its panic mode).
+fn outlier_detection(rule: maas_types::policy::CooldownRule) -> Value {
+    let duration = format!("{}s", rule.seconds);
+    json!({
+        "consecutive_5xx": rule.failures,
+        "interval": "1s",
+        "base_ejection_time": duration,
+        "max_ejection_time": duration,
+        "max_ejection_percent": 100,
+        "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0
+    })
+}
 
 /// The cluster of a model's several backends (`backends`): one endpoint per backend with a
 /// weight above 0, its `load_balancing_weight` the backend's weight (Envoy's weighted round
@@ -315,6 +333,9 @@ fn backends_cluster(
     let mut cluster = endpoint_cluster(name, "127.0.0.1", 1);
     cluster["load_assignment"]["endpoints"] = json!([{"lb_endpoints": endpoints}]);
     cluster["circuit_breakers"]["thresholds"][0]["max_retries"] = json!(100_000);
+    if let Some(rule) = model.cooldown_rule() {
+        cluster["outlier_detection"] = outlier_detection(rule);
+    }
     if any_dns {
         cluster["type"] = json!("STRICT_DNS");
         cluster["dns_lookup_family"] = json!("V4_PREFERRED");

@@ -333,6 +333,11 @@ pub struct Model {
     /// before the first response byte (see docs/design.md "Several backends per model").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<Backend>,
+    /// How long a backend that keeps failing is tried last (LiteLLM's cooldowns, Envoy's outlier
+    /// ejection), for a model with `backends`. Default [`Cooldown::default`]; `failures: 0` turns
+    /// it off (docs/design.md "Cooldown").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown: Option<Cooldown>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_by: Option<String>,
     /// Set for external providers: the filter injects the provider's credential.
@@ -380,6 +385,49 @@ pub struct Model {
 /// Gemini's tiles fewer) and a PDF page at Anthropic (1,500–3,000 with its page image).
 pub const DEFAULT_MEDIA_TOKENS: u64 = 4096;
 
+/// A backend that fails `failures` attempts in a row is cooled down for `duration`: tried after
+/// every other backend that can serve (the filter's order) or ejected (Envoy's outlier detection
+/// for backends without providers). One more failure after its cooldown cools it again; one
+/// success clears it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cooldown {
+    /// Failed attempts in a row (a connect failure, a reset, a timeout, 429 or 5xx); 0: never.
+    pub failures: u32,
+    /// How long it lasts (`30s`, `2m`).
+    #[serde(default = "default_cooldown_duration")]
+    pub duration: String,
+}
+
+fn default_cooldown_duration() -> String {
+    DEFAULT_COOLDOWN_DURATION.to_string()
+}
+
+/// [`Cooldown::failures`] when a model with backends names no cooldown.
+pub const DEFAULT_COOLDOWN_FAILURES: u32 = 3;
+/// [`Cooldown::duration`] when a model names none.
+pub const DEFAULT_COOLDOWN_DURATION: &str = "30s";
+
+impl Default for Cooldown {
+    fn default() -> Self {
+        Cooldown {
+            failures: DEFAULT_COOLDOWN_FAILURES,
+            duration: default_cooldown_duration(),
+        }
+    }
+}
+
+/// Statuses after which an attempt fails over to another backend (the route's retriable
+/// statuses; before the first response byte reached the client), and count against its cooldown.
+pub const FAILOVER_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+
+/// A model's cooldown as numbers: failures in a row, and seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CooldownRule {
+    pub failures: u32,
+    pub seconds: u64,
+}
+
 /// One of a model's several backends ([`Model::backends`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -421,6 +469,23 @@ fn default_backend_weight() -> u32 {
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
 
 impl Model {
+    /// The cooldown of the model's backends (`None`: no backends, or `failures: 0`). Checked
+    /// with the policy: a duration that does not parse counts as the default.
+    pub fn cooldown_rule(&self) -> Option<CooldownRule> {
+        if self.backends.is_empty() {
+            return None;
+        }
+        // No copy: asked per request of such a model.
+        let (failures, ms) = match &self.cooldown {
+            Some(c) => (c.failures, parse_duration_ms(&c.duration)),
+            None => (DEFAULT_COOLDOWN_FAILURES, None),
+        };
+        (failures > 0).then_some(CooldownRule {
+            failures,
+            seconds: ms.unwrap_or(30_000).div_ceil(1000),
+        })
+    }
+
     /// Whether the model's backends cluster runs the filter's upstream mode: some backend has
     /// a provider (its credential and path are set per attempt) or a served name of its own
     /// (written into each of its attempts' bodies).
@@ -458,7 +523,30 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
 /// above 0; durations readable; providers as [`check_backend_provider`] allows.
 fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
     if m.backends.is_empty() {
+        if m.cooldown.is_some() {
+            return Err(err(
+                format!("models[{i}].cooldown"),
+                "only for a model with backends",
+            ));
+        }
         return Ok(());
+    }
+    if let Some(c) = &m.cooldown {
+        if c.failures > 100 {
+            return Err(err(
+                format!("models[{i}].cooldown.failures"),
+                "must be 0 (off) to 100",
+            ));
+        }
+        match parse_duration_ms(&c.duration) {
+            Some(ms) if (1000..=3_600_000).contains(&ms) => {}
+            _ => {
+                return Err(err(
+                    format!("models[{i}].cooldown.duration"),
+                    "must be a duration from 1s to 1h, such as 30s or 5m",
+                ));
+            }
+        }
     }
     for (field, given) in [
         ("backend", m.backend.is_some()),
@@ -2005,6 +2093,39 @@ mod tests {
         });
         bad("models[0].backends[2].backend", &|w| {
             w["models"][0]["backends"][2]["backend"] = json!("tcp://x:1");
+        });
+        // Cooldown: on by default for backends; its fields checked by name.
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let rule = doc.models[0].cooldown_rule().unwrap();
+        assert_eq!((rule.failures, rule.seconds), (3, 30));
+        let mut c = v.clone();
+        c["models"][0]["cooldown"] = json!({"failures": 5, "duration": "2m"});
+        let rule = PolicyDocument::from_value(c).unwrap().models[0]
+            .cooldown_rule()
+            .unwrap();
+        assert_eq!((rule.failures, rule.seconds), (5, 120));
+        let mut c = v.clone();
+        c["models"][0]["cooldown"] = json!({"failures": 0});
+        assert_eq!(
+            PolicyDocument::from_value(c).unwrap().models[0].cooldown_rule(),
+            None,
+            "off"
+        );
+        bad("models[0].cooldown.failures", &|w| {
+            w["models"][0]["cooldown"] = json!({"failures": 101});
+        });
+        for d in ["500ms", "2h", "x", ""] {
+            bad("models[0].cooldown.duration", &|w| {
+                w["models"][0]["cooldown"] = json!({"failures": 3, "duration": d});
+            });
+        }
+        bad("models[0].cooldown.for", &|w| {
+            w["models"][0]["cooldown"] = json!({"failures": 3, "for": "30s"});
+        });
+        bad("models[0].cooldown", &|w| {
+            w["models"][0].as_object_mut().unwrap().remove("backends");
+            w["models"][0]["backend"] = json!("simulator");
+            w["models"][0]["cooldown"] = json!({"failures": 3});
         });
     }
 

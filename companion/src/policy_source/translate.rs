@@ -698,6 +698,15 @@ struct Externals<'a> {
     providers: BTreeMap<(String, String), &'a DynamicObject>,
 }
 
+/// A MaaSModelRef's endpoint: its status's, else `spec.endpointOverride`.
+fn endpoint_of(r: &DynamicObject, spec: &Value) -> Option<String> {
+    r.data
+        .get("status")
+        .and_then(|s| str_at(s, "endpoint"))
+        .or_else(|| str_at(spec, "endpointOverride"))
+        .map(str::to_string)
+}
+
 fn model_of(
     r: &DynamicObject,
     externals: &Externals<'_>,
@@ -738,13 +747,9 @@ fn model_of(
         details: details_of(r),
         path: format!("/{target_ns}/{target}"),
         tiers: Vec::new(),
-        backend: r
-            .data
-            .get("status")
-            .and_then(|s| str_at(s, "endpoint"))
-            .or_else(|| str_at(&spec, "endpointOverride"))
-            .map(str::to_string),
+        backend: endpoint_of(r, &spec),
         backends: Vec::new(),
+        cooldown: None,
         owned_by: Some(format!("{namespace}/{name}")),
         provider: None,
         api: None,

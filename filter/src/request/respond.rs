@@ -160,6 +160,7 @@ impl Request {
         ]);
         let backend = self.served_by(host, served_by);
         let status = status.and_then(|s| s.parse().ok()).unwrap_or(0);
+        self.learn_cooldowns(host, backend, status);
         let content_type = content_type.unwrap_or_default();
         let coding = encoding::coding(coding);
         // The upstream's own `x-ratelimit-*` (a provider's limits for the gateway's account)
@@ -263,6 +264,41 @@ impl Request {
         let backends = &self.model()?.backends;
         let i = backends.iter().position(|b| b.name == value)?;
         u16::try_from(i).ok()
+    }
+
+    /// What the answer says of the backends Envoy tried (`crate::cooldown`), for a model with a
+    /// cooldown whose order the filter gave: no host call, but a clock read when one is cooled.
+    fn learn_cooldowns(&self, host: &dyn Host, backend: Option<u16>, status: u32) {
+        let Some(order) = self.auth.as_ref().and_then(|a| a.tried_order.as_deref()) else {
+            return;
+        };
+        let Some(model) = self.model() else { return };
+        let Some(rule) = model.cooldown_rule() else {
+            return;
+        };
+        let served = backend
+            .and_then(|i| model.backends.get(usize::from(i)))
+            .and_then(|b| crate::admission::endpoint_of(b.backend.as_deref()?));
+        // A backend that is not in the order (no address the header can name) still says that
+        // every listed one failed before it.
+        let served = match (backend, served) {
+            (Some(_), None) => Some(""),
+            (_, s) => s,
+        };
+        let Ok(mut w) = self.worker.try_borrow_mut() else {
+            return;
+        };
+        let mut now_s = || host.now_ms() / 1000;
+        for (endpoint, failed) in crate::cooldown::attempts(
+            order,
+            served,
+            u16::try_from(status).is_ok_and(crate::cooldown::is_failure),
+        ) {
+            if failed {
+                log::debug!("backend {endpoint} of model {} failed", model.name);
+            }
+            w.cooldowns.record(endpoint, failed, rule, &mut now_s);
+        }
     }
 
     pub(super) fn on_response_body(

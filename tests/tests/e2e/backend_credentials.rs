@@ -30,13 +30,15 @@ const CLIENT_API_KEY: &str = "client-sent-api-key";
 
 /// The simulators: `spread-a`/`spread-b` (50/50), `fail-a` (answers 503)/`fail-b`,
 /// `nokey-a` (its credential is missing)/`nokey-b`, `none-a`/`none-b` (both credentials
-/// missing). The `a`s take KEY_A as OpenAI's
+/// missing), `cool-a`/`recool-a` (answer 503) with `cool-b`/`recool-b` for cooldowns. The `a`s
+/// take KEY_A as OpenAI's
 /// `Authorization: Bearer`, the `b`s KEY_B as Azure OpenAI's `api-key`.
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
         let names = [
             "spread-a", "spread-b", "fail-a", "fail-b", "nokey-a", "nokey-b", "none-a", "none-b",
+            "cool-a", "cool-b", "recool-a", "recool-b",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -52,6 +54,8 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             })
             .collect();
         out["fail-a"].set_fault("status-503");
+        out["cool-a"].set_fault("status-503");
+        out["recool-a"].set_fault("status-503");
         out
     })
 }
@@ -82,6 +86,12 @@ fn model(name: &str, a: &str, a_ref: &str, b: &str, b_ref: &str) -> Value {
     ]})
 }
 
+/// `model` with a cooldown.
+fn cooling(mut model: Value, failures: u32, duration: &str) -> Value {
+    model["cooldown"] = json!({"failures": failures, "duration": duration});
+    model
+}
+
 fn policy() -> &'static str {
     static POLICY: OnceLock<String> = OnceLock::new();
     POLICY.get_or_init(|| {
@@ -91,7 +101,10 @@ fn policy() -> &'static str {
                        "limits": {"requests": [{"limit": 100000, "window": "1d"}]}}],
             "models": [
                 model("spread", "spread-a", "key-a", "spread-b", "key-b"),
-                model("fail", "fail-a", "key-a", "fail-b", "key-b"),
+                // Each request fails over: no cooldown moves `a` last.
+                cooling(model("fail", "fail-a", "key-a", "fail-b", "key-b"), 0, "30s"),
+                cooling(model("cooling", "cool-a", "key-a", "cool-b", "key-b"), 2, "30s"),
+                cooling(model("recool", "recool-a", "key-a", "recool-b", "key-b"), 1, "1s"),
                 // `key-missing` and `key-gone` are in no credentials file.
                 model("nokey", "nokey-a", "key-missing", "nokey-b", "key-b"),
                 model("nokeys", "none-a", "key-missing", "none-b", "key-gone"),
@@ -249,6 +262,56 @@ async fn a_503_backend_fails_over_to_the_other_with_its_own_key() {
     assert_eq!(
         ledger_by_backend(s, "bob-token", "fail", n).await,
         BTreeMap::from([("b".to_string(), n)])
+    );
+}
+
+/// A provider backend that keeps failing is tried last for its cooldown (the filter's order:
+/// Envoy's outlier detection does not move a listed endpoint): each worker tries it at most
+/// `failures` times, then every request goes straight to the other — none fails over, none
+/// fails.
+#[tokio::test]
+async fn a_provider_backend_that_keeps_failing_is_tried_last_for_its_cooldown() {
+    let s = stack();
+    until_served(s, "cooling").await;
+    let n = 30;
+    for _ in 0..n {
+        let r = call(s, "cooling").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let tried = chats("cool-a").len();
+    eprintln!("backend_credentials::cooldown: the failing backend was tried {tried} times");
+    // 2 failures in a row on each of the stack's 2 workers; without a cooldown it is drawn
+    // first for about every other request (about 20 of these).
+    assert!((1..=4).contains(&tried), "tried {tried} times");
+    only_own_key("cool-a", &chats("cool-a"));
+    only_own_key("cool-b", &chats("cool-b"));
+}
+
+/// Once its cooldown is over, a backend is drawn again: one failure then cools it once more
+/// (its probation), and an answer from it would clear it.
+#[tokio::test]
+async fn a_cooled_backend_is_tried_again_once_its_cooldown_is_over() {
+    let s = stack();
+    until_served(s, "recool").await;
+    let before = chats("recool-a").len();
+    assert!(
+        before > 0,
+        "warming up drew the failing backend at least once"
+    );
+    // 1 s cooldowns: a request every 1.2 s draws it first half the time.
+    let mut again = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let r = call(s, "recool").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if chats("recool-a").len() > before {
+            again = true;
+            break;
+        }
+    }
+    assert!(
+        again,
+        "the backend was never tried again after its cooldown"
     );
 }
 

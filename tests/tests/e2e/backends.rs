@@ -35,7 +35,7 @@ identities:
 /// `real`/`decoy` (weight 1/0) for a spoofing upstream, `single` for a model without backends,
 /// `own-down`/`plain-up` and `own-up`/`plain-down` for backends with a served name of their own
 /// (`own`) and without (`plain`), one of each pair answering 503 (`…-unheld`: the same, for the
-/// stack whose filters do not hold headers).
+/// stack whose filters do not hold headers), `cool-up`/`cool-down` (answers 503) for a cooldown.
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -71,6 +71,8 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "plain-down",
             "own-down-unheld",
             "plain-up-unheld",
+            "cool-up",
+            "cool-down",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -92,6 +94,7 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
         out["own-down"].set_fault("status-503");
         out["plain-down"].set_fault("status-503");
         out["own-down-unheld"].set_fault("status-503");
+        out["cool-down"].set_fault("status-503");
         out
     })
 }
@@ -129,6 +132,15 @@ fn model(name: &str, backends: &[(&str, String, u32)], timeout: &str) -> String 
     format!(
         "  - name: {name}\n    path: /llm/{name}\n    tiers: [free]\n    backends:\n{}\n",
         list.join("\n")
+    )
+}
+
+/// `model` (YAML from [`model`]) with this `cooldown`.
+fn with_cooldown(model: String, cooldown: &str) -> String {
+    model.replacen(
+        "    backends:\n",
+        &format!("    cooldown: {cooldown}\n    backends:\n"),
+        1,
     )
 }
 
@@ -188,10 +200,23 @@ fn policy() -> &'static str {
                 &[("up", url("ok-s503"), 50), ("down", url("down-s503"), 50)],
                 "30s",
             ),
-            model(
-                "all-down",
-                &[("a", url("down-a"), 50), ("b", url("down-b"), 50)],
-                "30s",
+            // Its promise is one try each per request: without a cooldown (which would eject
+            // one of them for a while, `cooling`).
+            with_cooldown(
+                model(
+                    "all-down",
+                    &[("a", url("down-a"), 50), ("b", url("down-b"), 50)],
+                    "30s",
+                ),
+                "{failures: 0}",
+            ),
+            with_cooldown(
+                model(
+                    "cooling",
+                    &[("up", url("cool-up"), 50), ("down", url("cool-down"), 50)],
+                    "30s",
+                ),
+                "{failures: 2, duration: 30s}",
             ),
             model(
                 "long",
@@ -657,6 +682,35 @@ async fn with_every_backend_down_the_client_gets_the_last_answer_after_one_try_e
     for e in &events {
         assert_eq!(e["status"], 503, "{e}");
     }
+}
+
+/// A backend without a provider that keeps failing is ejected for its cooldown (Envoy's outlier
+/// detection, from the model's `cooldown`): after a few failed attempts no request is sent to
+/// it, and every request is answered by the other.
+#[tokio::test]
+async fn a_backend_that_keeps_failing_is_left_alone_for_its_cooldown() {
+    let s = stack();
+    let n = 30;
+    for _ in 0..n {
+        let r = call(s, "cooling", json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let tried = chats("cool-down");
+    eprintln!("backends::cooldown: the failing backend was tried {tried} times in {n}");
+    // Two failures in a row eject it (a request or two more may be on their way while Envoy's
+    // main thread ejects it); without a cooldown round robin tries it about every other time.
+    assert!((2..=6).contains(&tried), "tried {tried} times");
+    assert_eq!(chats("cool-up"), n);
+    for _ in 0..10 {
+        let r = call(s, "cooling", json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(chats("cool-down"), tried, "not tried again while it cools");
+    let events = events_of(s, "cooling", n + 10).await;
+    assert_eq!(
+        served_by(&events),
+        BTreeMap::from([("up".to_string(), n + 10)])
+    );
 }
 
 /// `ready` of each model in alice's `GET /maas-api/v1/models`.
