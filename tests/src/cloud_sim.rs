@@ -19,7 +19,8 @@
 //!   with `alt=sse` (SSE), with the same bearer token; the body must be a `GenerateContentRequest`
 //!   with only the fields Vertex knows (unknown names, roles or parts: 400 `INVALID_ARGUMENT`);
 //!   with `toolConfig` mode `ANY` it answers a `functionCall` of the allowed (else first
-//!   declared) function.
+//!   declared) function. Every Vertex answer is gzipped when the request says `x-sim-compress:
+//!   always-gzip` (not Google's: a misbehaving upstream that ignores `accept-encoding`).
 //! - Google's token endpoint `POST /gcp/token`: the JWT bearer grant only; the assertion's
 //!   RS256 signature is verified against the service-account key's public key, and its `iss`
 //!   (the key's `client_email`), `aud` (this very endpoint), `scope` (cloud-platform), `iat`
@@ -89,6 +90,8 @@ pub struct CloudRequest {
     /// The `Authorization: Bearer` token.
     pub bearer: Option<String>,
     pub status: u16,
+    /// The answer went out gzipped (`x-sim-compress: always-gzip`).
+    pub gzipped: bool,
 }
 
 #[derive(Default)]
@@ -764,6 +767,10 @@ async fn model_request(
         api_key,
         bearer,
         status: response.status().as_u16(),
+        gzipped: response
+            .headers()
+            .get("content-encoding")
+            .is_some_and(|v| v == "gzip"),
     });
     response
 }
@@ -891,10 +898,18 @@ fn vertex_request(
             "Request had invalid authentication credentials.",
         ));
     }
-    Some(match endpoint {
+    let answer = match endpoint {
         VertexEndpoint::Claude(m) => claude_on_vertex(m, body),
         VertexEndpoint::Gemini(m) => gemini_on_vertex(m, query, body),
         VertexEndpoint::Openapi if stream => streamed(include_usage),
         VertexEndpoint::Openapi => completion("chat/completions"),
+    };
+    let gzip = headers
+        .get("x-sim-compress")
+        .is_some_and(|v| v.as_bytes() == b"always-gzip");
+    Some(if gzip {
+        crate::sim::gzip_response(answer)
+    } else {
+        answer
     })
 }

@@ -535,6 +535,70 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
         ]
     );
     assert!(seen[base..].iter().all(|r| r.status == 200));
+    let plain = answer_of_plain(&stack, &body).await;
+    gemini_compressed_anyway(&stack, &body, &plain).await;
+    let gzipped: Vec<bool> = sim
+        .requests()
+        .iter()
+        .rev()
+        .take(3)
+        .map(|r| r.gzipped)
+        .collect();
+    assert_eq!(
+        gzipped,
+        [true, true, false],
+        "Vertex gzipped the last two answers only"
+    );
+}
+
+/// The plain (uncompressed) JSON answer to `body`.
+async fn answer_of_plain(stack: &Stack, body: &Value) -> Value {
+    let (status, answer) = post(stack, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+/// A Gemini answer Vertex gzips although the gateway asked for `identity` (JSON and SSE) is
+/// decoded, translated and metered like an uncompressed one: the client gets the same
+/// translation, uncompressed, with the same usage.
+async fn gemini_compressed_anyway(stack: &Stack, body: &Value, plain: &Value) {
+    for stream in [false, true] {
+        let mut ask = body.clone();
+        if stream {
+            ask["stream"] = json!(true);
+            ask["stream_options"] = json!({"include_usage": true});
+        }
+        let r = client()
+            .post(format!("{}/v1/chat/completions", stack.gateway_url()))
+            .header("authorization", "Bearer alice-token")
+            .header("x-sim-compress", "always-gzip")
+            .json(&ask)
+            .send()
+            .await
+            .expect("gateway answers");
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers().get("content-encoding"), None, "stream {stream}");
+        let text = r.text().await.unwrap_or_default();
+        if stream {
+            let chunks: Vec<Value> = text
+                .split("\n\n")
+                .filter_map(|e| e.strip_prefix("data: "))
+                .filter(|e| *e != "[DONE]")
+                .map(|e| serde_json::from_str(e).expect("a JSON chunk"))
+                .collect();
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+            let content: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            assert_eq!(content, "tok0 tok1", "{text}");
+            assert_eq!(chunks.last().map(|c| &c["usage"]), Some(&plain["usage"]));
+        } else {
+            let v: Value = serde_json::from_str(&text).expect("a JSON answer");
+            assert_eq!(v["choices"], plain["choices"], "{text}");
+            assert_eq!(v["usage"], plain["usage"], "{text}");
+        }
+    }
 }
 
 /// The stack with two federated Vertex models: `vx-wif` reading `token_file`, `vx-escape`
