@@ -535,33 +535,15 @@ async fn gemini_on_vertex_speaks_generate_content_behind_the_openai_shape() {
         ]
     );
     assert!(seen[base..].iter().all(|r| r.status == 200));
-    let plain = answer_of_plain(&stack, &body).await;
-    gemini_compressed_anyway(&stack, &body, &plain).await;
-    let gzipped: Vec<bool> = sim
-        .requests()
-        .iter()
-        .rev()
-        .take(3)
-        .map(|r| r.gzipped)
-        .collect();
-    assert_eq!(
-        gzipped,
-        [true, true, false],
-        "Vertex gzipped the last two answers only"
-    );
-}
-
-/// The plain (uncompressed) JSON answer to `body`.
-async fn answer_of_plain(stack: &Stack, body: &Value) -> Value {
-    let (status, answer) = post(stack, "/v1/chat/completions", body.clone()).await;
-    assert_eq!(status, 200, "{answer}");
-    answer
+    gemini_compressed_anyway(&sim, &stack, &body).await;
 }
 
 /// A Gemini answer Vertex gzips although the gateway asked for `identity` (JSON and SSE) is
 /// decoded, translated and metered like an uncompressed one: the client gets the same
 /// translation, uncompressed, with the same usage.
-async fn gemini_compressed_anyway(stack: &Stack, body: &Value, plain: &Value) {
+async fn gemini_compressed_anyway(sim: &CloudSimHandle, stack: &Stack, body: &Value) {
+    let (status, plain) = post(stack, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{plain}");
     for stream in [false, true] {
         let mut ask = body.clone();
         if stream {
@@ -599,6 +581,18 @@ async fn gemini_compressed_anyway(stack: &Stack, body: &Value, plain: &Value) {
             assert_eq!(v["usage"], plain["usage"], "{text}");
         }
     }
+    let gzipped: Vec<bool> = sim
+        .requests()
+        .iter()
+        .rev()
+        .take(3)
+        .map(|r| r.gzipped)
+        .collect();
+    assert_eq!(
+        gzipped,
+        [true, true, false],
+        "Vertex gzipped the last two answers only"
+    );
 }
 
 /// The stack with two federated Vertex models: `vx-wif` reading `token_file`, `vx-escape`
