@@ -315,7 +315,8 @@ pub struct Authorized {
     /// The counter slot, hashed once for the whole request.
     pub counter_key: SlotKey,
     /// The endpoints Envoy was told to try (`x-maas-endpoints`), for a model with a cooldown.
-    pub tried_order: Option<Box<str>>,
+    /// A thin box: every request carries the field, few use it.
+    pub tried_order: Option<Box<TriedOrder>>,
     /// The policy's scopes the request counts in too (none for most requests: no allocation).
     pub scopes: Option<Box<Scopes>>,
 }
@@ -697,11 +698,15 @@ pub fn backend_order(
 
 /// The order kept to learn from the answer which backends failed (`crate::cooldown`), for a
 /// model with a cooldown.
-fn tried_order(model: &Model, order: Option<&str>) -> Option<Box<str>> {
+fn tried_order(model: &Model, order: Option<&str>) -> Option<Box<TriedOrder>> {
     order
         .filter(|_| model.cooldown_rule().is_some())
-        .map(Box::<str>::from)
+        .map(|o| Box::new(TriedOrder(o.into())))
 }
+
+/// The `x-maas-endpoints` value a request was sent with.
+#[derive(Debug)]
+pub struct TriedOrder(pub Box<str>);
 
 /// `ip:port` of an `http(s)://ip[:port][/base]` backend URL (the address Envoy's endpoint has);
 /// `None` for a host name or `simulator` (the header could not name it).

@@ -238,24 +238,16 @@ const COST_RATE_HEADERS: [&str; 3] = [
 
 /// A short ASCII text on the stack: a number or a duration (without the formatting machinery,
 /// which is slow inside the VM, and without allocating). Holds the longest duration of a u64.
-pub(super) struct Short {
-    bytes: [u8; 32],
-    len: usize,
-}
+pub(super) struct Short(arrayvec::ArrayString<32>);
 
 impl Short {
     fn new() -> Self {
-        Short {
-            bytes: [0; 32],
-            len: 0,
-        }
+        Short(arrayvec::ArrayString::new())
     }
 
+    /// `b` is ASCII (digits and unit letters); past 32 bytes nothing more is added.
     fn push(&mut self, b: u8) {
-        if let Some(slot) = self.bytes.get_mut(self.len) {
-            *slot = b;
-            self.len += 1;
-        }
+        let _ = self.0.try_push(char::from(b));
     }
 
     /// Appends `n` in decimal.
@@ -302,6 +294,6 @@ impl Short {
     }
 
     pub(super) fn as_str(&self) -> &str {
-        std::str::from_utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
+        self.0.as_str()
     }
 }

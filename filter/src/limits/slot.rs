@@ -81,16 +81,25 @@ pub(crate) fn counter_key(subject: &str, slots: u64) -> String {
 /// the heap beyond: a reservation and a slot read carry their key and subject without
 /// allocating.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct InlineStr(SmallVec<[u8; 32]>);
+pub(crate) enum InlineStr {
+    Inline(arrayvec::ArrayString<32>),
+    Heap(Box<str>),
+}
 
 impl InlineStr {
     pub(super) fn new(s: &str) -> Self {
-        InlineStr(SmallVec::from_slice(s.as_bytes()))
+        match arrayvec::ArrayString::from(s) {
+            Ok(inline) => InlineStr::Inline(inline),
+            Err(_) => InlineStr::Heap(s.into()),
+        }
     }
 
+    /// No UTF-8 check on each read (it was one per read: several per request).
     pub(crate) fn as_str(&self) -> &str {
-        // Always UTF-8: made from a `str`.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        match self {
+            InlineStr::Inline(s) => s.as_str(),
+            InlineStr::Heap(s) => s,
+        }
     }
 }
 

@@ -269,7 +269,11 @@ impl Request {
     /// What the answer says of the backends Envoy tried (`crate::cooldown`), for a model with a
     /// cooldown whose order the filter gave: no host call, but a clock read when one is cooled.
     fn learn_cooldowns(&self, host: &dyn Host, backend: Option<u16>, status: u32) {
-        let Some(order) = self.auth.as_ref().and_then(|a| a.tried_order.as_deref()) else {
+        let Some(order) = self
+            .auth
+            .as_ref()
+            .and_then(|a| a.tried_order.as_deref().map(|o| &*o.0))
+        else {
             return;
         };
         let Some(model) = self.model() else { return };
