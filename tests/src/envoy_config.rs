@@ -343,9 +343,15 @@ fn backends_cluster(
     let per_try = format!("{}s", timeout_ms as f64 / 1000.0);
     // One try per backend (a single one is not tried again).
     let retries = endpoints.len().saturating_sub(1);
+    // The stream-idle timeout: Envoy 1.40's per-try idle timeout stops once the answer started
+    // (checked: a stream quiet for 2.5 s went on past a 1 s one), the route's does not. Before
+    // the answer it must outlast every try (their timeouts and back-offs), which fail over.
+    let tries = u64::try_from(retries + 1).unwrap_or(1);
+    let idle = format!("{}s", (timeout_ms * tries + 1000) as f64 / 1000.0);
     let route = json!({
         "cluster": name,
         "timeout": MODEL_ROUTE_TIMEOUT,
+        "idle_timeout": idle,
         "retry_policy": {
             "retry_on": "connect-failure,refused-stream,reset,retriable-status-codes",
             "retriable_status_codes": FAILOVER_STATUSES,
@@ -1438,6 +1444,7 @@ mod tests {
         assert_eq!(retry["num_retries"], 1, "two backends with traffic");
         assert_eq!(retry["per_try_timeout"], "2s", "the largest timeout");
         assert_eq!(retry["per_try_idle_timeout"], "2s");
+        assert_eq!(route["idle_timeout"], "5s", "both tries and a second");
         assert_eq!(
             retry["retriable_status_codes"],
             json!([429, 500, 502, 503, 504])

@@ -35,7 +35,8 @@ identities:
 /// `real`/`decoy` (weight 1/0) for a spoofing upstream, `single` for a model without backends,
 /// `own-down`/`plain-up` and `own-up`/`plain-down` for backends with a served name of their own
 /// (`own`) and without (`plain`), one of each pair answering 503 (`…-unheld`: the same, for the
-/// stack whose filters do not hold headers), `cool-up`/`cool-down` (answers 503) for a cooldown.
+/// stack whose filters do not hold headers), `cool-up`/`cool-down` (answers 503) for a cooldown, `idle-a`/`idle-b` (healthy, 1 s timeout)
+/// for a stream that goes quiet.
 fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     static SIMS: OnceLock<BTreeMap<&'static str, SimHandle>> = OnceLock::new();
     SIMS.get_or_init(|| {
@@ -73,6 +74,8 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
             "plain-up-unheld",
             "cool-up",
             "cool-down",
+            "idle-a",
+            "idle-b",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -221,6 +224,11 @@ fn policy() -> &'static str {
             model(
                 "long",
                 &[("a", url("long-a"), 50), ("b", url("long-b"), 50)],
+                "1s",
+            ),
+            model(
+                "idle",
+                &[("a", url("idle-a"), 50), ("b", url("idle-b"), 50)],
                 "1s",
             ),
             model(
@@ -657,6 +665,28 @@ async fn a_stream_longer_than_the_timeout_is_not_cut_once_it_started() {
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
     let tried = chats("long-a") + chats("long-b");
     assert_eq!(tried, 1, "not retried");
+}
+
+/// A stream that started and then goes quiet for longer than its tries could take (the stream
+/// idle timeout: each backend's timeout, summed, plus 1 s; here 2 × 1 s + 1 s) is cut, not
+/// retried — the client has part of an answer — and settled once.
+#[tokio::test]
+async fn a_stream_quiet_for_longer_than_the_timeout_is_cut_not_retried() {
+    let s = stack();
+    // The first chunk at once, then 5 s between chunks: past the 3 s idle timeout.
+    let started = Instant::now();
+    let (status, body) = stream(s, "idle", &[("x-sim-chunk-delay-ms", "5000")]).await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "the stream started");
+    let text = body.unwrap_or_default();
+    assert!(!text.contains("[DONE]"), "cut before its end: {text}");
+    assert!(
+        took >= Duration::from_millis(2900) && took < Duration::from_millis(4900),
+        "cut after about 3 s of quiet, before the next chunk: {took:?}"
+    );
+    assert_eq!(chats("idle-a") + chats("idle-b"), 1, "not retried");
+    let events = events_of(s, "idle", 1).await;
+    assert_eq!(events[0]["event"]["forwarded"], true, "{}", events[0]);
 }
 
 #[tokio::test]
