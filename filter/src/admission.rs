@@ -699,14 +699,19 @@ pub fn backend_order(
 /// The order kept to learn from the answer which backends failed (`crate::cooldown`), for a
 /// model with a cooldown.
 fn tried_order(model: &Model, order: Option<&str>) -> Option<Box<TriedOrder>> {
-    order
-        .filter(|_| model.cooldown_rule().is_some())
-        .map(|o| Box::new(TriedOrder(o.into())))
+    let order = order?;
+    Some(Box::new(TriedOrder {
+        order: order.into(),
+        rule: model.cooldown_rule()?,
+    }))
 }
 
-/// The `x-maas-endpoints` value a request was sent with.
+/// The `x-maas-endpoints` value a request was sent with, and its model's cooldown then.
 #[derive(Debug)]
-pub struct TriedOrder(pub Box<str>);
+pub struct TriedOrder {
+    pub order: Box<str>,
+    pub rule: maas_types::policy::CooldownRule,
+}
 
 /// `ip:port` of an `http(s)://ip[:port][/base]` backend URL (the address Envoy's endpoint has);
 /// `None` for a host name or `simulator` (the header could not name it).

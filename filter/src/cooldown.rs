@@ -96,21 +96,18 @@ pub fn attempts<'o>(
     served: Option<&str>,
     answer_failed: bool,
 ) -> impl Iterator<Item = (&'o str, bool)> {
-    let known = served.is_some();
+    let listed = if served.is_some() { usize::MAX } else { 0 };
     let mut done = false;
-    order
-        .split(',')
-        .filter(move |_| known)
-        .map_while(move |endpoint| {
-            if done {
-                return None;
-            }
-            if Some(endpoint) == served {
-                done = true;
-                return Some((endpoint, answer_failed));
-            }
-            Some((endpoint, true))
-        })
+    order.split(',').take(listed).map_while(move |endpoint| {
+        if done {
+            return None;
+        }
+        if Some(endpoint) == served {
+            done = true;
+            return Some((endpoint, answer_failed));
+        }
+        Some((endpoint, true))
+    })
 }
 
 #[cfg(test)]

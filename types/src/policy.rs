@@ -334,7 +334,8 @@ pub struct Model {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<Backend>,
     /// How long a backend that keeps failing is tried last (LiteLLM's cooldowns, Envoy's outlier
-    /// ejection), for a model with `backends`. Default [`Cooldown::default`]; `failures: 0` turns
+    /// ejection), for a model with `backends`. Default [`DEFAULT_COOLDOWN_FAILURES`] in
+    /// [`DEFAULT_COOLDOWN_DURATION`]; `failures: 0` turns
     /// it off (docs/design.md "Cooldown").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cooldown: Option<Cooldown>,
@@ -408,15 +409,6 @@ pub const DEFAULT_COOLDOWN_FAILURES: u32 = 3;
 /// [`Cooldown::duration`] when a model names none.
 pub const DEFAULT_COOLDOWN_DURATION: &str = "30s";
 
-impl Default for Cooldown {
-    fn default() -> Self {
-        Cooldown {
-            failures: DEFAULT_COOLDOWN_FAILURES,
-            duration: default_cooldown_duration(),
-        }
-    }
-}
-
 /// Statuses after which an attempt fails over to another backend (the route's retriable
 /// statuses; before the first response byte reached the client), and count against its cooldown.
 pub const FAILOVER_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
@@ -469,20 +461,19 @@ fn default_backend_weight() -> u32 {
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
 
 impl Model {
-    /// The cooldown of the model's backends (`None`: no backends, or `failures: 0`). Checked
-    /// with the policy: a duration that does not parse counts as the default.
+    /// The cooldown of the model's backends (`None`: no backends, or `failures: 0`; its
+    /// duration is checked with the policy).
     pub fn cooldown_rule(&self) -> Option<CooldownRule> {
         if self.backends.is_empty() {
             return None;
         }
-        // No copy: asked per request of such a model.
-        let (failures, ms) = match &self.cooldown {
-            Some(c) => (c.failures, parse_duration_ms(&c.duration)),
-            None => (DEFAULT_COOLDOWN_FAILURES, None),
+        let (failures, duration) = match &self.cooldown {
+            Some(c) => (c.failures, c.duration.as_str()),
+            None => (DEFAULT_COOLDOWN_FAILURES, DEFAULT_COOLDOWN_DURATION),
         };
         (failures > 0).then_some(CooldownRule {
             failures,
-            seconds: ms.unwrap_or(30_000).div_ceil(1000),
+            seconds: parse_duration_ms(duration)?.div_ceil(1000),
         })
     }
 

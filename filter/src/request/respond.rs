@@ -269,39 +269,34 @@ impl Request {
     /// What the answer says of the backends Envoy tried (`crate::cooldown`), for a model with a
     /// cooldown whose order the filter gave: no host call, but a clock read when one is cooled.
     fn learn_cooldowns(&self, host: &dyn Host, backend: Option<u16>, status: u32) {
-        let Some(order) = self
-            .auth
-            .as_ref()
-            .and_then(|a| a.tried_order.as_deref().map(|o| &*o.0))
-        else {
+        // Most requests stop here: no order was kept for them.
+        let Some(tried) = self.auth.as_ref().and_then(|a| a.tried_order.as_deref()) else {
             return;
         };
         let Some(model) = self.model() else { return };
-        let Some(rule) = model.cooldown_rule() else {
-            return;
-        };
+        // The answering backend's endpoint; "" (in no order) for one the header cannot name:
+        // every listed one still failed before it.
         let served = backend
             .and_then(|i| model.backends.get(usize::from(i)))
-            .and_then(|b| crate::admission::endpoint_of(b.backend.as_deref()?));
-        // A backend that is not in the order (no address the header can name) still says that
-        // every listed one failed before it.
-        let served = match (backend, served) {
-            (Some(_), None) => Some(""),
-            (_, s) => s,
-        };
+            .map(|b| {
+                b.backend
+                    .as_deref()
+                    .and_then(crate::admission::endpoint_of)
+                    .unwrap_or("")
+            });
         let Ok(mut w) = self.worker.try_borrow_mut() else {
             return;
         };
         let mut now_s = || host.now_ms() / 1000;
         for (endpoint, failed) in crate::cooldown::attempts(
-            order,
+            &tried.order,
             served,
             u16::try_from(status).is_ok_and(crate::cooldown::is_failure),
         ) {
             if failed {
                 log::debug!("backend {endpoint} of model {} failed", model.name);
             }
-            w.cooldowns.record(endpoint, failed, rule, &mut now_s);
+            w.cooldowns.record(endpoint, failed, tried.rule, &mut now_s);
         }
     }
 
