@@ -1280,7 +1280,7 @@ List the models your tier may use, then call one:
     -d '{"model":"facebook/opt-125m","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'
 
 Models, tiers and limits: $KCLI edit configmap maas-policy -n $DEPLOYMENT_NAMESPACE (reloaded live).
-Samples (KServe route, external OpenAI model): wasm-plugin-crs/samples.
+Samples (KServe route, external OpenAI, Azure OpenAI, Bedrock, a weighted OpenAI/Azure split): wasm-plugin-crs/samples.
 EOF
 }
 

@@ -179,7 +179,7 @@ pub async fn list(
             object: "model",
             created: loaded.loaded_at,
             owned_by: m.owned_by.clone().unwrap_or_else(|| "maas".to_string()),
-            kind: if m.provider.is_some() {
+            kind: if m.providers().next().is_some() {
                 "ExternalModel"
             } else {
                 "llmisvc"

@@ -51,7 +51,8 @@ impl Readiness {
     }
 
     /// Every URL probed for `model`: its server's, or each backend's with a weight above 0 (the
-    /// model is ready when one of them answers: requests fail over to it), each with whether
+    /// model is ready when one of them answers: requests fail over to it, or routed backends
+    /// are drawn among those that can serve), each with whether
     /// it is an external provider's (probed without its credential: a 401 or 403 is up).
     pub fn probe_urls(&self, model: &Model) -> Vec<(String, bool)> {
         if model.backends.is_empty() {

@@ -403,10 +403,12 @@ pub enum Upstream<'a> {
 /// The caller is known: subscription or tier (403s), the provider credential (503 when it is
 /// not there yet), the upstream check (503 `upstream_mismatch`: a route the gateway did not
 /// create never gets the provider key; see [`Upstream`]) and the header plan — at the one base
-/// URL with the routing header naming the model.
+/// URL with the routing header naming the model. `backend`: the routed backend drawn for the
+/// request ([`draw_backend`]), which then serves as the model's provider would, routed by the
+/// routing headers.
 pub fn authorize<'h>(
     s: &Snapshot<'_>,
-    model_idx: usize,
+    (model_idx, backend): (usize, Option<u16>),
     intent: BodyIntent,
     op: OperationTraits,
     caller: Caller<'_, 'h>,
@@ -464,19 +466,17 @@ pub fn authorize<'h>(
             s.cfg.limits.counter_slots,
         )),
     };
+    let (model, backend_name) = served_as(s, (model_idx, backend), model, op, caller.now_s)?;
     let provider_key = provider_key(s.credentials, model, caller.now_s)?;
     let backend_order = backend_order(model, s.credentials, s.cooled, caller.now_s, draw)?;
     let tried_order = tried_order(model, backend_order.as_deref());
     crate::provider::every_backend_serves(model, op.operation)?;
-    let upstream_path = crate::provider::upstream_path(
-        model.provider.as_ref(),
-        model.served_name.as_deref().unwrap_or(&model.name),
-        op.operation,
-        caller.stream,
-    )?;
+    let upstream_path = upstream_path_of(model, op.operation, caller.stream)?;
     let routing = match upstream {
-        // A rewritten path matches no route of the model's prefix: the routing header has
-        // Envoy route it to the model's cluster (as at the one base URL).
+        // A drawn backend's route, or a rewritten path that matches no route of the model's
+        // prefix: the routing headers have Envoy route it to its cluster (as at the one base
+        // URL), checked at the response.
+        Upstream::Now(_) if backend.is_some() => Some(model.name.as_str()),
         Upstream::Now(cluster) => {
             operations::check_upstream(model, cluster)?;
             upstream_path.is_some().then_some(model.name.as_str())
@@ -492,6 +492,7 @@ pub fn authorize<'h>(
             upstream_path,
             subscription: subscription.as_deref().map(|sub| sub.name.as_str()),
             routing,
+            backend: backend_name,
             unframe_body: matches!(intent, BodyIntent::Read { hold: false, .. }) && !op.discovery,
         },
     );
@@ -517,6 +518,113 @@ pub fn authorize<'h>(
         },
         plan,
     ))
+}
+
+/// The model as the routed backend drawn for the request serves it (the backend's provider,
+/// served name and cluster), and that backend's name; the model itself when it routes none.
+/// None drawn for a model that routes backends (none could serve when the model became
+/// known): refused, never sent as the model.
+fn served_as<'p>(
+    s: &Snapshot<'p>,
+    (model_idx, backend): (usize, Option<u16>),
+    model: &'p Model,
+    op: OperationTraits,
+    now_s: u64,
+) -> Result<(&'p Model, Option<&'p str>), Refusal> {
+    let policy = s.policy.ok_or_else(Refusal::no_policy)?;
+    let Some(j) = backend else {
+        if model.routes_backends() {
+            return Err(
+                draw_backend(policy, model_idx, s.credentials, op.operation, now_s, draw)
+                    .err()
+                    .unwrap_or_else(|| {
+                        Refusal::new(
+                            Deny::ProviderCredentialMissing,
+                            format!(
+                                "no backend of model {} could serve yet; retry shortly",
+                                model.name
+                            ),
+                        )
+                    }),
+            );
+        }
+        return Ok((model, None));
+    };
+    let name = model.backends.get(usize::from(j)).map(|b| b.name.as_str());
+    let variant = policy
+        .backend_variant(model_idx, usize::from(j))
+        .ok_or_else(Refusal::model_not_found)?;
+    Ok((variant, name))
+}
+
+/// The provider's own path for the request, when its provider has one.
+fn upstream_path_of(
+    model: &Model,
+    operation: Operation,
+    stream: bool,
+) -> Result<Option<String>, Refusal> {
+    crate::provider::upstream_path(
+        model.provider.as_ref(),
+        model.served_name.as_deref().unwrap_or(&model.name),
+        operation,
+        stream,
+    )
+}
+
+/// A model with routed backends (`maas_types::policy::Backend::upstream_cluster`): the backend
+/// drawn for a request by weight among those that can serve it now — its credential loaded (an
+/// access token not expired, a signing key for the day) and the operation on its provider's
+/// path — as its index among the model's backends. Drawn once the model is known, before the
+/// body is rewritten for it. `Ok(None)`: the model routes none. None can serve: the first
+/// one's reason (503 `provider_credential_missing`, or the operation not served). No failover:
+/// the reference's weighted random choice, made before anything is sent.
+pub fn draw_backend(
+    policy: &PolicyDocument,
+    model_idx: usize,
+    credentials: &CredentialsDocument,
+    operation: Operation,
+    now_s: u64,
+    draw: impl FnOnce() -> u64,
+) -> Result<Option<u16>, Refusal> {
+    let Some(model) = policy.models.get(model_idx).filter(|m| m.routes_backends()) else {
+        return Ok(None);
+    };
+    // A stream's path differs only in its method, served alike.
+    let serves = |v: &Model| {
+        provider_key(credentials, v, now_s)?;
+        upstream_path_of(v, operation, false).map(|_| ())
+    };
+    // (index, weight) of those that can serve; the first failure's reason.
+    let mut usable: SmallVec<[(u16, u32); 4]> = SmallVec::new();
+    let mut first_refusal = None;
+    for (j, b) in model.backends.iter().enumerate() {
+        let (Some(variant), Ok(j)) = (policy.backend_variant(model_idx, j), u16::try_from(j))
+        else {
+            continue;
+        };
+        if b.weight == 0 {
+            continue;
+        }
+        match serves(variant) {
+            Ok(()) => usable.push((j, b.weight)),
+            Err(r) => {
+                first_refusal.get_or_insert(r);
+            }
+        }
+    }
+    let total: u64 = usable.iter().map(|(_, w)| u64::from(*w)).sum();
+    if total == 0 {
+        return Err(first_refusal.unwrap_or_else(Refusal::model_not_found));
+    }
+    let mut at = draw() % total;
+    for (j, w) in &usable {
+        let w = u64::from(*w);
+        if at < w {
+            return Ok(Some(*j));
+        }
+        at -= w;
+    }
+    Err(Refusal::undecidable())
 }
 
 /// Who a request's scope counters are for: the subject, its API key and that key's own limits.
@@ -800,6 +908,8 @@ struct PlanSets<'a> {
     subscription: Option<&'a str>,
     /// The model's name, for [`ROUTING_HEADER`] (the one base URL).
     routing: Option<&'a str>,
+    /// The routed backend drawn, for [`maas_types::BACKEND_ROUTING_HEADER`].
+    backend: Option<&'a str>,
     /// The body may be rewritten after the headers left: no `content-length`.
     unframe_body: bool,
 }
@@ -816,6 +926,7 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
         upstream_path,
         subscription,
         routing,
+        backend,
         unframe_body,
     } = sets;
     let mut plan = HeaderPlan::default();
@@ -824,6 +935,7 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
     for name in names {
         if hygiene::strip_for_model(name, &cfg.remove_headers)
             || (signed && hygiene::is_aws_signing_header(name))
+            || provider_key.is_some_and(|(p, _)| hygiene::strip_for_provider(name, p))
         {
             plan.remove.push(name);
         } else if name.eq_ignore_ascii_case("anthropic-version") {
@@ -856,6 +968,12 @@ fn header_plan<'h>(cfg: &PluginConfig, names: &[&'h str], sets: PlanSets<'_>) ->
     if let Some(model) = routing {
         plan.set
             .push((ROUTING_HEADER, Some(Cow::Owned(model.to_string()))));
+    }
+    if let Some(name) = backend {
+        plan.set.push((
+            maas_types::BACKEND_ROUTING_HEADER,
+            Some(Cow::Owned(name.to_string())),
+        ));
     }
     if unframe_body {
         plan.set.push(("content-length", None));

@@ -70,6 +70,15 @@ pub fn provider_removes(provider: &Provider) -> Option<&'static str> {
     (provider.auth.is_token() && provider.kind == ProviderKind::AzureOpenai).then_some("api-key")
 }
 
+/// A client's `api-key` (any spelling) to a provider that does not get the gateway's key in
+/// it: removed with the client's other credentials (a header the provider, or an
+/// Azure-compatible server behind it, may read as one). Costs nothing when not sent.
+pub fn strip_for_provider(name: &str, provider: &Provider) -> bool {
+    let gateway_sets_it = provider.kind == ProviderKind::AzureOpenai && !provider.auth.is_token();
+    // Where the gateway sets it, only another spelling (`api_key`) would stay beside it.
+    same_header(name, "api-key") && (!gateway_sets_it || name.contains('_'))
+}
+
 /// Headers to set (replacing any value) for an external provider: its key in the provider's
 /// key header, or a short-lived access token (cloud credentials) as `Authorization: Bearer`.
 pub fn provider_headers(
@@ -187,6 +196,39 @@ mod tests {
 
     fn p(kind: ProviderKind) -> Provider {
         Provider::api_key(kind, "ref".into())
+    }
+
+    #[test]
+    fn a_clients_api_key_reaches_no_provider_but_azure_with_the_gateways_key_replacing_it() {
+        let provider = |kind, auth| Provider {
+            auth,
+            ..Provider::api_key(kind, "k".into())
+        };
+        for (kind, auth) in [
+            (ProviderKind::Openai, maas_types::ProviderAuth::ApiKey),
+            (
+                ProviderKind::Vertex,
+                maas_types::ProviderAuth::GcpServiceAccount,
+            ),
+            (ProviderKind::Anthropic, maas_types::ProviderAuth::ApiKey),
+            (
+                ProviderKind::AzureOpenai,
+                maas_types::ProviderAuth::AzureClientCredentials,
+            ),
+        ] {
+            for name in ["api-key", "API-Key", "api_key"] {
+                assert!(
+                    strip_for_provider(name, &provider(kind, auth)),
+                    "{kind:?} {name}"
+                );
+            }
+            assert!(!strip_for_provider("x-request-id", &provider(kind, auth)));
+        }
+        // Azure with a static key: the gateway's key replaces it (a set, not a removal); an
+        // underscore spelling would stay beside it, so it goes.
+        let azure = provider(ProviderKind::AzureOpenai, maas_types::ProviderAuth::ApiKey);
+        assert!(!strip_for_provider("api-key", &azure));
+        assert!(strip_for_provider("api_key", &azure));
     }
 
     #[test]

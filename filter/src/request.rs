@@ -178,6 +178,9 @@ struct Routed {
     /// The filter rewrote the path to the provider's (and set the routing header): Envoy chose
     /// the route again, so the upstream check also runs at the response, as at the one base URL.
     rerouted: bool,
+    /// The routed backend drawn at authorisation (its index among the model's backends): from
+    /// then on the request is the model as that backend serves it ([`Routed::model`]).
+    backend: Option<u16>,
 }
 
 /// A request to the one base URL whose model is not known yet.
@@ -206,8 +209,63 @@ pub(crate) struct Known {
 }
 
 impl Routed {
+    /// A request for the model at `model_idx` of `policy`: its routed backend
+    /// drawn when it has them, and what the operation means for the model as it serves it.
+    fn new(
+        policy: Rc<PolicyDocument>,
+        model_idx: usize,
+        operation: crate::operations::Operation,
+        credentials: &maas_types::CredentialsDocument,
+        now_ms: u64,
+    ) -> Result<Routed, Refusal> {
+        // None can serve: refused at authorisation, once the caller is known (a stranger
+        // learns nothing of the model's credentials).
+        let backend = admission::draw_backend(
+            &policy,
+            model_idx,
+            credentials,
+            operation,
+            now_ms / 1000,
+            admission::draw,
+        )
+        .unwrap_or(None);
+        let model = model_in(&policy, model_idx, backend).ok_or_else(Refusal::model_not_found)?;
+        let traits = OperationTraits::of(operation, model);
+        Ok(Routed {
+            policy,
+            model_idx,
+            traits,
+            by_body: false,
+            rerouted: false,
+            backend,
+        })
+    }
+
+    /// The model the request is for, as its drawn routed backend serves it when it has one.
     fn model(&self) -> Option<&Model> {
+        model_in(&self.policy, self.model_idx, self.backend)
+    }
+
+    /// The name of the routed backend drawn for the request.
+    fn backend_name(&self) -> Option<&str> {
+        let b = self
+            .listed_model()?
+            .backends
+            .get(usize::from(self.backend?))?;
+        Some(&b.name)
+    }
+
+    /// The model as the policy lists it (its backends, whatever was drawn).
+    fn listed_model(&self) -> Option<&Model> {
         self.policy.models.get(self.model_idx)
+    }
+}
+
+/// The model at `model_idx` of `policy`, as its routed backend `backend` serves it.
+fn model_in(policy: &PolicyDocument, model_idx: usize, backend: Option<u16>) -> Option<&Model> {
+    match backend {
+        Some(j) => policy.backend_variant(model_idx, usize::from(j)),
+        None => policy.models.get(model_idx),
     }
 }
 
@@ -505,19 +563,19 @@ impl Request {
         let Some(policy) = view.policy.clone() else {
             return self.refused(host, &Refusal::no_policy());
         };
+        let now_ms = host.now_ms();
         match model.target {
             Target::Path(model_idx) => {
-                let traits = match policy.models.get(model_idx) {
-                    Some(m) => OperationTraits::of(model.operation, m),
-                    None => return self.refused(host, &Refusal::model_not_found()),
-                };
-                self.route = Some(Routed {
+                match Routed::new(
                     policy,
                     model_idx,
-                    traits,
-                    by_body: false,
-                    rerouted: false,
-                });
+                    model.operation,
+                    &view.credentials,
+                    now_ms,
+                ) {
+                    Ok(route) => self.route = Some(route),
+                    Err(r) => return self.refused(host, &r),
+                }
             }
             Target::Body(rest) => self.unrouted = Some(Unrouted::Body { policy, rest }),
             Target::Catalog(id) => {
@@ -530,7 +588,6 @@ impl Request {
         if let BodyIntent::Read { hold, declared } = model.body {
             self.body.start(hold, declared);
         }
-        let now_ms = host.now_ms();
         self.started_ms = now_ms;
         let now_s = now_ms / 1000;
         let step = match self.cached(host, &view.cfg, model.credential, now_s) {
@@ -734,20 +791,12 @@ impl Request {
         };
         let body = self.body.info().ok_or_else(Refusal::no_policy)?;
         let (model_idx, operation) = admission::route_body(policy, body, rest)?;
-        let model = policy
-            .models
-            .get(model_idx)
-            .ok_or_else(Refusal::no_policy)?;
-        let traits = OperationTraits::of(operation, model);
         let policy = policy.clone();
+        let credentials = self.view().ok_or_else(Refusal::not_configured)?.credentials;
+        let mut route = Routed::new(policy, model_idx, operation, &credentials, self.started_ms)?;
+        route.by_body = true;
         self.unrouted = None;
-        self.route = Some(Routed {
-            policy,
-            model_idx,
-            traits,
-            by_body: true,
-            rerouted: false,
-        });
+        self.route = Some(route);
         Ok(())
     }
 
@@ -809,7 +858,7 @@ impl Request {
         let cluster = || host.property(&crate::operations::CLUSTER_PROPERTY);
         let (auth, plan) = admission::authorize(
             &snapshot,
-            route.model_idx,
+            (route.model_idx, route.backend),
             self.body.intent(),
             route.traits,
             admission::Caller {
@@ -838,7 +887,9 @@ impl Request {
             None
         };
         if let Some(route) = self.route.as_mut() {
-            route.rerouted = plan.set.iter().any(|(name, _)| *name == ":path");
+            // A drawn backend's route is chosen by the routing headers.
+            route.rerouted =
+                route.backend.is_some() || plan.set.iter().any(|(name, _)| *name == ":path");
         }
         self.auth = Some(auth);
         Ok((plan, slot_read))
@@ -852,11 +903,33 @@ impl Request {
             return Ok(());
         }
         let name = route.model().map(|m| m.name.as_str()).unwrap_or_default();
-        route.model_idx = policy
+        let model_idx = policy
             .models
             .iter()
             .position(|m| m.name == name)
             .ok_or_else(Refusal::model_not_found)?;
+        // A drawn routed backend stays drawn only as it was: the body may already be written
+        // for it (its served name, its API).
+        let backend = match route.backend {
+            None => None,
+            Some(_) => {
+                let drawn = route.backend_name().unwrap_or_default();
+                let j = policy
+                    .models
+                    .get(model_idx)
+                    .and_then(|m| m.backends.iter().position(|b| b.name == drawn))
+                    .and_then(|j| u16::try_from(j).ok());
+                if model_in(policy, model_idx, j).is_none_or(|m| Some(m) != route.model()) {
+                    return Err(Refusal::new(
+                        Deny::AdmissionUndecided,
+                        format!("model {name} changed while this request waited; retry"),
+                    ));
+                }
+                j
+            }
+        };
+        route.model_idx = model_idx;
+        route.backend = backend;
         route.policy = policy.clone();
         Ok(())
     }

@@ -798,31 +798,25 @@ fn model_routes(
     let mut one_url_routes = Vec::new();
     let mut provider_path_routes = Vec::new();
     for model in models {
+        if model.routes_backends() {
+            routed_backends(
+                input,
+                model,
+                &mut named,
+                clusters,
+                routes,
+                &mut one_url_routes,
+            )?;
+            continue;
+        }
         if !model.backends.is_empty() {
-            let cluster = match &model.upstream_cluster {
-                Some(name) => name.clone(),
-                None => (0..)
-                    .map(|i| format!("backends-{i}"))
-                    .find(|n| !explicit.contains(n.as_str()) && !named.contains_key(n))
-                    .unwrap_or_default(),
-            };
-            if named.contains_key(&cluster) {
-                bail!("model {}: cluster {cluster:?} is used twice", model.name);
-            }
-            let (mut c, route, base) = backends_cluster(input, model, &cluster)?;
-            if model.backends_need_upstream_filter() {
-                add_upstream_filter(input, &mut c);
-                c["load_balancing_policy"] = backend_order_policy();
-            }
-            clusters.push(c);
-            named.insert(cluster, format!("the backends of {}", model.name));
-            let mut own = prefix_routes(&model.path, &base, &route).to_vec();
-            own.push(one_url_route(&model.name, &base, &route));
-            for r in &mut own {
-                r["response_headers_to_add"] = served_by_header();
-            }
-            one_url_routes.extend(own.pop());
-            routes.extend(own);
+            let sink = (
+                &mut named,
+                &mut *clusters,
+                &mut *routes,
+                &mut one_url_routes,
+            );
+            failover_backends(input, model, &explicit, sink)?;
             continue;
         }
         let backend = model.backend.as_deref().unwrap_or("simulator");
@@ -846,20 +840,13 @@ fn model_routes(
                 }
             },
         };
-        match named.get(&cluster) {
-            Some(reaches) if reaches == backend => {}
-            Some(reaches) => bail!(
-                "model {}: cluster {cluster:?} already reaches {reaches}, not {backend}",
-                model.name
-            ),
-            None => {
-                clusters.push(match &url {
-                    None => addr_cluster(&cluster, input.simulator),
-                    Some(url) => backend_cluster(&cluster, url),
-                });
-                named.insert(cluster.clone(), backend.to_string());
-            }
-        }
+        claim_cluster(
+            input,
+            &mut named,
+            clusters,
+            (&model.name, &cluster),
+            (backend, url.as_ref()),
+        )?;
         let (base, host_rewrite) = match &url {
             None => (String::new(), false),
             Some(url) => (url.base_path.clone(), url.host.parse::<IpAddr>().is_err()),
@@ -879,6 +866,151 @@ fn model_routes(
     // is removed first), and Envoy chooses the route again once the filter changed the headers.
     routes.extend(one_url_routes);
     routes.extend(provider_path_routes);
+    Ok(())
+}
+
+/// Cluster `cluster` reaching `backend` (its URL, or the simulator), for `model`: added the
+/// first time, the same again is fine, another backend under that name is an error.
+fn claim_cluster(
+    input: &EnvoyConfigInput<'_>,
+    named: &mut BTreeMap<String, String>,
+    clusters: &mut Vec<Value>,
+    (model, cluster): (&str, &str),
+    (backend, url): (&str, Option<&BackendUrl>),
+) -> Result<()> {
+    match named.get(cluster) {
+        Some(reaches) if reaches == backend => {}
+        Some(reaches) => {
+            bail!("model {model}: cluster {cluster:?} already reaches {reaches}, not {backend}")
+        }
+        None => {
+            clusters.push(match url {
+                None => addr_cluster(cluster, input.simulator),
+                Some(url) => backend_cluster(cluster, url),
+            });
+            named.insert(cluster.to_string(), backend.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// A model's backends behind one cluster with failover (docs/design.md "Several backends per
+/// model"): the cluster, its prefix routes and its one-base-URL route (`later`).
+fn failover_backends(
+    input: &EnvoyConfigInput<'_>,
+    model: &maas_types::Model,
+    explicit: &std::collections::BTreeSet<&str>,
+    (named, clusters, routes, one_url_routes): (
+        &mut BTreeMap<String, String>,
+        &mut Vec<Value>,
+        &mut Vec<Value>,
+        &mut Vec<Value>,
+    ),
+) -> Result<()> {
+    let cluster = match &model.upstream_cluster {
+        Some(name) => name.clone(),
+        None => (0..)
+            .map(|i| format!("backends-{i}"))
+            .find(|n| !explicit.contains(n.as_str()) && !named.contains_key(n))
+            .unwrap_or_default(),
+    };
+    if named.contains_key(&cluster) {
+        bail!("model {}: cluster {cluster:?} is used twice", model.name);
+    }
+    let (mut c, route, base) = backends_cluster(input, model, &cluster)?;
+    if model.backends_need_upstream_filter() {
+        add_upstream_filter(input, &mut c);
+        c["load_balancing_policy"] = backend_order_policy();
+    }
+    clusters.push(c);
+    named.insert(cluster, format!("the backends of {}", model.name));
+    let mut own = prefix_routes(&model.path, &base, &route).to_vec();
+    own.push(one_url_route(&model.name, &base, &route));
+    for r in &mut own {
+        r["response_headers_to_add"] = served_by_header();
+    }
+    one_url_routes.extend(own.pop());
+    routes.extend(own);
+    Ok(())
+}
+
+/// A model's routed backends (each names its own cluster; docs/design.md "Routed backends"):
+/// a cluster per backend, and per backend the routes the filter's routing headers choose —
+/// the model's prefix, the one base URL and any path (a provider's own: Azure deployments,
+/// Bedrock's `/model/…`) when [`MODEL_ROUTING_HEADER`](maas_types::MODEL_ROUTING_HEADER) names
+/// the model and [`BACKEND_ROUTING_HEADER`](maas_types::BACKEND_ROUTING_HEADER) the backend.
+/// The model's plain prefix routes go to its first backend's cluster: the filter sets the
+/// headers on every request it lets go, and Envoy chooses the route again.
+fn routed_backends(
+    input: &EnvoyConfigInput<'_>,
+    model: &maas_types::Model,
+    named: &mut BTreeMap<String, String>,
+    clusters: &mut Vec<Value>,
+    routes: &mut Vec<Value>,
+    later: &mut Vec<Value>,
+) -> Result<()> {
+    let mut plain = Vec::new();
+    for b in &model.backends {
+        let cluster = b.upstream_cluster.clone().unwrap_or_default();
+        // No URL (the cluster is the operator's): the stack's simulator, as for a model.
+        let backend = b.backend.as_deref().unwrap_or("simulator");
+        let url = (backend != "simulator")
+            .then(|| BackendUrl::parse(backend))
+            .transpose()?;
+        claim_cluster(
+            input,
+            named,
+            clusters,
+            (&model.name, &cluster),
+            (backend, url.as_ref()),
+        )?;
+        let base = url.as_ref().map_or(String::new(), |u| u.base_path.clone());
+        // The backend's own timeout: to its answer's start (one try, no retry), then as the
+        // longest quiet in its answer.
+        let timeout_ms = b
+            .timeout_ms()
+            .unwrap_or(maas_types::policy::DEFAULT_BACKEND_TIMEOUT_MS);
+        let per_try = format!("{}s", timeout_ms as f64 / 1000.0);
+        let mut route = json!({
+            "cluster": cluster,
+            "timeout": MODEL_ROUTE_TIMEOUT,
+            "idle_timeout": format!("{}s", (timeout_ms + 1000) as f64 / 1000.0),
+            "retry_policy": {"num_retries": 0, "per_try_timeout": per_try,
+                             "per_try_idle_timeout": per_try}
+        });
+        if url
+            .as_ref()
+            .is_some_and(|u| u.host.parse::<IpAddr>().is_err())
+        {
+            route["auto_host_rewrite"] = json!(true);
+        }
+        let headers = json!([
+            {"name": maas_types::MODEL_ROUTING_HEADER, "string_match": {"exact": model.name}},
+            {"name": maas_types::BACKEND_ROUTING_HEADER, "string_match": {"exact": b.name}}
+        ]);
+        let remove = json!([
+            maas_types::MODEL_ROUTING_HEADER,
+            maas_types::BACKEND_ROUTING_HEADER
+        ]);
+        for mut r in prefix_routes(&model.path, &base, &route) {
+            r["match"]["headers"] = headers.clone();
+            r["request_headers_to_remove"] = remove.clone();
+            routes.push(r);
+        }
+        if plain.is_empty() {
+            plain.extend(prefix_routes(&model.path, &base, &route));
+        }
+        for (prefix, rewrite) in [("/v1/", format!("{base}/v1/")), ("/", format!("{base}/"))] {
+            let mut to = route.clone();
+            to["prefix_rewrite"] = json!(rewrite);
+            later.push(json!({
+                "match": {"prefix": prefix, "headers": headers},
+                "route": to,
+                "request_headers_to_remove": remove
+            }));
+        }
+    }
+    routes.extend(plain);
     Ok(())
 }
 
@@ -1387,6 +1519,80 @@ mod tests {
         assert!(listeners[0]["filter_chains"][0]["transport_socket"].is_null());
         assert!(enable_http1_trailers(&mut json!({})).is_err());
         assert!(add_tls_listener(&mut json!({}), tls_addr, "/c".as_ref(), "/k".as_ref()).is_err());
+    }
+
+    /// Routed backends: a cluster each, and each backend's routes chosen by both routing
+    /// headers (the prefix before the model's plain prefix route, the one base URL, any path);
+    /// the plain prefix route goes to the first backend's cluster.
+    #[test]
+    fn routed_backends_get_a_cluster_and_routes_by_both_headers_each() {
+        let p = PolicyDocument::from_value(json!({
+            "tiers": [{"name": "free", "level": 0, "groups": ["g"]}],
+            "models": [
+                {"name": "duo", "path": "/ext/duo", "tiers": ["free"], "backends": [
+                    {"name": "a", "backend": "http://127.0.0.1:9000/base", "upstreamCluster": "c-a",
+                     "provider": {"type": "openai", "credentialRef": "k"}},
+                    {"name": "b", "backend": "http://127.0.0.1:9001", "upstreamCluster": "c-b",
+                     "provider": {"type": "azure-openai", "credentialRef": "k", "deployment": "d"}}
+                ]}
+            ]
+        }))
+        .unwrap();
+        let v: Value = serde_json::from_str(&render(&input(&p, true)).unwrap()).unwrap();
+        let clusters: Vec<&str> = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert!(
+            clusters.contains(&"c-a") && clusters.contains(&"c-b"),
+            "{clusters:?}"
+        );
+        let r = routes(&v);
+        let of = |backend: &str| -> Vec<&Value> {
+            r.iter()
+                .filter(|x| x["match"]["headers"][1]["string_match"]["exact"] == backend)
+                .collect()
+        };
+        for (backend, cluster, base) in [("a", "c-a", "/base"), ("b", "c-b", "")] {
+            let own = of(backend);
+            let prefixes: Vec<String> = own
+                .iter()
+                .map(|x| {
+                    x["match"]["prefix"]
+                        .as_str()
+                        .or(x["match"]["path"].as_str())
+                        .unwrap()
+                        .to_string()
+                })
+                .collect();
+            assert_eq!(
+                prefixes,
+                ["/ext/duo/", "/ext/duo", "/v1/", "/"],
+                "{backend}"
+            );
+            for x in &own {
+                assert_eq!(x["route"]["cluster"], cluster);
+                assert_eq!(x["match"]["headers"][0]["string_match"]["exact"], "duo");
+                assert_eq!(
+                    x["request_headers_to_remove"],
+                    json!([
+                        maas_types::MODEL_ROUTING_HEADER,
+                        maas_types::BACKEND_ROUTING_HEADER
+                    ])
+                );
+            }
+            assert_eq!(own[2]["route"]["prefix_rewrite"], format!("{base}/v1/"));
+        }
+        // The plain prefix route (no header) after the routed ones, to the first backend.
+        let plain = r
+            .iter()
+            .position(|x| x["match"]["prefix"] == "/ext/duo/" && x["match"]["headers"].is_null())
+            .unwrap();
+        assert_eq!(r[plain]["route"]["cluster"], "c-a");
+        let routed_at = r.iter().position(|x| std::ptr::eq(x, of("b")[0])).unwrap();
+        assert!(routed_at < plain);
     }
 
     #[test]

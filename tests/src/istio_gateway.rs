@@ -246,12 +246,14 @@ pub fn apply(bootstrap: &mut Value, shipped: &ShippedGateway, ecds: &Path) -> Re
 }
 
 /// The model HTTPRoutes `wasm-plugin-crs/` ships as samples (each a prefix rule and the one base
-/// URL's `/v1` rule matching `x-maas-model`).
-pub const MODEL_ROUTE_SAMPLES: [&str; 4] = [
+/// URL's `/v1` rule matching `x-maas-model`; the weighted model's, with routed backends, per
+/// backend its rules matching `x-maas-model` and `x-maas-backend`).
+pub const MODEL_ROUTE_SAMPLES: [&str; 5] = [
     "wasm-plugin-crs/samples/kserve-model/httproute.yaml",
     "wasm-plugin-crs/samples/external-model/httproute.yaml",
     "wasm-plugin-crs/samples/azure-openai-model/httproute.yaml",
     "wasm-plugin-crs/samples/bedrock-model/httproute.yaml",
+    "wasm-plugin-crs/samples/weighted-model/httproute.yaml",
 ];
 
 /// The HTTPRoute in `path` (relative to the workspace root).
@@ -675,8 +677,40 @@ mod tests {
         assert!(azure["route"].get("regex_rewrite").is_none(), "{azure}");
         assert_eq!(azure["request_headers_to_remove"], json!(["x-maas-model"]));
 
-        // Each one base URL route names a model of the sample policy, and leads to the cluster
-        // that model's upstreamCluster names (else the filter answers 503 upstream_mismatch).
+        // Each routing-header route names a model of the sample policy (and, for routed
+        // backends, one of its backends), and leads to the cluster that model's (or backend's)
+        // upstreamCluster names (else the filter answers 503 upstream_mismatch).
+        let policy = sample_policy();
+        for r in routes.iter().filter(|r| r["match"]["headers"].is_array()) {
+            let header = |name: &str| {
+                r["match"]["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|h| h["name"] == name)
+                    .map(|h| h["string_match"]["exact"].as_str().unwrap())
+            };
+            let model = header(maas_types::MODEL_ROUTING_HEADER).unwrap();
+            let entry = policy["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == model)
+                .unwrap_or_else(|| panic!("{model}: not a model of the sample policy"));
+            let entry = match header(maas_types::BACKEND_ROUTING_HEADER) {
+                None => entry,
+                Some(b) => entry["backends"]
+                    .as_array()
+                    .and_then(|all| all.iter().find(|x| x["name"] == b))
+                    .unwrap_or_else(|| panic!("{model}: no backend {b}")),
+            };
+            assert_eq!(entry["upstreamCluster"], r["route"]["cluster"], "{model}");
+        }
+    }
+
+    /// The sample policy (ConfigMap maas-policy's policy.yaml), checked as the companion reads
+    /// it.
+    fn sample_policy() -> Value {
         let text = std::fs::read_to_string(
             crate::tools::workspace_root()
                 .join("wasm-plugin-crs/base/companion/policy-configmap.yaml"),
@@ -685,18 +719,88 @@ mod tests {
         let cm: Value = yaml_serde::from_str(&text).unwrap();
         let policy: Value =
             yaml_serde::from_str(cm["data"]["policy.yaml"].as_str().unwrap()).unwrap();
-        for r in routes.iter().filter(|r| r["match"]["headers"].is_array()) {
-            let model = r["match"]["headers"][0]["string_match"]["exact"]
-                .as_str()
-                .unwrap();
-            let entry = policy["models"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|m| m["name"] == model)
-                .unwrap_or_else(|| panic!("{model}: not a model of the sample policy"));
-            assert_eq!(entry["upstreamCluster"], r["route"]["cluster"], "{model}");
+        if let Err(e) = PolicyDocument::from_value(policy.clone()) {
+            panic!("the sample policy does not validate: {e}");
         }
+        policy
+    }
+
+    /// The weighted sample (routed backends) as Istio translates it: per backend, routes
+    /// matching both routing headers — the model's prefix (stripped), the one base URL and,
+    /// for Azure, the deployment path (both kept) — to that backend's cluster, both headers
+    /// removed; sorted before the model's plain prefix route (more headers), which goes to the
+    /// first backend.
+    #[test]
+    fn the_weighted_sample_translates_as_istio_would() {
+        let routes = sample_routes();
+        let named = |n: &str| named_route(&routes, n);
+        let openai = "outbound|443||api.openai.com";
+        let azure = "outbound|443||example-resource.openai.azure.com";
+        let headers = |backend: &str| {
+            json!([
+                {"name": "x-maas-backend", "string_match": {"exact": backend}},
+                {"name": "x-maas-model", "string_match": {"exact": "gpt-4o-split"}}
+            ])
+        };
+        for (route, prefix, backend, cluster, strips) in [
+            (
+                "llm.gpt-4o-split.0",
+                "/llm/gpt-4o-split",
+                "openai",
+                openai,
+                true,
+            ),
+            ("llm.gpt-4o-split.1", "/v1", "openai", openai, false),
+            (
+                "llm.gpt-4o-split.2",
+                "/llm/gpt-4o-split",
+                "azure",
+                azure,
+                true,
+            ),
+            ("llm.gpt-4o-split.3", "/v1", "azure", azure, false),
+            (
+                "llm.gpt-4o-split.4",
+                "/openai/deployments/gpt-4o-prod",
+                "azure",
+                azure,
+                false,
+            ),
+        ] {
+            let r = named(route);
+            assert_eq!(
+                r["match"],
+                json!({"path_separated_prefix": prefix, "case_sensitive": true,
+                       "headers": headers(backend)}),
+                "{route}"
+            );
+            assert_eq!(r["route"]["cluster"], cluster, "{route}");
+            assert_eq!(
+                r["route"]["host_rewrite_literal"],
+                cluster.trim_start_matches("outbound|443||"),
+                "{route}"
+            );
+            assert_eq!(
+                r["request_headers_to_remove"],
+                json!(["x-maas-model", "x-maas-backend"]),
+                "{route}"
+            );
+            assert_eq!(
+                r["route"].get("regex_rewrite").is_some(),
+                strips,
+                "{route}: {r}"
+            );
+            assert_eq!(r["route"]["timeout"], "300s");
+        }
+        let plain = named("llm.gpt-4o-split.5");
+        assert_eq!(
+            plain["match"],
+            json!({"path_separated_prefix": "/llm/gpt-4o-split", "case_sensitive": true})
+        );
+        assert_eq!(plain["route"]["cluster"], openai);
+        let at = |n: &str| routes.iter().position(|r| r["name"] == n).unwrap();
+        assert!(at("llm.gpt-4o-split.0") < at("llm.gpt-4o-split.5"));
+        assert!(at("llm.gpt-4o-split.2") < at("llm.gpt-4o-split.5"));
     }
 
     /// Every sample HTTPRoute's routes, as Istio translates them.
@@ -739,17 +843,23 @@ mod tests {
             bedrock["request_headers_to_remove"],
             json!(["x-maas-model"])
         );
-        // Longer prefixes first; the /v1 routes last.
+        // Longer prefixes first, more headers first at one prefix; the /v1 routes last.
         let order: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
         assert_eq!(
             order,
             [
                 "llm.facebook-opt-125m-simulated.0",
+                "llm.gpt-4o-split.4",
                 "llm.gpt-4o-azure.2",
                 "llm.claude-bedrock.0",
+                "llm.gpt-4o-split.0",
+                "llm.gpt-4o-split.2",
                 "llm.gpt-4o-azure.0",
+                "llm.gpt-4o-split.5",
                 "llm.gpt-4o.0",
                 "llm.claude-bedrock.2",
+                "llm.gpt-4o-split.1",
+                "llm.gpt-4o-split.3",
                 "llm.facebook-opt-125m-simulated.1",
                 "llm.gpt-4o.1",
                 "llm.gpt-4o-azure.1",

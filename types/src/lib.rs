@@ -27,9 +27,9 @@ pub use error_body::{ErrorBody, ErrorDetail, ErrorKind};
 pub use lease::{LeaseGrant, LeaseItem, LeaseKind, LeaseRequest, LeaseResponse};
 pub use money::{Budget, Money, Pricing};
 pub use policy::{
-    ApiFamily, BACKEND_ORDER_HEADER, Limit, Limits, MODEL_ROUTING_HEADER, Model, ModelDetails,
-    ONE_BASE_PATH, Observability, OperationSpec, PolicyDocument, PolicyError, Provider,
-    ProviderAuth, ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Scope,
+    ApiFamily, BACKEND_ORDER_HEADER, BACKEND_ROUTING_HEADER, Limit, Limits, MODEL_ROUTING_HEADER,
+    Model, ModelDetails, ONE_BASE_PATH, Observability, OperationSpec, PolicyDocument, PolicyError,
+    Provider, ProviderAuth, ProviderKind, ProviderPath, RateLimitHeaders, SERVED_BY_HEADER, Scope,
     ScopeCounter, ScopePer, Tier, TokenWeights, UncappedRequests, VERTEX_ANTHROPIC_VERSION,
     VertexPublisher,
 };

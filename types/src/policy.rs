@@ -44,6 +44,12 @@ pub struct PolicyDocument {
     /// out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<Scope>,
+    /// Each model's routed backends as models of their own ([`Model::routes_backends`]), by
+    /// model index; empty when no model routes its backends. Not part of the document: built
+    /// when it is read ([`from_deserializer`]), so a request resolves its drawn backend
+    /// without a copy.
+    #[serde(skip)]
+    pub backend_variants: Vec<Vec<Model>>,
 }
 
 /// What the gateway reports beside enforcing (issue 32); every switch defaults to off.
@@ -446,9 +452,20 @@ pub struct Backend {
     #[serde(default = "default_backend_weight")]
     pub weight: u32,
     /// How long an attempt on this backend may take to start answering (e.g. `30s`, `500ms`)
-    /// before the request fails over. Default [`DEFAULT_BACKEND_TIMEOUT_MS`].
+    /// before the request fails over (a routed backend's request: ends, 504), and how long an
+    /// answer may then stay quiet. Default [`DEFAULT_BACKEND_TIMEOUT_MS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// The backend's own Envoy cluster (e.g. `outbound|443||api.openai.com` under Istio): a
+    /// *routed* backend. When a model's backends name their clusters (all of them, or none), the
+    /// downstream filter draws one per request by weight among those that can serve and has
+    /// Envoy route the request there by [`MODEL_ROUTING_HEADER`] and [`BACKEND_ROUTING_HEADER`]
+    /// (one HTTPRoute rule per backend: the reference's weighted `externalProviderRefs`). No
+    /// failover; everything a single provider gets applies per request (credential, path,
+    /// translation, signing), and the answer must come from that cluster (docs/design.md
+    /// "Routed backends").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_cluster: Option<String>,
 }
 
 /// The reference's default weight.
@@ -461,10 +478,10 @@ fn default_backend_weight() -> u32 {
 pub const DEFAULT_BACKEND_TIMEOUT_MS: u64 = 300_000;
 
 impl Model {
-    /// The cooldown of the model's backends (`None`: no backends, or `failures: 0`; its
-    /// duration is checked with the policy).
+    /// The cooldown of the model's backends (`None`: no backends, routed backends, or
+    /// `failures: 0`; its duration is checked with the policy).
     pub fn cooldown_rule(&self) -> Option<CooldownRule> {
-        if self.backends.is_empty() {
+        if self.backends.is_empty() || self.routes_backends() {
             return None;
         }
         let (failures, duration) = match &self.cooldown {
@@ -479,11 +496,36 @@ impl Model {
 
     /// Whether the model's backends cluster runs the filter's upstream mode: some backend has
     /// a provider (its credential and path are set per attempt) or a served name of its own
-    /// (written into each of its attempts' bodies).
+    /// (written into each of its attempts' bodies). Never for routed backends (no such cluster).
     pub fn backends_need_upstream_filter(&self) -> bool {
+        !self.routes_backends()
+            && self
+                .backends
+                .iter()
+                .any(|b| b.provider.is_some() || b.served_name.is_some())
+    }
+
+    /// Whether the model's backends are routed ([`Backend::upstream_cluster`]): the downstream
+    /// filter draws one per request and Envoy routes to its own cluster.
+    pub fn routes_backends(&self) -> bool {
         self.backends
-            .iter()
-            .any(|b| b.provider.is_some() || b.served_name.is_some())
+            .first()
+            .is_some_and(|b| b.upstream_cluster.is_some())
+    }
+
+    /// The model as its routed backend `b` serves it: the backend's provider, served name,
+    /// URL and cluster; the model's name, aliases, path, tiers, operations and everything the
+    /// limits and the ledger read. Built once per policy ([`PolicyDocument::backend_variant`]).
+    fn routed_variant(&self, b: &Backend) -> Model {
+        Model {
+            backend: b.backend.clone(),
+            backends: Vec::new(),
+            cooldown: None,
+            provider: b.provider.clone(),
+            served_name: b.served_name.clone().or_else(|| self.served_name.clone()),
+            upstream_cluster: b.upstream_cluster.clone(),
+            ..self.clone()
+        }
     }
 }
 
@@ -510,17 +552,20 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
     (ms > 0).then_some(ms)
 }
 
-/// Backends: one of `backend`/`provider` or `backends`; names unique; weights 0..=100 with one
-/// above 0; durations readable; providers as [`check_backend_provider`] allows.
-fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
-    if m.backends.is_empty() {
-        if m.cooldown.is_some() {
-            return Err(err(
-                format!("models[{i}].cooldown"),
-                "only for a model with backends",
-            ));
-        }
-        return Ok(());
+/// A model's cooldown (with backends that are not routed) and, for routed backends, no
+/// `upstreamCluster` of the model's own.
+fn check_cooldown(i: usize, m: &Model, routed: bool) -> Result<(), PolicyError> {
+    if routed && m.cooldown.is_some() {
+        return Err(err(
+            format!("models[{i}].cooldown"),
+            "not for routed backends (each backend its own upstreamCluster): the filter draws one per request with no failover, and no cooldown is kept for them",
+        ));
+    }
+    if routed && m.upstream_cluster.is_some() {
+        return Err(err(
+            format!("models[{i}].upstreamCluster"),
+            "not with routed backends: each backend names its own upstreamCluster",
+        ));
     }
     if let Some(c) = &m.cooldown {
         if c.failures > 100 {
@@ -539,6 +584,23 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
             }
         }
     }
+    Ok(())
+}
+
+/// Backends: one of `backend`/`provider` or `backends`; names unique; weights 0..=100 with one
+/// above 0; durations readable; providers as [`check_backend_provider`] allows.
+fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
+    if m.backends.is_empty() {
+        if m.cooldown.is_some() {
+            return Err(err(
+                format!("models[{i}].cooldown"),
+                "only for a model with backends",
+            ));
+        }
+        return Ok(());
+    }
+    let routed = m.routes_backends();
+    check_cooldown(i, m, routed)?;
     for (field, given) in [
         ("backend", m.backend.is_some()),
         ("provider", m.provider.is_some()),
@@ -572,13 +634,23 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
                 format!("backend {:?} is named twice", b.name),
             ));
         }
-        if let Some(p) = &b.provider {
-            check_backend_provider(&format!("{at}.provider"), m, p)?;
+        if b.upstream_cluster.is_some() != routed {
+            return Err(err(
+                format!("{at}.upstreamCluster"),
+                "either every backend of a model names its own cluster (routed backends) or none does",
+            ));
         }
         if let Some(served) = &b.served_name {
             check_model_id(format!("{at}.servedName"), served)?;
         }
+        if routed {
+            check_routed_backend(&at, m, b)?;
+        } else if let Some(p) = &b.provider {
+            check_backend_provider(&format!("{at}.provider"), m, p)?;
+        }
         match b.backend.as_deref() {
+            // A routed backend's cluster is the operator's: its URL only builds a local one.
+            None if routed => {}
             None => return Err(err(format!("{at}.backend"), "required")),
             Some(u)
                 if u == "simulator" || u.starts_with("http://") || u.starts_with("https://") => {}
@@ -609,6 +681,56 @@ fn check_backends(i: usize, m: &Model) -> Result<(), PolicyError> {
         return Err(err(
             format!("models[{i}].upstreamCluster"),
             "required for a model whose backends have providers or a servedName of their own: the Envoy cluster of its backends, the only one whose upstream filter gives them their credentials and names",
+        ));
+    }
+    Ok(())
+}
+
+/// A routed backend: its cluster named, and its provider checked as a model's own (it gets
+/// everything a single provider does) in the model's API family. Its `timeout` is its own
+/// routes' (the local stack's; an HTTPRoute rule's `timeouts`).
+fn check_routed_backend(at: &str, m: &Model, b: &Backend) -> Result<(), PolicyError> {
+    if let Some(c) = &b.upstream_cluster {
+        check_name(format!("{at}.upstreamCluster"), c)?;
+    }
+    let variant = m.routed_variant(b);
+    if let Some(p) = &variant.provider {
+        check_model_provider(&format!("{at}.provider"), &variant, p)?;
+        // What the provider speaks without the model's `api`: Anthropic's Messages for
+        // Anthropic and Claude on Vertex AI, else the OpenAI shape (Bedrock and Gemini are
+        // translated from it).
+        let speaks = Model {
+            api: None,
+            ..variant.clone()
+        }
+        .api_family();
+        if speaks != m.api_family() {
+            return Err(err(
+                format!("{at}.provider"),
+                format!(
+                    "this provider speaks the {} API and the model's api is {}: every routed backend speaks the model's API",
+                    speaks.as_str(),
+                    m.api_family().as_str()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A model's provider (`at`: its path), beside the model's other fields.
+fn check_model_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyError> {
+    check_credential_ref(format!("{at}.credentialRef"), p)?;
+    check_provider_fields(at, p)?;
+    if p.publisher.is_some() {
+        // The model's id at the publisher is one segment of the provider's path.
+        let id = m.served_name.as_deref().unwrap_or(&m.name);
+        check_publisher_model(format!("{at}: the served name"), id)?;
+    }
+    if p.publisher == Some(VertexPublisher::Google) && m.api_family() != ApiFamily::Openai {
+        return Err(err(
+            at.to_string(),
+            "Gemini on Vertex AI (publisher google) needs the model's api openai: OpenAI chat is translated to generateContent",
         ));
     }
     Ok(())
@@ -1188,6 +1310,8 @@ where
         err(path, e.inner().to_string())
     })?;
     doc.validate()?;
+    let mut doc = doc;
+    doc.build_backend_variants();
     Ok(doc)
 }
 
@@ -1321,6 +1445,11 @@ pub const MODEL_ROUTING_HEADER: &str = "x-maas-model";
 /// metadata), replacing any copy the upstream sent. The filter reads it for the usage ledger
 /// (only a name among the model's backends) and removes it before the client.
 pub const SERVED_BY_HEADER: &str = "x-maas-served-by";
+
+/// The request header the gateway's filter sets, beside [`MODEL_ROUTING_HEADER`], to the name
+/// of the routed backend ([`Backend::upstream_cluster`]) it drew for the request: the gateway's
+/// route for that backend matches both. Reserved like the other: a client's copy is removed.
+pub const BACKEND_ROUTING_HEADER: &str = "x-maas-backend";
 
 /// Request header the filter sets for a model whose backends have providers: the endpoints
 /// (`ip:port`) of the backends whose credential it holds, in the order Envoy should try them
@@ -1941,6 +2070,30 @@ impl PolicyDocument {
     }
 
     /// The model clients name `id` (its name or an alias) and its index.
+    /// The model at `model_idx` as its routed backend `backend` serves it (`None`: no such
+    /// routed backend).
+    pub fn backend_variant(&self, model_idx: usize, backend: usize) -> Option<&Model> {
+        self.backend_variants.get(model_idx)?.get(backend)
+    }
+
+    /// Fills [`PolicyDocument::backend_variants`] (left empty when no model routes backends).
+    pub fn build_backend_variants(&mut self) {
+        self.backend_variants = if self.models.iter().any(Model::routes_backends) {
+            self.models
+                .iter()
+                .map(|m| {
+                    if m.routes_backends() {
+                        m.backends.iter().map(|b| m.routed_variant(b)).collect()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+    }
+
     pub fn model_by_id(&self, id: &str) -> Option<(usize, &Model)> {
         self.models
             .iter()
@@ -2122,6 +2275,85 @@ mod tests {
 
     /// Providers in backends: a header credential, the model's API, the path as sent, and the
     /// model's upstreamCluster.
+    /// Routed backends (each its own cluster): every backend names one, the model none; no
+    /// timeout or cooldown; any provider a model may have, in the model's API family; each
+    /// backend a model of its own for the filter (its provider, served name and cluster).
+    #[test]
+    fn routed_backends_name_their_clusters_and_become_models_of_their_own() {
+        let mut v = sample();
+        v["models"][0].as_object_mut().unwrap().remove("backend");
+        v["models"][0]["api"] = json!("openai");
+        v["models"][0]["backends"] = json!([
+            {"name": "oai", "upstreamCluster": "outbound|443||api.openai.com", "weight": 3,
+             "servedName": "gpt-4o", "provider": {"type": "openai", "credentialRef": "ns/k"}},
+            {"name": "bedrock", "upstreamCluster": "outbound|443||bedrock-runtime.us-east-1.amazonaws.com",
+             "servedName": "anthropic.claude-3-haiku-20240307-v1:0",
+             "provider": {"type": "bedrock", "credentialRef": "ns/aws", "auth": "awsSigV4",
+                          "region": "us-east-1"}}
+        ]);
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        let m = &doc.models[0];
+        assert!(m.routes_backends());
+        assert_eq!(m.cooldown_rule(), None);
+        assert!(!m.backends_need_upstream_filter());
+        let bedrock = doc.backend_variant(0, 1).unwrap();
+        assert_eq!(
+            (bedrock.name.as_str(), bedrock.upstream_cluster.as_deref()),
+            (
+                m.name.as_str(),
+                Some("outbound|443||bedrock-runtime.us-east-1.amazonaws.com")
+            )
+        );
+        assert_eq!(
+            bedrock.provider.as_ref().map(|p| p.kind),
+            Some(ProviderKind::Bedrock)
+        );
+        assert!(bedrock.backends.is_empty());
+        assert_eq!(
+            doc.backend_variant(0, 0).unwrap().served_name.as_deref(),
+            Some("gpt-4o")
+        );
+        assert_eq!(doc.backend_variant(0, 2), None);
+        assert_eq!(doc.backend_variant(1, 0), None);
+        // Round trip: the variants are not part of the document, built again when read.
+        let again = PolicyDocument::from_value(serde_json::to_value(&doc).unwrap()).unwrap();
+        assert_eq!(again, doc);
+
+        let bad = |path: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut w = v.clone();
+            edit(&mut w);
+            fails_at(w, path);
+        };
+        bad("models[0].backends[1].upstreamCluster", &|w| {
+            w["models"][0]["backends"][1]
+                .as_object_mut()
+                .unwrap()
+                .remove("upstreamCluster");
+        });
+        bad("models[0].upstreamCluster", &|w| {
+            w["models"][0]["upstreamCluster"] = json!("all");
+        });
+        bad("models[0].cooldown", &|w| {
+            w["models"][0]["cooldown"] = json!({"failures": 2});
+        });
+        bad("models[0].backends[0].timeout", &|w| {
+            w["models"][0]["backends"][0]["timeout"] = json!("5");
+        });
+        bad("models[0].backends[0].upstreamCluster", &|w| {
+            w["models"][0]["backends"][0]["upstreamCluster"] = json!("");
+        });
+        bad("models[0].backends[1].provider", &|w| {
+            w["models"][0]["backends"][1]["provider"] =
+                json!({"type": "anthropic", "credentialRef": "k"});
+        });
+        bad("models[0].backends[1].provider.region", &|w| {
+            w["models"][0]["backends"][1]["provider"]["region"] = json!("mars");
+        });
+        bad("models[0].backends[0].provider.credentialRef", &|w| {
+            w["models"][0]["backends"][0]["provider"]["credentialRef"] = json!("a/b/c");
+        });
+    }
+
     #[test]
     fn provider_backends_take_a_header_credential_in_the_models_api() {
         let mut v = sample();

@@ -21,7 +21,7 @@
 
 use super::translate::{
     Group, Invalid, KIND_AUTH_POLICY, KIND_EXTERNAL_MODEL, KIND_EXTERNAL_PROVIDER, KIND_MODEL_REF,
-    KIND_SUBSCRIPTION, Resources, SUBSCRIPTION_ONLY_TIER, Translation,
+    KIND_SUBSCRIPTION, Resources, SUBSCRIPTION_ONLY_TIER, Translation, served_bindings,
 };
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{Map, Value, json};
@@ -466,8 +466,8 @@ fn names_served_external(res: &Resources, t: &Translation, ns: &str, name: &str)
     })
 }
 
-/// An ExternalProvider: Failed when invalid, Ready when a served ExternalModel binds it, else
-/// Pending.
+/// An ExternalProvider: Failed when invalid, Ready when a served ExternalModel sends traffic to
+/// it (a binding of weight above 0 that is served: [`served_bindings`]), else Pending.
 fn external_provider_status(
     o: &DynamicObject,
     res: &Resources,
@@ -491,8 +491,10 @@ fn external_provider_status(
                 .and_then(|s| s.get("externalProviderRefs"))
                 .and_then(Value::as_array)
                 .is_some_and(|refs| {
-                    refs.iter().any(|b| {
-                        b.get("ref")
+                    // Only the bindings that carry traffic (a weight above 0, the model's API).
+                    served_bindings(refs).into_iter().any(|i| {
+                        refs[i]
+                            .get("ref")
                             .and_then(|r| r.get("name"))
                             .and_then(Value::as_str)
                             == Some(name.as_str())

@@ -8,7 +8,9 @@
 //!   `credentialRef` = `<its namespace>/<spec.credentialRef.name>`: a Secret of its own
 //!   namespace only) and `upstreamCluster`
 //!   `outbound|<port>||<spec.endpoint>` (Istio's ServiceEntry cluster; port from the annotation
-//!   `maas.opendatahub.io/port`, default 443).
+//!   `maas.opendatahub.io/port`, default 443). An `inference.opendatahub.io` ExternalModel of
+//!   that name is read first: one served provider binding gives the model's `provider`, several
+//!   give routed backends, one per binding ([`inference_external`], [`model_of`]).
 //! - `MaaSAuthPolicy` (policy namespace) = **access**: who may use which models.
 //! - `MaaSSubscription` (policy namespace) = **quota**: a subscription (owner, priority,
 //!   per-model `tokenRateLimits`, `billingRate`, `tokenMetadata`; display name and description
@@ -31,7 +33,7 @@
 
 use kube::api::DynamicObject;
 use maas_types::policy::{
-    ApiFamily, Limit, Model, ModelDetails, Provider, ProviderAuth, ProviderKind, Tier,
+    ApiFamily, Backend, Limit, Model, ModelDetails, Provider, ProviderAuth, ProviderKind, Tier,
     VertexPublisher,
 };
 use maas_types::subscription::{
@@ -430,35 +432,29 @@ fn resolved_alias(r: &DynamicObject) -> Option<(String, Option<String>)> {
     Some((alias.to_string(), served))
 }
 
-/// The binding an ExternalModel's traffic goes to: the first with a weight above 0 (the rest
-/// noted: weighted splits are not built).
-fn served_binding<'a>(
-    em: &DynamicObject,
-    refs: &'a [Value],
-    notes: &mut Vec<String>,
-) -> Result<(usize, &'a Value), Invalid> {
-    let (namespace, name) = ns_name(em);
-    let weight = |r: &Value| r.get("weight").and_then(Value::as_u64).unwrap_or(1);
-    let (i, binding) = refs
-        .iter()
-        .enumerate()
-        .find(|(_, r)| weight(r) > 0)
-        .ok_or_else(|| {
-            bad(
-                KIND_EXTERNAL_MODEL,
-                em,
-                "spec.externalProviderRefs",
-                "every binding has weight 0: no traffic may go anywhere",
-            )
-        })?;
-    let at = format!("spec.externalProviderRefs[{i}]");
-    let served = refs.iter().filter(|r| weight(r) > 0).count();
-    if served > 1 {
-        notes.push(format!(
-            "ExternalModel {namespace}/{name}: {served} provider bindings with weight: only {at} is served (weighted splits are not supported)"
-        ));
-    }
-    Ok((i, binding))
+/// A provider binding's `weight` (the reference's default 1; 0: no traffic).
+fn binding_weight(binding: &Value) -> u64 {
+    binding.get("weight").and_then(Value::as_u64).unwrap_or(1)
+}
+
+/// The indices in `spec.externalProviderRefs` of the bindings an ExternalModel's traffic goes
+/// to: those with a weight above 0 whose `apiFormat` is the first such binding's (the others
+/// are left out: every backend of a model speaks the model's API). For a valid ExternalModel
+/// these are its model's backends, in order ([`inference_external`]).
+pub(crate) fn served_bindings(refs: &[Value]) -> Vec<usize> {
+    let weighted = || {
+        refs.iter()
+            .enumerate()
+            .filter(|(_, r)| binding_weight(r) > 0)
+    };
+    let Some((_, first)) = weighted().next() else {
+        return Vec::new();
+    };
+    let format = str_at(first, "apiFormat");
+    weighted()
+        .filter(|(_, r)| str_at(r, "apiFormat") == format)
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// The Secret of a binding's credential (the binding's `auth`, else its provider's) and how it
@@ -528,63 +524,102 @@ fn binding_secret(
     Ok((secret.to_string(), provider_auth))
 }
 
-/// The provider's path fields from the ExternalProvider's `config` (the reference's example:
-/// Vertex `{"project": …, "location": …}`; Azure OpenAI `deployment`, `apiVersion`); checked
-/// with the policy, where a bad value names `provider.…`.
+/// The provider's path fields from its `config` (the reference's example: Vertex
+/// `{"project": …, "location": …}`; Azure OpenAI `deployment`, `apiVersion`): the binding's
+/// `config` (`at`: where the binding is) overrides the ExternalProvider's key by key, as the
+/// CRD says. Checked with the policy, where a bad value names `provider.…`.
 fn provider_config(
+    em: &DynamicObject,
     source: &DynamicObject,
     ps: &Value,
+    binding: &Value,
+    at: &str,
     provider: &mut Provider,
 ) -> Result<(), Invalid> {
-    let config = ps.get("config");
-    let get = |k: &str| config.and_then(|c| str_at(c, k)).map(str::to_string);
+    let of_binding = |k: &str| binding.get("config").and_then(|c| str_at(c, k));
+    let of_provider = |k: &str| ps.get("config").and_then(|c| str_at(c, k));
+    // The first of `keys` the binding sets, else the first the provider sets.
+    let get = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| of_binding(k))
+            .or_else(|| keys.iter().find_map(|k| of_provider(k)))
+            .map(str::to_string)
+    };
     match provider.kind {
         ProviderKind::AzureOpenai => {
-            provider.deployment = get("deployment");
-            provider.api_version = get("apiVersion").or_else(|| get("api-version"));
+            provider.deployment = get(&["deployment"]);
+            provider.api_version = get(&["apiVersion", "api-version"]);
         }
         ProviderKind::Vertex => {
-            provider.project = get("project");
-            provider.location = get("location");
+            provider.project = get(&["project"]);
+            provider.location = get(&["location"]);
             // Not in the reference's examples: a model of a publisher in its own API
             // (`google`: Gemini's generateContent, `anthropic`: Claude's rawPredict).
-            provider.publisher = match get("publisher").as_deref() {
+            provider.publisher = match get(&["publisher"]).as_deref() {
                 None => None,
                 Some("google") => Some(VertexPublisher::Google),
                 Some("anthropic") => Some(VertexPublisher::Anthropic),
                 Some(other) => {
-                    return Err(bad(
-                        KIND_EXTERNAL_PROVIDER,
-                        source,
-                        "spec.config.publisher",
-                        format!("{other:?} is not supported (google or anthropic)"),
-                    ));
+                    let why = format!("{other:?} is not supported (google or anthropic)");
+                    return Err(if of_binding("publisher").is_some() {
+                        bad(
+                            KIND_EXTERNAL_MODEL,
+                            em,
+                            format!("{at}.config.publisher"),
+                            why,
+                        )
+                    } else {
+                        bad(KIND_EXTERNAL_PROVIDER, source, "spec.config.publisher", why)
+                    });
                 }
             };
         }
-        ProviderKind::Bedrock => provider.region = get("region"),
+        ProviderKind::Bedrock => provider.region = get(&["region"]),
         ProviderKind::Openai | ProviderKind::Anthropic => {}
     }
     Ok(())
 }
 
-/// What an `inference.opendatahub.io` ExternalModel gives its MaaSModelRef's model.
-struct InferenceExternal {
+/// One provider binding of an `inference.opendatahub.io` ExternalModel, as served.
+struct InferenceBinding {
+    /// Its index in `spec.externalProviderRefs`.
+    index: usize,
+    /// `ref.name`: the ExternalProvider's name.
+    provider_name: String,
     provider: Provider,
     upstream_cluster: String,
     endpoint: String,
     /// `targetModel`: what the provider expects in the body.
     served_name: String,
-    /// `spec.modelName`, else the ExternalModel's name: what clients send.
-    client_name: String,
-    api: Option<ApiFamily>,
+    /// `apiFormat`.
+    api: ApiFamily,
+    weight: u32,
 }
 
-/// An `inference.opendatahub.io` ExternalModel and its ExternalProvider (same namespace). One
-/// provider binding is served: the first with a weight above 0 (weighted splits across several
-/// are not built: the others are left out with a note). `auth.type` `apikey` and `simple` are
-/// served (the Secret's `api-key`, of the provider's namespace), `oauth2` for vertex and
-/// azure-openai, `sigv4` for bedrock (see [`binding_secret`]).
+/// What an `inference.opendatahub.io` ExternalModel gives its MaaSModelRef's model.
+struct InferenceExternal {
+    /// The bindings served ([`served_bindings`]): at least one, all speaking the first's API.
+    bindings: Vec<InferenceBinding>,
+    /// `spec.modelName`, else the ExternalModel's name: what clients send.
+    client_name: String,
+}
+
+/// `apiFormat` as the model's API family.
+fn api_format(format: &str) -> Option<ApiFamily> {
+    match format {
+        "openai-chat" => Some(ApiFamily::Openai),
+        "messages" => Some(ApiFamily::Anthropic),
+        _ => None,
+    }
+}
+
+/// An `inference.opendatahub.io` ExternalModel and its ExternalProviders (same namespace).
+/// Every binding with a weight above 0 is read (any invalid one makes the ExternalModel
+/// invalid); those whose `apiFormat` differs from the first's are left out with a note, and
+/// the rest are served: one as the model's provider, several as routed backends the filter
+/// draws from by weight (see [`model_of`]). `auth.type` `apikey` and `simple` are served (the
+/// Secret's `api-key`, of the provider's namespace), `oauth2` for vertex and azure-openai,
+/// `sigv4` for bedrock (see [`binding_secret`]).
 fn inference_external(
     em: &DynamicObject,
     providers: &BTreeMap<(String, String), &DynamicObject>,
@@ -604,7 +639,50 @@ fn inference_external(
                 "at least one provider binding is required",
             )
         })?;
-    let (i, binding) = served_binding(em, refs, notes)?;
+    let mut weighted = Vec::new();
+    for (i, binding) in refs.iter().enumerate() {
+        if binding_weight(binding) > 0 {
+            weighted.push(inference_binding(em, providers, i, binding)?);
+        }
+    }
+    let Some(first) = weighted.first() else {
+        return Err(bad(
+            KIND_EXTERNAL_MODEL,
+            em,
+            "spec.externalProviderRefs",
+            "every binding has weight 0: no traffic may go anywhere",
+        ));
+    };
+    let (api, first_at) = (first.api, first.index);
+    let format_of = |i: usize| str_at(&refs[i], "apiFormat").unwrap_or("");
+    let mut bindings = Vec::new();
+    for b in weighted {
+        if b.api == api {
+            bindings.push(b);
+        } else {
+            notes.push(format!(
+                "ExternalModel {namespace}/{name}: spec.externalProviderRefs[{}] left out: its apiFormat {} is not the model's {} (spec.externalProviderRefs[{first_at}], the first with a weight): every provider binding of a model serves the same API",
+                b.index,
+                format_of(b.index),
+                format_of(first_at),
+            ));
+        }
+    }
+    Ok(InferenceExternal {
+        bindings,
+        client_name: str_at(&spec, "modelName").unwrap_or(&name).to_string(),
+    })
+}
+
+/// Binding `i` of an ExternalModel: its ExternalProvider (same namespace), credential,
+/// `config`, `apiFormat`, `targetModel` and weight.
+fn inference_binding(
+    em: &DynamicObject,
+    providers: &BTreeMap<(String, String), &DynamicObject>,
+    i: usize,
+    binding: &Value,
+) -> Result<InferenceBinding, Invalid> {
+    let (namespace, _) = ns_name(em);
     let at = format!("spec.externalProviderRefs[{i}]");
     let provider_name = binding
         .get("ref")
@@ -653,16 +731,13 @@ fn inference_external(
         )
     })?;
     let (secret, auth) = binding_secret(em, provider, binding, &at, kind)?;
-    let api = match str_at(binding, "apiFormat") {
-        Some("openai-chat") => Some(ApiFamily::Openai),
-        Some("messages") => Some(ApiFamily::Anthropic),
-        other => {
-            let why = other.map_or("required".to_string(), |f| {
-                format!("{f:?} is not supported: openai-chat or messages")
-            });
-            return Err(bad(KIND_EXTERNAL_MODEL, em, format!("{at}.apiFormat"), why));
-        }
-    };
+    let format = str_at(binding, "apiFormat");
+    let api = format.and_then(api_format).ok_or_else(|| {
+        let why = format.map_or("required".to_string(), |f| {
+            format!("{f:?} is not supported: openai-chat or messages")
+        });
+        bad(KIND_EXTERNAL_MODEL, em, format!("{at}.apiFormat"), why)
+    })?;
     let target = str_at(binding, "targetModel").ok_or_else(|| {
         bad(
             KIND_EXTERNAL_MODEL,
@@ -671,22 +746,76 @@ fn inference_external(
             "required",
         )
     })?;
-    Ok(InferenceExternal {
-        provider: {
-            let mut p = Provider::api_key(kind, format!("{namespace}/{secret}"));
-            p.auth = auth;
-            provider_config(provider, &ps, &mut p)?;
-            p
-        },
+    let weight = u32::try_from(binding_weight(binding))
+        .ok()
+        .filter(|w| *w <= 100)
+        .ok_or_else(|| {
+            bad(
+                KIND_EXTERNAL_MODEL,
+                em,
+                format!("{at}.weight"),
+                "must be 0 to 100",
+            )
+        })?;
+    let mut p = Provider::api_key(kind, format!("{namespace}/{secret}"));
+    p.auth = auth;
+    provider_config(em, provider, &ps, binding, &at, &mut p)?;
+    Ok(InferenceBinding {
+        index: i,
+        provider_name: provider_name.to_string(),
+        provider: p,
         upstream_cluster: format!("outbound|443||{endpoint}"),
         endpoint: endpoint.to_string(),
         served_name: target.to_string(),
-        client_name: str_at(&spec, "modelName").unwrap_or(&name).to_string(),
         api,
+        weight,
     })
 }
 
-/// One MaaSModelRef as a model (tiers filled in by the caller).
+/// The longest backend name ([`Backend::name`]).
+const BACKEND_NAME_MAX: usize = 63;
+
+/// Each served binding's backend name: its ExternalProvider's name when no other served
+/// binding names that provider and it fits; else `<name>-<index in externalProviderRefs>`
+/// (the name cut to fit), with `-<n>` added in the unlikely case that is taken too.
+fn backend_names(bindings: &[InferenceBinding]) -> Vec<String> {
+    let shared = |b: &InferenceBinding| {
+        bindings
+            .iter()
+            .filter(|o| o.provider_name == b.provider_name)
+            .count()
+            > 1
+    };
+    let own = |b: &InferenceBinding| !shared(b) && b.provider_name.len() <= BACKEND_NAME_MAX;
+    let mut taken: BTreeSet<String> = bindings
+        .iter()
+        .filter(|b| own(b))
+        .map(|b| b.provider_name.clone())
+        .collect();
+    bindings
+        .iter()
+        .map(|b| {
+            if own(b) {
+                return b.provider_name.clone();
+            }
+            let cut = |suffix: &str| {
+                let keep = BACKEND_NAME_MAX.saturating_sub(suffix.len());
+                let mut base = b.provider_name.get(..keep).unwrap_or(&b.provider_name);
+                base = base.trim_end_matches(['-', '.']);
+                format!("{base}{suffix}")
+            };
+            let mut name = cut(&format!("-{}", b.index));
+            let mut n = 1;
+            while !taken.insert(name.clone()) {
+                name = cut(&format!("-{}-{n}", b.index));
+                n += 1;
+            }
+            name
+        })
+        .collect()
+}
+
+/// Objects by `(namespace, name)`.
 fn by_name(list: &[DynamicObject]) -> BTreeMap<(String, String), &DynamicObject> {
     list.iter().map(|e| (ns_name(e), e)).collect()
 }
@@ -707,11 +836,58 @@ fn endpoint_of(r: &DynamicObject, spec: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Another id clients may send, when it differs from the model's name.
+fn add_alias(model: &mut Model, id: &str) {
+    if id != model.name && !model.aliases.iter().any(|a| a == id) {
+        model.aliases.push(id.to_string());
+    }
+}
+
+/// `model` served by an `inference.opendatahub.io` ExternalModel: its one served binding as
+/// the model's provider, or several as routed backends. Returns each backend's index in
+/// `spec.externalProviderRefs` (none for one binding).
+fn serve_inference_external(model: &mut Model, ext: InferenceExternal) -> Vec<usize> {
+    add_alias(model, &ext.client_name);
+    // Every served binding speaks the first's API; set, so each backend is checked in it.
+    model.api = ext.bindings.first().map(|b| b.api);
+    if let [one] = ext.bindings.as_slice() {
+        model.provider = Some(one.provider.clone());
+        model.upstream_cluster = Some(one.upstream_cluster.clone());
+        if model.backend.is_none() {
+            model.backend = Some(format!("https://{}", one.endpoint));
+        }
+        model.served_name = Some(one.served_name.clone());
+        return Vec::new();
+    }
+    // Routed backends: the filter draws one per request by weight, and Envoy routes it to
+    // that binding's provider (the reference's weighted random selection across its provider
+    // refs). A model with backends has no `backend` of its own.
+    model.backend = None;
+    let indices = ext.bindings.iter().map(|b| b.index).collect();
+    model.backends = backend_names(&ext.bindings)
+        .into_iter()
+        .zip(ext.bindings)
+        .map(|(name, b)| Backend {
+            name,
+            backend: Some(format!("https://{}", b.endpoint)),
+            provider: Some(b.provider),
+            served_name: Some(b.served_name),
+            weight: b.weight,
+            timeout: None,
+            upstream_cluster: Some(b.upstream_cluster),
+        })
+        .collect();
+    indices
+}
+
+/// One MaaSModelRef as a model (tiers filled in by the caller), with the index in the
+/// ExternalModel's `spec.externalProviderRefs` of each of its backends (routed backends; else
+/// none).
 fn model_of(
     r: &DynamicObject,
     externals: &Externals<'_>,
     notes: &mut Vec<String>,
-) -> Result<Model, Invalid> {
+) -> Result<(Model, Vec<usize>), Invalid> {
     let (namespace, name) = ns_name(r);
     let spec = r.data.get("spec").cloned().unwrap_or(Value::Null);
     let model_ref = spec.get("modelRef").cloned().unwrap_or(Value::Null);
@@ -759,16 +935,11 @@ fn model_of(
         media_tokens: None,
         hosted_tools: maas_types::policy::HostedTools::default(),
     };
-    // Another id clients may send, when it differs from the MaaSModelRef's name.
-    let alias = |model: &mut Model, id: &str| {
-        if id != model.name && !model.aliases.iter().any(|a| a == id) {
-            model.aliases.push(id.to_string());
-        }
-    };
+    let mut bindings = Vec::new();
     match kind {
         "LLMInferenceService" => {
             if let Some((id, served)) = resolved_alias(r) {
-                alias(&mut model, &id);
+                add_alias(&mut model, &id);
                 model.served_name = served;
             }
         }
@@ -776,14 +947,7 @@ fn model_of(
             let key = (target_ns.to_string(), target.to_string());
             if let Some(em) = externals.inference.get(&key) {
                 let ext = inference_external(em, &externals.providers, notes)?;
-                model.provider = Some(ext.provider);
-                model.upstream_cluster = Some(ext.upstream_cluster);
-                model.api = ext.api;
-                if model.backend.is_none() {
-                    model.backend = Some(format!("https://{}", ext.endpoint));
-                }
-                alias(&mut model, &ext.client_name);
-                model.served_name = Some(ext.served_name);
+                bindings = serve_inference_external(&mut model, ext);
             } else {
                 let (provider, upstream_cluster, endpoint) =
                     external_model(r, &externals.legacy, target_ns, target)?;
@@ -794,7 +958,7 @@ fn model_of(
                 }
                 // The reference lists the ExternalModel's name as the id; the provider gets
                 // its targetModel.
-                alias(&mut model, target);
+                add_alias(&mut model, target);
                 let target_model = externals
                     .legacy
                     .get(&key)
@@ -815,13 +979,24 @@ fn model_of(
             ));
         }
     }
-    Ok(model)
+    Ok((model, bindings))
 }
 
-/// A model-level validation error's field, on the resource.
-fn model_field(e: &PolicyError) -> String {
+/// A model-level validation error's field, on the resource (`bindings`: the
+/// `spec.externalProviderRefs` index of each of the model's backends).
+fn model_field(e: &PolicyError, bindings: &[usize]) -> String {
     let rest = e.path.split_once("].").map(|(_, r)| r).unwrap_or("");
+    if let Some((j, _)) = rest
+        .strip_prefix("backends[")
+        .and_then(|b| b.split_once(']'))
+    {
+        return match j.parse::<usize>().ok().and_then(|j| bindings.get(j)) {
+            Some(i) => format!("spec.externalProviderRefs[{i}] (ExternalModel)"),
+            None => "spec.externalProviderRefs (ExternalModel)".into(),
+        };
+    }
     match rest.split('.').next().unwrap_or("") {
+        "backends" => "spec.externalProviderRefs (ExternalModel)".into(),
         "name" | "path" => "metadata.name".into(),
         "aliases" => "status.resolvedModelAlias (or the ExternalModel's modelName)".into(),
         "servedName" => "the served model name (targetModel, or status.resolvedModelAlias)".into(),
@@ -1062,6 +1237,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         rate_limit_headers: Default::default(),
         observability: Default::default(),
         scopes: Vec::new(),
+        backend_variants: Vec::new(),
     });
     let only_tier = Tier {
         name: SUBSCRIPTION_ONLY_TIER.into(),
@@ -1091,7 +1267,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
     };
 
     for r in sorted(&res.model_refs) {
-        let mut model = match model_of(r, &externals, &mut notes) {
+        let (mut model, bindings) = match model_of(r, &externals, &mut notes) {
             Ok(m) => m,
             Err(e) => {
                 invalid.push(e);
@@ -1115,7 +1291,7 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         doc.models.push(model);
         if let Err(e) = doc.validate() {
             doc.models.pop();
-            let field = model_field(&e);
+            let field = model_field(&e, &bindings);
             // The provider's fields belong to the ExternalModel; the rest to the MaaSModelRef.
             invalid.push(bad(KIND_MODEL_REF, r, field, e.to_string()));
         }
@@ -1145,6 +1321,8 @@ pub fn translate(base: Option<&PolicyDocument>, res: &Resources) -> Translation 
         }
     }
     invalid.sort();
+    // As reading the document builds them: each routed backend as the model it serves.
+    doc.build_backend_variants();
     Translation {
         document: doc,
         invalid,
@@ -1214,6 +1392,14 @@ pub(crate) mod samples {
 mod tests {
     use super::samples::{REFERENCE, resources};
     use super::*;
+
+    /// What a translation found invalid: (kind, name, field).
+    fn invalid_of(t: &Translation) -> Vec<(&str, &str, &str)> {
+        t.invalid
+            .iter()
+            .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
+            .collect()
+    }
 
     fn expected_reference_document() -> PolicyDocument {
         PolicyDocument::from_json(
@@ -1396,11 +1582,7 @@ metadata: {name: bedrock, namespace: llm}
 spec: {provider: bedrock-openai, endpoint: bedrock-mantle.us-east-2.api.aws, targetModel: x, credentialRef: {name: k}}
 "#;
         let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{bad}")));
-        let found: Vec<(&str, &str, &str)> = t
-            .invalid
-            .iter()
-            .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
-            .collect();
+        let found = invalid_of(&t);
         assert_eq!(
             found,
             [
@@ -1471,11 +1653,7 @@ metadata: {name: own, namespace: tenant-b}
 spec: {modelRef: {kind: ExternalModel, name: own}}
 "#;
         let t = translate(None, &resources(&format!("{REFERENCE}\n---\n{borrowing}")));
-        let found: Vec<(&str, &str, &str)> = t
-            .invalid
-            .iter()
-            .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
-            .collect();
+        let found = invalid_of(&t);
         assert_eq!(
             found,
             [
@@ -1662,6 +1840,22 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
             "{:?}",
             t.invalid
         );
+        // The binding's config overrides the provider's: its publisher too, refused by name.
+        let by_binding = vertex.replace(
+            "      weight: 1\n",
+            "      weight: 1\n      config: {publisher: mistralai}\n",
+        );
+        assert_ne!(by_binding, vertex);
+        let t = translate(None, &resources(&by_binding));
+        let found = invalid_of(&t);
+        assert_eq!(
+            found,
+            [(
+                "ExternalModel",
+                "gpt-4o-mini",
+                "spec.externalProviderRefs[0].config.publisher"
+            )]
+        );
         let azure = V0_2_1_INFERENCE
             .replace("type: apikey", "type: oauth2")
             .replace("provider: openai", "provider: azure-openai\n  config: {deployment: gpt-4o-prod, apiVersion: 2024-06-01}");
@@ -1698,20 +1892,16 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
     }
 
     /// `sigv4` and `oauth2` on a provider type they do not apply to are refused by name (the model
-    /// is not served); a binding of weight 0 carries no traffic; of several weighted bindings
-    /// only the first is served, noted.
+    /// is not served); a binding of weight 0 carries no traffic; a weighted binding of another
+    /// API than the first weighted one's is left out, noted.
     #[test]
-    fn unsupported_provider_auth_is_reported_and_weights_pick_one_binding() {
+    fn unsupported_provider_auth_is_reported_and_weights_pick_the_served_bindings() {
         use super::samples::V0_2_1_INFERENCE;
         for auth in ["sigv4", "oauth2"] {
             let text = V0_2_1_INFERENCE.replace("type: apikey", &format!("type: {auth}"));
             let t = translate(None, &resources(&text));
             assert!(t.document.model("gpt-4o-mini").is_none());
-            let found: Vec<(&str, &str, &str)> = t
-                .invalid
-                .iter()
-                .map(|i| (i.kind, i.name.as_str(), i.field.as_str()))
-                .collect();
+            let found = invalid_of(&t);
             assert_eq!(
                 found,
                 [("ExternalProvider", "openai", "spec.auth.type")],
@@ -1730,13 +1920,320 @@ spec: {modelRef: {kind: ExternalModel, name: own}}
         let t = translate(None, &resources(&two));
         assert!(t.invalid.is_empty(), "{:?}", t.invalid);
         let m = t.document.model("gpt-4o-mini").unwrap();
+        // [1] is the first weighted binding: the model's API; [2] speaks another, left out,
+        // so one binding is served, as the model's provider.
         assert_eq!(m.served_name.as_deref(), Some("second"));
         assert_eq!(m.api, Some(ApiFamily::Anthropic));
+        assert!(m.backends.is_empty());
         assert_eq!(t.notes.len(), 1, "{:?}", t.notes);
         assert!(
-            t.notes[0].contains("externalProviderRefs[1]"),
+            t.notes[0].contains("externalProviderRefs[2] left out")
+                && t.notes[0].contains("openai-chat")
+                && t.notes[0].contains("messages"),
             "{:?}",
             t.notes
         );
+    }
+
+    /// Two more ExternalProviders beside the sample's `openai` (llm): `azure` (azure-openai,
+    /// with its deployment and apiVersion) and `anthropic`.
+    const MORE_PROVIDERS: &str = r#"
+apiVersion: inference.opendatahub.io/v1alpha1
+kind: ExternalProvider
+metadata: {name: azure, namespace: llm}
+spec:
+  provider: azure-openai
+  endpoint: my-resource.openai.azure.com
+  auth: {type: apikey, secretRef: {name: azure-key}}
+  config: {deployment: gpt-4o-prod, apiVersion: 2024-06-01}
+---
+apiVersion: inference.opendatahub.io/v1alpha1
+kind: ExternalProvider
+metadata: {name: anthropic, namespace: llm}
+spec:
+  provider: anthropic
+  endpoint: api.anthropic.com
+  auth: {type: apikey, secretRef: {name: anthropic-key}}
+"#;
+
+    /// The v0.2.1 inference sample with `bindings` (YAML list items, indented four spaces) as
+    /// its ExternalModel's `externalProviderRefs`, and [`MORE_PROVIDERS`].
+    fn with_bindings(bindings: &str) -> Resources {
+        use super::samples::V0_2_1_INFERENCE;
+        let sample = "  externalProviderRefs:\n    - ref:\n        name: openai\n      apiFormat: openai-chat\n      path: /v1/chat/completions\n      targetModel: gpt-4o-mini-2024-07-18\n      weight: 1\n";
+        assert!(V0_2_1_INFERENCE.contains(sample));
+        let text =
+            V0_2_1_INFERENCE.replace(sample, &format!("  externalProviderRefs:\n{bindings}"));
+        resources(&format!("{text}\n---\n{MORE_PROVIDERS}"))
+    }
+
+    /// The document as the filter reads it (JSON, validated, routed variants built): the same.
+    fn assert_validates(doc: &PolicyDocument) {
+        let read = PolicyDocument::from_value(serde_json::to_value(doc).unwrap())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&read, doc);
+    }
+
+    /// Several bindings with a weight: one model whose routed backends are the bindings (each its
+    /// provider, credential, cluster, targetModel and weight; the reference's weighted random
+    /// selection), the model's API set from their apiFormat; a binding of weight 0 left out.
+    #[test]
+    fn several_weighted_bindings_become_routed_backends() {
+        let res = with_bindings(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini-2024-07-18, weight: 3}\n    - {ref: {name: anthropic}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: unused, weight: 0}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        assert_validates(&t.document);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        assert!(m.routes_backends());
+        assert_eq!(
+            (&m.provider, &m.upstream_cluster, &m.served_name, &m.backend),
+            (&None, &None, &None, &None)
+        );
+        assert_eq!(m.api, Some(ApiFamily::Openai));
+        assert_eq!(m.cooldown, None);
+        assert_eq!(m.aliases, ["openai/gpt-4o-mini"]);
+        let mut azure = Provider::api_key(ProviderKind::AzureOpenai, "llm/azure-key".into());
+        azure.deployment = Some("gpt-4o-prod".into());
+        azure.api_version = Some("2024-06-01".into());
+        assert_eq!(
+            m.backends,
+            [
+                Backend {
+                    name: "openai".into(),
+                    backend: Some("https://api.openai.com".into()),
+                    provider: Some(Provider::api_key(
+                        ProviderKind::Openai,
+                        "llm/openai-api-key".into()
+                    )),
+                    served_name: Some("gpt-4o-mini-2024-07-18".into()),
+                    weight: 3,
+                    timeout: None,
+                    upstream_cluster: Some("outbound|443||api.openai.com".into()),
+                },
+                Backend {
+                    name: "azure".into(),
+                    backend: Some("https://my-resource.openai.azure.com".into()),
+                    provider: Some(azure),
+                    served_name: Some("gpt-4o-mini".into()),
+                    weight: 1,
+                    timeout: None,
+                    upstream_cluster: Some("outbound|443||my-resource.openai.azure.com".into()),
+                },
+            ]
+        );
+        // Each backend's credential is the filter's to load; the status's list agrees.
+        let refs: Vec<&str> = m.providers().map(|p| p.credential_ref.as_str()).collect();
+        assert_eq!(refs, ["llm/openai-api-key", "llm/azure-key"]);
+        let spec_refs = res.inference_models[0].data["spec"]["externalProviderRefs"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(served_bindings(&spec_refs), [0, 2]);
+        // Each routed backend as the model it serves.
+        let (i, _) = t.document.model_by_id("gpt-4o-mini").unwrap();
+        let azure = t.document.backend_variant(i, 1).unwrap();
+        assert_eq!(azure.served_name.as_deref(), Some("gpt-4o-mini"));
+        assert_eq!(
+            azure.upstream_cluster.as_deref(),
+            Some("outbound|443||my-resource.openai.azure.com")
+        );
+        // Every weighted binding is read: an invalid one makes the ExternalModel invalid.
+        let res = with_bindings(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini-2024-07-18}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions}\n    - {ref: {name: nowhere}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: x, weight: 0}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.document.model("gpt-4o-mini").is_none());
+        let found = invalid_of(&t);
+        assert_eq!(
+            found,
+            [(
+                "ExternalModel",
+                "gpt-4o-mini",
+                "spec.externalProviderRefs[1].targetModel"
+            )]
+        );
+    }
+
+    /// A binding's own `auth` and `config` replace its provider's for that binding only; its
+    /// `config` is merged over the provider's key by key (one binding too). A value the policy
+    /// refuses names the binding.
+    #[test]
+    fn a_bindings_auth_and_config_override_its_providers_for_that_binding_only() {
+        let res = with_bindings(
+            "    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini, auth: {type: oauth2, secretRef: {name: entra}}, config: {deployment: gpt-4o-eu}}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert_validates(&t.document);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        let providers: Vec<_> = m
+            .backends
+            .iter()
+            .map(|b| b.provider.clone().unwrap())
+            .collect();
+        let (own, plain) = (&providers[0], &providers[1]);
+        assert_eq!(
+            (own.credential_ref.as_str(), own.auth),
+            ("llm/entra", ProviderAuth::AzureClientCredentials)
+        );
+        assert_eq!(
+            (own.deployment.as_deref(), own.api_version.as_deref()),
+            (Some("gpt-4o-eu"), Some("2024-06-01"))
+        );
+        assert_eq!(
+            (plain.credential_ref.as_str(), plain.auth),
+            ("llm/azure-key", ProviderAuth::ApiKey)
+        );
+        assert_eq!(
+            (plain.deployment.as_deref(), plain.api_version.as_deref()),
+            (Some("gpt-4o-prod"), Some("2024-06-01"))
+        );
+        // One binding: its config still wins over the provider's (`api-version` beside the
+        // provider's `apiVersion` too).
+        let res = with_bindings(
+            "    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini, config: {api-version: 2025-01-01}}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        let p = t
+            .document
+            .model("gpt-4o-mini")
+            .unwrap()
+            .provider
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (p.deployment.as_deref(), p.api_version.as_deref()),
+            (Some("gpt-4o-prod"), Some("2025-01-01"))
+        );
+        // A binding's config the policy refuses names that binding, on the MaaSModelRef.
+        let res = with_bindings(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini-2024-07-18}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini, config: {deployment: a/b}}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.document.model("gpt-4o-mini").is_none());
+        let found = invalid_of(&t);
+        assert_eq!(
+            found,
+            [(
+                "MaaSModelRef",
+                "gpt-4o-mini",
+                "spec.externalProviderRefs[1] (ExternalModel)"
+            )]
+        );
+        assert!(
+            t.invalid[0].message.contains("deployment"),
+            "{}",
+            t.invalid[0]
+        );
+    }
+
+    /// A weighted binding whose apiFormat is not the first weighted binding's is left out with
+    /// a note naming it; the others are served.
+    #[test]
+    fn a_binding_of_another_api_format_is_left_out_with_a_note() {
+        let res = with_bindings(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini-2024-07-18}\n    - {ref: {name: anthropic}, apiFormat: messages, path: /v1/messages, targetModel: claude-sonnet-4-5}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini, weight: 2}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert_validates(&t.document);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        assert_eq!(m.api, Some(ApiFamily::Openai));
+        let names: Vec<(&str, u32)> = m
+            .backends
+            .iter()
+            .map(|b| (b.name.as_str(), b.weight))
+            .collect();
+        assert_eq!(names, [("openai", 1), ("azure", 2)]);
+        assert_eq!(t.notes.len(), 1, "{:?}", t.notes);
+        assert!(
+            t.notes[0].contains("ExternalModel llm/gpt-4o-mini")
+                && t.notes[0].contains("externalProviderRefs[1] left out")
+                && t.notes[0].contains("messages")
+                && t.notes[0].contains("externalProviderRefs[0]"),
+            "{:?}",
+            t.notes
+        );
+        let spec_refs = res.inference_models[0].data["spec"]["externalProviderRefs"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(served_bindings(&spec_refs), [0, 2]);
+    }
+
+    /// Two bindings of one provider (e.g. two of its models): distinct backend names,
+    /// `<provider>-<index>`, each its own targetModel, the same cluster.
+    #[test]
+    fn bindings_of_one_provider_get_distinct_backend_names() {
+        let res = with_bindings(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini-2024-07-18}\n    - {ref: {name: azure}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini}\n    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: gpt-4o-mini}\n",
+        );
+        let t = translate(None, &res);
+        assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+        assert_validates(&t.document);
+        let m = t.document.model("gpt-4o-mini").unwrap();
+        let backends: Vec<(&str, &str, &str)> = m
+            .backends
+            .iter()
+            .map(|b| {
+                (
+                    b.name.as_str(),
+                    b.served_name.as_deref().unwrap(),
+                    b.upstream_cluster.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            backends,
+            [
+                (
+                    "openai-0",
+                    "gpt-4o-mini-2024-07-18",
+                    "outbound|443||api.openai.com"
+                ),
+                (
+                    "azure",
+                    "gpt-4o-mini",
+                    "outbound|443||my-resource.openai.azure.com"
+                ),
+                ("openai-2", "gpt-4o-mini", "outbound|443||api.openai.com"),
+            ]
+        );
+    }
+
+    /// Backend names stay unique and within 63 characters whatever the providers are named.
+    #[test]
+    fn backend_names_are_unique_and_short_enough() {
+        let binding = |index: usize, name: &str| InferenceBinding {
+            index,
+            provider_name: name.into(),
+            provider: Provider::api_key(ProviderKind::Openai, "llm/k".into()),
+            upstream_cluster: String::new(),
+            endpoint: String::new(),
+            served_name: String::new(),
+            api: ApiFamily::Openai,
+            weight: 1,
+        };
+        let long = "p".repeat(70);
+        let names = backend_names(&[
+            binding(0, "a"),
+            binding(1, "a"),
+            binding(2, "a-1"),
+            binding(3, &long),
+            binding(4, &long),
+        ]);
+        assert_eq!(
+            names[..3],
+            ["a-0".to_string(), "a-1-1".into(), "a-1".into()]
+        );
+        assert_eq!(names[3], format!("{}-3", "p".repeat(61)));
+        assert_eq!(names[4], format!("{}-4", "p".repeat(61)));
+        assert!(names.iter().all(|n| n.len() <= 63));
+        let unique: BTreeSet<&String> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
     }
 }

@@ -364,10 +364,8 @@ impl Request {
         // The policy the request is decided with (a reference count, no copy): the served name
         // is borrowed from it while the body changes.
         let policy = route.policy.clone();
-        let rename = policy
-            .models
-            .get(route.model_idx)
-            .and_then(|m| admission::served_name(m, info));
+        let model = super::model_in(&policy, route.model_idx, route.backend);
+        let rename = model.and_then(|m| admission::served_name(m, info));
         let may_take_a_cap = info.as_ref().is_ok_and(|i| i.max_tokens.is_none())
             && traits.cap_field.is_some()
             && !traits.discovery
@@ -407,7 +405,6 @@ impl Request {
         }
         // Claude on Vertex AI: the Messages body without `model`, with Vertex's version; a
         // stream goes to the stream method, a path only held headers can still change.
-        let model = policy.models.get(route.model_idx);
         let provider = model.and_then(|m| m.provider.as_ref());
         if crate::provider::path_follows_stream(provider) {
             if !traits.gemini {

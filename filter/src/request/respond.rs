@@ -256,12 +256,20 @@ impl Request {
 
     /// The model's backend that served, from the route's [`maas_types::SERVED_BY_HEADER`] (as
     /// the response headers were read): its index among the model's backends, only for a name
-    /// among them (a model without backends has none, whatever an upstream sent). The header
-    /// never reaches the client (one host call, only when it came).
+    /// among them (a model without backends has none, whatever an upstream sent); for a routed
+    /// backend the one drawn. The header never reaches the client (one host call, only when it
+    /// came).
     fn served_by(&self, host: &dyn Host, value: Option<&str>) -> Option<u16> {
+        if value.is_some() {
+            host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
+        }
+        // A routed backend: the one drawn (its own cluster answered: checked before this).
+        let route = self.route.as_ref()?;
+        if route.backend.is_some() {
+            return route.backend;
+        }
         let value = value?;
-        host.set_header(Headers::Response, maas_types::SERVED_BY_HEADER, None);
-        let backends = &self.model()?.backends;
+        let backends = &route.model()?.backends;
         let i = backends.iter().position(|b| b.name == value)?;
         u16::try_from(i).ok()
     }
@@ -614,7 +622,10 @@ impl Request {
 impl Request {
     /// `backend`: the index of the model's backend that served (settlements only).
     fn ledger_add(&self, tier: &str, backend: Option<u16>, event: Event<'static>) {
-        let (Some(auth), Some(model)) = (self.auth.as_ref(), self.model()) else {
+        let (Some(auth), Some(model)) = (
+            self.auth.as_ref(),
+            self.route.as_ref().and_then(|r| r.listed_model()),
+        ) else {
             return;
         };
         let subject = &auth.subject;

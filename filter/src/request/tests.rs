@@ -24,6 +24,7 @@ mod observe;
 mod one_url;
 mod provider_paths;
 mod respond;
+mod routed;
 mod scopes;
 mod subscriptions;
 mod translate;

@@ -768,7 +768,7 @@ pub fn tls_objects(cx: &Context) -> Verdict {
 }
 
 /// The policy ConfigMap parses, its models name known tiers, external models their
-/// upstreamCluster.
+/// upstreamCluster (backends with providers: the model's, or each routed backend's own).
 pub fn policy_document(cx: &Context) -> Verdict {
     let cm = cx.docs.one("ConfigMap", "maas-policy")?;
     let text = at(cm, "data")?
@@ -796,6 +796,16 @@ pub fn policy_document(cx: &Context) -> Verdict {
             ensure!(
                 truthy(m.get("upstreamCluster")),
                 "model {name} has a provider but no upstreamCluster"
+            );
+        }
+        // Backends with providers: the model's cluster, or (routed backends) each one's own.
+        let backends = list_or_empty(m, "backends");
+        if backends.iter().any(|b| truthy(b.get("provider"))) {
+            ensure!(
+                truthy(m.get("upstreamCluster"))
+                    || backends.iter().all(|b| truthy(b.get("upstreamCluster"))),
+                "model {name} has backends with providers but no upstreamCluster (the model's, \
+                 or each backend's own)"
             );
         }
     }

@@ -27,7 +27,9 @@
 //!    from the companion only; the usage-events Telemetry, when rendered, logs only the
 //!    Gateway's requests that carry a usage event.
 //! 3. The sample model HTTPRoutes ([`model_routes`], on the `samples` render): each model of the
-//!    policy they serve is also published at the one base URL (`/v1` + `x-maas-model`).
+//!    policy they serve is also published at the one base URL (`/v1` + `x-maas-model`); a model
+//!    with routed backends has, per backend, its rules by `x-maas-model` and `x-maas-backend`
+//!    (`/v1`, the provider's own path or the model's prefix) to that backend's upstreamCluster.
 
 mod companion;
 mod context;

@@ -239,7 +239,8 @@ pub fn network_policies(cx: &Context) -> Verdict {
 /// `/openai/deployments/<deployment>/…` with the header at both URL forms) also needs a rule
 /// for that path prefix with the same header, alike; without it the rewritten request finds no
 /// route. A `bedrock` model needs one for `/model` (its host rewrite, if any, the very host the
-/// filter signed).
+/// filter signed). A model with routed backends (each naming its own `upstreamCluster`) is
+/// checked per backend instead ([`routed_backend_rules`]).
 pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
     let header = maas_types::MODEL_ROUTING_HEADER;
     let models = list_at(policy, "models")?;
@@ -283,6 +284,10 @@ pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
                 })?;
             let model_name = str_at(model, "name")?;
             served += 1;
+            if routes_backends(model) {
+                routed_backend_rules(r, model, rules, rule)?;
+                continue;
+            }
             let at_path = |prefix: &str| {
                 rules.iter().find(|other| {
                     by_header(other, model_name)
@@ -331,6 +336,206 @@ pub fn model_routes(docs: &Docs, policy: &Value) -> Verdict {
     Ok(())
 }
 
+/// Whether a policy model's backends are routed: each names its own `upstreamCluster`
+/// (`maas_types::Model::routes_backends`: the first one decides, the policy has all or none).
+fn routes_backends(model: &Value) -> bool {
+    list_or_empty(model, "backends")
+        .first()
+        .is_some_and(|b| opt_str(b, "upstreamCluster").is_some())
+}
+
+/// Where a routed backend's own rules must be, besides the one base URL: its provider's own
+/// path (an `azure-openai` `deployment`: `/openai/deployments/<deployment>`; `bedrock`:
+/// `/model`) when the filter rewrites to one outside `/v1` (Vertex AI's are under it), else the
+/// model's prefix (the filter keeps the client's path). `None`: the provider's paths are all
+/// under `/v1`.
+fn routed_backend_path(
+    model_path: &str,
+    provider: Option<&maas_types::Provider>,
+) -> Option<String> {
+    match provider.and_then(maas_types::Provider::path) {
+        Some(maas_types::ProviderPath::AzureDeployment { deployment, .. }) => {
+            Some(format!("/openai/deployments/{deployment}"))
+        }
+        Some(maas_types::ProviderPath::Bedrock { .. }) => Some(BEDROCK_PATH_PREFIX.to_string()),
+        Some(_) => None,
+        None => Some(model_path.to_string()),
+    }
+}
+
+/// A model with routed backends: the filter draws one backend per request and sets
+/// `x-maas-model` (the model's name) and `x-maas-backend` (the backend's), and Envoy chooses the
+/// route again by both. So, in the HTTPRoute `route` serving the model's prefix (`plain`: its
+/// rule without headers, where requests start), per backend: a rule at `/v1` (the one base
+/// URL) matching both headers exactly, and one at the path [`routed_backend_path`] names (the
+/// provider's own, or the model's prefix); each to a single backendRef whose Istio cluster
+/// (`outbound|<port>||<host>`) is the backend's `upstreamCluster` — anywhere else the filter
+/// answers 503 `upstream_mismatch` — with both headers removed before the backend, the same
+/// host rewrite and timeouts (a Bedrock backend's host the one the filter signed), no path
+/// rewrite but at the model's prefix. The plain prefix rule leads to one of the backends.
+fn routed_backend_rules(route: &Value, model: &Value, rules: &[Value], plain: &Value) -> Verdict {
+    let name = route_name(route);
+    let model_name = str_at(model, "name")?;
+    let model_path = str_at(model, "path")?;
+    let (model_header, backend_header) = (
+        maas_types::MODEL_ROUTING_HEADER,
+        maas_types::BACKEND_ROUTING_HEADER,
+    );
+    let mut clusters = Vec::new();
+    for b in list_at(model, "backends")? {
+        let backend = str_at(b, "name")?;
+        let cluster = str_at(b, "upstreamCluster")?;
+        clusters.push(cluster);
+        let provider: Option<maas_types::Provider> = b
+            .get("provider")
+            .map(|p| serde_json::from_value(p.clone()))
+            .transpose()
+            .map_err(|e| format!("model {model_name}: backend {backend}: its provider: {e}"))?;
+        let exact = |m: &Value, header: &str, value: &str| {
+            list_or_empty(m, "headers").iter().any(|h| {
+                opt_str(h, "name").is_some_and(|n| n.eq_ignore_ascii_case(header))
+                    && matches!(opt_str(h, "type"), None | Some("Exact"))
+                    && opt_str(h, "value") == Some(value)
+            })
+        };
+        let at_path = |prefix: &str, what: &str| {
+            rules
+                .iter()
+                .find(|rule| {
+                    list_or_empty(rule, "matches").iter().any(|m| {
+                        opt_str(m, "path.type") == Some("PathPrefix")
+                            && opt_str(m, "path.value") == Some(prefix)
+                            && exact(m, model_header, model_name)
+                            && exact(m, backend_header, backend)
+                    })
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "HTTPRoute {name}: no rule for {what} of backend {backend} of model \
+                         {model_name} (PathPrefix {prefix} with headers {model_header}: \
+                         {model_name} and {backend_header}: {backend}, Exact): the filter's \
+                         requests drawn for that backend would find no route to it"
+                    )
+                })
+        };
+        let what = format!("backend {backend} of model {model_name}");
+        let one_url = at_path(maas_types::ONE_BASE_PATH, "the one base URL")?;
+        routed_rule(route, &what, "the one base URL", one_url, one_url, cluster)?;
+        match routed_backend_path(model_path, provider.as_ref()) {
+            Some(prefix) if prefix == model_path => {
+                let rule = at_path(&prefix, "the model's path prefix")?;
+                routed_rule(
+                    route,
+                    &what,
+                    "the model's path prefix",
+                    rule,
+                    one_url,
+                    cluster,
+                )?;
+            }
+            Some(prefix) => {
+                let rule = at_path(&prefix, "the provider path")?;
+                routed_rule(route, &what, "the provider path", rule, one_url, cluster)?;
+                if prefix == BEDROCK_PATH_PREFIX {
+                    bedrock_host_kept(&name, model_name, b, rule)?;
+                }
+            }
+            None => {}
+        }
+    }
+    let first = single_cluster(
+        route,
+        plain,
+        &format!("the prefix rule of model {model_name}"),
+    )?;
+    ensure!(
+        clusters.contains(&first.as_str()),
+        "HTTPRoute {name}: the prefix rule of model {model_name} leads to {first}, none of its \
+         backends' upstreamClusters ({})",
+        clusters.join(", ")
+    );
+    Ok(())
+}
+
+/// `<namespace>/<name>` of an object.
+fn route_name(route: &Value) -> String {
+    format!(
+        "{}/{}",
+        namespace_of(route).unwrap_or("None"),
+        name_of(route).unwrap_or("None")
+    )
+}
+
+/// The Envoy cluster Istio gives the single backendRef of `rule` (`what`) of HTTPRoute `route`.
+fn single_cluster(route: &Value, rule: &Value, what: &str) -> Result<String, String> {
+    match list_or_empty(rule, "backendRefs") {
+        [one] => crate::istio_gateway::istio_cluster(one, namespace_of(route).unwrap_or("default"))
+            .map_err(|e| format!("HTTPRoute {}: {what}: {e:#}", route_name(route))),
+        refs => Err(format!(
+            "HTTPRoute {}: {what} has {} backendRefs, expected one",
+            route_name(route),
+            refs.len()
+        )),
+    }
+}
+
+/// A rule of a routed backend (`what`; `at`: where the rule matches) in HTTPRoute `route`: its
+/// single backendRef is the backend's `cluster` as Istio names it, both routing headers are
+/// removed before the backend, the host rewrite and timeouts are those of `reference` (the
+/// backend's one base URL rule), and the path is not rewritten — but at the model's prefix,
+/// which the rule may strip as the model's plain prefix rule does.
+fn routed_rule(
+    route: &Value,
+    what: &str,
+    at: &str,
+    rule: &Value,
+    reference: &Value,
+    cluster: &str,
+) -> Verdict {
+    let name = route_name(route);
+    let leads_to = single_cluster(route, rule, &format!("the rule of {what} ({at})"))?;
+    ensure!(
+        leads_to == cluster,
+        "HTTPRoute {name}: the rule of {what} ({at}) leads to {leads_to}, but the backend's \
+         upstreamCluster is {cluster}: the filter would answer 503 upstream_mismatch"
+    );
+    let filters = list_or_empty(rule, "filters");
+    for header in [
+        maas_types::MODEL_ROUTING_HEADER,
+        maas_types::BACKEND_ROUTING_HEADER,
+    ] {
+        ensure!(
+            filters.iter().any(|f| {
+                list_or_empty(f, "requestHeaderModifier.remove")
+                    .iter()
+                    .any(|h| h.as_str().is_some_and(|h| h.eq_ignore_ascii_case(header)))
+            }),
+            "HTTPRoute {name}: the rule of {what} ({at}) does not remove {header} before the \
+             backend (RequestHeaderModifier remove)"
+        );
+    }
+    let strips = at == "the model's path prefix";
+    ensure!(
+        strips || !filters.iter().any(|f| opt(f, "urlRewrite.path").is_some()),
+        "HTTPRoute {name}: the rule of {what} ({at}) rewrites the path (the path the filter sends \
+         is the server's)"
+    );
+    ensure!(
+        rewritten_host(rule) == rewritten_host(reference),
+        "HTTPRoute {name}: the rule of {what} ({at}) rewrites the host to {:?}, its one base URL \
+         rule to {:?}",
+        rewritten_host(rule),
+        rewritten_host(reference)
+    );
+    ensure!(
+        rule.get("timeouts") == reference.get("timeouts"),
+        "HTTPRoute {name}: the rule of {what} ({at}) has timeouts {}, its one base URL rule {}",
+        repr_opt(rule.get("timeouts")),
+        repr_opt(reference.get("timeouts"))
+    );
+    Ok(())
+}
+
 /// Where the filter sends a Bedrock model's requests (`/model/<id>/converse[-stream]`).
 const BEDROCK_PATH_PREFIX: &str = "/model";
 
@@ -363,12 +568,6 @@ fn like_prefix_rule(
     rule: &Value,
 ) -> Verdict {
     let header = maas_types::MODEL_ROUTING_HEADER;
-    let hostname = |rule: &Value| {
-        list_or_empty(rule, "filters")
-            .iter()
-            .find_map(|f| opt_str(f, "urlRewrite.hostname"))
-            .map(str::to_string)
-    };
     ensure!(
         other.get("backendRefs") == rule.get("backendRefs"),
         "HTTPRoute {name}: the {header} rule of {model_name} ({what}) leads to {}, its prefix \
@@ -377,11 +576,11 @@ fn like_prefix_rule(
         repr_opt(rule.get("backendRefs"))
     );
     ensure!(
-        hostname(other) == hostname(rule),
+        rewritten_host(other) == rewritten_host(rule),
         "HTTPRoute {name}: the {header} rule of {model_name} ({what}) rewrites the host to {:?}, \
          its prefix rule to {:?}",
-        hostname(other),
-        hostname(rule)
+        rewritten_host(other),
+        rewritten_host(rule)
     );
     ensure!(
         other.get("timeouts") == rule.get("timeouts"),
@@ -406,4 +605,12 @@ fn like_prefix_rule(
          before the backend (RequestHeaderModifier remove)"
     );
     Ok(())
+}
+
+/// The host a rule's `URLRewrite` gives the request, when it rewrites it.
+fn rewritten_host(rule: &Value) -> Option<String> {
+    list_or_empty(rule, "filters")
+        .iter()
+        .find_map(|f| opt_str(f, "urlRewrite.hostname"))
+        .map(str::to_string)
 }

@@ -240,6 +240,16 @@ refused! {
         }
         *text = json!(yaml_serde::to_string(&policy).expect("YAML"));
     };
+    routed_backends_without_upstream: "has backends with providers but no upstreamCluster", |d: &mut Docs| {
+        let text = at(doc(d, "ConfigMap", "maas-policy"), "/data/policy.yaml");
+        let mut policy: Value = yaml_serde::from_str(text.as_str().expect("text")).expect("YAML");
+        for model in policy["models"].as_array_mut().expect("models") {
+            for b in model.get_mut("backends").and_then(Value::as_array_mut).into_iter().flatten() {
+                b.as_object_mut().expect("a backend").remove("upstreamCluster");
+            }
+        }
+        *text = json!(yaml_serde::to_string(&policy).expect("YAML"));
+    };
     no_companion_cluster: "0 EnvoyFilter patches add cluster 'maas-companion-internal'", |d: &mut Docs| {
         drop_named(d, "maas-companion-cluster");
     };
@@ -618,4 +628,86 @@ fn the_bedrock_sample_routes_its_signed_path_to_the_signed_host() {
             }
         },
     );
+}
+
+/// The weighted sample (routed backends) routes each backend by both routing headers —
+/// `x-maas-model` and `x-maas-backend` — at the one base URL, at its provider's path (Azure's
+/// deployment) or the model's prefix (OpenAI keeps the path), to the host its upstreamCluster
+/// names, both headers removed; the check refuses a sample missing any of it.
+#[test]
+fn the_weighted_sample_routes_each_backend_by_both_headers() {
+    let policy = sample_policy();
+    let refused = |text: &str, mutate: &dyn Fn(&mut Docs)| {
+        model_routes_refuse(&policy, text, mutate);
+    };
+    // The rule of the weighted sample at `path` for `backend` (`None`: the plain prefix rule).
+    let rule = |d: &mut Docs, path: &str, backend: Option<&str>| -> usize {
+        at(doc(d, "HTTPRoute", "gpt-4o-split"), "/spec/rules")
+            .as_array()
+            .and_then(|r| {
+                r.iter().position(|r| {
+                    r.pointer("/matches/0/path/value") == Some(&json!(path))
+                        && r.pointer("/matches/0/headers/1/value")
+                            .and_then(Value::as_str)
+                            == backend
+                })
+            })
+            .unwrap_or_else(|| panic!("a rule at {path} for {backend:?}"))
+    };
+    refused(
+        "no rule for the provider path of backend azure of model gpt-4o-split \
+         (PathPrefix /openai/deployments/gpt-4o-prod",
+        &|d| {
+            let i = rule(d, "/openai/deployments/gpt-4o-prod", Some("azure"));
+            weighted_rules(d).remove(i);
+        },
+    );
+    refused(
+        "no rule for the one base URL of backend openai of model gpt-4o-split",
+        &|d| {
+            let i = rule(d, "/v1", Some("openai"));
+            weighted_rules(d).remove(i);
+        },
+    );
+    // Only the model header: a request drawn for OpenAI would take the plain rule.
+    refused(
+        "no rule for the model's path prefix of backend openai",
+        &|d| {
+            let i = rule(d, "/llm/gpt-4o-split", Some("openai"));
+            weighted_rules(d)[i]["matches"][0]["headers"]
+                .as_array_mut()
+                .expect("headers")
+                .pop();
+        },
+    );
+    refused(
+        "leads to outbound|443||api.openai.com, but the backend's upstreamCluster is \
+         outbound|443||example-resource.openai.azure.com: the filter would answer 503 \
+         upstream_mismatch",
+        &|d| {
+            let i = rule(d, "/v1", Some("azure"));
+            weighted_rules(d)[i]["backendRefs"][0]["name"] = json!("api.openai.com");
+        },
+    );
+    refused("(the provider path) does not remove x-maas-backend", &|d| {
+        let i = rule(d, "/openai/deployments/gpt-4o-prod", Some("azure"));
+        weighted_rules(d)[i]["filters"][1]["requestHeaderModifier"]["remove"] =
+            json!(["x-maas-model"]);
+    });
+    refused("(the one base URL) rewrites the path", &|d| {
+        let i = rule(d, "/v1", Some("openai"));
+        weighted_rules(d)[i]["filters"][0]["urlRewrite"]["path"] =
+            json!({"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"});
+    });
+    refused("none of its backends' upstreamClusters", &|d| {
+        let i = rule(d, "/llm/gpt-4o-split", None);
+        weighted_rules(d)[i]["backendRefs"][0]["name"] = json!("api.example.com");
+    });
+}
+
+/// The rules of the weighted sample's HTTPRoute.
+fn weighted_rules(d: &mut Docs) -> &mut Vec<Value> {
+    at(doc(d, "HTTPRoute", "gpt-4o-split"), "/spec/rules")
+        .as_array_mut()
+        .expect("rules")
 }

@@ -38,7 +38,7 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     SIMS.get_or_init(|| {
         let names = [
             "spread-a", "spread-b", "fail-a", "fail-b", "nokey-a", "nokey-b", "none-a", "none-b",
-            "cool-a", "cool-b", "recool-a", "recool-b",
+            "cool-a", "cool-b", "recool-a", "recool-b", "rstall-a", "rok-b",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -56,6 +56,7 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
         out["fail-a"].set_fault("status-503");
         out["cool-a"].set_fault("status-503");
         out["recool-a"].set_fault("status-503");
+        out["rstall-a"].set_fault("stall");
         out
     })
 }
@@ -108,6 +109,16 @@ fn policy() -> &'static str {
                 // `key-missing` and `key-gone` are in no credentials file.
                 model("nokey", "nokey-a", "key-missing", "nokey-b", "key-b"),
                 model("nokeys", "none-a", "key-missing", "none-b", "key-gone"),
+                // Routed backends (each its own cluster, drawn per request, no failover):
+                // `a` stalls and has a 1 s timeout of its own, `b` answers.
+                json!({"name": "routed", "path": "/llm/routed", "tiers": ["free"], "api": "openai",
+                    "backends": [
+                        {"name": "a", "backend": url("rstall-a"), "upstreamCluster": "routed-a",
+                         "timeout": "1s",
+                         "provider": {"type": "openai", "credentialRef": "key-a"}},
+                        {"name": "b", "backend": url("rok-b"), "upstreamCluster": "routed-b",
+                         "provider": {"type": "azure-openai", "credentialRef": "key-b"}}
+                    ]}),
             ]
         })
         .to_string()
@@ -379,4 +390,41 @@ async fn a_model_of_provider_backends_is_listed_ready() {
         assert!(Instant::now() < deadline, "spread never ready: {spread}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// Routed backends each keep their own timeout (their own routes): a request drawn to the
+/// stalling backend ends after its 1 s (504, not failed over: routed backends have none), one
+/// drawn to the other is answered; each backend saw only its own key.
+#[tokio::test]
+async fn a_routed_backend_keeps_its_own_timeout() {
+    let s = stack();
+    // Served once: both credentials are loaded (they come with the same document).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while call(s, "routed").await.status != 200 {
+        assert!(Instant::now() < deadline, "routed never served");
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (a0, b0) = (chats("rstall-a").len(), chats("rok-b").len());
+    let mut statuses = BTreeMap::new();
+    for _ in 0..16 {
+        let started = Instant::now();
+        let r = call(s, "routed").await;
+        let took = started.elapsed();
+        match r.status {
+            200 => assert_eq!(r.json()["object"], "chat.completion", "{}", r.body),
+            504 => assert!(
+                took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+                "cut after {took:?}, not at the backend's 1 s"
+            ),
+            other => panic!("{other}: {}", r.body),
+        }
+        *statuses.entry(r.status).or_insert(0) += 1;
+    }
+    let (a, b) = (chats("rstall-a"), chats("rok-b"));
+    eprintln!("backend_credentials::routed: {statuses:?}");
+    // 1:1 over 16 draws: each backend reached (one kind of answer alone: 1 in 32,768).
+    assert_eq!(statuses.get(&504), Some(&(a.len() - a0)), "{statuses:?}");
+    assert_eq!(statuses.get(&200), Some(&(b.len() - b0)), "{statuses:?}");
+    only_own_key("rstall-a", &a);
+    only_own_key("rok-b", &b);
 }

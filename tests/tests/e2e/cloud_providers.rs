@@ -76,6 +76,20 @@ fn policy(sim: &CloudSimHandle) -> String {
                                "project": "proj-1", "location": "us-central1"})),
             claude,
             gemini,
+            // Routed backends (the reference's weighted externalProviderRefs): one model, two
+            // providers, each its own cluster, drawn per request.
+            {"name": "duo", "path": "/ext/duo", "tiers": ["free"], "api": "openai",
+             "backends": [
+                {"name": "azure", "backend": backend, "upstreamCluster": "ext-duo-azure",
+                 "weight": 1,
+                 "provider": {"type": "azure-openai", "credentialRef": "azure-key",
+                              "deployment": "gpt-4o-prod", "apiVersion": "2024-10-21"}},
+                {"name": "vertex", "backend": backend, "upstreamCluster": "ext-duo-vertex",
+                 "weight": 1,
+                 "provider": {"type": "vertex", "credentialRef": "gcp-sa",
+                              "auth": "gcpServiceAccount", "project": "proj-1",
+                              "location": "us-central1"}}
+             ]},
         ]
     })
     .to_string()
@@ -245,6 +259,103 @@ async fn azure_openai_gets_its_deployment_path_api_version_and_credential() {
     // The filter's document: tokens and keys only, never the client secret.
     let doc = credentials_document(&stack).await;
     assert!(!doc.contains(CLIENT_SECRET), "{doc}");
+}
+
+/// A model with routed backends: each request is drawn to one of them (1:1 here) at either
+/// URL form, and gets that provider's path and credential — Azure's deployment path and
+/// `api-key`, Vertex's project path and access token — never the other's, never the client's;
+/// a client's own `x-maas-backend` chooses nothing; a stream is served too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_backends_draw_one_provider_per_request_each_with_its_own_path_and_credential() {
+    let (sim, stack) = start(3600).await;
+    until_served(&stack, "/ext/duo/v1/chat/completions", "duo").await;
+    // Served once one backend can serve on every worker: Vertex's token may come a poll later
+    // (its exchange), and until a worker has it that worker draws only Azure.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !credentials_document(&stack)
+        .await
+        .contains("gcp-sim-token-")
+    {
+        assert!(Instant::now() < deadline, "no Vertex token");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let base = sim.requests().len();
+    let n = 40;
+    for i in 0..n {
+        let path = if i % 2 == 0 {
+            "/ext/duo/v1/chat/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let r = client()
+            .post(format!("{}{path}", stack.gateway_url()))
+            .header("authorization", "Bearer alice-token")
+            .header("api-key", "client-sent-key")
+            .header("x-maas-backend", "azure")
+            .json(&chat("duo"))
+            .send()
+            .await
+            .expect("gateway answers");
+        assert_eq!(r.status(), 200, "{path}");
+        let body: Value = r.json().await.expect("JSON");
+        assert_eq!(body["usage"]["completion_tokens"], 2, "{body}");
+    }
+    let seen = sim.requests();
+    let seen = &seen[base..];
+    assert_eq!(
+        seen.len(),
+        n,
+        "each request reached one backend once: {seen:?}"
+    );
+    let azure: Vec<_> = seen
+        .iter()
+        .filter(|r| r.path.starts_with("/openai/deployments/"))
+        .collect();
+    let vertex: Vec<_> = seen
+        .iter()
+        .filter(|r| r.path.starts_with("/v1/projects/proj-1/"))
+        .collect();
+    eprintln!(
+        "cloud_providers::routed: 1:1 weights gave azure {} / vertex {}",
+        azure.len(),
+        vertex.len()
+    );
+    assert_eq!(azure.len() + vertex.len(), n, "{seen:?}");
+    // 1:1 over 40 draws: each at least 8 unless the draw (or the client's header) decides.
+    assert!(azure.len() >= 8 && vertex.len() >= 8, "{seen:?}");
+    for r in &azure {
+        assert_eq!(
+            r.path,
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            (r.api_key.as_deref(), r.bearer.as_deref()),
+            (Some(AZURE_KEY), None),
+            "{r:?}"
+        );
+    }
+    for r in &vertex {
+        assert!(
+            r.bearer
+                .as_deref()
+                .is_some_and(|t| t.starts_with("gcp-sim-token-")),
+            "{r:?}"
+        );
+        assert_eq!(r.api_key, None, "{r:?}");
+    }
+    // A stream, served by whichever is drawn.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", stack.gateway_url()))
+        .header("authorization", "Bearer alice-token")
+        .json(&json!({"model": "duo", "stream": true, "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("gateway answers");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("stream");
+    assert!(text.contains("data: [DONE]"), "{text}");
 }
 
 async fn credentials_document(stack: &Stack) -> String {

@@ -20,6 +20,10 @@
 //! - The one base URL in the routes istiod generates from the sample model HTTPRoutes
 //!   (`istio_gateway::istio_routes`): each sample model named in the body lands on its own
 //!   backend, `x-maas-model` never reaches it, a body refusal opens no upstream request.
+//! - The weighted sample (one model, routed backends OpenAI 3 : Azure 1) in those routes: every
+//!   request at either URL form lands on the backend the filter drew, by the routes matching
+//!   `x-maas-model` and `x-maas-backend`; both providers serve some, each with only its own
+//!   credential and path; a client's own `x-maas-backend` chooses nothing.
 //!
 //! What only a cluster proves is in docs/deploy.md ("Holding headers for the body", "A model at
 //! the one base URL").
@@ -65,6 +69,7 @@ identities:
   - {token: noknob-token, username: noknob, groups: [system:authenticated]}
   - {token: headers-token, username: headers, groups: [system:authenticated]}
   - {token: oneurl-token, username: oneurl, groups: [system:authenticated]}
+  - {token: weighted-token, username: weighted, groups: [system:authenticated]}
 "#;
 
 /// The provider key of the sample external model (Secret openai-key in the samples).
@@ -79,6 +84,9 @@ const BEDROCK_MODEL_ID: &str = "anthropic.claude-3-haiku-20240307-v1:0";
 
 /// The models of the sample policy (wasm-plugin-crs/base/companion/policy-configmap.yaml: the
 /// models the sample HTTPRoutes publish) in this module's free tier, beside the module's own.
+/// Routed backends name no URL in the sample (their clusters are the operator's); the stack's
+/// own bootstrap needs one for each, so they get the simulator's (the Istio-shaped Envoy
+/// replaces those routes and clusters with the samples').
 fn policy() -> &'static str {
     static POLICY: OnceLock<String> = OnceLock::new();
     POLICY.get_or_init(|| {
@@ -94,6 +102,12 @@ fn policy() -> &'static str {
         for model in sample["models"].as_array().unwrap() {
             let mut model = model.clone();
             model["tiers"] = json!(["free"]);
+            let backends = model.get_mut("backends").and_then(Value::as_array_mut);
+            for b in backends.into_iter().flatten() {
+                if b.get("upstreamCluster").is_some() && b.get("backend").is_none() {
+                    b["backend"] = json!("simulator");
+                }
+            }
             policy["models"].as_array_mut().unwrap().push(model);
         }
         // JSON is YAML.
@@ -830,4 +844,190 @@ async fn the_bedrock_sample_takes_its_signed_path(
         cluster_stat(&envoy.admin_url(), BEDROCK_CLUSTER, "upstream_rq_total").await,
         2
     );
+}
+
+/// The weighted sample's model (wasm-plugin-crs/samples/weighted-model: routed backends, OpenAI
+/// weight 3, the Azure deployment weight 1).
+const WEIGHTED_MODEL: &str = "gpt-4o-split";
+
+/// The weighted sample in the routes istiod generates from every sample HTTPRoute, with the
+/// shipped filter over ECDS: 20 requests at the model's prefix and 20 at the one base URL, each
+/// carrying a client's own `x-maas-backend: azure` and `api-key`, all answer 200. The filter
+/// draws a backend per request and sets `x-maas-model` and `x-maas-backend`; Envoy chooses that
+/// backend's route by both (else the filter's upstream check answers 503). Both providers
+/// receive some — the client's header forces nothing — each only its own credential and path:
+/// the OpenAI simulator `/v1/chat/completions` (prefix stripped), its key as `Bearer`, the
+/// served name `gpt-4o`, no `api-key`, no routing header; the strict Azure simulator the
+/// deployment path with `api-version` and its own `api-key` (the client's replaced), no bearer.
+/// Envoy's cluster counters agree.
+#[tokio::test]
+async fn the_weighted_sample_sends_each_request_to_the_backend_drawn_by_its_own_routes() {
+    let stack = stack();
+    let openai = model_sim("gpt-4o");
+    let azure = azure_sim().await;
+    let samples: Vec<Value> = istio_gateway::MODEL_ROUTE_SAMPLES
+        .iter()
+        .map(|p| istio_gateway::load_httproute(p).unwrap())
+        .collect();
+    let routes = istio_gateway::istio_gateway_routes(&samples).unwrap();
+    // The other samples' clusters stay the stack's simulator (nothing here goes there).
+    let clusters = [
+        (OPENAI_CLUSTER.to_string(), openai.addr()),
+        (AZURE_CLUSTER.to_string(), azure.addr),
+    ];
+    let envoy = istio_envoy_with(stack, "istio-weighted", Shape::Shipped, |v| {
+        istio_gateway::replace_model_routes(v, routes.clone(), &clusters)
+    });
+    let admin = envoy.admin_url();
+    let gateway = envoy.gateway_url();
+    weighted_warm_up(&gateway).await;
+    let before = (
+        cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await,
+        cluster_stat(&admin, AZURE_CLUSTER, "upstream_rq_total").await,
+        azure.requests().len(),
+    );
+    let n = 20;
+    weighted_requests(&gateway, n).await;
+    let on_openai: Vec<sim::RecordedRequest> = openai
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.header("x-test-id")
+                .is_some_and(|t| t.starts_with("iw-prefix-") || t.starts_with("iw-one-url-"))
+        })
+        .collect();
+    let on_azure = azure.requests().split_off(before.2);
+    let by_form = |form: &str| {
+        on_openai
+            .iter()
+            .filter(|r| r.header("x-test-id").is_some_and(|t| t.starts_with(form)))
+            .count()
+    };
+    eprintln!(
+        "istio_gateway::weighted: 3:1 weights over {} requests gave openai {} (prefix {}, one URL \
+         {}) / azure {}",
+        2 * n,
+        on_openai.len(),
+        by_form("iw-prefix-"),
+        by_form("iw-one-url-"),
+        on_azure.len()
+    );
+    assert_eq!(
+        on_openai.len() + on_azure.len(),
+        2 * n,
+        "each request reached one backend once: {on_openai:?} {on_azure:?}"
+    );
+    assert!(
+        !on_openai.is_empty() && !on_azure.is_empty(),
+        "both backends drawn (the client's x-maas-backend: azure chose nothing): openai {}, \
+         azure {}",
+        on_openai.len(),
+        on_azure.len()
+    );
+    openai_backend_saw_only_its_own(&on_openai);
+    for q in &on_azure {
+        // The strict simulator's own checks passed (200) and it saw only Azure's key.
+        assert_eq!(
+            (
+                q.path.as_str(),
+                q.api_key.as_deref(),
+                q.bearer.as_deref(),
+                q.status
+            ),
+            (
+                "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+                Some(AZURE_KEY),
+                None,
+                200
+            ),
+            "{q:?}"
+        );
+    }
+    assert_eq!(
+        (
+            cluster_stat(&admin, OPENAI_CLUSTER, "upstream_rq_total").await - before.0,
+            cluster_stat(&admin, AZURE_CLUSTER, "upstream_rq_total").await - before.1,
+        ),
+        (on_openai.len() as u64, on_azure.len() as u64)
+    );
+}
+
+/// `n` requests for the weighted model at its prefix (ids `iw-prefix-<i>`), then `n` at the one
+/// base URL (`iw-one-url-<i>`), each with a client's own `x-maas-backend: azure` and `api-key`:
+/// every one answers 200 with a chat completion.
+async fn weighted_requests(gateway: &str, n: usize) {
+    for (form, path) in [
+        ("prefix", "/llm/gpt-4o-split/v1/chat/completions"),
+        ("one-url", "/v1/chat/completions"),
+    ] {
+        for i in 0..n {
+            let id = format!("iw-{form}-{i}");
+            let r = send(
+                client()
+                    .post(format!("{gateway}{path}"))
+                    .header("authorization", "Bearer weighted-token")
+                    .header("x-test-id", &id)
+                    .header("x-maas-backend", "azure")
+                    .header("api-key", "client-sent-key")
+                    .json(&chat(WEIGHTED_MODEL)),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{id}: {}", r.body);
+            assert_eq!(r.json()["object"], "chat.completion", "{id}: {}", r.body);
+        }
+    }
+}
+
+/// Until the weighted model answers 200 (the provider keys arrive in their own poll beside the
+/// policy's; the filter draws only among backends whose key it holds).
+async fn weighted_warm_up(gateway: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = send(
+            client()
+                .post(format!("{gateway}/v1/chat/completions"))
+                .header("authorization", "Bearer weighted-token")
+                .header("x-test-id", "iw-warm-up")
+                .json(&chat(WEIGHTED_MODEL)),
+        )
+        .await;
+        if r.status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the weighted model never answered: {} {}",
+            r.status,
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The OpenAI backend's requests: its path (the model's prefix stripped at the prefix form),
+/// host and key, the served name in the body, nothing of Azure's or the client's, no routing
+/// header.
+fn openai_backend_saw_only_its_own(seen: &[sim::RecordedRequest]) {
+    for q in seen {
+        assert_eq!(
+            (
+                q.method.as_str(),
+                q.path.as_str(),
+                q.header("host"),
+                q.header("authorization")
+            ),
+            (
+                "POST",
+                "/v1/chat/completions",
+                Some("api.openai.com"),
+                Some(format!("Bearer {OPENAI_KEY}").as_str())
+            ),
+            "{q:?}"
+        );
+        for gone in ["api-key", "x-maas-model", "x-maas-backend"] {
+            assert_eq!(q.header(gone), None, "{gone}: {:?}", q.headers);
+        }
+        let body: Value = serde_json::from_str(&q.body).unwrap();
+        assert_eq!(body["model"], "gpt-4o", "the backend's served name");
+    }
 }

@@ -257,3 +257,42 @@ fn a_model_whose_external_model_is_invalid_fails_with_the_cause() {
         "Pending"
     );
 }
+
+/// An ExternalProvider is Ready when a served ExternalModel sends it traffic: every weighted
+/// binding of the model's API (routed backends), not one bound with weight 0.
+#[test]
+fn a_provider_bound_with_weight_0_is_pending_and_every_weighted_one_ready() {
+    let mut res = all();
+    let mut second = res.external_providers[0].clone();
+    second.metadata.name = Some("openai-eu".into());
+    second.data["spec"]["endpoint"] = json!("eu.api.openai.com");
+    res.external_providers.push(second);
+    let refs = &mut res.inference_models[0].data["spec"]["externalProviderRefs"];
+    let mut binding = refs[0].clone();
+    binding["ref"]["name"] = json!("openai-eu");
+    binding["weight"] = json!(0);
+    refs.as_array_mut().unwrap().push(binding);
+    let t = translate(None, &res);
+    assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+    let writes = desired(&res, &t, &Runtime::new(), NOW);
+    assert_eq!(
+        status_of(&writes, "ExternalProvider", "openai")["phase"],
+        "Ready"
+    );
+    assert_eq!(
+        status_of(&writes, "ExternalProvider", "openai-eu")["phase"],
+        "Pending"
+    );
+    res.inference_models[0].data["spec"]["externalProviderRefs"][1]["weight"] = json!(2);
+    let t = translate(None, &res);
+    assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+    assert_eq!(t.document.model("gpt-4o-mini").unwrap().backends.len(), 2);
+    let writes = desired(&res, &t, &Runtime::new(), NOW);
+    for provider in ["openai", "openai-eu"] {
+        assert_eq!(
+            status_of(&writes, "ExternalProvider", provider)["phase"],
+            "Ready",
+            "{provider}"
+        );
+    }
+}

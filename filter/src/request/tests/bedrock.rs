@@ -604,3 +604,71 @@ fn a_body_the_gateway_does_not_read_is_refused_not_sent_unsigned() {
     assert_eq!((s.status, s.code().as_str()), (400, "invalid_body"));
     assert_eq!(fx.phase(&h), "Refused");
 }
+
+/// A routed backend on Bedrock (one of a model's backends with its own cluster, drawn per
+/// request): the drawn request is translated and signed exactly as a Bedrock model's, and
+/// routed by the backend header; its answer comes back as OpenAI chat. The other backend,
+/// without its credential, is never drawn.
+#[test]
+fn a_routed_bedrock_backend_is_translated_and_signed_as_a_bedrock_model() {
+    let mut p = policy();
+    p["models"].as_array_mut().unwrap().push(json!({
+    "name": "split", "path": "/ext/split", "tiers": ["free"], "api": "openai",
+    "backends": [
+        {"name": "oai", "upstreamCluster": "ext-oai", "weight": 100,
+         "provider": {"type": "openai", "credentialRef": "missing"}},
+        {"name": "bedrock", "upstreamCluster": "ext-bedrock", "servedName": MODEL_ID,
+         "provider": {"type": "bedrock", "credentialRef": "aws", "auth": "awsSigV4",
+                      "region": "us-east-1"}}
+    ]}));
+    let fx = Fx::with(json!({"pauseHeadersForBody": true, "bootstrapPolicy": p}));
+    fx.cache(&key_of(2), allow_alice());
+    fx.root.worker.borrow_mut().credentials = Rc::new(CredentialsDocument {
+        sigv4: [("aws".to_string(), vec![key("20231114", END_OF_DAY)])].into(),
+        ..Default::default()
+    });
+    for path in ["/ext/split/v1/chat/completions", "/v1/chat/completions"] {
+        let (id, h) = fx.http();
+        let headers = vec![
+            (":method", "POST".to_string()),
+            (":path", path.to_string()),
+            ("authorization", format!("Bearer {}", key_of(2))),
+            ("content-type", "application/json".to_string()),
+        ];
+        fx.headers(id, &h, &refs(&headers), false);
+        fx.body(
+            id,
+            &h,
+            br#"{"model":"split","messages":[{"role":"user","content":"hi"}]}"#,
+            true,
+        );
+        assert!(fx.sent_to(id).is_none(), "{:?}", fx.sent_to(id));
+        let req = |n| fx.host.map_value(Headers::Request, n);
+        assert_eq!(req("x-maas-backend").as_deref(), Some("bedrock"), "{path}");
+        assert_eq!(req("x-maas-model").as_deref(), Some("split"));
+        assert_eq!(
+            req(":path").as_deref(),
+            Some("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse")
+        );
+        assert!(
+            req("authorization").is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256 ")),
+            "{:?}",
+            req("authorization")
+        );
+        let sent: Value = serde_json::from_slice(&fx.host.buffer(Body::Request)).unwrap();
+        assert!(
+            sent.get("messages").is_some() && sent.get("model").is_none(),
+            "{sent}"
+        );
+        // The answer from the backend's own cluster, translated back.
+        fx.host
+            .properties
+            .borrow_mut()
+            .insert("xds.cluster_name".into(), "ext-bedrock".into());
+        let answer = br#"{"output":{"message":{"role":"assistant","content":[{"text":"hello"}]}},"stopReason":"end_turn","usage":{"inputTokens":5,"outputTokens":2,"totalTokens":7}}"#;
+        let out = fx.pass_answer(id, &h, "application/json", &[answer]);
+        let out: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(out["choices"][0]["message"]["content"], "hello", "{out}");
+        assert_eq!(out["usage"]["completion_tokens"], 2);
+    }
+}
