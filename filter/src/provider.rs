@@ -24,6 +24,12 @@ pub fn upstream_path(
     operation: Operation,
     stream: bool,
 ) -> Result<Option<String>, Refusal> {
+    // The provider's own chat path (the reference's binding `path`): for chat and Messages.
+    if let Some(fixed) = provider.and_then(|p| p.path.as_deref())
+        && matches!(operation, Operation::ChatCompletions | Operation::Messages)
+    {
+        return Ok(Some(fixed.to_string()));
+    }
     let Some(scheme) = provider.and_then(Provider::path) else {
         return Ok(None);
     };

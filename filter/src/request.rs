@@ -733,12 +733,13 @@ impl Request {
         };
         apply_header_plan(host, &plan);
         drop(plan);
-        // A partner model on Vertex has its path from the plan (Vertex's own, not /v1/messages).
+        // A partner model on Vertex has its path from the plan (Vertex's own, not /v1/messages),
+        // and its version in the body; a provider with a chat path of its own, its path.
+        let provider = self.model().and_then(|m| m.provider.as_ref());
+        let own_path = provider.is_some_and(|p| p.path.is_some());
         if self.traits().is_some_and(|t| t.translate)
-            && !self
-                .model()
-                .is_some_and(|m| crate::provider::path_follows_stream(m.provider.as_ref()))
-            && let Err(r) = translate_headers(host, &headers)
+            && !crate::provider::path_follows_stream(provider)
+            && let Err(r) = translate_headers(host, &headers, !own_path)
         {
             self.refuse(host, &r);
             return Step::Refused;
@@ -1272,14 +1273,17 @@ fn apply_header_plan(host: &dyn Host, plan: &HeaderPlan<'_>) {
     }
 }
 
-/// A request translated to Anthropic Messages goes to the model's `/v1/messages` with the API
-/// version its body is written for (the client's headers as read at the request headers).
-fn translate_headers(host: &dyn Host, headers: &HeaderMap) -> Result<(), Refusal> {
-    let path = headers
-        .get(":path")
-        .and_then(crate::translate::messages_path)
-        .ok_or_else(|| Refusal::internal("the gateway could not translate the request path"))?;
-    host.set_header(Headers::Request, ":path", Some(&path));
+/// A request translated to Anthropic Messages goes with the API version its body is written
+/// for and, when `path` (no path of the plan's), to the model's `/v1/messages` (the client's
+/// headers as read at the request headers).
+fn translate_headers(host: &dyn Host, headers: &HeaderMap, path: bool) -> Result<(), Refusal> {
+    if path {
+        let path = headers
+            .get(":path")
+            .and_then(crate::translate::messages_path)
+            .ok_or_else(|| Refusal::internal("the gateway could not translate the request path"))?;
+        host.set_header(Headers::Request, ":path", Some(&path));
+    }
     host.set_header(
         Headers::Request,
         "anthropic-version",

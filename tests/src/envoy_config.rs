@@ -858,7 +858,11 @@ fn model_routes(
         }
         routes.extend(prefix_routes(&model.path, &base, &route));
         one_url_routes.push(one_url_route(&model.name, &base, &route));
-        if model.provider.as_ref().and_then(|p| p.path()).is_some() {
+        if model
+            .provider
+            .as_ref()
+            .is_some_and(|p| p.path().is_some() || p.path.is_some())
+        {
             provider_path_routes.push(provider_path_route(&model.name, &base, &route));
         }
     }

@@ -745,6 +745,12 @@ fn check_model_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyE
 fn check_backend_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyError> {
     check_credential_ref(format!("{at}.credentialRef"), p)?;
     check_provider_fields(at, p)?;
+    if p.path.is_some() {
+        return Err(err(
+            format!("{at}.path"),
+            "not for a backend Envoy chooses (failover backends): its path is set per attempt from its provider's path scheme; routed backends (each its own upstreamCluster) take one",
+        ));
+    }
     if p.auth == ProviderAuth::AwsSigV4 || p.kind == ProviderKind::Bedrock {
         return Err(err(
             at.to_string(),
@@ -963,6 +969,14 @@ pub struct Provider {
     /// with SigV4 for this region and the service `bedrock`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The path the provider serves the model's chat at (e.g. `/openai/v1/chat/completions`,
+    /// `/gateway/v1/messages`): OpenAI chat completions for a model of api openai, Anthropic
+    /// Messages for api anthropic (an OpenAI chat request translated to Messages too) — what
+    /// the reference's binding `path` sets. Replaces the provider's path scheme for them; other
+    /// operations keep theirs. Not for bedrock or a vertex publisher (their path is signed or
+    /// chosen by stream), nor for a backend Envoy chooses (failover backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// A Vertex AI partner-model publisher the gateway speaks to.
@@ -1066,6 +1080,7 @@ impl Provider {
             location: None,
             publisher: None,
             region: None,
+            path: None,
         }
     }
 
@@ -1178,6 +1193,32 @@ fn check_publisher_model(at: String, v: &str) -> Result<(), PolicyError> {
 }
 
 /// A provider's path fields and auth belong to its type, and come in the sets they are used in.
+/// A provider's own chat path ([`Provider::path`]): absolute, at most 512 bytes of visible
+/// ASCII (a query allowed), no placeholder left (`{`, `}`), no fragment, no dot segment; not
+/// where the path is signed or chosen by stream.
+fn check_provider_path(at: &str, p: &Provider, path: &str) -> Result<(), PolicyError> {
+    if p.kind == ProviderKind::Bedrock || p.publisher.is_some() {
+        return Err(err(
+            at.to_string(),
+            "not for bedrock or a vertex publisher: their path is signed or chosen by stream",
+        ));
+    }
+    let (route, _query) = path.split_once('?').unwrap_or((path, ""));
+    let ok = path.starts_with('/')
+        && path.len() <= 512
+        && path
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && !b"{}#".contains(&b))
+        && !route.split('/').any(|seg| seg == "." || seg == "..");
+    if !ok {
+        return Err(err(
+            at.to_string(),
+            "must be an absolute path of at most 512 visible ASCII characters (a query allowed), with no placeholder, fragment or dot segment",
+        ));
+    }
+    Ok(())
+}
+
 fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
     let only_for = |field: &str, kind: &str| {
         err(
@@ -1218,6 +1259,9 @@ fn check_provider_fields(at: &str, p: &Provider) -> Result<(), PolicyError> {
                 "required with publisher: the partner model's path names the project and location",
             ));
         }
+    }
+    if let Some(path) = &p.path {
+        check_provider_path(&format!("{at}.path"), p, path)?;
     }
     if p.project.is_some() != p.location.is_some() {
         let missing = if p.project.is_none() {
@@ -2275,6 +2319,46 @@ mod tests {
 
     /// Providers in backends: a header credential, the model's API, the path as sent, and the
     /// model's upstreamCluster.
+    /// A provider's own chat path: absolute, visible ASCII, a query allowed, nothing left of a
+    /// placeholder; not for bedrock, a vertex publisher or a failover backend.
+    #[test]
+    fn a_providers_own_path_is_checked_with_the_field_named() {
+        let mut v = sample();
+        v["models"][0]["provider"] = json!({"type": "openai", "credentialRef": "k",
+                                            "path": "/gateway/v1/chat/completions?x=1"});
+        v["models"][0]["upstreamCluster"] = json!("ext");
+        let doc = PolicyDocument::from_value(v.clone()).unwrap();
+        assert_eq!(
+            doc.models[0].provider.as_ref().unwrap().path.as_deref(),
+            Some("/gateway/v1/chat/completions?x=1")
+        );
+        for bad in [
+            "v1/chat",
+            "/a b",
+            "/{deployment}/x",
+            "/a#b",
+            "/a/../b",
+            "/\u{e9}",
+        ] {
+            let mut w = v.clone();
+            w["models"][0]["provider"]["path"] = json!(bad);
+            fails_at(w, "models[0].provider.path");
+        }
+        let mut w = v.clone();
+        w["models"][0]["provider"] = json!({"type": "bedrock", "credentialRef": "aws",
+            "auth": "awsSigV4", "region": "us-east-1", "path": "/x"});
+        fails_at(w, "models[0].provider.path");
+        let mut w = v.clone();
+        w["models"][0].as_object_mut().unwrap().remove("provider");
+        w["models"][0].as_object_mut().unwrap().remove("backend");
+        w["models"][0]["upstreamCluster"] = json!("backends");
+        w["models"][0]["backends"] = json!([
+            {"name": "a", "backend": "http://127.0.0.1:9001",
+             "provider": {"type": "openai", "credentialRef": "k", "path": "/x/chat/completions"}}
+        ]);
+        fails_at(w, "models[0].backends[0].provider.path");
+    }
+
     /// Routed backends (each its own cluster): every backend names one, the model none; no
     /// timeout or cooldown; any provider a model may have, in the model's API family; each
     /// backend a model of its own for the filter (its provider, served name and cluster).

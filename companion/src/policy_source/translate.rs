@@ -760,6 +760,8 @@ fn inference_binding(
     let mut p = Provider::api_key(kind, format!("{namespace}/{secret}"));
     p.auth = auth;
     provider_config(em, provider, &ps, binding, &at, &mut p)?;
+    p.path = binding_path(&ps, binding, api, &p)
+        .map_err(|why| bad(KIND_EXTERNAL_MODEL, em, format!("{at}.path"), why))?;
     Ok(InferenceBinding {
         index: i,
         provider_name: provider_name.to_string(),
@@ -770,6 +772,55 @@ fn inference_binding(
         api,
         weight,
     })
+}
+
+/// A binding's `path` (the reference sets the outgoing `:path` to it), its `{key}` placeholders
+/// resolved from the config (the binding's keys over the ExternalProvider's), as the provider's
+/// chat path ([`Provider::path`]). `None` for the API's own path (`/v1/chat/completions`,
+/// `/v1/messages`: the path as sent reaches it) and for bedrock or a vertex publisher, whose
+/// paths the gateway signs or chooses by stream; a provider with a path scheme of its own
+/// (an Azure deployment, a Vertex project) keeps it when the binding names only the API's
+/// path. An unknown placeholder, or braces that do not pair: the reason.
+fn binding_path(
+    ps: &Value,
+    binding: &Value,
+    api: ApiFamily,
+    p: &Provider,
+) -> Result<Option<String>, String> {
+    let Some(template) = str_at(binding, "path") else {
+        return Ok(None);
+    };
+    let config = |k: &str| {
+        binding
+            .get("config")
+            .and_then(|c| str_at(c, k))
+            .or_else(|| ps.get("config").and_then(|c| str_at(c, k)))
+    };
+    let mut path = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let (before, after) = rest.split_at(open);
+        let close = after
+            .find('}')
+            .ok_or_else(|| format!("{template:?}: a '{{' without its '}}'"))?;
+        let key = after.get(1..close).unwrap_or_default();
+        let value = config(key).ok_or_else(|| {
+            format!("{template:?}: no config key {key:?} (the binding's config or its ExternalProvider's)")
+        })?;
+        path.push_str(before);
+        path.push_str(value);
+        rest = after.get(close + 1..).unwrap_or_default();
+    }
+    if rest.contains('}') {
+        return Err(format!("{template:?}: a '}}' without its '{{'"));
+    }
+    path.push_str(rest);
+    let own = match api {
+        ApiFamily::Openai => "/v1/chat/completions",
+        ApiFamily::Anthropic => "/v1/messages",
+    };
+    let signed_or_streamed = p.kind == ProviderKind::Bedrock || p.publisher.is_some();
+    Ok((path != own && !signed_or_streamed).then_some(path))
 }
 
 /// The longest backend name ([`Backend::name`]).
@@ -1965,6 +2016,47 @@ spec:
         let text =
             V0_2_1_INFERENCE.replace(sample, &format!("  externalProviderRefs:\n{bindings}"));
         resources(&format!("{text}\n---\n{MORE_PROVIDERS}"))
+    }
+
+    /// A binding's `path` is the provider's chat path, its placeholders from the config (the
+    /// binding's over the provider's); the API's own path changes nothing; an unknown
+    /// placeholder makes the ExternalModel invalid, naming the binding's path.
+    #[test]
+    fn a_bindings_path_is_the_providers_chat_path_with_its_placeholders_resolved() {
+        let provider_of = |bindings: &str| {
+            let t = translate(None, &with_bindings(bindings));
+            assert!(t.invalid.is_empty(), "{:?}", t.invalid);
+            assert_validates(&t.document);
+            t.document
+                .model("gpt-4o-mini")
+                .unwrap()
+                .provider
+                .clone()
+                .unwrap()
+        };
+        let p = provider_of(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: '/{tenant}/v1/chat/completions', targetModel: x, config: {tenant: acme}}\n",
+        );
+        assert_eq!(p.path.as_deref(), Some("/acme/v1/chat/completions"));
+        let p = provider_of(
+            "    - {ref: {name: openai}, apiFormat: openai-chat, path: /v1/chat/completions, targetModel: x}\n",
+        );
+        assert_eq!(p.path, None);
+        let t = translate(
+            None,
+            &with_bindings(
+                "    - {ref: {name: openai}, apiFormat: openai-chat, path: '/{nope}/chat', targetModel: x}\n",
+            ),
+        );
+        assert!(t.document.model("gpt-4o-mini").is_none());
+        assert_eq!(
+            invalid_of(&t),
+            [(
+                "ExternalModel",
+                "gpt-4o-mini",
+                "spec.externalProviderRefs[0].path"
+            )]
+        );
     }
 
     /// The document as the filter reads it (JSON, validated, routed variants built): the same.

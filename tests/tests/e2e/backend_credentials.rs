@@ -38,7 +38,7 @@ fn sims() -> &'static BTreeMap<&'static str, SimHandle> {
     SIMS.get_or_init(|| {
         let names = [
             "spread-a", "spread-b", "fail-a", "fail-b", "nokey-a", "nokey-b", "none-a", "none-b",
-            "cool-a", "cool-b", "recool-a", "recool-b", "rstall-a", "rok-b",
+            "cool-a", "cool-b", "recool-a", "recool-b", "rstall-a", "rok-b", "pathed-a",
         ];
         let out: BTreeMap<_, _> = names
             .into_iter()
@@ -109,6 +109,11 @@ fn policy() -> &'static str {
                 // `key-missing` and `key-gone` are in no credentials file.
                 model("nokey", "nokey-a", "key-missing", "nokey-b", "key-b"),
                 model("nokeys", "none-a", "key-missing", "none-b", "key-gone"),
+                // A provider with a chat path of its own (the reference's binding `path`).
+                json!({"name": "pathed", "path": "/llm/pathed", "tiers": ["free"],
+                    "backend": url("pathed-a"), "upstreamCluster": "pathed",
+                    "provider": {"type": "openai", "credentialRef": "key-a",
+                                 "path": "/gateway/v1/chat/completions"}}),
                 // Routed backends (each its own cluster, drawn per request, no failover):
                 // `a` stalls and has a 1 s timeout of its own, `b` answers.
                 json!({"name": "routed", "path": "/llm/routed", "tiers": ["free"], "api": "openai",
@@ -427,4 +432,38 @@ async fn a_routed_backend_keeps_its_own_timeout() {
     assert_eq!(statuses.get(&200), Some(&(b.len() - b0)), "{statuses:?}");
     only_own_key("rstall-a", &a);
     only_own_key("rok-b", &b);
+}
+
+/// A provider's own chat path (the reference's binding `path`): chat at the model's prefix and
+/// at the one base URL reaches the provider at exactly that path, with its key.
+#[tokio::test]
+async fn a_providers_own_chat_path_is_where_chat_goes_at_both_urls() {
+    let s = stack();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while call(s, "pathed").await.status != 200 {
+        assert!(Instant::now() < deadline, "pathed never served");
+    }
+    let before = chats("pathed-a").len();
+    let r = chat(
+        s,
+        "/v1/chat/completions",
+        "backend_credentials",
+        &[("authorization", &bearer("alice-token"))],
+        json!({"model": "pathed", "max_tokens": 3,
+               "messages": [{"role": "user", "content": "one two"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(call(s, "pathed").await.status, 200);
+    // Chat only (the companion's readiness probes GET /v1/models meanwhile).
+    let seen = chats("pathed-a");
+    let paths: Vec<&str> = seen[before..].iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/gateway/v1/chat/completions",
+            "/gateway/v1/chat/completions"
+        ]
+    );
+    only_own_key("pathed-a", &seen);
 }

@@ -30,6 +30,12 @@ fn provider_policy() -> Value {
          "provider": {"type": "vertex", "credentialRef": "k", "auth": "gcpServiceAccount",
                       "project": "proj-1", "location": "us-central1", "publisher": "anthropic"},
          "upstreamCluster": "ext-claude-vx"},
+        {"name": "gw", "path": "/ext/gw", "tiers": ["free"],
+         "provider": {"type": "openai", "credentialRef": "k", "path": "/gateway/v1/chat/completions"},
+         "upstreamCluster": "ext-gw"},
+        {"name": "claude-gw", "path": "/ext/claude-gw", "tiers": ["free"],
+         "provider": {"type": "anthropic", "credentialRef": "k", "path": "/gateway/v1/messages"},
+         "upstreamCluster": "ext-claude-gw"},
         {"name": "duo", "path": "/ext/duo", "tiers": ["free"], "upstreamCluster": "duo-backends",
          "backends": [
             {"name": "plain", "backend": "http://127.0.0.1:9031",
@@ -400,4 +406,68 @@ fn claude_on_vertex_refuses_a_stream_it_cannot_route() {
     );
     let s = fx.sent_to(id).expect("refused");
     assert_eq!(s.status, 503, "{:?}", s);
+}
+
+/// A provider's own chat path (the reference's binding `path`): chat at both URL forms leaves
+/// at that path with the routing header (Envoy routes it again; checked at the response), an
+/// OpenAI chat request translated to Messages too (with Anthropic's version, not at
+/// `/v1/messages`); another operation keeps the path as sent.
+#[test]
+fn a_providers_own_chat_path_replaces_the_chat_path_only() {
+    let fx = fx();
+    for path in ["/ext/gw/v1/chat/completions", "/v1/chat/completions"] {
+        let (sent, routing) = forwarded(&fx, path, "gw", "ext-gw");
+        assert_eq!(
+            sent.as_deref(),
+            Some("/gateway/v1/chat/completions"),
+            "{path}"
+        );
+        assert_eq!(routing.as_deref(), Some("gw"), "{path}");
+    }
+    let (id, h) = fx.http();
+    fx.headers(id, &h, &refs(&request("/ext/gw/v1/embeddings")), false);
+    fx.body(id, &h, br#"{"model":"gw","input":"hi"}"#, true);
+    assert!(fx.sent_to(id).is_none(), "{:?}", fx.sent_to(id));
+    assert_eq!(
+        fx.host.map_value(Headers::Request, ":path").as_deref(),
+        Some("/ext/gw/v1/embeddings")
+    );
+    for path in ["/ext/claude-gw/v1/chat/completions", "/v1/chat/completions"] {
+        let (sent, routing) = forwarded(&fx, path, "claude-gw", "ext-claude-gw");
+        assert_eq!(sent.as_deref(), Some("/gateway/v1/messages"), "{path}");
+        assert_eq!(routing.as_deref(), Some("claude-gw"));
+        assert!(
+            fx.host
+                .map_value(Headers::Request, "anthropic-version")
+                .is_some()
+        );
+    }
+    // Routed again: an answer from another cluster is not passed on.
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "ext-gw".into());
+    let (id, h) = fx.http();
+    fx.headers(
+        id,
+        &h,
+        &refs(&request("/ext/gw/v1/chat/completions")),
+        false,
+    );
+    fx.body(id, &h, br#"{"model":"gw","messages":[]}"#, true);
+    assert!(fx.sent_to(id).is_none(), "{:?}", fx.sent_to(id));
+    fx.host
+        .properties
+        .borrow_mut()
+        .insert("xds.cluster_name".into(), "elsewhere".into());
+    fx.host.enter(id);
+    fx.host.set_map(
+        Headers::Response,
+        &[(":status", "200"), ("content-type", "application/json")],
+    );
+    assert_eq!(h.on_response_headers(&fx.host), Action::Pause);
+    assert_eq!(
+        fx.sent_to(id).map(|s| s.code()).as_deref(),
+        Some("upstream_mismatch")
+    );
 }
