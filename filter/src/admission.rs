@@ -589,10 +589,9 @@ pub fn draw_backend(
     let Some(model) = policy.models.get(model_idx).filter(|m| m.routes_backends()) else {
         return Ok(None);
     };
-    // A stream's path differs only in its method, served alike.
     let serves = |v: &Model| {
         provider_key(credentials, v, now_s)?;
-        upstream_path_of(v, operation, false).map(|_| ())
+        crate::provider::has_path_for(v.provider.as_ref(), operation)
     };
     // (index, weight) of those that can serve; the first failure's reason.
     let mut usable: SmallVec<[(u16, u32); 4]> = SmallVec::new();

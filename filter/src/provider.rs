@@ -24,10 +24,7 @@ pub fn upstream_path(
     operation: Operation,
     stream: bool,
 ) -> Result<Option<String>, Refusal> {
-    // The provider's own chat path (the reference's binding `path`): for chat and Messages.
-    if let Some(fixed) = provider.and_then(|p| p.path.as_deref())
-        && matches!(operation, Operation::ChatCompletions | Operation::Messages)
-    {
+    if let Some(fixed) = own_path(provider, operation) {
         return Ok(Some(fixed.to_string()));
     }
     let Some(scheme) = provider.and_then(Provider::path) else {
@@ -75,6 +72,24 @@ pub fn upstream_path(
             _ => Err(not_served("chat/completions")),
         },
     }
+}
+
+/// The provider's own chat path (the reference's binding `path`), for chat and Messages.
+fn own_path(provider: Option<&Provider>, operation: Operation) -> Option<&str> {
+    matches!(operation, Operation::ChatCompletions | Operation::Messages)
+        .then(|| provider?.path.as_deref())
+        .flatten()
+}
+
+/// Whether the provider has a path for `operation` ([`upstream_path`] would give one, or the
+/// path goes as sent), without building it.
+pub fn has_path_for(provider: Option<&Provider>, operation: Operation) -> Result<(), Refusal> {
+    if own_path(provider, operation).is_some() {
+        return Ok(());
+    }
+    provider
+        .and_then(Provider::path)
+        .map_or(Ok(()), |scheme| serves(&scheme, operation))
 }
 
 /// Refuses (404 `operation_not_allowed`) an operation the provider's path scheme has no path

@@ -793,7 +793,13 @@ impl Request {
         let body = self.body.info().ok_or_else(Refusal::no_policy)?;
         let (model_idx, operation) = admission::route_body(policy, body, rest)?;
         let policy = policy.clone();
-        let credentials = self.view().ok_or_else(Refusal::not_configured)?.credentials;
+        // The credentials only (one reference count), not the whole view.
+        let credentials = self
+            .worker
+            .try_borrow()
+            .map_err(|_| Refusal::undecidable())?
+            .credentials
+            .clone();
         let mut route = Routed::new(policy, model_idx, operation, &credentials, self.started_ms)?;
         route.by_body = true;
         self.unrouted = None;

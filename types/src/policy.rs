@@ -695,7 +695,19 @@ fn check_routed_backend(at: &str, m: &Model, b: &Backend) -> Result<(), PolicyEr
     }
     let variant = m.routed_variant(b);
     if let Some(p) = &variant.provider {
-        check_model_provider(&format!("{at}.provider"), &variant, p)?;
+        // The served name is the backend's own, else the model's.
+        let (i, _) = at.split_once(".backends").unwrap_or((at, ""));
+        let served = match (&b.served_name, &m.served_name) {
+            (Some(_), _) => format!("{at}.servedName"),
+            (None, Some(_)) => format!("{i}.servedName"),
+            (None, None) => format!("{i}.name"),
+        };
+        let paths = ProviderAt {
+            provider: format!("{at}.provider"),
+            served,
+            api: format!("{i}.api"),
+        };
+        check_model_provider(&paths, &variant, p)?;
         // What the provider speaks without the model's `api`: Anthropic's Messages for
         // Anthropic and Claude on Vertex AI, else the OpenAI shape (Bedrock and Gemini are
         // translated from it).
@@ -718,19 +730,29 @@ fn check_routed_backend(at: &str, m: &Model, b: &Backend) -> Result<(), PolicyEr
     Ok(())
 }
 
-/// A model's provider (`at`: its path), beside the model's other fields.
-fn check_model_provider(at: &str, m: &Model, p: &Provider) -> Result<(), PolicyError> {
-    check_credential_ref(format!("{at}.credentialRef"), p)?;
-    check_provider_fields(at, p)?;
+/// Where a model's provider check names what it refuses: the provider, the model's id at the
+/// publisher (its served name, else its name) and the model's API family.
+struct ProviderAt {
+    provider: String,
+    served: String,
+    api: String,
+}
+
+/// A model's provider, beside the model's other fields: its credential and fields, a publisher
+/// model's id (one segment of the provider's path), and Gemini's API family.
+fn check_model_provider(at: &ProviderAt, m: &Model, p: &Provider) -> Result<(), PolicyError> {
+    check_credential_ref(format!("{}.credentialRef", at.provider), p)?;
+    check_provider_fields(&at.provider, p)?;
     if p.publisher.is_some() {
-        // The model's id at the publisher is one segment of the provider's path.
-        let id = m.served_name.as_deref().unwrap_or(&m.name);
-        check_publisher_model(format!("{at}: the served name"), id)?;
+        check_publisher_model(
+            at.served.clone(),
+            m.served_name.as_deref().unwrap_or(&m.name),
+        )?;
     }
     if p.publisher == Some(VertexPublisher::Google) && m.api_family() != ApiFamily::Openai {
         return Err(err(
-            at.to_string(),
-            "Gemini on Vertex AI (publisher google) needs the model's api openai: OpenAI chat is translated to generateContent",
+            at.api.clone(),
+            "must be openai for Gemini on Vertex AI (publisher google): OpenAI chat is translated to generateContent",
         ));
     }
     Ok(())
@@ -2016,24 +2038,17 @@ impl PolicyDocument {
             }
             check_backends(i, m)?;
             if let Some(p) = &m.provider {
-                check_credential_ref(format!("models[{i}].provider.credentialRef"), p)?;
-                check_provider_fields(&format!("models[{i}].provider"), p)?;
-                if p.publisher.is_some() {
-                    // The model's id at the publisher is one segment of the provider's path.
-                    let (at, id) = match &m.served_name {
-                        Some(s) => (format!("models[{i}].servedName"), s.as_str()),
-                        None => (format!("models[{i}].name"), m.name.as_str()),
-                    };
-                    check_publisher_model(at, id)?;
-                }
-                if p.publisher == Some(VertexPublisher::Google)
-                    && m.api_family() != ApiFamily::Openai
-                {
-                    return Err(err(
-                        format!("models[{i}].api"),
-                        "must be openai for Gemini on Vertex AI (publisher google): OpenAI chat is translated to generateContent",
-                    ));
-                }
+                let served = if m.served_name.is_some() {
+                    "servedName"
+                } else {
+                    "name"
+                };
+                let paths = ProviderAt {
+                    provider: format!("models[{i}].provider"),
+                    served: format!("models[{i}].{served}"),
+                    api: format!("models[{i}].api"),
+                };
+                check_model_provider(&paths, m, p)?;
                 if m.upstream_cluster.is_none() {
                     return Err(err(
                         format!("models[{i}].upstreamCluster"),
